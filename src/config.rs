@@ -1,0 +1,221 @@
+//! Stream options, with defaults and validation in one place.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// What to do when a shard is missing, unreadable or malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// End the stream with the error.
+    Raise,
+    /// Skip the rest of the bad shard, report a warning and count it.
+    Warn,
+}
+
+impl std::str::FromStr for OnError {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "raise" => Ok(OnError::Raise),
+            "warn" => Ok(OnError::Warn),
+            other => Err(Error::Config {
+                name: "on_error",
+                reason: format!("expected \"raise\" or \"warn\", got {other:?}"),
+            }),
+        }
+    }
+}
+
+/// Options of one stream. Build with [`StreamOptions::builder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Seed for shard order and shuffle buffer.
+    pub seed: u64,
+    /// Shuffle the shard order every epoch.
+    pub shuffle_shards: bool,
+    /// Shuffle buffer size in samples; 0 disables sample shuffling.
+    pub shuffle_buffer: usize,
+    /// Byte budget of the shuffle buffer.
+    pub shuffle_buffer_bytes: usize,
+    /// Bytes read ahead of the parser, across shard boundaries.
+    pub read_ahead_bytes: usize,
+    /// Size of one read from storage.
+    pub chunk_bytes: usize,
+    /// Samples queued for the consumer.
+    pub output_queue: usize,
+    /// Longest wait for the next bytes of a shard.
+    pub io_timeout: Duration,
+    /// Error policy.
+    pub on_error: OnError,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            seed: 0,
+            shuffle_shards: true,
+            shuffle_buffer: 1000,
+            shuffle_buffer_bytes: 256 << 20,
+            read_ahead_bytes: 32 << 20,
+            chunk_bytes: 1 << 20,
+            output_queue: 256,
+            io_timeout: Duration::from_secs(120),
+            on_error: OnError::Raise,
+        }
+    }
+}
+
+impl StreamOptions {
+    /// Starts a builder with the defaults.
+    pub fn builder() -> StreamOptionsBuilder {
+        StreamOptionsBuilder {
+            options: StreamOptions::default(),
+        }
+    }
+}
+
+/// Builder for [`StreamOptions`]; [`StreamOptionsBuilder::build`] validates.
+#[derive(Debug, Clone)]
+pub struct StreamOptionsBuilder {
+    options: StreamOptions,
+}
+
+impl StreamOptionsBuilder {
+    /// Sets the seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.options.seed = seed;
+        self
+    }
+
+    /// Turns per-epoch shard shuffling on or off.
+    pub fn with_shuffle_shards(mut self, on: bool) -> Self {
+        self.options.shuffle_shards = on;
+        self
+    }
+
+    /// Sets the shuffle buffer size in samples (0 disables it).
+    pub fn with_shuffle_buffer(mut self, samples: usize) -> Self {
+        self.options.shuffle_buffer = samples;
+        self
+    }
+
+    /// Sets the shuffle buffer's byte budget.
+    pub fn with_shuffle_buffer_bytes(mut self, bytes: usize) -> Self {
+        self.options.shuffle_buffer_bytes = bytes;
+        self
+    }
+
+    /// Sets the read-ahead byte budget.
+    pub fn with_read_ahead_bytes(mut self, bytes: usize) -> Self {
+        self.options.read_ahead_bytes = bytes;
+        self
+    }
+
+    /// Sets the size of one read.
+    pub fn with_chunk_bytes(mut self, bytes: usize) -> Self {
+        self.options.chunk_bytes = bytes;
+        self
+    }
+
+    /// Sets how many samples wait for the consumer.
+    pub fn with_output_queue(mut self, samples: usize) -> Self {
+        self.options.output_queue = samples;
+        self
+    }
+
+    /// Sets the longest wait for the next bytes of a shard.
+    pub fn with_io_timeout(mut self, timeout: Duration) -> Self {
+        self.options.io_timeout = timeout;
+        self
+    }
+
+    /// Sets the error policy.
+    pub fn with_on_error(mut self, policy: OnError) -> Self {
+        self.options.on_error = policy;
+        self
+    }
+
+    /// Validates and returns the options.
+    pub fn build(self) -> Result<StreamOptions> {
+        let o = self.options;
+        let positive = |name: &'static str, value: usize| {
+            if value == 0 {
+                Err(Error::Config {
+                    name,
+                    reason: "must be at least 1".into(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        positive("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
+        positive("read_ahead_bytes", o.read_ahead_bytes)?;
+        positive("chunk_bytes", o.chunk_bytes)?;
+        positive("output_queue", o.output_queue)?;
+        if o.chunk_bytes > u32::MAX as usize {
+            return Err(Error::Config {
+                name: "chunk_bytes",
+                reason: format!("must be at most {}", u32::MAX),
+            });
+        }
+        if o.io_timeout.is_zero() {
+            return Err(Error::Config {
+                name: "io_timeout",
+                reason: "must be positive".into(),
+            });
+        }
+        Ok(o)
+    }
+}
+
+/// Where a stream sits in the job: its rank and DataLoader worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotSpec {
+    /// Number of processes in the job.
+    pub world_size: usize,
+    /// This process's rank.
+    pub rank: usize,
+    /// DataLoader workers per process (1 when iterating in the main process).
+    pub num_workers: usize,
+    /// This worker's id.
+    pub worker_id: usize,
+}
+
+impl SlotSpec {
+    /// Validates the four numbers.
+    pub fn new(world_size: usize, rank: usize, num_workers: usize, worker_id: usize) -> Result<Self> {
+        let check = |name: &'static str, ok: bool, reason: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::Config { name, reason })
+            }
+        };
+        check("world_size", world_size >= 1, format!("must be at least 1, got {world_size}"))?;
+        check("rank", rank < world_size, format!("must be below world_size {world_size}, got {rank}"))?;
+        check("num_workers", num_workers >= 1, format!("must be at least 1, got {num_workers}"))?;
+        check(
+            "worker_id",
+            worker_id < num_workers,
+            format!("must be below num_workers {num_workers}, got {worker_id}"),
+        )?;
+        Ok(SlotSpec {
+            world_size,
+            rank,
+            num_workers,
+            worker_id,
+        })
+    }
+
+    /// Total number of slots in the job.
+    pub fn slot_count(&self) -> usize {
+        self.world_size * self.num_workers
+    }
+
+    /// This slot's index: `rank * num_workers + worker_id`.
+    pub fn slot(&self) -> usize {
+        self.rank * self.num_workers + self.worker_id
+    }
+}

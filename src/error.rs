@@ -1,0 +1,142 @@
+//! Error type of the crate: every variant names the shard URL and, where it
+//! applies, the byte offset or tar member.
+
+use std::time::Duration;
+
+/// Result with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while planning or streaming shards.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The dataset spec could not be parsed or expanded.
+    #[error("invalid dataset spec {spec:?}: {reason}")]
+    Spec {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// An option is out of range or inconsistent with another.
+    #[error("invalid option {name}: {reason}")]
+    Config {
+        /// The option's name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The shard does not exist.
+    #[error("{url}: shard not found ({source})")]
+    NotFound {
+        /// Shard URL.
+        url: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// The storage refused access to the shard.
+    #[error("{url}: access denied ({source})")]
+    AccessDenied {
+        /// Shard URL.
+        url: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// Reading the shard failed.
+    #[error("{url}: read failed at byte offset {offset}: {source}")]
+    Read {
+        /// Shard URL.
+        url: String,
+        /// Byte offset in the shard where reading failed.
+        offset: u64,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+
+    /// No bytes arrived within the I/O timeout.
+    #[error("{url}: no data for {after:?} at byte offset {offset}")]
+    Timeout {
+        /// Shard URL.
+        url: String,
+        /// Byte offset in the shard where the read stalled.
+        offset: u64,
+        /// How long the reader waited.
+        after: Duration,
+    },
+
+    /// The shard's bytes are not a valid archive of its format.
+    #[error("{url}: {reason} at byte offset {offset}{}", member_suffix(.member))]
+    Format {
+        /// Shard URL.
+        url: String,
+        /// Byte offset in the shard where the problem was found.
+        offset: u64,
+        /// Tar member being read, when known.
+        member: Option<String>,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A field appears twice within one sample key.
+    #[error("{url}: field {field:?} repeated in sample {key:?} (member {member:?} at byte offset {offset})")]
+    DuplicateField {
+        /// Shard URL.
+        url: String,
+        /// Sample key.
+        key: String,
+        /// Repeated field name.
+        field: String,
+        /// Tar member that repeats it.
+        member: String,
+        /// Byte offset of that member's header.
+        offset: u64,
+    },
+
+    /// The stream was cancelled or its pipeline stopped unexpectedly.
+    #[error("stream stopped: {0}")]
+    Stopped(String),
+}
+
+fn member_suffix(member: &Option<String>) -> String {
+    member
+        .as_deref()
+        .map(|m| format!(" (member {m:?})"))
+        .unwrap_or_default()
+}
+
+impl Error {
+    /// The shard URL this error is about, if any.
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            Error::NotFound { url, .. }
+            | Error::AccessDenied { url, .. }
+            | Error::Read { url, .. }
+            | Error::Timeout { url, .. }
+            | Error::Format { url, .. }
+            | Error::DuplicateField { url, .. } => Some(url),
+            Error::Spec { .. } | Error::Config { .. } | Error::Stopped(_) => None,
+        }
+    }
+
+    /// Whether the `on_error="warn"` policy may skip the shard and go on.
+    pub fn is_shard_error(&self) -> bool {
+        self.url().is_some()
+    }
+
+    /// Builds the error for an I/O failure opening `url`, by its kind.
+    pub fn from_open(url: &str, source: std::io::Error) -> Self {
+        let url = url.to_owned();
+        match source.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound { url, source },
+            std::io::ErrorKind::PermissionDenied => Error::AccessDenied { url, source },
+            _ => Error::Read {
+                url,
+                offset: 0,
+                source,
+            },
+        }
+    }
+}

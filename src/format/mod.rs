@@ -1,0 +1,56 @@
+//! Bytes in, samples out. Formats read from any `std::io::Read` handed to
+//! them and never open files or connections themselves.
+
+pub mod tar;
+
+use std::sync::Arc;
+
+use crate::shuffle::ByteSize;
+
+/// Stable identity of a sample: its shard and its position in that shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SampleId {
+    /// Index of the shard in the dataset's shard list.
+    pub shard: usize,
+    /// Index of the sample within its shard.
+    pub index: u64,
+}
+
+/// One sample: a key, the shard it came from, and its fields in member order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Stable id.
+    pub id: SampleId,
+    /// `__key__`.
+    pub key: String,
+    /// `__url__`: the shard's URL.
+    pub url: Arc<str>,
+    /// Field name (lower-cased extension) and raw bytes, in member order.
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+impl ByteSize for Sample {
+    fn byte_size(&self) -> usize {
+        self.key.len() + self.fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+    }
+}
+
+/// The shard a format is reading: its index and URL, for ids and errors.
+#[derive(Debug, Clone)]
+pub struct ShardRef {
+    /// Index in the dataset's shard list.
+    pub index: usize,
+    /// URL, shared by every sample of the shard.
+    pub url: Arc<str>,
+}
+
+/// A byte stream a format reads from, which may know better than the
+/// format why reading failed.
+pub trait ByteSource: std::io::Read {
+    /// The source's own error behind the last failed read, if any.
+    fn take_failure(&mut self) -> Option<crate::error::Error> {
+        None
+    }
+}
+
+impl ByteSource for &[u8] {}

@@ -1,0 +1,361 @@
+//! WebDataset tar: members grouped into samples by key.
+//!
+//! For a regular member `dir/stem.ext.more`, the key is `dir/stem` (the
+//! basename cut at its first dot) and the field is `ext.more`, lower-cased.
+//! Consecutive members with the same key form one sample. Members without a
+//! dot in their basename (or with an empty stem), directories and other
+//! non-regular entries are skipped. GNU long names and PAX headers apply.
+
+use std::io::Read;
+use std::ops::ControlFlow;
+
+use super::{ByteSource, Sample, SampleId, ShardRef};
+use crate::error::{Error, Result};
+
+const BLOCK: u64 = 512;
+
+/// Splits a member path into `(key, field)` by the WebDataset rule, or
+/// `None` when the member carries no field.
+pub fn split_member(path: &str) -> Option<(&str, String)> {
+    let base_start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = base_start + path[base_start..].find('.')?;
+    if dot == base_start || dot + 1 == path.len() {
+        return None;
+    }
+    Some((&path[..dot], path[dot + 1..].to_lowercase()))
+}
+
+/// How reading a shard ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The archive ended; this many samples were produced.
+    Completed {
+        /// Samples produced.
+        samples: u64,
+    },
+    /// The callback asked to stop.
+    Stopped,
+}
+
+/// Reads a tar archive from `reader` and calls `on_sample` for each sample
+/// in order. When reading fails, the source's own error (missing shard,
+/// timeout) is reported in preference to the tar parser's.
+pub fn read_samples<R: ByteSource>(
+    reader: &mut R,
+    shard: &ShardRef,
+    mut on_sample: impl FnMut(Sample) -> ControlFlow<()>,
+) -> Result<Outcome> {
+    let mut counting = Counting { inner: &mut *reader, count: 0 };
+    let mut grouper = Grouper::new(shard);
+    let walked = walk_members(&mut counting, shard, &mut grouper, &mut on_sample);
+    let consumed = counting.count;
+    let mut source_error = || reader.take_failure();
+    let outcome = match walked {
+        Err(failure) => {
+            if let Some(source) = source_error() {
+                return Err(source);
+            }
+            return Err(failure.into_error(shard, consumed));
+        }
+        Ok(outcome) => outcome,
+    };
+    if outcome == Outcome::Stopped {
+        return Ok(outcome);
+    }
+    if consumed == 0 {
+        if let Some(source) = source_error() {
+            return Err(source);
+        }
+        return Err(Error::Format {
+            url: shard.url.to_string(),
+            offset: 0,
+            member: None,
+            reason: "empty file, not a tar archive".into(),
+        });
+    }
+    if let Some(sample) = grouper.finish() {
+        if on_sample(sample).is_break() {
+            return Ok(Outcome::Stopped);
+        }
+    }
+    Ok(Outcome::Completed {
+        samples: grouper.next_index,
+    })
+}
+
+/// A failure while walking members, before it knows the bytes consumed.
+enum Failure {
+    Tar(std::io::Error),
+    Member(Error),
+}
+
+impl Failure {
+    fn into_error(self, shard: &ShardRef, consumed: u64) -> Error {
+        match self {
+            Failure::Member(e) => e,
+            Failure::Tar(e) => {
+                let reason = if consumed <= BLOCK {
+                    format!("not a tar archive ({e})")
+                } else if e.kind() == std::io::ErrorKind::UnexpectedEof
+                    || e.to_string().contains("entire block")
+                {
+                    format!("truncated tar archive ({e})")
+                } else {
+                    format!("bad tar header ({e})")
+                };
+                Error::Format {
+                    url: shard.url.to_string(),
+                    offset: consumed,
+                    member: None,
+                    reason,
+                }
+            }
+        }
+    }
+}
+
+fn walk_members<R: Read>(
+    reader: &mut Counting<R>,
+    shard: &ShardRef,
+    grouper: &mut Grouper<'_>,
+    on_sample: &mut impl FnMut(Sample) -> ControlFlow<()>,
+) -> Result<Outcome, Failure> {
+    let mut archive = ::tar::Archive::new(reader);
+    for entry in archive.entries().map_err(Failure::Tar)? {
+        let mut entry = entry.map_err(Failure::Tar)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let header_offset = entry.raw_header_position();
+        let member = String::from_utf8(entry.path_bytes().into_owned()).map_err(|_| {
+            Failure::Member(Error::Format {
+                url: shard.url.to_string(),
+                offset: header_offset,
+                member: None,
+                reason: "member name is not UTF-8".into(),
+            })
+        })?;
+        let Some((key, field)) = split_member(&member) else {
+            continue;
+        };
+        let size = entry.size();
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        let read = entry.read_to_end(&mut data);
+        if read.is_err() || (data.len() as u64) < size {
+            let offset = entry.raw_file_position() + data.len() as u64;
+            let detail = read.err().map(|e| format!(": {e}")).unwrap_or_default();
+            return Err(Failure::Member(Error::Format {
+                url: shard.url.to_string(),
+                offset,
+                member: Some(member.clone()),
+                reason: format!(
+                    "truncated tar archive: member data ends after {} of {size} bytes{detail}",
+                    data.len()
+                ),
+            }));
+        }
+        if let Some(done) = grouper
+            .add(key, field, data, &member, header_offset)
+            .map_err(Failure::Member)?
+        {
+            if on_sample(done).is_break() {
+                return Ok(Outcome::Stopped);
+            }
+        }
+    }
+    Ok(Outcome::Completed {
+        samples: grouper.next_index,
+    })
+}
+
+/// Groups consecutive members with the same key into samples.
+struct Grouper<'a> {
+    shard: &'a ShardRef,
+    current: Option<Sample>,
+    next_index: u64,
+}
+
+impl<'a> Grouper<'a> {
+    fn new(shard: &'a ShardRef) -> Self {
+        Grouper {
+            shard,
+            current: None,
+            next_index: 0,
+        }
+    }
+
+    /// Adds one member; returns the previous sample when this one starts a new key.
+    fn add(
+        &mut self,
+        key: &str,
+        field: String,
+        data: Vec<u8>,
+        member: &str,
+        offset: u64,
+    ) -> Result<Option<Sample>> {
+        if let Some(current) = &mut self.current {
+            if current.key == key {
+                if current.fields.iter().any(|(f, _)| *f == field) {
+                    return Err(Error::DuplicateField {
+                        url: self.shard.url.to_string(),
+                        key: key.to_owned(),
+                        field,
+                        member: member.to_owned(),
+                        offset,
+                    });
+                }
+                current.fields.push((field, data));
+                return Ok(None);
+            }
+        }
+        let sample = Sample {
+            id: SampleId {
+                shard: self.shard.index,
+                index: self.next_index,
+            },
+            key: key.to_owned(),
+            url: self.shard.url.clone(),
+            fields: vec![(field, data)],
+        };
+        self.next_index += 1;
+        Ok(self.current.replace(sample))
+    }
+
+    fn finish(&mut self) -> Option<Sample> {
+        self.current.take()
+    }
+}
+
+struct Counting<R> {
+    inner: R,
+    count: u64,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn shard() -> ShardRef {
+        ShardRef {
+            index: 3,
+            url: Arc::from("mem://test.tar"),
+        }
+    }
+
+    fn build(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = ::tar::Builder::new(Vec::new());
+        for (name, data) in members {
+            let mut header = ::tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(::tar::EntryType::Regular);
+            builder.append_data(&mut header, name, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    fn samples(bytes: &[u8]) -> Result<Vec<Sample>> {
+        let mut out = Vec::new();
+        read_samples(&mut { bytes }, &shard(), |s| {
+            out.push(s);
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn splits_at_first_dot_of_basename() {
+        assert_eq!(split_member("a.b/c/x.SEG.JSON"), Some(("a.b/c/x", "seg.json".into())));
+        assert_eq!(split_member("noext"), None);
+        assert_eq!(split_member("d/.hidden"), None);
+        assert_eq!(split_member("d/x."), None);
+        assert_eq!(split_member("x.wav"), Some(("x", "wav".into())));
+    }
+
+    #[test]
+    fn groups_consecutive_members() {
+        let tar = build(&[
+            ("a.wav", b"1"),
+            ("a.json", b"2"),
+            ("README", b"skipped"),
+            ("dir/b.WAV", b"3"),
+            ("a.txt", b"4"),
+        ]);
+        let got = samples(&tar).unwrap();
+        let keys: Vec<_> = got.iter().map(|s| s.key.as_str()).collect();
+        assert_eq!(keys, ["a", "dir/b", "a"]);
+        assert_eq!(got[0].fields, vec![("wav".into(), b"1".to_vec()), ("json".into(), b"2".to_vec())]);
+        assert_eq!(got[1].fields, vec![("wav".into(), b"3".to_vec())]);
+        assert_eq!(got[2].id, SampleId { shard: 3, index: 2 });
+        assert_eq!(&*got[0].url, "mem://test.tar");
+    }
+
+    #[test]
+    fn long_gnu_names() {
+        let long = format!("{}/sample.cls", "d".repeat(150));
+        let got = samples(&build(&[(&long, b"7")])).unwrap();
+        assert_eq!(got[0].key, format!("{}/sample", "d".repeat(150)));
+    }
+
+    #[test]
+    fn duplicate_field_names_member() {
+        let err = samples(&build(&[("a.wav", b"1"), ("a.WAV", b"2")])).unwrap_err();
+        match err {
+            Error::DuplicateField { key, field, member, offset, .. } => {
+                assert_eq!((key.as_str(), field.as_str(), member.as_str()), ("a", "wav", "a.WAV"));
+                assert_eq!(offset, 1024);
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn truncated_member_names_offset() {
+        let tar = build(&[("a.wav", &[7u8; 2000]), ("b.wav", &[8u8; 2000])]);
+        let cut = &tar[..512 + 1000];
+        match samples(cut).unwrap_err() {
+            Error::Format { offset, member, reason, .. } => {
+                assert_eq!(offset, 1512);
+                assert_eq!(member.as_deref(), Some("a.wav"));
+                assert!(reason.contains("truncated"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn truncated_header() {
+        let tar = build(&[("a.wav", &[7u8; 600]), ("b.wav", &[8u8; 10])]);
+        let err = samples(&tar[..1536 + 100]).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+    }
+
+    #[test]
+    fn not_a_tar() {
+        let err = samples(&[b'x'; 4096]).unwrap_err();
+        assert!(err.to_string().contains("not a tar archive"), "{err}");
+        let err = samples(b"").unwrap_err();
+        assert!(err.to_string().contains("empty file"), "{err}");
+    }
+
+    #[test]
+    fn stop_ends_early() {
+        let tar = build(&[("a.x", b"1"), ("b.x", b"2"), ("c.x", b"3")]);
+        let mut n = 0;
+        let outcome = read_samples(&mut &tar[..], &shard(), |_| {
+            n += 1;
+            ControlFlow::Break(())
+        })
+        .unwrap();
+        assert_eq!((outcome, n), (Outcome::Stopped, 1));
+    }
+}

@@ -1,0 +1,29 @@
+//! shardstream: deterministic, shard-aware streaming of WebDataset tar
+//! shards into PyTorch.
+//!
+//! One module per stage: [`spec`] resolves the dataset, [`plan`] assigns
+//! shards to `(rank, worker)` slots before any byte is read, [`source`]
+//! reads bytes ahead of the parser, [`format`] turns bytes into samples
+//! without doing I/O, [`shuffle`] mixes them in a bounded buffer, and
+//! [`pipeline`] wires the stages together for one slot.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod format;
+pub mod pipeline;
+pub mod plan;
+pub mod shuffle;
+pub mod source;
+pub mod spec;
+pub mod stats;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use config::{OnError, SlotSpec, StreamOptions};
+pub use error::{Error, Result};
+pub use format::{Sample, SampleId};
+pub use pipeline::{Event, SampleStream};
+pub use stats::{Counters, Stats};

@@ -1,0 +1,210 @@
+//! Where bytes come from. A [`ReadAhead`] reads the units of one slot in
+//! order on its own runtime, running ahead of the parser across shard
+//! boundaries within a byte budget, and hands each shard over as a
+//! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait).
+
+mod local;
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::error::{Error, Result};
+use crate::format::ByteSource;
+use crate::spec::{Location, Shard};
+use crate::stats::{Counter, Counters};
+
+/// Bytes of one shard, holding their share of the read-ahead budget until dropped.
+struct Chunk {
+    bytes: Vec<u8>,
+    _permit: OwnedSemaphorePermit,
+}
+
+type ChunkResult = Result<Chunk>;
+
+/// Settings of a [`ReadAhead`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAheadOptions {
+    /// Bytes fetched but not yet parsed, at most.
+    pub budget_bytes: usize,
+    /// Size of one read.
+    pub chunk_bytes: usize,
+    /// Longest wait of a [`ShardReader`] for its next bytes.
+    pub io_timeout: Duration,
+}
+
+/// Reads a slot's shards in order, ahead of the consumer.
+pub struct ReadAhead {
+    shards: Receiver<ShardReader>,
+    budget: Arc<Semaphore>,
+    cancelled: Arc<AtomicBool>,
+    runtime: Option<tokio::runtime::Runtime>,
+    io_timeout: Duration,
+}
+
+impl ReadAhead {
+    /// Starts reading `shards` (in this order) on a new I/O runtime.
+    pub fn start(shards: Vec<Shard>, options: ReadAheadOptions, counters: Arc<Counters>) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(2)
+            .thread_name("shardstream-io")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
+        let chunk_bytes = options.chunk_bytes.min(options.budget_bytes).max(1);
+        let budget = Arc::new(Semaphore::new(options.budget_bytes.max(chunk_bytes)));
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let (shard_tx, shard_rx) = mpsc::channel();
+        let task = Fetcher {
+            budget: budget.clone(),
+            cancelled: cancelled.clone(),
+            chunk_bytes,
+            io_timeout: options.io_timeout,
+            counters,
+        };
+        runtime.spawn(task.run(shards, shard_tx));
+        Ok(ReadAhead {
+            shards: shard_rx,
+            budget,
+            cancelled,
+            runtime: Some(runtime),
+            io_timeout: options.io_timeout,
+        })
+    }
+
+    /// The reader of the next shard, `None` after the last one.
+    pub fn next_shard(&self) -> Result<Option<ShardReader>> {
+        match self.shards.recv_timeout(self.io_timeout) {
+            Ok(reader) => Ok(Some(reader)),
+            Err(RecvTimeoutError::Disconnected) => Ok(None),
+            Err(RecvTimeoutError::Timeout) => Err(Error::Stopped(format!(
+                "no shard opened within {:?}",
+                self.io_timeout
+            ))),
+        }
+    }
+}
+
+impl Drop for ReadAhead {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        self.budget.close();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+/// The task that reads shards into chunks.
+struct Fetcher {
+    budget: Arc<Semaphore>,
+    cancelled: Arc<AtomicBool>,
+    chunk_bytes: usize,
+    io_timeout: Duration,
+    counters: Arc<Counters>,
+}
+
+impl Fetcher {
+    async fn run(self, shards: Vec<Shard>, shard_tx: Sender<ShardReader>) {
+        for shard in shards {
+            if self.cancelled.load(Ordering::SeqCst) {
+                return;
+            }
+            let (chunk_tx, chunk_rx) = mpsc::channel();
+            let reader = ShardReader {
+                url: shard.url.clone(),
+                chunks: chunk_rx,
+                current: Vec::new(),
+                position: 0,
+                offset: 0,
+                io_timeout: self.io_timeout,
+                failure: None,
+            };
+            if shard_tx.send(reader).is_err() {
+                return;
+            }
+            let sent = match shard.location() {
+                Location::Local(path) => local::read_file(&self, &shard.url, &path, &chunk_tx).await,
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Waits for budget for `len` bytes; `None` once cancelled.
+    async fn reserve(&self, len: usize) -> Option<OwnedSemaphorePermit> {
+        let permits = u32::try_from(len).expect("chunk_bytes fits u32");
+        self.budget.clone().acquire_many_owned(permits).await.ok()
+    }
+
+    fn count(&self, counter: Counter, n: u64) {
+        self.counters.add(counter, n);
+    }
+}
+
+/// Marker: the consumer has gone, stop fetching.
+struct ConsumerGone;
+
+/// A blocking reader of one shard's bytes, fed by the [`ReadAhead`].
+pub struct ShardReader {
+    url: String,
+    chunks: Receiver<ChunkResult>,
+    current: Vec<u8>,
+    position: usize,
+    offset: u64,
+    io_timeout: Duration,
+    failure: Option<Error>,
+}
+
+impl ShardReader {
+    /// The shard's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn fail(&mut self, error: Error) -> std::io::Error {
+        let message = error.to_string();
+        self.failure = Some(error);
+        std::io::Error::other(message)
+    }
+}
+
+impl ByteSource for ShardReader {
+    fn take_failure(&mut self) -> Option<Error> {
+        self.failure.take()
+    }
+}
+
+impl Read for ShardReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.position == self.current.len() {
+            match self.chunks.recv_timeout(self.io_timeout) {
+                Ok(Ok(chunk)) => {
+                    self.current = chunk.bytes;
+                    self.position = 0;
+                }
+                Ok(Err(error)) => return Err(self.fail(error)),
+                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+                Err(RecvTimeoutError::Timeout) => {
+                    let error = Error::Timeout {
+                        url: self.url.clone(),
+                        offset: self.offset,
+                        after: self.io_timeout,
+                    };
+                    return Err(self.fail(error));
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len() - self.position);
+        buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);
+        self.position += n;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
