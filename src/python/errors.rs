@@ -1,0 +1,58 @@
+//! Python exception classes and the one conversion from [`Error`] to them.
+
+use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
+use pyo3::{create_exception, PyErr};
+
+use crate::error::Error;
+
+create_exception!(shardstream._core, ShardStreamError, PyException, "Base class of shardstream errors.");
+create_exception!(
+    shardstream._core,
+    DatasetSpecError,
+    ShardStreamError,
+    "The dataset spec cannot be parsed or names no shards."
+);
+create_exception!(
+    shardstream._core,
+    ShardNotFoundError,
+    ShardStreamError,
+    "A shard does not exist."
+);
+create_exception!(
+    shardstream._core,
+    StorageAuthError,
+    ShardStreamError,
+    "The storage denied access to a shard."
+);
+create_exception!(
+    shardstream._core,
+    ShardReadError,
+    ShardStreamError,
+    "Reading a shard failed or stalled."
+);
+create_exception!(
+    shardstream._core,
+    ShardFormatError,
+    ShardStreamError,
+    "A shard is not a valid archive, is truncated, or repeats a field within a key."
+);
+create_exception!(
+    shardstream._core,
+    ShardSkippedWarning,
+    PyUserWarning,
+    "A bad shard was skipped under on_error=\"warn\"."
+);
+
+/// The Python exception for `error`; its message names the shard and offset.
+pub fn to_py(error: Error) -> PyErr {
+    let message = error.to_string();
+    match error {
+        Error::Config { .. } => PyValueError::new_err(message),
+        Error::Spec { .. } => DatasetSpecError::new_err(message),
+        Error::NotFound { .. } => ShardNotFoundError::new_err(message),
+        Error::AccessDenied { .. } => StorageAuthError::new_err(message),
+        Error::Read { .. } | Error::Timeout { .. } => ShardReadError::new_err(message),
+        Error::Format { .. } | Error::DuplicateField { .. } => ShardFormatError::new_err(message),
+        Error::Stopped(_) => ShardStreamError::new_err(message),
+    }
+}

@@ -1,0 +1,26 @@
+//! Python bindings: the only module that names pyo3. It converts errors,
+//! releases the GIL around every blocking wait, and stays thin.
+
+mod errors;
+mod stream;
+
+use pyo3::prelude::*;
+
+/// The native core of `shardstream`.
+#[pymodule(module = "shardstream")]
+mod _core {
+    use super::*;
+
+    #[pymodule_export]
+    use super::errors::{
+        DatasetSpecError, ShardFormatError, ShardNotFoundError, ShardReadError, ShardSkippedWarning,
+        ShardStreamError, StorageAuthError,
+    };
+    #[pymodule_export]
+    use super::stream::{default_options, plan_epoch, resolve_shards, run_cli, Counters, SampleStream};
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add("__version__", env!("CARGO_PKG_VERSION"))
+    }
+}
