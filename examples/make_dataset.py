@@ -178,9 +178,7 @@ def _write_shard(
                 "text": text,
             }
             _add_member(tar, f"{key}.wav", _wav_bytes(pcm))
-            _add_member(
-                tar, f"{key}.json", json.dumps(meta, ensure_ascii=False).encode()
-            )
+            _add_member(tar, f"{key}.json", json.dumps(meta, ensure_ascii=False).encode())
     os.replace(tmp, path)
 
 
@@ -233,9 +231,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Make a small, deterministic WebDataset-style audio dataset."
     )
     parser.add_argument("out_dir", type=Path, help="directory to write shards into")
-    parser.add_argument(
-        "--shards", type=int, default=8, help="number of shards (default: 8)"
-    )
+    parser.add_argument("--shards", type=int, default=8, help="number of shards (default: 8)")
     parser.add_argument(
         "--samples-per-shard",
         type=int,
@@ -243,9 +239,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="samples in each shard (default: 64)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
-    parser.add_argument(
-        "--prefix", default="shard", help="shard file name prefix (default: shard)"
-    )
+    parser.add_argument("--prefix", default="shard", help="shard file name prefix (default: shard)")
     parser.add_argument(
         "--min-seconds",
         type=float,

@@ -15,7 +15,11 @@ use crate::spec::{self, Shard};
 use crate::stats::{Counter, Counters};
 
 #[derive(Debug, Parser)]
-#[command(name = "shardstream", version, about = "Inspect shards and epoch plans")]
+#[command(
+    name = "shardstream",
+    version,
+    about = "Inspect shards and epoch plans"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,7 +81,15 @@ where
             seed,
             epoch,
             no_shuffle,
-        } => print_plan(&spec, world_size, workers, seed, epoch, !no_shuffle, &mut out),
+        } => print_plan(
+            &spec,
+            world_size,
+            workers,
+            seed,
+            epoch,
+            !no_shuffle,
+            &mut out,
+        ),
     };
     match result {
         Ok(()) => 0,
@@ -124,7 +136,10 @@ fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
         }
     }
     progress.finish_and_clear();
-    writeln!(out, "{samples} samples, {field_bytes} bytes of fields, {total} bytes in the shard")?;
+    writeln!(
+        out,
+        "{samples} samples, {field_bytes} bytes of fields, {total} bytes in the shard"
+    )?;
     Ok(())
 }
 

@@ -185,7 +185,12 @@ pub struct SlotSpec {
 
 impl SlotSpec {
     /// Validates the four numbers.
-    pub fn new(world_size: usize, rank: usize, num_workers: usize, worker_id: usize) -> Result<Self> {
+    pub fn new(
+        world_size: usize,
+        rank: usize,
+        num_workers: usize,
+        worker_id: usize,
+    ) -> Result<Self> {
         let check = |name: &'static str, ok: bool, reason: String| {
             if ok {
                 Ok(())
@@ -193,9 +198,21 @@ impl SlotSpec {
                 Err(Error::Config { name, reason })
             }
         };
-        check("world_size", world_size >= 1, format!("must be at least 1, got {world_size}"))?;
-        check("rank", rank < world_size, format!("must be below world_size {world_size}, got {rank}"))?;
-        check("num_workers", num_workers >= 1, format!("must be at least 1, got {num_workers}"))?;
+        check(
+            "world_size",
+            world_size >= 1,
+            format!("must be at least 1, got {world_size}"),
+        )?;
+        check(
+            "rank",
+            rank < world_size,
+            format!("must be below world_size {world_size}, got {rank}"),
+        )?;
+        check(
+            "num_workers",
+            num_workers >= 1,
+            format!("must be at least 1, got {num_workers}"),
+        )?;
         check(
             "worker_id",
             worker_id < num_workers,

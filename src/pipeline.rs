@@ -85,7 +85,11 @@ impl SampleStream {
             read_ahead,
             units: units.clone(),
             shuffle: (options.shuffle_buffer > 0).then(|| {
-                let rng = order::rng_for(options.seed, epoch, Purpose::ShuffleBuffer { slot: slot.slot() });
+                let rng = order::rng_for(
+                    options.seed,
+                    epoch,
+                    Purpose::ShuffleBuffer { slot: slot.slot() },
+                );
                 ShuffleBuffer::new(options.shuffle_buffer, options.shuffle_buffer_bytes, rng)
             }),
             on_error: options.on_error,
@@ -120,7 +124,9 @@ impl SampleStream {
             Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
             Err(RecvTimeoutError::Disconnected) => {
                 self.done = true;
-                return Err(Error::Stopped("the pipeline thread ended without finishing".into()));
+                return Err(Error::Stopped(
+                    "the pipeline thread ended without finishing".into(),
+                ));
             }
         };
         match message {
@@ -186,7 +192,9 @@ impl Worker {
                 return Ok(ControlFlow::Break(()));
             }
             let Some(mut reader) = self.read_ahead.next_shard()? else {
-                return Err(Error::Stopped("the source ended before the last shard".into()));
+                return Err(Error::Stopped(
+                    "the source ended before the last shard".into(),
+                ));
             };
             let shard = ShardRef {
                 index: self.units[index],
@@ -217,7 +225,9 @@ impl Worker {
             });
             match result {
                 Ok(tar::Outcome::Stopped) => return Ok(ControlFlow::Break(())),
-                Ok(tar::Outcome::Completed { .. }) => self.counters.add(Counter::ShardsCompleted, 1),
+                Ok(tar::Outcome::Completed { .. }) => {
+                    self.counters.add(Counter::ShardsCompleted, 1)
+                }
                 Err(error) if self.on_error == OnError::Warn && error.is_shard_error() => {
                     self.counters.add(Counter::ErrorsSkipped, 1);
                     if self.tx.send(Message::Event(Event::Skipped(error))).is_err() {

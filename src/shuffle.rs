@@ -92,7 +92,11 @@ mod tests {
     }
 
     fn run(items: &[Item], max_items: usize, max_bytes: usize, seed: u64) -> (Vec<Item>, bool) {
-        let mut buffer = ShuffleBuffer::new(max_items, max_bytes, rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 }));
+        let mut buffer = ShuffleBuffer::new(
+            max_items,
+            max_bytes,
+            rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 }),
+        );
         let mut out = Vec::new();
         let mut within_bounds = true;
         for item in items {

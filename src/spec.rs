@@ -202,7 +202,7 @@ mod tests {
             std::fs::write(dir.path().join(name), b"x").unwrap();
         }
         let url = dir.path().to_str().unwrap().to_owned();
-        let shards = resolve(&[url.clone()]).unwrap();
+        let shards = resolve(std::slice::from_ref(&url)).unwrap();
         let urls: Vec<_> = shards.iter().map(|s| s.url.clone()).collect();
         assert_eq!(urls, [format!("{url}/a.tar"), format!("{url}/b.tar")]);
         assert_eq!(shards[0].size, Some(1));
@@ -214,7 +214,13 @@ mod tests {
         let path = dir.path().join("a.tar");
         std::fs::write(&path, b"xy").unwrap();
         let url = format!("file://{}", path.display());
-        assert_eq!(resolve(&[url.clone()]).unwrap()[0].size, Some(2));
-        assert!(matches!(resolve(&[url.clone(), url]), Err(Error::Spec { .. })));
+        assert_eq!(
+            resolve(std::slice::from_ref(&url)).unwrap()[0].size,
+            Some(2)
+        );
+        assert!(matches!(
+            resolve(&[url.clone(), url]),
+            Err(Error::Spec { .. })
+        ));
     }
 }

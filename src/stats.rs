@@ -53,7 +53,9 @@ pub struct Stats {
 impl Stats {
     /// `(name, value)` pairs.
     pub fn entries(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
-        Counter::ALL.iter().map(|c| (c.name(), self.values[*c as usize]))
+        Counter::ALL
+            .iter()
+            .map(|c| (c.name(), self.values[*c as usize]))
     }
 
     /// The value of one counter.
@@ -90,7 +92,7 @@ impl Counters {
             )
         };
         if ptr == libc::MAP_FAILED {
-            let boxed: Box<[AtomicU64; COUNT]> = Box::new(Default::default());
+            let boxed: Box<[AtomicU64; COUNT]> = Box::default();
             return Counters {
                 cells: Box::into_raw(boxed).cast(),
                 mapped: false,

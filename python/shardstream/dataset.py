@@ -59,9 +59,11 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         io_timeout: float = 120.0,
     ) -> None:
         super().__init__()
-        specs = [os.fspath(urls)] if isinstance(urls, (str, os.PathLike)) else [
-            os.fspath(u) for u in urls
-        ]
+        specs = (
+            [os.fspath(urls)]
+            if isinstance(urls, (str, os.PathLike))
+            else [os.fspath(u) for u in urls]
+        )
         if on_error not in ("raise", "warn"):
             raise ValueError(f'on_error must be "raise" or "warn", got {on_error!r}')
         self.shards: list[tuple[str, int | None]] = resolve_shards(specs)

@@ -31,7 +31,12 @@ pub struct Sample {
 
 impl ByteSize for Sample {
     fn byte_size(&self) -> usize {
-        self.key.len() + self.fields.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        self.key.len()
+            + self
+                .fields
+                .iter()
+                .map(|(k, v)| k.len() + v.len())
+                .sum::<usize>()
     }
 }
 

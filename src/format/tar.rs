@@ -45,7 +45,10 @@ pub fn read_samples<R: ByteSource>(
     shard: &ShardRef,
     mut on_sample: impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome> {
-    let mut counting = Counting { inner: &mut *reader, count: 0 };
+    let mut counting = Counting {
+        inner: &mut *reader,
+        count: 0,
+    };
     let mut grouper = Grouper::new(shard);
     let walked = walk_members(&mut counting, shard, &mut grouper, &mut on_sample);
     let consumed = counting.count;
@@ -274,7 +277,10 @@ mod tests {
 
     #[test]
     fn splits_at_first_dot_of_basename() {
-        assert_eq!(split_member("a.b/c/x.SEG.JSON"), Some(("a.b/c/x", "seg.json".into())));
+        assert_eq!(
+            split_member("a.b/c/x.SEG.JSON"),
+            Some(("a.b/c/x", "seg.json".into()))
+        );
         assert_eq!(split_member("noext"), None);
         assert_eq!(split_member("d/.hidden"), None);
         assert_eq!(split_member("d/x."), None);
@@ -293,7 +299,13 @@ mod tests {
         let got = samples(&tar).unwrap();
         let keys: Vec<_> = got.iter().map(|s| s.key.as_str()).collect();
         assert_eq!(keys, ["a", "dir/b", "a"]);
-        assert_eq!(got[0].fields, vec![("wav".into(), b"1".to_vec()), ("json".into(), b"2".to_vec())]);
+        assert_eq!(
+            got[0].fields,
+            vec![
+                ("wav".into(), b"1".to_vec()),
+                ("json".into(), b"2".to_vec())
+            ]
+        );
         assert_eq!(got[1].fields, vec![("wav".into(), b"3".to_vec())]);
         assert_eq!(got[2].id, SampleId { shard: 3, index: 2 });
         assert_eq!(&*got[0].url, "mem://test.tar");
@@ -310,8 +322,17 @@ mod tests {
     fn duplicate_field_names_member() {
         let err = samples(&build(&[("a.wav", b"1"), ("a.WAV", b"2")])).unwrap_err();
         match err {
-            Error::DuplicateField { key, field, member, offset, .. } => {
-                assert_eq!((key.as_str(), field.as_str(), member.as_str()), ("a", "wav", "a.WAV"));
+            Error::DuplicateField {
+                key,
+                field,
+                member,
+                offset,
+                ..
+            } => {
+                assert_eq!(
+                    (key.as_str(), field.as_str(), member.as_str()),
+                    ("a", "wav", "a.WAV")
+                );
                 assert_eq!(offset, 1024);
             }
             other => panic!("{other}"),
@@ -323,7 +344,12 @@ mod tests {
         let tar = build(&[("a.wav", &[7u8; 2000]), ("b.wav", &[8u8; 2000])]);
         let cut = &tar[..512 + 1000];
         match samples(cut).unwrap_err() {
-            Error::Format { offset, member, reason, .. } => {
+            Error::Format {
+                offset,
+                member,
+                reason,
+                ..
+            } => {
                 assert_eq!(offset, 1512);
                 assert_eq!(member.as_deref(), Some("a.wav"));
                 assert!(reason.contains("truncated"), "{reason}");

@@ -5,7 +5,12 @@ use pyo3::{create_exception, PyErr};
 
 use crate::error::Error;
 
-create_exception!(shardstream._core, ShardStreamError, PyException, "Base class of shardstream errors.");
+create_exception!(
+    shardstream._core,
+    ShardStreamError,
+    PyException,
+    "Base class of shardstream errors."
+);
 create_exception!(
     shardstream._core,
     DatasetSpecError,

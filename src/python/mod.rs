@@ -13,11 +13,13 @@ mod _core {
 
     #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, ShardFormatError, ShardNotFoundError, ShardReadError, ShardSkippedWarning,
-        ShardStreamError, StorageAuthError,
+        DatasetSpecError, ShardFormatError, ShardNotFoundError, ShardReadError,
+        ShardSkippedWarning, ShardStreamError, StorageAuthError,
     };
     #[pymodule_export]
-    use super::stream::{default_options, plan_epoch, resolve_shards, run_cli, Counters, SampleStream};
+    use super::stream::{
+        default_options, plan_epoch, resolve_shards, run_cli, Counters, SampleStream,
+    };
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

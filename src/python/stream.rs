@@ -110,8 +110,12 @@ impl SampleStream {
         }
         let options = builder.build().map_err(to_py)?;
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
-        let shards: Vec<Shard> = shards.into_iter().map(|(url, size)| Shard { url, size }).collect();
-        let counters = counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
+        let shards: Vec<Shard> = shards
+            .into_iter()
+            .map(|(url, size)| Shard { url, size })
+            .collect();
+        let counters =
+            counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
         let stream = Stream::start(&shards, &options, epoch, slot, counters).map_err(to_py)?;
         Ok(SampleStream {
             units: stream.units().to_vec(),
@@ -148,7 +152,12 @@ impl SampleStream {
                 Poll::Ready(Event::Skipped(error)) => {
                     let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
                         .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());
-                    PyErr::warn(py, py.get_type::<ShardSkippedWarning>().as_any(), &message, 1)?;
+                    PyErr::warn(
+                        py,
+                        py.get_type::<ShardSkippedWarning>().as_any(),
+                        &message,
+                        1,
+                    )?;
                 }
                 Poll::Pending => py.check_signals()?,
                 Poll::End => return Ok(None),

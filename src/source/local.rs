@@ -29,7 +29,11 @@ pub(super) async fn read_file(
     if let Ok(meta) = file.metadata().await {
         if meta.is_dir() {
             let source = std::io::Error::other("is a directory");
-            return report(Error::Read { url: url.to_owned(), offset: 0, source });
+            return report(Error::Read {
+                url: url.to_owned(),
+                offset: 0,
+                source,
+            });
         }
     }
     fetcher.count(Counter::ShardsOpened, 1);
@@ -47,7 +51,11 @@ pub(super) async fn read_file(
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(source) => {
                     let offset = offset + filled as u64;
-                    return report(Error::Read { url: url.to_owned(), offset, source });
+                    return report(Error::Read {
+                        url: url.to_owned(),
+                        offset,
+                        source,
+                    });
                 }
             }
         }
@@ -61,7 +69,14 @@ pub(super) async fn read_file(
         if filled < fetcher.chunk_bytes {
             drop(permit.split(fetcher.chunk_bytes - filled));
         }
-        if tx.send(Ok(Chunk { bytes, _permit: permit })).is_err() || filled < fetcher.chunk_bytes {
+        if tx
+            .send(Ok(Chunk {
+                bytes,
+                _permit: permit,
+            }))
+            .is_err()
+            || filled < fetcher.chunk_bytes
+        {
             return Ok(());
         }
     }

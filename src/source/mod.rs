@@ -48,7 +48,11 @@ pub struct ReadAhead {
 
 impl ReadAhead {
     /// Starts reading `shards` (in this order) on a new I/O runtime.
-    pub fn start(shards: Vec<Shard>, options: ReadAheadOptions, counters: Arc<Counters>) -> Result<Self> {
+    pub fn start(
+        shards: Vec<Shard>,
+        options: ReadAheadOptions,
+        counters: Arc<Counters>,
+    ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
@@ -129,7 +133,9 @@ impl Fetcher {
                 return;
             }
             let sent = match shard.location() {
-                Location::Local(path) => local::read_file(&self, &shard.url, &path, &chunk_tx).await,
+                Location::Local(path) => {
+                    local::read_file(&self, &shard.url, &path, &chunk_tx).await
+                }
             };
             if sent.is_err() {
                 return;

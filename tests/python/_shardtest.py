@@ -1,0 +1,229 @@
+"""Helpers shared by the shardstream Python tests.
+
+Expected values are always computed here from the tar files themselves, with
+Python's ``tarfile`` and an independent implementation of the WebDataset
+grouping rule, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import sys
+import tarfile
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES_DIR = REPO_ROOT / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Imports ``examples/<name>.py`` by path (the examples are not a package)."""
+    path = EXAMPLES_DIR / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"shardstream_example_{name}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------
+# The WebDataset grouping rule, re-implemented independently of the Rust core.
+# --------------------------------------------------------------------------
+
+
+def split_member(name: str) -> tuple[str, str] | None:
+    """``dir/stem.ext.more`` -> ``("dir/stem", "ext.more")`` (field lower-cased);
+    ``None`` when the basename has no dot, starts with one or ends at its first dot."""
+    base_start = name.rfind("/") + 1
+    base = name[base_start:]
+    dot = base.find(".")
+    if dot <= 0 or dot == len(base) - 1:
+        return None
+    return name[: base_start + dot], base[dot + 1 :].lower()
+
+
+@dataclass
+class ExpectedSample:
+    """One sample as read with ``tarfile``."""
+
+    url: str
+    key: str
+    fields: dict[str, bytes] = field(default_factory=dict)
+
+    def digest(self) -> dict[str, str]:
+        return {name: sha256(value) for name, value in self.fields.items()}
+
+
+def read_tar_samples(path: str | Path, url: str | None = None) -> list[ExpectedSample]:
+    """The samples of one tar shard, in order, by the WebDataset rule."""
+    url = str(path) if url is None else url
+    samples: list[ExpectedSample] = []
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            split = split_member(member.name)
+            if split is None:
+                continue
+            key, name = split
+            extracted = tar.extractfile(member)
+            assert extracted is not None
+            data = extracted.read()
+            if samples and samples[-1].key == key:
+                if name in samples[-1].fields:
+                    raise ValueError(f"field {name} repeated in {key}")
+                samples[-1].fields[name] = data
+            else:
+                samples.append(ExpectedSample(url, key, {name: data}))
+    return samples
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sample_digest(sample: dict[str, Any]) -> dict[str, str]:
+    """``{field: sha256}`` of a sample dict yielded by shardstream."""
+    out = {}
+    for name, value in sample.items():
+        if name.startswith("__"):
+            continue
+        assert isinstance(value, bytes), (name, type(value))
+        out[name] = sha256(value)
+    return out
+
+
+@dataclass
+class DatasetInfo:
+    """A dataset on disk plus what it contains, read independently."""
+
+    root: Path
+    paths: list[Path]
+    spec: str
+    samples: list[ExpectedSample]
+
+    @property
+    def urls(self) -> list[str]:
+        return [str(p) for p in self.paths]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every key, in file order (shard by shard)."""
+        return [s.key for s in self.samples]
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p.stat().st_size for p in self.paths]
+
+    def keys_of(self, urls: Iterable[str]) -> list[str]:
+        wanted = set(urls)
+        return [s.key for s in self.samples if s.url in wanted]
+
+    def by_key(self) -> dict[str, ExpectedSample]:
+        out = {s.key: s for s in self.samples}
+        assert len(out) == len(self.samples), "dataset keys must be unique"
+        return out
+
+
+def describe(paths: Sequence[Path], spec: str) -> DatasetInfo:
+    samples = [s for p in paths for s in read_tar_samples(p)]
+    return DatasetInfo(Path(paths[0]).parent, list(paths), spec, samples)
+
+
+def brace_spec(root: Path, prefix: str, first: int, last: int) -> str:
+    return f"{root}/{prefix}-{{{first:06d}..{last:06d}}}.tar"
+
+
+# --------------------------------------------------------------------------
+# Writing custom tars.
+# --------------------------------------------------------------------------
+
+Member = tuple[str, bytes] | tarfile.TarInfo
+
+
+def regular(name: str, size: int = 0) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    return info
+
+
+def special(name: str, kind: bytes, linkname: str = "") -> tarfile.TarInfo:
+    """A non-regular entry (``tarfile.DIRTYPE``, ``SYMTYPE``, ``LNKTYPE``, ...)."""
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = linkname
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    info.mtime = 0
+    return info
+
+
+def tar_bytes(
+    members: Iterable[Member],
+    *,
+    format: int = tarfile.GNU_FORMAT,
+    pax_headers: dict[str, str] | None = None,
+) -> bytes:
+    """A tar archive of ``members``: ``(name, data)`` pairs are regular files,
+    ``TarInfo`` objects are added as they are (for directories, links, ...)."""
+    buffer = io.BytesIO()
+    with tarfile.open(
+        fileobj=buffer, mode="w", format=format, pax_headers=pax_headers or {}
+    ) as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+            else:
+                name, data = member
+                tar.addfile(regular(name, len(data)), io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def write_tar(path: Path, members: Iterable[Member], **kwargs: Any) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(tar_bytes(members, **kwargs))
+    return path
+
+
+def member_offsets(data: bytes) -> dict[str, tuple[int, int]]:
+    """``{name: (data_offset, size)}`` of the regular members of a tar in memory."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        return {m.name: (m.offset_data, m.size) for m in tar if m.isreg()}
+
+
+# --------------------------------------------------------------------------
+# Iterating.
+# --------------------------------------------------------------------------
+
+
+def loader(dataset: Any, num_workers: int, **kwargs: Any) -> Any:
+    """A real ``torch.utils.data.DataLoader`` yielding single samples."""
+    from torch.utils.data import DataLoader
+
+    if num_workers > 0:
+        kwargs.setdefault("timeout", 120)
+    return DataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+
+
+def keys_of(samples: Iterable[dict[str, Any]]) -> list[str]:
+    return [s["__key__"] for s in samples]
+
+
+def assert_exactly_once(got: Sequence[str], expected: Iterable[str]) -> None:
+    """``got`` holds every expected key exactly once and nothing else."""
+    counts = Counter(got)
+    duplicates = sorted(k for k, n in counts.items() if n > 1)
+    assert not duplicates, f"keys yielded more than once: {duplicates[:10]}"
+    expected_set = set(expected)
+    missing = sorted(expected_set - counts.keys())
+    extra = sorted(counts.keys() - expected_set)
+    assert not missing and not extra, f"missing {missing[:10]}, unexpected {extra[:10]}"

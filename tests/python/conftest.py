@@ -1,0 +1,57 @@
+"""Fixtures: a small generated dataset, read independently with ``tarfile``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _shardtest import DatasetInfo, brace_spec, describe, load_example, write_tar
+
+SHARDS = 8
+SAMPLES_PER_SHARD = 12
+
+
+@pytest.fixture(scope="session")
+def make_dataset():
+    """The ``make_dataset`` function of ``examples/make_dataset.py``."""
+    return load_example("make_dataset").make_dataset
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory: pytest.TempPathFactory, make_dataset) -> DatasetInfo:
+    """8 shards x 12 samples of short clips (~75 KB per shard), with the
+    expected samples read from the tars with ``tarfile``."""
+    root = tmp_path_factory.mktemp("dataset")
+    paths = make_dataset(
+        root,
+        shards=SHARDS,
+        samples_per_shard=SAMPLES_PER_SHARD,
+        seed=1234,
+        min_seconds=0.05,
+        max_seconds=0.2,
+    )
+    info = describe(paths, brace_spec(root, "shard", 0, len(paths) - 1))
+    # Sanity of the fixture itself (computed from the tars, not assumed).
+    assert len(info.samples) == len(set(info.keys)) > 0
+    assert all(set(s.fields) == {"wav", "json"} for s in info.samples)
+    return info
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory, make_dataset) -> DatasetInfo:
+    """2 shards x 5 samples: fewer shards than most slot layouts."""
+    root = tmp_path_factory.mktemp("small")
+    paths = make_dataset(
+        root, shards=2, samples_per_shard=5, seed=7, min_seconds=0.05, max_seconds=0.1
+    )
+    return describe(paths, brace_spec(root, "shard", 0, len(paths) - 1))
+
+
+@pytest.fixture
+def tar_factory(tmp_path: Path):
+    """Writes a tar of ``[(name, bytes) | TarInfo, ...]`` under ``tmp_path``."""
+
+    def make(name: str, members, **kwargs) -> Path:
+        return write_tar(tmp_path / name, members, **kwargs)
+
+    return make

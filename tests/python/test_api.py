@@ -1,0 +1,286 @@
+"""Package surface: lazy torch import, defaults, dataset specs, slot resolution."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import shardstream
+from _shardtest import assert_exactly_once, keys_of, sample_digest
+from shardstream import _core
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def test_import_does_not_import_torch():
+    proc = run_python(
+        "import sys, shardstream\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if 'torch' in m)\n"
+        "print(shardstream.__version__)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == _core.__version__
+
+
+def test_streaming_dataset_imports_torch_lazily():
+    proc = run_python(
+        "import sys, shardstream\n"
+        "assert 'torch' not in sys.modules\n"
+        "cls = shardstream.StreamingDataset\n"
+        "assert 'torch' in sys.modules\n"
+        "import torch.utils.data\n"
+        "assert issubclass(cls, torch.utils.data.IterableDataset)\n"
+        "from shardstream import StreamingDataset\n"
+        "assert StreamingDataset is cls\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_unknown_attribute_raises_attribute_error():
+    with pytest.raises(AttributeError):
+        _ = shardstream.NoSuchThing  # type: ignore[attr-defined]
+
+
+def test_public_names():
+    for name in shardstream.__all__:
+        assert getattr(shardstream, name) is not None, name
+    for name in (
+        "DatasetSpecError",
+        "ShardFormatError",
+        "ShardNotFoundError",
+        "ShardReadError",
+        "StorageAuthError",
+    ):
+        assert issubclass(getattr(shardstream, name), shardstream.ShardStreamError), name
+    assert issubclass(shardstream.ShardStreamError, Exception)
+    assert issubclass(shardstream.ShardSkippedWarning, UserWarning)
+
+
+def test_init_defaults_match_core_defaults():
+    defaults = _core.default_options()
+    expected_names = {
+        "seed",
+        "shuffle_shards",
+        "shuffle_buffer",
+        "shuffle_buffer_bytes",
+        "read_ahead_bytes",
+        "on_error",
+        "io_timeout",
+    }
+    assert expected_names <= set(defaults)
+    params = inspect.signature(shardstream.StreamingDataset.__init__).parameters
+    for name in expected_names:
+        assert name in params, name
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert params[name].default == defaults[name], (name, params[name].default, defaults)
+        assert type(params[name].default) is type(defaults[name]), name
+
+
+def test_slot_arguments_default_to_none():
+    params = inspect.signature(shardstream.StreamingDataset.__init__).parameters
+    for name in ("rank", "world_size", "num_workers", "worker_id"):
+        assert params[name].default is None, name
+
+
+# --------------------------------------------------------------------------
+# Dataset specs.
+# --------------------------------------------------------------------------
+
+
+def ordered(spec, **kwargs):
+    """Samples in file order: no shard shuffle, no shuffle buffer."""
+    ds = shardstream.StreamingDataset(spec, shuffle_shards=False, shuffle_buffer=0, **kwargs)
+    return list(ds)
+
+
+def test_brace_spec_in_file_order(dataset):
+    got = ordered(dataset.spec)
+    assert keys_of(got) == dataset.keys
+    assert [s["__url__"] for s in got] == [s.url for s in dataset.samples]
+    expected = dataset.by_key()
+    for sample in got:
+        assert sample_digest(sample) == expected[sample["__key__"]].digest()
+        assert isinstance(sample["__key__"], str) and isinstance(sample["__url__"], str)
+
+
+def test_resolve_shards_sizes(dataset):
+    resolved = _core.resolve_shards([dataset.spec])
+    assert resolved == list(zip(dataset.urls, dataset.sizes, strict=True))
+    assert shardstream.resolve_shards([dataset.spec]) == resolved
+
+
+def test_resolve_shards_missing_file_has_unknown_size(tmp_path):
+    missing = str(tmp_path / "nope.tar")
+    assert _core.resolve_shards([missing]) == [(missing, None)]
+
+
+def test_list_of_paths_and_pathlike(dataset):
+    paths = [dataset.paths[3], str(dataset.paths[1])]
+    got = ordered(paths)
+    expected = dataset.keys_of([dataset.urls[3]]) + dataset.keys_of([dataset.urls[1]])
+    assert keys_of(got) == expected
+    single = ordered(dataset.paths[2])
+    assert keys_of(single) == dataset.keys_of([dataset.urls[2]])
+    assert {s["__url__"] for s in single} == {dataset.urls[2]}
+
+
+def test_brace_list_and_several_groups(dataset):
+    root = dataset.root
+    spec = f"{root}/shard-000{{00,01}}{{0,5}}.tar"
+    names = ["shard-000000.tar", "shard-000005.tar", "shard-000010.tar", "shard-000015.tar"]
+    expanded = [str(root / n) for n in names if (root / n).exists()]
+    assert expanded == [str(root / "shard-000000.tar"), str(root / "shard-000005.tar")]
+    # Two of the four expanded names do not exist: resolving keeps them.
+    resolved = [url for url, _ in _core.resolve_shards([spec])]
+    assert resolved == [str(root / n) for n in names]
+    list_spec = f"{root}/shard-00000{{3,1,6}}.tar"
+    got = ordered(list_spec)
+    expected_urls = [str(root / f"shard-00000{i}.tar") for i in (3, 1, 6)]
+    assert keys_of(got) == [k for u in expected_urls for k in dataset.keys_of([u])]
+
+
+def test_unpadded_range(tmp_path, dataset):
+    for i in range(3):
+        (tmp_path / f"part{i}.tar").write_bytes(dataset.paths[i].read_bytes())
+    got = ordered(f"{tmp_path}/part{{0..2}}.tar")
+    assert [s["__url__"] for s in got] == [
+        str(tmp_path / f"part{i}.tar") for i in range(3) for _ in dataset.keys_of([dataset.urls[i]])
+    ]
+
+
+def test_file_url(dataset):
+    url = f"file://{dataset.paths[4]}"
+    got = ordered(url)
+    assert keys_of(got) == dataset.keys_of([dataset.urls[4]])
+    assert {s["__url__"] for s in got} == {url}
+
+
+def test_directory_spec_sorted_tar_only(tmp_path, dataset):
+    for i in (2, 0, 1):
+        (tmp_path / f"shard-{i:06d}.tar").write_bytes(dataset.paths[i].read_bytes())
+    (tmp_path / "notes.txt").write_text("not a shard")
+    (tmp_path / "sub.tar").mkdir()  # a directory named *.tar is not a shard
+    got = ordered(tmp_path)
+    expected_urls = [f"{tmp_path}/shard-{i:06d}.tar" for i in range(3)]
+    assert [s["__url__"] for s in got] == [
+        u for i, u in enumerate(expected_urls) for _ in dataset.keys_of([dataset.urls[i]])
+    ]
+    assert keys_of(got) == dataset.keys_of(dataset.urls[:3])
+    # A trailing slash on the directory does not double it.
+    got_slash = ordered(f"{tmp_path}/")
+    assert [s["__url__"] for s in got_slash] == [s["__url__"] for s in got]
+
+
+# --------------------------------------------------------------------------
+# Rank and worker resolution.
+# --------------------------------------------------------------------------
+
+
+def rank_keys(spec, **kwargs):
+    return set(keys_of(shardstream.StreamingDataset(spec, **kwargs)))
+
+
+def test_env_rank_and_world_size(dataset, monkeypatch):
+    explicit = [rank_keys(dataset.spec, rank=r, world_size=3) for r in range(3)]
+    assert_exactly_once([k for keys in explicit for k in keys], dataset.keys)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for r in range(3):
+        monkeypatch.setenv("RANK", str(r))
+        ds = shardstream.StreamingDataset(dataset.spec)
+        assert ds.distributed_slot() == (r, 3)
+        assert rank_keys(dataset.spec) == explicit[r]
+
+
+def test_explicit_arguments_beat_env(dataset, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = shardstream.StreamingDataset(dataset.spec, rank=0, world_size=1)
+    assert ds.distributed_slot() == (0, 1)
+    assert_exactly_once(keys_of(ds), dataset.keys)
+
+
+def test_defaults_without_env(dataset, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ds = shardstream.StreamingDataset(dataset.spec)
+    assert ds.distributed_slot() == (0, 1)
+    assert ds.worker_slot() == (0, 1)
+    assert_exactly_once(keys_of(ds), dataset.keys)
+
+
+def test_explicit_worker_slots_partition(dataset):
+    got = []
+    for worker in range(3):
+        ds = shardstream.StreamingDataset(dataset.spec, num_workers=3, worker_id=worker)
+        assert ds.worker_slot() == (worker, 3)
+        got += keys_of(ds)
+    assert_exactly_once(got, dataset.keys)
+
+
+def test_invalid_slot_raises_value_error(dataset):
+    ds = shardstream.StreamingDataset(dataset.spec, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="rank"):
+        iter(ds)
+    ds = shardstream.StreamingDataset(dataset.spec, num_workers=2, worker_id=2)
+    with pytest.raises(ValueError, match="worker_id"):
+        iter(ds)
+
+
+def test_set_epoch_rejects_negative(dataset):
+    ds = shardstream.StreamingDataset(dataset.spec)
+    with pytest.raises(ValueError):
+        ds.set_epoch(-1)
+
+
+def test_stats_in_process(dataset):
+    ds = shardstream.StreamingDataset(dataset.spec)
+    assert ds.stats() == {
+        "shards_opened": 0,
+        "shards_completed": 0,
+        "samples": 0,
+        "bytes_read": 0,
+        "errors_skipped": 0,
+    }
+    assert_exactly_once(keys_of(ds), dataset.keys)
+    stats = ds.stats()
+    assert stats["samples"] == len(dataset.samples)
+    assert stats["bytes_read"] == sum(dataset.sizes)
+    assert stats["shards_opened"] == stats["shards_completed"] == len(dataset.paths)
+    assert stats["errors_skipped"] == 0
+    # A second epoch adds to the same counters.
+    ds.set_epoch(1)
+    assert_exactly_once(keys_of(ds), dataset.keys)
+    assert ds.stats()["samples"] == 2 * len(dataset.samples)
+    assert ds.stats()["bytes_read"] == 2 * sum(dataset.sizes)
+
+
+def test_repr_mentions_shard_count(dataset):
+    text = repr(shardstream.StreamingDataset(dataset.spec, seed=5))
+    assert f"{len(dataset.paths)} shards" in text and "seed=5" in text
+
+
+def test_dataset_pickles(dataset):
+    import pickle
+
+    ds = shardstream.StreamingDataset(dataset.spec, seed=3, shuffle_buffer=7)
+    ds.set_epoch(2)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert keys_of(clone) == keys_of(ds)
+
+
+def test_example_generator_is_deterministic(tmp_path, make_dataset, dataset):
+    again = make_dataset(
+        tmp_path, shards=2, samples_per_shard=len(dataset.keys_of([dataset.urls[0]])),
+        seed=1234, min_seconds=0.05, max_seconds=0.2,
+    )
+    for path, original in zip(again, dataset.paths[:2], strict=True):
+        assert Path(path).read_bytes() == original.read_bytes()
+    assert os.path.basename(again[0]) == dataset.paths[0].name
