@@ -60,7 +60,7 @@ impl Default for StreamOptions {
             shuffle_buffer_bytes: 256 << 20,
             read_ahead_bytes: 32 << 20,
             chunk_bytes: 1 << 20,
-            output_queue: 256,
+            output_queue: 64,
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
         }

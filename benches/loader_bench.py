@@ -1,0 +1,158 @@
+"""Loader benchmark behind `make bench`: samples/s, MB/s and peak RSS of one
+epoch through a torch DataLoader, for the example audio dataset at
+num_workers 0 and 2, and peak RSS for a small and a large single shard
+(memory must not grow with shard size).
+
+    python benches/loader_bench.py --out bench-results [--repeats 3] [--large-shard-mb 4096]
+
+Each measurement runs in a fresh subprocess, so page cache is warm (the
+dataset is read once before timing) but no Python state is shared. Peak RSS
+is the subprocess's own maximum RSS, and for DataLoader workers the largest
+worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from make_dataset import make_dataset  # noqa: E402
+
+
+def run_epoch(spec: str, num_workers: int) -> dict[str, float]:
+    """One epoch in this process; returns the measurements."""
+    from torch.utils.data import DataLoader
+
+    from shardstream import StreamingDataset
+
+    dataset = StreamingDataset(spec, seed=0, shuffle_buffer=1000)
+    loader = DataLoader(dataset, batch_size=32, num_workers=num_workers, collate_fn=list)
+    start = time.perf_counter()
+    samples = sum(len(batch) for batch in loader)
+    elapsed = time.perf_counter() - start
+    stats = dataset.stats()
+    return {
+        "samples": samples,
+        "seconds": elapsed,
+        "bytes": stats["bytes_read"],
+        "rss_main_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_worker_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }
+
+
+def measure(spec: str, num_workers: int) -> dict[str, float]:
+    """Runs `run_epoch` in a fresh subprocess."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", spec, str(num_workers)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def write_large_shard(path: Path, megabytes: int) -> None:
+    """A shard of `megabytes` MB: 1 MiB `.bin` members with a small `.json` each."""
+    block = bytes(range(256)) * 4096
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for i in range(megabytes):
+            for name, data in ((f"big-{i:08d}.bin", block), (f"big-{i:08d}.json", b"{}")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, _Reader(data))
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos = data, 0
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else self.pos + n
+        chunk, self.pos = self.data[self.pos : end], min(end, len(self.data))
+        return chunk
+
+
+def warm(paths: list[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--samples-per-shard", type=int, default=64)
+    parser.add_argument("--large-shard-mb", type=int, default=4096)
+    parser.add_argument("--child", nargs=2, metavar=("SPEC", "WORKERS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_epoch(args.child[0], int(args.child[1]))))
+        return
+
+    data = args.out / "audio"
+    shards = make_dataset(data, shards=args.shards, samples_per_shard=args.samples_per_shard)
+    warm(shards)
+    spec = str(data / f"shard-{{000000..{args.shards - 1:06d}}}.tar")
+    rows = []
+    for workers in (0, 2):
+        runs = [measure(spec, workers) for _ in range(args.repeats)]
+        seconds = statistics.median(r["seconds"] for r in runs)
+        first = runs[0]
+        rows.append(
+            (
+                f"audio, {args.shards} shards x {args.samples_per_shard}",
+                workers,
+                first["samples"] / seconds,
+                first["bytes"] / 1e6 / seconds,
+                max(r["rss_main_mb"] for r in runs),
+                max(r["rss_worker_mb"] for r in runs),
+            )
+        )
+
+    for megabytes in sorted({64, 1024, args.large_shard_mb}):
+        path = args.out / f"single-{megabytes}mb.tar"
+        write_large_shard(path, megabytes)
+        warm([path])
+        result = measure(str(path), 0)
+        path.unlink()
+        rows.append(
+            (
+                f"one {megabytes} MB shard",
+                0,
+                result["samples"] / result["seconds"],
+                result["bytes"] / 1e6 / result["seconds"],
+                result["rss_main_mb"],
+                result["rss_worker_mb"],
+            )
+        )
+
+    header = "| dataset | num_workers | samples/s | MB/s | peak RSS (MB) | peak RSS worker (MB) |"
+    lines = [header, "|---|---|---|---|---|---|"]
+    for name, workers, sps, mbps, rss_main, rss_worker in rows:
+        worker = f"{rss_worker:,.0f}" if workers else "-"
+        lines.append(
+            f"| {name} | {workers} | {sps:,.0f} | {mbps:,.0f} | {rss_main:,.0f} | {worker} |"
+        )
+    machine = f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    table = "\n".join(lines)
+    print(f"{machine}, median of {args.repeats} runs (single shards: one run)\n{table}")
+    (args.out / "loader_bench.md").write_text(f"{machine}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()

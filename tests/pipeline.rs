@@ -1,0 +1,234 @@
+//! End-to-end tests of the pipeline on real files: exactly-once across
+//! slots, determinism, the read-ahead budget, error policies and bounded waits.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shardstream::config::{OnError, SlotSpec, StreamOptions};
+use shardstream::pipeline::{Event, SampleStream};
+use shardstream::spec::{self, Shard};
+use shardstream::stats::{Counter, Counters};
+use shardstream::Error;
+
+/// Writes a tar of `samples` samples with fields `bin` (`size` bytes) and `txt`.
+fn write_shard(path: &Path, tag: &str, samples: usize, size: usize) {
+    let mut builder = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for i in 0..samples {
+        for (field, data) in [
+            ("bin", vec![(i % 251) as u8; size]),
+            ("txt", format!("{tag}-{i}").into_bytes()),
+        ] {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, format!("{tag}/{i:05}.{field}"), &data[..])
+                .unwrap();
+        }
+    }
+    builder.finish().unwrap();
+}
+
+fn dataset(dir: &Path, shards: usize, samples: usize) -> Vec<Shard> {
+    for s in 0..shards {
+        write_shard(
+            &dir.join(format!("s-{s:03}.tar")),
+            &format!("s{s}"),
+            samples,
+            100,
+        );
+    }
+    spec::resolve(&[dir.to_str().unwrap().to_owned()]).unwrap()
+}
+
+fn options() -> shardstream::config::StreamOptionsBuilder {
+    StreamOptions::builder()
+        .with_shuffle_buffer(16)
+        .with_io_timeout(Duration::from_secs(20))
+}
+
+fn collect(shards: &[Shard], options: &StreamOptions, epoch: u64, slot: SlotSpec) -> Vec<String> {
+    let stream =
+        SampleStream::start(shards, options, epoch, slot, Arc::new(Counters::new())).unwrap();
+    stream
+        .map(|event| match event.unwrap() {
+            Event::Sample(sample) => sample.key,
+            Event::Skipped(error) => panic!("unexpected skip: {error}"),
+        })
+        .collect()
+}
+
+#[test]
+fn every_sample_once_across_slots_and_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dataset(dir.path(), 7, 9);
+    let options = options().with_seed(11).build().unwrap();
+    for (world_size, workers) in [(1, 1), (2, 2), (3, 1), (4, 3)] {
+        let mut seen: HashMap<String, usize> = HashMap::new();
+        for rank in 0..world_size {
+            for worker in 0..workers {
+                let slot = SlotSpec::new(world_size, rank, workers, worker).unwrap();
+                let keys = collect(&shards, &options, 1, slot);
+                assert_eq!(
+                    keys,
+                    collect(&shards, &options, 1, slot),
+                    "not deterministic"
+                );
+                for key in keys {
+                    *seen.entry(key).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(seen.len(), 7 * 9, "world {world_size} x {workers}");
+        assert!(seen.values().all(|&n| n == 1));
+    }
+    let one = SlotSpec::new(1, 0, 1, 0).unwrap();
+    assert_ne!(
+        collect(&shards, &options, 1, one),
+        collect(&shards, &options, 2, one)
+    );
+}
+
+#[test]
+fn read_ahead_stays_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.tar");
+    let member = 100 * 1024;
+    write_shard(&path, "big", 200, member);
+    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let (budget, chunk) = (1 << 20, 64 << 10);
+    let options = options()
+        .with_shuffle_buffer(0)
+        .with_output_queue(1)
+        .with_read_ahead_bytes(budget)
+        .with_chunk_bytes(chunk)
+        .build()
+        .unwrap();
+    let counters = Arc::new(Counters::new());
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let stream = SampleStream::start(&shards, &options, 0, slot, counters.clone()).unwrap();
+    // Bytes per sample in the tar: two headers, the padded data and the text.
+    let per_sample = (512 + member.div_ceil(512) * 512 + 1024) as u64;
+    let mut consumed = 0u64;
+    for event in stream {
+        assert!(matches!(event.unwrap(), Event::Sample(_)));
+        consumed += 1;
+        std::thread::sleep(Duration::from_millis(2));
+        let read = counters.snapshot().get(Counter::BytesRead);
+        // The parser holds at most the queue, the sample being built and the
+        // one parsed ahead; beyond that only the budget may be in flight.
+        let bound = (consumed + 3) * per_sample + budget as u64 + chunk as u64;
+        assert!(
+            read <= bound,
+            "read {read} bytes after {consumed} samples (bound {bound})"
+        );
+    }
+    assert_eq!(consumed, 200);
+    assert_eq!(
+        counters.snapshot().get(Counter::BytesRead),
+        shards[0].size.unwrap()
+    );
+}
+
+fn bad_dataset(dir: &Path) -> (Vec<Shard>, PathBuf) {
+    let mut shards = dataset(dir, 3, 4);
+    let junk = dir.join("junk.tar");
+    std::fs::write(&junk, vec![b'j'; 3000]).unwrap();
+    let truncated = dir.join("cut.tar");
+    write_shard(&truncated, "cut", 5, 2000);
+    let bytes = std::fs::read(&truncated).unwrap();
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    for path in [junk.clone(), truncated, dir.join("missing.tar")] {
+        let size = std::fs::metadata(&path).ok().map(|m| m.len());
+        shards.push(Shard {
+            url: path.to_str().unwrap().to_owned(),
+            size,
+        });
+    }
+    (shards, junk)
+}
+
+#[test]
+fn warn_policy_skips_bad_shards_and_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let (shards, _) = bad_dataset(dir.path());
+    let options = options().with_on_error(OnError::Warn).build().unwrap();
+    let counters = Arc::new(Counters::new());
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let stream = SampleStream::start(&shards, &options, 0, slot, counters.clone()).unwrap();
+    let (mut good, mut skipped, mut cut_samples) = (0, Vec::new(), 0);
+    for event in stream {
+        match event.unwrap() {
+            Event::Sample(s) if s.key.starts_with("cut/") => cut_samples += 1,
+            Event::Sample(_) => good += 1,
+            Event::Skipped(error) => skipped.push(error),
+        }
+    }
+    assert_eq!(good, 12);
+    assert!(cut_samples < 5, "a truncated sample was produced");
+    assert_eq!(skipped.len(), 3);
+    assert!(skipped.iter().any(|e| matches!(e, Error::NotFound { .. })));
+    assert!(skipped
+        .iter()
+        .any(|e| matches!(e, Error::Format { reason, .. } if reason.contains("truncated"))));
+    assert!(skipped
+        .iter()
+        .any(|e| matches!(e, Error::Format { reason, .. } if reason.contains("not a tar"))));
+    let stats = counters.snapshot();
+    assert_eq!(stats.get(Counter::ErrorsSkipped), 3);
+    assert_eq!(stats.get(Counter::ShardsCompleted), 3);
+}
+
+#[test]
+fn raise_policy_ends_with_an_error_naming_the_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (shards, junk) = bad_dataset(dir.path());
+    let only_junk: Vec<Shard> = shards
+        .into_iter()
+        .filter(|s| s.url == junk.to_str().unwrap())
+        .collect();
+    let options = options().build().unwrap();
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let mut stream =
+        SampleStream::start(&only_junk, &options, 0, slot, Arc::new(Counters::new())).unwrap();
+    let error = stream.next().unwrap().unwrap_err();
+    let message = error.to_string();
+    assert!(message.contains(junk.to_str().unwrap()), "{message}");
+    assert!(message.contains("byte offset"), "{message}");
+    assert!(stream.next().is_none());
+}
+
+#[test]
+fn a_stalled_shard_times_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("stalled.tar");
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: creates a named pipe at a path we own; nobody ever writes to it.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    let shards = vec![Shard {
+        url: fifo.to_str().unwrap().to_owned(),
+        size: None,
+    }];
+    let options = options()
+        .with_io_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let start = Instant::now();
+    let mut stream =
+        SampleStream::start(&shards, &options, 0, slot, Arc::new(Counters::new())).unwrap();
+    let error = stream.next().unwrap().unwrap_err();
+    assert!(matches!(error, Error::Timeout { .. }), "{error}");
+    assert!(start.elapsed() < Duration::from_secs(10));
+    drop(stream);
+    // Let a still-blocked open finish so its thread can exit; O_NONBLOCK
+    // makes this open fail instead of wait when no reader is left.
+    use std::os::unix::fs::OpenOptionsExt;
+    let _writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo);
+}
