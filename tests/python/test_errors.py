@@ -1,0 +1,332 @@
+"""Bad inputs: missing, non-tar, truncated, empty and duplicate-field shards,
+bad specs and options; both error policies, in-process and in DataLoader
+workers."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import shardstream
+from _shardtest import (
+    assert_exactly_once,
+    keys_of,
+    loader,
+    member_offsets,
+    read_tar_samples,
+    tar_bytes,
+    write_tar,
+)
+from shardstream import (
+    DatasetSpecError,
+    ShardFormatError,
+    ShardNotFoundError,
+    ShardSkippedWarning,
+    ShardStreamError,
+)
+
+# Members of the archive the truncated shards are cut from.
+INTACT = [
+    ("first.wav", b"1" * 3000),
+    ("first.json", b'{"n": 1}'),
+    ("second.wav", b"2" * 3000),
+    ("second.json", b'{"n": 2}'),
+    ("third.wav", b"3" * 3000),
+    ("third.json", b'{"n": 3}'),
+]
+
+
+@dataclass
+class BadShard:
+    """A bad shard on disk and what its error must say."""
+
+    path: Path
+    error: type[ShardStreamError]
+    substrings: list[str]
+    # Keys of the complete samples that precede the point of failure.
+    complete_before_failure: list[str]
+
+
+def truncated_in_data(directory: Path) -> BadShard:
+    """Cut in the middle of the data of ``third.wav``."""
+    data = tar_bytes(INTACT)
+    start, size = member_offsets(data)["third.wav"]
+    cut = start + size // 3
+    path = directory / "truncated.tar"
+    path.write_bytes(data[:cut])
+    return BadShard(
+        path,
+        ShardFormatError,
+        [str(path), "truncated", "third.wav", f"byte offset {cut}"],
+        ["first", "second"],
+    )
+
+
+def make_bad_shard(kind: str, directory: Path) -> BadShard:
+    directory.mkdir(parents=True, exist_ok=True)
+    if kind == "missing":
+        path = directory / "missing-shard.tar"
+        return BadShard(path, ShardNotFoundError, [str(path)], [])
+    if kind == "not_a_tar":
+        path = directory / "garbage.tar"
+        path.write_bytes(b"this is not a tar archive, just text\n" * 100)
+        return BadShard(
+            path, ShardFormatError, [str(path), "not a tar archive", "byte offset"], []
+        )
+    if kind == "short_garbage":
+        path = directory / "short.tar"
+        path.write_bytes(b"hello")
+        return BadShard(
+            path, ShardFormatError, [str(path), "not a tar archive", "byte offset"], []
+        )
+    if kind == "empty":
+        path = directory / "empty.tar"
+        path.write_bytes(b"")
+        return BadShard(path, ShardFormatError, [str(path)], [])
+    if kind == "truncated":
+        return truncated_in_data(directory)
+    if kind in ("duplicate", "duplicate_case"):
+        second = "spk.1/clip-7.wav" if kind == "duplicate" else "spk.1/clip-7.WAV"
+        path = write_tar(
+            directory / f"{kind}.tar",
+            [
+                ("spk.1/before.wav", b"0"),
+                ("spk.1/clip-7.wav", b"1"),
+                ("spk.1/clip-7.json", b"{}"),
+                (second, b"2"),
+                ("spk.1/after.wav", b"3"),
+            ],
+        )
+        return BadShard(path, ShardFormatError, [str(path), "wav", second], ["spk.1/before"])
+    raise AssertionError(kind)
+
+
+ALL_KINDS = [
+    "missing",
+    "not_a_tar",
+    "short_garbage",
+    "empty",
+    "truncated",
+    "duplicate",
+    "duplicate_case",
+]
+WORKER_KINDS = ["missing", "not_a_tar", "truncated", "duplicate_case"]
+
+
+def assert_message(exc: BaseException, bad: BadShard) -> None:
+    message = str(exc)
+    for part in bad.substrings:
+        assert part in message, f"{part!r} not in {message!r}"
+
+
+def assert_names_duplicate_key(exc: BaseException) -> None:
+    # The key must appear on its own, not only as part of the member name.
+    assert re.search(r"spk\.1/clip-7(?![\w.])", str(exc)), str(exc)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_bad_shard_raises_at_iteration(kind, tmp_path):
+    bad = make_bad_shard(kind, tmp_path)
+    ds = shardstream.StreamingDataset(bad.path)  # constructing reads nothing
+    with pytest.raises(bad.error) as info:
+        list(ds)
+    assert isinstance(info.value, ShardStreamError)
+    assert_message(info.value, bad)
+    if kind.startswith("duplicate"):
+        assert_names_duplicate_key(info.value)
+
+
+@pytest.mark.parametrize("kind", WORKER_KINDS)
+def test_bad_shard_raises_through_dataloader_workers(kind, tmp_path, dataset):
+    bad = make_bad_shard(kind, tmp_path)
+    ds = shardstream.StreamingDataset([*dataset.urls[:3], str(bad.path)], seed=3)
+    with pytest.raises(Exception) as info:
+        list(loader(ds, 2))
+    # torch re-raises the worker's exception class with the original
+    # traceback (and message) as its text.
+    assert type(info.value).__name__ == bad.error.__name__
+    assert isinstance(info.value, bad.error)
+    assert_message(info.value, bad)
+
+
+def test_truncated_header_is_reported_as_truncated(tmp_path):
+    data = tar_bytes(INTACT)
+    start, _ = member_offsets(data)["second.wav"]
+    cut = start - 512 + 100  # inside the header block of second.wav
+    path = tmp_path / "cut-header.tar"
+    path.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(path))
+    message = str(info.value)
+    assert str(path) in message and "truncated" in message
+    assert f"byte offset {cut}" in message
+
+
+def test_truncated_padding_is_reported_as_truncated(tmp_path):
+    """Cut after the data of a member but inside its padding to 512 bytes."""
+    data = tar_bytes(INTACT)
+    start, size = member_offsets(data)["first.wav"]
+    assert size % 512, "the member must need padding"
+    cut = start + size + 10
+    path = tmp_path / "cut-padding.tar"
+    path.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(path))
+    message = str(info.value)
+    assert str(path) in message and f"byte offset {cut}" in message
+    assert "truncated" in message, message
+
+
+def test_raise_policy_yields_the_samples_before_the_error(tmp_path):
+    bad = truncated_in_data(tmp_path)
+    got = []
+    with pytest.raises(ShardFormatError):
+        for sample in shardstream.StreamingDataset(bad.path, shuffle_buffer=0):
+            got.append(sample["__key__"])
+    # Only complete samples come out, in order; never a partial one.
+    assert got == bad.complete_before_failure[: len(got)]
+
+
+def test_on_error_warn_keeps_complete_samples_before_a_truncation(tmp_path):
+    """``warn`` skips the *rest* of a bad shard: every sample completely read
+    before the truncated member (whose key differs) still comes out."""
+    bad = truncated_in_data(tmp_path)
+    with pytest.warns(ShardSkippedWarning):
+        got = keys_of(shardstream.StreamingDataset(bad.path, shuffle_buffer=0, on_error="warn"))
+    assert got == bad.complete_before_failure
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_on_error_warn_skips_a_bad_shard(kind, tmp_path, dataset):
+    bad = make_bad_shard(kind, tmp_path)
+    good_urls = dataset.urls[:4]
+    ds = shardstream.StreamingDataset([*good_urls, str(bad.path)], seed=1, on_error="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = keys_of(ds)
+    skipped = [w for w in caught if issubclass(w.category, ShardSkippedWarning)]
+    assert len(skipped) == 1, [str(w.message) for w in caught]
+    for part in bad.substrings:
+        assert part in str(skipped[0].message)
+    good = dataset.keys_of(good_urls)
+    extra = [k for k in got if k not in set(good)]
+    assert_exactly_once([k for k in got if k in set(good)], good)
+    assert len(set(extra)) == len(extra)
+    assert set(extra) <= set(bad.complete_before_failure)
+    stats = ds.stats()
+    assert stats["errors_skipped"] == 1
+    assert stats["shards_completed"] == len(good_urls)
+    assert stats["samples"] == len(got)
+
+
+def test_on_error_warn_several_bad_shards(tmp_path, dataset):
+    bads = [make_bad_shard(k, tmp_path / k) for k in ("missing", "empty", "duplicate")]
+    urls = [dataset.urls[0], str(bads[0].path), dataset.urls[1], *(str(b.path) for b in bads[1:])]
+    ds = shardstream.StreamingDataset(urls, on_error="warn", shuffle_shards=False)
+    with pytest.warns(ShardSkippedWarning) as record:
+        got = keys_of(ds)
+    messages = [str(w.message) for w in record if issubclass(w.category, ShardSkippedWarning)]
+    assert len(messages) == len(bads)
+    for bad in bads:
+        assert sum(str(bad.path) in m for m in messages) == 1
+    good = dataset.keys_of(dataset.urls[:2])
+    assert [k for k in got if k in set(good)] != []
+    assert_exactly_once([k for k in got if k in set(good)], good)
+    assert ds.stats()["errors_skipped"] == len(bads)
+
+
+@pytest.mark.parametrize("kind", WORKER_KINDS)
+def test_on_error_warn_through_dataloader_workers(kind, tmp_path, dataset):
+    bad = make_bad_shard(kind, tmp_path)
+    good_urls = dataset.urls[:5]
+    ds = shardstream.StreamingDataset([*good_urls, str(bad.path)], seed=2, on_error="warn")
+    got = keys_of(loader(ds, 2, multiprocessing_context="fork"))
+    good = dataset.keys_of(good_urls)
+    assert_exactly_once([k for k in got if k in set(good)], good)
+    assert set(got) - set(good) <= set(bad.complete_before_failure)
+    # Workers' warnings stay in the workers, but the shared counters see them.
+    assert ds.stats()["errors_skipped"] == 1
+    assert ds.stats()["shards_completed"] == len(good_urls)
+
+
+def test_warning_category_under_error_filter(tmp_path, dataset):
+    """A ``ShardSkippedWarning`` turned into an error by the warnings filter
+    surfaces as that exception."""
+    bad = make_bad_shard("missing", tmp_path)
+    ds = shardstream.StreamingDataset([dataset.urls[0], str(bad.path)], on_error="warn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ShardSkippedWarning)
+        with pytest.raises(ShardSkippedWarning, match=re.escape(str(bad.path))):
+            list(ds)
+
+
+# --------------------------------------------------------------------------
+# Specs and options.
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec", ["{1..", "shard-{000..", "x}", "{5..1}", "{a..b}", "{x}", "{{1..2}}", "a{1..2}}"]
+)
+def test_bad_spec_raises_at_construction(spec, tmp_path):
+    with pytest.raises(DatasetSpecError) as info:
+        shardstream.StreamingDataset(f"{tmp_path}/{spec}")
+    assert isinstance(info.value, ShardStreamError)
+    assert spec in str(info.value)
+
+
+def test_empty_directory_is_a_spec_error(tmp_path):
+    (tmp_path / "readme.txt").write_text("no shards here")
+    with pytest.raises(DatasetSpecError):
+        shardstream.StreamingDataset(tmp_path)
+
+
+def test_empty_list_is_a_spec_error():
+    with pytest.raises(DatasetSpecError):
+        shardstream.StreamingDataset([])
+
+
+def test_shard_listed_twice_is_a_spec_error(dataset):
+    with pytest.raises(DatasetSpecError, match=re.escape(dataset.urls[0])):
+        shardstream.StreamingDataset([dataset.urls[0], dataset.urls[1], dataset.urls[0]])
+
+
+def test_bad_on_error_is_value_error(dataset):
+    with pytest.raises(ValueError, match="bogus"):
+        shardstream.StreamingDataset(dataset.spec, on_error="bogus")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "option", [{"io_timeout": 0.0}, {"read_ahead_bytes": 0}, {"shuffle_buffer_bytes": 0}]
+)
+def test_invalid_numeric_options_are_value_errors(dataset, option):
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=name):
+        list(shardstream.StreamingDataset(dataset.spec, **option))
+
+
+def test_missing_shard_raises_after_good_shards_in_order(tmp_path, dataset):
+    missing = tmp_path / "gone.tar"
+    ds = shardstream.StreamingDataset(
+        [dataset.urls[0], str(missing)], shuffle_shards=False, shuffle_buffer=0
+    )
+    got = []
+    with pytest.raises(ShardNotFoundError, match=re.escape(str(missing))):
+        for sample in ds:
+            got.append(sample["__key__"])
+    assert got == dataset.keys_of([dataset.urls[0]])
+
+
+def test_error_does_not_poison_the_next_epoch(tmp_path, dataset):
+    path = tmp_path / "later.tar"
+    ds = shardstream.StreamingDataset([dataset.urls[0], str(path)])
+    with pytest.raises(ShardNotFoundError):
+        list(ds)
+    path.write_bytes(dataset.paths[1].read_bytes())
+    ds.set_epoch(1)
+    expected = dataset.keys_of(dataset.urls[:2])
+    assert_exactly_once(keys_of(ds), expected)
+    assert read_tar_samples(path)  # the copy is a valid shard

@@ -1,0 +1,93 @@
+"""Fork safety and the GIL: no native thread before ``__iter__``, and a
+blocked ``next()`` lets other Python threads run."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import shardstream
+from shardstream import StreamingDataset
+
+
+def native_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_no_thread_before_iter_and_threads_end_after(dataset) -> None:
+    before = native_threads()
+    ds = StreamingDataset(dataset.spec, shuffle_buffer=4)
+    ds.set_epoch(3)
+    assert ds.stats()["samples"] == 0
+    assert native_threads() == before, "constructing the dataset started threads"
+    stream = iter(ds)
+    assert native_threads() > before, "the stream should run on its own threads"
+    assert sum(1 for _ in stream) == len(dataset.keys)
+    del stream
+    deadline = time.monotonic() + 10
+    while native_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert native_threads() == before, "stream threads outlived the stream"
+
+
+def tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_waiting_for_a_sample_releases_the_gil(tmp_path: Path) -> None:
+    fifo = tmp_path / "slow.tar"
+    os.mkfifo(fifo)
+    payload = tar_bytes([("k.txt", b"hello"), ("k.cls", b"3")])
+    ticks = 0
+
+    def writer() -> None:
+        # Runs Python code while the main thread waits inside next(): only
+        # possible if that wait released the GIL.
+        nonlocal ticks
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            ticks += 1
+        with open(fifo, "wb") as f:
+            f.write(payload)
+
+    ds = StreamingDataset(str(fifo), shuffle_buffer=0, io_timeout=20.0)
+    stream = iter(ds)
+    thread = threading.Thread(target=writer)
+    thread.start()
+    started = time.monotonic()
+    sample = next(stream)
+    waited = time.monotonic() - started
+    thread.join(timeout=20)
+    assert sample["__key__"] == "k" and sample["txt"] == b"hello" and sample["cls"] == b"3"
+    assert waited >= 0.4, f"next() returned after {waited:.2f}s, before the writer was done"
+    assert ticks > 1000, f"the writer thread ran only {ticks} loop iterations"
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_a_stalled_shard_times_out_with_a_read_error(tmp_path: Path) -> None:
+    fifo = tmp_path / "stalled.tar"
+    os.mkfifo(fifo)
+    ds = StreamingDataset(str(fifo), io_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(shardstream.ShardReadError, match=r"stalled\.tar.*byte offset 0"):
+        next(iter(ds))
+    assert time.monotonic() - started < 10
+    # Unblock the reader still waiting in open(), without waiting ourselves.
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+    except OSError:
+        pass
