@@ -12,8 +12,6 @@ use std::ops::ControlFlow;
 use super::{ByteSource, Sample, SampleId, ShardRef};
 use crate::error::{Error, Result};
 
-const BLOCK: u64 = 512;
-
 /// Splits a member path into `(key, field)` by the WebDataset rule, or
 /// `None` when the member carries no field.
 pub fn split_member(path: &str) -> Option<(&str, String)> {
@@ -48,17 +46,18 @@ pub fn read_samples<R: ByteSource>(
     let mut counting = Counting {
         inner: &mut *reader,
         count: 0,
+        hit_eof: false,
     };
     let mut grouper = Grouper::new(shard);
     let walked = walk_members(&mut counting, shard, &mut grouper, &mut on_sample);
-    let consumed = counting.count;
+    let (consumed, hit_eof) = (counting.count, counting.hit_eof);
     let mut source_error = || reader.take_failure();
     let outcome = match walked {
         Err(failure) => {
             if let Some(source) = source_error() {
                 return Err(source);
             }
-            return Err(failure.into_error(shard, consumed));
+            return Err(failure.into_error(shard, consumed, hit_eof, grouper.entries_seen));
         }
         Ok(outcome) => outcome,
     };
@@ -93,15 +92,19 @@ enum Failure {
 }
 
 impl Failure {
-    fn into_error(self, shard: &ShardRef, consumed: u64) -> Error {
+    fn into_error(
+        self,
+        shard: &ShardRef,
+        consumed: u64,
+        hit_eof: bool,
+        entries_seen: u64,
+    ) -> Error {
         match self {
             Failure::Member(e) => e,
             Failure::Tar(e) => {
-                let reason = if consumed <= BLOCK {
+                let reason = if entries_seen == 0 {
                     format!("not a tar archive ({e})")
-                } else if e.kind() == std::io::ErrorKind::UnexpectedEof
-                    || e.to_string().contains("entire block")
-                {
+                } else if hit_eof || e.kind() == std::io::ErrorKind::UnexpectedEof {
                     format!("truncated tar archive ({e})")
                 } else {
                     format!("bad tar header ({e})")
@@ -126,6 +129,7 @@ fn walk_members<R: Read>(
     let mut archive = ::tar::Archive::new(reader);
     for entry in archive.entries().map_err(Failure::Tar)? {
         let mut entry = entry.map_err(Failure::Tar)?;
+        grouper.entries_seen += 1;
         if !entry.header().entry_type().is_file() {
             continue;
         }
@@ -141,6 +145,13 @@ fn walk_members<R: Read>(
         let Some((key, field)) = split_member(&member) else {
             continue;
         };
+        // A member with a new key completes the previous sample, even if
+        // this member's data turns out to be truncated.
+        if let Some(done) = grouper.take_if_new_key(key) {
+            if on_sample(done).is_break() {
+                return Ok(Outcome::Stopped);
+            }
+        }
         let size = entry.size();
         let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
         let read = entry.read_to_end(&mut data);
@@ -157,14 +168,9 @@ fn walk_members<R: Read>(
                 ),
             }));
         }
-        if let Some(done) = grouper
+        grouper
             .add(key, field, data, &member, header_offset)
-            .map_err(Failure::Member)?
-        {
-            if on_sample(done).is_break() {
-                return Ok(Outcome::Stopped);
-            }
-        }
+            .map_err(Failure::Member)?;
     }
     Ok(Outcome::Completed {
         samples: grouper.next_index,
@@ -176,6 +182,7 @@ struct Grouper<'a> {
     shard: &'a ShardRef,
     current: Option<Sample>,
     next_index: u64,
+    entries_seen: u64,
 }
 
 impl<'a> Grouper<'a> {
@@ -184,10 +191,19 @@ impl<'a> Grouper<'a> {
             shard,
             current: None,
             next_index: 0,
+            entries_seen: 0,
         }
     }
 
-    /// Adds one member; returns the previous sample when this one starts a new key.
+    /// Takes the current sample out when `key` starts a new one.
+    fn take_if_new_key(&mut self, key: &str) -> Option<Sample> {
+        match &self.current {
+            Some(current) if current.key != key => self.current.take(),
+            _ => None,
+        }
+    }
+
+    /// Adds one member to the current sample, or starts a new sample.
     fn add(
         &mut self,
         key: &str,
@@ -195,23 +211,22 @@ impl<'a> Grouper<'a> {
         data: Vec<u8>,
         member: &str,
         offset: u64,
-    ) -> Result<Option<Sample>> {
+    ) -> Result<()> {
         if let Some(current) = &mut self.current {
-            if current.key == key {
-                if current.fields.iter().any(|(f, _)| *f == field) {
-                    return Err(Error::DuplicateField {
-                        url: self.shard.url.to_string(),
-                        key: key.to_owned(),
-                        field,
-                        member: member.to_owned(),
-                        offset,
-                    });
-                }
-                current.fields.push((field, data));
-                return Ok(None);
+            debug_assert_eq!(current.key, key, "take_if_new_key first");
+            if current.fields.iter().any(|(f, _)| *f == field) {
+                return Err(Error::DuplicateField {
+                    url: self.shard.url.to_string(),
+                    key: key.to_owned(),
+                    field,
+                    member: member.to_owned(),
+                    offset,
+                });
             }
+            current.fields.push((field, data));
+            return Ok(());
         }
-        let sample = Sample {
+        self.current = Some(Sample {
             id: SampleId {
                 shard: self.shard.index,
                 index: self.next_index,
@@ -219,9 +234,9 @@ impl<'a> Grouper<'a> {
             key: key.to_owned(),
             url: self.shard.url.clone(),
             fields: vec![(field, data)],
-        };
+        });
         self.next_index += 1;
-        Ok(self.current.replace(sample))
+        Ok(())
     }
 
     fn finish(&mut self) -> Option<Sample> {
@@ -229,15 +244,18 @@ impl<'a> Grouper<'a> {
     }
 }
 
+/// Counts the bytes read and notes whether the end of the stream was reached.
 struct Counting<R> {
     inner: R,
     count: u64,
+    hit_eof: bool,
 }
 
 impl<R: Read> Read for Counting<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.count += n as u64;
+        self.hit_eof |= n == 0 && !buf.is_empty();
         Ok(n)
     }
 }
@@ -356,6 +374,36 @@ mod tests {
             }
             other => panic!("{other}"),
         }
+    }
+
+    #[test]
+    fn complete_sample_before_a_truncated_member_is_produced() {
+        let tar = build(&[
+            ("a.x", &[1u8; 600]),
+            ("a.y", b"2"),
+            ("b.x", b"3"),
+            ("c.x", &[4u8; 2000]),
+        ]);
+        let mut keys = Vec::new();
+        let err = read_samples(&mut &tar[..tar.len() - 1500], &shard(), |s| {
+            keys.push(s.key);
+            ControlFlow::Continue(())
+        })
+        .unwrap_err();
+        assert_eq!(keys, ["a", "b"]);
+        assert!(err.to_string().contains("member \"c.x\""), "{err}");
+    }
+
+    #[test]
+    fn cut_in_padding_is_truncated() {
+        let tar = build(&[("a.x", &[1u8; 1000]), ("b.x", b"2")]);
+        for cut in [1512, 1530, 1535] {
+            let err = samples(&tar[..cut]).unwrap_err();
+            assert!(err.to_string().contains("truncated"), "{cut}: {err}");
+            assert!(err.to_string().contains("byte offset"), "{cut}: {err}");
+        }
+        let err = samples(&[b'x'; 100]).unwrap_err();
+        assert!(err.to_string().contains("not a tar archive"), "{err}");
     }
 
     #[test]

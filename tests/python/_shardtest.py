@@ -172,12 +172,17 @@ def tar_bytes(
     *,
     format: int = tarfile.GNU_FORMAT,
     pax_headers: dict[str, str] | None = None,
+    encoding: str = "utf-8",
 ) -> bytes:
     """A tar archive of ``members``: ``(name, data)`` pairs are regular files,
     ``TarInfo`` objects are added as they are (for directories, links, ...)."""
     buffer = io.BytesIO()
     with tarfile.open(
-        fileobj=buffer, mode="w", format=format, pax_headers=pax_headers or {}
+        fileobj=buffer,
+        mode="w",
+        format=format,
+        pax_headers=pax_headers or {},
+        encoding=encoding,
     ) as tar:
         for member in members:
             if isinstance(member, tarfile.TarInfo):
@@ -192,6 +197,19 @@ def write_tar(path: Path, members: Iterable[Member], **kwargs: Any) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(tar_bytes(members, **kwargs))
     return path
+
+
+def retype(data: bytes, name: str, typeflag: bytes) -> bytes:
+    """``data`` with the header of member ``name`` given another type flag
+    (and a fixed checksum): e.g. a directory entry whose name has no
+    trailing slash, which ``tarfile`` itself would never write."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        offset = tar.getmember(name).offset
+    header = bytearray(data[offset : offset + 512])
+    header[156:157] = typeflag
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return data[:offset] + bytes(header) + data[offset + 512 :]
 
 
 def member_offsets(data: bytes) -> dict[str, tuple[int, int]]:
@@ -212,6 +230,25 @@ def loader(dataset: Any, num_workers: int, **kwargs: Any) -> Any:
     if num_workers > 0:
         kwargs.setdefault("timeout", 120)
     return DataLoader(dataset, batch_size=None, num_workers=num_workers, **kwargs)
+
+
+def collect(iterable: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pass over ``iterable`` (a dataset or DataLoader).
+
+    On error, the iterator is dropped before the exception propagates (with
+    its traceback cut), so a DataLoader's worker processes are shut down at
+    once instead of lingering, referenced by the traceback, until exit.
+    """
+    iterator = iter(iterable)
+    error: BaseException | None = None
+    try:
+        samples = list(iterator)
+    except Exception as exc:
+        error = exc.with_traceback(None)
+    del iterator
+    if error is not None:
+        raise error
+    return samples
 
 
 def keys_of(samples: Iterable[dict[str, Any]]) -> list[str]:

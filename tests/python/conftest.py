@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,29 @@ from _shardtest import DatasetInfo, brace_spec, describe, load_example, write_ta
 
 SHARDS = 8
 SAMPLES_PER_SHARD = 12
+TASKS = Path("/proc/self/task")
+
+
+def stream_threads() -> int:
+    """Native threads of shardstream streams (pipeline and I/O) in this process."""
+    count = 0
+    for task in TASKS.iterdir() if TASKS.is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended while we looked
+        count += name.startswith("shardstream")
+    return count
+
+
+@pytest.fixture(autouse=True)
+def _stream_threads_wound_down():
+    """A stream's threads finish shortly *after* its last sample; let them,
+    so one test's winding-down threads never show up in the next test."""
+    yield
+    deadline = time.monotonic() + 3
+    while stream_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 @pytest.fixture(scope="session")

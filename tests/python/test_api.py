@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import shardstream
 from _shardtest import assert_exactly_once, keys_of, sample_digest
+
+import shardstream
 from shardstream import _core
 
 
@@ -207,6 +208,14 @@ def test_explicit_arguments_beat_env(dataset, monkeypatch):
     assert_exactly_once(keys_of(ds), dataset.keys)
 
 
+def test_explicit_and_env_mix_per_argument(dataset, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    ds = shardstream.StreamingDataset(dataset.spec, rank=2)
+    assert ds.distributed_slot() == (2, 3)
+    assert set(keys_of(ds)) == rank_keys(dataset.spec, rank=2, world_size=3)
+
+
 def test_defaults_without_env(dataset, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -231,6 +240,9 @@ def test_invalid_slot_raises_value_error(dataset):
         iter(ds)
     ds = shardstream.StreamingDataset(dataset.spec, num_workers=2, worker_id=2)
     with pytest.raises(ValueError, match="worker_id"):
+        iter(ds)
+    ds = shardstream.StreamingDataset(dataset.spec, rank=0, world_size=0)
+    with pytest.raises(ValueError, match="world_size"):
         iter(ds)
 
 
@@ -278,8 +290,12 @@ def test_dataset_pickles(dataset):
 
 def test_example_generator_is_deterministic(tmp_path, make_dataset, dataset):
     again = make_dataset(
-        tmp_path, shards=2, samples_per_shard=len(dataset.keys_of([dataset.urls[0]])),
-        seed=1234, min_seconds=0.05, max_seconds=0.2,
+        tmp_path,
+        shards=2,
+        samples_per_shard=len(dataset.keys_of([dataset.urls[0]])),
+        seed=1234,
+        min_seconds=0.05,
+        max_seconds=0.2,
     )
     for path, original in zip(again, dataset.paths[:2], strict=True):
         assert Path(path).read_bytes() == original.read_bytes()

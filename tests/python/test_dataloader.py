@@ -4,11 +4,15 @@ determinism, epochs and the rank/worker split."""
 from __future__ import annotations
 
 import pytest
-import shardstream
 from _shardtest import assert_exactly_once, keys_of, loader, sample_digest
+
+import shardstream
 from shardstream import _core
 
 WORKER_COUNTS = [0, 1, 2, 4]
+
+# 4 workers on a 2-core machine is deliberate here.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 
 def epoch_samples(spec, num_workers, *, epoch=0, **kwargs):
@@ -69,7 +73,7 @@ def test_set_epoch_between_dataloader_epochs(dataset):
     assert per_epoch[0] != per_epoch[1] != per_epoch[2]
 
 
-def test_order_depends_on_worker_count_only_through_the_plan(dataset):
+def test_dataloader_workers_stream_their_plan_slots(dataset):
     """Each worker's stream is a slot of the plan: with explicit worker ids,
     iterating the slots in the main process gives the same per-slot samples
     that a DataLoader with that many workers interleaves."""
@@ -157,6 +161,22 @@ def test_stats_are_shared_with_forked_workers(dataset):
     assert stats["shards_completed"] == len(dataset.paths)
     assert stats["shards_opened"] == len(dataset.paths)
     assert stats["errors_skipped"] == 0
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_non_fork_worker_start_methods(dataset, context):
+    """Workers that get a pickled copy of the dataset still split it."""
+    ds = shardstream.StreamingDataset(dataset.spec, seed=12)
+    got = loader(ds, 2, multiprocessing_context=context)
+    samples = list(got)
+    assert_exactly_once(keys_of(samples), dataset.keys)
+    expected = dataset.by_key()
+    for sample in samples:
+        assert sample_digest(sample) == expected[sample["__key__"]].digest()
+    # The same order as with forked workers: the plan and shuffle do not
+    # depend on how workers start.
+    forked = keys_of(loader(shardstream.StreamingDataset(dataset.spec, seed=12), 2))
+    assert keys_of(samples) == forked
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

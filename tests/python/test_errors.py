@@ -4,22 +4,26 @@ workers."""
 
 from __future__ import annotations
 
+import gzip
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import shardstream
 from _shardtest import (
     assert_exactly_once,
+    collect,
     keys_of,
     loader,
     member_offsets,
     read_tar_samples,
+    split_member,
     tar_bytes,
     write_tar,
 )
+
+import shardstream
 from shardstream import (
     DatasetSpecError,
     ShardFormatError,
@@ -50,19 +54,17 @@ class BadShard:
     complete_before_failure: list[str]
 
 
-def truncated_in_data(directory: Path) -> BadShard:
-    """Cut in the middle of the data of ``third.wav``."""
+def truncated_in_data(directory: Path, member: str = "third.wav") -> BadShard:
+    """``INTACT`` cut in the middle of the data of ``member``."""
     data = tar_bytes(INTACT)
-    start, size = member_offsets(data)["third.wav"]
+    start, size = member_offsets(data)[member]
     cut = start + size // 3
     path = directory / "cut-data.tar"
     path.write_bytes(data[:cut])
-    return BadShard(
-        path,
-        ShardFormatError,
-        ["truncated", "third.wav", f"byte offset {cut}"],
-        ["first", "second"],
-    )
+    # The samples before the one the cut member belongs to are complete.
+    keys = list(dict.fromkeys(split_member(name)[0] for name, _ in INTACT))
+    complete = keys[: keys.index(split_member(member)[0])]
+    return BadShard(path, ShardFormatError, ["truncated", member, f"byte offset {cut}"], complete)
 
 
 def make_bad_shard(kind: str, directory: Path) -> BadShard:
@@ -73,19 +75,19 @@ def make_bad_shard(kind: str, directory: Path) -> BadShard:
     if kind == "not_a_tar":
         path = directory / "garbage.tar"
         path.write_bytes(b"this is not a tar archive, just text\n" * 100)
-        return BadShard(
-            path, ShardFormatError, ["not a tar archive", "byte offset"], []
-        )
+        return BadShard(path, ShardFormatError, ["not a tar archive", "byte offset"], [])
     if kind == "short_garbage":
         path = directory / "short.tar"
         path.write_bytes(b"hello")
-        return BadShard(
-            path, ShardFormatError, ["not a tar archive", "byte offset"], []
-        )
+        return BadShard(path, ShardFormatError, ["not a tar archive", "byte offset"], [])
     if kind == "empty":
         path = directory / "empty.tar"
         path.write_bytes(b"")
         return BadShard(path, ShardFormatError, [], [])
+    if kind == "gzipped":
+        path = directory / "compressed.tar"
+        path.write_bytes(gzip.compress(tar_bytes(INTACT), mtime=0))
+        return BadShard(path, ShardFormatError, ["not a tar archive", "byte offset"], [])
     if kind == "truncated":
         return truncated_in_data(directory)
     if kind in ("duplicate", "duplicate_case"):
@@ -108,6 +110,7 @@ ALL_KINDS = [
     "missing",
     "not_a_tar",
     "short_garbage",
+    "gzipped",
     "empty",
     "truncated",
     "duplicate",
@@ -154,7 +157,7 @@ def test_bad_shard_raises_through_dataloader_workers(kind, tmp_path, dataset):
     bad = make_bad_shard(kind, tmp_path)
     ds = shardstream.StreamingDataset([*dataset.urls[:3], str(bad.path)], seed=3)
     with pytest.raises(Exception) as info:
-        list(loader(ds, 2))
+        collect(loader(ds, 2))
     # torch re-raises the worker's exception class with the original
     # traceback (and message) as its text.
     assert type(info.value).__name__ == bad.error.__name__
@@ -175,12 +178,15 @@ def test_truncated_header_is_reported_as_truncated(tmp_path):
     assert f"byte offset {cut}" in message
 
 
-def test_truncated_padding_is_reported_as_truncated(tmp_path):
-    """Cut after the data of a member but inside its padding to 512 bytes."""
+@pytest.mark.parametrize("into_padding", [0, 10, "last"])
+def test_truncated_padding_is_reported_as_truncated(tmp_path, into_padding):
+    """Cut right after the data of a member, or inside its padding to the
+    next 512-byte block: the archive is truncated, no header is bad."""
     data = tar_bytes(INTACT)
     start, size = member_offsets(data)["first.wav"]
-    assert size % 512, "the member must need padding"
-    cut = start + size + 10
+    padding = -size % 512
+    assert padding > 10, "the member must need padding"
+    cut = start + size + (padding - 1 if into_padding == "last" else into_padding)
     path = tmp_path / "cut-padding.tar"
     path.write_bytes(data[:cut])
     with pytest.raises(ShardFormatError) as info:
@@ -190,8 +196,28 @@ def test_truncated_padding_is_reported_as_truncated(tmp_path):
     assert "truncated" in message, message
 
 
-def test_raise_policy_yields_the_samples_before_the_error(tmp_path):
-    bad = truncated_in_data(tmp_path)
+def test_non_utf8_member_name(tmp_path):
+    data = tar_bytes([("ok.wav", b"1"), ("caf\xe9.wav", b"2")], encoding="latin-1")
+    assert b"caf\xe9.wav" in data
+    path = tmp_path / "latin1.tar"
+    path.write_bytes(data)
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    message = without_path(str(info.value), path)
+    assert "UTF-8" in message and "byte offset" in message
+
+
+@pytest.mark.parametrize("member", ["first.json", "second.wav", "third.wav"])
+def test_truncated_member_is_named(tmp_path, member):
+    bad = truncated_in_data(tmp_path, member)
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(bad.path))
+    assert_message(info.value, bad)
+
+
+@pytest.mark.parametrize("member", ["second.json", "third.wav"])
+def test_raise_policy_yields_the_samples_before_the_error(tmp_path, member):
+    bad = truncated_in_data(tmp_path, member)
     got = []
     with pytest.raises(ShardFormatError):
         for sample in shardstream.StreamingDataset(bad.path, shuffle_buffer=0):
@@ -200,10 +226,13 @@ def test_raise_policy_yields_the_samples_before_the_error(tmp_path):
     assert got == bad.complete_before_failure[: len(got)]
 
 
-def test_on_error_warn_keeps_complete_samples_before_a_truncation(tmp_path):
-    """``warn`` skips the *rest* of a bad shard: every sample completely read
-    before the truncated member (whose key differs) still comes out."""
-    bad = truncated_in_data(tmp_path)
+@pytest.mark.parametrize("member", ["second.json", "third.wav"])
+def test_on_error_warn_keeps_complete_samples_before_a_truncation(tmp_path, member):
+    """``warn`` skips the *rest* of a bad shard: the samples completely read
+    before the truncated member stay, only the sample being read is dropped.
+    (Cut in ``second.json``: ``second`` is incomplete. Cut in ``third.wav``:
+    ``second`` was read in full before ``third`` began.)"""
+    bad = truncated_in_data(tmp_path, member)
     with pytest.warns(ShardSkippedWarning):
         got = keys_of(shardstream.StreamingDataset(bad.path, shuffle_buffer=0, on_error="warn"))
     assert got == bad.complete_before_failure

@@ -20,8 +20,23 @@ def native_threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def settled_threads(timeout: float = 10.0) -> int:
+    """The thread count once it has not changed for 0.3 s (threads of earlier
+    tests may still be ending)."""
+    deadline = time.monotonic() + timeout
+    count, since = native_threads(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = native_threads()
+        if now != count:
+            count, since = now, time.monotonic()
+        elif time.monotonic() - since >= 0.3:
+            break
+    return count
+
+
 def test_no_thread_before_iter_and_threads_end_after(dataset) -> None:
-    before = native_threads()
+    before = settled_threads()
     ds = StreamingDataset(dataset.spec, shuffle_buffer=4)
     ds.set_epoch(3)
     assert ds.stats()["samples"] == 0

@@ -1,0 +1,115 @@
+"""Check that ``StreamingDataset`` splits a dataset across DDP ranks and
+DataLoader workers: every sample read exactly once per epoch.
+
+Run it with torchrun (CPU and the ``gloo`` backend are enough)::
+
+    python examples/make_dataset.py /tmp/shards --shards 8 --samples-per-shard 16
+    torchrun --standalone --nproc_per_node 2 examples/ddp_check.py \\
+        '/tmp/shards/shard-{000000..000007}.tar' /tmp/ddp-out
+
+Each rank joins the process group, builds ``StreamingDataset(DATA_SPEC)``
+*without* passing ``rank``/``world_size`` (they come from
+``torch.distributed``), reads one epoch through a ``DataLoader`` with
+``--workers`` worker processes and ``batch_size=None``, and writes what it
+saw to ``OUT_DIR/rank-{rank}.json``::
+
+    {"rank": 0, "world_size": 2, "num_workers": 2, "epoch": 0,
+     "keys": ["sample-000003-000000", ...], "stats": {...}}
+
+After a barrier, rank 0 reads every rank's file and checks that no key was
+read by two ranks (or twice by one); the exit status is 1 if one was.
+Whether the union is the whole dataset is for the caller to check, since
+only the caller knows the dataset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from shardstream import StreamingDataset
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Read one epoch on every DDP rank and record the sample keys."
+    )
+    parser.add_argument(
+        "data_spec",
+        help="dataset spec: shard path, brace range (quote it), file:// URL or directory",
+    )
+    parser.add_argument("out_dir", type=Path, help="where to write rank-{rank}.json")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="DataLoader workers per rank (default: 2)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="dataset seed (default: 0)")
+    parser.add_argument("--epoch", type=int, default=0, help="epoch to read (default: 0)")
+    parser.add_argument(
+        "--backend", default="gloo", help="torch.distributed backend (default: gloo)"
+    )
+    return parser.parse_args(argv)
+
+
+def read_epoch(args: argparse.Namespace) -> dict:
+    """This rank's share of one epoch: its keys, in the order it read them."""
+    dataset = StreamingDataset(args.data_spec, seed=args.seed)
+    dataset.set_epoch(args.epoch)
+    loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
+    keys = [sample["__key__"] for sample in loader]
+    rank, world_size = dataset.distributed_slot()
+    if (rank, world_size) != (dist.get_rank(), dist.get_world_size()):
+        raise RuntimeError(f"dataset saw rank {rank} of {world_size}, not the process group's")
+    return {
+        "rank": rank,
+        "world_size": world_size,
+        "num_workers": args.workers,
+        "epoch": args.epoch,
+        "keys": keys,
+        "stats": dataset.stats(),
+    }
+
+
+def check_disjoint(out_dir: Path, world_size: int) -> list[str]:
+    """Keys read more than once across all ranks' files."""
+    counts: Counter[str] = Counter()
+    for rank in range(world_size):
+        record = json.loads((out_dir / f"rank-{rank}.json").read_text())
+        counts.update(record["keys"])
+    return sorted(key for key, n in counts.items() if n > 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist.init_process_group(args.backend)
+    try:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        record = read_epoch(args)
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        path = args.out_dir / f"rank-{rank}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+        print(f"rank {rank}/{world_size}: {len(record['keys'])} samples -> {path}", flush=True)
+        dist.barrier()
+        status = 0
+        if rank == 0:
+            repeated = check_disjoint(args.out_dir, world_size)
+            if repeated:
+                print(f"error: {len(repeated)} keys read more than once: {repeated[:5]}")
+                status = 1
+            else:
+                print(f"ok: {world_size} ranks read disjoint samples", flush=True)
+        return status
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

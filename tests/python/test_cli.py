@@ -1,0 +1,211 @@
+"""The ``shardstream`` command line, run as a subprocess."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _shardtest import read_tar_samples
+
+from shardstream import _core
+
+SCRIPT = Path(sys.executable).with_name("shardstream")
+LAUNCHERS = {
+    "module": [sys.executable, "-m", "shardstream"],
+    "script": [str(SCRIPT)],
+}
+
+SLOT_LINE = re.compile(r"^rank (\d+) worker (\d+): (\d+) shards, (\d+) bytes$")
+
+
+def run(launcher: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LAUNCHERS[launcher], *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(params=sorted(LAUNCHERS))
+def launcher(request) -> str:
+    if request.param == "script":
+        assert SCRIPT.is_file(), f"console script missing next to {sys.executable}"
+    return request.param
+
+
+# --------------------------------------------------------------------------
+# inspect
+# --------------------------------------------------------------------------
+
+
+def parse_inspect(stdout: str) -> tuple[list[tuple[str, list[tuple[str, int]]]], str]:
+    lines = stdout.rstrip("\n").split("\n")
+    rows = []
+    for line in lines[:-1]:
+        key, _, fields = line.partition("\t")
+        assert _, f"no tab in {line!r}"
+        parsed = []
+        for item in fields.split(" "):
+            name, _, size = item.rpartition(":")
+            parsed.append((name, int(size)))
+        rows.append((key, parsed))
+    return rows, lines[-1]
+
+
+def test_inspect_lists_every_sample(launcher, dataset):
+    path = dataset.paths[2]
+    proc = run(launcher, "inspect", path)
+    assert proc.returncode == 0, proc.stderr
+    rows, totals = parse_inspect(proc.stdout)
+    expected = read_tar_samples(path)
+    assert rows == [
+        (s.key, [(name, len(value)) for name, value in s.fields.items()]) for s in expected
+    ]
+    assert totals.startswith(f"{len(expected)} samples, ")
+    field_bytes = sum(len(v) for s in expected for v in s.fields.values())
+    numbers = [int(n) for n in re.findall(r"\d+", totals)]
+    assert field_bytes in numbers
+    assert path.stat().st_size in numbers
+
+
+def test_inspect_limit(launcher, dataset):
+    path = dataset.paths[0]
+    expected = read_tar_samples(path)
+    limit = 3
+    assert len(expected) > limit
+    proc = run(launcher, "inspect", path, "--limit", limit)
+    assert proc.returncode == 0, proc.stderr
+    rows, totals = parse_inspect(proc.stdout)
+    assert [key for key, _ in rows] == [s.key for s in expected[:limit]]
+    # The totals still cover the whole shard.
+    assert totals.startswith(f"{len(expected)} samples, ")
+
+
+def test_inspect_file_url(dataset):
+    path = dataset.paths[1]
+    proc = run("module", "inspect", f"file://{path}")
+    assert proc.returncode == 0, proc.stderr
+    rows, _ = parse_inspect(proc.stdout)
+    assert [key for key, _ in rows] == [s.key for s in read_tar_samples(path)]
+
+
+def test_inspect_missing_shard(launcher, tmp_path):
+    missing = tmp_path / "no-such-shard.tar"
+    proc = run(launcher, "inspect", missing)
+    assert proc.returncode == 1
+    assert "error:" in proc.stderr
+    assert str(missing) in proc.stderr
+    assert "samples" not in proc.stdout
+
+
+def test_inspect_not_a_tar(tmp_path):
+    path = tmp_path / "text.tar"
+    path.write_bytes(b"plain text, not an archive\n" * 50)
+    proc = run("module", "inspect", path)
+    assert proc.returncode == 1
+    assert "error:" in proc.stderr and "not a tar archive" in proc.stderr
+
+
+def test_usage_errors_exit_nonzero():
+    for args in (["inspect"], ["frobnicate"], ["plan"]):
+        proc = run("module", *args)
+        assert proc.returncode not in (0, 1), (args, proc.returncode)
+        assert proc.stderr.strip(), args
+
+
+def test_version():
+    proc = run("module", "--version")
+    assert proc.returncode == 0, proc.stderr
+    assert _core.__version__ in proc.stdout
+
+
+# --------------------------------------------------------------------------
+# plan
+# --------------------------------------------------------------------------
+
+
+def parse_plan(stdout: str) -> tuple[str, list[tuple[int, int, int, int, list[str]]]]:
+    lines = stdout.rstrip("\n").split("\n")
+    header, slots = lines[0], []
+    for line in lines[1:]:
+        if line.startswith("  "):
+            assert slots, f"shard line before any slot: {line!r}"
+            slots[-1][4].append(line.strip())
+            continue
+        match = SLOT_LINE.match(line)
+        assert match, f"unexpected plan line {line!r}"
+        rank, worker, count, size = map(int, match.groups())
+        slots.append((rank, worker, count, size, []))
+    return header, slots
+
+
+@pytest.mark.parametrize(
+    ("world_size", "workers", "seed", "epoch", "shuffle"),
+    [(1, 1, 0, 0, True), (2, 2, 0, 0, True), (3, 2, 17, 4, True), (2, 3, 5, 1, False)],
+)
+def test_plan_matches_plan_epoch(launcher, dataset, world_size, workers, seed, epoch, shuffle):
+    args = ["plan", dataset.spec, "--world-size", world_size, "--workers", workers]
+    args += ["--seed", seed, "--epoch", epoch]
+    if not shuffle:
+        args.append("--no-shuffle")
+    proc = run(launcher, *args)
+    assert proc.returncode == 0, proc.stderr
+    header, slots = parse_plan(proc.stdout)
+    assert str(len(dataset.paths)) in header
+    expected = _core.plan_epoch(
+        dataset.sizes,
+        seed=seed,
+        epoch=epoch,
+        world_size=world_size,
+        num_workers=workers,
+        shuffle_shards=shuffle,
+    )
+    assert len(slots) == world_size * workers
+    size_of = dict(zip(dataset.urls, dataset.sizes, strict=True))
+    for slot, (rank, worker, count, size, urls) in enumerate(slots):
+        assert (rank, worker) == divmod(slot, workers)
+        assert count == len(urls)
+        assert size == sum(size_of[u] for u in urls)
+        assert urls == [dataset.urls[i] for i in expected[slot]]
+    listed = [u for *_, urls in slots for u in urls]
+    assert sorted(listed) == sorted(dataset.urls)
+
+
+def test_plan_epochs_differ(dataset):
+    outputs = [
+        run("module", "plan", dataset.spec, "--epoch", e, "--seed", 3).stdout for e in (0, 1)
+    ]
+    orders = [parse_plan(out)[1][0][4] for out in outputs]
+    assert sorted(orders[0]) == sorted(orders[1]) == sorted(dataset.urls)
+    assert orders[0] != orders[1]
+
+
+def test_plan_no_shuffle_lists_in_order(dataset):
+    proc = run("module", "plan", dataset.spec, "--no-shuffle", "--epoch", "9")
+    assert proc.returncode == 0, proc.stderr
+    _, slots = parse_plan(proc.stdout)
+    assert len(slots) == 1
+    assert slots[0][4] == dataset.urls
+
+
+def test_plan_directory_and_missing_shard(tmp_path, dataset):
+    for i in range(3):
+        (tmp_path / f"s{i}.tar").write_bytes(dataset.paths[i].read_bytes())
+    proc = run("module", "plan", tmp_path, str(tmp_path / "later.tar"), "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    _, slots = parse_plan(proc.stdout.replace(" (+1 of unknown size)", ""))
+    listed = sorted(u for *_, urls in slots for u in urls)
+    assert listed == sorted([*(f"{tmp_path}/s{i}.tar" for i in range(3)), f"{tmp_path}/later.tar"])
+    assert "unknown size" in proc.stdout
+
+
+def test_plan_bad_spec_and_bad_world_size(dataset):
+    proc = run("module", "plan", "shard-{1..")
+    assert proc.returncode == 1 and "error:" in proc.stderr
+    proc = run("module", "plan", dataset.spec, "--world-size", "0")
+    assert proc.returncode == 1 and "error:" in proc.stderr and "world_size" in proc.stderr
