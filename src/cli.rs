@@ -1,6 +1,8 @@
-//! The `shardstream` command line: `inspect` a shard, print a `plan`.
+//! The `shardstream` command line: `inspect` a shard, `index` a dataset
+//! into a manifest, print a `plan`.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,17 +10,18 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::{SlotSpec, StreamOptions};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
-use crate::plan::{self, PlanParams};
-use crate::spec::{self, Shard};
+use crate::plan::{self, PlanParams, Remainder};
+use crate::spec::{self, Location, Shard};
 use crate::stats::{Counter, Counters};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "shardstream",
     version,
-    about = "Inspect shards and epoch plans"
+    about = "Inspect shards, index datasets, print epoch plans"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -35,7 +38,18 @@ enum Command {
         #[arg(long)]
         limit: Option<usize>,
     },
-    /// Print which shards each (rank, worker) slot reads in an epoch.
+    /// Scan shards and write a manifest: sizes, mtimes, sample counts and
+    /// each sample's byte offset and length.
+    Index {
+        /// Dataset spec: paths, file:// URLs, brace ranges, directories.
+        #[arg(required = true)]
+        spec: Vec<String>,
+        /// Where to write the manifest (beside the shards, `manifest.json`,
+        /// is where datasets find it).
+        #[arg(short, long)]
+        output: PathBuf,
+    },
+    /// Print which shards (or sample runs) each (rank, worker) slot reads in an epoch.
     Plan {
         /// Dataset spec: paths, file:// URLs, brace ranges, directories.
         #[arg(required = true)]
@@ -55,6 +69,16 @@ enum Command {
         /// Keep the listed shard order instead of shuffling it per epoch.
         #[arg(long)]
         no_shuffle: bool,
+        /// Manifest to plan with (default: `manifest.json` beside the shards, if any).
+        #[arg(long, conflicts_with = "no_manifest")]
+        manifest: Option<PathBuf>,
+        /// Plan by bytes even when a manifest is beside the shards.
+        #[arg(long)]
+        no_manifest: bool,
+        /// With a manifest: drop the samples that do not divide evenly among
+        /// ranks, or pad by wrapping around.
+        #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
+        remainder: String,
     },
 }
 
@@ -74,6 +98,7 @@ where
     let mut out = std::io::stdout().lock();
     let result = match cli.command {
         Command::Inspect { shard, limit } => inspect(&shard, limit, &mut out),
+        Command::Index { spec, output } => index(&spec, &output, &mut out),
         Command::Plan {
             spec,
             world_size,
@@ -81,15 +106,27 @@ where
             seed,
             epoch,
             no_shuffle,
-        } => print_plan(
-            &spec,
-            world_size,
-            workers,
-            seed,
-            epoch,
-            !no_shuffle,
-            &mut out,
-        ),
+            manifest,
+            no_manifest,
+            remainder,
+        } => {
+            let choice = match (manifest, no_manifest) {
+                (Some(path), _) => ManifestChoice::Path(path),
+                (None, true) => ManifestChoice::Off,
+                (None, false) => ManifestChoice::Auto,
+            };
+            remainder.parse().and_then(|remainder| {
+                let params = PlanParams {
+                    seed,
+                    epoch,
+                    shuffle_shards: !no_shuffle,
+                    world_size,
+                    num_workers: workers,
+                    remainder,
+                };
+                print_plan(&spec, &choice, &params, &mut out)
+            })
+        }
     };
     match result {
         Ok(()) => 0,
@@ -100,8 +137,12 @@ where
     }
 }
 
-fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
-    let shards = spec::resolve(&[url.to_owned()])?;
+/// Streams `shards` in listed order, one sample at a time, with a progress
+/// bar over their bytes; calls `each` per sample.
+fn scan(
+    shards: &[Shard],
+    mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
+) -> Result<()> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let options = StreamOptions::builder()
         .with_shuffle_shards(false)
@@ -109,33 +150,46 @@ fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
         .build()?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
-    let stream = SampleStream::start(&shards, &options, 0, slot, counters.clone())?;
+    let stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;
     let progress = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {msg}")
             .expect("valid template"),
     );
     progress.enable_steady_tick(Duration::from_millis(200));
-    let (mut samples, mut field_bytes) = (0u64, 0u64);
     for event in stream {
         match event? {
             Event::Sample(sample) => {
-                samples += 1;
-                let size: u64 = sample.fields.iter().map(|(_, v)| v.len() as u64).sum();
-                field_bytes += size;
-                if limit.is_none_or(|n| samples <= n as u64) {
-                    let fields: Vec<String> = sample
-                        .fields
-                        .iter()
-                        .map(|(name, value)| format!("{name}:{}", value.len()))
-                        .collect();
-                    progress.suspend(|| writeln!(out, "{}\t{}", sample.key, fields.join(" ")))?;
-                }
+                each(&sample, &progress)?;
                 progress.set_position(counters.snapshot().get(Counter::BytesRead));
             }
             Event::Skipped(error) => return Err(error),
         }
     }
     progress.finish_and_clear();
+    Ok(())
+}
+
+fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
+    let shards = spec::resolve(&[url.to_owned()])?;
+    let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
+    let (mut samples, mut field_bytes) = (0u64, 0u64);
+    scan(&shards, |sample, progress| {
+        samples += 1;
+        field_bytes += sample
+            .fields
+            .iter()
+            .map(|(_, v)| v.len() as u64)
+            .sum::<u64>();
+        if limit.is_none_or(|n| samples <= n as u64) {
+            let fields: Vec<String> = sample
+                .fields
+                .iter()
+                .map(|(name, value)| format!("{name}:{}", value.len()))
+                .collect();
+            progress.suspend(|| writeln!(out, "{}\t{}", sample.key, fields.join(" ")))?;
+        }
+        Ok(())
+    })?;
     writeln!(
         out,
         "{samples} samples, {field_bytes} bytes of fields, {total} bytes in the shard"
@@ -143,55 +197,125 @@ fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-fn print_plan(
-    specs: &[String],
-    world_size: usize,
-    workers: usize,
-    seed: u64,
-    epoch: u64,
-    shuffle_shards: bool,
-    out: &mut dyn Write,
-) -> Result<()> {
-    SlotSpec::new(world_size, 0, workers, 0)?;
-    let shards: Vec<Shard> = spec::resolve(specs)?;
-    let sizes: Vec<Option<u64>> = shards.iter().map(|s| s.size).collect();
-    let params = PlanParams {
-        seed,
-        epoch,
-        shuffle_shards,
-        world_size,
-        num_workers: workers,
-    };
-    let plan = plan::plan_epoch(&sizes, &params);
+fn index(specs: &[String], output: &std::path::Path, out: &mut dyn Write) -> Result<()> {
+    let shards = spec::resolve(specs)?;
+    let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
+    scan(&shards, |sample, _| {
+        let (offsets, lengths) = &mut spans[sample.id.shard];
+        offsets.push(sample.offset);
+        lengths.push(sample.length);
+        Ok(())
+    })?;
+    let mut entries = Vec::with_capacity(shards.len());
+    for (shard, (offsets, lengths)) in shards.iter().zip(spans) {
+        let Location::Local(path) = shard.location();
+        let size = shard.size.ok_or_else(|| Error::NotFound {
+            url: shard.url.clone(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
+        entries.push(ShardEntry {
+            url: manifest::entry_url(shard, output),
+            size,
+            etag: None,
+            mtime_ns: manifest::mtime_ns(&path),
+            samples: offsets.len() as u64,
+            offsets,
+            lengths,
+        });
+    }
+    let samples: u64 = entries.iter().map(|e| e.samples).sum();
+    Manifest::new(entries).save(output)?;
     writeln!(
         out,
-        "{} shards, world_size {world_size}, {workers} workers per rank, seed {seed}, epoch {epoch}; samples: unknown (no manifest)",
-        shards.len()
+        "indexed {} shards, {samples} samples into {}",
+        shards.len(),
+        output.display()
+    )?;
+    Ok(())
+}
+
+fn print_plan(
+    specs: &[String],
+    choice: &ManifestChoice,
+    params: &PlanParams,
+    out: &mut dyn Write,
+) -> Result<()> {
+    SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
+    let mut shards: Vec<Shard> = spec::resolve(specs)?;
+    let manifest_path = manifest::attach(&mut shards, choice)?;
+    let infos: Vec<_> = shards.iter().map(Shard::info).collect();
+    let plan = plan::plan_epoch(&infos, params);
+    let basis = match (&manifest_path, plan.samples_per_rank) {
+        (Some(path), Some(n)) => format!(
+            "{n} samples per rank (remainder: {}), manifest {}",
+            if params.remainder == Remainder::Pad {
+                "pad"
+            } else {
+                "drop"
+            },
+            path.display()
+        ),
+        _ => "balanced by bytes; samples: unknown (no manifest)".into(),
+    };
+    writeln!(
+        out,
+        "{} shards, world_size {}, {} workers per rank, seed {}, epoch {}; {basis}",
+        shards.len(),
+        params.world_size,
+        params.num_workers,
+        params.seed,
+        params.epoch
     )?;
     for (slot, units) in plan.slots.iter().enumerate() {
-        let bytes: u64 = units.iter().filter_map(|&i| shards[i].size).sum();
-        let unknown = units.iter().filter(|&&i| shards[i].size.is_none()).count();
+        let bytes: u64 = units.iter().filter_map(|u| shards[u.shard].size).sum();
+        let unknown = units
+            .iter()
+            .filter(|u| shards[u.shard].size.is_none())
+            .count();
         let unknown_note = if unknown > 0 {
             format!(" (+{unknown} of unknown size)")
         } else {
             String::new()
         };
-        writeln!(
-            out,
-            "rank {} worker {}: {} shards, {bytes} bytes{unknown_note}",
-            slot / workers,
-            slot % workers,
-            units.len()
-        )?;
-        for &i in units {
-            writeln!(out, "  {}", shards[i].url)?;
+        let rank_worker = format!(
+            "rank {} worker {}",
+            slot / params.num_workers,
+            slot % params.num_workers
+        );
+        if plan.samples_per_rank.is_some() {
+            let samples: u64 = units
+                .iter()
+                .filter_map(|u| u.samples.as_ref())
+                .map(|r| r.end - r.start)
+                .sum();
+            writeln!(
+                out,
+                "{rank_worker}: {} pieces, {samples} samples",
+                units.len()
+            )?;
+        } else {
+            writeln!(
+                out,
+                "{rank_worker}: {} shards, {bytes} bytes{unknown_note}",
+                units.len()
+            )?;
+        }
+        for unit in units {
+            match &unit.samples {
+                Some(r) => writeln!(
+                    out,
+                    "  {} samples {}..{}",
+                    shards[unit.shard].url, r.start, r.end
+                )?,
+                None => writeln!(out, "  {}", shards[unit.shard].url)?,
+            }
         }
     }
     Ok(())
 }
 
-impl From<std::io::Error> for crate::error::Error {
+impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        crate::error::Error::Stopped(format!("cannot write output: {e}"))
+        Error::Stopped(format!("cannot write output: {e}"))
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::plan::Remainder;
 
 /// What to do when a shard is missing, unreadable or malformed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +50,8 @@ pub struct StreamOptions {
     pub io_timeout: Duration,
     /// Error policy.
     pub on_error: OnError,
+    /// Remainder policy of equal-length epochs (with a manifest).
+    pub remainder: Remainder,
 }
 
 impl Default for StreamOptions {
@@ -63,6 +66,7 @@ impl Default for StreamOptions {
             output_queue: 64,
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
+            remainder: Remainder::Drop,
         }
     }
 }
@@ -134,6 +138,12 @@ impl StreamOptionsBuilder {
     /// Sets the error policy.
     pub fn with_on_error(mut self, policy: OnError) -> Self {
         self.options.on_error = policy;
+        self
+    }
+
+    /// Sets the remainder policy of equal-length epochs.
+    pub fn with_remainder(mut self, remainder: Remainder) -> Self {
+        self.options.remainder = remainder;
         self
     }
 

@@ -95,6 +95,28 @@ pub enum Error {
         offset: u64,
     },
 
+    /// A manifest cannot be read or is inconsistent in itself.
+    #[error("invalid manifest {path}: {reason}")]
+    Manifest {
+        /// Where the manifest came from.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A shard does not match what the manifest says of it.
+    #[error("{url}: does not match the manifest: {reason}")]
+    ManifestMismatch {
+        /// Shard URL.
+        url: String,
+        /// What differs.
+        reason: String,
+    },
+
+    /// A saved stream state does not fit this dataset, options or layout.
+    #[error("state does not match: {0}")]
+    StateMismatch(String),
+
     /// The stream was cancelled or its pipeline stopped unexpectedly.
     #[error("stream stopped: {0}")]
     Stopped(String),
@@ -116,8 +138,13 @@ impl Error {
             | Error::Read { url, .. }
             | Error::Timeout { url, .. }
             | Error::Format { url, .. }
-            | Error::DuplicateField { url, .. } => Some(url),
-            Error::Spec { .. } | Error::Config { .. } | Error::Stopped(_) => None,
+            | Error::DuplicateField { url, .. }
+            | Error::ManifestMismatch { url, .. } => Some(url),
+            Error::Spec { .. }
+            | Error::Config { .. }
+            | Error::Manifest { .. }
+            | Error::StateMismatch(_)
+            | Error::Stopped(_) => None,
         }
     }
 

@@ -12,11 +12,13 @@ pub mod cli;
 pub mod config;
 pub mod error;
 pub mod format;
+pub mod manifest;
 pub mod pipeline;
 pub mod plan;
 pub mod shuffle;
 pub mod source;
 pub mod spec;
+pub mod state;
 pub mod stats;
 
 #[cfg(feature = "python")]

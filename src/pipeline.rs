@@ -1,7 +1,10 @@
 //! Wires plan -> source -> format -> shuffle for one slot, on a pipeline
-//! thread, and hands samples to the consumer through a bounded queue.
+//! thread, and hands samples to the consumer through a bounded queue. The
+//! consumer keeps a [`Mirror`] of the pipeline's position, so a stream can
+//! report its state after any sample and resume from it.
 
-use std::ops::ControlFlow;
+use std::collections::{HashMap, HashSet};
+use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
@@ -9,11 +12,13 @@ use std::time::Duration;
 
 use crate::config::{OnError, SlotSpec, StreamOptions};
 use crate::error::{Error, Result};
-use crate::format::{tar, Sample, ShardRef};
-use crate::plan::{self, order, PlanParams, Purpose};
-use crate::shuffle::ShuffleBuffer;
-use crate::source::{ReadAhead, ReadAheadOptions};
+use crate::format::{tar, Sample, SampleId, ShardRef};
+use crate::manifest::SampleIndex;
+use crate::plan::{order, Purpose, WorkUnit};
+use crate::shuffle::{ByteSize, ShuffleBuffer};
+use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions};
 use crate::spec::Shard;
+use crate::state::{self, Mirror, Op, Resume, SlotState};
 use crate::stats::{Counter, Counters};
 
 /// What the stream yields besides samples.
@@ -37,41 +42,125 @@ pub enum Poll {
 }
 
 enum Message {
-    Event(Event),
+    Event { ops: Vec<Op>, event: Event },
     Failed(Error),
     End,
 }
 
 /// The samples of one slot for one epoch, produced on a background thread.
-/// Creating it starts the threads; dropping it stops them.
+/// The threads start at the first [`SampleStream::poll`] (so a stream can
+/// be made, and its state read, in a process that is about to fork);
+/// dropping the stream stops them.
 pub struct SampleStream {
-    messages: Receiver<Message>,
+    launch: Option<Launch>,
+    messages: Option<Receiver<Message>>,
     cancelled: Arc<AtomicBool>,
-    units: Vec<usize>,
+    units: Vec<WorkUnit>,
+    mirror: Mirror,
+    identity: StateIdentity,
     done: bool,
+    finished: bool,
+}
+
+/// What the pipeline thread needs, kept until the stream starts.
+struct Launch {
+    reads: Vec<Read>,
+    options: StreamOptions,
+    rng: rand_chacha::ChaCha8Rng,
+    counters: Arc<Counters>,
+}
+
+/// The parts of a state that do not change while streaming.
+#[derive(Debug, Clone)]
+struct StateIdentity {
+    fingerprint: String,
+    epoch: u64,
+    slot: SlotSpec,
+    resumed_from: Option<Vec<SlotState>>,
 }
 
 impl SampleStream {
-    /// Plans the epoch and starts streaming the units of `slot`.
-    pub fn start(
+    /// Plans the epoch for `slot`, from the epoch's start or from `resume`
+    /// (a resumed stream takes its epoch from the state). No thread starts
+    /// before the first [`SampleStream::poll`].
+    pub fn new(
         shards: &[Shard],
         options: &StreamOptions,
         epoch: u64,
         slot: SlotSpec,
         counters: Arc<Counters>,
+        resume: Option<Resume>,
     ) -> Result<Self> {
-        let sizes: Vec<Option<u64>> = shards.iter().map(|s| s.size).collect();
-        let params = PlanParams {
-            seed: options.seed,
-            epoch,
-            shuffle_shards: options.shuffle_shards,
-            world_size: slot.world_size,
-            num_workers: slot.num_workers,
+        let fingerprint = state::fingerprint(shards, options);
+        let (epoch, resumed_from, exact) = match resume {
+            None => (epoch, None, None),
+            Some(Resume::Exact(saved)) => {
+                state::check_exact(&saved, &fingerprint, &slot)?;
+                (saved.epoch, saved.resumed_from.clone(), Some(saved))
+            }
+            Some(Resume::Elastic(states)) => {
+                let (epoch, states) = state::check_elastic(states, &fingerprint)?;
+                let same_layout = states[0].world_size == slot.world_size
+                    && states[0].num_workers == slot.num_workers;
+                if same_layout {
+                    let saved = states[slot.slot()].clone();
+                    (epoch, saved.resumed_from.clone(), Some(saved))
+                } else {
+                    (epoch, Some(states), None)
+                }
+            }
         };
-        let units = plan::plan_epoch(&sizes, &params).units_of(&slot).to_vec();
-        let unit_shards: Vec<Shard> = units.iter().map(|&i| shards[i].clone()).collect();
+        let units = state::slot_units(shards, options, epoch, &slot, resumed_from.as_deref())?;
+        let mirror = exact
+            .as_ref()
+            .map(Mirror::from_state)
+            .transpose()?
+            .unwrap_or_else(Mirror::start);
+        let finished = exact.as_ref().is_some_and(|s| s.finished);
+        let reads = if finished {
+            Vec::new()
+        } else {
+            read_list(shards, &units, &mirror)?
+        };
+        let mut rng = order::rng_for(
+            options.seed,
+            epoch,
+            Purpose::ShuffleBuffer { slot: slot.slot() },
+        );
+        rng.set_word_pos(mirror.rng_word_pos);
+        Ok(SampleStream {
+            launch: Some(Launch {
+                reads,
+                options: options.clone(),
+                rng,
+                counters,
+            }),
+            messages: None,
+            cancelled: Arc::new(AtomicBool::new(false)),
+            units,
+            mirror,
+            identity: StateIdentity {
+                fingerprint,
+                epoch,
+                slot,
+                resumed_from,
+            },
+            done: false,
+            finished,
+        })
+    }
+
+    /// Starts the I/O runtime and the pipeline thread.
+    fn launch(&mut self, launch: Launch) -> Result<Receiver<Message>> {
+        let Launch {
+            reads,
+            options,
+            rng,
+            counters,
+        } = launch;
+        let fetches = reads.iter().filter_map(|r| r.fetch.clone()).collect();
         let read_ahead = ReadAhead::start(
-            unit_shards,
+            fetches,
             ReadAheadOptions {
                 budget_bytes: options.read_ahead_bytes,
                 chunk_bytes: options.chunk_bytes,
@@ -80,46 +169,80 @@ impl SampleStream {
             counters.clone(),
         )?;
         let (tx, rx) = mpsc::sync_channel(options.output_queue);
-        let cancelled = Arc::new(AtomicBool::new(false));
         let worker = Worker {
             read_ahead,
-            units: units.clone(),
+            reads,
+            restore: self.mirror.buffer.clone(),
             shuffle: (options.shuffle_buffer > 0).then(|| {
-                let rng = order::rng_for(
-                    options.seed,
-                    epoch,
-                    Purpose::ShuffleBuffer { slot: slot.slot() },
-                );
                 ShuffleBuffer::new(options.shuffle_buffer, options.shuffle_buffer_bytes, rng)
             }),
             on_error: options.on_error,
             counters,
             tx,
-            cancelled: cancelled.clone(),
+            cancelled: self.cancelled.clone(),
+            ops: Vec::new(),
+            finished: self.finished,
         };
         std::thread::Builder::new()
             .name("shardstream-pipeline".into())
             .spawn(move || worker.run())
             .map_err(|e| Error::Stopped(format!("cannot start the pipeline thread: {e}")))?;
-        Ok(SampleStream {
-            messages: rx,
-            cancelled,
-            units,
-            done: false,
-        })
+        Ok(rx)
     }
 
-    /// The shard indices this stream reads, in order.
-    pub fn units(&self) -> &[usize] {
+    /// The work units this slot reads in the epoch, in order.
+    pub fn units(&self) -> &[WorkUnit] {
         &self.units
     }
 
-    /// Waits at most `wait` for the next event.
+    /// The epoch being streamed.
+    pub fn epoch(&self) -> u64 {
+        self.identity.epoch
+    }
+
+    /// The state as of the last sample handed out: resuming from it gives
+    /// exactly the samples that would have followed.
+    pub fn state(&self) -> SlotState {
+        let (identity, mirror) = (&self.identity, &self.mirror);
+        SlotState {
+            format: state::STATE_FORMAT.into(),
+            version: state::STATE_VERSION,
+            fingerprint: identity.fingerprint.clone(),
+            epoch: identity.epoch,
+            world_size: identity.slot.world_size,
+            rank: identity.slot.rank,
+            num_workers: identity.slot.num_workers,
+            worker_id: identity.slot.worker_id,
+            produced: mirror.produced,
+            cursor: mirror.cursor,
+            buffer: mirror
+                .buffer
+                .iter()
+                .map(|id| [id.shard as u64, id.index])
+                .collect(),
+            rng_word_pos: mirror.rng_word_pos.to_string(),
+            finished: self.finished,
+            resumed_from: identity.resumed_from.clone(),
+        }
+    }
+
+    /// Waits at most `wait` for the next event (starting the threads on
+    /// the first call).
     pub fn poll(&mut self, wait: Duration) -> Result<Poll> {
         if self.done {
             return Ok(Poll::End);
         }
-        let message = match self.messages.recv_timeout(wait) {
+        if let Some(launch) = self.launch.take() {
+            match self.launch(launch) {
+                Ok(rx) => self.messages = Some(rx),
+                Err(error) => {
+                    self.done = true;
+                    return Err(error);
+                }
+            }
+        }
+        let messages = self.messages.as_ref().expect("launched above");
+        let message = match messages.recv_timeout(wait) {
             Ok(message) => message,
             Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
             Err(RecvTimeoutError::Disconnected) => {
@@ -130,13 +253,17 @@ impl SampleStream {
             }
         };
         match message {
-            Message::Event(event) => Ok(Poll::Ready(event)),
+            Message::Event { ops, event } => {
+                self.mirror.apply(&ops);
+                Ok(Poll::Ready(event))
+            }
             Message::Failed(error) => {
                 self.done = true;
                 Err(error)
             }
             Message::End => {
                 self.done = true;
+                self.finished = true;
                 Ok(Poll::End)
             }
         }
@@ -165,86 +292,400 @@ impl Drop for SampleStream {
     }
 }
 
+/// What to do with the samples of one read.
+#[derive(Debug)]
+enum ReadPurpose {
+    /// Samples of the unit at this position, within `samples` (shard indices).
+    Unit {
+        position: usize,
+        samples: Range<u64>,
+    },
+    /// Samples the shuffle buffer held when the state was saved.
+    Restore { wanted: HashSet<u64> },
+}
+
+/// One read of the pipeline: a unit (or part of one), or a restore read.
+#[derive(Debug)]
+struct Read {
+    shard: usize,
+    /// `None` when there is nothing to read (an empty unit).
+    fetch: Option<FetchUnit>,
+    /// Index of the first sample the read starts at.
+    first_index: u64,
+    /// The sample index, to check ranged reads against.
+    index: Option<Arc<SampleIndex>>,
+    purpose: ReadPurpose,
+}
+
+/// The reads that stream `units` from the mirror's cursor on, after the
+/// reads that bring back the samples its buffer held.
+fn read_list(shards: &[Shard], units: &[WorkUnit], mirror: &Mirror) -> Result<Vec<Read>> {
+    let mut reads = Vec::new();
+    let mut held: Vec<(usize, Vec<u64>)> = Vec::new();
+    for id in &mirror.buffer {
+        match held.iter_mut().find(|(shard, _)| *shard == id.shard) {
+            Some((_, indices)) => indices.push(id.index),
+            None => held.push((id.shard, vec![id.index])),
+        }
+    }
+    for (shard_index, indices) in held {
+        let shard = shards.get(shard_index).ok_or_else(|| {
+            Error::StateMismatch(format!(
+                "the state holds a sample of shard {shard_index}, the dataset has {}",
+                shards.len()
+            ))
+        })?;
+        let span =
+            *indices.iter().min().expect("non-empty")..indices.iter().max().expect("non-empty") + 1;
+        reads.push(make_read(
+            shard_index,
+            shard,
+            span,
+            ReadPurpose::Restore {
+                wanted: indices.into_iter().collect(),
+            },
+        )?);
+    }
+    for (position, unit) in units.iter().enumerate().skip(mirror.cursor.unit) {
+        let shard = &shards[unit.shard];
+        let full = unit.samples.clone().unwrap_or(0..u64::MAX);
+        let start = match mirror.cursor.next_sample {
+            Some(next) if position == mirror.cursor.unit => next.max(full.start),
+            _ => full.start,
+        };
+        let samples = start..full.end;
+        reads.push(make_read(
+            unit.shard,
+            shard,
+            samples.clone(),
+            ReadPurpose::Unit { position, samples },
+        )?);
+    }
+    Ok(reads)
+}
+
+fn make_read(
+    shard_index: usize,
+    shard: &Shard,
+    samples: Range<u64>,
+    purpose: ReadPurpose,
+) -> Result<Read> {
+    let index = shard.index.clone();
+    let (range, first_index) = match &index {
+        Some(index) => {
+            let end = samples.end.min(index.len());
+            if samples.start >= end {
+                return Ok(Read {
+                    shard: shard_index,
+                    fetch: None,
+                    first_index: samples.start,
+                    index: None,
+                    purpose,
+                });
+            }
+            (Some(index.byte_range(&(samples.start..end))), samples.start)
+        }
+        None => (None, 0),
+    };
+    Ok(Read {
+        shard: shard_index,
+        fetch: Some(FetchUnit {
+            url: shard.url.clone(),
+            location: shard.location(),
+            range,
+        }),
+        first_index,
+        index,
+        purpose,
+    })
+}
+
 /// The pipeline thread's state.
 struct Worker {
     read_ahead: ReadAhead,
-    units: Vec<usize>,
+    reads: Vec<Read>,
+    restore: Vec<SampleId>,
     shuffle: Option<ShuffleBuffer<Sample>>,
     on_error: OnError,
     counters: Arc<Counters>,
     tx: SyncSender<Message>,
     cancelled: Arc<AtomicBool>,
+    /// Ops not yet sent to the consumer.
+    ops: Vec<Op>,
+    finished: bool,
+}
+
+/// Why a read stopped before its archive ended.
+enum Stop {
+    /// The consumer is gone.
+    Gone,
+    /// The read has every sample it wanted.
+    Enough,
+    /// A sample does not match the manifest.
+    Mismatch(Error),
 }
 
 impl Worker {
     fn run(mut self) {
-        let final_message = match self.stream_units() {
-            Ok(ControlFlow::Break(())) => return,
-            Ok(ControlFlow::Continue(())) => Message::End,
-            Err(error) => Message::Failed(error),
+        let final_message = if self.finished {
+            Message::End
+        } else {
+            match self.stream() {
+                Ok(ControlFlow::Break(())) => return,
+                Ok(ControlFlow::Continue(())) => Message::End,
+                Err(error) => Message::Failed(error),
+            }
         };
         let _ = self.tx.send(final_message);
     }
 
-    fn stream_units(&mut self) -> Result<ControlFlow<()>> {
-        for index in 0..self.units.len() {
+    fn stream(&mut self) -> Result<ControlFlow<()>> {
+        let reads = std::mem::take(&mut self.reads);
+        let mut restored: HashMap<SampleId, Sample> = HashMap::new();
+        let mut restoring = !self.restore.is_empty();
+        for read in &reads {
             if self.cancelled.load(Ordering::SeqCst) {
                 return Ok(ControlFlow::Break(()));
             }
-            let Some(mut reader) = self.read_ahead.next_shard()? else {
-                return Err(Error::Stopped(
-                    "the source ended before the last shard".into(),
-                ));
-            };
-            let shard = ShardRef {
-                index: self.units[index],
-                url: Arc::from(reader.url()),
-            };
-            let (shuffle, tx, counters) = (&mut self.shuffle, &self.tx, &self.counters);
-            let mut gone = false;
-            let result = tar::read_samples(&mut reader, &shard, |sample| {
-                let mut emit = |sample: Sample| {
-                    if gone {
-                        return;
-                    }
-                    if tx.send(Message::Event(Event::Sample(sample))).is_ok() {
-                        counters.add(Counter::Samples, 1);
-                    } else {
-                        gone = true;
-                    }
-                };
-                match shuffle {
-                    Some(buffer) => buffer.push(sample, &mut emit),
-                    None => emit(sample),
-                }
-                if gone {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                }
-            });
-            match result {
-                Ok(tar::Outcome::Stopped) => return Ok(ControlFlow::Break(())),
-                Ok(tar::Outcome::Completed { .. }) => {
-                    self.counters.add(Counter::ShardsCompleted, 1)
-                }
-                Err(error) if self.on_error == OnError::Warn && error.is_shard_error() => {
-                    self.counters.add(Counter::ErrorsSkipped, 1);
-                    if self.tx.send(Message::Event(Event::Skipped(error))).is_err() {
-                        return Ok(ControlFlow::Break(()));
-                    }
-                }
-                Err(error) => return Err(error),
+            if restoring && matches!(read.purpose, ReadPurpose::Unit { .. }) {
+                self.refill_buffer(&mut restored)?;
+                restoring = false;
+            }
+            if self.read_one(read, &mut restored)?.is_break() {
+                return Ok(ControlFlow::Break(()));
             }
         }
+        if restoring {
+            self.refill_buffer(&mut restored)?;
+        }
         if let Some(buffer) = &mut self.shuffle {
-            while let Some(sample) = buffer.pop_random() {
-                if self.tx.send(Message::Event(Event::Sample(sample))).is_err() {
+            while let Some((index, sample)) = buffer.pop_random() {
+                let rng_word_pos = buffer.rng_word_pos();
+                self.ops.push(Op::Pop {
+                    index,
+                    rng_word_pos,
+                });
+                if send_sample(&self.tx, &mut self.ops, &self.counters, sample).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
-                self.counters.add(Counter::Samples, 1);
             }
         }
         Ok(ControlFlow::Continue(()))
     }
+
+    /// Puts the restored samples back into the buffer, in the saved order.
+    fn refill_buffer(&mut self, restored: &mut HashMap<SampleId, Sample>) -> Result<()> {
+        let mut items = Vec::with_capacity(self.restore.len());
+        for id in &self.restore {
+            let sample = restored.remove(id).ok_or_else(|| {
+                Error::StateMismatch(format!(
+                    "sample {} of shard {} held by the saved shuffle buffer is not in the data",
+                    id.index, id.shard
+                ))
+            })?;
+            items.push(sample);
+        }
+        let buffer = self.shuffle.take().ok_or_else(|| {
+            Error::StateMismatch("the state holds samples but shuffling is off".into())
+        })?;
+        let (max_items, max_bytes, rng) = buffer.into_parts();
+        self.shuffle = Some(ShuffleBuffer::restore(max_items, max_bytes, rng, items));
+        Ok(())
+    }
+
+    fn read_one(
+        &mut self,
+        read: &Read,
+        restored: &mut HashMap<SampleId, Sample>,
+    ) -> Result<ControlFlow<()>> {
+        let Some(fetch) = &read.fetch else {
+            if let ReadPurpose::Unit { position, .. } = read.purpose {
+                self.ops.push(Op::UnitDone { unit: position });
+            }
+            return Ok(ControlFlow::Continue(()));
+        };
+        let Some(mut reader) = self.read_ahead.next_shard()? else {
+            return Err(Error::Stopped(
+                "the source ended before the last shard".into(),
+            ));
+        };
+        let shard = ShardRef {
+            index: read.shard,
+            url: Arc::from(reader.url()),
+            base_offset: fetch.range.as_ref().map_or(0, |r| r.start),
+            first_index: read.first_index,
+        };
+        let mut stop = None;
+        let (shuffle, tx, counters, ops) =
+            (&mut self.shuffle, &self.tx, &self.counters, &mut self.ops);
+        let result = tar::read_samples(&mut reader, &shard, |sample| {
+            let id = sample.id;
+            if let Some(index) = &read.index {
+                if id.index >= index.len() || sample.offset != index.offset(id.index) {
+                    stop = Some(Stop::Mismatch(Error::ManifestMismatch {
+                        url: sample.url.to_string(),
+                        reason: format!(
+                            "sample {} ({:?}) starts at byte offset {}, the manifest says {}",
+                            id.index,
+                            sample.key,
+                            sample.offset,
+                            if id.index < index.len() {
+                                index.offset(id.index).to_string()
+                            } else {
+                                "it does not exist".into()
+                            }
+                        ),
+                    }));
+                    return ControlFlow::Break(());
+                }
+            }
+            match &read.purpose {
+                ReadPurpose::Restore { wanted } => {
+                    if wanted.contains(&id.index) {
+                        restored.insert(id, sample);
+                    }
+                    if id.index + 1 >= read_end(wanted) {
+                        stop = Some(Stop::Enough);
+                        return ControlFlow::Break(());
+                    }
+                    ControlFlow::Continue(())
+                }
+                ReadPurpose::Unit { position, samples } => {
+                    if id.index < samples.start {
+                        return ControlFlow::Continue(());
+                    }
+                    if id.index >= samples.end {
+                        stop = Some(Stop::Enough);
+                        return ControlFlow::Break(());
+                    }
+                    // Same order as the buffer: evictions first, then the new sample.
+                    let gone = match shuffle {
+                        Some(buffer) => {
+                            let mut gone = false;
+                            while !gone && buffer.is_full_for(sample.byte_size()) {
+                                let (index, evicted) =
+                                    buffer.pop_random().expect("a full buffer holds items");
+                                ops.push(Op::Pop {
+                                    index,
+                                    rng_word_pos: buffer.rng_word_pos(),
+                                });
+                                gone = send_sample(tx, ops, counters, evicted).is_break();
+                            }
+                            buffer.insert(sample);
+                            ops.push(Op::Push {
+                                unit: *position,
+                                id,
+                            });
+                            gone
+                        }
+                        None => {
+                            ops.push(Op::Push {
+                                unit: *position,
+                                id,
+                            });
+                            ops.push(Op::Pop {
+                                index: 0,
+                                rng_word_pos: 0,
+                            });
+                            send_sample(tx, ops, counters, sample).is_break()
+                        }
+                    };
+                    if gone {
+                        stop = Some(Stop::Gone);
+                        return ControlFlow::Break(());
+                    }
+                    if id.index + 1 >= samples.end {
+                        stop = Some(Stop::Enough);
+                        return ControlFlow::Break(());
+                    }
+                    ControlFlow::Continue(())
+                }
+            }
+        });
+        let outcome = match (result, stop) {
+            (_, Some(Stop::Gone)) => return Ok(ControlFlow::Break(())),
+            (_, Some(Stop::Mismatch(error))) => Err(error),
+            (Ok(_), Some(Stop::Enough)) => Ok(()),
+            (Ok(tar::Outcome::Completed { samples }), None) => {
+                self.check_complete(read, &shard, samples)
+            }
+            (Ok(tar::Outcome::Stopped), None) => return Ok(ControlFlow::Break(())),
+            (Err(error), _) => Err(error),
+        };
+        match outcome {
+            Ok(()) => {
+                self.counters.add(Counter::ShardsCompleted, 1);
+                if let ReadPurpose::Unit { position, .. } = read.purpose {
+                    self.ops.push(Op::UnitDone { unit: position });
+                }
+                Ok(ControlFlow::Continue(()))
+            }
+            Err(error) if self.on_error == OnError::Warn && error.is_shard_error() => {
+                self.counters.add(Counter::ErrorsSkipped, 1);
+                if let ReadPurpose::Unit { position, .. } = read.purpose {
+                    self.ops.push(Op::UnitDone { unit: position });
+                }
+                let ops = std::mem::take(&mut self.ops);
+                let message = Message::Event {
+                    ops,
+                    event: Event::Skipped(error),
+                };
+                Ok(if self.tx.send(message).is_err() {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                })
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// After a ranged read ended with its archive: did it hold every sample
+    /// the manifest promised?
+    fn check_complete(&self, read: &Read, shard: &ShardRef, produced: u64) -> Result<()> {
+        let Some(fetch_range) = read.fetch.as_ref().and_then(|f| f.range.clone()) else {
+            return Ok(());
+        };
+        let expected = match &read.purpose {
+            ReadPurpose::Unit { samples, .. } => {
+                samples
+                    .end
+                    .min(read.index.as_ref().map_or(u64::MAX, |i| i.len()))
+                    - samples.start
+            }
+            ReadPurpose::Restore { wanted } => read_end(wanted) - read.first_index,
+        };
+        if produced < expected {
+            return Err(Error::ManifestMismatch {
+                url: shard.url.to_string(),
+                reason: format!(
+                    "bytes {}..{} hold {produced} samples, the manifest says {expected}",
+                    fetch_range.start, fetch_range.end
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn read_end(wanted: &HashSet<u64>) -> u64 {
+    wanted.iter().max().map_or(0, |m| m + 1)
+}
+
+/// Sends a sample with the ops that lead to it; `Break` when the consumer is gone.
+fn send_sample(
+    tx: &SyncSender<Message>,
+    ops: &mut Vec<Op>,
+    counters: &Counters,
+    sample: Sample,
+) -> ControlFlow<()> {
+    let message = Message::Event {
+        ops: std::mem::take(ops),
+        event: Event::Sample(sample),
+    };
+    if tx.send(message).is_err() {
+        return ControlFlow::Break(());
+    }
+    counters.add(Counter::Samples, 1);
+    ControlFlow::Continue(())
 }

@@ -35,29 +35,57 @@ impl<T: ByteSize> ShuffleBuffer<T> {
         }
     }
 
-    /// Adds `item`, first emitting random held items into `out` until it fits.
-    pub fn push(&mut self, item: T, mut out: impl FnMut(T)) {
-        let size = item.byte_size();
-        while !self.items.is_empty()
+    /// A buffer holding `items` (in this order), its RNG already advanced.
+    pub fn restore(max_items: usize, max_bytes: usize, rng: ChaCha8Rng, items: Vec<T>) -> Self {
+        let mut buffer = ShuffleBuffer::new(max_items, max_bytes, rng);
+        buffer.bytes = items.iter().map(ByteSize::byte_size).sum();
+        buffer.items = items;
+        buffer
+    }
+
+    /// Whether `size` more bytes need a held item out first.
+    pub fn is_full_for(&self, size: usize) -> bool {
+        !self.items.is_empty()
             && (self.items.len() >= self.max_items || self.bytes + size > self.max_bytes)
-        {
-            if let Some(evicted) = self.pop_random() {
-                out(evicted);
+    }
+
+    /// Adds `item`, first emitting random held items (with the index they
+    /// were swap-removed from) into `out` until it fits.
+    pub fn push(&mut self, item: T, mut out: impl FnMut(usize, T)) {
+        while self.is_full_for(item.byte_size()) {
+            if let Some((index, evicted)) = self.pop_random() {
+                out(index, evicted);
             }
         }
-        self.bytes += size;
+        self.insert(item);
+    }
+
+    /// Adds `item` without making room (see [`ShuffleBuffer::is_full_for`]).
+    pub fn insert(&mut self, item: T) {
+        self.bytes += item.byte_size();
         self.items.push(item);
     }
 
-    /// Removes and returns a uniformly chosen held item.
-    pub fn pop_random(&mut self) -> Option<T> {
+    /// Removes a uniformly chosen held item (swap-remove) and returns its
+    /// index and the item.
+    pub fn pop_random(&mut self) -> Option<(usize, T)> {
         if self.items.is_empty() {
             return None;
         }
         let index = below(&mut self.rng, self.items.len());
         let item = self.items.swap_remove(index);
         self.bytes -= item.byte_size();
-        Some(item)
+        Some((index, item))
+    }
+
+    /// Gives back the bounds and the RNG, dropping held items.
+    pub fn into_parts(self) -> (usize, usize, ChaCha8Rng) {
+        (self.max_items, self.max_bytes, self.rng)
+    }
+
+    /// The RNG's word position, for resuming.
+    pub fn rng_word_pos(&self) -> u128 {
+        self.rng.get_word_pos()
     }
 
     /// Number of items held.
@@ -100,11 +128,11 @@ mod tests {
         let mut out = Vec::new();
         let mut within_bounds = true;
         for item in items {
-            buffer.push(item.clone(), |x| out.push(x));
+            buffer.push(item.clone(), |_, x| out.push(x));
             within_bounds &= buffer.len() <= max_items.max(1)
                 && (buffer.bytes() <= max_bytes || buffer.len() == 1);
         }
-        while let Some(x) = buffer.pop_random() {
+        while let Some((_, x)) = buffer.pop_random() {
             out.push(x);
         }
         (out, within_bounds)
@@ -140,6 +168,26 @@ mod tests {
         let (b, _) = run(&items, 50, 1 << 20, 2);
         assert_ne!(a, items);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn restored_buffer_continues_identically() {
+        let items: Vec<Item> = (0..100).map(|i| Item(i, 1)).collect();
+        let rng = rng_for(5, 0, Purpose::ShuffleBuffer { slot: 0 });
+        let mut a = ShuffleBuffer::new(10, 1 << 20, rng);
+        let mut first = Vec::new();
+        for item in &items[..40] {
+            a.push(item.clone(), |_, x| first.push(x));
+        }
+        let mut rng = rng_for(5, 0, Purpose::ShuffleBuffer { slot: 0 });
+        rng.set_word_pos(a.rng_word_pos());
+        let mut b = ShuffleBuffer::restore(10, 1 << 20, rng, a.items.clone());
+        let (mut rest_a, mut rest_b) = (Vec::new(), Vec::new());
+        for item in &items[40..] {
+            a.push(item.clone(), |_, x| rest_a.push(x));
+            b.push(item.clone(), |_, x| rest_b.push(x));
+        }
+        assert_eq!(rest_a, rest_b);
     }
 
     #[test]

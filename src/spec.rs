@@ -2,8 +2,11 @@
 //! list of shards with their sizes.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::manifest::SampleIndex;
+use crate::plan::ShardInfo;
 
 /// Suffix of the shard files a directory spec lists.
 pub const SHARD_SUFFIX: &str = ".tar";
@@ -15,9 +18,28 @@ pub struct Shard {
     pub url: String,
     /// Size in bytes, when known.
     pub size: Option<u64>,
+    /// Byte spans of its samples, from a manifest.
+    pub index: Option<Arc<SampleIndex>>,
 }
 
 impl Shard {
+    /// A shard known by URL and maybe size, without a sample index.
+    pub fn new(url: impl Into<String>, size: Option<u64>) -> Self {
+        Shard {
+            url: url.into(),
+            size,
+            index: None,
+        }
+    }
+
+    /// What the plan knows of this shard.
+    pub fn info(&self) -> ShardInfo {
+        ShardInfo {
+            size: self.size,
+            samples: self.index.as_ref().map(|i| i.len()),
+        }
+    }
+
     /// Where the shard's bytes live.
     pub fn location(&self) -> Location {
         Location::parse(&self.url)
@@ -107,11 +129,8 @@ pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
             let Location::Local(path) = Location::parse(&url);
             match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_dir() => shards.extend(list_directory(&url, &path)?),
-                Ok(meta) => shards.push(Shard {
-                    url,
-                    size: Some(meta.len()),
-                }),
-                Err(_) => shards.push(Shard { url, size: None }),
+                Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
+                Err(_) => shards.push(Shard::new(url, None)),
             }
         }
     }
@@ -146,10 +165,7 @@ fn list_directory(url: &str, path: &Path) -> Result<Vec<Shard>> {
         let meta = entry.metadata().map_err(|e| Error::from_open(url, e))?;
         if meta.is_file() {
             let joined = format!("{}/{name}", url.trim_end_matches('/'));
-            shards.push(Shard {
-                url: joined,
-                size: Some(meta.len()),
-            });
+            shards.push(Shard::new(joined, Some(meta.len())));
         }
     }
     shards.sort_by(|a, b| a.url.cmp(&b.url));

@@ -51,8 +51,15 @@ fn options() -> shardstream::config::StreamOptionsBuilder {
 }
 
 fn collect(shards: &[Shard], options: &StreamOptions, epoch: u64, slot: SlotSpec) -> Vec<String> {
-    let stream =
-        SampleStream::start(shards, options, epoch, slot, Arc::new(Counters::new())).unwrap();
+    let stream = SampleStream::new(
+        shards,
+        options,
+        epoch,
+        slot,
+        Arc::new(Counters::new()),
+        None,
+    )
+    .unwrap();
     stream
         .map(|event| match event.unwrap() {
             Event::Sample(sample) => sample.key,
@@ -109,7 +116,7 @@ fn read_ahead_stays_within_its_budget() {
         .unwrap();
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
-    let stream = SampleStream::start(&shards, &options, 0, slot, counters.clone()).unwrap();
+    let stream = SampleStream::new(&shards, &options, 0, slot, counters.clone(), None).unwrap();
     // Bytes per sample in the tar: two headers, the padded data and the text.
     let per_sample = (512 + member.div_ceil(512) * 512 + 1024) as u64;
     let mut consumed = 0u64;
@@ -143,10 +150,7 @@ fn bad_dataset(dir: &Path) -> (Vec<Shard>, PathBuf) {
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     for path in [junk.clone(), truncated, dir.join("missing.tar")] {
         let size = std::fs::metadata(&path).ok().map(|m| m.len());
-        shards.push(Shard {
-            url: path.to_str().unwrap().to_owned(),
-            size,
-        });
+        shards.push(Shard::new(path.to_str().unwrap(), size));
     }
     (shards, junk)
 }
@@ -158,7 +162,7 @@ fn warn_policy_skips_bad_shards_and_counts_them() {
     let options = options().with_on_error(OnError::Warn).build().unwrap();
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
-    let stream = SampleStream::start(&shards, &options, 0, slot, counters.clone()).unwrap();
+    let stream = SampleStream::new(&shards, &options, 0, slot, counters.clone(), None).unwrap();
     let (mut good, mut skipped, mut cut_samples) = (0, Vec::new(), 0);
     for event in stream {
         match event.unwrap() {
@@ -192,8 +196,15 @@ fn raise_policy_ends_with_an_error_naming_the_shard() {
         .collect();
     let options = options().build().unwrap();
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
-    let mut stream =
-        SampleStream::start(&only_junk, &options, 0, slot, Arc::new(Counters::new())).unwrap();
+    let mut stream = SampleStream::new(
+        &only_junk,
+        &options,
+        0,
+        slot,
+        Arc::new(Counters::new()),
+        None,
+    )
+    .unwrap();
     let error = stream.next().unwrap().unwrap_err();
     let message = error.to_string();
     assert!(message.contains(junk.to_str().unwrap()), "{message}");
@@ -208,10 +219,7 @@ fn a_stalled_shard_times_out() {
     let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: creates a named pipe at a path we own; nobody ever writes to it.
     assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
-    let shards = vec![Shard {
-        url: fifo.to_str().unwrap().to_owned(),
-        size: None,
-    }];
+    let shards = vec![Shard::new(fifo.to_str().unwrap(), None)];
     let options = options()
         .with_io_timeout(Duration::from_millis(300))
         .build()
@@ -219,7 +227,7 @@ fn a_stalled_shard_times_out() {
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
     let start = Instant::now();
     let mut stream =
-        SampleStream::start(&shards, &options, 0, slot, Arc::new(Counters::new())).unwrap();
+        SampleStream::new(&shards, &options, 0, slot, Arc::new(Counters::new()), None).unwrap();
     let error = stream.next().unwrap().unwrap_err();
     assert!(matches!(error, Error::Timeout { .. }), "{error}");
     assert!(start.elapsed() < Duration::from_secs(10));

@@ -11,31 +11,41 @@ from typing import TYPE_CHECKING, Any
 
 from ._core import (
     DatasetSpecError,
+    ManifestError,
+    ManifestMismatchError,
     ShardFormatError,
     ShardNotFoundError,
     ShardReadError,
     ShardSkippedWarning,
     ShardStreamError,
+    StateMismatchError,
     StorageAuthError,
     __version__,
     plan_epoch,
+    plan_samples,
     resolve_shards,
 )
+from .state import elastic_state
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
 
 __all__ = [
     "DatasetSpecError",
+    "ManifestError",
+    "ManifestMismatchError",
     "ShardFormatError",
     "ShardNotFoundError",
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "StateMismatchError",
     "StorageAuthError",
     "StreamingDataset",
     "__version__",
+    "elastic_state",
     "plan_epoch",
+    "plan_samples",
     "resolve_shards",
 ]
 

@@ -1,21 +1,29 @@
 """Type stubs of the native core ``shardstream._core``."""
 
+import os
 from collections.abc import Iterator
 from typing import Any, Literal, final
 
 __all__ = [
     "Counters",
     "DatasetSpecError",
+    "ManifestError",
+    "ManifestMismatchError",
     "SampleStream",
     "ShardFormatError",
     "ShardNotFoundError",
     "ShardReadError",
     "ShardSkippedWarning",
+    "ShardList",
     "ShardStreamError",
+    "StateMismatchError",
     "StorageAuthError",
     "__version__",
+    "_rebuild_shard_list",
+    "check_state",
     "default_options",
     "plan_epoch",
+    "plan_samples",
     "resolve_shards",
     "run_cli",
 ]
@@ -40,6 +48,15 @@ class ShardReadError(ShardStreamError):
 class ShardFormatError(ShardStreamError):
     """A shard is not a valid archive, is truncated, or repeats a field within a key."""
 
+class ManifestError(ShardStreamError):
+    """A manifest cannot be read or is inconsistent in itself."""
+
+class ManifestMismatchError(ManifestError):
+    """A shard does not match what the manifest says of it."""
+
+class StateMismatchError(ShardStreamError):
+    """A saved state does not fit this dataset, options or layout."""
+
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
 
@@ -52,12 +69,39 @@ class Counters:
         """The counters as a dict of name to value."""
 
 @final
+class ShardList:
+    """The resolved shards of a dataset, with their sample indices when a manifest is used."""
+
+    def __new__(
+        cls, specs: list[str], *, manifest: str | os.PathLike[str] | bool | None = None
+    ) -> ShardList: ...
+    @property
+    def urls(self) -> list[str]:
+        """Shard URLs, in order."""
+    @property
+    def sizes(self) -> list[int | None]:
+        """Shard sizes in bytes (``None`` when unknown), in order."""
+    @property
+    def sample_counts(self) -> list[int] | None:
+        """Sample counts per shard from the manifest, or ``None`` without one."""
+    @property
+    def manifest_path(self) -> str | None:
+        """The manifest in use, if any."""
+    def samples_per_rank(self, world_size: int, remainder: str = "drop") -> int | None:
+        """Samples each rank gets per epoch (with a manifest), else ``None``."""
+    def __len__(self) -> int: ...
+
+def _rebuild_shard_list(specs: list[str], manifest: str | bool) -> ShardList:
+    """Unpickles a ``ShardList``."""
+
+@final
 class SampleStream(Iterator[dict[str, Any]]):
-    """The samples of one ``(rank, worker)`` slot for one epoch."""
+    """The samples of one ``(rank, worker)`` slot for one epoch; its threads start at the
+    first ``next()``."""
 
     def __new__(
         cls,
-        shards: list[tuple[str, int | None]],
+        shards: ShardList,
         *,
         epoch: int = 0,
         world_size: int = 1,
@@ -71,16 +115,39 @@ class SampleStream(Iterator[dict[str, Any]]):
         read_ahead_bytes: int | None = None,
         on_error: Literal["raise", "warn"] | None = None,
         io_timeout: float | None = None,
+        remainder: Literal["drop", "pad"] | None = None,
+        resume: str | None = None,
         counters: Counters | None = None,
     ) -> SampleStream: ...
     @property
-    def units(self) -> list[int]:
-        """Indices (into the shard list) of the shards this stream reads, in order."""
+    def epoch(self) -> int:
+        """The epoch streamed (a resumed stream takes it from the state)."""
+    @property
+    def units(self) -> list[tuple[int, int | None, int | None]]:
+        """This slot's work units in order: ``(shard, first_sample, end_sample)``."""
+    def state(self) -> str:
+        """The state (JSON) as of the last sample handed out."""
     def __iter__(self) -> SampleStream: ...
     def __next__(self) -> dict[str, Any]: ...
 
 def resolve_shards(specs: list[str]) -> list[tuple[str, int | None]]:
     """Resolves dataset specs to ``(url, size or None)`` pairs, in order."""
+
+def check_state(state: str) -> None:
+    """Checks that ``state`` (JSON) is a shardstream state or a list of them."""
+
+def plan_samples(
+    counts: list[int],
+    *,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    num_workers: int,
+    shuffle_shards: bool = True,
+    remainder: str = "drop",
+) -> list[list[tuple[int, int, int]]]:
+    """The sample runs ``(shard, start, end)`` of every slot for one epoch (equal samples per
+    rank)."""
 
 def plan_epoch(
     sizes: list[int | None],

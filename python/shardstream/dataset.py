@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._core import Counters, SampleStream, resolve_shards
+from ._core import Counters, SampleStream, ShardList, check_state
 
 __all__ = ["StreamingDataset"]
 
 OnError = Literal["raise", "warn"]
+Remainder = Literal["drop", "pad"]
 
 
 class StreamingDataset(IterableDataset[dict[str, Any]]):
@@ -40,6 +42,13 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         on_error: ``"raise"`` ends the epoch with the error; ``"warn"`` skips
             the rest of a bad shard with a ``ShardSkippedWarning`` and counts it.
         io_timeout: seconds to wait for the next bytes of a shard.
+        manifest: a manifest written by ``shardstream index``; ``None`` uses
+            the ``manifest.json`` beside the shards if there is one, ``False``
+            uses none. With a manifest every rank gets the same number of
+            samples and ``len()`` works.
+        remainder: with a manifest, ``"drop"`` leaves out the last
+            ``total % world_size`` samples of the epoch, ``"pad"`` fills the
+            last rank up with the epoch's first samples.
     """
 
     def __init__(
@@ -57,6 +66,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         worker_id: int | None = None,
         on_error: OnError = "raise",
         io_timeout: float = 120.0,
+        manifest: str | os.PathLike[str] | bool | None = None,
+        remainder: Remainder = "drop",
     ) -> None:
         super().__init__()
         specs = (
@@ -66,7 +77,11 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         )
         if on_error not in ("raise", "warn"):
             raise ValueError(f'on_error must be "raise" or "warn", got {on_error!r}')
-        self.shards: list[tuple[str, int | None]] = resolve_shards(specs)
+        if remainder not in ("drop", "pad"):
+            raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
+        if isinstance(manifest, os.PathLike):
+            manifest = os.fspath(manifest)
+        self.shard_list = ShardList(specs, manifest=manifest)
         self.seed = seed
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
@@ -78,8 +93,23 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         self.worker_id = worker_id
         self.on_error: OnError = on_error
         self.io_timeout = io_timeout
+        self.remainder: Remainder = remainder
         self.epoch = 0
         self._counters = Counters()
+        self._resume: str | None = None
+        self._resume_epoch: int | None = None
+        self._stream: SampleStream | None = None
+
+    @property
+    def shards(self) -> list[tuple[str, int | None]]:
+        """The shards as ``(url, size in bytes or None)``, in listed order."""
+        return list(zip(self.shard_list.urls, self.shard_list.sizes, strict=True))
+
+    @property
+    def manifest_path(self) -> str | None:
+        """The manifest in use, if any."""
+        path = self.shard_list.manifest_path
+        return None if path is None else os.fspath(path)
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch; the shard order and shuffle follow ``(seed, epoch)``.
@@ -90,6 +120,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
+        if epoch != self.epoch:
+            self._stream = None
+            if self._resume_epoch is not None and epoch != self._resume_epoch:
+                self._resume = self._resume_epoch = None
         self.epoch = epoch
 
     def distributed_slot(self) -> tuple[int, int]:
@@ -114,11 +148,64 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         )
         return worker_id, num_workers
 
+    def __len__(self) -> int:
+        """Samples per rank per epoch; needs a manifest (without one the
+        count is not known before reading)."""
+        _, world_size = self.distributed_slot()
+        n = self.shard_list.samples_per_rank(world_size, self.remainder)
+        if n is None:
+            raise TypeError(
+                "len() needs a manifest: run `shardstream index SPEC -o DIR/manifest.json`"
+            )
+        return n
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        # The pending resume is used up here, not lazily: StatefulDataLoader
+        # may create and discard an iterator.
+        stream = self._open_stream()
+        self._resume = self._resume_epoch = None
+        self._stream = stream
+        return stream
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of this process's stream as of the last sample it handed
+        out (a new dict each call). With ``StatefulDataLoader`` each worker
+        reports its own; see ``load_state_dict``."""
+        stream = self._stream if self._stream is not None else self._open_stream()
+        state: dict[str, Any] = json.loads(stream.state())
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Resumes from a state at the next ``__iter__``.
+
+        ``state_dict`` is either one slot's state (what ``state_dict()``
+        returned, restored by ``StatefulDataLoader`` with the same world size
+        and ``num_workers``: the rest of the epoch comes in exactly the
+        uninterrupted order), or ``shardstream.elastic_state(...)`` of every
+        slot of a job (any new world size and ``num_workers``: every sample
+        not yet produced comes once). The state's epoch becomes the
+        dataset's epoch. A state of other data or options raises
+        ``StateMismatchError`` when iteration starts.
+        """
+        if state_dict.get("format") == "shardstream.elastic":
+            slots = list(state_dict["slots"])
+            resume = json.dumps(slots)
+            epoch = int(slots[0]["epoch"]) if slots else self.epoch
+        else:
+            resume = json.dumps(dict(state_dict))
+            epoch = int(state_dict.get("epoch", self.epoch))
+        check_state(resume)
+        self._resume, self._resume_epoch = resume, epoch
+        self._stream = None
+        self.epoch = epoch
+
+    def _open_stream(self) -> SampleStream:
+        """This slot's stream for the current epoch (or pending resume); its
+        threads start at the first ``next()``."""
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
         return SampleStream(
-            self.shards,
+            self.shard_list,
             epoch=self.epoch,
             world_size=world_size,
             rank=rank,
@@ -131,6 +218,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             read_ahead_bytes=self.read_ahead_bytes,
             on_error=self.on_error,
             io_timeout=self.io_timeout,
+            remainder=self.remainder,
+            resume=self._resume,
             counters=self._counters,
         )
 
@@ -143,9 +232,15 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         """
         return self._counters.snapshot()
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_stream"] = None
+        return state
+
     def __repr__(self) -> str:
+        manifest = f", manifest={self.manifest_path!r}" if self.manifest_path else ""
         return (
-            f"StreamingDataset({len(self.shards)} shards, seed={self.seed}, "
+            f"StreamingDataset({len(self.shard_list)} shards{manifest}, seed={self.seed}, "
             f"shuffle_shards={self.shuffle_shards}, shuffle_buffer={self.shuffle_buffer}, "
             f"epoch={self.epoch}, on_error={self.on_error!r})"
         )

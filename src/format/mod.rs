@@ -27,6 +27,11 @@ pub struct Sample {
     pub url: Arc<str>,
     /// Field name (lower-cased extension) and raw bytes, in member order.
     pub fields: Vec<(String, Vec<u8>)>,
+    /// Byte offset of the sample's first header in the shard.
+    pub offset: u64,
+    /// Bytes from `offset` to the end of the sample's last member; a read
+    /// of exactly this range yields this sample alone.
+    pub length: u64,
 }
 
 impl ByteSize for Sample {
@@ -40,13 +45,30 @@ impl ByteSize for Sample {
     }
 }
 
-/// The shard a format is reading: its index and URL, for ids and errors.
+/// The shard a format is reading: its index and URL, for ids and errors,
+/// and where the bytes handed over start within it.
 #[derive(Debug, Clone)]
 pub struct ShardRef {
     /// Index in the dataset's shard list.
     pub index: usize,
     /// URL, shared by every sample of the shard.
     pub url: Arc<str>,
+    /// Byte offset in the shard of the first byte read.
+    pub base_offset: u64,
+    /// Index in the shard of the first sample read.
+    pub first_index: u64,
+}
+
+impl ShardRef {
+    /// A shard read from its start.
+    pub fn whole(index: usize, url: Arc<str>) -> Self {
+        ShardRef {
+            index,
+            url,
+            base_offset: 0,
+            first_index: 0,
+        }
+    }
 }
 
 /// A byte stream a format reads from, which may know better than the

@@ -81,7 +81,7 @@ pub fn read_samples<R: ByteSource>(
         }
     }
     Ok(Outcome::Completed {
-        samples: grouper.next_index,
+        samples: grouper.produced(),
     })
 }
 
@@ -111,7 +111,7 @@ impl Failure {
                 };
                 Error::Format {
                     url: shard.url.to_string(),
-                    offset: consumed,
+                    offset: shard.base_offset + consumed,
                     member: None,
                     reason,
                 }
@@ -126,14 +126,23 @@ fn walk_members<R: Read>(
     grouper: &mut Grouper<'_>,
     on_sample: &mut impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome, Failure> {
+    let base = shard.base_offset;
     let mut archive = ::tar::Archive::new(reader);
+    // Where the current entry's headers (including GNU long-name and PAX
+    // headers) start, relative to the read's start.
+    let mut entry_start = 0u64;
     for entry in archive.entries().map_err(Failure::Tar)? {
         let mut entry = entry.map_err(Failure::Tar)?;
         grouper.entries_seen += 1;
+        let span = (
+            base + entry_start,
+            base + entry.raw_file_position() + entry.size().div_ceil(512) * 512,
+        );
+        entry_start = span.1 - base;
         if !entry.header().entry_type().is_file() {
             continue;
         }
-        let header_offset = entry.raw_header_position();
+        let header_offset = base + entry.raw_header_position();
         let member = String::from_utf8(entry.path_bytes().into_owned()).map_err(|_| {
             Failure::Member(Error::Format {
                 url: shard.url.to_string(),
@@ -156,7 +165,7 @@ fn walk_members<R: Read>(
         let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
         let read = entry.read_to_end(&mut data);
         if read.is_err() || (data.len() as u64) < size {
-            let offset = entry.raw_file_position() + data.len() as u64;
+            let offset = base + entry.raw_file_position() + data.len() as u64;
             let detail = read.err().map(|e| format!(": {e}")).unwrap_or_default();
             return Err(Failure::Member(Error::Format {
                 url: shard.url.to_string(),
@@ -169,11 +178,11 @@ fn walk_members<R: Read>(
             }));
         }
         grouper
-            .add(key, field, data, &member, header_offset)
+            .add(key, field, data, &member, header_offset, span)
             .map_err(Failure::Member)?;
     }
     Ok(Outcome::Completed {
-        samples: grouper.next_index,
+        samples: grouper.produced(),
     })
 }
 
@@ -190,9 +199,14 @@ impl<'a> Grouper<'a> {
         Grouper {
             shard,
             current: None,
-            next_index: 0,
+            next_index: shard.first_index,
             entries_seen: 0,
         }
+    }
+
+    /// Samples started so far.
+    fn produced(&self) -> u64 {
+        self.next_index - self.shard.first_index
     }
 
     /// Takes the current sample out when `key` starts a new one.
@@ -211,6 +225,7 @@ impl<'a> Grouper<'a> {
         data: Vec<u8>,
         member: &str,
         offset: u64,
+        (span_start, span_end): (u64, u64),
     ) -> Result<()> {
         if let Some(current) = &mut self.current {
             debug_assert_eq!(current.key, key, "take_if_new_key first");
@@ -224,6 +239,7 @@ impl<'a> Grouper<'a> {
                 });
             }
             current.fields.push((field, data));
+            current.length = span_end - current.offset;
             return Ok(());
         }
         self.current = Some(Sample {
@@ -234,6 +250,8 @@ impl<'a> Grouper<'a> {
             key: key.to_owned(),
             url: self.shard.url.clone(),
             fields: vec![(field, data)],
+            offset: span_start,
+            length: span_end - span_start,
         });
         self.next_index += 1;
         Ok(())
@@ -266,10 +284,7 @@ mod tests {
     use std::sync::Arc;
 
     fn shard() -> ShardRef {
-        ShardRef {
-            index: 3,
-            url: Arc::from("mem://test.tar"),
-        }
+        ShardRef::whole(3, Arc::from("mem://test.tar"))
     }
 
     fn build(members: &[(&str, &[u8])]) -> Vec<u8> {
@@ -327,6 +342,42 @@ mod tests {
         assert_eq!(got[1].fields, vec![("wav".into(), b"3".to_vec())]);
         assert_eq!(got[2].id, SampleId { shard: 3, index: 2 });
         assert_eq!(&*got[0].url, "mem://test.tar");
+    }
+
+    #[test]
+    fn spans_cover_each_sample_and_ranged_reads_reproduce_it() {
+        let long = format!("{}/k.txt", "d".repeat(120));
+        let tar = build(&[
+            ("a.x", &[1u8; 700]),
+            ("a.y", b"2"),
+            ("skip", b"z"),
+            (&long, b"3"),
+            ("c.x", b"4"),
+        ]);
+        let all = samples(&tar).unwrap();
+        assert_eq!((all[0].offset, all[0].length), (0, 512 + 1024 + 1024));
+        assert_eq!(
+            all[1].offset,
+            all[0].length + 1024,
+            "the skipped member is not in a span"
+        );
+        assert_eq!(all[2].offset, all[1].offset + all[1].length);
+        for (i, sample) in all.iter().enumerate() {
+            let range = sample.offset as usize..(sample.offset + sample.length) as usize;
+            let mut part = &tar[range];
+            let shard = ShardRef {
+                base_offset: sample.offset,
+                first_index: i as u64,
+                ..shard()
+            };
+            let mut got = Vec::new();
+            read_samples(&mut part, &shard, |s| {
+                got.push(s);
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            assert_eq!(got, vec![sample.clone()]);
+        }
     }
 
     #[test]

@@ -1,13 +1,34 @@
 //! The scheduler: a pure function from (shards, seed, epoch, slots) to the
 //! ordered work units of every slot. No I/O, no clocks, no global state.
 
+pub mod cut;
 pub mod order;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::ops::Range;
 
 use crate::config::SlotSpec;
+pub use cut::Remainder;
 pub use order::Purpose;
+
+/// What the plan knows of a shard before reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShardInfo {
+    /// Size in bytes, when known.
+    pub size: Option<u64>,
+    /// Number of samples, when a manifest gives it.
+    pub samples: Option<u64>,
+}
+
+/// One unit of work: a whole shard, or a run of its samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkUnit {
+    /// Shard index.
+    pub shard: usize,
+    /// Sample indices to read; `None` for the whole shard.
+    pub samples: Option<Range<u64>>,
+}
 
 /// Inputs of a plan that do not depend on the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +43,8 @@ pub struct PlanParams {
     pub world_size: usize,
     /// DataLoader workers per process.
     pub num_workers: usize,
+    /// Remainder policy of equal-length epochs (with sample counts).
+    pub remainder: Remainder,
 }
 
 /// One epoch's plan for the whole job.
@@ -29,31 +52,90 @@ pub struct PlanParams {
 pub struct EpochPlan {
     /// The epoch's global order of shard indices.
     pub order: Vec<usize>,
-    /// For each slot (`rank * num_workers + worker`), its shard indices in order.
-    pub slots: Vec<Vec<usize>>,
+    /// For each slot (`rank * num_workers + worker`), its work units in order.
+    pub slots: Vec<Vec<WorkUnit>>,
+    /// Samples every rank gets, when sample counts are known.
+    pub samples_per_rank: Option<u64>,
 }
 
 impl EpochPlan {
-    /// The shard indices of one slot, in the order it reads them.
-    pub fn units_of(&self, slot: &SlotSpec) -> &[usize] {
+    /// The work units of one slot, in the order it reads them.
+    pub fn units_of(&self, slot: &SlotSpec) -> &[WorkUnit] {
         &self.slots[slot.slot()]
     }
 }
 
-/// Plans one epoch. `sizes[i]` is shard `i`'s size in bytes when known.
-///
-/// Shards are taken in the epoch order (a ChaCha shuffle of `(seed, epoch)`
-/// when `shuffle_shards`) and each goes to the slot with the fewest bytes so
-/// far (lowest slot on ties), so slots are balanced by bytes. Unknown sizes
-/// count as the mean known size. With fewer shards than slots, some slots
-/// get none.
-pub fn plan_epoch(sizes: &[Option<u64>], params: &PlanParams) -> EpochPlan {
-    let slot_count = (params.world_size * params.num_workers).max(1);
-    let mut order: Vec<usize> = (0..sizes.len()).collect();
+/// The epoch's shard order: a ChaCha shuffle of `(seed, epoch)`, or the
+/// listed order.
+pub fn epoch_order(shard_count: usize, params: &PlanParams) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..shard_count).collect();
     if params.shuffle_shards {
         let mut rng = order::rng_for(params.seed, params.epoch, Purpose::ShardOrder);
         order::shuffle(&mut rng, &mut order);
     }
+    order
+}
+
+/// Plans one epoch.
+///
+/// When every shard's sample count is known (a manifest), the epoch's
+/// global sample sequence is cut into equal contiguous runs per rank and
+/// near-equal runs per worker ([`cut`]): every rank gets the same number of
+/// samples. Otherwise whole shards are dealt in epoch order, each to the
+/// slot with the fewest bytes so far (lowest slot on ties): slots are
+/// balanced by bytes, unknown sizes counting as the mean known size, and
+/// with fewer shards than slots some slots get none.
+pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
+    let order = epoch_order(shards.len(), params);
+    let counts: Option<Vec<u64>> = shards.iter().map(|s| s.samples).collect();
+    if let (Some(counts), false) = (counts, shards.is_empty()) {
+        let total = counts.iter().sum();
+        let pieces = cut::cut_epoch(
+            &order,
+            &counts,
+            params.world_size,
+            params.num_workers,
+            params.remainder,
+        );
+        let slots = pieces
+            .into_iter()
+            .map(|slot| {
+                slot.into_iter()
+                    .map(|p| WorkUnit {
+                        shard: p.shard,
+                        samples: Some(p.samples),
+                    })
+                    .collect()
+            })
+            .collect();
+        return EpochPlan {
+            order,
+            slots,
+            samples_per_rank: Some(cut::samples_per_rank(
+                total,
+                params.world_size,
+                params.remainder,
+            )),
+        };
+    }
+    let sizes: Vec<Option<u64>> = shards.iter().map(|s| s.size).collect();
+    let slots = balance_by_bytes(
+        &order,
+        &sizes,
+        (params.world_size * params.num_workers).max(1),
+    );
+    EpochPlan {
+        order,
+        slots,
+        samples_per_rank: None,
+    }
+}
+
+fn balance_by_bytes(
+    order: &[usize],
+    sizes: &[Option<u64>],
+    slot_count: usize,
+) -> Vec<Vec<WorkUnit>> {
     let known: Vec<u64> = sizes.iter().flatten().copied().collect();
     let fallback = if known.is_empty() {
         1
@@ -63,13 +145,16 @@ pub fn plan_epoch(sizes: &[Option<u64>], params: &PlanParams) -> EpochPlan {
     let mut load: BinaryHeap<Reverse<(u128, usize)>> =
         (0..slot_count).map(|slot| Reverse((0, slot))).collect();
     let mut slots = vec![Vec::new(); slot_count];
-    for &shard in &order {
+    for &shard in order {
         let Reverse((bytes, slot)) = load.pop().expect("at least one slot");
-        slots[slot].push(shard);
+        slots[slot].push(WorkUnit {
+            shard,
+            samples: None,
+        });
         let size = sizes[shard].unwrap_or(fallback).max(1);
         load.push(Reverse((bytes + u128::from(size), slot)));
     }
-    EpochPlan { order, slots }
+    slots
 }
 
 #[cfg(test)]
@@ -84,7 +169,22 @@ mod tests {
             shuffle_shards: true,
             world_size,
             num_workers,
+            remainder: Remainder::Drop,
         }
+    }
+
+    fn sized(sizes: &[Option<u64>]) -> Vec<ShardInfo> {
+        sizes
+            .iter()
+            .map(|&size| ShardInfo {
+                size,
+                samples: None,
+            })
+            .collect()
+    }
+
+    fn shard_ids(slot: &[WorkUnit]) -> Vec<usize> {
+        slot.iter().map(|u| u.shard).collect()
     }
 
     proptest! {
@@ -96,12 +196,13 @@ mod tests {
             seed in any::<u64>(),
             epoch in 0u64..1000,
         ) {
-            let plan = plan_epoch(&sizes, &params(seed, epoch, world_size, num_workers));
+            let plan = plan_epoch(&sized(&sizes), &params(seed, epoch, world_size, num_workers));
             prop_assert_eq!(plan.slots.len(), world_size * num_workers);
             let mut seen = vec![0u32; sizes.len()];
             for slot in &plan.slots {
-                for &shard in slot {
-                    seen[shard] += 1;
+                for unit in slot {
+                    prop_assert!(unit.samples.is_none());
+                    seen[unit.shard] += 1;
                 }
             }
             prop_assert!(seen.iter().all(|&n| n == 1));
@@ -114,14 +215,15 @@ mod tests {
         fn slots_follow_the_epoch_order(
             n in 0usize..100, world_size in 1usize..5, num_workers in 1usize..5, seed in any::<u64>(),
         ) {
-            let plan = plan_epoch(&vec![Some(10); n], &params(seed, 3, world_size, num_workers));
+            let plan = plan_epoch(&sized(&vec![Some(10); n]), &params(seed, 3, world_size, num_workers));
             let position: Vec<usize> = {
                 let mut p = vec![0; n];
                 for (i, &s) in plan.order.iter().enumerate() { p[s] = i; }
                 p
             };
             for slot in &plan.slots {
-                prop_assert!(slot.windows(2).all(|w| position[w[0]] < position[w[1]]));
+                let ids = shard_ids(slot);
+                prop_assert!(ids.windows(2).all(|w| position[w[0]] < position[w[1]]));
             }
         }
 
@@ -131,14 +233,14 @@ mod tests {
             world_size in 1usize..5, num_workers in 1usize..5, seed in any::<u64>(), epoch in any::<u64>(),
         ) {
             let p = params(seed, epoch, world_size, num_workers);
-            prop_assert_eq!(plan_epoch(&sizes, &p), plan_epoch(&sizes, &p));
+            prop_assert_eq!(plan_epoch(&sized(&sizes), &p), plan_epoch(&sized(&sizes), &p));
         }
 
         #[test]
         fn epochs_differ(n in 8usize..300, seed in any::<u64>(), epoch in 0u64..1_000_000) {
             let sizes = vec![Some(100); n];
-            let a = plan_epoch(&sizes, &params(seed, epoch, 1, 1));
-            let b = plan_epoch(&sizes, &params(seed, epoch + 1, 1, 1));
+            let a = plan_epoch(&sized(&sizes), &params(seed, epoch, 1, 1));
+            let b = plan_epoch(&sized(&sizes), &params(seed, epoch + 1, 1, 1));
             prop_assert_ne!(a.order, b.order);
         }
 
@@ -146,10 +248,31 @@ mod tests {
         fn equal_sizes_balance_to_within_one_shard(
             n in 0usize..300, world_size in 1usize..7, num_workers in 1usize..5, seed in any::<u64>(),
         ) {
-            let plan = plan_epoch(&vec![Some(7); n], &params(seed, 0, world_size, num_workers));
+            let plan = plan_epoch(&sized(&vec![Some(7); n]), &params(seed, 0, world_size, num_workers));
             let counts: Vec<usize> = plan.slots.iter().map(Vec::len).collect();
             let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
             prop_assert!(hi - lo <= 1, "{:?}", counts);
+        }
+    }
+
+    #[test]
+    fn known_counts_give_equal_ranks() {
+        let shards: Vec<ShardInfo> = [3u64, 50, 7, 1, 20]
+            .iter()
+            .map(|&n| ShardInfo {
+                size: Some(n * 1000),
+                samples: Some(n),
+            })
+            .collect();
+        let plan = plan_epoch(&shards, &params(1, 1, 3, 2));
+        assert_eq!(plan.samples_per_rank, Some(27));
+        for rank in 0..3 {
+            let n: u64 = plan.slots[rank * 2..rank * 2 + 2]
+                .iter()
+                .flatten()
+                .map(|u| u.samples.as_ref().map_or(0, |r| r.end - r.start))
+                .sum();
+            assert_eq!(n, 27);
         }
     }
 
@@ -159,9 +282,10 @@ mod tests {
             shuffle_shards: false,
             ..params(5, 5, 2, 2)
         };
-        let plan = plan_epoch(&[Some(1); 6], &p);
+        let plan = plan_epoch(&sized(&[Some(1); 6]), &p);
         assert_eq!(plan.order, (0..6).collect::<Vec<_>>());
-        assert_eq!(plan.slots, vec![vec![0, 4], vec![1, 5], vec![2], vec![3]]);
+        let ids: Vec<Vec<usize>> = plan.slots.iter().map(|s| shard_ids(s)).collect();
+        assert_eq!(ids, vec![vec![0, 4], vec![1, 5], vec![2], vec![3]]);
     }
 
     #[test]
@@ -170,7 +294,8 @@ mod tests {
             shuffle_shards: false,
             ..params(0, 0, 2, 1)
         };
-        let plan = plan_epoch(&[Some(100), Some(10), Some(10), Some(10)], &p);
-        assert_eq!(plan.slots, vec![vec![0], vec![1, 2, 3]]);
+        let plan = plan_epoch(&sized(&[Some(100), Some(10), Some(10), Some(10)]), &p);
+        let ids: Vec<Vec<usize>> = plan.slots.iter().map(|s| shard_ids(s)).collect();
+        assert_eq!(ids, vec![vec![0], vec![1, 2, 3]]);
     }
 }

@@ -43,6 +43,24 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    ManifestError,
+    ShardStreamError,
+    "A manifest cannot be read or is inconsistent in itself."
+);
+create_exception!(
+    shardstream._core,
+    ManifestMismatchError,
+    ManifestError,
+    "A shard does not match what the manifest says of it."
+);
+create_exception!(
+    shardstream._core,
+    StateMismatchError,
+    ShardStreamError,
+    "A saved state does not fit this dataset, options or layout."
+);
+create_exception!(
+    shardstream._core,
     ShardSkippedWarning,
     PyUserWarning,
     "A bad shard was skipped under on_error=\"warn\"."
@@ -58,6 +76,9 @@ pub fn to_py(error: Error) -> PyErr {
         Error::AccessDenied { .. } => StorageAuthError::new_err(message),
         Error::Read { .. } | Error::Timeout { .. } => ShardReadError::new_err(message),
         Error::Format { .. } | Error::DuplicateField { .. } => ShardFormatError::new_err(message),
+        Error::Manifest { .. } => ManifestError::new_err(message),
+        Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
+        Error::StateMismatch(_) => StateMismatchError::new_err(message),
         Error::Stopped(_) => ShardStreamError::new_err(message),
     }
 }

@@ -13,12 +13,14 @@ mod _core {
 
     #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, ShardFormatError, ShardNotFoundError, ShardReadError,
-        ShardSkippedWarning, ShardStreamError, StorageAuthError,
+        DatasetSpecError, ManifestError, ManifestMismatchError, ShardFormatError,
+        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError,
+        StateMismatchError, StorageAuthError,
     };
     #[pymodule_export]
     use super::stream::{
-        default_options, plan_epoch, resolve_shards, run_cli, Counters, SampleStream,
+        _rebuild_shard_list, check_state, default_options, plan_epoch, plan_samples,
+        resolve_shards, run_cli, Counters, SampleStream, ShardList,
     };
 
     #[pymodule_init]

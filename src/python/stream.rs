@@ -1,19 +1,23 @@
-//! The sample iterator, shared counters and pure helpers exposed to Python.
+//! The sample iterator, the shard list, shared counters and the pure
+//! helpers exposed to Python.
 
 use std::ffi::CString;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 use super::errors::{to_py, ShardSkippedWarning};
 use crate::config::{OnError, SlotSpec, StreamOptions};
+use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
-use crate::plan::{self, PlanParams};
+use crate::plan::{self, cut, PlanParams, Remainder};
 use crate::spec::{self, Shard};
+use crate::state::{Resume, SlotState};
 use crate::stats;
 
 /// How long one wait for a sample lasts before Python signals are checked.
@@ -51,12 +55,125 @@ impl Counters {
     }
 }
 
+/// The resolved shards of a dataset, with their sample indices when a
+/// manifest is used.
+#[pyclass(module = "shardstream._core")]
+pub struct ShardList {
+    shards: Arc<Vec<Shard>>,
+    specs: Vec<String>,
+    manifest: Option<PathBuf>,
+}
+
+#[pymethods]
+impl ShardList {
+    /// Resolves `specs`; `manifest` is a path, `None` for the
+    /// `manifest.json` beside the shards (if any), or `False` for none.
+    #[new]
+    #[pyo3(signature = (specs, *, manifest = None))]
+    fn new(
+        py: Python<'_>,
+        specs: Vec<String>,
+        manifest: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let choice = match manifest {
+            None => ManifestChoice::Auto,
+            Some(value) if value.is_instance_of::<pyo3::types::PyBool>() => {
+                if value.extract::<bool>()? {
+                    ManifestChoice::Auto
+                } else {
+                    ManifestChoice::Off
+                }
+            }
+            Some(value) => ManifestChoice::Path(value.extract::<PathBuf>()?),
+        };
+        let (shards, manifest) = py
+            .detach(|| {
+                let mut shards = spec::resolve(&specs)?;
+                let used = manifest::attach(&mut shards, &choice)?;
+                Ok::<_, crate::Error>((shards, used))
+            })
+            .map_err(to_py)?;
+        Ok(ShardList {
+            shards: Arc::new(shards),
+            specs,
+            manifest,
+        })
+    }
+
+    /// Shard URLs, in order.
+    #[getter]
+    fn urls(&self) -> Vec<String> {
+        self.shards.iter().map(|s| s.url.clone()).collect()
+    }
+
+    /// Shard sizes in bytes (`None` when unknown), in order.
+    #[getter]
+    fn sizes(&self) -> Vec<Option<u64>> {
+        self.shards.iter().map(|s| s.size).collect()
+    }
+
+    /// Sample counts per shard from the manifest, or `None` without one.
+    #[getter]
+    fn sample_counts(&self) -> Option<Vec<u64>> {
+        self.shards.iter().map(|s| s.info().samples).collect()
+    }
+
+    /// The manifest in use, if any.
+    #[getter]
+    fn manifest_path(&self) -> Option<PathBuf> {
+        self.manifest.clone()
+    }
+
+    /// Samples each rank gets per epoch (with a manifest), else `None`.
+    #[pyo3(signature = (world_size, remainder = "drop"))]
+    fn samples_per_rank(&self, world_size: usize, remainder: &str) -> PyResult<Option<u64>> {
+        SlotSpec::new(world_size, 0, 1, 0).map_err(to_py)?;
+        let remainder = Remainder::from_str(remainder).map_err(to_py)?;
+        Ok(self
+            .sample_counts()
+            .map(|counts| cut::samples_per_rank(counts.iter().sum(), world_size, remainder)))
+    }
+
+    fn __len__(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Pickling resolves the specs again, with the same manifest.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let manifest = match &this.manifest {
+            Some(path) => path.clone().into_pyobject(py)?.into_any(),
+            None => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
+        };
+        let specs = this.specs.clone().into_pyobject(py)?.into_any();
+        let args = PyTuple::new(py, [specs, manifest])?;
+        let rebuild = py
+            .import("shardstream._core")?
+            .getattr("_rebuild_shard_list")?;
+        Ok((rebuild, args))
+    }
+}
+
+/// Unpickles a [`ShardList`].
+#[pyfunction]
+pub fn _rebuild_shard_list(
+    py: Python<'_>,
+    specs: Vec<String>,
+    manifest: &Bound<'_, PyAny>,
+) -> PyResult<ShardList> {
+    ShardList::new(py, specs, Some(manifest))
+}
+
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
-/// `__key__`, `__url__` and one `bytes` value per field.
+/// `__key__`, `__url__` and one `bytes` value per field. Its threads start
+/// at the first `next()`.
 #[pyclass(module = "shardstream._core")]
 pub struct SampleStream {
     inner: Mutex<Stream>,
-    units: Vec<usize>,
+    epoch: u64,
 }
 
 #[pymethods]
@@ -65,11 +182,12 @@ impl SampleStream {
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
         seed = None, shuffle_shards = None, shuffle_buffer = None, shuffle_buffer_bytes = None,
-        read_ahead_bytes = None, on_error = None, io_timeout = None, counters = None,
+        read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
+        resume = None, counters = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
-        shards: Vec<(String, Option<u64>)>,
+        shards: PyRef<'_, ShardList>,
         epoch: u64,
         world_size: usize,
         rank: usize,
@@ -82,6 +200,8 @@ impl SampleStream {
         read_ahead_bytes: Option<usize>,
         on_error: Option<&str>,
         io_timeout: Option<f64>,
+        remainder: Option<&str>,
+        resume: Option<&str>,
         counters: Option<PyRef<'_, Counters>>,
     ) -> PyResult<Self> {
         let mut builder = StreamOptions::builder();
@@ -103,6 +223,9 @@ impl SampleStream {
         if let Some(v) = on_error {
             builder = builder.with_on_error(OnError::from_str(v).map_err(to_py)?);
         }
+        if let Some(v) = remainder {
+            builder = builder.with_remainder(Remainder::from_str(v).map_err(to_py)?);
+        }
         if let Some(v) = io_timeout {
             let timeout = Duration::try_from_secs_f64(v)
                 .map_err(|_| PyValueError::new_err(format!("invalid option io_timeout: {v}")))?;
@@ -110,23 +233,48 @@ impl SampleStream {
         }
         let options = builder.build().map_err(to_py)?;
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
-        let shards: Vec<Shard> = shards
-            .into_iter()
-            .map(|(url, size)| Shard { url, size })
-            .collect();
+        let resume = resume.map(parse_resume).transpose().map_err(to_py)?;
         let counters =
             counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
-        let stream = Stream::start(&shards, &options, epoch, slot, counters).map_err(to_py)?;
+        let stream =
+            Stream::new(&shards.shards, &options, epoch, slot, counters, resume).map_err(to_py)?;
         Ok(SampleStream {
-            units: stream.units().to_vec(),
+            epoch: stream.epoch(),
             inner: Mutex::new(stream),
         })
     }
 
-    /// Indices (into the shard list) of the shards this stream reads, in order.
+    /// The epoch streamed (a resumed stream takes it from the state).
     #[getter]
-    fn units(&self) -> Vec<usize> {
-        self.units.clone()
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This slot's work units in order: `(shard, first_sample, end_sample)`,
+    /// the sample bounds `None` for a whole shard.
+    #[getter]
+    fn units(&self) -> Vec<(usize, Option<u64>, Option<u64>)> {
+        let stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        stream
+            .units()
+            .iter()
+            .map(|u| {
+                let (start, end) = u
+                    .samples
+                    .as_ref()
+                    .map_or((None, None), |r| (Some(r.start), Some(r.end)));
+                (u.shard, start, end)
+            })
+            .collect()
+    }
+
+    /// The state (JSON) as of the last sample handed out.
+    fn state(&self) -> String {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state()
+            .to_json()
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -166,6 +314,29 @@ impl SampleStream {
     }
 }
 
+/// A state JSON: one slot's state (exact resume) or a list of every slot's
+/// state of a layout (elastic resume).
+fn parse_resume(json: &str) -> crate::Result<Resume> {
+    if json.trim_start().starts_with('[') {
+        let values: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| {
+            crate::Error::StateMismatch(format!("not a list of shardstream states: {e}"))
+        })?;
+        let states = values
+            .iter()
+            .map(|v| SlotState::from_json(&v.to_string()))
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(Resume::Elastic(states))
+    } else {
+        Ok(Resume::Exact(SlotState::from_json(json)?))
+    }
+}
+
+/// Checks that `state` (JSON) is a shardstream state or list of them.
+#[pyfunction]
+pub fn check_state(state: &str) -> PyResult<()> {
+    parse_resume(state).map(|_| ()).map_err(to_py)
+}
+
 /// Resolves dataset specs to `(url, size or None)` pairs, in order.
 #[pyfunction]
 pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(String, Option<u64>)>> {
@@ -173,7 +344,8 @@ pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(Strin
     Ok(shards.into_iter().map(|s| (s.url, s.size)).collect())
 }
 
-/// The shard indices of every slot (`rank * num_workers + worker`) for one epoch.
+/// The shard indices of every slot (`rank * num_workers + worker`) for one
+/// epoch without a manifest (balanced by bytes).
 #[pyfunction]
 #[pyo3(signature = (sizes, *, seed, epoch, world_size, num_workers, shuffle_shards = true))]
 pub fn plan_epoch(
@@ -191,8 +363,63 @@ pub fn plan_epoch(
         shuffle_shards,
         world_size,
         num_workers,
+        remainder: Remainder::Drop,
     };
-    Ok(plan::plan_epoch(&sizes, &params).slots)
+    let shards: Vec<_> = sizes
+        .into_iter()
+        .map(|size| plan::ShardInfo {
+            size,
+            samples: None,
+        })
+        .collect();
+    Ok(plan::plan_epoch(&shards, &params)
+        .slots
+        .into_iter()
+        .map(|slot| slot.into_iter().map(|u| u.shard).collect())
+        .collect())
+}
+
+/// The sample runs `(shard, start, end)` of every slot for one epoch when
+/// every shard's sample count is known (equal samples per rank).
+#[pyfunction]
+#[pyo3(signature = (counts, *, seed, epoch, world_size, num_workers, shuffle_shards = true, remainder = "drop"))]
+pub fn plan_samples(
+    counts: Vec<u64>,
+    seed: u64,
+    epoch: u64,
+    world_size: usize,
+    num_workers: usize,
+    shuffle_shards: bool,
+    remainder: &str,
+) -> PyResult<Vec<Vec<(usize, u64, u64)>>> {
+    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
+    let params = PlanParams {
+        seed,
+        epoch,
+        shuffle_shards,
+        world_size,
+        num_workers,
+        remainder: Remainder::from_str(remainder).map_err(to_py)?,
+    };
+    let shards: Vec<_> = counts
+        .into_iter()
+        .map(|n| plan::ShardInfo {
+            size: None,
+            samples: Some(n),
+        })
+        .collect();
+    Ok(plan::plan_epoch(&shards, &params)
+        .slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_iter()
+                .map(|u| {
+                    let r = u.samples.unwrap_or(0..0);
+                    (u.shard, r.start, r.end)
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// The default stream options, by their Python keyword names.
@@ -207,6 +434,7 @@ pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("read_ahead_bytes", o.read_ahead_bytes)?;
     dict.set_item("on_error", "raise")?;
     dict.set_item("io_timeout", o.io_timeout.as_secs_f64())?;
+    dict.set_item("remainder", "drop")?;
     Ok(dict)
 }
 

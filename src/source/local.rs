@@ -3,20 +3,22 @@
 use std::path::Path;
 use std::sync::mpsc::Sender;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
-use super::{Chunk, ChunkResult, ConsumerGone, Fetcher};
+use super::{Chunk, ChunkResult, ConsumerGone, FetchUnit, Fetcher};
 use crate::error::Error;
 use crate::stats::Counter;
 
-/// Reads `path` sequentially into chunks sent to `tx`; errors are sent too.
-/// Stops early, without error, when the shard's reader is dropped.
+/// Reads `path` (or the unit's byte range of it) sequentially into chunks
+/// sent to `tx`; errors are sent too. Stops early, without error, when the
+/// shard's reader is dropped.
 pub(super) async fn read_file(
     fetcher: &Fetcher,
-    url: &str,
+    unit: &FetchUnit,
     path: &Path,
     tx: &Sender<ChunkResult>,
 ) -> Result<(), ConsumerGone> {
+    let url = unit.url.as_str();
     // A failed send means the shard's reader is gone: nothing more to do.
     let report = |error: Error| {
         let _ = tx.send(Err(error));
@@ -37,12 +39,26 @@ pub(super) async fn read_file(
         }
     }
     fetcher.count(Counter::ShardsOpened, 1);
-    let mut offset = 0u64;
-    loop {
-        let Some(permit) = fetcher.reserve(fetcher.chunk_bytes).await else {
+    let (mut offset, end) = match &unit.range {
+        Some(range) => (range.start, range.end),
+        None => (0, u64::MAX),
+    };
+    if offset > 0 {
+        if let Err(source) = file.seek(std::io::SeekFrom::Start(offset)).await {
+            return report(Error::Read {
+                url: url.to_owned(),
+                offset,
+                source,
+            });
+        }
+    }
+    while offset < end {
+        let want = usize::try_from(end - offset)
+            .map_or(fetcher.chunk_bytes, |left| left.min(fetcher.chunk_bytes));
+        let Some(permit) = fetcher.reserve(want).await else {
             return Err(ConsumerGone);
         };
-        let mut bytes = vec![0u8; fetcher.chunk_bytes];
+        let mut bytes = vec![0u8; want];
         let mut filled = 0;
         while filled < bytes.len() {
             match file.read(&mut bytes[filled..]).await {
@@ -66,18 +82,16 @@ pub(super) async fn read_file(
         offset += filled as u64;
         fetcher.count(Counter::BytesRead, filled as u64);
         let mut permit = permit;
-        if filled < fetcher.chunk_bytes {
-            drop(permit.split(fetcher.chunk_bytes - filled));
+        if filled < want {
+            drop(permit.split(want - filled));
         }
-        if tx
-            .send(Ok(Chunk {
-                bytes,
-                _permit: permit,
-            }))
-            .is_err()
-            || filled < fetcher.chunk_bytes
-        {
+        let chunk = Chunk {
+            bytes,
+            _permit: permit,
+        };
+        if tx.send(Ok(chunk)).is_err() || filled < want {
             return Ok(());
         }
     }
+    Ok(())
 }

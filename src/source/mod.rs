@@ -15,7 +15,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{Error, Result};
 use crate::format::ByteSource;
-use crate::spec::{Location, Shard};
+use crate::spec::Location;
 use crate::stats::{Counter, Counters};
 
 /// Bytes of one shard, holding their share of the read-ahead budget until dropped.
@@ -25,6 +25,17 @@ struct Chunk {
 }
 
 type ChunkResult = Result<Chunk>;
+
+/// One read: a shard, or a byte range of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchUnit {
+    /// Shard URL, for errors.
+    pub url: String,
+    /// Where its bytes are.
+    pub location: Location,
+    /// Bytes to read; `None` for the whole shard.
+    pub range: Option<std::ops::Range<u64>>,
+}
 
 /// Settings of a [`ReadAhead`].
 #[derive(Debug, Clone, Copy)]
@@ -47,9 +58,9 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Starts reading `shards` (in this order) on a new I/O runtime.
+    /// Starts reading `units` (in this order) on a new I/O runtime.
     pub fn start(
-        shards: Vec<Shard>,
+        units: Vec<FetchUnit>,
         options: ReadAheadOptions,
         counters: Arc<Counters>,
     ) -> Result<Self> {
@@ -71,7 +82,7 @@ impl ReadAhead {
             io_timeout: options.io_timeout,
             counters,
         };
-        runtime.spawn(task.run(shards, shard_tx));
+        runtime.spawn(task.run(units, shard_tx));
         Ok(ReadAhead {
             shards: shard_rx,
             budget,
@@ -81,7 +92,7 @@ impl ReadAhead {
         })
     }
 
-    /// The reader of the next shard, `None` after the last one.
+    /// The reader of the next unit, `None` after the last one.
     pub fn next_shard(&self) -> Result<Option<ShardReader>> {
         match self.shards.recv_timeout(self.io_timeout) {
             Ok(reader) => Ok(Some(reader)),
@@ -114,28 +125,26 @@ struct Fetcher {
 }
 
 impl Fetcher {
-    async fn run(self, shards: Vec<Shard>, shard_tx: Sender<ShardReader>) {
-        for shard in shards {
+    async fn run(self, units: Vec<FetchUnit>, shard_tx: Sender<ShardReader>) {
+        for unit in units {
             if self.cancelled.load(Ordering::SeqCst) {
                 return;
             }
             let (chunk_tx, chunk_rx) = mpsc::channel();
             let reader = ShardReader {
-                url: shard.url.clone(),
+                url: unit.url.clone(),
                 chunks: chunk_rx,
                 current: Vec::new(),
                 position: 0,
-                offset: 0,
+                offset: unit.range.as_ref().map_or(0, |r| r.start),
                 io_timeout: self.io_timeout,
                 failure: None,
             };
             if shard_tx.send(reader).is_err() {
                 return;
             }
-            let sent = match shard.location() {
-                Location::Local(path) => {
-                    local::read_file(&self, &shard.url, &path, &chunk_tx).await
-                }
+            let sent = match &unit.location {
+                Location::Local(path) => local::read_file(&self, &unit, path, &chunk_tx).await,
             };
             if sent.is_err() {
                 return;

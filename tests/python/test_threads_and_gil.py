@@ -1,5 +1,5 @@
-"""Fork safety and the GIL: no native thread before ``__iter__``, and a
-blocked ``next()`` lets other Python threads run."""
+"""Fork safety and the GIL: no native thread before the first ``next()``,
+and a blocked ``next()`` lets other Python threads run."""
 
 from __future__ import annotations
 
@@ -42,8 +42,12 @@ def test_no_thread_before_iter_and_threads_end_after(dataset) -> None:
     assert ds.stats()["samples"] == 0
     assert native_threads() == before, "constructing the dataset started threads"
     stream = iter(ds)
+    assert ds.state_dict()["produced"] == 0
+    assert native_threads() == before, "threads started before the first next()"
+    first = next(stream)
     assert native_threads() > before, "the stream should run on its own threads"
-    assert sum(1 for _ in stream) == len(dataset.keys)
+    assert first["__key__"] in dataset.keys
+    assert 1 + sum(1 for _ in stream) == len(dataset.keys)
     del stream
     deadline = time.monotonic() + 10
     while native_threads() > before and time.monotonic() < deadline:

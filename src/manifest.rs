@@ -1,0 +1,340 @@
+//! The manifest: for every shard its size, ETag or mtime, sample count and
+//! each sample's byte offset and length. `shardstream index` builds it; with
+//! it the plan cuts shards at sample boundaries and reads pieces with
+//! byte-range reads. Its JSON form is documented by
+//! `schemas/manifest.schema.json`.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::spec::{Location, Shard};
+
+/// The `format` field of every manifest.
+pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
+/// The manifest version this build reads and writes.
+pub const MANIFEST_VERSION: u32 = 1;
+/// The file name looked for beside the shards.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// A dataset's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Always [`MANIFEST_FORMAT`].
+    pub format: String,
+    /// Always [`MANIFEST_VERSION`].
+    pub version: u32,
+    /// One entry per shard.
+    pub shards: Vec<ShardEntry>,
+}
+
+/// What the manifest records of one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardEntry {
+    /// Shard URL; a relative path is relative to the manifest's directory.
+    pub url: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The object's ETag, for object stores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    /// Modification time in nanoseconds since the epoch, for local files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime_ns: Option<u64>,
+    /// Number of samples.
+    pub samples: u64,
+    /// Byte offset of each sample's first header.
+    pub offsets: Vec<u64>,
+    /// Byte length of each sample, headers and padding included.
+    pub lengths: Vec<u64>,
+}
+
+/// Byte spans of a shard's samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleIndex {
+    offsets: Vec<u64>,
+    lengths: Vec<u64>,
+}
+
+impl SampleIndex {
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.offsets.len() as u64
+    }
+
+    /// Whether the shard has no samples.
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// Byte offset of sample `index`.
+    pub fn offset(&self, index: u64) -> u64 {
+        self.offsets[index as usize]
+    }
+
+    /// Byte length of sample `index`.
+    pub fn length(&self, index: u64) -> u64 {
+        self.lengths[index as usize]
+    }
+
+    /// The byte range holding samples `samples` (non-empty, within the shard).
+    pub fn byte_range(&self, samples: &Range<u64>) -> Range<u64> {
+        let last = samples.end as usize - 1;
+        self.offsets[samples.start as usize]..self.offsets[last] + self.lengths[last]
+    }
+}
+
+impl ShardEntry {
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.offsets.len() as u64 != self.samples || self.lengths.len() as u64 != self.samples {
+            return Err(format!(
+                "{}: {} samples but {} offsets and {} lengths",
+                self.url,
+                self.samples,
+                self.offsets.len(),
+                self.lengths.len()
+            ));
+        }
+        let mut end = 0;
+        for (i, (&offset, &length)) in self.offsets.iter().zip(&self.lengths).enumerate() {
+            if offset < end || length == 0 || offset + length > self.size {
+                return Err(format!(
+                    "{}: sample {i} spans bytes {offset}..{} (previous ends at {end}, size {})",
+                    self.url,
+                    offset + length,
+                    self.size
+                ));
+            }
+            end = offset + length;
+        }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// A manifest of `shards` entries.
+    pub fn new(shards: Vec<ShardEntry>) -> Self {
+        Manifest {
+            format: MANIFEST_FORMAT.into(),
+            version: MANIFEST_VERSION,
+            shards,
+        }
+    }
+
+    /// Parses and checks a manifest; `source` names it in errors.
+    pub fn from_json(json: &str, source: &str) -> Result<Self> {
+        let invalid = |reason: String| Error::Manifest {
+            path: source.to_owned(),
+            reason,
+        };
+        let manifest: Manifest = serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?;
+        if manifest.format != MANIFEST_FORMAT || manifest.version != MANIFEST_VERSION {
+            return Err(invalid(format!(
+                "expected format {MANIFEST_FORMAT:?} version {MANIFEST_VERSION}, got {:?} version {}",
+                manifest.format, manifest.version
+            )));
+        }
+        for entry in &manifest.shards {
+            entry.check().map_err(invalid)?;
+        }
+        Ok(manifest)
+    }
+
+    /// Reads and checks the manifest at `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let json = std::fs::read_to_string(path).map_err(|e| Error::Manifest {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Manifest::from_json(&json, &path.display().to_string())
+    }
+
+    /// Writes the manifest as JSON to `path`.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_string(self).expect("a manifest serialises");
+        std::fs::write(path, json + "\n").map_err(|e| Error::Manifest {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Gives each of `shards` its sample index from this manifest (read
+    /// from `manifest_path`), checking that the shard's size matches.
+    pub fn attach(&self, manifest_path: &Path, shards: &mut [Shard]) -> Result<()> {
+        let base = manifest_path.parent().unwrap_or(Path::new(""));
+        let by_path: HashMap<PathBuf, &ShardEntry> = self
+            .shards
+            .iter()
+            .map(|e| (canonical(&base.join(local_path(&e.url))), e))
+            .collect();
+        for shard in shards.iter_mut() {
+            let Location::Local(path) = shard.location();
+            let entry = by_path
+                .get(&canonical(&path))
+                .ok_or_else(|| Error::ManifestMismatch {
+                    url: shard.url.clone(),
+                    reason: format!("not listed in the manifest {}", manifest_path.display()),
+                })?;
+            if let Some(size) = shard.size {
+                if size != entry.size {
+                    return Err(Error::ManifestMismatch {
+                        url: shard.url.clone(),
+                        reason: format!(
+                            "size is {size} bytes, the manifest {} says {}",
+                            manifest_path.display(),
+                            entry.size
+                        ),
+                    });
+                }
+            }
+            shard.index = Some(Arc::new(SampleIndex {
+                offsets: entry.offsets.clone(),
+                lengths: entry.lengths.clone(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+fn local_path(url: &str) -> &Path {
+    Path::new(url.strip_prefix("file://").unwrap_or(url))
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_owned())
+}
+
+/// Which manifest a dataset uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ManifestChoice {
+    /// The `manifest.json` beside the shards, if there is one.
+    Auto,
+    /// This manifest file.
+    Path(PathBuf),
+    /// None: plan by bytes.
+    Off,
+}
+
+/// Gives `shards` their sample indices from the chosen manifest; returns
+/// the manifest's path when one is used.
+pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Option<PathBuf>> {
+    let path = match choice {
+        ManifestChoice::Off => return Ok(None),
+        ManifestChoice::Path(path) => path.clone(),
+        ManifestChoice::Auto => match find_beside(shards) {
+            Some(path) => path,
+            None => return Ok(None),
+        },
+    };
+    Manifest::load(&path)?.attach(&path, shards)?;
+    Ok(Some(path))
+}
+
+/// The `manifest.json` in the one directory holding every shard, if any.
+pub fn find_beside(shards: &[Shard]) -> Option<PathBuf> {
+    let mut dirs = shards.iter().map(|s| {
+        let Location::Local(path) = s.location();
+        canonical(&path).parent().map(Path::to_owned)
+    });
+    let first = dirs.next()??;
+    if dirs.any(|d| d.as_ref() != Some(&first)) {
+        return None;
+    }
+    let candidate = first.join(MANIFEST_FILE);
+    candidate.is_file().then_some(candidate)
+}
+
+/// The URL to record for `shard` in a manifest written to `manifest_path`:
+/// relative to the manifest's directory when the shard is inside it.
+pub fn entry_url(shard: &Shard, manifest_path: &Path) -> String {
+    let Location::Local(path) = shard.location();
+    let dir = canonical(manifest_path.parent().unwrap_or(Path::new(".")));
+    canonical(&path)
+        .strip_prefix(&dir)
+        .ok()
+        .and_then(|p| p.to_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| canonical(&path).display().to_string())
+}
+
+/// The modification time of a local file, in nanoseconds since the epoch.
+pub fn mtime_ns(path: &Path) -> Option<u64> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_nanos()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry() -> ShardEntry {
+        ShardEntry {
+            url: "a.tar".into(),
+            size: 4096,
+            etag: None,
+            mtime_ns: Some(1),
+            samples: 2,
+            offsets: vec![0, 1024],
+            lengths: vec![1024, 2048],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_checks() {
+        let manifest = Manifest::new(vec![entry()]);
+        let json = serde_json::to_string(&manifest).unwrap();
+        assert_eq!(Manifest::from_json(&json, "m").unwrap(), manifest);
+        let mut bad = entry();
+        bad.lengths[1] = 4000;
+        let json = serde_json::to_string(&Manifest::new(vec![bad])).unwrap();
+        let err = Manifest::from_json(&json, "m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("m.json") && err.contains("sample 1"), "{err}");
+        assert!(Manifest::from_json("{\"format\": 1}", "m").is_err());
+    }
+
+    #[test]
+    fn byte_ranges() {
+        let index = SampleIndex {
+            offsets: vec![0, 1024, 3072],
+            lengths: vec![1024, 2048, 512],
+        };
+        assert_eq!(index.byte_range(&(1..3)), 1024..3584);
+        assert_eq!(index.byte_range(&(0..1)), 0..1024);
+    }
+
+    #[test]
+    fn attach_checks_listing_and_size() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tar"), vec![0u8; 4096]).unwrap();
+        std::fs::write(dir.path().join("b.tar"), vec![0u8; 10]).unwrap();
+        let manifest_path = dir.path().join(MANIFEST_FILE);
+        let manifest = Manifest::new(vec![entry()]);
+        let mut shards =
+            crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+        manifest.attach(&manifest_path, &mut shards).unwrap();
+        assert_eq!(shards[0].index.as_ref().unwrap().len(), 2);
+        let mut other =
+            crate::spec::resolve(&[dir.path().join("b.tar").display().to_string()]).unwrap();
+        let err = manifest.attach(&manifest_path, &mut other).unwrap_err();
+        assert!(matches!(err, Error::ManifestMismatch { .. }), "{err}");
+        std::fs::write(dir.path().join("a.tar"), vec![0u8; 4000]).unwrap();
+        let mut resized =
+            crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+        let err = manifest
+            .attach(&manifest_path, &mut resized)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("4000") && err.contains("4096"), "{err}");
+    }
+}

@@ -1,0 +1,267 @@
+//! Equal-length cutting: the epoch's global sample sequence (shards in
+//! epoch order, samples in shard order) is cut into `world_size` equal
+//! contiguous runs, and each run into `num_workers` near-equal contiguous
+//! runs, cutting shards at sample boundaries.
+
+use std::ops::Range;
+
+/// What to do with the samples that do not divide evenly among ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Remainder {
+    /// Leave the last `total % world_size` samples of the epoch out.
+    #[default]
+    Drop,
+    /// Fill the last rank up by wrapping around to the epoch's first samples.
+    Pad,
+}
+
+impl std::str::FromStr for Remainder {
+    type Err = crate::error::Error;
+
+    fn from_str(s: &str) -> crate::error::Result<Self> {
+        match s {
+            "drop" => Ok(Remainder::Drop),
+            "pad" => Ok(Remainder::Pad),
+            other => Err(crate::error::Error::Config {
+                name: "remainder",
+                reason: format!("expected \"drop\" or \"pad\", got {other:?}"),
+            }),
+        }
+    }
+}
+
+/// A contiguous run of samples of one shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Shard index.
+    pub shard: usize,
+    /// Sample indices within the shard.
+    pub samples: Range<u64>,
+}
+
+/// Samples every rank gets for `total` samples in the epoch.
+pub fn samples_per_rank(total: u64, world_size: usize, remainder: Remainder) -> u64 {
+    let world = world_size as u64;
+    match remainder {
+        Remainder::Drop => total / world,
+        Remainder::Pad if total == 0 => 0,
+        Remainder::Pad => total.div_ceil(world),
+    }
+}
+
+/// The range of a rank's run given to `worker` of `num_workers`
+/// (the first `n % num_workers` workers get one more sample).
+fn worker_share(n: u64, num_workers: usize, worker: usize) -> Range<u64> {
+    let (k, w) = (num_workers as u64, worker as u64);
+    let (base, extra) = (n / k, n % k);
+    let start = w * base + w.min(extra);
+    start..start + base + u64::from(w < extra)
+}
+
+/// Cuts the epoch into pieces per slot (`rank * num_workers + worker`).
+/// `order` is the epoch's shard order and `counts[shard]` its sample count.
+pub fn cut_epoch(
+    order: &[usize],
+    counts: &[u64],
+    world_size: usize,
+    num_workers: usize,
+    remainder: Remainder,
+) -> Vec<Vec<Piece>> {
+    let sequence: Vec<(usize, u64)> = order.iter().map(|&s| (s, counts[s])).collect();
+    cut_sequence(&sequence, world_size, num_workers, remainder)
+}
+
+/// Cuts a sequence of `(shard, samples)` runs, each run standing for samples
+/// `0..samples` of its shard, like [`cut_epoch`]. Runs may start mid-shard
+/// through [`cut_runs`].
+pub fn cut_sequence(
+    sequence: &[(usize, u64)],
+    world_size: usize,
+    num_workers: usize,
+    remainder: Remainder,
+) -> Vec<Vec<Piece>> {
+    let runs: Vec<Piece> = sequence
+        .iter()
+        .map(|&(shard, n)| Piece {
+            shard,
+            samples: 0..n,
+        })
+        .collect();
+    cut_runs(&runs, world_size, num_workers, remainder)
+}
+
+/// Cuts a sequence of sample runs into equal pieces per rank, then per worker.
+pub fn cut_runs(
+    runs: &[Piece],
+    world_size: usize,
+    num_workers: usize,
+    remainder: Remainder,
+) -> Vec<Vec<Piece>> {
+    let total: u64 = runs.iter().map(|r| r.samples.end - r.samples.start).sum();
+    let per_rank = samples_per_rank(total, world_size, remainder);
+    let mut starts = Vec::with_capacity(runs.len());
+    let mut position = 0u64;
+    for run in runs {
+        starts.push(position);
+        position += run.samples.end - run.samples.start;
+    }
+    let mut slots = Vec::with_capacity(world_size * num_workers);
+    for rank in 0..world_size as u64 {
+        for worker in 0..num_workers {
+            let share = worker_share(per_rank, num_workers, worker);
+            let from = rank * per_rank + share.start;
+            slots.push(pieces_between(
+                runs,
+                &starts,
+                total,
+                from..from + (share.end - share.start),
+            ));
+        }
+    }
+    slots
+}
+
+/// The pieces covering global positions `range` (wrapping past `total`).
+fn pieces_between(runs: &[Piece], starts: &[u64], total: u64, range: Range<u64>) -> Vec<Piece> {
+    let mut pieces: Vec<Piece> = Vec::new();
+    let mut position = range.start;
+    while position < range.end {
+        let wrapped = position % total;
+        let run = starts.partition_point(|&s| s <= wrapped) - 1;
+        let run_len = runs[run].samples.end - runs[run].samples.start;
+        let within = wrapped - starts[run];
+        let take = (run_len - within).min(range.end - position);
+        let first = runs[run].samples.start + within;
+        let piece = Piece {
+            shard: runs[run].shard,
+            samples: first..first + take,
+        };
+        match pieces.last_mut() {
+            Some(last) if last.shard == piece.shard && last.samples.end == piece.samples.start => {
+                last.samples.end = piece.samples.end;
+            }
+            _ => pieces.push(piece),
+        }
+        position += take;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn count(pieces: &[Piece]) -> u64 {
+        pieces.iter().map(|p| p.samples.end - p.samples.start).sum()
+    }
+
+    proptest! {
+        #[test]
+        fn every_sample_once_equal_per_rank_contiguous(
+            counts in prop::collection::vec(0u64..50, 1..40),
+            world_size in 1usize..9,
+            num_workers in 1usize..5,
+        ) {
+            let order: Vec<usize> = (0..counts.len()).rev().collect();
+            let total: u64 = counts.iter().sum();
+            let slots = cut_epoch(&order, &counts, world_size, num_workers, Remainder::Drop);
+            let per_rank = total / world_size as u64;
+            // Equal counts per rank.
+            for rank in 0..world_size {
+                let n: u64 = slots[rank * num_workers..(rank + 1) * num_workers].iter().map(|s| count(s)).sum();
+                prop_assert_eq!(n, per_rank);
+            }
+            // Concatenated in slot order, the pieces are the epoch sequence's prefix.
+            let mut expected = Vec::new();
+            for &s in &order {
+                for i in 0..counts[s] { expected.push((s, i)); }
+            }
+            let got: Vec<(usize, u64)> = slots.iter().flatten()
+                .flat_map(|p| p.samples.clone().map(move |i| (p.shard, i))).collect();
+            prop_assert_eq!(&got[..], &expected[..(per_rank * world_size as u64) as usize]);
+        }
+
+        #[test]
+        fn pad_covers_every_sample_with_equal_ranks(
+            counts in prop::collection::vec(0u64..30, 1..20),
+            world_size in 1usize..12,
+            num_workers in 1usize..4,
+        ) {
+            let order: Vec<usize> = (0..counts.len()).collect();
+            let total: u64 = counts.iter().sum();
+            let slots = cut_epoch(&order, &counts, world_size, num_workers, Remainder::Pad);
+            let per_rank = if total == 0 { 0 } else { total.div_ceil(world_size as u64) };
+            let mut seen = std::collections::HashMap::new();
+            for rank in 0..world_size {
+                let rank_slots = &slots[rank * num_workers..(rank + 1) * num_workers];
+                prop_assert_eq!(rank_slots.iter().map(|s| count(s)).sum::<u64>(), per_rank);
+                for p in rank_slots.iter().flatten() {
+                    prop_assert!(p.samples.end <= counts[p.shard]);
+                    for i in p.samples.clone() { *seen.entry((p.shard, i)).or_insert(0u64) += 1; }
+                }
+            }
+            prop_assert_eq!(seen.len() as u64, total);
+            let extra: u64 = seen.values().map(|n| n - 1).sum();
+            prop_assert_eq!(extra, per_rank * world_size as u64 - total);
+        }
+
+        #[test]
+        fn workers_of_a_rank_differ_by_at_most_one(n in 0u64..1000, k in 1usize..9) {
+            let sizes: Vec<u64> = (0..k).map(|w| { let r = worker_share(n, k, w); r.end - r.start }).collect();
+            prop_assert_eq!(sizes.iter().sum::<u64>(), n);
+            prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
+        }
+    }
+
+    #[test]
+    fn cuts_shards_at_sample_boundaries() {
+        // Shard 1 (6 samples) comes first in the epoch, then shard 0 (4).
+        let slots = cut_epoch(&[1, 0], &[4, 6], 2, 1, Remainder::Drop);
+        assert_eq!(
+            slots,
+            vec![
+                vec![Piece {
+                    shard: 1,
+                    samples: 0..5
+                }],
+                vec![
+                    Piece {
+                        shard: 1,
+                        samples: 5..6
+                    },
+                    Piece {
+                        shard: 0,
+                        samples: 0..4
+                    }
+                ],
+            ]
+        );
+    }
+
+    #[test]
+    fn remainder_policies() {
+        let drop = cut_epoch(&[0], &[5], 2, 1, Remainder::Drop);
+        assert_eq!(
+            drop[1],
+            vec![Piece {
+                shard: 0,
+                samples: 2..4
+            }]
+        );
+        let pad = cut_epoch(&[0], &[5], 2, 1, Remainder::Pad);
+        assert_eq!(
+            pad[1],
+            vec![
+                Piece {
+                    shard: 0,
+                    samples: 3..5
+                },
+                Piece {
+                    shard: 0,
+                    samples: 0..1
+                }
+            ]
+        );
+    }
+}
