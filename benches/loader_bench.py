@@ -1,7 +1,8 @@
 """Loader benchmark behind `make bench`: samples/s, MB/s and peak RSS of one
 epoch through a torch DataLoader, for the example audio dataset at
-num_workers 0 and 2, and peak RSS for a small and a large single shard
-(memory must not grow with shard size).
+num_workers 0 and 2; peak RSS for a small and a large single shard (memory
+must not grow with shard size); and the cost of a mid-epoch resume (bytes
+read beyond one uninterrupted epoch).
 
     python benches/loader_bench.py --out bench-results [--repeats 3] [--large-shard-mb 4096]
 
@@ -61,6 +62,33 @@ def measure(spec: str, num_workers: int) -> dict[str, float]:
         timeout=1800,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def resume_cost(spec: str, manifest: bool) -> dict[str, float]:
+    """Stops an epoch halfway, resumes it from the saved state, and measures
+    the bytes both runs read beyond what one uninterrupted epoch reads."""
+    from shardstream import StreamingDataset
+
+    def dataset() -> StreamingDataset:
+        use = None if manifest else False
+        return StreamingDataset(spec, seed=0, shuffle_buffer=100, manifest=use)
+
+    whole = dataset()
+    total = sum(1 for _ in whole)
+    uninterrupted = whole.stats()["bytes_read"]
+    first = dataset()
+    stream = iter(first)
+    for _ in range(total // 2):
+        next(stream)
+    state = first.state_dict()
+    del stream
+    time.sleep(0.5)
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    rest = sum(1 for _ in resumed)
+    assert total // 2 + rest == total, (total, rest)
+    extra = first.stats()["bytes_read"] + resumed.stats()["bytes_read"] - uninterrupted
+    return {"held": len(state["buffer"]), "extra_mb": extra / 1e6, "epoch_mb": uninterrupted / 1e6}
 
 
 def write_large_shard(path: Path, megabytes: int) -> None:
@@ -141,12 +169,30 @@ def main() -> None:
             )
         )
 
+    from shardstream._core import run_cli
+
+    manifest_path = data / "manifest.json"
+    assert run_cli(["shardstream", "index", spec, "-o", str(manifest_path)]) == 0
+    resume_rows = [(m, resume_cost(spec, m)) for m in (False, True)]
+    manifest_path.unlink()
+
     header = "| dataset | num_workers | samples/s | MB/s | peak RSS (MB) | peak RSS worker (MB) |"
     lines = [header, "|---|---|---|---|---|---|"]
     for name, workers, sps, mbps, rss_main, rss_worker in rows:
         worker = f"{rss_worker:,.0f}" if workers else "-"
         lines.append(
             f"| {name} | {workers} | {sps:,.0f} | {mbps:,.0f} | {rss_main:,.0f} | {worker} |"
+        )
+    lines += [
+        "",
+        "| resume at half an epoch | samples in the shuffle buffer | bytes read beyond one epoch |",
+        "|---|---|---|",
+    ]
+    for manifest, cost in resume_rows:
+        how = "with manifest (range reads)" if manifest else "without manifest"
+        lines.append(
+            f"| {how} | {cost['held']} | {cost['extra_mb']:.1f} MB "
+            f"({100 * cost['extra_mb'] / cost['epoch_mb']:.1f}% of {cost['epoch_mb']:.0f} MB) |"
         )
     machine = f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
     table = "\n".join(lines)

@@ -338,3 +338,41 @@ fn elastic_resume_produces_every_remaining_sample_once() {
         assert_eq!(extra as usize, (old_total - total) + (padded - remaining));
     }
 }
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        /// Resuming after any number of samples, with any buffer and layout,
+        /// continues exactly as the uninterrupted stream.
+        #[test]
+        fn exact_resume_at_any_point(
+            counts in prop::collection::vec(0usize..25, 1..6),
+            buffer in 0usize..12,
+            manifest in any::<bool>(),
+            (world_size, workers) in (1usize..3, 1usize..3),
+            cut in 0.0f64..1.0,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let shards = if manifest {
+                indexed(dir.path(), &counts)
+            } else {
+                spec::resolve(&write_dataset(dir.path(), &counts)).unwrap()
+            };
+            let options = options(buffer, Remainder::Pad);
+            for rank in 0..world_size {
+                for worker in 0..workers {
+                    let slot = SlotSpec::new(world_size, rank, workers, worker).unwrap();
+                    let full = all_keys(&mut start(&shards, &options, slot, None));
+                    let k = (full.len() as f64 * cut) as usize;
+                    let (head, rest) = split_at(&shards, &options, slot, k);
+                    let joined: Vec<String> = head.into_iter().chain(rest).collect();
+                    prop_assert_eq!(joined, full);
+                }
+            }
+        }
+    }
+}
