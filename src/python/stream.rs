@@ -344,6 +344,27 @@ pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(Strin
     Ok(shards.into_iter().map(|s| (s.url, s.size)).collect())
 }
 
+/// Validates the layout and plans one epoch of `shards`.
+fn plan_slots(
+    shards: Vec<plan::ShardInfo>,
+    seed: u64,
+    epoch: u64,
+    (world_size, num_workers): (usize, usize),
+    shuffle_shards: bool,
+    remainder: Remainder,
+) -> PyResult<Vec<Vec<plan::WorkUnit>>> {
+    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
+    let params = PlanParams {
+        seed,
+        epoch,
+        shuffle_shards,
+        world_size,
+        num_workers,
+        remainder,
+    };
+    Ok(plan::plan_epoch(&shards, &params).slots)
+}
+
 /// The shard indices of every slot (`rank * num_workers + worker`) for one
 /// epoch without a manifest (balanced by bytes).
 #[pyfunction]
@@ -356,24 +377,22 @@ pub fn plan_epoch(
     num_workers: usize,
     shuffle_shards: bool,
 ) -> PyResult<Vec<Vec<usize>>> {
-    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
-    let params = PlanParams {
-        seed,
-        epoch,
-        shuffle_shards,
-        world_size,
-        num_workers,
-        remainder: Remainder::Drop,
-    };
-    let shards: Vec<_> = sizes
+    let shards = sizes
         .into_iter()
         .map(|size| plan::ShardInfo {
             size,
             samples: None,
         })
         .collect();
-    Ok(plan::plan_epoch(&shards, &params)
-        .slots
+    let slots = plan_slots(
+        shards,
+        seed,
+        epoch,
+        (world_size, num_workers),
+        shuffle_shards,
+        Remainder::Drop,
+    )?;
+    Ok(slots
         .into_iter()
         .map(|slot| slot.into_iter().map(|u| u.shard).collect())
         .collect())
@@ -392,24 +411,23 @@ pub fn plan_samples(
     shuffle_shards: bool,
     remainder: &str,
 ) -> PyResult<Vec<Vec<(usize, u64, u64)>>> {
-    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
-    let params = PlanParams {
-        seed,
-        epoch,
-        shuffle_shards,
-        world_size,
-        num_workers,
-        remainder: Remainder::from_str(remainder).map_err(to_py)?,
-    };
-    let shards: Vec<_> = counts
+    let remainder = Remainder::from_str(remainder).map_err(to_py)?;
+    let shards = counts
         .into_iter()
         .map(|n| plan::ShardInfo {
             size: None,
             samples: Some(n),
         })
         .collect();
-    Ok(plan::plan_epoch(&shards, &params)
-        .slots
+    let slots = plan_slots(
+        shards,
+        seed,
+        epoch,
+        (world_size, num_workers),
+        shuffle_shards,
+        remainder,
+    )?;
+    Ok(slots
         .into_iter()
         .map(|slot| {
             slot.into_iter()

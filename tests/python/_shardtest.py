@@ -10,6 +10,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import io
+import json
+import random
+import socket
+import subprocess
 import sys
 import tarfile
 from collections import Counter
@@ -264,3 +268,136 @@ def assert_exactly_once(got: Sequence[str], expected: Iterable[str]) -> None:
     missing = sorted(expected_set - counts.keys())
     extra = sorted(counts.keys() - expected_set)
     assert not missing and not extra, f"missing {missing[:10]}, unexpected {extra[:10]}"
+
+
+# --------------------------------------------------------------------------
+# Manifests, uneven datasets and saved states (manifest, resume and
+# distributed tests).
+# --------------------------------------------------------------------------
+
+SCHEMAS_DIR = REPO_ROOT / "schemas"
+UNEVEN_COUNTS = (1, 40, 3, 17, 0, 25)
+"""Samples per shard of the uneven dataset: one tiny shard, one empty."""
+
+
+def uneven_members(shard: int, count: int, seed: int = 0) -> list[tuple[str, bytes]]:
+    """``count`` two-member samples (``.txt`` of 1..1500 random bytes, ``.cls``)
+    with keys ``u{shard:02d}-{index:04d}``, unique across shards."""
+    rng = random.Random(seed * 1_000_003 + shard)
+    members: list[tuple[str, bytes]] = []
+    for index in range(count):
+        key = f"u{shard:02d}-{index:04d}"
+        members.append((f"{key}.txt", rng.randbytes(rng.randrange(1, 1500))))
+        members.append((f"{key}.cls", str(index % 10).encode()))
+    return members
+
+
+def write_uneven_dataset(
+    root: Path, counts: Sequence[int] = UNEVEN_COUNTS, *, prefix: str = "part", seed: int = 0
+) -> DatasetInfo:
+    """Shards ``{prefix}-{i:06d}.tar`` under ``root`` holding ``counts[i]``
+    samples each (so samples, not bytes, are what is uneven)."""
+    paths = [
+        write_tar(root / f"{prefix}-{shard:06d}.tar", uneven_members(shard, count, seed))
+        for shard, count in enumerate(counts)
+    ]
+    info = describe(paths, brace_spec(root, prefix, 0, len(paths) - 1))
+    assert [len(shard_keys(info, p)) for p in paths] == list(counts)
+    return info
+
+
+def shard_keys(info: DatasetInfo, path: str | Path) -> list[str]:
+    """The keys of one shard of ``info``, in file order."""
+    return info.keys_of([str(path)])
+
+
+def shardstream_cli(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Runs ``python -m shardstream ARGS`` (with a timeout)."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardstream", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def index_manifest(specs: Iterable[str | Path], output: Path) -> dict[str, Any]:
+    """Runs ``shardstream index SPECS -o OUTPUT`` and returns the manifest."""
+    proc = shardstream_cli("index", *specs, "-o", output)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    manifest: dict[str, Any] = json.loads(output.read_text())
+    return manifest
+
+
+def tar_sample_spans(path: str | Path) -> list[tuple[str, int, int]]:
+    """``(key, offset, length)`` of every sample of a tar, read with ``tarfile``:
+    the offset is where the header of the sample's first member starts (its
+    first GNU long-name or PAX extension header, if any), the length runs to
+    the end of the last member's data padded to a 512-byte block."""
+    spans: list[list[Any]] = []
+    with tarfile.open(path, "r:") as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            split = split_member(member.name)
+            if split is None:
+                continue
+            end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+            if spans and spans[-1][0] == split[0]:
+                spans[-1][2] = end
+            else:
+                spans.append([split[0], member.offset, end])
+    return [(key, start, end - start) for key, start, end in spans]
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """``schemas/<name>.schema.json``."""
+    schema: dict[str, Any] = json.loads((SCHEMAS_DIR / f"{name}.schema.json").read_text())
+    return schema
+
+
+def slot_states(obj: Any) -> list[dict[str, Any]]:
+    """Every shardstream slot state nested anywhere in ``obj`` (e.g. in a
+    ``StatefulDataLoader.state_dict()``), in traversal order."""
+    found: list[dict[str, Any]] = []
+    if isinstance(obj, dict):
+        if obj.get("format") == "shardstream.state":
+            return [obj]
+        for value in obj.values():
+            found += slot_states(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            found += slot_states(value)
+    return found
+
+
+def epoch_sequence(
+    info: DatasetInfo, *, seed: int, epoch: int, shuffle_shards: bool = True
+) -> list[str]:
+    """The epoch's global sample sequence: shards in the epoch's order (as the
+    planner orders them), each shard's keys in file order (from ``tarfile``)."""
+    from shardstream import _core
+
+    (order,) = _core.plan_epoch(
+        [1] * len(info.paths),
+        seed=seed,
+        epoch=epoch,
+        world_size=1,
+        num_workers=1,
+        shuffle_shards=shuffle_shards,
+    )
+    return [key for shard in order for key in shard_keys(info, info.paths[shard])]
+
+
+def key_batch(samples: list[dict[str, Any]]) -> list[str]:
+    """A DataLoader ``collate_fn`` that keeps only the keys of a batch."""
+    return [s["__key__"] for s in samples]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

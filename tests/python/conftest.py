@@ -6,7 +6,15 @@ import time
 from pathlib import Path
 
 import pytest
-from _shardtest import DatasetInfo, brace_spec, describe, load_example, write_tar
+from _shardtest import (
+    DatasetInfo,
+    brace_spec,
+    describe,
+    index_manifest,
+    load_example,
+    write_tar,
+    write_uneven_dataset,
+)
 
 SHARDS = 8
 SAMPLES_PER_SHARD = 12
@@ -79,3 +87,14 @@ def tar_factory(tmp_path: Path):
         return write_tar(tmp_path / name, members, **kwargs)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def uneven_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetInfo:
+    """Shards of 1, 40, 3, 17, 0 and 25 small samples (86 in all), indexed by
+    ``shardstream index`` into the ``manifest.json`` beside them (so datasets
+    over them find it; pass ``manifest=False`` to plan by bytes instead)."""
+    root = tmp_path_factory.mktemp("uneven")
+    info = write_uneven_dataset(root)
+    index_manifest([root], root / "manifest.json")
+    return info

@@ -1,0 +1,641 @@
+"""Exact resume through ``StatefulDataLoader``, elastic resume onto other
+layouts, states that do not fit, and a real crash (SIGKILL) and restart of
+``examples/resume.py``."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import jsonschema
+import pytest
+from _shardtest import (
+    EXAMPLES_DIR,
+    DatasetInfo,
+    assert_exactly_once,
+    collect,
+    key_batch,
+    keys_of,
+    load_schema,
+    loader,
+    slot_states,
+)
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import StateMismatchError
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+STATE_VALIDATOR = jsonschema.Draft202012Validator(load_schema("state"))
+SEED, EPOCH, BATCH, SHUFFLE = 5, 2, 4, 7
+SUBPROCESS_TIMEOUT = 120
+
+
+def json_round_trip(state):
+    return json.loads(json.dumps(state))
+
+
+def validate_states(state) -> list[dict]:
+    """Every slot state inside ``state`` is valid by the schema; returns them."""
+    found = slot_states(state)
+    assert found, "no shardstream state inside"
+    for slot in found:
+        STATE_VALIDATOR.validate(slot)
+    return found
+
+
+# --------------------------------------------------------------------------
+# Exact resume with StatefulDataLoader
+# --------------------------------------------------------------------------
+
+
+def make_loader(
+    info: DatasetInfo, num_workers: int, manifest: bool, **kwargs
+) -> StatefulDataLoader:
+    kwargs = {"seed": SEED, "shuffle_buffer": SHUFFLE, **kwargs}
+    epoch = kwargs.pop("epoch", EPOCH)
+    ds = shardstream.StreamingDataset(info.spec, manifest=None if manifest else False, **kwargs)
+    ds.set_epoch(epoch)
+    assert (ds.manifest_path is not None) == manifest
+    return StatefulDataLoader(
+        ds,
+        batch_size=BATCH,
+        num_workers=num_workers,
+        collate_fn=key_batch,
+        timeout=120 if num_workers else 0,
+    )
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uneven_dataset):
+    """``get(num_workers, manifest, **kwargs)``: the batches of one
+    uninterrupted epoch, computed once per layout."""
+    cache: dict = {}
+
+    def get(num_workers: int, manifest: bool, **kwargs) -> list[list[str]]:
+        key = (num_workers, manifest, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            cache[key] = collect(make_loader(uneven_dataset, num_workers, manifest, **kwargs))
+        return copy.deepcopy(cache[key])
+
+    return get
+
+
+def save_after(info, num_workers, manifest, k, *, at_end=False, **kwargs):
+    """The first ``k`` batches and the loader's state (through JSON) after
+    them; ``at_end``: the loader has also seen the epoch end."""
+    dl = make_loader(info, num_workers, manifest, **kwargs)
+    iterator = iter(dl)
+    prefix = [next(iterator) for _ in range(k)]
+    if at_end:
+        assert next(iterator, None) is None
+    state = json_round_trip(dl.state_dict())
+    del iterator, dl
+    return prefix, state
+
+
+def resume_rest(info, num_workers, manifest, state, **kwargs) -> list[list[str]]:
+    dl = make_loader(info, num_workers, manifest, **kwargs)
+    dl.load_state_dict(state)
+    return collect(dl)
+
+
+POINTS = ["start", "first", "middle", "last-1", "end"]
+
+
+def batches_at(point: str, n: int) -> int:
+    return {"start": 0, "first": 1, "middle": n // 2, "last-1": n - 1, "end": n}[point]
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "no-manifest"])
+@pytest.mark.parametrize("num_workers", [0, 2, 4])
+def test_exact_resume(uneven_dataset, uninterrupted, num_workers, manifest, point):
+    full = uninterrupted(num_workers, manifest)
+    assert_exactly_once([k for batch in full for k in batch], uneven_dataset.keys)
+    k = batches_at(point, len(full))
+    prefix, state = save_after(uneven_dataset, num_workers, manifest, k)
+    assert prefix == full[:k]
+
+    slots = validate_states(state)
+    assert len(slots) == max(num_workers, 1)
+    assert {(s["rank"], s["worker_id"], s["num_workers"]) for s in slots} == {
+        (0, w, max(num_workers, 1)) for w in range(max(num_workers, 1))
+    }
+    assert all(s["epoch"] == EPOCH for s in slots)
+    # The states count what the loader handed out, not what workers prefetched.
+    assert sum(s["produced"] for s in slots) == sum(map(len, prefix))
+
+    rest = resume_rest(uneven_dataset, num_workers, manifest, state)
+    assert prefix + rest == full
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_saved_after_the_epoch_ended(uneven_dataset, uninterrupted, num_workers):
+    """A state saved once the loop has seen the epoch end is a finished
+    iterator: ``StatefulDataLoader`` starts a new one, here for the next epoch."""
+    full = uninterrupted(num_workers, True)
+    prefix, state = save_after(uneven_dataset, num_workers, True, len(full), at_end=True)
+    assert prefix == full
+    assert all(s["finished"] for s in validate_states(state))
+    dl = make_loader(uneven_dataset, num_workers, True)
+    dl.load_state_dict(state)
+    dl.dataset.set_epoch(EPOCH + 1)
+    assert collect(dl) == uninterrupted(num_workers, True, epoch=EPOCH + 1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_then_next_epoch(uneven_dataset, uninterrupted, num_workers):
+    """After a resumed epoch ends, the next epoch is the ordinary one."""
+    prefix, state = save_after(uneven_dataset, num_workers, True, 3)
+    dl = make_loader(uneven_dataset, num_workers, True)
+    dl.load_state_dict(state)
+    rest = collect(dl)
+    assert prefix + rest == uninterrupted(num_workers, True)
+    dl.dataset.set_epoch(EPOCH + 1)
+    following = collect(dl)
+    assert following == uninterrupted(num_workers, True, epoch=EPOCH + 1)
+    assert following != prefix + rest
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_exact_resume_of_a_rank_with_remainder(uneven_dataset, remainder):
+    kwargs = {"rank": 2, "world_size": 3, "remainder": remainder}
+    dl = make_loader(uneven_dataset, 2, True, **kwargs)
+    full = collect(dl)
+    assert sum(map(len, full)) == len(dl.dataset)
+    for k in (1, len(full) // 2):
+        prefix, state = save_after(uneven_dataset, 2, True, k, **kwargs)
+        assert prefix + resume_rest(uneven_dataset, 2, True, state, **kwargs) == full
+
+
+def test_state_of_an_unstarted_loader(uneven_dataset, uninterrupted):
+    dl = make_loader(uneven_dataset, 2, True)
+    state = json_round_trip(dl.state_dict())
+    assert all(s["produced"] == 0 for s in validate_states(state))
+    assert resume_rest(uneven_dataset, 2, True, state) == uninterrupted(2, True)
+
+
+def test_dataset_state_dict_is_a_fresh_json_dict(uneven_dataset):
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    iterator = iter(ds)
+    for _ in range(10):
+        next(iterator)
+    first = ds.state_dict()
+    assert json_round_trip(first) == first
+    STATE_VALIDATOR.validate(first)
+    assert first["produced"] == 10
+    first["produced"] = 999
+    assert ds.state_dict()["produced"] == 10
+
+
+# --------------------------------------------------------------------------
+# States that do not fit
+# --------------------------------------------------------------------------
+
+
+def test_state_of_another_seed_is_refused(uneven_dataset):
+    # num_workers=0 only: a StatefulDataLoader whose workers fail while
+    # resuming takes ~10 s to shut them down (torchdata, any dataset).
+    _, state = save_after(uneven_dataset, 0, True, 2)
+    dl = make_loader(uneven_dataset, 0, True, seed=SEED + 1)
+    dl.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="another dataset or options"):
+        collect(dl)
+
+
+def one_slot_state(info, **kwargs) -> dict:
+    kwargs = {"seed": SEED, "shuffle_buffer": SHUFFLE, **kwargs}
+    ds = shardstream.StreamingDataset(info.spec, **kwargs)
+    iterator = iter(ds)
+    for _ in range(3):
+        next(iterator)
+    return ds.state_dict()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"seed": SEED + 1},
+        {"shuffle_buffer": SHUFFLE + 1},
+        {"shuffle_shards": False},
+        {"remainder": "pad"},
+        {"rank": 1},
+        {"world_size": 3},
+        {"num_workers": 2, "worker_id": 0},
+        {"manifest": False},
+        {"subset": True},
+    ],
+    ids=lambda change: ",".join(change),
+)
+def test_mismatching_state_fails_when_iteration_starts(uneven_dataset, change):
+    base = {"rank": 0, "world_size": 2}
+    state = one_slot_state(uneven_dataset, **base)
+    kwargs = {"seed": SEED, "shuffle_buffer": SHUFFLE, **base, **change}
+    spec = uneven_dataset.spec
+    if kwargs.pop("subset", False):
+        spec = [str(p) for p in uneven_dataset.paths[1:]]
+    ds = shardstream.StreamingDataset(spec, **kwargs)
+    ds.load_state_dict(state)  # the state itself is well formed
+    with pytest.raises(StateMismatchError):
+        collect(ds)
+
+
+def garbage_states(good: dict) -> dict[str, object]:
+    return {
+        "empty": {},
+        "other-dict": {"model": [1, 2, 3]},
+        "format-only": {"format": "shardstream.state"},
+        "other-version": dict(good, version=2),
+        "unknown-field": dict(good, colour="red"),
+        "missing-field": {k: v for k, v in good.items() if k != "cursor"},
+        "negative-count": dict(good, produced=-1),
+        "epoch-not-a-number": dict(good, epoch="two"),
+        "elastic-without-slots": {"format": "shardstream.elastic", "version": 1},
+        "elastic-garbage-slot": {"format": "shardstream.elastic", "version": 1, "slots": [{}]},
+        "elastic-bad-slot-version": {
+            "format": "shardstream.elastic",
+            "version": 1,
+            "slots": [dict(good, version=9)],
+        },
+    }
+
+
+GARBAGE = [
+    "empty",
+    "other-dict",
+    "format-only",
+    "other-version",
+    "unknown-field",
+    "missing-field",
+    "negative-count",
+    "epoch-not-a-number",
+    "elastic-without-slots",
+    "elastic-garbage-slot",
+    "elastic-bad-slot-version",
+]
+
+
+@pytest.mark.parametrize("case", GARBAGE)
+def test_garbage_state_fails_at_load(uneven_dataset, case):
+    state = garbage_states(one_slot_state(uneven_dataset))[case]
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    with pytest.raises(StateMismatchError):
+        ds.load_state_dict(state)
+    # The dataset is still usable.
+    assert_exactly_once(keys_of(collect(ds)), uneven_dataset.keys)
+
+
+@pytest.mark.parametrize("case", ["bad-rng", "empty-elastic"])
+def test_schema_invalid_values_fail_by_the_time_iteration_starts(uneven_dataset, case):
+    good = one_slot_state(uneven_dataset)
+    state = (
+        dict(good, rng_word_pos="twelve")
+        if case == "bad-rng"
+        else {"format": "shardstream.elastic", "version": 1, "slots": []}
+    )
+    assert not STATE_VALIDATOR.is_valid(state)
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    with pytest.raises(StateMismatchError):  # at load or when iteration starts
+        ds.load_state_dict(state)
+        collect(ds)
+
+
+# --------------------------------------------------------------------------
+# Elastic resume
+# --------------------------------------------------------------------------
+
+OLD_WORLD, OLD_WORKERS, OLD_EPOCH = 4, 2, 1
+PARTIAL = [0, 3, "all", 1, 7, 2, "all-but-1", 5]
+"""Samples each old slot hands out before the job stops ("all": to its end)."""
+
+
+def slot_dataset(info, rank, world_size, num_workers, worker_id, remainder, **kwargs):
+    return shardstream.StreamingDataset(
+        info.spec,
+        rank=rank,
+        world_size=world_size,
+        num_workers=num_workers,
+        worker_id=worker_id,
+        seed=SEED,
+        shuffle_buffer=SHUFFLE,
+        remainder=remainder,
+        **kwargs,
+    )
+
+
+def run_old_job(info, remainder, **kwargs) -> tuple[list[str], list[str], list[dict]]:
+    """A 4 x 2 job at epoch 1, every slot simulated with explicit rank and
+    worker and stopped after its PARTIAL count. Returns every slot's full
+    output (the uninterrupted job), what was consumed, and the slot states."""
+    full, consumed, states = [], [], []
+    for slot, partial in enumerate(PARTIAL):
+        rank, worker = divmod(slot, OLD_WORKERS)
+        args = (info, rank, OLD_WORLD, OLD_WORKERS, worker, remainder)
+        ds = slot_dataset(*args, **kwargs)
+        ds.set_epoch(OLD_EPOCH)
+        slot_full = keys_of(collect(ds))
+        ds = slot_dataset(*args, **kwargs)
+        ds.set_epoch(OLD_EPOCH)
+        iterator = iter(ds)
+        if partial == "all":
+            got = keys_of(iterator)
+        else:
+            n = len(slot_full) - 1 if partial == "all-but-1" else min(partial, len(slot_full))
+            got = [next(iterator)["__key__"] for _ in range(n)]
+        assert got == slot_full[: len(got)]
+        state = json_round_trip(ds.state_dict())
+        STATE_VALIDATOR.validate(state)
+        assert state["produced"] == len(got)
+        assert state["finished"] == (partial == "all")
+        full += slot_full
+        consumed += got
+        states.append(state)
+        del iterator
+    return full, consumed, states
+
+
+@pytest.fixture(scope="module")
+def old_job(uneven_dataset):
+    """``get(remainder)``: ``run_old_job`` on the uneven dataset, run once."""
+    cache: dict = {}
+
+    def get(remainder: str):
+        if remainder not in cache:
+            cache[remainder] = run_old_job(uneven_dataset, remainder)
+        return copy.deepcopy(cache[remainder])
+
+    return get
+
+
+def run_new_job(info, elastic, world_size, num_workers, remainder) -> list[list[str]]:
+    """Each new rank loads the elastic state on a fresh dataset (epoch 0),
+    then reads through a plain DataLoader (or in-process for 0 workers)."""
+    per_rank = []
+    for rank in range(world_size):
+        ds = shardstream.StreamingDataset(
+            info.spec,
+            rank=rank,
+            world_size=world_size,
+            seed=SEED,
+            shuffle_buffer=SHUFFLE,
+            remainder=remainder,
+        )
+        ds.load_state_dict(elastic)
+        assert ds.epoch == OLD_EPOCH  # the epoch comes from the state
+        source = ds if num_workers == 0 else loader(ds, num_workers)
+        per_rank.append(keys_of(collect(source)))
+    return per_rank
+
+
+def check_elastic_accounting(old_full, consumed, per_rank, remainder, n_total):
+    world_size = len(per_rank)
+    old_total = (
+        math.ceil(n_total / OLD_WORLD) * OLD_WORLD
+        if remainder == "pad"
+        else n_total // OLD_WORLD * OLD_WORLD
+    )
+    assert len(old_full) == old_total
+    remaining = Counter(old_full) - Counter(consumed)
+    assert sum(remaining.values()) == old_total - len(consumed)
+    n_remaining = old_total - len(consumed)
+    new = Counter(k for keys in per_rank for k in keys)
+    if remainder == "pad":
+        per = math.ceil(n_remaining / world_size)
+        assert [len(keys) for keys in per_rank] == [per] * world_size
+        assert not remaining - new, "a not-yet-produced sample never came"
+        assert (new - remaining).total() == per * world_size - n_remaining
+    else:
+        per = n_remaining // world_size
+        assert [len(keys) for keys in per_rank] == [per] * world_size
+        assert max(new.values(), default=1) == 1, "a sample came twice"
+        assert not new - remaining, "an already-produced sample came again"
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+@pytest.mark.parametrize(
+    ("world_size", "num_workers"),
+    [(2, 3), (1, 0), (3, 2), (5, 1)],
+    ids=["2x3-dataloader", "1x1-in-process", "3x2-dataloader", "5x1-dataloader"],
+)
+def test_elastic_resume_onto_another_layout(
+    uneven_dataset, old_job, remainder, world_size, num_workers
+):
+    old_full, consumed, states = old_job(remainder)
+    elastic = json_round_trip(shardstream.elastic_state(states))
+    STATE_VALIDATOR.validate(elastic)
+    assert elastic["format"] == "shardstream.elastic" and len(elastic["slots"]) == 8
+    per_rank = run_new_job(uneven_dataset, elastic, world_size, num_workers, remainder)
+    check_elastic_accounting(old_full, consumed, per_rank, remainder, len(uneven_dataset.keys))
+
+
+@pytest.mark.parametrize("remainder", ["pad", "drop"])
+def test_elastic_resume_onto_the_same_layout(uneven_dataset, old_job, remainder):
+    """The new layout may be the old one. Its ranks had consumed different
+    amounts, yet the new ranks must get equal counts (else DDP hangs), with
+    the same accounting as for any other layout."""
+    old_full, consumed, states = old_job(remainder)
+    elastic = shardstream.elastic_state(states)
+    per_rank = []
+    for rank in range(OLD_WORLD):
+        keys = []
+        for worker in range(OLD_WORKERS):
+            ds = slot_dataset(uneven_dataset, rank, OLD_WORLD, OLD_WORKERS, worker, remainder)
+            ds.load_state_dict(elastic)
+            keys += keys_of(collect(ds))
+        per_rank.append(keys)
+    check_elastic_accounting(old_full, consumed, per_rank, remainder, len(uneven_dataset.keys))
+
+
+def test_elastic_resume_from_stateful_dataloaders(uneven_dataset):
+    """The realistic path: every rank of a 2 x 2 job saves its
+    ``StatefulDataLoader.state_dict()``; a 3-rank job with 2 plain DataLoader
+    workers per rank takes over."""
+    kwargs = {"world_size": 2, "epoch": OLD_EPOCH}
+    full, consumed, saved = [], [], []
+    for rank, k in [(0, 2), (1, 5)]:
+        full += [
+            key for b in make_loader(uneven_dataset, 2, True, rank=rank, **kwargs) for key in b
+        ]
+        prefix, state = save_after(uneven_dataset, 2, True, k, rank=rank, **kwargs)
+        consumed += [key for batch in prefix for key in batch]
+        saved.append(state)
+    elastic = shardstream.elastic_state(*saved)
+    STATE_VALIDATOR.validate(elastic)
+    assert sorted((s["rank"], s["worker_id"]) for s in elastic["slots"]) == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    per_rank = run_new_job(uneven_dataset, elastic, 3, 2, "drop")
+    new = [k for keys in per_rank for k in keys]
+    remaining = set(full) - set(consumed)
+    assert len(new) == len(remaining) // 3 * 3
+    assert_exactly_once(new, set(new))
+    assert set(new) <= remaining
+
+
+def test_elastic_resume_twice(uneven_dataset, old_job):
+    """4 x 2 stops; 3 x 1 takes over and stops too; 1 x 1 finishes: with
+    "drop", every sample still comes at most once."""
+    _, consumed, states = old_job("drop")
+    elastic = shardstream.elastic_state(states)
+    middle, mid_states = [], []
+    for rank in range(3):
+        ds = slot_dataset(uneven_dataset, rank, 3, 1, 0, "drop")
+        ds.load_state_dict(elastic)
+        iterator = iter(ds)
+        middle += [next(iterator)["__key__"] for _ in range(2 * rank + 1)]
+        state = json_round_trip(ds.state_dict())
+        STATE_VALIDATOR.validate(state)
+        assert len(state["resumed_from"]) == 8
+        mid_states.append(state)
+        del iterator
+    (last,) = run_new_job(uneven_dataset, shardstream.elastic_state(mid_states), 1, 0, "drop")
+    every = consumed + middle + last
+    assert_exactly_once(every, set(every))
+    remaining_after_old = len(uneven_dataset.keys) // OLD_WORLD * OLD_WORLD - len(consumed)
+    assert len(middle) + len(last) == remaining_after_old // 3 * 3
+
+
+def test_exact_resume_after_an_elastic_resume(uneven_dataset, old_job):
+    _, _, states = old_job("pad")
+    elastic = shardstream.elastic_state(states)
+
+    def fresh():
+        ds = slot_dataset(uneven_dataset, 1, 2, 1, 0, "pad")
+        ds.load_state_dict(elastic)
+        return ds
+
+    full = keys_of(collect(fresh()))
+    ds = fresh()
+    iterator = iter(ds)
+    prefix = [next(iterator)["__key__"] for _ in range(4)]
+    state = json_round_trip(ds.state_dict())
+    del iterator
+    resumed = slot_dataset(uneven_dataset, 1, 2, 1, 0, "pad")
+    resumed.load_state_dict(state)
+    assert prefix + keys_of(collect(resumed)) == full
+
+
+def test_elastic_resume_of_a_finished_epoch(uneven_dataset):
+    states = []
+    for rank in range(2):
+        ds = slot_dataset(uneven_dataset, rank, 2, 1, 0, "pad")
+        ds.set_epoch(OLD_EPOCH)
+        collect(iter(ds))
+        states.append(ds.state_dict())
+    assert all(s["finished"] for s in states)
+    per_rank = run_new_job(uneven_dataset, shardstream.elastic_state(states), 3, 0, "pad")
+    assert per_rank == [[], [], []]
+
+
+def test_elastic_resume_needs_every_slot(uneven_dataset, old_job):
+    _, _, states = old_job("drop")
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop")
+    ds.load_state_dict(shardstream.elastic_state(states[:-1]))
+    with pytest.raises(StateMismatchError, match="every one of the 4 x 2 slots"):
+        collect(ds)
+
+
+def test_elastic_resume_needs_a_manifest(uneven_dataset):
+    states = []
+    for rank in range(2):
+        ds = slot_dataset(uneven_dataset, rank, 2, 1, 0, "drop", manifest=False)
+        iterator = iter(ds)
+        next(iterator)
+        states.append(ds.state_dict())
+        del iterator
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop", manifest=False)
+    ds.load_state_dict(shardstream.elastic_state(states))
+    with pytest.raises(StateMismatchError, match="manifest"):
+        collect(ds)
+
+
+def test_elastic_state_gathers_from_any_nesting(uneven_dataset, old_job):
+    _, _, states = old_job("drop")
+    flat = shardstream.elastic_state(*states)
+    nested = shardstream.elastic_state(
+        {"rank0": {"loader": states[:2]}}, [states[2:5], (states[5],)], {"x": states[6:]}
+    )
+    assert nested == flat == shardstream.elastic_state(states)
+    with pytest.raises(ValueError):
+        shardstream.elastic_state({"model": {}}, [])
+
+
+# --------------------------------------------------------------------------
+# A real crash: examples/resume.py killed with SIGKILL, then restarted
+# --------------------------------------------------------------------------
+
+
+def run_example(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
+    """Runs ``examples/resume.py`` in its own process group; the group
+    (DataLoader workers included) is killed afterwards or on timeout."""
+    command = [sys.executable, str(EXAMPLES_DIR / "resume.py"), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{command} timed out\nstdout:\n{stdout}\nstderr:\n{stderr[-3000:]}")
+    if proc.returncode < 0:
+        # Killed: its DataLoader workers may linger for a moment; end them.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def test_killed_and_resumed_run_is_one_epoch(uneven_dataset, tmp_path):
+    """Three processes: one whole epoch; one killed by SIGKILL right after
+    its checkpoint at step 7; one resuming from that checkpoint."""
+    num_workers = 2
+    common = [uneven_dataset.spec, "--batch-size", "4", "--num-workers", str(num_workers)]
+    common += ["--seed", "17", "--epoch", "3"]
+
+    whole = run_example([*common, "--keys-out", tmp_path / "whole.json"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    expected = json.loads((tmp_path / "whole.json").read_text())
+    assert_exactly_once(expected, uneven_dataset.keys)
+
+    state_path = tmp_path / "ckpt" / "state.json"
+    kill_at_7 = ["--save-at", "7", "--state", state_path, "--kill"]
+    killed = run_example([*common, *kill_at_7, "--keys-out", tmp_path / "before.json"], tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert "done" not in killed.stdout
+    checkpoint = json.loads(state_path.read_text())
+    before = json.loads((tmp_path / "before.json").read_text())
+    assert checkpoint["keys"] == before
+    assert len(before) == 7 * 4
+    assert len(validate_states(checkpoint["state"])) == max(num_workers, 1)
+    assert [p.name for p in state_path.parent.iterdir()] == ["state.json"]  # no temp left
+
+    resumed = run_example(
+        [*common, "--resume", state_path, "--keys-out", tmp_path / "after.json"], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = json.loads((tmp_path / "after.json").read_text())
+    assert before + after == expected
+    # The resumed model saw the same batches: it ends where the whole run did.
+    assert whole.stdout.strip().split()[-1] == resumed.stdout.strip().split()[-1]
