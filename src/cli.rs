@@ -208,7 +208,10 @@ fn index(specs: &[String], output: &std::path::Path, out: &mut dyn Write) -> Res
     })?;
     let mut entries = Vec::with_capacity(shards.len());
     for (shard, (offsets, lengths)) in shards.iter().zip(spans) {
-        let Location::Local(path) = shard.location();
+        let mtime_ns = match shard.location() {
+            Location::Local(path) => manifest::mtime_ns(&path),
+            Location::S3 { .. } => None,
+        };
         let size = shard.size.ok_or_else(|| Error::NotFound {
             url: shard.url.clone(),
             source: std::io::ErrorKind::NotFound.into(),
@@ -217,7 +220,7 @@ fn index(specs: &[String], output: &std::path::Path, out: &mut dyn Write) -> Res
             url: manifest::entry_url(shard, output),
             size,
             etag: None,
-            mtime_ns: manifest::mtime_ns(&path),
+            mtime_ns,
             samples: offsets.len() as u64,
             offsets,
             lengths,

@@ -29,6 +29,62 @@ impl std::str::FromStr for OnError {
     }
 }
 
+/// How to reach S3 (or an S3-compatible store). Credentials come from the
+/// default chain: environment, shared config and credentials files, SSO,
+/// web identity, IMDS and ECS roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Options {
+    /// Region; `None` takes it from the environment or profile (else `us-east-1`).
+    pub region: Option<String>,
+    /// Endpoint URL of an S3-compatible store; `None` takes `AWS_ENDPOINT_URL` or AWS.
+    pub endpoint_url: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`).
+    pub path_style: bool,
+    /// Named profile of the shared config files.
+    pub profile: Option<String>,
+    /// Send unsigned requests (public buckets).
+    pub unsigned: bool,
+    /// Longest wait to connect.
+    pub connect_timeout: Duration,
+    /// Longest wait for a response's headers.
+    pub first_byte_timeout: Duration,
+    /// Longest wait for the next bytes of a body.
+    pub idle_timeout: Duration,
+    /// Attempts per request, the first included.
+    pub max_attempts: u32,
+    /// Longest time spent retrying one request.
+    pub max_retry_time: Duration,
+    /// First backoff step; doubles per attempt, up to `backoff_max`.
+    pub backoff_base: Duration,
+    /// Largest backoff step.
+    pub backoff_max: Duration,
+    /// Objects (or ranges) larger than this are fetched as parallel ranged GETs of this size.
+    pub part_size: usize,
+    /// Ranged GETs in flight per object at most.
+    pub max_concurrency: usize,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        S3Options {
+            region: None,
+            endpoint_url: None,
+            path_style: false,
+            profile: None,
+            unsigned: false,
+            connect_timeout: Duration::from_secs(10),
+            first_byte_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_attempts: 10,
+            max_retry_time: Duration::from_secs(120),
+            backoff_base: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(5),
+            part_size: 8 << 20,
+            max_concurrency: 4,
+        }
+    }
+}
+
 /// Options of one stream. Build with [`StreamOptions::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamOptions {
@@ -52,6 +108,8 @@ pub struct StreamOptions {
     pub on_error: OnError,
     /// Remainder policy of equal-length epochs (with a manifest).
     pub remainder: Remainder,
+    /// How to reach S3.
+    pub s3: S3Options,
 }
 
 impl Default for StreamOptions {
@@ -67,6 +125,7 @@ impl Default for StreamOptions {
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
             remainder: Remainder::Drop,
+            s3: S3Options::default(),
         }
     }
 }
@@ -147,6 +206,12 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Sets how to reach S3.
+    pub fn with_s3(mut self, s3: S3Options) -> Self {
+        self.options.s3 = s3;
+        self
+    }
+
     /// Validates and returns the options.
     pub fn build(self) -> Result<StreamOptions> {
         let o = self.options;
@@ -164,6 +229,14 @@ impl StreamOptionsBuilder {
         positive("read_ahead_bytes", o.read_ahead_bytes)?;
         positive("chunk_bytes", o.chunk_bytes)?;
         positive("output_queue", o.output_queue)?;
+        positive("part_size", o.s3.part_size)?;
+        positive("max_concurrency", o.s3.max_concurrency)?;
+        if o.s3.max_attempts == 0 {
+            return Err(Error::Config {
+                name: "max_attempts",
+                reason: "must be at least 1".into(),
+            });
+        }
         if o.chunk_bytes > u32::MAX as usize {
             return Err(Error::Config {
                 name: "chunk_bytes",

@@ -67,6 +67,15 @@ pub enum Error {
         after: Duration,
     },
 
+    /// The object changed (another ETag) while it was being read.
+    #[error("{url}: the object changed while it was read (ETag no longer matches at byte offset {offset})")]
+    Changed {
+        /// Shard URL.
+        url: String,
+        /// Byte offset where the read was resumed.
+        offset: u64,
+    },
+
     /// The shard's bytes are not a valid archive of its format.
     #[error("{url}: {reason} at byte offset {offset}{}", member_suffix(.member))]
     Format {
@@ -137,6 +146,7 @@ impl Error {
             | Error::AccessDenied { url, .. }
             | Error::Read { url, .. }
             | Error::Timeout { url, .. }
+            | Error::Changed { url, .. }
             | Error::Format { url, .. }
             | Error::DuplicateField { url, .. }
             | Error::ManifestMismatch { url, .. } => Some(url),

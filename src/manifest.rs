@@ -168,15 +168,14 @@ impl Manifest {
     /// from `manifest_path`), checking that the shard's size matches.
     pub fn attach(&self, manifest_path: &Path, shards: &mut [Shard]) -> Result<()> {
         let base = manifest_path.parent().unwrap_or(Path::new(""));
-        let by_path: HashMap<PathBuf, &ShardEntry> = self
+        let by_path: HashMap<String, &ShardEntry> = self
             .shards
             .iter()
-            .map(|e| (canonical(&base.join(local_path(&e.url))), e))
+            .map(|e| (identity(&e.url, base), e))
             .collect();
         for shard in shards.iter_mut() {
-            let Location::Local(path) = shard.location();
             let entry = by_path
-                .get(&canonical(&path))
+                .get(&identity(&shard.url, Path::new("")))
                 .ok_or_else(|| Error::ManifestMismatch {
                     url: shard.url.clone(),
                     reason: format!("not listed in the manifest {}", manifest_path.display()),
@@ -202,8 +201,13 @@ impl Manifest {
     }
 }
 
-fn local_path(url: &str) -> &Path {
-    Path::new(url.strip_prefix("file://").unwrap_or(url))
+/// What identifies a shard across spellings: an object URL as it is, a
+/// local path made absolute (relative to `base`) and canonical.
+fn identity(url: &str, base: &Path) -> String {
+    match Location::parse(url) {
+        Location::S3 { .. } => url.to_owned(),
+        Location::Local(path) => canonical(&base.join(path)).display().to_string(),
+    }
 }
 
 fn canonical(path: &Path) -> PathBuf {
@@ -240,9 +244,9 @@ pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Option<Pa
 
 /// The `manifest.json` in the one directory holding every shard, if any.
 pub fn find_beside(shards: &[Shard]) -> Option<PathBuf> {
-    let mut dirs = shards.iter().map(|s| {
-        let Location::Local(path) = s.location();
-        canonical(&path).parent().map(Path::to_owned)
+    let mut dirs = shards.iter().map(|s| match s.location() {
+        Location::Local(path) => canonical(&path).parent().map(Path::to_owned),
+        Location::S3 { .. } => None,
     });
     let first = dirs.next()??;
     if dirs.any(|d| d.as_ref() != Some(&first)) {
@@ -255,7 +259,9 @@ pub fn find_beside(shards: &[Shard]) -> Option<PathBuf> {
 /// The URL to record for `shard` in a manifest written to `manifest_path`:
 /// relative to the manifest's directory when the shard is inside it.
 pub fn entry_url(shard: &Shard, manifest_path: &Path) -> String {
-    let Location::Local(path) = shard.location();
+    let Location::Local(path) = shard.location() else {
+        return shard.url.clone();
+    };
     let dir = canonical(manifest_path.parent().unwrap_or(Path::new(".")));
     canonical(&path)
         .strip_prefix(&dir)

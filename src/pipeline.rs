@@ -165,6 +165,7 @@ impl SampleStream {
                 budget_bytes: options.read_ahead_bytes,
                 chunk_bytes: options.chunk_bytes,
                 io_timeout: options.io_timeout,
+                s3: options.s3.clone(),
             },
             counters.clone(),
         )?;
@@ -393,6 +394,7 @@ fn make_read(
             url: shard.url.clone(),
             location: shard.location(),
             range,
+            size: shard.size,
         }),
         first_index,
         index,

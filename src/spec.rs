@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::manifest::SampleIndex;
 use crate::plan::ShardInfo;
@@ -51,11 +52,25 @@ impl Shard {
 pub enum Location {
     /// A file on local disk.
     Local(PathBuf),
+    /// An object in an S3 bucket.
+    S3 {
+        /// Bucket name.
+        bucket: String,
+        /// Object key (empty or ending in `/` for a prefix).
+        key: String,
+    },
 }
 
 impl Location {
-    /// Parses a local path or `file://` URL.
+    /// Parses `s3://bucket/key`, a `file://` URL or a local path.
     pub fn parse(url: &str) -> Location {
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+            return Location::S3 {
+                bucket: bucket.to_owned(),
+                key: key.to_owned(),
+            };
+        }
         Location::Local(PathBuf::from(url.strip_prefix("file://").unwrap_or(url)))
     }
 }
@@ -118,20 +133,38 @@ fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
     Some((a..=b).map(|n| format!("{n:0width$}")).collect())
 }
 
-/// Resolves specs (paths, `file://` URLs, brace patterns, directories) to
-/// shards in the order given, directories listing their `*.tar` files sorted.
+/// Resolves local specs; see [`resolve_with`].
+pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
+    resolve_with(specs, &S3Options::default())
+}
+
+/// Resolves specs (paths, `file://` and `s3://` URLs, brace patterns,
+/// directories and `s3://bucket/prefix/` listings) to shards in the order
+/// given; a directory or prefix gives its `*.tar` objects sorted by name.
 /// A shard that does not exist is kept with an unknown size: opening it
 /// reports the error, under the stream's error policy.
-pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
+pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
     let mut shards = Vec::new();
+    let mut listings = Vec::new();
     for spec in specs {
         for url in expand_braces(spec)? {
-            let Location::Local(path) = Location::parse(&url);
-            match std::fs::metadata(&path) {
-                Ok(meta) if meta.is_dir() => shards.extend(list_directory(&url, &path)?),
-                Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
-                Err(_) => shards.push(Shard::new(url, None)),
+            match Location::parse(&url) {
+                Location::S3 { bucket, key } if key.is_empty() || key.ends_with('/') => {
+                    listings.push((shards.len(), url, bucket, key));
+                }
+                Location::S3 { .. } => shards.push(Shard::new(url, None)),
+                Location::Local(path) => match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_dir() => shards.extend(list_directory(&url, &path)?),
+                    Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
+                    Err(_) => shards.push(Shard::new(url, None)),
+                },
             }
+        }
+    }
+    if !listings.is_empty() {
+        let listed = crate::source::list_s3_prefixes(s3, &listings)?;
+        for ((at, ..), objects) in listings.iter().zip(listed).rev() {
+            shards.splice(*at..*at, objects);
         }
     }
     if shards.is_empty() {

@@ -17,16 +17,25 @@ pub enum Counter {
     BytesRead,
     /// Bad shards skipped under `on_error="warn"`.
     ErrorsSkipped,
+    /// Requests (GETs) sent to an object store.
+    Requests,
+    /// Requests or bodies retried.
+    Retries,
+    /// Bodies resumed mid-way with a Range request.
+    Resumes,
 }
 
 impl Counter {
     /// Every counter, in [`Stats`] order.
-    pub const ALL: [Counter; 5] = [
+    pub const ALL: [Counter; 8] = [
         Counter::ShardsOpened,
         Counter::ShardsCompleted,
         Counter::Samples,
         Counter::BytesRead,
         Counter::ErrorsSkipped,
+        Counter::Requests,
+        Counter::Retries,
+        Counter::Resumes,
     ];
 
     /// The counter's name in `stats()`.
@@ -37,6 +46,9 @@ impl Counter {
             Counter::Samples => "samples",
             Counter::BytesRead => "bytes_read",
             Counter::ErrorsSkipped => "errors_skipped",
+            Counter::Requests => "requests",
+            Counter::Retries => "retries",
+            Counter::Resumes => "resumed_bodies",
         }
     }
 }

@@ -13,6 +13,7 @@ from ._core import (
     DatasetSpecError,
     ManifestError,
     ManifestMismatchError,
+    ObjectChangedError,
     ShardFormatError,
     ShardNotFoundError,
     ShardReadError,
@@ -25,6 +26,7 @@ from ._core import (
     plan_samples,
     resolve_shards,
 )
+from .s3 import S3Config
 from .state import elastic_state
 
 if TYPE_CHECKING:
@@ -34,6 +36,8 @@ __all__ = [
     "DatasetSpecError",
     "ManifestError",
     "ManifestMismatchError",
+    "ObjectChangedError",
+    "S3Config",
     "ShardFormatError",
     "ShardNotFoundError",
     "ShardReadError",

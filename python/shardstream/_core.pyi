@@ -9,6 +9,7 @@ __all__ = [
     "DatasetSpecError",
     "ManifestError",
     "ManifestMismatchError",
+    "ObjectChangedError",
     "SampleStream",
     "ShardFormatError",
     "ShardList",
@@ -45,6 +46,9 @@ class StorageAuthError(ShardStreamError):
 class ShardReadError(ShardStreamError):
     """Reading a shard failed or stalled."""
 
+class ObjectChangedError(ShardReadError):
+    """An object was replaced while it was being read (its ETag changed)."""
+
 class ShardFormatError(ShardStreamError):
     """A shard is not a valid archive, is truncated, or repeats a field within a key."""
 
@@ -73,7 +77,11 @@ class ShardList:
     """The resolved shards of a dataset, with their sample indices when a manifest is used."""
 
     def __new__(
-        cls, specs: list[str], *, manifest: str | os.PathLike[str] | bool | None = None
+        cls,
+        specs: list[str],
+        *,
+        manifest: str | os.PathLike[str] | bool | None = None,
+        s3: dict[str, Any] | None = None,
     ) -> ShardList: ...
     @property
     def urls(self) -> list[str]:
@@ -91,7 +99,9 @@ class ShardList:
         """Samples each rank gets per epoch (with a manifest), else ``None``."""
     def __len__(self) -> int: ...
 
-def _rebuild_shard_list(specs: list[str], manifest: str | bool) -> ShardList:
+def _rebuild_shard_list(
+    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None = None
+) -> ShardList:
     """Unpickles a ``ShardList``."""
 
 @final

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._core import Counters, SampleStream, ShardList, check_state
+from .s3 import S3Config
 
 __all__ = ["StreamingDataset"]
 
@@ -49,6 +50,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         remainder: with a manifest, ``"drop"`` leaves out the last
             ``total % world_size`` samples of the epoch, ``"pad"`` fills the
             last rank up with the epoch's first samples.
+        s3: how to reach ``s3://`` shards (``shardstream.S3Config`` or a dict
+            of its fields); the client is made in each DataLoader worker.
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         io_timeout: float = 120.0,
         manifest: str | os.PathLike[str] | bool | None = None,
         remainder: Remainder = "drop",
+        s3: S3Config | Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         specs = (
@@ -81,7 +85,8 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
         if isinstance(manifest, os.PathLike):
             manifest = os.fspath(manifest)
-        self.shard_list = ShardList(specs, manifest=manifest)
+        self.s3 = s3 if isinstance(s3, S3Config) else S3Config(**(s3 or {}))
+        self.shard_list = ShardList(specs, manifest=manifest, s3=self.s3.to_dict())
         self.seed = seed
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer

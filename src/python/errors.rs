@@ -37,6 +37,12 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    ObjectChangedError,
+    ShardReadError,
+    "An object was replaced while it was being read (its ETag changed)."
+);
+create_exception!(
+    shardstream._core,
     ShardFormatError,
     ShardStreamError,
     "A shard is not a valid archive, is truncated, or repeats a field within a key."
@@ -75,6 +81,7 @@ pub fn to_py(error: Error) -> PyErr {
         Error::NotFound { .. } => ShardNotFoundError::new_err(message),
         Error::AccessDenied { .. } => StorageAuthError::new_err(message),
         Error::Read { .. } | Error::Timeout { .. } => ShardReadError::new_err(message),
+        Error::Changed { .. } => ObjectChangedError::new_err(message),
         Error::Format { .. } | Error::DuplicateField { .. } => ShardFormatError::new_err(message),
         Error::Manifest { .. } => ManifestError::new_err(message),
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),

@@ -13,9 +13,9 @@ mod _core {
 
     #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, ManifestError, ManifestMismatchError, ShardFormatError,
-        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError,
-        StateMismatchError, StorageAuthError,
+        DatasetSpecError, ManifestError, ManifestMismatchError, ObjectChangedError,
+        ShardFormatError, ShardNotFoundError, ShardReadError, ShardSkippedWarning,
+        ShardStreamError, StateMismatchError, StorageAuthError,
     };
     #[pymodule_export]
     use super::stream::{

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 
 use super::errors::{to_py, ShardSkippedWarning};
-use crate::config::{OnError, SlotSpec, StreamOptions};
+use crate::config::{OnError, S3Options, SlotSpec, StreamOptions};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::{self, cut, PlanParams, Remainder};
@@ -55,26 +55,70 @@ impl Counters {
     }
 }
 
+/// S3 options from a dict of `shardstream.S3Config` fields (durations in seconds).
+fn s3_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<S3Options> {
+    let mut o = S3Options::default();
+    let Some(config) = config else {
+        return Ok(o);
+    };
+    let seconds = |v: f64, name: &str| {
+        Duration::try_from_secs_f64(v)
+            .map_err(|_| PyValueError::new_err(format!("invalid option {name}: {v}")))
+    };
+    for (name, value) in config.iter() {
+        let name: String = name.extract()?;
+        if value.is_none() {
+            continue;
+        }
+        match name.as_str() {
+            "region" => o.region = Some(value.extract()?),
+            "endpoint_url" => o.endpoint_url = Some(value.extract()?),
+            "path_style" => o.path_style = value.extract()?,
+            "profile" => o.profile = Some(value.extract()?),
+            "unsigned" => o.unsigned = value.extract()?,
+            "connect_timeout" => o.connect_timeout = seconds(value.extract()?, &name)?,
+            "first_byte_timeout" => o.first_byte_timeout = seconds(value.extract()?, &name)?,
+            "idle_timeout" => o.idle_timeout = seconds(value.extract()?, &name)?,
+            "max_attempts" => o.max_attempts = value.extract()?,
+            "max_retry_time" => o.max_retry_time = seconds(value.extract()?, &name)?,
+            "part_size" => o.part_size = value.extract()?,
+            "max_concurrency" => o.max_concurrency = value.extract()?,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown S3 option {other:?}"
+                )))
+            }
+        }
+    }
+    Ok(o)
+}
+
 /// The resolved shards of a dataset, with their sample indices when a
-/// manifest is used.
+/// manifest is used, and how to reach S3.
 #[pyclass(module = "shardstream._core")]
 pub struct ShardList {
     shards: Arc<Vec<Shard>>,
     specs: Vec<String>,
     manifest: Option<PathBuf>,
+    s3: S3Options,
+    s3_config: Option<Py<PyDict>>,
 }
 
 #[pymethods]
 impl ShardList {
     /// Resolves `specs`; `manifest` is a path, `None` for the
-    /// `manifest.json` beside the shards (if any), or `False` for none.
+    /// `manifest.json` beside the shards (if any), or `False` for none;
+    /// `s3` holds `shardstream.S3Config` fields.
     #[new]
-    #[pyo3(signature = (specs, *, manifest = None))]
+    #[pyo3(signature = (specs, *, manifest = None, s3 = None))]
     fn new(
         py: Python<'_>,
         specs: Vec<String>,
         manifest: Option<&Bound<'_, PyAny>>,
+        s3: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let s3_config = s3.map(|d| d.clone().unbind());
+        let s3 = s3_options(s3)?;
         let choice = match manifest {
             None => ManifestChoice::Auto,
             Some(value) if value.is_instance_of::<pyo3::types::PyBool>() => {
@@ -88,7 +132,7 @@ impl ShardList {
         };
         let (shards, manifest) = py
             .detach(|| {
-                let mut shards = spec::resolve(&specs)?;
+                let mut shards = spec::resolve_with(&specs, &s3)?;
                 let used = manifest::attach(&mut shards, &choice)?;
                 Ok::<_, crate::Error>((shards, used))
             })
@@ -97,6 +141,8 @@ impl ShardList {
             shards: Arc::new(shards),
             specs,
             manifest,
+            s3,
+            s3_config,
         })
     }
 
@@ -149,7 +195,11 @@ impl ShardList {
             None => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
         };
         let specs = this.specs.clone().into_pyobject(py)?.into_any();
-        let args = PyTuple::new(py, [specs, manifest])?;
+        let s3 = match &this.s3_config {
+            Some(config) => config.bind(py).clone().into_any(),
+            None => py.None().into_bound(py),
+        };
+        let args = PyTuple::new(py, [specs, manifest, s3])?;
         let rebuild = py
             .import("shardstream._core")?
             .getattr("_rebuild_shard_list")?;
@@ -163,8 +213,9 @@ pub fn _rebuild_shard_list(
     py: Python<'_>,
     specs: Vec<String>,
     manifest: &Bound<'_, PyAny>,
+    s3: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<ShardList> {
-    ShardList::new(py, specs, Some(manifest))
+    ShardList::new(py, specs, Some(manifest), s3)
 }
 
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
@@ -204,7 +255,7 @@ impl SampleStream {
         resume: Option<&str>,
         counters: Option<PyRef<'_, Counters>>,
     ) -> PyResult<Self> {
-        let mut builder = StreamOptions::builder();
+        let mut builder = StreamOptions::builder().with_s3(shards.s3.clone());
         if let Some(v) = seed {
             builder = builder.with_seed(v);
         }

@@ -4,6 +4,7 @@
 //! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait).
 
 mod local;
+mod s3;
 
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::format::ByteSource;
 use crate::spec::Location;
@@ -35,10 +37,12 @@ pub struct FetchUnit {
     pub location: Location,
     /// Bytes to read; `None` for the whole shard.
     pub range: Option<std::ops::Range<u64>>,
+    /// The shard's size, when known.
+    pub size: Option<u64>,
 }
 
 /// Settings of a [`ReadAhead`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ReadAheadOptions {
     /// Bytes fetched but not yet parsed, at most.
     pub budget_bytes: usize,
@@ -46,6 +50,8 @@ pub struct ReadAheadOptions {
     pub chunk_bytes: usize,
     /// Longest wait of a [`ShardReader`] for its next bytes.
     pub io_timeout: Duration,
+    /// How to reach S3.
+    pub s3: S3Options,
 }
 
 /// Reads a slot's shards in order, ahead of the consumer.
@@ -81,6 +87,9 @@ impl ReadAhead {
             chunk_bytes,
             io_timeout: options.io_timeout,
             counters,
+            budget_total: options.budget_bytes.max(chunk_bytes),
+            s3_options: options.s3,
+            s3: tokio::sync::OnceCell::new(),
         };
         runtime.spawn(task.run(units, shard_tx));
         Ok(ReadAhead {
@@ -122,6 +131,10 @@ struct Fetcher {
     chunk_bytes: usize,
     io_timeout: Duration,
     counters: Arc<Counters>,
+    budget_total: usize,
+    s3_options: S3Options,
+    /// Made at the first S3 unit, in the reading process.
+    s3: tokio::sync::OnceCell<Arc<s3::S3Client>>,
 }
 
 impl Fetcher {
@@ -145,6 +158,15 @@ impl Fetcher {
             }
             let sent = match &unit.location {
                 Location::Local(path) => local::read_file(&self, &unit, path, &chunk_tx).await,
+                Location::S3 { bucket, key } => {
+                    let client = self
+                        .s3
+                        .get_or_init(|| async {
+                            Arc::new(s3::S3Client::new(&self.s3_options).await)
+                        })
+                        .await;
+                    s3::read_object(&self, client, &unit, (bucket, key), &chunk_tx).await
+                }
             };
             if sent.is_err() {
                 return;
@@ -161,6 +183,45 @@ impl Fetcher {
     fn count(&self, counter: Counter, n: u64) {
         self.counters.add(counter, n);
     }
+
+    /// The read-ahead budget in bytes.
+    fn budget_bytes(&self) -> usize {
+        self.budget_total
+    }
+}
+
+/// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
+/// prefix)`, its `*.tar` objects sorted by key, as shards with their sizes.
+pub fn list_s3_prefixes(
+    options: &S3Options,
+    listings: &[(usize, String, String, String)],
+) -> Result<Vec<Vec<crate::spec::Shard>>> {
+    // A runtime just for the listing, shut down before returning, so no
+    // thread outlives it (DataLoader workers may fork next).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
+    let result = runtime.block_on(async {
+        let client = s3::S3Client::new(options).await;
+        let mut all = Vec::with_capacity(listings.len());
+        for (_, url, bucket, prefix) in listings {
+            let objects = client
+                .list(url, bucket, prefix, crate::spec::SHARD_SUFFIX)
+                .await?;
+            all.push(
+                objects
+                    .into_iter()
+                    .map(|(key, size)| {
+                        crate::spec::Shard::new(format!("s3://{bucket}/{key}"), Some(size))
+                    })
+                    .collect(),
+            );
+        }
+        Ok(all)
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
 }
 
 /// Marker: the consumer has gone, stop fetching.

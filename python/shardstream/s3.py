@@ -1,0 +1,52 @@
+"""``S3Config``: how shardstream reaches S3 or an S3-compatible store."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["S3Config"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class S3Config:
+    """Options for ``s3://`` shards. Credentials come from the default AWS
+    chain (environment, shared config and credentials files, SSO, web
+    identity, IMDS and ECS roles), never from here, so no secret is ever part
+    of this object or its ``repr``.
+
+    Attributes:
+        region: AWS region; ``None`` takes it from the environment or profile
+            (else ``us-east-1``).
+        endpoint_url: an S3-compatible endpoint; ``None`` takes
+            ``AWS_ENDPOINT_URL`` or AWS itself.
+        path_style: path-style addressing (``endpoint/bucket/key``).
+        profile: a named profile of the shared config files.
+        unsigned: send unsigned requests (public buckets).
+        connect_timeout: seconds to connect.
+        first_byte_timeout: seconds to wait for a response's headers.
+        idle_timeout: seconds to wait for the next bytes of a body before
+            resuming it with a Range request.
+        max_attempts: attempts per request, the first included.
+        max_retry_time: seconds spent retrying one request at most.
+        part_size: objects (or ranges) larger than this many bytes are
+            fetched as parallel ranged GETs of this size.
+        max_concurrency: ranged GETs in flight per object at most.
+    """
+
+    region: str | None = None
+    endpoint_url: str | None = None
+    path_style: bool = False
+    profile: str | None = None
+    unsigned: bool = False
+    connect_timeout: float = 10.0
+    first_byte_timeout: float = 30.0
+    idle_timeout: float = 30.0
+    max_attempts: int = 10
+    max_retry_time: float = 120.0
+    part_size: int = 8 << 20
+    max_concurrency: int = 4
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict."""
+        return asdict(self)
