@@ -99,15 +99,10 @@ impl SampleStream {
                 (saved.epoch, saved.resumed_from.clone(), Some(saved))
             }
             Some(Resume::Elastic(states)) => {
+                // Always split anew, even onto the same layout: the old
+                // slots may have produced different amounts.
                 let (epoch, states) = state::check_elastic(states, &fingerprint)?;
-                let same_layout = states[0].world_size == slot.world_size
-                    && states[0].num_workers == slot.num_workers;
-                if same_layout {
-                    let saved = states[slot.slot()].clone();
-                    (epoch, saved.resumed_from.clone(), Some(saved))
-                } else {
-                    (epoch, Some(states), None)
-                }
+                (epoch, Some(states), None)
             }
         };
         let units = state::slot_units(shards, options, epoch, &slot, resumed_from.as_deref())?;

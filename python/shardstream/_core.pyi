@@ -100,7 +100,7 @@ class ShardList:
     def __len__(self) -> int: ...
 
 def _rebuild_shard_list(
-    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None = None
+    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None
 ) -> ShardList:
     """Unpickles a ``ShardList``."""
 

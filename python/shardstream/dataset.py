@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._core import Counters, SampleStream, ShardList, check_state
+from ._core import Counters, SampleStream, ShardList, StateMismatchError, check_state
 from .s3 import S3Config
 
 __all__ = ["StreamingDataset"]
@@ -189,20 +189,28 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         uninterrupted order), or ``shardstream.elastic_state(...)`` of every
         slot of a job (any new world size and ``num_workers``: every sample
         not yet produced comes once). The state's epoch becomes the
-        dataset's epoch. A state of other data or options raises
-        ``StateMismatchError`` when iteration starts.
+        dataset's epoch, unless the state's epoch was finished: then the
+        next iteration yields nothing and the dataset keeps its epoch. A
+        malformed state raises
+        ``StateMismatchError`` here, a state of other data or options when
+        iteration starts.
         """
         if state_dict.get("format") == "shardstream.elastic":
-            slots = list(state_dict["slots"])
-            resume = json.dumps(slots)
-            epoch = int(slots[0]["epoch"]) if slots else self.epoch
+            resume = json.dumps(state_dict.get("slots"))
         else:
             resume = json.dumps(dict(state_dict))
-            epoch = int(state_dict.get("epoch", self.epoch))
         check_state(resume)
+        parsed = json.loads(resume)
+        slots = parsed if isinstance(parsed, list) else [parsed]
+        if not slots:
+            raise StateMismatchError("an elastic state needs the state of every slot, got none")
+        epoch = int(slots[0]["epoch"])
         self._resume, self._resume_epoch = resume, epoch
         self._stream = None
-        self.epoch = epoch
+        if not all(slot["finished"] for slot in slots):
+            # A finished state yields nothing and leaves the epoch alone, so
+            # the iteration after it is the epoch set_epoch chose.
+            self.epoch = epoch
 
     def _open_stream(self) -> SampleStream:
         """This slot's stream for the current epoch (or pending resume); its

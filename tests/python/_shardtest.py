@@ -7,11 +7,14 @@ grouping rule, never hard-coded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
 import json
+import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -401,3 +404,36 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from ``/proc``), parents first."""
+    found = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        for child in children:
+            found += [child, *descendants(child)]
+    return found
+
+
+def kill_launch(proc: subprocess.Popen) -> None:
+    """Kills a torchrun agent, its ranks and their DataLoader workers. The
+    agent starts each rank in a session of its own, so killing the agent's
+    process group alone would leave the ranks running."""
+    if proc.poll() is not None:
+        return
+    groups = {proc.pid}
+    for pid in descendants(proc.pid):
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    proc.wait()

@@ -260,6 +260,9 @@ def test_stats_in_process(dataset):
         "samples": 0,
         "bytes_read": 0,
         "errors_skipped": 0,
+        "requests": 0,
+        "retries": 0,
+        "resumed_bodies": 0,
     }
     assert_exactly_once(keys_of(ds), dataset.keys)
     stats = ds.stats()

@@ -6,19 +6,16 @@ kills its whole process group."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from _shardtest import EXAMPLES_DIR, UNEVEN_COUNTS, epoch_sequence, free_port
+from _shardtest import EXAMPLES_DIR, UNEVEN_COUNTS, epoch_sequence, free_port, kill_launch
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -96,39 +93,6 @@ def launch_nodes(nnodes: int, args: list[str], cwd) -> list[subprocess.Completed
             + "\n".join(outputs)
         )
     return [result(node) for node in range(nnodes)]
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from ``/proc``), parents first."""
-    found = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return found
-    for task in tasks:
-        try:
-            children = [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        for child in children:
-            found += [child, *descendants(child)]
-    return found
-
-
-def kill_launch(proc: subprocess.Popen) -> None:
-    """Kills a torchrun agent, its ranks and their DataLoader workers. The
-    agent starts each rank in a session of its own, so killing the agent's
-    process group alone would leave the ranks running."""
-    if proc.poll() is not None:
-        return
-    groups = {proc.pid}
-    for pid in descendants(proc.pid):
-        with contextlib.suppress(OSError):
-            groups.add(os.getpgid(pid))
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
-    proc.wait()
 
 
 def expected_batches(per_rank: int) -> int:

@@ -379,9 +379,12 @@ def old_job(uneven_dataset):
     return get
 
 
-def run_new_job(info, elastic, world_size, num_workers, remainder) -> list[list[str]]:
+def run_new_job(
+    info, elastic, world_size, num_workers, remainder, epoch=OLD_EPOCH
+) -> list[list[str]]:
     """Each new rank loads the elastic state on a fresh dataset (epoch 0),
-    then reads through a plain DataLoader (or in-process for 0 workers)."""
+    then reads through a plain DataLoader (or in-process for 0 workers);
+    ``epoch`` is the epoch the dataset is expected to take on."""
     per_rank = []
     for rank in range(world_size):
         ds = shardstream.StreamingDataset(
@@ -393,7 +396,7 @@ def run_new_job(info, elastic, world_size, num_workers, remainder) -> list[list[
             remainder=remainder,
         )
         ds.load_state_dict(elastic)
-        assert ds.epoch == OLD_EPOCH  # the epoch comes from the state
+        assert ds.epoch == epoch  # the epoch comes from the state
         source = ds if num_workers == 0 else loader(ds, num_workers)
         per_rank.append(keys_of(collect(source)))
     return per_rank
@@ -538,7 +541,9 @@ def test_elastic_resume_of_a_finished_epoch(uneven_dataset):
         collect(iter(ds))
         states.append(ds.state_dict())
     assert all(s["finished"] for s in states)
-    per_rank = run_new_job(uneven_dataset, shardstream.elastic_state(states), 3, 0, "pad")
+    # Nothing is left, and a finished state leaves the dataset's epoch alone.
+    elastic = shardstream.elastic_state(states)
+    per_rank = run_new_job(uneven_dataset, elastic, 3, 0, "pad", epoch=0)
     assert per_rank == [[], [], []]
 
 

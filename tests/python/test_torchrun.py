@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
-from _shardtest import EXAMPLES_DIR, assert_exactly_once
+from _shardtest import EXAMPLES_DIR, assert_exactly_once, kill_launch
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -44,7 +43,7 @@ def run_torchrun(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
     try:
         stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_launch(proc)
         stdout, stderr = proc.communicate()
         pytest.fail(
             f"torchrun did not finish within {LAUNCH_TIMEOUT} s\n"
