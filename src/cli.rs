@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::{SlotSpec, StreamOptions};
+use crate::config::{S3Options, SlotSpec, StreamOptions};
 use crate::error::{Error, Result};
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
@@ -24,8 +24,43 @@ use crate::stats::{Counter, Counters};
     about = "Inspect shards, index datasets, print epoch plans"
 )]
 struct Cli {
+    #[command(flatten)]
+    s3: S3Args,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How to reach `s3://` shards (credentials come from the default AWS chain).
+#[derive(Debug, clap::Args)]
+struct S3Args {
+    /// S3 region.
+    #[arg(long, global = true)]
+    s3_region: Option<String>,
+    /// Endpoint URL of an S3-compatible store (default: AWS_ENDPOINT_URL or AWS).
+    #[arg(long, global = true)]
+    s3_endpoint_url: Option<String>,
+    /// Path-style addressing.
+    #[arg(long, global = true)]
+    s3_path_style: bool,
+    /// Named profile of the shared AWS config files.
+    #[arg(long, global = true)]
+    s3_profile: Option<String>,
+    /// Unsigned requests (public buckets).
+    #[arg(long, global = true)]
+    s3_unsigned: bool,
+}
+
+impl S3Args {
+    fn options(&self) -> S3Options {
+        S3Options {
+            region: self.s3_region.clone(),
+            endpoint_url: self.s3_endpoint_url.clone(),
+            path_style: self.s3_path_style,
+            profile: self.s3_profile.clone(),
+            unsigned: self.s3_unsigned,
+            ..S3Options::default()
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,9 +131,10 @@ where
         }
     };
     let mut out = std::io::stdout().lock();
+    let s3 = cli.s3.options();
     let result = match cli.command {
-        Command::Inspect { shard, limit } => inspect(&shard, limit, &mut out),
-        Command::Index { spec, output } => index(&spec, &output, &mut out),
+        Command::Inspect { shard, limit } => inspect(&shard, limit, &s3, &mut out),
+        Command::Index { spec, output } => index(&spec, &output, &s3, &mut out),
         Command::Plan {
             spec,
             world_size,
@@ -124,7 +160,7 @@ where
                     num_workers: workers,
                     remainder,
                 };
-                print_plan(&spec, &choice, &params, &mut out)
+                print_plan(&spec, &choice, &params, &s3, &mut out)
             })
         }
     };
@@ -141,12 +177,14 @@ where
 /// bar over their bytes; calls `each` per sample.
 fn scan(
     shards: &[Shard],
+    s3: &S3Options,
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
 ) -> Result<()> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let options = StreamOptions::builder()
         .with_shuffle_shards(false)
         .with_shuffle_buffer(0)
+        .with_s3(s3.clone())
         .build()?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
@@ -169,11 +207,11 @@ fn scan(
     Ok(())
 }
 
-fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
-    let shards = spec::resolve(&[url.to_owned()])?;
+fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write) -> Result<()> {
+    let shards = spec::resolve_with(&[url.to_owned()], s3)?;
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let (mut samples, mut field_bytes) = (0u64, 0u64);
-    scan(&shards, |sample, progress| {
+    scan(&shards, s3, |sample, progress| {
         samples += 1;
         field_bytes += sample
             .fields
@@ -197,10 +235,15 @@ fn inspect(url: &str, limit: Option<usize>, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-fn index(specs: &[String], output: &std::path::Path, out: &mut dyn Write) -> Result<()> {
-    let shards = spec::resolve(specs)?;
+fn index(
+    specs: &[String],
+    output: &std::path::Path,
+    s3: &S3Options,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let shards = spec::resolve_with(specs, s3)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
-    scan(&shards, |sample, _| {
+    scan(&shards, s3, |sample, _| {
         let (offsets, lengths) = &mut spans[sample.id.shard];
         offsets.push(sample.offset);
         lengths.push(sample.length);
@@ -219,7 +262,7 @@ fn index(specs: &[String], output: &std::path::Path, out: &mut dyn Write) -> Res
         entries.push(ShardEntry {
             url: manifest::entry_url(shard, output),
             size,
-            etag: None,
+            etag: shard.etag.clone(),
             mtime_ns,
             samples: offsets.len() as u64,
             offsets,
@@ -241,10 +284,11 @@ fn print_plan(
     specs: &[String],
     choice: &ManifestChoice,
     params: &PlanParams,
+    s3: &S3Options,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    let mut shards: Vec<Shard> = spec::resolve(specs)?;
+    let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
     let manifest_path = manifest::attach(&mut shards, choice)?;
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);

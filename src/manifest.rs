@@ -180,6 +180,17 @@ impl Manifest {
                     url: shard.url.clone(),
                     reason: format!("not listed in the manifest {}", manifest_path.display()),
                 })?;
+            if let (Some(etag), Some(listed)) = (&entry.etag, &shard.etag) {
+                if etag != listed {
+                    return Err(Error::ManifestMismatch {
+                        url: shard.url.clone(),
+                        reason: format!(
+                            "ETag is {listed}, the manifest {} says {etag}",
+                            manifest_path.display()
+                        ),
+                    });
+                }
+            }
             if let Some(size) = shard.size {
                 if size != entry.size {
                     return Err(Error::ManifestMismatch {

@@ -21,6 +21,8 @@ pub struct Shard {
     pub size: Option<u64>,
     /// Byte spans of its samples, from a manifest.
     pub index: Option<Arc<SampleIndex>>,
+    /// The object's ETag, when a listing gave it.
+    pub etag: Option<String>,
 }
 
 impl Shard {
@@ -30,6 +32,7 @@ impl Shard {
             url: url.into(),
             size,
             index: None,
+            etag: None,
         }
     }
 

@@ -212,8 +212,9 @@ pub fn list_s3_prefixes(
             all.push(
                 objects
                     .into_iter()
-                    .map(|(key, size)| {
-                        crate::spec::Shard::new(format!("s3://{bucket}/{key}"), Some(size))
+                    .map(|(key, size, etag)| crate::spec::Shard {
+                        etag,
+                        ..crate::spec::Shard::new(format!("s3://{bucket}/{key}"), Some(size))
                     })
                     .collect(),
             );

@@ -65,14 +65,14 @@ impl S3Client {
     }
 
     /// Lists the objects under `prefix` whose keys end with `suffix`, sorted
-    /// by key, with their sizes (every page of ListObjectsV2).
+    /// by key, with their sizes and ETags (every page of ListObjectsV2).
     pub async fn list(
         &self,
         url: &str,
         bucket: &str,
         prefix: &str,
         suffix: &str,
-    ) -> Result<Vec<(String, u64)>, Error> {
+    ) -> Result<Vec<(String, u64, Option<String>)>, Error> {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
@@ -94,7 +94,8 @@ impl S3Client {
                 })?;
             for object in page.contents() {
                 if let Some(key) = object.key().filter(|k| k.ends_with(suffix)) {
-                    objects.push((key.to_owned(), object.size().unwrap_or(0).max(0) as u64));
+                    let size = object.size().unwrap_or(0).max(0) as u64;
+                    objects.push((key.to_owned(), size, object.e_tag().map(str::to_owned)));
                 }
             }
             match page.next_continuation_token() {

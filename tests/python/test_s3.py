@@ -5,6 +5,7 @@ ranged GETs, read amplification, and errors for missing objects."""
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Iterator
 
@@ -139,3 +140,42 @@ def test_no_secret_in_repr_or_errors(s3, monkeypatch):
     with pytest.raises(shardstream.ShardStreamError) as info:
         next(iter(ds))
     assert secret not in str(info.value)
+
+
+def test_index_records_etags_and_a_replaced_object_mismatches(s3, s3_dataset, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    cli = [
+        "shardstream",
+        "--s3-endpoint-url",
+        s3.endpoint_url,
+        "--s3-region",
+        "us-east-1",
+        "--s3-path-style",
+    ]
+    assert (
+        shardstream._core.run_cli([*cli, "index", f"s3://{BUCKET}/audio/", "-o", str(manifest)])
+        == 0
+    )
+    entries = json.loads(manifest.read_text())["shards"]
+    assert [e["url"] for e in entries] == sorted(s3_dataset["urls"])
+    client = s3.client()
+    for entry in entries:
+        head = client.head_object(Bucket=BUCKET, Key=entry["url"].split("/", 3)[3])
+        assert entry["etag"] == head["ETag"]
+        assert entry["size"] == head["ContentLength"]
+    ds = StreamingDataset(f"s3://{BUCKET}/audio/", s3=config(s3), manifest=manifest, world_size=3)
+    assert len(ds) == len(s3_dataset["expected"]) // 3
+    for rank in range(3):
+        part = StreamingDataset(
+            f"s3://{BUCKET}/audio/", s3=config(s3), manifest=manifest, rank=rank, world_size=3
+        )
+        assert sum(1 for _ in part) == len(ds)
+    # Same size, other content: the listing's ETag no longer matches.
+    victim = entries[0]["url"].split("/", 3)[3]
+    body = client.get_object(Bucket=BUCKET, Key=victim)["Body"].read()
+    client.put_object(Bucket=BUCKET, Key=victim, Body=body[::-1])
+    try:
+        with pytest.raises(shardstream.ManifestMismatchError, match="ETag"):
+            StreamingDataset(f"s3://{BUCKET}/audio/", s3=config(s3), manifest=manifest)
+    finally:
+        client.put_object(Bucket=BUCKET, Key=victim, Body=body)
