@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +46,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from toy_batch import FEATURES, collate
 
 from shardstream import StreamingDataset
-
-FEATURES = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,23 +79,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--manifest", help="manifest path (default: the manifest.json beside the shards)"
     )
     return parser.parse_args(argv)
-
-
-def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Raw samples to a batch: keys, a few byte-level features per sample
-    (stand-ins for decoding) and a target derived from the key."""
-    features, targets = [], []
-    for sample in samples:
-        fields = [v for k, v in sample.items() if not k.startswith("__")]
-        size = sum(len(v) for v in fields)
-        first = fields[0][:1] if fields and fields[0] else b"\0"
-        features.append([len(fields) / 4, size / 65536, first[0] / 255])
-        targets.append([zlib.crc32(sample["__key__"].encode()) % 1000 / 1000])
-    return {
-        "keys": [s["__key__"] for s in samples],
-        "features": torch.tensor(features, dtype=torch.float32),
-        "targets": torch.tensor(targets, dtype=torch.float32),
-    }
 
 
 def batch_count_range(batches: int, device: torch.device) -> tuple[int, int]:

@@ -522,13 +522,7 @@ async fn read_parts(
             if unused > 0 {
                 drop(permit.split(unused));
             }
-            if tx
-                .send(Ok(Chunk {
-                    bytes,
-                    _permit: permit,
-                }))
-                .is_err()
-            {
+            if !send_part(tx, Ok(bytes), permit) {
                 return Ok(());
             }
         }
@@ -568,22 +562,28 @@ async fn read_parts(
         let result = task
             .await
             .unwrap_or_else(|e| Err(Error::Stopped(format!("part task failed: {e}"))));
-        match result {
-            Ok(bytes) => {
-                if tx
-                    .send(Ok(Chunk {
-                        bytes,
-                        _permit: permit,
-                    }))
-                    .is_err()
-                {
-                    return Ok(());
-                }
-            }
-            Err(error) => {
-                let _ = tx.send(Err(error));
-                return Ok(());
-            }
+        if !send_part(tx, result, permit) {
+            return Ok(());
+        }
+    }
+}
+
+/// Sends a part (or its error); `false` when reading must stop.
+fn send_part(
+    tx: &Sender<ChunkResult>,
+    part: Result<Vec<u8>, Error>,
+    permit: OwnedSemaphorePermit,
+) -> bool {
+    match part {
+        Ok(bytes) => tx
+            .send(Ok(Chunk {
+                bytes,
+                _permit: permit,
+            }))
+            .is_ok(),
+        Err(error) => {
+            let _ = tx.send(Err(error));
+            false
         }
     }
 }
