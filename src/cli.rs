@@ -241,7 +241,8 @@ fn index(
     s3: &S3Options,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let shards = spec::resolve_with(specs, s3)?;
+    let mut shards = spec::resolve_with(specs, s3)?;
+    crate::source::describe_s3_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     scan(&shards, s3, |sample, _| {
         let (offsets, lengths) = &mut spans[sample.id.shard];

@@ -190,6 +190,33 @@ impl Fetcher {
     }
 }
 
+/// Fills in the size and ETag of the S3 shards that lack a size (HEAD each).
+pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard]) -> Result<()> {
+    if !shards
+        .iter()
+        .any(|s| s.size.is_none() && matches!(s.location(), Location::S3 { .. }))
+    {
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
+    let result = runtime.block_on(async {
+        let client = s3::S3Client::new(options).await;
+        for shard in shards.iter_mut().filter(|s| s.size.is_none()) {
+            if let Location::S3 { bucket, key } = shard.location() {
+                let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
+                shard.size = Some(size);
+                shard.etag = etag;
+            }
+        }
+        Ok(())
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
 /// prefix)`, its `*.tar` objects sorted by key, as shards with their sizes.
 pub fn list_s3_prefixes(

@@ -108,6 +108,34 @@ impl S3Client {
     }
 }
 
+impl S3Client {
+    /// The size and ETag of one object (HEAD).
+    pub async fn head(
+        &self,
+        url: &str,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(u64, Option<String>), Error> {
+        let output = self
+            .client
+            .head_object()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| match classify(url, 0, &e) {
+                Failure::Fatal(error) => error,
+                Failure::Retry(reason) => Error::Read {
+                    url: url.to_owned(),
+                    offset: 0,
+                    source: std::io::Error::other(format!("HEAD failed: {reason}")),
+                },
+            })?;
+        let size = output.content_length().unwrap_or(0).max(0) as u64;
+        Ok((size, output.e_tag().map(str::to_owned)))
+    }
+}
+
 /// What a failed request or body means for the read.
 enum Failure {
     /// Worth another attempt (throttling, 5xx, timeouts, resets).

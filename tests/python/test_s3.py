@@ -179,3 +179,17 @@ def test_index_records_etags_and_a_replaced_object_mismatches(s3, s3_dataset, tm
             StreamingDataset(f"s3://{BUCKET}/audio/", s3=config(s3), manifest=manifest)
     finally:
         client.put_object(Bucket=BUCKET, Key=victim, Body=body)
+
+
+def test_index_of_explicit_keys_asks_their_size_and_etag(s3, s3_dataset, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    urls = s3_dataset["urls"][:3]
+    cli = ["shardstream", "--s3-endpoint-url", s3.endpoint_url, "--s3-path-style"]
+    assert shardstream._core.run_cli([*cli, "index", *urls, "-o", str(manifest)]) == 0
+    entries = json.loads(manifest.read_text())["shards"]
+    assert [e["url"] for e in entries] == urls
+    assert [e["size"] for e in entries] == [s3_dataset["sizes"][u] for u in urls]
+    assert all(e["etag"] for e in entries)
+    ds = StreamingDataset(urls, s3=config(s3), manifest=manifest, remainder="pad", world_size=2)
+    expected = sum(1 for _, (u, _) in s3_dataset["expected"].items() if u in urls)
+    assert len(ds) == -(-expected // 2)
