@@ -31,8 +31,10 @@ demo: develop ## Make a small audio dataset and stream it through a DataLoader
 
 test: develop test-rust test-python ## Install everything and run every Rust and Python test
 
-test-rust: ## Run the Rust tests
-	cargo test $(CARGO_PROFILE)
+# The `python` feature too, so dependencies resolve to the same features as
+# maturin's build and are not compiled twice.
+test-rust: $(STAMP) ## Run the Rust tests
+	cargo test $(CARGO_PROFILE) --features python
 
 test-python: develop ## Run the Python tests
 	$(PY) -m pytest -q
