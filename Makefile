@@ -41,7 +41,6 @@ test-python: develop ## Run the Python tests
 
 lint: $(STAMP) ## rustfmt, clippy, ruff and stubtest
 	cargo fmt --check
-	cargo clippy $(CARGO_PROFILE) --all-targets -- -D warnings
 	cargo clippy $(CARGO_PROFILE) --all-targets --features python -- -D warnings
 	ruff check python tests examples benches
 	ruff format --check python tests examples benches
