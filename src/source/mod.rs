@@ -190,21 +190,34 @@ impl Fetcher {
     }
 }
 
-/// Fills in the size and ETag of the S3 shards that lack a size (HEAD each).
-pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard]) -> Result<()> {
-    if !shards
-        .iter()
-        .any(|s| s.size.is_none() && matches!(s.location(), Location::S3 { .. }))
-    {
-        return Ok(());
-    }
+/// Runs `work` with a fresh S3 client on a runtime made for it and shut
+/// down before returning, so no thread outlives the call (DataLoader
+/// workers may fork next).
+fn with_s3_client<T>(
+    options: &S3Options,
+    work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
+) -> Result<T> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
     let result = runtime.block_on(async {
         let client = s3::S3Client::new(options).await;
-        for shard in shards.iter_mut().filter(|s| s.size.is_none()) {
+        work(&client).await
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+/// Fills in the size and ETag of the S3 shards that lack a size (HEAD each).
+pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard]) -> Result<()> {
+    let unknown =
+        |s: &crate::spec::Shard| s.size.is_none() && matches!(s.location(), Location::S3 { .. });
+    if !shards.iter().any(unknown) {
+        return Ok(());
+    }
+    with_s3_client(options, async |client| {
+        for shard in shards.iter_mut().filter(|s| unknown(s)) {
             if let Location::S3 { bucket, key } = shard.location() {
                 let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
                 shard.size = Some(size);
@@ -212,25 +225,17 @@ pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard
             }
         }
         Ok(())
-    });
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
+    })
 }
 
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
-/// prefix)`, its `*.tar` objects sorted by key, as shards with their sizes.
+/// prefix)`, its `*.tar` objects sorted by key, as shards with their sizes
+/// and ETags.
 pub fn list_s3_prefixes(
     options: &S3Options,
     listings: &[(usize, String, String, String)],
 ) -> Result<Vec<Vec<crate::spec::Shard>>> {
-    // A runtime just for the listing, shut down before returning, so no
-    // thread outlives it (DataLoader workers may fork next).
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-    let result = runtime.block_on(async {
-        let client = s3::S3Client::new(options).await;
+    with_s3_client(options, async |client| {
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
             let objects = client
@@ -247,9 +252,7 @@ pub fn list_s3_prefixes(
             );
         }
         Ok(all)
-    });
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
+    })
 }
 
 /// Marker: the consumer has gone, stop fetching.

@@ -84,14 +84,7 @@ impl S3Client {
                 .set_continuation_token(token.take())
                 .send()
                 .await
-                .map_err(|e| match classify(url, 0, &e) {
-                    Failure::Fatal(error) => error,
-                    Failure::Retry(reason) => Error::Read {
-                        url: url.to_owned(),
-                        offset: 0,
-                        source: std::io::Error::other(format!("listing failed: {reason}")),
-                    },
-                })?;
+                .map_err(|e| request_error(url, "listing", &e))?;
             for object in page.contents() {
                 if let Some(key) = object.key().filter(|k| k.ends_with(suffix)) {
                     let size = object.size().unwrap_or(0).max(0) as u64;
@@ -106,9 +99,7 @@ impl S3Client {
         objects.sort();
         Ok(objects)
     }
-}
 
-impl S3Client {
     /// The size and ETag of one object (HEAD).
     pub async fn head(
         &self,
@@ -123,16 +114,25 @@ impl S3Client {
             .key(key)
             .send()
             .await
-            .map_err(|e| match classify(url, 0, &e) {
-                Failure::Fatal(error) => error,
-                Failure::Retry(reason) => Error::Read {
-                    url: url.to_owned(),
-                    offset: 0,
-                    source: std::io::Error::other(format!("HEAD failed: {reason}")),
-                },
-            })?;
+            .map_err(|e| request_error(url, "HEAD", &e))?;
         let size = output.content_length().unwrap_or(0).max(0) as u64;
         Ok((size, output.e_tag().map(str::to_owned)))
+    }
+}
+
+/// The error of a request that is not retried (listing, HEAD).
+fn request_error<E: ProvideErrorMetadata + std::fmt::Debug>(
+    url: &str,
+    what: &str,
+    error: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+) -> Error {
+    match classify(url, 0, error) {
+        Failure::Fatal(error) => error,
+        Failure::Retry(reason) => Error::Read {
+            url: url.to_owned(),
+            offset: 0,
+            source: std::io::Error::other(format!("{what} failed: {reason}")),
+        },
     }
 }
 

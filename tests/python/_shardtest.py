@@ -20,11 +20,13 @@ import subprocess
 import sys
 import tarfile
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples"
@@ -69,18 +71,20 @@ class ExpectedSample:
         return {name: sha256(value) for name, value in self.fields.items()}
 
 
+def sample_members(tar: tarfile.TarFile) -> Iterator[tuple[tarfile.TarInfo, tuple[str, str]]]:
+    """The regular members that carry a field, with their ``(key, field)``."""
+    for member in tar:
+        split = split_member(member.name) if member.isreg() else None
+        if split is not None:
+            yield member, split
+
+
 def read_tar_samples(path: str | Path, url: str | None = None) -> list[ExpectedSample]:
     """The samples of one tar shard, in order, by the WebDataset rule."""
     url = str(path) if url is None else url
     samples: list[ExpectedSample] = []
     with tarfile.open(path, "r:") as tar:
-        for member in tar:
-            if not member.isreg():
-                continue
-            split = split_member(member.name)
-            if split is None:
-                continue
-            key, name = split
+        for member, (key, name) in sample_members(tar):
             extracted = tar.extractfile(member)
             assert extracted is not None
             data = extracted.read()
@@ -340,12 +344,7 @@ def tar_sample_spans(path: str | Path) -> list[tuple[str, int, int]]:
     the end of the last member's data padded to a 512-byte block."""
     spans: list[list[Any]] = []
     with tarfile.open(path, "r:") as tar:
-        for member in tar:
-            if not member.isreg():
-                continue
-            split = split_member(member.name)
-            if split is None:
-                continue
+        for member, split in sample_members(tar):
             end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
             if spans and spans[-1][0] == split[0]:
                 spans[-1][2] = end
@@ -437,3 +436,34 @@ def kill_launch(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
     proc.wait()
+
+
+def run_bounded(
+    command: list[str], *, cwd: Any, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``command`` in a session of its own; on ``timeout`` kills it with
+    every descendant (``kill_launch``) and fails the test. When it was killed
+    by a signal, what is left of its process group (DataLoader workers) is
+    ended too."""
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_launch(proc)
+        stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"{command} did not finish within {timeout} s\n"
+            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+        )
+    if proc.returncode < 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)

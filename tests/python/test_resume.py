@@ -4,7 +4,6 @@ layouts, states that do not fit, and a real crash (SIGKILL) and restart of
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
@@ -25,6 +24,7 @@ from _shardtest import (
     keys_of,
     load_schema,
     loader,
+    run_bounded,
     slot_states,
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -590,26 +590,7 @@ def run_example(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
     (DataLoader workers included) is killed afterwards or on timeout."""
     command = [sys.executable, str(EXAMPLES_DIR / "resume.py"), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=SUBPROCESS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{command} timed out\nstdout:\n{stdout}\nstderr:\n{stderr[-3000:]}")
-    if proc.returncode < 0:
-        # Killed: its DataLoader workers may linger for a moment; end them.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    return run_bounded(command, cwd=cwd, env=env, timeout=SUBPROCESS_TIMEOUT)
 
 
 def test_killed_and_resumed_run_is_one_epoch(uneven_dataset, tmp_path):

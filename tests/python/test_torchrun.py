@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from _shardtest import EXAMPLES_DIR, assert_exactly_once, kill_launch
+from _shardtest import EXAMPLES_DIR, assert_exactly_once, run_bounded
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -31,25 +31,7 @@ def run_torchrun(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
         str(NPROC),
         *args,
     ]
-    proc = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        kill_launch(proc)
-        stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"torchrun did not finish within {LAUNCH_TIMEOUT} s\n"
-            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
-        )
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    return run_bounded(command, cwd=cwd, env=env, timeout=LAUNCH_TIMEOUT)
 
 
 @pytest.mark.parametrize("epoch", [0, 1])
