@@ -7,6 +7,11 @@ Run it with torchrun (CPU and the ``gloo`` backend are enough)::
     torchrun --standalone --nproc_per_node 2 examples/ddp_check.py \\
         '/tmp/shards/shard-{000000..000007}.tar' /tmp/ddp-out
 
+or over S3 (here an S3-compatible server on loopback)::
+
+    torchrun --standalone --nproc_per_node 2 examples/ddp_check.py \
+        s3://bucket/shards/ /tmp/ddp-out --s3-endpoint-url http://127.0.0.1:9000
+
 Each rank joins the process group, builds ``StreamingDataset(DATA_SPEC)``
 *without* passing ``rank``/``world_size`` (they come from
 ``torch.distributed``), reads one epoch through a ``DataLoader`` with
@@ -34,7 +39,7 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from shardstream import StreamingDataset
+from shardstream import S3Config, StreamingDataset
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "data_spec",
-        help="dataset spec: shard path, brace range (quote it), file:// URL or directory",
+        help="dataset spec: path, brace range (quote it), file:// URL, directory or s3:// URL",
     )
     parser.add_argument("out_dir", type=Path, help="where to write rank-{rank}.json")
     parser.add_argument(
@@ -54,12 +59,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--backend", default="gloo", help="torch.distributed backend (default: gloo)"
     )
+    parser.add_argument(
+        "--s3-endpoint-url",
+        help="for s3:// specs: an S3-compatible endpoint, addressed path-style",
+    )
     return parser.parse_args(argv)
 
 
 def read_epoch(args: argparse.Namespace) -> dict:
     """This rank's share of one epoch: its keys, in the order it read them."""
-    dataset = StreamingDataset(args.data_spec, seed=args.seed)
+    s3 = (
+        S3Config(endpoint_url=args.s3_endpoint_url, path_style=True)
+        if args.s3_endpoint_url
+        else None
+    )
+    dataset = StreamingDataset(args.data_spec, seed=args.seed, s3=s3)
     dataset.set_epoch(args.epoch)
     loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
     keys = [sample["__key__"] for sample in loader]

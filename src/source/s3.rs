@@ -76,15 +76,15 @@ impl S3Client {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = self
+            let request = self
                 .client
                 .list_objects_v2()
                 .bucket(bucket)
                 .prefix(prefix)
-                .set_continuation_token(token.take())
-                .send()
-                .await
-                .map_err(|e| request_error(url, "listing", &e))?;
+                .set_continuation_token(token.take());
+            let page = self
+                .send_with_retries(url, "listing", || request.clone().send())
+                .await?;
             for object in page.contents() {
                 if let Some(key) = object.key().filter(|k| k.ends_with(suffix)) {
                     let size = object.size().unwrap_or(0).max(0) as u64;
@@ -107,32 +107,47 @@ impl S3Client {
         bucket: &str,
         key: &str,
     ) -> Result<(u64, Option<String>), Error> {
+        let request = self.client.head_object().bucket(bucket).key(key);
         let output = self
-            .client
-            .head_object()
-            .bucket(bucket)
-            .key(key)
-            .send()
-            .await
-            .map_err(|e| request_error(url, "HEAD", &e))?;
+            .send_with_retries(url, "HEAD", || request.clone().send())
+            .await?;
         let size = output.content_length().unwrap_or(0).max(0) as u64;
         Ok((size, output.e_tag().map(str::to_owned)))
     }
-}
 
-/// The error of a request that is not retried (listing, HEAD).
-fn request_error<E: ProvideErrorMetadata + std::fmt::Debug>(
-    url: &str,
-    what: &str,
-    error: &SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
-) -> Error {
-    match classify(url, 0, error) {
-        Failure::Fatal(error) => error,
-        Failure::Retry(reason) => Error::Read {
-            url: url.to_owned(),
-            offset: 0,
-            source: std::io::Error::other(format!("{what} failed: {reason}")),
-        },
+    /// Sends a metadata request (listing, HEAD) with the same bounded
+    /// retries and first-byte timeout as object reads.
+    async fn send_with_retries<T, E, F, Fut>(
+        &self,
+        url: &str,
+        what: &str,
+        mut send: F,
+    ) -> Result<T, Error>
+    where
+        E: ProvideErrorMetadata + std::fmt::Debug,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<
+            Output = Result<T, SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
+        >,
+    {
+        let mut retries = Retries::new(&self.options, url, 0);
+        loop {
+            let result = match tokio::time::timeout(self.options.first_byte_timeout, send()).await {
+                Ok(result) => result,
+                Err(_) => Err(SdkError::timeout_error(format!(
+                    "no response within {:?}",
+                    self.options.first_byte_timeout
+                ))),
+            };
+            let reason = match result {
+                Ok(output) => return Ok(output),
+                Err(error) => match classify(url, 0, &error) {
+                    Failure::Fatal(error) => return Err(error),
+                    Failure::Retry(reason) => format!("{what} failed: {reason}"),
+                },
+            };
+            retries.wait(url, 0, reason).await?;
+        }
     }
 }
 
@@ -213,13 +228,7 @@ impl<'a> Retries<'a> {
     }
 
     /// Waits before the next attempt, or gives the error when out of attempts or time.
-    async fn wait(
-        &mut self,
-        url: &str,
-        offset: u64,
-        reason: String,
-        counters: &Counters,
-    ) -> Result<(), Error> {
+    async fn wait(&mut self, url: &str, offset: u64, reason: String) -> Result<(), Error> {
         self.attempt += 1;
         if self.attempt >= self.options.max_attempts
             || self.started.elapsed() >= self.options.max_retry_time
@@ -233,7 +242,6 @@ impl<'a> Retries<'a> {
                 )),
             });
         }
-        counters.add(Counter::Retries, 1);
         let cap = self
             .options
             .backoff_base
@@ -392,9 +400,6 @@ async fn stream_range(
             return Ok(Ok(()));
         }
         counters.add(Counter::Requests, 1);
-        if resuming {
-            counters.add(Counter::Resumes, 1);
-        }
         let request = get(s3, bucket, key, position, end, pinned.etag.as_deref());
         let mut body: ByteStream = match request.await {
             Ok(output) => {
@@ -425,9 +430,10 @@ async fn stream_range(
             Err(error) => match classify(url, position, &error) {
                 Failure::Fatal(error) => return Ok(Err(error)),
                 Failure::Retry(reason) => {
-                    if let Err(error) = retries.wait(url, position, reason, counters).await {
+                    if let Err(error) = retries.wait(url, position, reason).await {
                         return Ok(Err(error));
                     }
+                    counters.add(Counter::Retries, 1);
                     continue;
                 }
             },
@@ -449,9 +455,11 @@ async fn stream_range(
         };
         if let Some(reason) = broke {
             resuming = true;
-            if let Err(error) = retries.wait(url, position, reason, counters).await {
+            if let Err(error) = retries.wait(url, position, reason).await {
                 return Ok(Err(error));
             }
+            counters.add(Counter::Retries, 1);
+            counters.add(Counter::Resumes, 1);
         }
     }
 }

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _shardtest import (
@@ -12,9 +14,11 @@ from _shardtest import (
     describe,
     index_manifest,
     load_example,
+    read_tar_samples,
     write_tar,
     write_uneven_dataset,
 )
+from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, S3Server, running_s3_server
 
 SHARDS = 8
 SAMPLES_PER_SHARD = 12
@@ -98,3 +102,38 @@ def uneven_dataset(tmp_path_factory: pytest.TempPathFactory) -> DatasetInfo:
     info = write_uneven_dataset(root)
     index_manifest([root], root / "manifest.json")
     return info
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """moto's S3 server, a subprocess on a free loopback port."""
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_dataset(s3: S3Server, dataset: DatasetInfo) -> dict[str, Any]:
+    """The ``dataset`` shards uploaded under ``s3://train/audio/``: their
+    URLs, ``{key: (url, digest)}`` of every sample, and ``{url: size}``."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    urls = []
+    for path in dataset.paths:
+        key = f"audio/{path.name}"
+        client.upload_file(str(path), BUCKET, key)
+        urls.append(f"s3://{BUCKET}/{key}")
+    expected = {}
+    for path, url in zip(dataset.paths, urls, strict=True):
+        for sample in read_tar_samples(path, url):
+            expected[sample.key] = (url, sample.digest())
+    sizes = {url: path.stat().st_size for path, url in zip(dataset.paths, urls, strict=True)}
+    return {"urls": urls, "expected": expected, "sizes": sizes}
+
+
+@pytest.fixture
+def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test server's keys in the environment, and no profile."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", TEST_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)

@@ -7,51 +7,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from _shardtest import DatasetInfo, read_tar_samples, sample_digest
-from s3_server import S3Server, running_s3_server
+from _shardtest import read_tar_samples, sample_digest, tar_bytes
+from s3_server import BUCKET
+from s3_server import s3_config as config
 
 import shardstream
-from shardstream import S3Config, StreamingDataset
+from shardstream import StreamingDataset
 
-BUCKET = "train"
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> Iterator[S3Server]:
-    with running_s3_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def s3_dataset(s3: S3Server, dataset: DatasetInfo) -> dict:
-    client = s3.client()
-    client.create_bucket(Bucket=BUCKET)
-    urls = []
-    for path in dataset.paths:
-        key = f"audio/{path.name}"
-        client.upload_file(str(path), BUCKET, key)
-        urls.append(f"s3://{BUCKET}/{key}")
-    expected = {}
-    for path, url in zip(dataset.paths, urls, strict=True):
-        for sample in read_tar_samples(path, url):
-            expected[sample.key] = (url, sample.digest())
-    sizes = {url: path.stat().st_size for path, url in zip(dataset.paths, urls, strict=True)}
-    return {"urls": urls, "expected": expected, "sizes": sizes}
-
-
-def config(s3: S3Server, **kw) -> S3Config:
-    return S3Config(endpoint_url=s3.endpoint_url, region="us-east-1", path_style=True, **kw)
-
-
-@pytest.fixture(autouse=True)
-def credentials(monkeypatch) -> None:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+pytestmark = pytest.mark.usefixtures("s3_credentials")
 
 
 def collect(ds: StreamingDataset, num_workers: int) -> list[dict]:
@@ -193,3 +160,28 @@ def test_index_of_explicit_keys_asks_their_size_and_etag(s3, s3_dataset, tmp_pat
     ds = StreamingDataset(urls, s3=config(s3), manifest=manifest, remainder="pad", world_size=2)
     expected = sum(1 for _, (u, _) in s3_dataset["expected"].items() if u in urls)
     assert len(ds) == -(-expected // 2)
+
+
+def test_listing_pages_past_1000_keys(s3):
+    """ListObjectsV2 returns at most 1000 keys a page: a prefix of 1003
+    shards (and a few other objects) needs every page, filtered and sorted."""
+    client = s3.client()
+    bucket = "many-shards"
+    client.create_bucket(Bucket=bucket)
+    count = 1003
+    names = [f"part/s-{i:05d}.tar" for i in range(count)]
+
+    def upload(i: int) -> None:
+        body = tar_bytes([(f"k{i:05d}.txt", str(i).encode())])
+        client.put_object(Bucket=bucket, Key=names[i], Body=body)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(upload, reversed(range(count))))
+    for other in ("part/index.json", "part/zzz.txt", "part/s-00001.tar.bak"):
+        client.put_object(Bucket=bucket, Key=other, Body=b"{}")
+    ds = StreamingDataset(f"s3://{bucket}/part/", s3=config(s3), shuffle_buffer=64)
+    assert [url for url, _ in ds.shards] == [f"s3://{bucket}/{name}" for name in names]
+    samples = collect(ds, 2)
+    assert Counter(s["__key__"] for s in samples) == Counter(f"k{i:05d}" for i in range(count))
+    assert all(s["txt"] == str(int(s["__key__"][1:])).encode() for s in samples)
+    assert ds.stats()["bytes_read"] == sum(size for _, size in ds.shards)

@@ -1,5 +1,6 @@
 """``examples/ddp_check.py`` under torchrun: two CPU ranks (gloo), two
-DataLoader workers each, rank and world size taken from torch.distributed."""
+DataLoader workers each, rank and world size taken from torch.distributed,
+shards on local disk and on S3 (moto's server on loopback)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import sys
 
 import pytest
 from _shardtest import EXAMPLES_DIR, assert_exactly_once, run_bounded
+from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
 WORKERS = 2
 
 
-def run_torchrun(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
+def run_torchrun(
+    args: list[str], cwd, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Runs torchrun in its own process group; on timeout kills the group
     (launcher and ranks) and fails."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
     command = [
@@ -34,17 +38,22 @@ def run_torchrun(args: list[str], cwd) -> subprocess.CompletedProcess[str]:
     return run_bounded(command, cwd=cwd, env=env, timeout=LAUNCH_TIMEOUT)
 
 
-@pytest.mark.parametrize("epoch", [0, 1])
-def test_ddp_ranks_split_the_dataset(dataset, tmp_path, epoch):
+def launch_check(spec: str, tmp_path, epoch: int, *extra: str, env=None) -> list[dict]:
+    """Runs ddp_check.py under torchrun; returns every rank's record."""
     out_dir = tmp_path / "out"
     script = EXAMPLES_DIR / "ddp_check.py"
-    args = [str(script), dataset.spec, str(out_dir), "--workers", str(WORKERS)]
-    args += ["--epoch", str(epoch), "--seed", "13"]
-    proc = run_torchrun(args, cwd=tmp_path)
+    args = [str(script), spec, str(out_dir), "--workers", str(WORKERS)]
+    args += ["--epoch", str(epoch), "--seed", "13", *extra]
+    proc = run_torchrun(args, cwd=tmp_path, env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
-
-    records = [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(NPROC)]
+    assert "ok:" in proc.stdout
     assert sorted(out_dir.iterdir()) == [out_dir / f"rank-{r}.json" for r in range(NPROC)]
+    return [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(NPROC)]
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_ddp_ranks_split_the_dataset(dataset, tmp_path, epoch):
+    records = launch_check(dataset.spec, tmp_path, epoch)
     per_rank = []
     for rank, record in enumerate(records):
         assert record["rank"] == rank
@@ -59,4 +68,16 @@ def test_ddp_ranks_split_the_dataset(dataset, tmp_path, epoch):
         per_rank.append(keys)
     assert not set(per_rank[0]) & set(per_rank[1])
     assert_exactly_once(per_rank[0] + per_rank[1], dataset.keys)
-    assert "ok:" in proc.stdout
+
+
+def test_ddp_ranks_split_an_s3_prefix(s3, s3_dataset, tmp_path):
+    env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+    records = launch_check(
+        f"s3://{BUCKET}/audio/", tmp_path, 0, "--s3-endpoint-url", s3.endpoint_url, env=env
+    )
+    keys = [key for record in records for key in record["keys"]]
+    assert all(record["keys"] for record in records)
+    assert_exactly_once(keys, list(s3_dataset["expected"]))
+    # Read amplification 1.00 across ranks and their workers.
+    fetched = sum(record["stats"]["bytes_read"] for record in records)
+    assert fetched == sum(s3_dataset["sizes"].values())

@@ -1,0 +1,242 @@
+"""A fault-injecting HTTP proxy for S3 tests and benchmarks.
+
+It sits between a client and an S3-compatible server on 127.0.0.1 and
+forwards every request unchanged (Host header included, so signatures still
+match), while it can answer some GETs with 503 SlowDown, reset connections
+before answering, delay the first byte, cut or stall bodies mid-way and cap
+each connection's bandwidth. Faults hit every k-th GET, counted in arrival
+order, and every fault injected is counted, so a test can compare the
+client's own retry and resume counters with what really happened.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
+UPSTREAM_TIMEOUT = 60.0
+WRITE_CHUNK = 16 << 10
+# A stall never lasts longer than this, whatever a test asks.
+MAX_STALL = 30.0
+
+
+@dataclass
+class Faults:
+    """What the proxy does to GET requests; 0 turns a fault off.
+
+    Attributes:
+        slowdown_every: answer every k-th GET with 503 SlowDown.
+        slowdown_first: answer the first k GETs with 503 SlowDown.
+        reset_every: close the connection of every k-th GET without answering.
+        cut_every: cut the body of every k-th GET after ``cut_after`` bytes.
+        cut_after: body bytes sent before a cut or a stall.
+        stall_every: stop sending the body of every k-th GET for
+            ``stall_seconds`` after ``cut_after`` bytes, then close.
+        stall_seconds: how long a stall lasts.
+        first_byte_delay: seconds to wait before every GET's response.
+        delay_every: only every k-th GET gets ``first_byte_delay`` (0: all).
+        bandwidth: bytes per second per connection (0: no cap).
+        on_cut: called with the request path after a body is cut, before
+            the connection closes (a test may replace the object here).
+    """
+
+    slowdown_every: int = 0
+    slowdown_first: int = 0
+    reset_every: int = 0
+    cut_every: int = 0
+    cut_after: int = 0
+    stall_every: int = 0
+    stall_seconds: float = 0.0
+    first_byte_delay: float = 0.0
+    delay_every: int = 0
+    bandwidth: float = 0.0
+    on_cut: Callable[[str], None] | None = None
+
+
+@dataclass
+class Injected:
+    """How many of each fault the proxy injected, how many GETs it saw, and
+    the ``(Range, If-Match)`` headers of the ranged ones."""
+
+    gets: int = 0
+    slowdowns: int = 0
+    resets: int = 0
+    cuts: int = 0
+    stalls: int = 0
+    delays: int = 0
+    ranged_gets: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+@dataclass
+class FaultProxy:
+    """A running proxy: its endpoint, the faults it injects (change them at
+    any time) and the counts of what it injected."""
+
+    endpoint_url: str
+    faults: Faults
+    injected: Injected
+    lock: threading.Lock
+
+    def reset(self, faults: Faults | None = None) -> None:
+        """New faults and zeroed counts."""
+        with self.lock:
+            self.faults = faults or Faults()
+            self.injected = Injected()
+
+
+def _every(k: int, n: int) -> bool:
+    return k > 0 and n % k == 0
+
+
+def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        upstream_conn: http.client.HTTPConnection | None = None
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _upstream(self) -> http.client.HTTPConnection:
+            if self.upstream_conn is None:
+                self.upstream_conn = http.client.HTTPConnection(*upstream, timeout=UPSTREAM_TIMEOUT)
+            return self.upstream_conn
+
+        def _forward(self) -> tuple[int, str, list[tuple[str, str]], bytes]:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            for attempt in range(2):
+                conn = self._upstream()
+                try:
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                    return response.status, response.reason, response.getheaders(), data
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    self.upstream_conn = None
+                    if attempt == 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        def _decide(self) -> tuple[Faults, int]:
+            proxy = proxy_ref[0]
+            with proxy.lock:
+                if self.command != "GET":
+                    return Faults(bandwidth=proxy.faults.bandwidth), 0
+                proxy.injected.gets += 1
+                if "Range" in self.headers:
+                    ranged = (self.headers["Range"], self.headers.get("If-Match"))
+                    proxy.injected.ranged_gets.append(ranged)
+                return proxy.faults, proxy.injected.gets
+
+        def _count(self, name: str) -> None:
+            proxy = proxy_ref[0]
+            with proxy.lock:
+                setattr(proxy.injected, name, getattr(proxy.injected, name) + 1)
+
+        def _send_body(self, data: bytes, faults: Faults, n: int) -> None:
+            cut = _every(faults.cut_every, n) and faults.cut_after < len(data)
+            stall = _every(faults.stall_every, n) and faults.cut_after < len(data)
+            limit = faults.cut_after if cut or stall else len(data)
+            sent = 0
+            started = time.monotonic()
+            while sent < limit:
+                chunk = data[sent : min(limit, sent + WRITE_CHUNK)]
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                sent += len(chunk)
+                if faults.bandwidth > 0:
+                    ahead = sent / faults.bandwidth - (time.monotonic() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            if stall:
+                self._count("stalls")
+                time.sleep(min(faults.stall_seconds, MAX_STALL))
+            if cut:
+                self._count("cuts")
+                if faults.on_cut is not None:
+                    faults.on_cut(self.path)
+            if cut or stall:
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+
+        def _handle(self) -> None:
+            faults, n = self._decide()
+            if _every(faults.reset_every, n):
+                self._count("resets")
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if faults.first_byte_delay > 0 and (
+                faults.delay_every == 0 or _every(faults.delay_every, n)
+            ):
+                self._count("delays")
+                time.sleep(faults.first_byte_delay)
+            if _every(faults.slowdown_every, n) or n <= faults.slowdown_first:
+                self._count("slowdowns")
+                status, reason, headers, data = 503, "Slow Down", [], SLOWDOWN_BODY
+                headers = [("Content-Type", "application/xml")]
+            else:
+                status, reason, headers, data = self._forward()
+            self.send_response_only(status, reason)
+            for name, value in headers:
+                if name.lower() in HOP_BY_HOP:
+                    continue
+                if name.lower() == "content-length" and self.command != "HEAD":
+                    continue
+                self.send_header(name, value)
+            if self.command != "HEAD":
+                self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self._send_body(data, faults, n)
+
+        def _safely(self) -> None:
+            try:
+                self._handle()
+            except OSError:
+                self.close_connection = True
+
+        do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _safely
+
+    return Handler
+
+
+@contextmanager
+def running_fault_proxy(upstream_url: str, faults: Faults | None = None) -> Iterator[FaultProxy]:
+    """Starts a proxy to ``upstream_url`` on a free loopback port and stops it
+    afterwards."""
+    target = urlsplit(upstream_url)
+    if target.hostname is None or target.port is None:
+        raise ValueError(f"upstream needs a host and port: {upstream_url}")
+    proxy_ref: list[FaultProxy] = []
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), _handler(proxy_ref, (target.hostname, target.port))
+    )
+    server.daemon_threads = True
+    port = server.server_address[1]
+    proxy_ref.append(
+        FaultProxy(f"http://127.0.0.1:{port}", faults or Faults(), Injected(), threading.Lock())
+    )
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield proxy_ref[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

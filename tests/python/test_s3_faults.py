@@ -1,0 +1,173 @@
+"""S3 reads through a fault-injecting proxy (tests/python/fault_proxy.py)
+in front of moto's server: throttling, resets, first-byte delays, cut and
+stalled bodies. The output stays byte-identical to the source, the stats
+count exactly the retries and resumes the proxy caused, an object replaced
+mid-read raises, and every test ends within its bound."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _shardtest import read_tar_samples, sample_digest
+from fault_proxy import FaultProxy, Faults, running_fault_proxy
+from s3_server import BUCKET, S3Server, s3_config
+
+import shardstream
+from shardstream import StreamingDataset
+
+pytestmark = [pytest.mark.usefixtures("s3_credentials"), pytest.mark.timeout(120)]
+
+# Short backoff, so retries cost little time; at most this many attempts.
+FAST_RETRIES = {"max_attempts": 6, "max_retry_time": 30.0}
+
+
+@pytest.fixture
+def proxy(s3: S3Server) -> Iterator[FaultProxy]:
+    with running_fault_proxy(s3.endpoint_url) as running:
+        yield running
+
+
+def read_all(ds: StreamingDataset, num_workers: int = 0) -> list[dict[str, Any]]:
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers)
+    return list(loader)
+
+
+def assert_same_as_source(samples: list[dict[str, Any]], expected: dict, urls: list[str]) -> None:
+    """Every sample of ``urls`` once, each byte-identical to the source."""
+    wanted = [k for k, (u, _) in expected.items() if u in urls]
+    assert Counter(s["__key__"] for s in samples) == Counter(wanted)
+    for sample in samples:
+        url, digest = expected[sample["__key__"]]
+        assert (sample["__url__"], sample_digest(sample)) == (url, digest)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_slowdowns_and_resets_are_retried(proxy, s3_dataset, num_workers):
+    proxy.reset(Faults(slowdown_every=3, reset_every=5))
+    urls = s3_dataset["urls"]
+    ds = StreamingDataset(urls, s3=s3_config(proxy.endpoint_url, **FAST_RETRIES))
+    assert_same_as_source(read_all(ds, num_workers), s3_dataset["expected"], urls)
+    stats, injected = ds.stats(), proxy.injected
+    assert injected.slowdowns > 0 and injected.resets > 0
+    # The HTTP client may itself resend a request whose connection closed
+    # before any answer, so a reset costs us at most one retry.
+    assert injected.slowdowns <= stats["retries"] <= injected.slowdowns + injected.resets
+    assert stats["requests"] <= injected.gets
+    assert stats["resumed_bodies"] == 0
+    assert stats["bytes_read"] == sum(s3_dataset["sizes"].values())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_cut_bodies_resume_from_the_last_byte_pinned_to_the_etag(proxy, s3_dataset, num_workers):
+    cut_after = 10_000
+    proxy.reset(Faults(cut_every=2, cut_after=cut_after))
+    urls = s3_dataset["urls"]
+    ds = StreamingDataset(urls, s3=s3_config(proxy.endpoint_url, **FAST_RETRIES))
+    assert_same_as_source(read_all(ds, num_workers), s3_dataset["expected"], urls)
+    stats, injected = ds.stats(), proxy.injected
+    assert injected.cuts > 0
+    assert stats["resumed_bodies"] == injected.cuts
+    assert stats["retries"] == injected.cuts
+    # Every byte fetched once: a resume asks for the rest only.
+    assert stats["bytes_read"] == sum(s3_dataset["sizes"].values())
+    # A resume asks for the rest from the last byte received, pinned to the ETag.
+    resumes = [(r, m) for r, m in injected.ranged_gets if not r.startswith("bytes=0-")]
+    assert len(resumes) == injected.cuts
+    for range_header, if_match in resumes:
+        start = int(range_header.removeprefix("bytes=").split("-")[0])
+        assert start % cut_after == 0, range_header
+        assert if_match and if_match.startswith('"'), "a resume must be pinned to the ETag"
+
+
+def test_stalled_body_resumes_after_the_idle_timeout(proxy, s3_dataset):
+    proxy.reset(Faults(stall_every=3, stall_seconds=3.0, cut_after=20_000))
+    urls = s3_dataset["urls"][:4]
+    ds = StreamingDataset(urls, s3=s3_config(proxy.endpoint_url, idle_timeout=0.5, **FAST_RETRIES))
+    assert_same_as_source(read_all(ds), s3_dataset["expected"], urls)
+    assert proxy.injected.stalls > 0
+    assert ds.stats()["resumed_bodies"] == proxy.injected.stalls
+
+
+def test_late_first_byte_times_out_and_is_retried(proxy, s3_dataset):
+    proxy.reset(Faults(first_byte_delay=2.0, delay_every=2))
+    urls = s3_dataset["urls"][:4]
+    ds = StreamingDataset(
+        urls, s3=s3_config(proxy.endpoint_url, first_byte_timeout=0.5, **FAST_RETRIES)
+    )
+    assert_same_as_source(read_all(ds), s3_dataset["expected"], urls)
+    assert proxy.injected.delays > 0
+    assert ds.stats()["retries"] == proxy.injected.delays
+
+
+def test_parallel_ranged_gets_survive_every_fault(proxy, s3_dataset):
+    proxy.reset(Faults(slowdown_every=4, cut_every=3, cut_after=5_000, reset_every=7))
+    urls = s3_dataset["urls"][:3]
+    options = s3_config(proxy.endpoint_url, part_size=16 << 10, max_concurrency=3, **FAST_RETRIES)
+    ds = StreamingDataset(urls, s3=options, shuffle_buffer=0)
+    assert_same_as_source(read_all(ds, 2), s3_dataset["expected"], urls)
+    stats, injected = ds.stats(), proxy.injected
+    assert injected.cuts > 0 and injected.slowdowns > 0
+    assert stats["resumed_bodies"] == injected.cuts
+    assert stats["retries"] >= injected.slowdowns + injected.cuts
+    assert stats["retries"] <= injected.slowdowns + injected.cuts + injected.resets
+    # Every part after the first (and every resume) is pinned to the first ETag.
+    later = [m for r, m in injected.ranged_gets if not r.startswith("bytes=0-")]
+    assert later and all(later)
+
+
+def test_listing_is_retried_under_throttling(proxy, s3_dataset):
+    proxy.reset(Faults(slowdown_first=2))
+    ds = StreamingDataset(f"s3://{BUCKET}/audio/", s3=s3_config(proxy.endpoint_url))
+    assert proxy.injected.slowdowns == 2
+    assert [url for url, _ in ds.shards] == sorted(s3_dataset["urls"])
+
+
+def test_persistent_throttling_gives_up_within_the_bound(proxy, s3_dataset):
+    proxy.reset(Faults(slowdown_every=1))
+    url = s3_dataset["urls"][0]
+    ds = StreamingDataset(url, s3=s3_config(proxy.endpoint_url, max_attempts=3))
+    started = time.monotonic()
+    with pytest.raises(shardstream.ShardReadError, match=r"gave up after 3 attempts.*SlowDown"):
+        next(iter(ds))
+    assert time.monotonic() - started < 30
+    assert proxy.injected.slowdowns == 3
+    with pytest.raises(shardstream.ShardReadError, match=url.replace(".", r"\.")):
+        next(iter(StreamingDataset(url, s3=s3_config(proxy.endpoint_url, max_attempts=2))))
+
+
+@pytest.mark.parametrize(("part_size", "cut_after"), [(None, 30_000), (8 << 10, 3_000)])
+def test_object_replaced_mid_read_raises_and_never_mixes_versions(
+    proxy, s3, s3_dataset, dataset, part_size, cut_after
+):
+    client = s3.client()
+    source = dataset.paths[0].read_bytes()
+    key = f"replaced/shard-{part_size}.tar"
+    client.put_object(Bucket=BUCKET, Key=key, Body=source)
+    url = f"s3://{BUCKET}/{key}"
+    replaced = []
+
+    def replace(path: str) -> None:
+        if not replaced:
+            # Another version of the same size: only the ETag can tell.
+            client.put_object(Bucket=BUCKET, Key=key, Body=source[::-1])
+            replaced.append(path)
+
+    proxy.reset(Faults(cut_every=1, cut_after=cut_after, on_cut=replace))
+    options = {"part_size": part_size, "max_concurrency": 2} if part_size else {}
+    ds = StreamingDataset(
+        url, s3=s3_config(proxy.endpoint_url, **options, **FAST_RETRIES), shuffle_buffer=0
+    )
+    original = {s.key: s.digest() for s in read_tar_samples(dataset.paths[0], url)}
+    got = []
+    with pytest.raises(shardstream.ObjectChangedError, match=key.replace(".", r"\.")):
+        for sample in ds:
+            got.append(sample)
+    assert replaced, f"the proxy never cut a body: {proxy.injected}"
+    for sample in got:
+        assert sample_digest(sample) == original[sample["__key__"]]
+    assert len(got) < len(original)
