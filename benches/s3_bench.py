@@ -1,0 +1,212 @@
+"""S3 benchmark behind `make bench`: one epoch of the example audio shards
+from a real S3-compatible server on loopback (moto's), read by shardstream,
+by a plain boto3 streaming GET per shard (parsed with `tarfile`), and by
+webdataset (which fetches http URLs with curl), interleaved in one run.
+
+    python benches/s3_bench.py --out bench-results [--repeats 3]
+
+Two network profiles: the server as it is, and behind a proxy
+(tests/python/fault_proxy.py) that adds a first-byte delay to every GET and
+caps each connection's bandwidth, as a remote store would. Every reader
+runs in a fresh subprocess with num_workers 0 and a DataLoader of batch 32
+(collate keeps the samples as they are); the table shows medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE.parent / "tests" / "python"))
+
+from fault_proxy import Faults, running_fault_proxy  # noqa: E402
+from make_dataset import make_dataset  # noqa: E402
+from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, running_s3_server  # noqa: E402
+
+PREFIX = "bench/"
+READERS = ["shardstream", "shardstream-parts", "boto3", "webdataset"]
+CHILD_TIMEOUT = 1800
+
+
+def shardstream_samples(endpoint: str, keys: list[str], parts: bool) -> Iterator[int]:
+    """Sample sizes from shardstream's prefix listing, through a DataLoader."""
+    from torch.utils.data import DataLoader
+
+    from shardstream import S3Config, StreamingDataset
+
+    options = {"part_size": 1 << 20, "max_concurrency": 4} if parts else {}
+    config = S3Config(endpoint_url=endpoint, region="us-east-1", path_style=True, **options)
+    dataset = StreamingDataset(f"s3://{BUCKET}/{PREFIX}", s3=config, seed=0, shuffle_buffer=0)
+    loader = DataLoader(dataset, batch_size=32, num_workers=0, collate_fn=list)
+    for batch in loader:
+        for sample in batch:
+            yield sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+
+
+def boto3_client(endpoint: str):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_KEY_ID,
+        aws_secret_access_key=TEST_SECRET,
+    )
+
+
+def boto3_samples(endpoint: str, keys: list[str]) -> Iterator[int]:
+    """Sample sizes from one streaming GET per shard, grouped by key."""
+    client = boto3_client(endpoint)
+    for key in keys:
+        body = client.get_object(Bucket=BUCKET, Key=key)["Body"]
+        current, size = None, 0
+        with tarfile.open(fileobj=body, mode="r|") as tar:
+            for member in tar:
+                if not member.isreg():
+                    continue
+                stem = member.name.split(".", 1)[0]
+                data = tar.extractfile(member)
+                assert data is not None
+                length = len(data.read())
+                if stem != current and current is not None:
+                    yield size
+                    size = 0
+                current, size = stem, size + length
+        if current is not None:
+            yield size
+
+
+def webdataset_samples(endpoint: str, keys: list[str]) -> Iterator[int]:
+    """Sample sizes from webdataset over the same objects (presigned URLs)."""
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    client = boto3_client(endpoint)
+    urls = [
+        client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key})
+        for key in keys
+    ]
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+    loader = DataLoader(dataset, batch_size=32, num_workers=0, collate_fn=list)
+    for batch in loader:
+        for sample in batch:
+            yield sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+
+
+def run_reader(reader: str, endpoint: str, keys: list[str]) -> dict[str, float]:
+    """Times one epoch; imports happen before the clock starts."""
+    import boto3  # noqa: F401
+    import torch  # noqa: F401
+    import webdataset  # noqa: F401
+
+    import shardstream  # noqa: F401
+
+    samples: Callable[[], Iterator[int]] = {
+        "shardstream": lambda: shardstream_samples(endpoint, keys, parts=False),
+        "shardstream-parts": lambda: shardstream_samples(endpoint, keys, parts=True),
+        "boto3": lambda: boto3_samples(endpoint, keys),
+        "webdataset": lambda: webdataset_samples(endpoint, keys),
+    }[reader]
+    start = time.perf_counter()
+    count = total = 0
+    for size in samples():
+        count += 1
+        total += size
+    return {"samples": count, "bytes": total, "seconds": time.perf_counter() - start}
+
+
+def measure(reader: str, endpoint: str, keys: list[str]) -> dict[str, float]:
+    """Runs `run_reader` in a fresh subprocess."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=TEST_KEY_ID, AWS_SECRET_ACCESS_KEY=TEST_SECRET)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", reader, endpoint, json.dumps(keys)],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        env=env,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{reader} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--samples-per-shard", type=int, default=48)
+    parser.add_argument("--first-byte-ms", type=float, default=20.0)
+    parser.add_argument("--bandwidth-mb", type=float, default=25.0, help="MB/s per connection")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        reader, endpoint, keys = args.child
+        print(json.dumps(run_reader(reader, endpoint, json.loads(keys))))
+        return
+
+    paths = make_dataset(
+        args.out / "s3-audio", shards=args.shards, samples_per_shard=args.samples_per_shard
+    )
+    dataset_mb = sum(p.stat().st_size for p in paths) / 1e6
+    latency = Faults(
+        first_byte_delay=args.first_byte_ms / 1000, bandwidth=args.bandwidth_mb * 1e6
+    )
+    profiles = {
+        "direct": None,
+        f"{args.first_byte_ms:.0f} ms first byte, {args.bandwidth_mb:.0f} MB/s per connection": (
+            latency
+        ),
+    }
+    rows = []
+    with ExitStack() as stack:
+        server = stack.enter_context(running_s3_server())
+        client = server.client()
+        client.create_bucket(Bucket=BUCKET)
+        keys = [f"{PREFIX}{p.name}" for p in paths]
+        for path, key in zip(paths, keys, strict=True):
+            client.upload_file(str(path), BUCKET, key)
+        for profile, faults in profiles.items():
+            endpoint = server.endpoint_url
+            if faults is not None:
+                endpoint = stack.enter_context(
+                    running_fault_proxy(server.endpoint_url, faults)
+                ).endpoint_url
+            runs: dict[str, list[dict[str, float]]] = {r: [] for r in READERS}
+            for _ in range(args.repeats):
+                for reader in READERS:
+                    runs[reader].append(measure(reader, endpoint, keys))
+            counts = {r: {run["samples"] for run in runs[r]} for r in READERS}
+            if len({c for values in counts.values() for c in values}) != 1:
+                raise SystemExit(f"readers disagree on the sample count: {counts}")
+            for reader in READERS:
+                seconds = statistics.median(run["seconds"] for run in runs[reader])
+                first = runs[reader][0]
+                rows.append((profile, reader, first["samples"] / seconds, first["bytes"] / 1e6 / seconds))
+
+    lines = ["| network | reader | samples/s | MB/s |", "|---|---|---|---|"]
+    for profile, reader, sps, mbps in rows:
+        lines.append(f"| {profile} | {reader} | {sps:,.0f} | {mbps:,.1f} |")
+    machine = (
+        f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, "
+        f"{len(paths)} shards, {dataset_mb:.0f} MB, median of {args.repeats} runs"
+    )
+    table = "\n".join(lines)
+    print(f"{machine}\n{table}")
+    (args.out / "s3_bench.md").write_text(f"{machine}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
