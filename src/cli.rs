@@ -1,6 +1,7 @@
 //! The `shardstream` command line: `inspect` a shard, `index` a dataset
 //! into a manifest, print a `plan`.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::config::{S3Options, SlotSpec, StreamOptions};
 use crate::error::{Error, Result};
+use crate::format::Compression;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::{self, PlanParams, Remainder};
@@ -65,9 +67,10 @@ impl S3Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// List a shard's samples: keys, fields and sizes.
+    /// List a shard's samples: keys, fields and sizes (gzip and zstd
+    /// shards are decompressed as they are read).
     Inspect {
-        /// Shard path or file:// URL.
+        /// Shard path, file:// or s3:// URL.
         shard: String,
         /// Print at most this many samples (totals still cover the whole shard).
         #[arg(long)]
@@ -174,12 +177,13 @@ where
 }
 
 /// Streams `shards` in listed order, one sample at a time, with a progress
-/// bar over their bytes; calls `each` per sample.
+/// bar over their (stored, maybe compressed) bytes; calls `each` per sample.
+/// Returns the compression of each compressed shard, by shard index.
 fn scan(
     shards: &[Shard],
     s3: &S3Options,
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
-) -> Result<()> {
+) -> Result<HashMap<usize, Compression>> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let options = StreamOptions::builder()
         .with_shuffle_shards(false)
@@ -188,13 +192,13 @@ fn scan(
         .build()?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
-    let stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;
+    let mut stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;
     let progress = ProgressBar::new(total).with_style(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {msg}")
             .expect("valid template"),
     );
     progress.enable_steady_tick(Duration::from_millis(200));
-    for event in stream {
+    for event in stream.by_ref() {
         match event? {
             Event::Sample(sample) => {
                 each(&sample, &progress)?;
@@ -204,14 +208,14 @@ fn scan(
         }
     }
     progress.finish_and_clear();
-    Ok(())
+    Ok(stream.compressed_shards())
 }
 
 fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write) -> Result<()> {
     let shards = spec::resolve_with(&[url.to_owned()], s3)?;
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let (mut samples, mut field_bytes) = (0u64, 0u64);
-    scan(&shards, s3, |sample, progress| {
+    let compressed = scan(&shards, s3, |sample, progress| {
         samples += 1;
         field_bytes += sample
             .fields
@@ -228,9 +232,13 @@ fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write)
         }
         Ok(())
     })?;
+    let stored = match compressed.get(&0) {
+        Some(compression) => format!("{compression}-compressed"),
+        None => "uncompressed".into(),
+    };
     writeln!(
         out,
-        "{samples} samples, {field_bytes} bytes of fields, {total} bytes in the shard"
+        "{samples} samples, {field_bytes} bytes of fields, {total} bytes in the shard ({stored})"
     )?;
     Ok(())
 }
@@ -244,14 +252,14 @@ fn index(
     let mut shards = spec::resolve_with(specs, s3)?;
     crate::source::describe_s3_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
-    scan(&shards, s3, |sample, _| {
+    let compressed = scan(&shards, s3, |sample, _| {
         let (offsets, lengths) = &mut spans[sample.id.shard];
         offsets.push(sample.offset);
         lengths.push(sample.length);
         Ok(())
     })?;
     let mut entries = Vec::with_capacity(shards.len());
-    for (shard, (offsets, lengths)) in shards.iter().zip(spans) {
+    for (position, (shard, (offsets, lengths))) in shards.iter().zip(spans).enumerate() {
         let mtime_ns = match shard.location() {
             Location::Local(path) => manifest::mtime_ns(&path),
             Location::S3 { .. } => None,
@@ -265,6 +273,7 @@ fn index(
             size,
             etag: shard.etag.clone(),
             mtime_ns,
+            compression: compressed.get(&position).copied(),
             samples: offsets.len() as u64,
             offsets,
             lengths,

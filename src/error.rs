@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::format::Compression;
+
 /// Result with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -77,20 +79,38 @@ pub enum Error {
     },
 
     /// The shard's bytes are not a valid archive of its format.
-    #[error("{url}: {reason} at byte offset {offset}{}", member_suffix(.member))]
+    #[error("{url}: {reason} at byte offset {offset}{}{}", decompressed_suffix(.compression), member_suffix(.member))]
     Format {
         /// Shard URL.
         url: String,
-        /// Byte offset in the shard where the problem was found.
+        /// Byte offset in the shard where the problem was found (in the
+        /// decompressed tar when `compression` is set).
         offset: u64,
+        /// The shard's compression, when it is compressed.
+        compression: Option<Compression>,
         /// Tar member being read, when known.
         member: Option<String>,
         /// What is wrong.
         reason: String,
     },
 
+    /// A compressed shard's stream is corrupt or ends early.
+    #[error("{url}: {reason} at compressed byte offset {compressed_offset} (byte offset {tar_offset} of the decompressed tar)")]
+    Decompress {
+        /// Shard URL.
+        url: String,
+        /// The stream's compression.
+        compression: Compression,
+        /// Offset in the shard's (compressed) bytes up to which the decoder had read.
+        compressed_offset: u64,
+        /// Tar bytes decoded before the failure.
+        tar_offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A field appears twice within one sample key.
-    #[error("{url}: field {field:?} repeated in sample {key:?} (member {member:?} at byte offset {offset})")]
+    #[error("{url}: field {field:?} repeated in sample {key:?} (member {member:?} at byte offset {offset}{})", decompressed_suffix(.compression))]
     DuplicateField {
         /// Shard URL.
         url: String,
@@ -100,8 +120,11 @@ pub enum Error {
         field: String,
         /// Tar member that repeats it.
         member: String,
-        /// Byte offset of that member's header.
+        /// Byte offset of that member's header (in the decompressed tar
+        /// when `compression` is set).
         offset: u64,
+        /// The shard's compression, when it is compressed.
+        compression: Option<Compression>,
     },
 
     /// A manifest cannot be read or is inconsistent in itself.
@@ -131,6 +154,12 @@ pub enum Error {
     Stopped(String),
 }
 
+fn decompressed_suffix(compression: &Option<Compression>) -> String {
+    compression
+        .map(|c| format!(" of the decompressed {c} tar"))
+        .unwrap_or_default()
+}
+
 fn member_suffix(member: &Option<String>) -> String {
     member
         .as_deref()
@@ -148,6 +177,7 @@ impl Error {
             | Error::Timeout { url, .. }
             | Error::Changed { url, .. }
             | Error::Format { url, .. }
+            | Error::Decompress { url, .. }
             | Error::DuplicateField { url, .. }
             | Error::ManifestMismatch { url, .. } => Some(url),
             Error::Spec { .. }

@@ -1,7 +1,9 @@
 //! The manifest: for every shard its size, ETag or mtime, sample count and
 //! each sample's byte offset and length. `shardstream index` builds it; with
 //! it the plan cuts shards at sample boundaries and reads pieces with
-//! byte-range reads. Its JSON form is documented by
+//! byte-range reads. For a compressed shard the offsets are in its
+//! decompressed tar, which cannot be entered mid-way: its pieces are read
+//! from the shard's start. Its JSON form is documented by
 //! `schemas/manifest.schema.json`.
 
 use std::collections::HashMap;
@@ -12,6 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::format::Compression;
 use crate::spec::{Location, Shard};
 
 /// The `format` field of every manifest.
@@ -47,9 +50,13 @@ pub struct ShardEntry {
     /// Modification time in nanoseconds since the epoch, for local files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtime_ns: Option<u64>,
+    /// The shard's compression; `None` (absent) for a plain tar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
     /// Number of samples.
     pub samples: u64,
-    /// Byte offset of each sample's first header.
+    /// Byte offset of each sample's first header (in the decompressed tar
+    /// of a compressed shard).
     pub offsets: Vec<u64>,
     /// Byte length of each sample, headers and padding included.
     pub lengths: Vec<u64>,
@@ -60,6 +67,7 @@ pub struct ShardEntry {
 pub struct SampleIndex {
     offsets: Vec<u64>,
     lengths: Vec<u64>,
+    compression: Option<Compression>,
 }
 
 impl SampleIndex {
@@ -83,6 +91,12 @@ impl SampleIndex {
         self.lengths[index as usize]
     }
 
+    /// The shard's compression: its spans are then offsets in the
+    /// decompressed tar, and no byte range of the shard holds a sample alone.
+    pub fn compression(&self) -> Option<Compression> {
+        self.compression
+    }
+
     /// The byte range holding samples `samples` (non-empty, within the shard).
     pub fn byte_range(&self, samples: &Range<u64>) -> Range<u64> {
         let last = samples.end as usize - 1;
@@ -101,9 +115,14 @@ impl ShardEntry {
                 self.lengths.len()
             ));
         }
+        // A compressed shard's decompressed tar may be larger than the shard.
+        let limit = match self.compression {
+            None => self.size,
+            Some(_) => u64::MAX,
+        };
         let mut end = 0;
         for (i, (&offset, &length)) in self.offsets.iter().zip(&self.lengths).enumerate() {
-            if offset < end || length == 0 || offset + length > self.size {
+            if offset < end || length == 0 || offset.saturating_add(length) > limit {
                 return Err(format!(
                     "{}: sample {i} spans bytes {offset}..{} (previous ends at {end}, size {})",
                     self.url,
@@ -206,6 +225,7 @@ impl Manifest {
             shard.index = Some(Arc::new(SampleIndex {
                 offsets: entry.offsets.clone(),
                 lengths: entry.lengths.clone(),
+                compression: entry.compression,
             }));
         }
         Ok(())
@@ -299,6 +319,7 @@ mod tests {
             size: 4096,
             etag: None,
             mtime_ns: Some(1),
+            compression: None,
             samples: 2,
             offsets: vec![0, 1024],
             lengths: vec![1024, 2048],
@@ -321,10 +342,27 @@ mod tests {
     }
 
     #[test]
+    fn compressed_entries_may_span_past_the_shard_size() {
+        let mut gz = entry();
+        gz.size = 100;
+        assert!(gz.check().is_err(), "a plain tar's samples lie within it");
+        gz.compression = Some(Compression::Gzip);
+        gz.check().unwrap();
+        let json = serde_json::to_string(&Manifest::new(vec![gz.clone()])).unwrap();
+        assert!(json.contains("\"compression\":\"gzip\""), "{json}");
+        assert_eq!(Manifest::from_json(&json, "m").unwrap().shards[0], gz);
+        let plain = serde_json::to_string(&Manifest::new(vec![entry()])).unwrap();
+        assert!(!plain.contains("compression"), "{plain}");
+        let bogus = json.replace("\"gzip\"", "\"lz4\"");
+        assert!(Manifest::from_json(&bogus, "m").is_err());
+    }
+
+    #[test]
     fn byte_ranges() {
         let index = SampleIndex {
             offsets: vec![0, 1024, 3072],
             lengths: vec![1024, 2048, 512],
+            compression: None,
         };
         assert_eq!(index.byte_range(&(1..3)), 1024..3584);
         assert_eq!(index.byte_range(&(0..1)), 0..1024);

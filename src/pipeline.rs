@@ -2,21 +2,26 @@
 //! thread, and hands samples to the consumer through a bounded queue. The
 //! consumer keeps a [`Mirror`] of the pipeline's position, so a stream can
 //! report its state after any sample and resume from it.
+//!
+//! A read that starts at a shard's first byte tells its compression by the
+//! magic bytes ([`TarStream`]). A compressed shard cannot be entered
+//! mid-way, so every read of one, a piece of it included, starts at its
+//! first byte and skips the samples before the piece.
 
 use std::collections::{HashMap, HashSet};
 use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::config::{OnError, SlotSpec, StreamOptions};
 use crate::error::{Error, Result};
-use crate::format::{tar, Sample, SampleId, ShardRef};
+use crate::format::{tar, Compression, Sample, SampleId, ShardRef, TarStream};
 use crate::manifest::SampleIndex;
 use crate::plan::{order, Purpose, WorkUnit};
 use crate::shuffle::{ByteSize, ShuffleBuffer};
-use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions};
+use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions, ShardReader};
 use crate::spec::Shard;
 use crate::state::{self, Mirror, Op, Resume, SlotState};
 use crate::stats::{Counter, Counters};
@@ -58,9 +63,13 @@ pub struct SampleStream {
     units: Vec<WorkUnit>,
     mirror: Mirror,
     identity: StateIdentity,
+    compressed: CompressedShards,
     done: bool,
     finished: bool,
 }
+
+/// The compression of each compressed shard read so far, by shard index.
+type CompressedShards = Arc<Mutex<HashMap<usize, Compression>>>;
 
 /// What the pipeline thread needs, kept until the stream starts.
 struct Launch {
@@ -140,6 +149,7 @@ impl SampleStream {
                 slot,
                 resumed_from,
             },
+            compressed: CompressedShards::default(),
             done: false,
             finished,
         })
@@ -178,6 +188,7 @@ impl SampleStream {
             cancelled: self.cancelled.clone(),
             ops: Vec::new(),
             finished: self.finished,
+            compressed: self.compressed.clone(),
         };
         std::thread::Builder::new()
             .name("shardstream-pipeline".into())
@@ -194,6 +205,15 @@ impl SampleStream {
     /// The epoch being streamed.
     pub fn epoch(&self) -> u64 {
         self.identity.epoch
+    }
+
+    /// The compression of every compressed shard opened so far, by shard
+    /// index (known before any of the shard's samples is handed out).
+    pub fn compressed_shards(&self) -> HashMap<usize, Compression> {
+        self.compressed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// The state as of the last sample handed out: resuming from it gives
@@ -379,7 +399,12 @@ fn make_read(
                     purpose,
                 });
             }
-            (Some(index.byte_range(&(samples.start..end))), samples.start)
+            match index.compression() {
+                // Offsets in a compressed shard are offsets in its
+                // decompressed tar: read it from its start.
+                Some(_) => (None, 0),
+                None => (Some(index.byte_range(&(samples.start..end))), samples.start),
+            }
         }
         None => (None, 0),
     };
@@ -410,6 +435,7 @@ struct Worker {
     /// Ops not yet sent to the consumer.
     ops: Vec<Op>,
     finished: bool,
+    compressed: CompressedShards,
 }
 
 /// Why a read stopped before its archive ended.
@@ -501,21 +527,26 @@ impl Worker {
             }
             return Ok(ControlFlow::Continue(()));
         };
-        let Some(mut reader) = self.read_ahead.next_shard()? else {
+        let Some(reader) = self.read_ahead.next_shard()? else {
             return Err(Error::Stopped(
                 "the source ended before the last shard".into(),
             ));
         };
-        let shard = ShardRef {
+        let mut shard = ShardRef {
             index: read.shard,
             url: Arc::from(reader.url()),
             base_offset: fetch.range.as_ref().map_or(0, |r| r.start),
             first_index: read.first_index,
+            compression: None,
+        };
+        let mut stream = match self.open_stream(read, reader, &mut shard) {
+            Ok(stream) => stream,
+            Err(error) => return self.settle(read, Err(error)),
         };
         let mut stop = None;
         let (shuffle, tx, counters, ops) =
             (&mut self.shuffle, &self.tx, &self.counters, &mut self.ops);
-        let result = tar::read_samples(&mut reader, &shard, |sample| {
+        let result = tar::read_samples(&mut stream, &shard, |sample| {
             let id = sample.id;
             if let Some(index) = &read.index {
                 if id.index >= index.len() || sample.offset != index.offset(id.index) {
@@ -609,6 +640,36 @@ impl Worker {
             (Ok(tar::Outcome::Stopped), None) => return Ok(ControlFlow::Break(())),
             (Err(error), _) => Err(error),
         };
+        self.settle(read, outcome)
+    }
+
+    /// The tar bytes of a read: a read from the shard's first byte tells
+    /// the compression by the magic bytes (and checks it against the
+    /// manifest); a ranged read inside a plain shard is taken as it is.
+    fn open_stream(
+        &self,
+        read: &Read,
+        reader: ShardReader,
+        shard: &mut ShardRef,
+    ) -> Result<TarStream<ShardReader>> {
+        if shard.base_offset > 0 {
+            return Ok(TarStream::plain(reader, &shard.url));
+        }
+        let stream = TarStream::open(reader, &shard.url)?;
+        shard.compression = stream.compression();
+        check_compression(read, shard)?;
+        if let Some(compression) = shard.compression {
+            self.compressed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(read.shard, compression);
+        }
+        Ok(stream)
+    }
+
+    /// Ends a read: counts a completed shard, or under `on_error="warn"`
+    /// skips a bad one with a [`Event::Skipped`]; other errors end the stream.
+    fn settle(&mut self, read: &Read, outcome: Result<()>) -> Result<ControlFlow<()>> {
         match outcome {
             Ok(()) => {
                 self.counters.add(Counter::ShardsCompleted, 1);
@@ -637,32 +698,52 @@ impl Worker {
         }
     }
 
-    /// After a ranged read ended with its archive: did it hold every sample
-    /// the manifest promised?
+    /// After a read with a manifest ended with its archive: did it hold
+    /// every sample the manifest promised?
     fn check_complete(&self, read: &Read, shard: &ShardRef, produced: u64) -> Result<()> {
-        let Some(fetch_range) = read.fetch.as_ref().and_then(|f| f.range.clone()) else {
+        let Some(index) = &read.index else {
             return Ok(());
         };
-        let expected = match &read.purpose {
-            ReadPurpose::Unit { samples, .. } => {
-                samples
-                    .end
-                    .min(read.index.as_ref().map_or(u64::MAX, |i| i.len()))
-                    - samples.start
-            }
-            ReadPurpose::Restore { wanted } => read_end(wanted) - read.first_index,
+        let end = match &read.purpose {
+            ReadPurpose::Unit { samples, .. } => samples.end.min(index.len()),
+            ReadPurpose::Restore { wanted } => read_end(wanted),
         };
+        let expected = end - read.first_index;
         if produced < expected {
+            let held = match read.fetch.as_ref().and_then(|f| f.range.clone()) {
+                Some(range) => format!("bytes {}..{} hold", range.start, range.end),
+                None => "the shard holds".into(),
+            };
             return Err(Error::ManifestMismatch {
                 url: shard.url.to_string(),
-                reason: format!(
-                    "bytes {}..{} hold {produced} samples, the manifest says {expected}",
-                    fetch_range.start, fetch_range.end
-                ),
+                reason: format!("{held} {produced} samples, the manifest says {expected}"),
             });
         }
         Ok(())
     }
+}
+
+/// With a manifest, a read from a shard's first byte must find the
+/// compression the manifest records.
+fn check_compression(read: &Read, shard: &ShardRef) -> Result<()> {
+    let Some(index) = &read.index else {
+        return Ok(());
+    };
+    if index.compression() == shard.compression {
+        return Ok(());
+    }
+    let describe = |c: Option<Compression>| match c {
+        Some(c) => format!("a {c} stream"),
+        None => "an uncompressed tar".to_owned(),
+    };
+    Err(Error::ManifestMismatch {
+        url: shard.url.to_string(),
+        reason: format!(
+            "the shard is {}, the manifest says {}",
+            describe(shard.compression),
+            describe(index.compression())
+        ),
+    })
 }
 
 fn read_end(wanted: &HashSet<u64>) -> u64 {

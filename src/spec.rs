@@ -9,8 +9,14 @@ use crate::error::{Error, Result};
 use crate::manifest::SampleIndex;
 use crate::plan::ShardInfo;
 
-/// Suffix of the shard files a directory spec lists.
-pub const SHARD_SUFFIX: &str = ".tar";
+/// Name suffixes of the shard files a directory or prefix spec lists.
+pub const SHARD_SUFFIXES: [&str; 4] = [".tar", ".tar.gz", ".tgz", ".tar.zst"];
+
+/// Whether a directory or prefix listing takes the file or object `name`
+/// as a shard (by its suffix; compression itself is told by the bytes).
+pub fn is_shard_name(name: &str) -> bool {
+    SHARD_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
+}
 
 /// One shard of the dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,7 +149,8 @@ pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
 
 /// Resolves specs (paths, `file://` and `s3://` URLs, brace patterns,
 /// directories and `s3://bucket/prefix/` listings) to shards in the order
-/// given; a directory or prefix gives its `*.tar` objects sorted by name.
+/// given; a directory or prefix gives its shards ([`SHARD_SUFFIXES`])
+/// sorted by name.
 /// A shard that does not exist is kept with an unknown size: opening it
 /// reports the error, under the stream's error policy.
 pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
@@ -195,7 +202,7 @@ fn list_directory(url: &str, path: &Path) -> Result<Vec<Shard>> {
         let entry = entry.map_err(|e| Error::from_open(url, e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !name.ends_with(SHARD_SUFFIX) {
+        if !is_shard_name(name) {
             continue;
         }
         let meta = entry.metadata().map_err(|e| Error::from_open(url, e))?;
@@ -248,15 +255,30 @@ mod tests {
     }
 
     #[test]
-    fn resolves_directory_sorted_and_tar_only() {
+    fn resolves_directory_sorted_and_shards_only() {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["b.tar", "a.tar", "notes.txt"] {
+        let names = [
+            "b.tar",
+            "a.tar",
+            "notes.txt",
+            "c.tar.gz",
+            "d.tgz",
+            "e.tar.zst",
+            "f.gz",
+            "g.zst",
+            "h.tar.bz2",
+        ];
+        for name in names {
             std::fs::write(dir.path().join(name), b"x").unwrap();
         }
         let url = dir.path().to_str().unwrap().to_owned();
         let shards = resolve(std::slice::from_ref(&url)).unwrap();
         let urls: Vec<_> = shards.iter().map(|s| s.url.clone()).collect();
-        assert_eq!(urls, [format!("{url}/a.tar"), format!("{url}/b.tar")]);
+        let expected: Vec<_> = ["a.tar", "b.tar", "c.tar.gz", "d.tgz", "e.tar.zst"]
+            .iter()
+            .map(|name| format!("{url}/{name}"))
+            .collect();
+        assert_eq!(urls, expected);
         assert_eq!(shards[0].size, Some(1));
     }
 

@@ -1,12 +1,14 @@
 //! Manifests, equal-length epochs, and exact and elastic resume, on real files.
 
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use shardstream::config::{SlotSpec, StreamOptions};
-use shardstream::manifest::{self, ManifestChoice};
+use shardstream::format::Compression;
+use shardstream::manifest::{self, Manifest, ManifestChoice};
 use shardstream::pipeline::{Event, SampleStream};
 use shardstream::plan::Remainder;
 use shardstream::spec::{self, Shard};
@@ -15,10 +17,17 @@ use shardstream::stats::Counters;
 
 /// Shards of very uneven sample counts, with a skipped member now and then.
 fn write_dataset(dir: &Path, counts: &[usize]) -> Vec<String> {
+    write_dataset_as(dir, counts, &["tar"])
+}
+
+/// [`write_dataset`] with shard `s` written as `kinds[s % kinds.len()]`:
+/// `tar`, `tar.gz` or `tar.zst`.
+fn write_dataset_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<String> {
     let mut urls = Vec::new();
     for (s, &n) in counts.iter().enumerate() {
-        let path = dir.join(format!("shard-{s:03}.tar"));
-        let mut builder = tar::Builder::new(std::fs::File::create(&path).unwrap());
+        let kind = kinds[s % kinds.len()];
+        let path = dir.join(format!("shard-{s:03}.{kind}"));
+        let mut builder = tar::Builder::new(Vec::new());
         for i in 0..n {
             let mut members = vec![
                 (
@@ -38,14 +47,30 @@ fn write_dataset(dir: &Path, counts: &[usize]) -> Vec<String> {
                 builder.append_data(&mut header, name, &data[..]).unwrap();
             }
         }
-        builder.finish().unwrap();
+        let tar = builder.into_inner().unwrap();
+        let bytes = match kind {
+            "tar" => tar,
+            "tar.gz" => {
+                let mut encoder =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                encoder.write_all(&tar).unwrap();
+                encoder.finish().unwrap()
+            }
+            "tar.zst" => zstd::encode_all(&tar[..], 3).unwrap(),
+            other => panic!("unknown kind {other}"),
+        };
+        std::fs::write(&path, bytes).unwrap();
         urls.push(path.to_str().unwrap().to_owned());
     }
     urls
 }
 
 fn indexed(dir: &Path, counts: &[usize]) -> Vec<Shard> {
-    let urls = write_dataset(dir, counts);
+    indexed_as(dir, counts, &["tar"])
+}
+
+fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
+    let urls = write_dataset_as(dir, counts, kinds);
     let out = dir.join("manifest.json");
     let mut args = vec!["shardstream".to_owned(), "index".into()];
     args.extend(urls.iter().cloned());
@@ -139,6 +164,82 @@ fn exact_resume_continues_in_the_same_order() {
             }
         }
     }
+}
+
+/// With a manifest the plan depends on sample counts only, so a dataset of
+/// gzip, zstd and plain shards gives every slot the very samples, in the
+/// very order, of the same dataset all plain, although its pieces of
+/// compressed shards are read from the shards' starts; resume is exact.
+#[test]
+fn compressed_shards_with_a_manifest_match_plain_ones_and_resume_exactly() {
+    let counts = [3, 40, 0, 17, 9, 25, 12];
+    let (plain_dir, mixed_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plain = indexed(plain_dir.path(), &counts);
+    let mixed = indexed_as(mixed_dir.path(), &counts, &["tar.gz", "tar.zst", "tar"]);
+    let recorded: Vec<_> = Manifest::load(&mixed_dir.path().join("manifest.json"))
+        .unwrap()
+        .shards
+        .iter()
+        .map(|e| e.compression)
+        .collect();
+    let cycle = [Some(Compression::Gzip), Some(Compression::Zstd), None];
+    let expected: Vec<_> = (0..counts.len()).map(|s| cycle[s % 3]).collect();
+    assert_eq!(recorded, expected);
+    for buffer in [0, 5] {
+        let options = options(buffer, Remainder::Drop);
+        for (world_size, workers) in [(1, 1), (2, 2), (3, 1)] {
+            let mut seen: HashMap<String, usize> = HashMap::new();
+            for rank in 0..world_size {
+                for worker in 0..workers {
+                    let slot = SlotSpec::new(world_size, rank, workers, worker).unwrap();
+                    let full = all_keys(&mut start(&mixed, &options, slot, None));
+                    assert_eq!(full, all_keys(&mut start(&plain, &options, slot, None)));
+                    for key in &full {
+                        *seen.entry(key.clone()).or_default() += 1;
+                    }
+                    for k in [1, full.len() / 2, full.len().saturating_sub(1)] {
+                        let (head, rest) = split_at(&mixed, &options, slot, k);
+                        let joined: Vec<String> = head.into_iter().chain(rest).collect();
+                        assert_eq!(joined, full, "buffer {buffer}, slot {slot:?}, k {k}");
+                    }
+                }
+            }
+            let total: usize = counts.iter().sum();
+            assert_eq!(seen.len(), total / world_size * world_size);
+            assert!(seen.values().all(|&n| n == 1));
+        }
+    }
+}
+
+#[test]
+fn elastic_resume_over_compressed_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let counts = [13, 30, 5, 21];
+    let shards = indexed_as(dir.path(), &counts, &["tar.zst", "tar.gz"]);
+    let options = options(4, Remainder::Drop);
+    let mut before = Vec::new();
+    let mut states = Vec::new();
+    for (slot_index, k) in [(0, 2), (1, 9), (2, 0), (3, 4)] {
+        let slot = SlotSpec::new(2, slot_index / 2, 2, slot_index % 2).unwrap();
+        let mut stream = start(&shards, &options, slot, None);
+        before.extend(std::iter::from_fn(|| next_key(&mut stream)).take(k));
+        states.push(stream.state());
+    }
+    let mut after = Vec::new();
+    for worker in 0..3 {
+        let slot = SlotSpec::new(1, 0, 3, worker).unwrap();
+        let resume = Some(Resume::Elastic(states.clone()));
+        after.extend(all_keys(&mut start(&shards, &options, slot, resume)));
+    }
+    let mut all: Vec<String> = before.into_iter().chain(after).collect();
+    let produced = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        (produced, all.len()),
+        (68, 68),
+        "69 samples, one dropped for 2 ranks"
+    );
 }
 
 #[test]

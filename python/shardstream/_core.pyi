@@ -50,7 +50,7 @@ class ObjectChangedError(ShardReadError):
     """An object was replaced while it was being read (its ETag changed)."""
 
 class ShardFormatError(ShardStreamError):
-    """A shard is not a valid archive, is truncated, or repeats a field within a key."""
+    """A shard is not a valid archive, is truncated or corrupt, or repeats a field within a key."""
 
 class ManifestError(ShardStreamError):
     """A manifest cannot be read or is inconsistent in itself."""

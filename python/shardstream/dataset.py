@@ -28,8 +28,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
 
     Args:
         urls: a path, ``file://`` URL, brace pattern
-            (``data/shard-{000000..000127}.tar``) or directory (its ``*.tar``
-            files, sorted), or a list of them.
+            (``data/shard-{000000..000127}.tar``) or directory (its ``*.tar``,
+            ``*.tar.gz``, ``*.tgz`` and ``*.tar.zst`` files, sorted), or a list
+            of them. gzip and zstd shards are decoded as they stream, told by
+            their first bytes.
         seed: seed of the shard order and the shuffle buffer.
         shuffle_shards: shuffle the shard order every epoch.
         shuffle_buffer: shuffle buffer size in samples; 0 disables it.

@@ -1,9 +1,12 @@
 //! Bytes in, samples out. Formats read from any `std::io::Read` handed to
 //! them and never open files or connections themselves.
 
+pub mod compressed;
 pub mod tar;
 
 use std::sync::Arc;
+
+pub use compressed::{Compression, TarStream};
 
 use crate::shuffle::ByteSize;
 
@@ -27,7 +30,8 @@ pub struct Sample {
     pub url: Arc<str>,
     /// Field name (lower-cased extension) and raw bytes, in member order.
     pub fields: Vec<(String, Vec<u8>)>,
-    /// Byte offset of the sample's first header in the shard.
+    /// Byte offset of the sample's first header in the shard (in the
+    /// decompressed tar, for a compressed shard).
     pub offset: u64,
     /// Bytes from `offset` to the end of the sample's last member; a read
     /// of exactly this range yields this sample alone.
@@ -57,6 +61,8 @@ pub struct ShardRef {
     pub base_offset: u64,
     /// Index in the shard of the first sample read.
     pub first_index: u64,
+    /// The shard's compression: offsets are then in the decompressed tar.
+    pub compression: Option<Compression>,
 }
 
 impl ShardRef {
@@ -67,6 +73,23 @@ impl ShardRef {
             url,
             base_offset: 0,
             first_index: 0,
+            compression: None,
+        }
+    }
+
+    /// A [`crate::error::Error::Format`] about this shard.
+    pub fn format_error(
+        &self,
+        offset: u64,
+        member: Option<String>,
+        reason: impl Into<String>,
+    ) -> crate::error::Error {
+        crate::error::Error::Format {
+            url: self.url.to_string(),
+            offset,
+            compression: self.compression,
+            member,
+            reason: reason.into(),
         }
     }
 }
@@ -77,6 +100,12 @@ pub trait ByteSource: std::io::Read {
     /// The source's own error behind the last failed read, if any.
     fn take_failure(&mut self) -> Option<crate::error::Error> {
         None
+    }
+
+    /// Reads on past the end of the archive when the stream has a trailer
+    /// to check (a compressed stream's checksum); plain bytes have none.
+    fn check_trailer(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

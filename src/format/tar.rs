@@ -37,7 +37,10 @@ pub enum Outcome {
 
 /// Reads a tar archive from `reader` and calls `on_sample` for each sample
 /// in order. When reading fails, the source's own error (missing shard,
-/// timeout) is reported in preference to the tar parser's.
+/// timeout, corrupt compressed stream) is reported in preference to the tar
+/// parser's; a compressed stream is first read to its end, so that damage
+/// its checksum catches is reported as such rather than as the bad tar
+/// header it decoded to.
 pub fn read_samples<R: ByteSource>(
     reader: &mut R,
     shard: &ShardRef,
@@ -57,6 +60,11 @@ pub fn read_samples<R: ByteSource>(
             if let Some(source) = source_error() {
                 return Err(source);
             }
+            if reader.check_trailer().is_err() {
+                if let Some(source) = reader.take_failure() {
+                    return Err(source);
+                }
+            }
             return Err(failure.into_error(shard, consumed, hit_eof, grouper.entries_seen));
         }
         Ok(outcome) => outcome,
@@ -68,12 +76,17 @@ pub fn read_samples<R: ByteSource>(
         if let Some(source) = source_error() {
             return Err(source);
         }
-        return Err(Error::Format {
-            url: shard.url.to_string(),
-            offset: 0,
-            member: None,
-            reason: "empty file, not a tar archive".into(),
-        });
+        return Err(shard.format_error(0, None, "empty file, not a tar archive"));
+    }
+    if let Err(error) = reader.check_trailer() {
+        if let Some(source) = reader.take_failure() {
+            return Err(source);
+        }
+        return Err(shard.format_error(
+            shard.base_offset + consumed,
+            None,
+            format!("bad data after the end of the archive ({error})"),
+        ));
     }
     if let Some(sample) = grouper.finish() {
         if on_sample(sample).is_break() {
@@ -109,12 +122,7 @@ impl Failure {
                 } else {
                     format!("bad tar header ({e})")
                 };
-                Error::Format {
-                    url: shard.url.to_string(),
-                    offset: shard.base_offset + consumed,
-                    member: None,
-                    reason,
-                }
+                shard.format_error(shard.base_offset + consumed, None, reason)
             }
         }
     }
@@ -144,12 +152,7 @@ fn walk_members<R: Read>(
         }
         let header_offset = base + entry.raw_header_position();
         let member = String::from_utf8(entry.path_bytes().into_owned()).map_err(|_| {
-            Failure::Member(Error::Format {
-                url: shard.url.to_string(),
-                offset: header_offset,
-                member: None,
-                reason: "member name is not UTF-8".into(),
-            })
+            Failure::Member(shard.format_error(header_offset, None, "member name is not UTF-8"))
         })?;
         let Some((key, field)) = split_member(&member) else {
             continue;
@@ -167,15 +170,14 @@ fn walk_members<R: Read>(
         if read.is_err() || (data.len() as u64) < size {
             let offset = base + entry.raw_file_position() + data.len() as u64;
             let detail = read.err().map(|e| format!(": {e}")).unwrap_or_default();
-            return Err(Failure::Member(Error::Format {
-                url: shard.url.to_string(),
+            return Err(Failure::Member(shard.format_error(
                 offset,
-                member: Some(member.clone()),
-                reason: format!(
+                Some(member.clone()),
+                format!(
                     "truncated tar archive: member data ends after {} of {size} bytes{detail}",
                     data.len()
                 ),
-            }));
+            )));
         }
         grouper
             .add(key, field, data, &member, header_offset, span)
@@ -236,6 +238,7 @@ impl<'a> Grouper<'a> {
                     field,
                     member: member.to_owned(),
                     offset,
+                    compression: self.shard.compression,
                 });
             }
             current.fields.push((field, data));
@@ -470,6 +473,46 @@ mod tests {
         assert!(err.to_string().contains("not a tar archive"), "{err}");
         let err = samples(b"").unwrap_err();
         assert!(err.to_string().contains("empty file"), "{err}");
+    }
+
+    #[test]
+    fn damage_a_compressed_stream_decodes_to_is_reported_as_damage() {
+        use std::io::Write;
+        let tar = build(&[("a.x", &[1u8; 700]), ("b.x", &[2u8; 700])]);
+        // Stored deflate blocks hold the tar as it is: rename b.x in place,
+        // which breaks its header checksum and the stream's CRC-32.
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        encoder.write_all(&tar).unwrap();
+        let mut gz = encoder.finish().unwrap();
+        let at = gz.windows(3).position(|w| w == b"b.x").unwrap();
+        gz[at] = b'c';
+        let mut stream = crate::format::TarStream::open(&gz[..], "mem://d.tar.gz").unwrap();
+        let shard = ShardRef {
+            compression: stream.compression(),
+            ..shard()
+        };
+        let err = read_samples(&mut stream, &shard, |_| ControlFlow::Continue(())).unwrap_err();
+        assert!(matches!(err, Error::Decompress { .. }), "{err}");
+        assert!(err.to_string().contains("corrupt gzip stream"), "{err}");
+    }
+
+    #[test]
+    fn tar_errors_in_a_compressed_stream_name_decompressed_offsets() {
+        let tar = build(&[("a.x", &[1u8; 700]), ("b.x", &[2u8; 2000])]);
+        let cut = &tar[..2048 + 1000];
+        let zst = zstd::encode_all(cut, 1).unwrap();
+        let mut stream = crate::format::TarStream::open(&zst[..], "mem://t.tar.zst").unwrap();
+        let shard = ShardRef {
+            compression: stream.compression(),
+            ..shard()
+        };
+        let err = read_samples(&mut stream, &shard, |_| ControlFlow::Continue(())).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("truncated tar archive")
+                && message.contains("at byte offset 3048 of the decompressed zstd tar"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ create_exception!(
     shardstream._core,
     ShardFormatError,
     ShardStreamError,
-    "A shard is not a valid archive, is truncated, or repeats a field within a key."
+    "A shard is not a valid archive, is truncated or corrupt, or repeats a field within a key."
 );
 create_exception!(
     shardstream._core,
@@ -82,7 +82,9 @@ pub fn to_py(error: Error) -> PyErr {
         Error::AccessDenied { .. } => StorageAuthError::new_err(message),
         Error::Read { .. } | Error::Timeout { .. } => ShardReadError::new_err(message),
         Error::Changed { .. } => ObjectChangedError::new_err(message),
-        Error::Format { .. } | Error::DuplicateField { .. } => ShardFormatError::new_err(message),
+        Error::Format { .. } | Error::Decompress { .. } | Error::DuplicateField { .. } => {
+            ShardFormatError::new_err(message)
+        }
         Error::Manifest { .. } => ManifestError::new_err(message),
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
         Error::StateMismatch(_) => StateMismatchError::new_err(message),

@@ -229,8 +229,8 @@ pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard
 }
 
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
-/// prefix)`, its `*.tar` objects sorted by key, as shards with their sizes
-/// and ETags.
+/// prefix)`, its shard objects ([`crate::spec::is_shard_name`]) sorted by
+/// key, as shards with their sizes and ETags.
 pub fn list_s3_prefixes(
     options: &S3Options,
     listings: &[(usize, String, String, String)],
@@ -239,7 +239,7 @@ pub fn list_s3_prefixes(
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
             let objects = client
-                .list(url, bucket, prefix, crate::spec::SHARD_SUFFIX)
+                .list(url, bucket, prefix, crate::spec::is_shard_name)
                 .await?;
             all.push(
                 objects

@@ -64,14 +64,14 @@ impl S3Client {
         }
     }
 
-    /// Lists the objects under `prefix` whose keys end with `suffix`, sorted
+    /// Lists the objects under `prefix` whose keys `keep` accepts, sorted
     /// by key, with their sizes and ETags (every page of ListObjectsV2).
     pub async fn list(
         &self,
         url: &str,
         bucket: &str,
         prefix: &str,
-        suffix: &str,
+        keep: fn(&str) -> bool,
     ) -> Result<Vec<(String, u64, Option<String>)>, Error> {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
@@ -86,7 +86,7 @@ impl S3Client {
                 .send_with_retries(url, "listing", || request.clone().send())
                 .await?;
             for object in page.contents() {
-                if let Some(key) = object.key().filter(|k| k.ends_with(suffix)) {
+                if let Some(key) = object.key().filter(|k| keep(k)) {
                     let size = object.size().unwrap_or(0).max(0) as u64;
                     objects.push((key.to_owned(), size, object.e_tag().map(str::to_owned)));
                 }

@@ -84,10 +84,12 @@ def make_bad_shard(kind: str, directory: Path) -> BadShard:
         path = directory / "empty.tar"
         path.write_bytes(b"")
         return BadShard(path, ShardFormatError, [], [])
-    if kind == "gzipped":
-        path = directory / "compressed.tar"
-        path.write_bytes(gzip.compress(tar_bytes(INTACT), mtime=0))
-        return BadShard(path, ShardFormatError, ["not a tar archive", "byte offset"], [])
+    if kind == "gzipped_text":
+        path = directory / "compressed.tar.gz"
+        path.write_bytes(gzip.compress(b"this is not a tar archive, just text\n" * 100, mtime=0))
+        return BadShard(
+            path, ShardFormatError, ["not a tar archive", "of the decompressed gzip tar"], []
+        )
     if kind == "truncated":
         return truncated_in_data(directory)
     if kind in ("duplicate", "duplicate_case"):
@@ -110,7 +112,7 @@ ALL_KINDS = [
     "missing",
     "not_a_tar",
     "short_garbage",
-    "gzipped",
+    "gzipped_text",
     "empty",
     "truncated",
     "duplicate",

@@ -1,0 +1,451 @@
+//! Compressed shards: a gzip or zstd stream is told by its magic bytes (not
+//! by the shard's name) and decoded as it is read, a buffer at a time, so a
+//! shard is never held whole in memory nor written to a temporary file.
+
+use std::fmt;
+use std::io::{BufReader, Read};
+
+use serde::{Deserialize, Serialize};
+
+use super::ByteSource;
+use crate::error::{Error, Result};
+
+/// How a shard's bytes are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// gzip (RFC 1952), one member or several concatenated.
+    Gzip,
+    /// Zstandard, one frame or several concatenated.
+    Zstd,
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+/// Bytes read before deciding how a stream is compressed.
+const MAGIC_LEN: usize = 4;
+/// Compressed bytes buffered ahead of the decoder.
+const INPUT_BUFFER: usize = 128 * 1024;
+
+impl Compression {
+    /// The compression whose magic bytes start `head`, if any.
+    pub fn detect(head: &[u8]) -> Option<Self> {
+        if head.starts_with(&GZIP_MAGIC) {
+            Some(Compression::Gzip)
+        } else if head.starts_with(&ZSTD_MAGIC) {
+            Some(Compression::Zstd)
+        } else {
+            None
+        }
+    }
+
+    /// The name used in manifests and messages: `gzip` or `zstd`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The shard's own bytes, the peeked magic bytes first, counted as the
+/// decoder takes them.
+struct Counted<R> {
+    inner: R,
+    head: [u8; MAGIC_LEN],
+    head_len: usize,
+    head_pos: usize,
+    /// Bytes handed on, the peeked ones included.
+    count: u64,
+    hit_eof: bool,
+    /// The source itself failed (missing shard, timeout, ...).
+    failed: bool,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.head_pos < self.head_len {
+            let n = buf.len().min(self.head_len - self.head_pos);
+            buf[..n].copy_from_slice(&self.head[self.head_pos..self.head_pos + n]);
+            self.head_pos += n;
+            self.count += n as u64;
+            return Ok(n);
+        }
+        match self.inner.read(buf) {
+            Ok(n) => {
+                self.count += n as u64;
+                self.hit_eof |= n == 0 && !buf.is_empty();
+                Ok(n)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+enum Decoder<R> {
+    Plain(Counted<R>),
+    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<Counted<R>>>>),
+    Zstd(zstd::stream::read::Decoder<'static, BufReader<Counted<R>>>),
+}
+
+/// A shard's tar bytes: the stream as read, or decoded from gzip or zstd.
+/// A decoding error is kept as a [`Error::Decompress`] naming the shard and
+/// both offsets, handed out by [`ByteSource::take_failure`].
+pub struct TarStream<R> {
+    decoder: Decoder<R>,
+    url: String,
+    /// Tar bytes handed out.
+    produced: u64,
+    failure: Option<Error>,
+}
+
+impl<R: ByteSource> TarStream<R> {
+    /// Reads the first bytes of `source` (the start of shard `url`) and
+    /// decodes the rest by what they say: gzip, zstd or a plain tar.
+    pub fn open(mut source: R, url: &str) -> Result<Self> {
+        let mut head = [0u8; MAGIC_LEN];
+        let mut head_len = 0;
+        while head_len < MAGIC_LEN {
+            match source.read(&mut head[head_len..]) {
+                Ok(0) => break,
+                Ok(n) => head_len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(source.take_failure().unwrap_or_else(|| Error::Read {
+                        url: url.to_owned(),
+                        offset: head_len as u64,
+                        source: e,
+                    }))
+                }
+            }
+        }
+        let counted = Counted {
+            inner: source,
+            head,
+            head_len,
+            head_pos: 0,
+            count: 0,
+            hit_eof: false,
+            failed: false,
+        };
+        let decoder = match Compression::detect(&head[..head_len]) {
+            None => Decoder::Plain(counted),
+            Some(Compression::Gzip) => {
+                Decoder::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(
+                    BufReader::with_capacity(INPUT_BUFFER, counted),
+                )))
+            }
+            Some(Compression::Zstd) => {
+                let buffered = BufReader::with_capacity(INPUT_BUFFER, counted);
+                let decoder = zstd::stream::read::Decoder::with_buffer(buffered).map_err(|e| {
+                    Error::Decompress {
+                        url: url.to_owned(),
+                        compression: Compression::Zstd,
+                        compressed_offset: 0,
+                        tar_offset: 0,
+                        reason: format!("cannot start the zstd decoder ({e})"),
+                    }
+                })?;
+                Decoder::Zstd(decoder)
+            }
+        };
+        Ok(TarStream {
+            decoder,
+            url: url.to_owned(),
+            produced: 0,
+            failure: None,
+        })
+    }
+
+    /// `source` read as it is, with no detection: for a read that starts
+    /// inside an uncompressed shard.
+    pub fn plain(source: R, url: &str) -> Self {
+        TarStream {
+            decoder: Decoder::Plain(Counted {
+                inner: source,
+                head: [0; MAGIC_LEN],
+                head_len: 0,
+                head_pos: 0,
+                count: 0,
+                hit_eof: false,
+                failed: false,
+            }),
+            url: url.to_owned(),
+            produced: 0,
+            failure: None,
+        }
+    }
+}
+
+impl<R: Read> TarStream<R> {
+    /// The stream's compression; `None` for a plain tar.
+    pub fn compression(&self) -> Option<Compression> {
+        match self.decoder {
+            Decoder::Plain(_) => None,
+            Decoder::Gzip(_) => Some(Compression::Gzip),
+            Decoder::Zstd(_) => Some(Compression::Zstd),
+        }
+    }
+
+    /// The shard's bytes and those of them buffered but not yet decoded.
+    fn source(&self) -> (&Counted<R>, usize) {
+        match &self.decoder {
+            Decoder::Plain(counted) => (counted, 0),
+            Decoder::Gzip(decoder) => (
+                decoder.get_ref().get_ref(),
+                decoder.get_ref().buffer().len(),
+            ),
+            Decoder::Zstd(decoder) => (
+                decoder.get_ref().get_ref(),
+                decoder.get_ref().buffer().len(),
+            ),
+        }
+    }
+
+    /// The error for a decoder's failure, naming both offsets.
+    fn decode_error(&self, compression: Compression, error: &std::io::Error) -> Error {
+        let (counted, buffered) = self.source();
+        let what = if counted.hit_eof || error.kind() == std::io::ErrorKind::UnexpectedEof {
+            "truncated"
+        } else {
+            "corrupt"
+        };
+        Error::Decompress {
+            url: self.url.clone(),
+            compression,
+            compressed_offset: counted.count - buffered as u64,
+            tar_offset: self.produced,
+            reason: format!("{what} {compression} stream ({error})"),
+        }
+    }
+}
+
+impl<R: Read> Read for TarStream<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let result = match &mut self.decoder {
+            Decoder::Plain(counted) => counted.read(buf),
+            Decoder::Gzip(decoder) => decoder.read(buf),
+            Decoder::Zstd(decoder) => decoder.read(buf),
+        };
+        match result {
+            Ok(n) => {
+                self.produced += n as u64;
+                Ok(n)
+            }
+            Err(e) => {
+                if let Some(compression) = self.compression() {
+                    if !self.source().0.failed && self.failure.is_none() {
+                        self.failure = Some(self.decode_error(compression, &e));
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<R: ByteSource> ByteSource for TarStream<R> {
+    fn take_failure(&mut self) -> Option<Error> {
+        let source = match &mut self.decoder {
+            Decoder::Plain(counted) => counted.inner.take_failure(),
+            Decoder::Gzip(decoder) => decoder.get_mut().get_mut().inner.take_failure(),
+            Decoder::Zstd(decoder) => decoder.get_mut().get_mut().inner.take_failure(),
+        };
+        source.or_else(|| self.failure.take())
+    }
+
+    /// Decodes what follows the archive's end, so that the stream's own
+    /// check (gzip's CRC-32 and length, zstd's checksum when present) runs.
+    fn check_trailer(&mut self) -> std::io::Result<()> {
+        if self.compression().is_some() {
+            std::io::copy(self, &mut std::io::sink())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// With a content checksum, as the `zstd` command line writes by default.
+    fn zstd(data: &[u8]) -> Vec<u8> {
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.include_checksum(true).unwrap();
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// Bytes that are not compressible: a tar of random data would not
+    /// shrink either.
+    fn noise(len: usize) -> Vec<u8> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    fn decode(bytes: &[u8]) -> (Option<Compression>, Result<Vec<u8>>) {
+        let mut stream = TarStream::open(bytes, "mem://s.tar.x").unwrap();
+        let compression = stream.compression();
+        let mut out = Vec::new();
+        let result = match stream.read_to_end(&mut out) {
+            Ok(_) => Ok(out),
+            Err(e) => Err(stream
+                .take_failure()
+                .unwrap_or_else(|| panic!("no failure kept: {e}"))),
+        };
+        (compression, result)
+    }
+
+    #[test]
+    fn detects_by_magic_bytes() {
+        assert_eq!(
+            Compression::detect(&[0x1f, 0x8b, 8, 0]),
+            Some(Compression::Gzip)
+        );
+        assert_eq!(
+            Compression::detect(&[0x28, 0xb5, 0x2f, 0xfd]),
+            Some(Compression::Zstd)
+        );
+        assert_eq!(Compression::detect(&[0x28, 0xb5, 0x2f]), None);
+        assert_eq!(Compression::detect(&[0x1f]), None);
+        assert_eq!(Compression::detect(b"a.txt\0\0\0"), None);
+        assert_eq!(Compression::detect(b""), None);
+    }
+
+    #[test]
+    fn decodes_gzip_zstd_and_plain() {
+        let data = noise(300_000);
+        for (bytes, expected) in [
+            (gzip(&data), Some(Compression::Gzip)),
+            (zstd(&data), Some(Compression::Zstd)),
+            (data.clone(), None),
+        ] {
+            let (compression, out) = decode(&bytes);
+            assert_eq!(compression, expected);
+            assert!(out.unwrap() == data, "{expected:?}");
+        }
+        let (compression, out) = decode(b"ab");
+        assert_eq!((compression, out.unwrap()), (None, b"ab".to_vec()));
+    }
+
+    #[test]
+    fn concatenated_members_and_frames_decode_whole() {
+        let (a, b) = (noise(1000), vec![7u8; 5000]);
+        let whole: Vec<u8> = [a.clone(), b.clone()].concat();
+        let gz = [gzip(&a), gzip(&b)].concat();
+        assert!(decode(&gz).1.unwrap() == whole);
+        let zst = [zstd(&a), zstd(&b)].concat();
+        assert!(decode(&zst).1.unwrap() == whole);
+    }
+
+    #[test]
+    fn truncated_streams_name_both_offsets() {
+        let data = noise(400_000);
+        for bytes in [gzip(&data), zstd(&data)] {
+            let cut = &bytes[..bytes.len() / 2];
+            match decode(cut).1.unwrap_err() {
+                Error::Decompress {
+                    url,
+                    compressed_offset,
+                    tar_offset,
+                    reason,
+                    ..
+                } => {
+                    assert_eq!(url, "mem://s.tar.x");
+                    assert!(reason.starts_with("truncated"), "{reason}");
+                    assert!(compressed_offset <= cut.len() as u64, "{compressed_offset}");
+                    assert!(
+                        tar_offset > 0 && tar_offset < data.len() as u64,
+                        "{tar_offset}"
+                    );
+                }
+                other => panic!("{other}"),
+            }
+        }
+    }
+
+    #[test]
+    fn corrupt_streams_are_errors_not_panics() {
+        let data = noise(200_000);
+        for bytes in [gzip(&data), zstd(&data)] {
+            for at in [12, bytes.len() / 3, bytes.len() - 6] {
+                let mut bad = bytes.clone();
+                for b in &mut bad[at..at + 4] {
+                    *b ^= 0x5a;
+                }
+                let (_, out) = decode(&bad);
+                match out {
+                    Err(Error::Decompress { reason, .. }) => {
+                        assert!(reason.starts_with("corrupt"), "{reason}")
+                    }
+                    Ok(_) => panic!("corruption at {at} went unnoticed"),
+                    Err(other) => panic!("{other}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gzip_checksum_is_checked() {
+        let data = vec![b'x'; 10_000];
+        let mut bytes = gzip(&data);
+        let crc_at = bytes.len() - 8;
+        bytes[crc_at] ^= 1;
+        let err = decode(&bytes).1.unwrap_err().to_string();
+        assert!(err.contains("corrupt gzip stream"), "{err}");
+        assert!(err.contains("compressed byte offset"), "{err}");
+        assert!(
+            err.contains("byte offset 10000 of the decompressed tar"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn source_failures_win_over_decoder_errors() {
+        struct Failing(Vec<u8>, usize, bool);
+        impl Read for Failing {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                if self.1 >= self.0.len() / 2 {
+                    self.2 = true;
+                    return Err(std::io::Error::other("gone"));
+                }
+                let n = buf.len().min(1000).min(self.0.len() - self.1);
+                buf[..n].copy_from_slice(&self.0[self.1..self.1 + n]);
+                self.1 += n;
+                Ok(n)
+            }
+        }
+        impl ByteSource for Failing {
+            fn take_failure(&mut self) -> Option<Error> {
+                self.2.then(|| Error::Stopped("source failed".into()))
+            }
+        }
+        let bytes = gzip(&noise(100_000));
+        let mut stream = TarStream::open(Failing(bytes, 0, false), "u").unwrap();
+        assert!(std::io::copy(&mut stream, &mut std::io::sink()).is_err());
+        assert!(matches!(stream.take_failure(), Some(Error::Stopped(_))));
+    }
+}

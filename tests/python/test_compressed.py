@@ -1,0 +1,391 @@
+"""Compressed shards: ``.tar.gz``/``.tgz`` and ``.tar.zst``, told by their
+magic bytes, through DataLoader workers, directories, manifests with
+several ranks, exact resume, ``inspect``, and corrupt or truncated
+streams under both error policies.
+
+Expected samples are read from the plain tars with ``tarfile``; the
+compressed shards are written here with Python's ``gzip`` and
+``zstandard``."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+import zstandard
+from _shardtest import (
+    DatasetInfo,
+    ExpectedSample,
+    assert_exactly_once,
+    collect,
+    index_manifest,
+    key_batch,
+    keys_of,
+    load_schema,
+    loader,
+    read_tar_samples,
+    sample_digest,
+    shardstream_cli,
+    tar_sample_spans,
+    uneven_members,
+    write_tar,
+)
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import ShardFormatError, ShardSkippedWarning
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+MANIFEST_VALIDATOR = jsonschema.Draft202012Validator(load_schema("manifest"))
+SUFFIXES = {"gz": ".tar.gz", "tgz": ".tgz", "zst": ".tar.zst", "tar": ".tar"}
+RECORDED = {".tar.gz": "gzip", ".tgz": "gzip", ".tar.zst": "zstd", ".tar": None}
+
+
+def compress(data: bytes, suffix: str) -> bytes:
+    """``data`` as a shard named ``*suffix`` is usually stored. zstd frames
+    carry a checksum, as the ``zstd`` command writes them by default."""
+    if suffix in (".tar.gz", ".tgz"):
+        return gzip.compress(data, mtime=0)
+    if suffix == ".tar.zst":
+        return zstandard.ZstdCompressor(level=3, write_checksum=True).compress(data)
+    return data
+
+
+def compressed_copy(plain: Path, directory: Path, suffix: str) -> Path:
+    """``plain`` (a ``.tar``) compressed as ``directory/<stem><suffix>``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / (plain.name.removesuffix(".tar") + suffix)
+    path.write_bytes(compress(plain.read_bytes(), suffix))
+    return path
+
+
+def copy_dataset(info: DatasetInfo, directory: Path, suffixes: list[str]) -> DatasetInfo:
+    """``info``'s shards, shard ``i`` stored as ``suffixes[i % len]``; the
+    expected samples are the plain tars' under the new URLs."""
+    paths = [
+        compressed_copy(plain, directory, suffixes[i % len(suffixes)])
+        for i, plain in enumerate(info.paths)
+    ]
+    samples = [
+        ExpectedSample(str(path), s.key, s.fields)
+        for plain, path in zip(info.paths, paths, strict=True)
+        for s in read_tar_samples(plain)
+    ]
+    return DatasetInfo(directory, paths, str(directory), samples)
+
+
+def assert_same_samples(got: list[dict], info: DatasetInfo) -> None:
+    """Every expected sample exactly once, with the very bytes and URL."""
+    assert_exactly_once(keys_of(got), info.keys)
+    expected = info.by_key()
+    for sample in got:
+        want = expected[sample["__key__"]]
+        assert sample["__url__"] == want.url
+        assert sample_digest(sample) == want.digest()
+
+
+@pytest.mark.parametrize("kind", ["gz", "tgz", "zst"])
+def test_compressed_shards_through_dataloader_workers(kind, dataset, tmp_path):
+    info = copy_dataset(dataset, tmp_path / kind, [SUFFIXES[kind]])
+    ds = shardstream.StreamingDataset(info.spec, seed=4, shuffle_buffer=5)
+    assert shardstream.resolve_shards([info.spec]) == [
+        (f"{info.spec}/{p.name}", p.stat().st_size) for p in info.paths
+    ]
+    got = collect(loader(ds, 2))
+    assert_same_samples(got, info)
+    stats = ds.stats()
+    assert stats["shards_completed"] == len(info.paths)
+    # bytes_read counts the bytes fetched from storage: the compressed ones.
+    assert stats["bytes_read"] == sum(info.sizes)
+    assert sum(info.sizes) < sum(dataset.sizes)
+
+
+def test_mixed_directory(dataset, tmp_path):
+    root = tmp_path / "mixed"
+    info = copy_dataset(dataset, root, [".tar", ".tar.gz", ".tar.zst", ".tgz"])
+    (root / "notes.txt").write_text("not a shard")
+    (root / "loose.gz").write_bytes(gzip.compress(b"not a shard either"))
+    listed = [url for url, _ in shardstream.resolve_shards([str(root)])]
+    assert listed == sorted(str(p) for p in info.paths)
+    assert {Path(u).name.partition(".")[2] for u in listed} == {"tar", "tar.gz", "tar.zst", "tgz"}
+    ds = shardstream.StreamingDataset(root, seed=9)
+    assert_same_samples(collect(loader(ds, 2)), info)
+
+
+@pytest.mark.parametrize(
+    ("name", "stored_as"),
+    [
+        ("gzip-named.tar", ".tar.gz"),
+        ("zstd-named.tar", ".tar.zst"),
+        ("plain-named.tar.gz", ".tar"),
+        ("plain-named.tar.zst", ".tar"),
+        ("zstd-named.tgz", ".tar.zst"),
+    ],
+)
+def test_compression_is_told_by_the_bytes_not_the_name(name, stored_as, dataset, tmp_path):
+    plain = dataset.paths[3]
+    path = tmp_path / name
+    path.write_bytes(compress(plain.read_bytes(), stored_as))
+    got = collect(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    assert keys_of(got) == dataset.keys_of([str(plain)])
+    expected = {s.key: s.digest() for s in read_tar_samples(plain)}
+    assert all(sample_digest(s) == expected[s["__key__"]] for s in got)
+
+
+# --------------------------------------------------------------------------
+# Manifests, ranks and resume
+# --------------------------------------------------------------------------
+
+UNEVEN = (7, 31, 2, 0, 19, 23)
+
+
+@pytest.fixture(scope="module")
+def compressed_uneven(tmp_path_factory) -> DatasetInfo:
+    """Shards of 7, 31, 2, 0, 19 and 23 samples stored as gzip, zstd and
+    plain tars in turn, indexed into ``manifest.json`` beside them."""
+    plain_root = tmp_path_factory.mktemp("uneven-plain")
+    plains = [
+        write_tar(plain_root / f"part-{i:06d}.tar", uneven_members(i, n, seed=3))
+        for i, n in enumerate(UNEVEN)
+    ]
+    root = tmp_path_factory.mktemp("uneven-compressed")
+    info = copy_dataset(
+        DatasetInfo(plain_root, plains, str(plain_root), []),
+        root,
+        [".tar.gz", ".tar.zst", ".tar"],
+    )
+    index_manifest([root], root / "manifest.json")
+    return info
+
+
+def test_index_records_compression_and_decompressed_offsets(compressed_uneven, tmp_path):
+    info = compressed_uneven
+    manifest = json.loads((info.root / "manifest.json").read_text())
+    MANIFEST_VALIDATOR.validate(manifest)
+    entries = {entry["url"]: entry for entry in manifest["shards"]}
+    assert sorted(entries) == sorted(p.name for p in info.paths)
+    for path in info.paths:
+        entry = entries[path.name]
+        assert entry.get("compression") == RECORDED["." + path.name.partition(".")[2]]
+        assert entry["size"] == path.stat().st_size
+        # Offsets and lengths are those of the decompressed tar.
+        plain = tmp_path / "plain.tar"
+        plain.write_bytes(read_decompressed(path))
+        spans = tar_sample_spans(plain)
+        assert entry["samples"] == len(spans)
+        assert entry["offsets"] == [offset for _, offset, _ in spans]
+        assert entry["lengths"] == [length for _, _, length in spans]
+
+
+def read_decompressed(path: Path) -> bytes:
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        return gzip.decompress(data)
+    if data[:4] == b"\x28\xb5\x2f\xfd":
+        return zstandard.ZstdDecompressor().decompress(data)
+    return data
+
+
+@pytest.mark.parametrize("remainder", ["drop", "pad"])
+def test_manifest_gives_two_ranks_equal_lengths(compressed_uneven, remainder):
+    info = compressed_uneven
+    total = len(info.keys)
+    per_rank = []
+    lengths = set()
+    for rank in range(2):
+        ds = shardstream.StreamingDataset(
+            info.spec, rank=rank, world_size=2, seed=6, shuffle_buffer=8, remainder=remainder
+        )
+        assert ds.manifest_path == str(info.root / "manifest.json")
+        ds.set_epoch(1)
+        lengths.add(len(ds))
+        per_rank.append(keys_of(collect(loader(ds, 2))))
+    (length,) = lengths
+    assert [len(keys) for keys in per_rank] == [length, length]
+    counts = Counter(k for keys in per_rank for k in keys)
+    assert counts.keys() <= set(info.keys)
+    if remainder == "drop":
+        assert length == total // 2
+        assert all(n == 1 for n in counts.values())
+    else:
+        assert length == -(-total // 2)
+        assert counts.keys() == set(info.keys)
+
+
+def resumable_loader(info: DatasetInfo, num_workers: int, manifest: bool) -> StatefulDataLoader:
+    ds = shardstream.StreamingDataset(
+        info.spec, seed=5, shuffle_buffer=7, manifest=None if manifest else False
+    )
+    ds.set_epoch(2)
+    return StatefulDataLoader(
+        ds, batch_size=4, num_workers=num_workers, collate_fn=key_batch, timeout=120
+    )
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["manifest", "no-manifest"])
+def test_exact_resume_mid_epoch(compressed_uneven, manifest):
+    info = compressed_uneven
+    full = collect(resumable_loader(info, 2, manifest))
+    assert_exactly_once([k for batch in full for k in batch], info.keys)
+    k = len(full) // 2
+    first = resumable_loader(info, 2, manifest)
+    iterator = iter(first)
+    prefix = [next(iterator) for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator, first
+    assert prefix == full[:k]
+    resumed = resumable_loader(info, 2, manifest)
+    resumed.load_state_dict(state)
+    assert prefix + collect(resumed) == full
+
+
+def test_manifest_compression_must_match_the_bytes(compressed_uneven, tmp_path):
+    """A manifest that calls a plain shard gzip (or a gzip shard plain) is
+    a mismatch, found when the shard is opened."""
+    info = compressed_uneven
+    manifest = json.loads((info.root / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        entry["url"] = str(info.root / entry["url"])
+        if entry["samples"] and entry.get("compression") is None:
+            entry["compression"] = "gzip"
+            wrong = entry["url"]
+    edited = tmp_path / "manifest.json"
+    edited.write_text(json.dumps(manifest))
+    MANIFEST_VALIDATOR.validate(manifest)
+    ds = shardstream.StreamingDataset(info.spec, manifest=str(edited), shuffle_buffer=0)
+    with pytest.raises(shardstream.ManifestMismatchError) as raised:
+        collect(ds)
+    message = str(raised.value)
+    assert wrong in message and "the manifest says a gzip stream" in message, message
+
+
+# --------------------------------------------------------------------------
+# Corrupt and truncated streams
+# --------------------------------------------------------------------------
+
+
+def corrupt(data: bytes) -> bytes:
+    """``data`` with bytes flipped a third of the way in (inside the
+    compressed blocks, past the stream's header)."""
+    at = len(data) // 3
+    bad = bytearray(data)
+    for i in range(at, at + 16):
+        bad[i] ^= 0xA5
+    return bytes(bad)
+
+
+BAD_KINDS = ["gz-truncated", "zst-truncated", "gz-corrupt", "zst-corrupt", "tgz-truncated"]
+
+
+def make_bad(kind: str, plain: Path, directory: Path) -> tuple[Path, str]:
+    """A bad compressed shard and the word its error must use."""
+    fmt, _, damage = kind.partition("-")
+    suffix = SUFFIXES[fmt]
+    data = compress(plain.read_bytes(), suffix)
+    data = data[: len(data) // 2] if damage == "truncated" else corrupt(data)
+    path = directory / f"bad-{kind}{suffix}"
+    path.write_bytes(data)
+    return path, damage
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_bad_stream_raises_shard_format_error(kind, dataset, tmp_path):
+    path, damage = make_bad(kind, dataset.paths[0], tmp_path)
+    ds = shardstream.StreamingDataset(path, shuffle_buffer=0)
+    with pytest.raises(ShardFormatError) as info:
+        collect(ds)
+    message = str(info.value)
+    assert str(path) in message
+    name = "zstd" if kind.startswith("zst") else "gzip"
+    assert f"{damage} {name} stream" in message, message
+    assert "compressed byte offset" in message and "of the decompressed tar" in message
+
+
+@pytest.mark.parametrize("kind", ["gz-truncated", "zst-corrupt"])
+def test_bad_stream_raises_through_dataloader_workers(kind, dataset, tmp_path):
+    path, _ = make_bad(kind, dataset.paths[0], tmp_path)
+    ds = shardstream.StreamingDataset([*dataset.urls[1:4], str(path)], seed=3)
+    with pytest.raises(ShardFormatError) as info:
+        collect(loader(ds, 2))
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", BAD_KINDS)
+def test_warn_policy_skips_a_bad_compressed_shard(kind, dataset, tmp_path):
+    path, _ = make_bad(kind, dataset.paths[0], tmp_path)
+    good = copy_dataset(
+        DatasetInfo(dataset.root, dataset.paths[1:5], dataset.spec, []),
+        tmp_path / "good",
+        [".tar.gz", ".tar.zst"],
+    )
+    urls = [*good.urls, str(path)]
+    ds = shardstream.StreamingDataset(urls, seed=1, shuffle_buffer=0, on_error="warn")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = keys_of(collect(ds))
+    skipped = [w for w in caught if issubclass(w.category, ShardSkippedWarning)]
+    assert len(skipped) == 1 and str(path) in str(skipped[0].message)
+    good_keys = set(good.keys)
+    assert_exactly_once([k for k in got if k in good_keys], good.keys)
+    # What came from the bad shard are samples decoded before the damage.
+    bad_keys = dataset.keys_of([str(dataset.paths[0])])
+    from_bad = [k for k in got if k not in good_keys]
+    assert from_bad == bad_keys[: len(from_bad)] and len(from_bad) < len(bad_keys)
+    stats = ds.stats()
+    assert stats["errors_skipped"] == 1
+    assert stats["shards_completed"] == len(good.paths)
+
+
+def test_warn_policy_through_dataloader_workers(dataset, tmp_path):
+    path, _ = make_bad("zst-truncated", dataset.paths[0], tmp_path)
+    good = copy_dataset(
+        DatasetInfo(dataset.root, dataset.paths[1:5], dataset.spec, []),
+        tmp_path / "good",
+        [".tgz"],
+    )
+    ds = shardstream.StreamingDataset([*good.urls, str(path)], seed=2, on_error="warn")
+    got = keys_of(collect(loader(ds, 2, multiprocessing_context="fork")))
+    assert_exactly_once([k for k in got if k in set(good.keys)], good.keys)
+    assert ds.stats()["errors_skipped"] == 1
+
+
+def test_truncated_tar_inside_a_complete_gzip_stream(dataset, tmp_path):
+    """The stream is fine, the tar it holds is cut: a tar error whose offset
+    is said to be in the decompressed tar."""
+    data = dataset.paths[0].read_bytes()
+    cut = len(data) // 2 + 100
+    path = tmp_path / "cut-inside.tar.gz"
+    path.write_bytes(gzip.compress(data[:cut], mtime=0))
+    with pytest.raises(ShardFormatError) as info:
+        collect(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    message = str(info.value)
+    assert "truncated tar archive" in message
+    assert f"byte offset {cut} of the decompressed gzip tar" in message, message
+
+
+# --------------------------------------------------------------------------
+# inspect
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst", "tar"])
+def test_inspect_compressed_shard(kind, dataset, tmp_path):
+    plain = dataset.paths[2]
+    path = compressed_copy(plain, tmp_path, SUFFIXES[kind])
+    proc = shardstream_cli("inspect", path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.rstrip("\n").split("\n")
+    expected = read_tar_samples(plain)
+    assert [line.partition("\t")[0] for line in lines[:-1]] == [s.key for s in expected]
+    stored = {"gz": "gzip-compressed", "zst": "zstd-compressed", "tar": "uncompressed"}[kind]
+    assert lines[-1].startswith(f"{len(expected)} samples, ")
+    assert f"{path.stat().st_size} bytes in the shard ({stored})" in lines[-1]
