@@ -51,8 +51,15 @@ fmt: $(STAMP) ## Format Rust and Python code
 	ruff format python tests examples benches
 	ruff check --fix python tests examples benches
 
-bench: develop ## Measure samples/s, MB/s and peak RSS (num_workers 0 and 2)
+BENCH_STAMP := $(VENV)/.bench-installed
+
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install --quiet -r requirements-bench.txt
+	@touch $@
+
+bench: develop $(BENCH_STAMP) ## Measure local and S3 reading (samples/s, MB/s, peak RSS) against peers
 	$(PY) benches/loader_bench.py --out bench-results
+	$(PY) benches/s3_bench.py --out bench-results
 
 clean: ## Remove build outputs, the virtualenv and generated data
 	rm -rf target $(VENV) data bench-results python/shardstream/*.so

@@ -161,9 +161,7 @@ def main() -> None:
         args.out / "s3-audio", shards=args.shards, samples_per_shard=args.samples_per_shard
     )
     dataset_mb = sum(p.stat().st_size for p in paths) / 1e6
-    latency = Faults(
-        first_byte_delay=args.first_byte_ms / 1000, bandwidth=args.bandwidth_mb * 1e6
-    )
+    latency = Faults(first_byte_delay=args.first_byte_ms / 1000, bandwidth=args.bandwidth_mb * 1e6)
     profiles = {
         "direct": None,
         f"{args.first_byte_ms:.0f} ms first byte, {args.bandwidth_mb:.0f} MB/s per connection": (
@@ -194,7 +192,9 @@ def main() -> None:
             for reader in READERS:
                 seconds = statistics.median(run["seconds"] for run in runs[reader])
                 first = runs[reader][0]
-                rows.append((profile, reader, first["samples"] / seconds, first["bytes"] / 1e6 / seconds))
+                rows.append(
+                    (profile, reader, first["samples"] / seconds, first["bytes"] / 1e6 / seconds)
+                )
 
     lines = ["| network | reader | samples/s | MB/s |", "|---|---|---|---|"]
     for profile, reader, sps, mbps in rows:

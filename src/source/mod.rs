@@ -1,11 +1,15 @@
-//! Where bytes come from. A [`ReadAhead`] reads the units of one slot in
-//! order on its own runtime, running ahead of the parser across shard
-//! boundaries within a byte budget, and hands each shard over as a
-//! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait).
+//! Where bytes come from. A [`ReadAhead`] reads the units of one slot on
+//! its own runtime, running ahead of the parser across shard boundaries
+//! within a byte budget, and hands each shard over, in order, as a
+//! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait). Local
+//! files are read one after another; up to `max_concurrency` S3 objects are
+//! fetched at once, each within its own share of the budget, so a slow
+//! first byte or a per-connection bandwidth limit is paid in parallel.
 
 mod local;
 mod s3;
 
+use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -57,7 +61,6 @@ pub struct ReadAheadOptions {
 /// Reads a slot's shards in order, ahead of the consumer.
 pub struct ReadAhead {
     shards: Receiver<ShardReader>,
-    budget: Arc<Semaphore>,
     cancelled: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
     io_timeout: Duration,
@@ -78,23 +81,22 @@ impl ReadAhead {
             .build()
             .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
         let chunk_bytes = options.chunk_bytes.min(options.budget_bytes).max(1);
-        let budget = Arc::new(Semaphore::new(options.budget_bytes.max(chunk_bytes)));
+        let budget_total = options.budget_bytes.max(chunk_bytes);
         let cancelled = Arc::new(AtomicBool::new(false));
         let (shard_tx, shard_rx) = mpsc::channel();
         let task = Fetcher {
-            budget: budget.clone(),
+            budget: Arc::new(Semaphore::new(budget_total)),
             cancelled: cancelled.clone(),
             chunk_bytes,
             io_timeout: options.io_timeout,
             counters,
-            budget_total: options.budget_bytes.max(chunk_bytes),
-            s3_options: options.s3,
-            s3: tokio::sync::OnceCell::new(),
+            budget_total,
+            s3_options: Arc::new(options.s3),
+            s3: Arc::new(tokio::sync::OnceCell::new()),
         };
         runtime.spawn(task.run(units, shard_tx));
         Ok(ReadAhead {
             shards: shard_rx,
-            budget,
             cancelled,
             runtime: Some(runtime),
             io_timeout: options.io_timeout,
@@ -117,14 +119,14 @@ impl ReadAhead {
 impl Drop for ReadAhead {
     fn drop(&mut self) {
         self.cancelled.store(true, Ordering::SeqCst);
-        self.budget.close();
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
         }
     }
 }
 
-/// The task that reads shards into chunks.
+/// Reads shards into chunks, within a byte budget of its own.
+#[derive(Clone)]
 struct Fetcher {
     budget: Arc<Semaphore>,
     cancelled: Arc<AtomicBool>,
@@ -132,14 +134,29 @@ struct Fetcher {
     io_timeout: Duration,
     counters: Arc<Counters>,
     budget_total: usize,
-    s3_options: S3Options,
+    s3_options: Arc<S3Options>,
     /// Made at the first S3 unit, in the reading process.
-    s3: tokio::sync::OnceCell<Arc<s3::S3Client>>,
+    s3: Arc<tokio::sync::OnceCell<Arc<s3::S3Client>>>,
 }
 
 impl Fetcher {
+    /// Reads `units`, handing their readers over in order, with up to
+    /// `max_concurrency` S3 units (one local unit) in flight.
     async fn run(self, units: Vec<FetchUnit>, shard_tx: Sender<ShardReader>) {
+        let mut in_flight = VecDeque::new();
         for unit in units {
+            let ahead = match unit.location {
+                Location::S3 { .. } => self.s3_options.max_concurrency.max(1),
+                Location::Local(_) => 1,
+            };
+            while in_flight.len() >= ahead {
+                let Some(task) = in_flight.pop_front() else {
+                    break;
+                };
+                if !matches!(task.await, Ok(Ok(()))) {
+                    return;
+                }
+            }
             if self.cancelled.load(Ordering::SeqCst) {
                 return;
             }
@@ -156,20 +173,46 @@ impl Fetcher {
             if shard_tx.send(reader).is_err() {
                 return;
             }
-            let sent = match &unit.location {
-                Location::Local(path) => local::read_file(&self, &unit, path, &chunk_tx).await,
-                Location::S3 { bucket, key } => {
-                    let client = self
-                        .s3
-                        .get_or_init(|| async {
-                            Arc::new(s3::S3Client::new(&self.s3_options).await)
-                        })
-                        .await;
-                    s3::read_object(&self, client, &unit, (bucket, key), &chunk_tx).await
-                }
-            };
-            if sent.is_err() {
+            let share = self.share(ahead);
+            in_flight.push_back(tokio::spawn(
+                async move { share.read(&unit, &chunk_tx).await },
+            ));
+        }
+        for task in in_flight {
+            if !matches!(task.await, Ok(Ok(()))) {
                 return;
+            }
+        }
+    }
+
+    /// A fetcher for one of `ways` units in flight, with that share of the budget.
+    fn share(&self, ways: usize) -> Fetcher {
+        let bytes = (self.budget_total / ways).max(self.chunk_bytes);
+        Fetcher {
+            budget: if ways == 1 {
+                self.budget.clone()
+            } else {
+                Arc::new(Semaphore::new(bytes))
+            },
+            budget_total: bytes,
+            ..self.clone()
+        }
+    }
+
+    /// Reads one unit into chunks sent to `chunk_tx`.
+    async fn read(
+        &self,
+        unit: &FetchUnit,
+        chunk_tx: &Sender<ChunkResult>,
+    ) -> Result<(), ConsumerGone> {
+        match &unit.location {
+            Location::Local(path) => local::read_file(self, unit, path, chunk_tx).await,
+            Location::S3 { bucket, key } => {
+                let client = self
+                    .s3
+                    .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
+                    .await;
+                s3::read_object(self, client, unit, (bucket, key), chunk_tx).await
             }
         }
     }

@@ -67,8 +67,9 @@ class Faults:
 
 @dataclass
 class Injected:
-    """How many of each fault the proxy injected, how many GETs it saw, and
-    the ``(Range, If-Match)`` headers of the ranged ones."""
+    """How many of each fault the proxy injected, how many GETs it saw (and
+    how many at once at most), and the ``(Range, If-Match)`` headers of the
+    ranged ones."""
 
     gets: int = 0
     slowdowns: int = 0
@@ -76,6 +77,8 @@ class Injected:
     cuts: int = 0
     stalls: int = 0
     delays: int = 0
+    active: int = 0
+    max_active: int = 0
     ranged_gets: list[tuple[str, str | None]] = field(default_factory=list)
 
 
@@ -170,8 +173,10 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 if faults.on_cut is not None:
                     faults.on_cut(self.path)
             if cut or stall:
+                # A clean end of the stream (FIN) after the bytes sent, so
+                # the client sees a short body, not a reset losing them.
                 self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
+                self.connection.shutdown(socket.SHUT_WR)
 
         def _handle(self) -> None:
             faults, n = self._decide()
@@ -205,10 +210,17 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self._send_body(data, faults, n)
 
         def _safely(self) -> None:
+            proxy = proxy_ref[0]
+            with proxy.lock:
+                proxy.injected.active += 1
+                proxy.injected.max_active = max(proxy.injected.max_active, proxy.injected.active)
             try:
                 self._handle()
             except OSError:
                 self.close_connection = True
+            finally:
+                with proxy.lock:
+                    proxy.injected.active -= 1
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _safely
 
