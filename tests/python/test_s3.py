@@ -4,6 +4,7 @@ ranged GETs, read amplification, and errors for missing objects."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from collections import Counter
@@ -11,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import zstandard
 from _shardtest import read_tar_samples, sample_digest, tar_bytes
 from s3_server import BUCKET
 from s3_server import s3_config as config
@@ -185,3 +187,30 @@ def test_listing_pages_past_1000_keys(s3):
     assert Counter(s["__key__"] for s in samples) == Counter(f"k{i:05d}" for i in range(count))
     assert all(s["txt"] == str(int(s["__key__"][1:])).encode() for s in samples)
     assert ds.stats()["bytes_read"] == sum(size for _, size in ds.shards)
+
+
+def test_compressed_shards_on_s3(s3, s3_dataset, dataset):
+    """gzip and zstd shards listed under a prefix and read like plain ones."""
+    client = s3.client()
+    sources = {
+        "compressed/a.tar.gz": dataset.paths[0],
+        "compressed/b.tar.zst": dataset.paths[0],
+        "compressed/c.tgz": dataset.paths[1],
+    }
+    zstd = zstandard.ZstdCompressor(write_checksum=True)
+    bodies = {}
+    for key, path in sources.items():
+        plain = path.read_bytes()
+        bodies[key] = zstd.compress(plain) if key.endswith(".zst") else gzip.compress(plain)
+        client.put_object(Bucket=BUCKET, Key=key, Body=bodies[key])
+    ds = StreamingDataset(f"s3://{BUCKET}/compressed/", s3=config(s3))
+    assert [url for url, _ in ds.shards] == [f"s3://{BUCKET}/{k}" for k in sorted(sources)]
+    samples = collect(ds, 2)
+    expected = [
+        (f"s3://{BUCKET}/{key}", s.key, s.digest())
+        for key, path in sources.items()
+        for s in read_tar_samples(path)
+    ]
+    got = [(s["__url__"], s["__key__"], sample_digest(s)) for s in samples]
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    assert ds.stats()["bytes_read"] == sum(len(b) for b in bodies.values())
