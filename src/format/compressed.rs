@@ -68,6 +68,21 @@ struct Counted<R> {
     failed: bool,
 }
 
+impl<R> Counted<R> {
+    /// `inner`, whose first `head_len` bytes were already read into `head`.
+    fn new(inner: R, head: [u8; MAGIC_LEN], head_len: usize) -> Self {
+        Counted {
+            inner,
+            head,
+            head_len,
+            head_pos: 0,
+            count: 0,
+            hit_eof: false,
+            failed: false,
+        }
+    }
+}
+
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         if self.head_pos < self.head_len {
@@ -128,15 +143,7 @@ impl<R: ByteSource> TarStream<R> {
                 }
             }
         }
-        let counted = Counted {
-            inner: source,
-            head,
-            head_len,
-            head_pos: 0,
-            count: 0,
-            hit_eof: false,
-            failed: false,
-        };
+        let counted = Counted::new(source, head, head_len);
         let decoder = match Compression::detect(&head[..head_len]) {
             None => Decoder::Plain(counted),
             Some(Compression::Gzip) => {
@@ -170,15 +177,7 @@ impl<R: ByteSource> TarStream<R> {
     /// inside an uncompressed shard.
     pub fn plain(source: R, url: &str) -> Self {
         TarStream {
-            decoder: Decoder::Plain(Counted {
-                inner: source,
-                head: [0; MAGIC_LEN],
-                head_len: 0,
-                head_pos: 0,
-                count: 0,
-                hit_eof: false,
-                failed: false,
-            }),
+            decoder: Decoder::Plain(Counted::new(source, [0; MAGIC_LEN], 0)),
             url: url.to_owned(),
             produced: 0,
             failure: None,

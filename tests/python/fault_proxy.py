@@ -34,7 +34,8 @@ MAX_STALL = 30.0
 
 @dataclass
 class Faults:
-    """What the proxy does to GET requests; 0 turns a fault off.
+    """What the proxy does to GET and HEAD requests ("GETs" below); 0 turns
+    a fault off.
 
     Attributes:
         slowdown_every: answer every k-th GET with 503 SlowDown.
@@ -137,7 +138,7 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
         def _decide(self) -> tuple[Faults, int]:
             proxy = proxy_ref[0]
             with proxy.lock:
-                if self.command != "GET":
+                if self.command not in ("GET", "HEAD"):
                     return Faults(bandwidth=proxy.faults.bandwidth), 0
                 proxy.injected.gets += 1
                 if "Range" in self.headers:

@@ -6,6 +6,7 @@ mid-read raises, and every test ends within its bound."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -128,6 +129,17 @@ def test_listing_is_retried_under_throttling(proxy, s3_dataset):
     ds = StreamingDataset(f"s3://{BUCKET}/audio/", s3=s3_config(proxy.endpoint_url))
     assert proxy.injected.slowdowns == 2
     assert [url for url, _ in ds.shards] == sorted(s3_dataset["urls"])
+
+
+def test_head_requests_are_retried_under_throttling(proxy, s3_dataset, tmp_path):
+    proxy.reset(Faults(slowdown_first=2))
+    urls = s3_dataset["urls"][:2]
+    manifest = tmp_path / "manifest.json"
+    cli = ["shardstream", "--s3-endpoint-url", proxy.endpoint_url, "--s3-path-style"]
+    assert shardstream._core.run_cli([*cli, "index", *urls, "-o", str(manifest)]) == 0
+    assert proxy.injected.slowdowns == 2
+    entries = json.loads(manifest.read_text())["shards"]
+    assert [(e["url"], e["size"]) for e in entries] == [(u, s3_dataset["sizes"][u]) for u in urls]
 
 
 def test_persistent_throttling_gives_up_within_the_bound(proxy, s3_dataset):
