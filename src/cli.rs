@@ -16,6 +16,7 @@ use crate::format::Compression;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::{self, PlanParams, Remainder};
+use crate::shuffle::ByteSize;
 use crate::spec::{self, Location, Shard};
 use crate::stats::{Counter, Counters};
 
@@ -205,6 +206,12 @@ fn scan(
                 progress.set_position(counters.snapshot().get(Counter::BytesRead));
             }
             Event::Skipped(error) => return Err(error),
+            Event::Batch(table) => {
+                return Err(Error::Stopped(format!(
+                    "{}: Arrow batches are not for the command line",
+                    table.url
+                )))
+            }
         }
     }
     progress.finish_and_clear();
@@ -220,13 +227,13 @@ fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write)
         field_bytes += sample
             .fields
             .iter()
-            .map(|(_, v)| v.len() as u64)
+            .map(|(_, v)| v.byte_size() as u64)
             .sum::<u64>();
         if limit.is_none_or(|n| samples <= n as u64) {
             let fields: Vec<String> = sample
                 .fields
                 .iter()
-                .map(|(name, value)| format!("{name}:{}", value.len()))
+                .map(|(name, value)| format!("{name}:{}", value.byte_size()))
                 .collect();
             progress.suspend(|| writeln!(out, "{}\t{}", sample.key, fields.join(" ")))?;
         }

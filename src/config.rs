@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::plan::Remainder;
 
@@ -27,6 +28,50 @@ impl std::str::FromStr for OnError {
             }),
         }
     }
+}
+
+/// Which decoder each field goes through; fields without one stay bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldDecoders {
+    /// Decoders chosen by field name.
+    pub by_field: Vec<(String, Decoder)>,
+    /// Fields not named in `by_field` take the default of their extension
+    /// ([`crate::decode::default_for`]).
+    pub defaults: bool,
+}
+
+impl FieldDecoders {
+    /// The defaults by extension for every field.
+    pub fn defaults() -> Self {
+        FieldDecoders {
+            by_field: Vec::new(),
+            defaults: true,
+        }
+    }
+
+    /// The decoder of `field`, if any.
+    pub fn decoder_for(&self, field: &str) -> Option<Decoder> {
+        match self.by_field.iter().find(|(name, _)| name == field) {
+            Some((_, decoder)) => Some(*decoder),
+            None if self.defaults => crate::decode::default_for(field),
+            None => None,
+        }
+    }
+
+    /// Whether no field is decoded.
+    pub fn is_empty(&self) -> bool {
+        self.by_field.is_empty() && !self.defaults
+    }
+}
+
+/// How rows of a table (Parquet) are handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TableOutput {
+    /// One sample per row.
+    #[default]
+    Rows,
+    /// Arrow record batches as they are decoded, rows in file order.
+    Arrow,
 }
 
 /// How to reach S3 (or an S3-compatible store). Credentials come from the
@@ -110,6 +155,14 @@ pub struct StreamOptions {
     pub remainder: Remainder,
     /// How to reach S3.
     pub s3: S3Options,
+    /// Field decoders applied to every sample.
+    pub decode: FieldDecoders,
+    /// Table columns to read (all when `None`).
+    pub columns: Option<Vec<String>>,
+    /// How table rows are handed out.
+    pub table_output: TableOutput,
+    /// Rows per decoded table batch.
+    pub batch_rows: usize,
 }
 
 impl Default for StreamOptions {
@@ -126,6 +179,10 @@ impl Default for StreamOptions {
             on_error: OnError::Raise,
             remainder: Remainder::Drop,
             s3: S3Options::default(),
+            decode: FieldDecoders::default(),
+            columns: None,
+            table_output: TableOutput::Rows,
+            batch_rows: 8192,
         }
     }
 }
@@ -212,6 +269,30 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Sets the field decoders.
+    pub fn with_decode(mut self, decode: FieldDecoders) -> Self {
+        self.options.decode = decode;
+        self
+    }
+
+    /// Sets the table columns to read.
+    pub fn with_columns(mut self, columns: Option<Vec<String>>) -> Self {
+        self.options.columns = columns;
+        self
+    }
+
+    /// Sets how table rows are handed out.
+    pub fn with_table_output(mut self, output: TableOutput) -> Self {
+        self.options.table_output = output;
+        self
+    }
+
+    /// Sets the rows per decoded table batch.
+    pub fn with_batch_rows(mut self, rows: usize) -> Self {
+        self.options.batch_rows = rows;
+        self
+    }
+
     /// Validates and returns the options.
     pub fn build(self) -> Result<StreamOptions> {
         let o = self.options;
@@ -231,6 +312,21 @@ impl StreamOptionsBuilder {
         positive("output_queue", o.output_queue)?;
         positive("part_size", o.s3.part_size)?;
         positive("max_concurrency", o.s3.max_concurrency)?;
+        positive("batch_rows", o.batch_rows)?;
+        if o.table_output == TableOutput::Arrow && o.shuffle_buffer > 0 {
+            return Err(Error::Config {
+                name: "shuffle_buffer",
+                reason: "Arrow batches keep their rows in file order: set shuffle_buffer=0 \
+                         (row groups are still shuffled with shuffle_shards)"
+                    .into(),
+            });
+        }
+        if o.table_output == TableOutput::Arrow && !o.decode.is_empty() {
+            return Err(Error::Config {
+                name: "decode",
+                reason: "field decoders apply to per-row output, not to Arrow batches".into(),
+            });
+        }
         if o.s3.max_attempts == 0 {
             return Err(Error::Config {
                 name: "max_attempts",

@@ -127,6 +127,21 @@ pub enum Error {
         compression: Option<Compression>,
     },
 
+    /// A field's bytes could not be decoded.
+    #[error("{url}: cannot decode field {field:?} of sample {key:?} as {decoder}: {reason}")]
+    Decode {
+        /// Shard URL.
+        url: String,
+        /// Sample key.
+        key: String,
+        /// Field name.
+        field: String,
+        /// The decoder's name.
+        decoder: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+
     /// A manifest cannot be read or is inconsistent in itself.
     #[error("invalid manifest {path}: {reason}")]
     Manifest {
@@ -179,6 +194,7 @@ impl Error {
             | Error::Format { url, .. }
             | Error::Decompress { url, .. }
             | Error::DuplicateField { url, .. }
+            | Error::Decode { url, .. }
             | Error::ManifestMismatch { url, .. } => Some(url),
             Error::Spec { .. }
             | Error::Config { .. }

@@ -9,7 +9,9 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod collate;
 pub mod config;
+pub mod decode;
 pub mod error;
 pub mod format;
 pub mod manifest;
@@ -20,6 +22,7 @@ pub mod source;
 pub mod spec;
 pub mod state;
 pub mod stats;
+pub mod value;
 
 #[cfg(feature = "python")]
 mod python;
@@ -29,3 +32,4 @@ pub use error::{Error, Result};
 pub use format::{Sample, SampleId};
 pub use pipeline::{Event, SampleStream};
 pub use stats::{Counters, Stats};
+pub use value::{Array, ArrayData, Value};

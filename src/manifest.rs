@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::Compression;
-use crate::spec::{Location, Shard};
+use crate::spec::{Location, Shard, ShardKind};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -261,6 +261,17 @@ pub enum ManifestChoice {
 /// Gives `shards` their sample indices from the chosen manifest; returns
 /// the manifest's path when one is used.
 pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Option<PathBuf>> {
+    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
+        // Parquet row groups and raw objects know their sample counts.
+        return match choice {
+            ManifestChoice::Path(path) => Err(Error::Manifest {
+                path: path.display().to_string(),
+                reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
+                    .into(),
+            }),
+            ManifestChoice::Off | ManifestChoice::Auto => Ok(None),
+        };
+    }
     let path = match choice {
         ManifestChoice::Off => return Ok(None),
         ManifestChoice::Path(path) => path.clone(),

@@ -9,28 +9,46 @@
 //! first byte and skips the samples before the piece.
 
 use std::collections::{HashMap, HashSet};
+use std::io::Read as _;
 use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::{OnError, SlotSpec, StreamOptions};
+use arrow_array::RecordBatch;
+
+use crate::config::{FieldDecoders, OnError, SlotSpec, StreamOptions, TableOutput};
 use crate::error::{Error, Result};
-use crate::format::{tar, Compression, Sample, SampleId, ShardRef, TarStream};
+use crate::format::{
+    blob, parquet, tar, ByteSource, Compression, Sample, SampleId, ShardRef, TarStream, Value,
+};
 use crate::manifest::SampleIndex;
 use crate::plan::{order, Purpose, WorkUnit};
 use crate::shuffle::{ByteSize, ShuffleBuffer};
 use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions, ShardReader};
-use crate::spec::Shard;
+use crate::spec::{RowGroup, Shard, ShardKind};
 use crate::state::{self, Mirror, Op, Resume, SlotState};
 use crate::stats::{Counter, Counters};
+
+/// Rows of one row group as an Arrow record batch.
+#[derive(Debug)]
+pub struct TableBatch {
+    /// The Parquet file's URL.
+    pub url: Arc<str>,
+    /// Index in the file of the batch's first row.
+    pub first_row: u64,
+    /// The rows.
+    pub batch: RecordBatch,
+}
 
 /// What the stream yields besides samples.
 #[derive(Debug)]
 pub enum Event {
     /// The next sample.
     Sample(Sample),
+    /// The next rows of a table, with `TableOutput::Arrow`.
+    Batch(TableBatch),
     /// A bad shard was skipped under `on_error="warn"`; the rest goes on.
     Skipped(Error),
 }
@@ -189,6 +207,10 @@ impl SampleStream {
             ops: Vec::new(),
             finished: self.finished,
             compressed: self.compressed.clone(),
+            decode: options.decode.clone(),
+            columns: options.columns.clone(),
+            table_output: options.table_output,
+            batch_rows: options.batch_rows,
         };
         std::thread::Builder::new()
             .name("shardstream-pipeline".into())
@@ -330,6 +352,8 @@ struct Read {
     first_index: u64,
     /// The sample index, to check ranged reads against.
     index: Option<Arc<SampleIndex>>,
+    /// What the shard holds.
+    kind: ShardKind,
     purpose: ReadPurpose,
 }
 
@@ -396,6 +420,7 @@ fn make_read(
                     fetch: None,
                     first_index: samples.start,
                     index: None,
+                    kind: shard.kind.clone(),
                     purpose,
                 });
             }
@@ -406,7 +431,10 @@ fn make_read(
                 None => (Some(index.byte_range(&(samples.start..end))), samples.start),
             }
         }
-        None => (None, 0),
+        None => match &shard.kind {
+            ShardKind::Parquet(group) => (Some(group.span.clone()), 0),
+            _ => (None, 0),
+        },
     };
     Ok(Read {
         shard: shard_index,
@@ -418,6 +446,7 @@ fn make_read(
         }),
         first_index,
         index,
+        kind: shard.kind.clone(),
         purpose,
     })
 }
@@ -436,6 +465,10 @@ struct Worker {
     ops: Vec<Op>,
     finished: bool,
     compressed: CompressedShards,
+    decode: FieldDecoders,
+    columns: Option<Vec<String>>,
+    table_output: TableOutput,
+    batch_rows: usize,
 }
 
 /// Why a read stopped before its archive ended.
@@ -444,8 +477,8 @@ enum Stop {
     Gone,
     /// The read has every sample it wanted.
     Enough,
-    /// A sample does not match the manifest.
-    Mismatch(Error),
+    /// A sample does not match the manifest or cannot be decoded.
+    Failed(Error),
 }
 
 impl Worker {
@@ -539,108 +572,312 @@ impl Worker {
             first_index: read.first_index,
             compression: None,
         };
-        let mut stream = match self.open_stream(read, reader, &mut shard) {
-            Ok(stream) => stream,
-            Err(error) => return self.settle(read, Err(error)),
-        };
         let mut stop = None;
-        let (shuffle, tx, counters, ops) =
-            (&mut self.shuffle, &self.tx, &self.counters, &mut self.ops);
-        let result = tar::read_samples(&mut stream, &shard, |sample| {
-            let id = sample.id;
-            if let Some(index) = &read.index {
-                if id.index >= index.len() || sample.offset != index.offset(id.index) {
-                    stop = Some(Stop::Mismatch(Error::ManifestMismatch {
-                        url: sample.url.to_string(),
-                        reason: format!(
-                            "sample {} ({:?}) starts at byte offset {}, the manifest says {}",
-                            id.index,
-                            sample.key,
-                            sample.offset,
-                            if id.index < index.len() {
-                                index.offset(id.index).to_string()
-                            } else {
-                                "it does not exist".into()
-                            }
-                        ),
-                    }));
-                    return ControlFlow::Break(());
+        let result = match &read.kind {
+            ShardKind::Tar => self.read_tar(read, reader, &mut shard, restored, &mut stop),
+            ShardKind::Raw => self.read_raw(read, reader, &shard, restored, &mut stop),
+            ShardKind::Parquet(group) => match self.table_output {
+                TableOutput::Rows => {
+                    self.read_rows(read, group, reader, &shard, restored, &mut stop)
                 }
-            }
-            match &read.purpose {
-                ReadPurpose::Restore { wanted } => {
-                    if wanted.contains(&id.index) {
-                        restored.insert(id, sample);
-                    }
-                    if id.index + 1 >= read_end(wanted) {
-                        stop = Some(Stop::Enough);
-                        return ControlFlow::Break(());
-                    }
-                    ControlFlow::Continue(())
-                }
-                ReadPurpose::Unit { position, samples } => {
-                    if id.index < samples.start {
-                        return ControlFlow::Continue(());
-                    }
-                    if id.index >= samples.end {
-                        stop = Some(Stop::Enough);
-                        return ControlFlow::Break(());
-                    }
-                    // Same order as the buffer: evictions first, then the new sample.
-                    let gone = match shuffle {
-                        Some(buffer) => {
-                            let mut gone = false;
-                            while !gone && buffer.is_full_for(sample.byte_size()) {
-                                let (index, evicted) =
-                                    buffer.pop_random().expect("a full buffer holds items");
-                                ops.push(Op::Pop {
-                                    index,
-                                    rng_word_pos: buffer.rng_word_pos(),
-                                });
-                                gone = send_sample(tx, ops, counters, evicted).is_break();
-                            }
-                            buffer.insert(sample);
-                            ops.push(Op::Push {
-                                unit: *position,
-                                id,
-                            });
-                            gone
-                        }
-                        None => {
-                            ops.push(Op::Push {
-                                unit: *position,
-                                id,
-                            });
-                            ops.push(Op::Pop {
-                                index: 0,
-                                rng_word_pos: 0,
-                            });
-                            send_sample(tx, ops, counters, sample).is_break()
-                        }
-                    };
-                    if gone {
-                        stop = Some(Stop::Gone);
-                        return ControlFlow::Break(());
-                    }
-                    if id.index + 1 >= samples.end {
-                        stop = Some(Stop::Enough);
-                        return ControlFlow::Break(());
-                    }
-                    ControlFlow::Continue(())
-                }
-            }
-        });
+                TableOutput::Arrow => self.send_batches(read, group, reader, &shard, &mut stop),
+            },
+            ShardKind::ParquetFile => Err(Error::Stopped(format!(
+                "{}: the Parquet footer was not read before planning",
+                shard.url
+            ))),
+        };
         let outcome = match (result, stop) {
             (_, Some(Stop::Gone)) => return Ok(ControlFlow::Break(())),
-            (_, Some(Stop::Mismatch(error))) => Err(error),
+            (_, Some(Stop::Failed(error))) => Err(error),
             (Ok(_), Some(Stop::Enough)) => Ok(()),
-            (Ok(tar::Outcome::Completed { samples }), None) => {
-                self.check_complete(read, &shard, samples)
-            }
-            (Ok(tar::Outcome::Stopped), None) => return Ok(ControlFlow::Break(())),
+            (Ok(Some(samples)), None) => self.check_complete(read, &shard, samples),
+            (Ok(None), None) => return Ok(ControlFlow::Break(())),
             (Err(error), _) => Err(error),
         };
         self.settle(read, outcome)
+    }
+
+    /// Streams the samples of a tar shard (plain or compressed) into
+    /// [`Worker::accept`]; `Some(count)` when the archive ended.
+    fn read_tar(
+        &mut self,
+        read: &Read,
+        reader: ShardReader,
+        shard: &mut ShardRef,
+        restored: &mut HashMap<SampleId, Sample>,
+        stop: &mut Option<Stop>,
+    ) -> Result<Option<u64>> {
+        let mut stream = self.open_stream(read, reader, shard)?;
+        let outcome = tar::read_samples(&mut stream, shard, |sample| {
+            self.accept(read, sample, restored, stop)
+        })?;
+        Ok(match outcome {
+            tar::Outcome::Completed { samples } => Some(samples),
+            tar::Outcome::Stopped => None,
+        })
+    }
+
+    /// Reads a raw object as its one sample.
+    fn read_raw(
+        &mut self,
+        read: &Read,
+        mut reader: ShardReader,
+        shard: &ShardRef,
+        restored: &mut HashMap<SampleId, Sample>,
+        stop: &mut Option<Stop>,
+    ) -> Result<Option<u64>> {
+        let sample = blob::read_object(&mut reader, shard)?;
+        let _ = self.accept(read, sample, restored, stop);
+        Ok(Some(1))
+    }
+
+    /// Decodes a row group and streams its rows as samples.
+    fn read_rows(
+        &mut self,
+        read: &Read,
+        group: &RowGroup,
+        reader: ShardReader,
+        shard: &ShardRef,
+        restored: &mut HashMap<SampleId, Sample>,
+        stop: &mut Option<Stop>,
+    ) -> Result<Option<u64>> {
+        let mut rows = 0;
+        for batch in self.decode_row_group(group, reader, shard)? {
+            let batch = batch?;
+            let mut samples = parquet::batch_to_samples(shard, "", &batch, rows)?;
+            rows += batch.num_rows() as u64;
+            for sample in &mut samples {
+                sample.key = (group.first_row + sample.id.index).to_string();
+            }
+            for sample in samples {
+                if self.accept(read, sample, restored, stop).is_break() {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(rows))
+    }
+
+    /// Decodes a row group and sends the rows of the read's range as Arrow
+    /// batches (no shuffle buffer: options forbid one with Arrow output).
+    fn send_batches(
+        &mut self,
+        read: &Read,
+        group: &RowGroup,
+        reader: ShardReader,
+        shard: &ShardRef,
+        stop: &mut Option<Stop>,
+    ) -> Result<Option<u64>> {
+        let ReadPurpose::Unit { position, samples } = &read.purpose else {
+            return Err(Error::StateMismatch(
+                "Arrow batches are not shuffled, yet the state holds buffered rows".into(),
+            ));
+        };
+        let mut rows = 0;
+        for batch in self.decode_row_group(group, reader, shard)? {
+            let batch = batch?;
+            let first = rows;
+            rows += batch.num_rows() as u64;
+            let start = samples.start.clamp(first, rows);
+            let end = samples.end.clamp(first, rows);
+            if start < end {
+                let slice = batch.slice((start - first) as usize, (end - start) as usize);
+                for index in start..end {
+                    let id = SampleId {
+                        shard: read.shard,
+                        index,
+                    };
+                    self.ops.push(Op::Push {
+                        unit: *position,
+                        id,
+                    });
+                    self.ops.push(Op::Pop {
+                        index: 0,
+                        rng_word_pos: 0,
+                    });
+                }
+                let message = Message::Event {
+                    ops: std::mem::take(&mut self.ops),
+                    event: Event::Batch(TableBatch {
+                        url: shard.url.clone(),
+                        first_row: group.first_row + start,
+                        batch: slice,
+                    }),
+                };
+                if self.tx.send(message).is_err() {
+                    *stop = Some(Stop::Gone);
+                    return Ok(None);
+                }
+                self.counters.add(Counter::Samples, end - start);
+            }
+            if rows >= samples.end {
+                *stop = Some(Stop::Enough);
+                return Ok(None);
+            }
+        }
+        Ok(Some(rows))
+    }
+
+    /// The record batches of one row group, read whole from `reader`.
+    fn decode_row_group(
+        &self,
+        group: &RowGroup,
+        mut reader: ShardReader,
+        shard: &ShardRef,
+    ) -> Result<parquet::RowGroupBatches> {
+        let mut bytes = Vec::with_capacity((group.span.end - group.span.start) as usize);
+        if let Err(source) = reader.read_to_end(&mut bytes) {
+            return Err(reader.take_failure().unwrap_or(Error::Read {
+                url: shard.url.to_string(),
+                offset: group.span.start + bytes.len() as u64,
+                source,
+            }));
+        }
+        parquet::read_row_group(
+            shard,
+            &group.metadata,
+            group.index,
+            self.columns.as_deref(),
+            group.span.start,
+            bytes.into(),
+            self.batch_rows,
+        )
+    }
+
+    /// Takes one sample of a read: checks it against the manifest, keeps it
+    /// for a restore, or decodes it and sends it through the shuffle buffer.
+    /// `Break` (with `stop` set) ends the read.
+    fn accept(
+        &mut self,
+        read: &Read,
+        sample: Sample,
+        restored: &mut HashMap<SampleId, Sample>,
+        stop: &mut Option<Stop>,
+    ) -> ControlFlow<()> {
+        let id = sample.id;
+        if let Some(index) = &read.index {
+            if id.index >= index.len() || sample.offset != index.offset(id.index) {
+                *stop = Some(Stop::Failed(Error::ManifestMismatch {
+                    url: sample.url.to_string(),
+                    reason: format!(
+                        "sample {} ({:?}) starts at byte offset {}, the manifest says {}",
+                        id.index,
+                        sample.key,
+                        sample.offset,
+                        if id.index < index.len() {
+                            index.offset(id.index).to_string()
+                        } else {
+                            "it does not exist".into()
+                        }
+                    ),
+                }));
+                return ControlFlow::Break(());
+            }
+        }
+        let position = match &read.purpose {
+            ReadPurpose::Restore { wanted } => {
+                if wanted.contains(&id.index) {
+                    match self.decode(sample) {
+                        Ok(sample) => {
+                            restored.insert(id, sample);
+                        }
+                        Err(error) => {
+                            *stop = Some(Stop::Failed(error));
+                            return ControlFlow::Break(());
+                        }
+                    }
+                }
+                if id.index + 1 >= read_end(wanted) {
+                    *stop = Some(Stop::Enough);
+                    return ControlFlow::Break(());
+                }
+                return ControlFlow::Continue(());
+            }
+            ReadPurpose::Unit { position, samples } => {
+                if id.index < samples.start {
+                    return ControlFlow::Continue(());
+                }
+                if id.index >= samples.end {
+                    *stop = Some(Stop::Enough);
+                    return ControlFlow::Break(());
+                }
+                *position
+            }
+        };
+        let sample = match self.decode(sample) {
+            Ok(sample) => sample,
+            Err(error) => {
+                *stop = Some(Stop::Failed(error));
+                return ControlFlow::Break(());
+            }
+        };
+        let (tx, counters, ops) = (&self.tx, &self.counters, &mut self.ops);
+        // Same order as the buffer: evictions first, then the new sample.
+        let gone = match &mut self.shuffle {
+            Some(buffer) => {
+                let mut gone = false;
+                while !gone && buffer.is_full_for(sample.byte_size()) {
+                    let (index, evicted) = buffer.pop_random().expect("a full buffer holds items");
+                    ops.push(Op::Pop {
+                        index,
+                        rng_word_pos: buffer.rng_word_pos(),
+                    });
+                    gone = send_sample(tx, ops, counters, evicted).is_break();
+                }
+                buffer.insert(sample);
+                ops.push(Op::Push { unit: position, id });
+                gone
+            }
+            None => {
+                ops.push(Op::Push { unit: position, id });
+                ops.push(Op::Pop {
+                    index: 0,
+                    rng_word_pos: 0,
+                });
+                send_sample(tx, ops, counters, sample).is_break()
+            }
+        };
+        if gone {
+            *stop = Some(Stop::Gone);
+            return ControlFlow::Break(());
+        }
+        if let ReadPurpose::Unit { samples, .. } = &read.purpose {
+            if id.index + 1 >= samples.end {
+                *stop = Some(Stop::Enough);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Runs each field through its decoder, if it has one.
+    fn decode(&self, mut sample: Sample) -> Result<Sample> {
+        if self.decode.is_empty() {
+            return Ok(sample);
+        }
+        for (field, value) in &mut sample.fields {
+            let Some(decoder) = self.decode.decoder_for(field) else {
+                continue;
+            };
+            let Value::Bytes(bytes) = std::mem::replace(value, Value::Null) else {
+                return Err(Error::Decode {
+                    url: sample.url.to_string(),
+                    key: sample.key.clone(),
+                    field: field.clone(),
+                    decoder: decoder.name(),
+                    reason: "the value is not bytes".into(),
+                });
+            };
+            *value = decoder.decode(bytes).map_err(|e| Error::Decode {
+                url: sample.url.to_string(),
+                key: sample.key.clone(),
+                field: field.clone(),
+                decoder: decoder.name(),
+                reason: e.reason,
+            })?;
+        }
+        Ok(sample)
     }
 
     /// The tar bytes of a read: a read from the shard's first byte tells

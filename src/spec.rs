@@ -1,8 +1,13 @@
 //! Dataset spec: shard URLs, brace ranges and directories, resolved to a
-//! list of shards with their sizes.
+//! list of shards with their sizes. A Parquet file becomes one shard per
+//! row group, read from its footer here, so the plan can split one large
+//! file across ranks and workers.
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::config::S3Options;
 use crate::error::{Error, Result};
@@ -18,6 +23,114 @@ pub fn is_shard_name(name: &str) -> bool {
     SHARD_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
 }
 
+/// Whether `name` is a Parquet file's.
+pub fn is_parquet_name(name: &str) -> bool {
+    name.ends_with(".parquet")
+}
+
+/// Whether `name` is a raw object's: anything but folder markers and
+/// hidden files.
+pub fn is_raw_name(name: &str) -> bool {
+    let base = name.rsplit('/').next().unwrap_or(name);
+    !base.is_empty() && !base.starts_with('.')
+}
+
+fn is_tar_or_parquet_name(name: &str) -> bool {
+    is_shard_name(name) || is_parquet_name(name)
+}
+
+/// What the shards of a dataset hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DatasetFormat {
+    /// Parquet for `*.parquet` names, tar (plain, gzip or zstd) otherwise.
+    #[default]
+    Auto,
+    /// WebDataset tar shards.
+    Tar,
+    /// Parquet files: one shard per row group, one sample per row.
+    Parquet,
+    /// Raw objects: one sample per file or object.
+    Raw,
+}
+
+impl std::str::FromStr for DatasetFormat {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DatasetFormat::Auto),
+            "tar" => Ok(DatasetFormat::Tar),
+            "parquet" => Ok(DatasetFormat::Parquet),
+            "raw" => Ok(DatasetFormat::Raw),
+            other => Err(Error::Config {
+                name: "format",
+                reason: format!(
+                    "expected \"auto\", \"tar\", \"parquet\" or \"raw\", got {other:?}"
+                ),
+            }),
+        }
+    }
+}
+
+impl DatasetFormat {
+    /// Which names a directory or prefix listing takes.
+    pub fn listing_filter(self) -> fn(&str) -> bool {
+        match self {
+            DatasetFormat::Auto => is_tar_or_parquet_name,
+            DatasetFormat::Tar => is_shard_name,
+            DatasetFormat::Parquet => is_parquet_name,
+            DatasetFormat::Raw => is_raw_name,
+        }
+    }
+
+    /// The kind of a shard named `url`, before a Parquet footer is read.
+    fn kind_of(self, url: &str) -> ShardKind {
+        match self {
+            DatasetFormat::Auto if is_parquet_name(url) => ShardKind::ParquetFile,
+            DatasetFormat::Auto | DatasetFormat::Tar => ShardKind::Tar,
+            DatasetFormat::Parquet => ShardKind::ParquetFile,
+            DatasetFormat::Raw => ShardKind::Raw,
+        }
+    }
+}
+
+/// What a shard holds and how it is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardKind {
+    /// A tar archive, plain or compressed: many samples grouped by key.
+    Tar,
+    /// One raw object: one sample.
+    Raw,
+    /// A Parquet file whose footer has not been read yet.
+    ParquetFile,
+    /// One row group of a Parquet file.
+    Parquet(Arc<RowGroup>),
+}
+
+/// One row group of a Parquet file, as its footer describes it.
+#[derive(Debug)]
+pub struct RowGroup {
+    /// The file's footer.
+    pub metadata: Arc<ParquetMetaData>,
+    /// Row group index in the file.
+    pub index: usize,
+    /// Bytes of the file holding the row group's column chunks.
+    pub span: Range<u64>,
+    /// Rows in the row group.
+    pub rows: u64,
+    /// Index in the file of the row group's first row.
+    pub first_row: u64,
+}
+
+impl PartialEq for RowGroup {
+    fn eq(&self, other: &Self) -> bool {
+        (self.index, &self.span, self.rows, self.first_row)
+            == (other.index, &other.span, other.rows, other.first_row)
+    }
+}
+
+impl Eq for RowGroup {}
+
 /// One shard of the dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shard {
@@ -29,6 +142,8 @@ pub struct Shard {
     pub index: Option<Arc<SampleIndex>>,
     /// The object's ETag, when a listing gave it.
     pub etag: Option<String>,
+    /// What the shard holds.
+    pub kind: ShardKind,
 }
 
 impl Shard {
@@ -39,14 +154,20 @@ impl Shard {
             size,
             index: None,
             etag: None,
+            kind: ShardKind::Tar,
         }
     }
 
     /// What the plan knows of this shard.
     pub fn info(&self) -> ShardInfo {
+        let samples = match &self.kind {
+            ShardKind::Raw => Some(1),
+            ShardKind::Parquet(group) => Some(group.rows),
+            ShardKind::Tar | ShardKind::ParquetFile => self.index.as_ref().map(|i| i.len()),
+        };
         ShardInfo {
             size: self.size,
-            samples: self.index.as_ref().map(|i| i.len()),
+            samples,
         }
     }
 
@@ -147,13 +268,25 @@ pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
     resolve_with(specs, &S3Options::default())
 }
 
+/// Resolves specs of tar shards (and Parquet files by name); see [`resolve_dataset`].
+pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
+    resolve_dataset(specs, s3, DatasetFormat::Auto)
+}
+
 /// Resolves specs (paths, `file://` and `s3://` URLs, brace patterns,
 /// directories and `s3://bucket/prefix/` listings) to shards in the order
 /// given; a directory or prefix gives its shards ([`SHARD_SUFFIXES`])
 /// sorted by name.
 /// A shard that does not exist is kept with an unknown size: opening it
-/// reports the error, under the stream's error policy.
-pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
+/// reports the error, under the stream's error policy. Parquet files are
+/// the exception: their footers are read here, and each row group becomes
+/// a shard of its own.
+pub fn resolve_dataset(
+    specs: &[String],
+    s3: &S3Options,
+    format: DatasetFormat,
+) -> Result<Vec<Shard>> {
+    let keep = format.listing_filter();
     let mut shards = Vec::new();
     let mut listings = Vec::new();
     for spec in specs {
@@ -164,7 +297,9 @@ pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
                 }
                 Location::S3 { .. } => shards.push(Shard::new(url, None)),
                 Location::Local(path) => match std::fs::metadata(&path) {
-                    Ok(meta) if meta.is_dir() => shards.extend(list_directory(&url, &path)?),
+                    Ok(meta) if meta.is_dir() => {
+                        shards.extend(list_directory(&url, &path, keep, format)?)
+                    }
                     Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
                     Err(_) => shards.push(Shard::new(url, None)),
                 },
@@ -172,7 +307,7 @@ pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
         }
     }
     if !listings.is_empty() {
-        let listed = crate::source::list_s3_prefixes(s3, &listings)?;
+        let listed = crate::source::list_s3_prefixes(s3, &listings, keep)?;
         for ((at, ..), objects) in listings.iter().zip(listed).rev() {
             shards.splice(*at..*at, objects);
         }
@@ -184,31 +319,97 @@ pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
         });
     }
     let mut seen = std::collections::HashSet::new();
-    for shard in &shards {
-        if !seen.insert(shard.url.as_str()) {
+    for shard in &mut shards {
+        if !seen.insert(shard.url.clone()) {
             return Err(Error::Spec {
                 spec: specs.join(" "),
                 reason: format!("shard {:?} is listed twice", shard.url),
+            });
+        }
+        shard.kind = format.kind_of(&shard.url);
+    }
+    if shards.iter().any(|s| s.kind == ShardKind::ParquetFile) {
+        shards = expand_row_groups(shards, s3)?;
+        if shards.is_empty() {
+            return Err(Error::Spec {
+                spec: specs.join(" "),
+                reason: "the Parquet files hold no row groups".into(),
             });
         }
     }
     Ok(shards)
 }
 
-fn list_directory(url: &str, path: &Path) -> Result<Vec<Shard>> {
-    let entries = std::fs::read_dir(path).map_err(|e| Error::from_open(url, e))?;
-    let mut shards = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::from_open(url, e))?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !is_shard_name(name) {
+/// Reads the footer of every Parquet file and replaces the file by one
+/// shard per row group (a file without rows gives none).
+fn expand_row_groups(mut shards: Vec<Shard>, s3: &S3Options) -> Result<Vec<Shard>> {
+    let is_file = |s: &Shard| s.kind == ShardKind::ParquetFile;
+    crate::source::describe_s3_objects(s3, &mut shards)?;
+    for shard in shards.iter().filter(|s| is_file(s)) {
+        if shard.size.is_none() {
+            let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+            return Err(Error::from_open(&shard.url, missing));
+        }
+    }
+    let files: Vec<&Shard> = shards.iter().filter(|s| is_file(s)).collect();
+    let footers = crate::source::read_footers(&files, s3)?;
+    let mut footers = footers.into_iter();
+    let mut out = Vec::with_capacity(shards.len());
+    for shard in shards {
+        if !is_file(&shard) {
+            out.push(shard);
             continue;
         }
-        let meta = entry.metadata().map_err(|e| Error::from_open(url, e))?;
-        if meta.is_file() {
-            let joined = format!("{}/{name}", url.trim_end_matches('/'));
-            shards.push(Shard::new(joined, Some(meta.len())));
+        let metadata = footers.next().expect("one footer per Parquet file");
+        let mut first_row = 0;
+        for index in 0..metadata.num_row_groups() {
+            let span = crate::format::parquet::row_group_span(&metadata, index);
+            let rows = crate::format::parquet::row_group_rows(&metadata, index);
+            out.push(Shard {
+                size: Some(span.end - span.start),
+                kind: ShardKind::Parquet(Arc::new(RowGroup {
+                    metadata: metadata.clone(),
+                    index,
+                    span,
+                    rows,
+                    first_row,
+                })),
+                ..shard.clone()
+            });
+            first_row += rows;
+        }
+    }
+    Ok(out)
+}
+
+/// The files of a directory that `keep` takes, sorted by URL; raw objects
+/// are listed from subdirectories too (like an S3 prefix).
+fn list_directory(
+    url: &str,
+    path: &Path,
+    keep: fn(&str) -> bool,
+    format: DatasetFormat,
+) -> Result<Vec<Shard>> {
+    let mut shards = Vec::new();
+    let mut pending = vec![(url.trim_end_matches('/').to_owned(), path.to_owned())];
+    while let Some((dir_url, dir)) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::from_open(&dir_url, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::from_open(&dir_url, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !keep(name) {
+                continue;
+            }
+            let meta = entry
+                .metadata()
+                .map_err(|e| Error::from_open(&dir_url, e))?;
+            let joined = format!("{dir_url}/{name}");
+            if meta.is_file() {
+                shards.push(Shard::new(joined, Some(meta.len())));
+            } else if meta.is_dir() && format == DatasetFormat::Raw {
+                pending.push((joined, entry.path()));
+            }
         }
     }
     shards.sort_by(|a, b| a.url.cmp(&b.url));

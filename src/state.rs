@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::SampleId;
 use crate::plan::cut::{self, Piece};
 use crate::plan::{self, PlanParams, WorkUnit};
-use crate::spec::Shard;
+use crate::spec::{Shard, ShardKind};
 
 /// The `format` field of every state.
 pub const STATE_FORMAT: &str = "shardstream.state";
@@ -154,6 +154,19 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
                 &mut h
             }
         };
+    }
+    for shard in shards {
+        if let ShardKind::Parquet(group) = &shard.kind {
+            h.u64(group.index as u64).u64(group.rows);
+        }
+    }
+    for (field, decoder) in &options.decode.by_field {
+        h.u64(field.len() as u64).bytes(field.as_bytes());
+        h.bytes(decoder.name().as_bytes());
+    }
+    h.u64(u64::from(options.decode.defaults));
+    for column in options.columns.iter().flatten() {
+        h.u64(column.len() as u64).bytes(column.as_bytes());
     }
     h.u64(options.seed)
         .u64(u64::from(options.shuffle_shards))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core import (
     DatasetSpecError,
+    FieldDecodeError,
     ManifestError,
     ManifestMismatchError,
     ObjectChangedError,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DatasetSpecError",
+    "FieldDecodeError",
     "ManifestError",
     "ManifestMismatchError",
     "ObjectChangedError",

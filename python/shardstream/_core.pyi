@@ -5,8 +5,10 @@ from collections.abc import Iterator
 from typing import Any, Literal, final
 
 __all__ = [
+    "ArrowExport",
     "Counters",
     "DatasetSpecError",
+    "FieldDecodeError",
     "ManifestError",
     "ManifestMismatchError",
     "ObjectChangedError",
@@ -52,6 +54,9 @@ class ObjectChangedError(ShardReadError):
 class ShardFormatError(ShardStreamError):
     """A shard is not a valid archive, is truncated or corrupt, or repeats a field within a key."""
 
+class FieldDecodeError(ShardStreamError):
+    """A field's bytes cannot be decoded by the decoder chosen for it."""
+
 class ManifestError(ShardStreamError):
     """A manifest cannot be read or is inconsistent in itself."""
 
@@ -82,6 +87,7 @@ class ShardList:
         *,
         manifest: str | os.PathLike[str] | bool | None = None,
         s3: dict[str, Any] | None = None,
+        format: str = "auto",
     ) -> ShardList: ...
     @property
     def urls(self) -> list[str]:
@@ -95,19 +101,29 @@ class ShardList:
     @property
     def manifest_path(self) -> str | None:
         """The manifest in use, if any."""
+    @property
+    def kinds(self) -> list[str]:
+        """What each shard holds: ``"tar"``, ``"raw"`` or ``"parquet"`` (one row group)."""
     def samples_per_rank(self, world_size: int, remainder: str = "drop") -> int | None:
         """Samples each rank gets per epoch (with a manifest), else ``None``."""
     def __len__(self) -> int: ...
 
 def _rebuild_shard_list(
-    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None
+    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None, format: str
 ) -> ShardList:
     """Unpickles a ``ShardList``."""
 
 @final
-class SampleStream(Iterator[dict[str, Any]]):
-    """The samples of one ``(rank, worker)`` slot for one epoch; its threads start at the
-    first ``next()``."""
+class ArrowExport:
+    """One record batch, exported once through the Arrow PyCapsule interface."""
+
+    def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
+        """The schema and array capsules; the batch can be taken once."""
+
+@final
+class SampleStream(Iterator[Any]):
+    """The samples of one ``(rank, worker)`` slot for one epoch (dicts, collated batches or
+    ``pyarrow.RecordBatch`` objects); its threads start at the first ``next()``."""
 
     def __new__(
         cls,
@@ -128,6 +144,10 @@ class SampleStream(Iterator[dict[str, Any]]):
         remainder: Literal["drop", "pad"] | None = None,
         resume: str | None = None,
         counters: Counters | None = None,
+        decode: bool | dict[str, str] | None = None,
+        columns: list[str] | None = None,
+        batch_format: Literal["dict", "arrow"] | None = None,
+        batch_size: int | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:
@@ -138,7 +158,8 @@ class SampleStream(Iterator[dict[str, Any]]):
     def state(self) -> str:
         """The state (JSON) as of the last sample handed out."""
     def __iter__(self) -> SampleStream: ...
-    def __next__(self) -> dict[str, Any]: ...
+    def __next__(self) -> Any:
+        """The next sample (a dict), batch (a dict of columns) or record batch."""
 
 def resolve_shards(specs: list[str]) -> list[tuple[str, int | None]]:
     """Resolves dataset specs to ``(url, size or None)`` pairs, in order."""

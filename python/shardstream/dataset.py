@@ -1,4 +1,5 @@
-"""``StreamingDataset``: a torch ``IterableDataset`` over tar shards."""
+"""``StreamingDataset``: a torch ``IterableDataset`` over tar shards, Parquet files
+and raw objects."""
 
 from __future__ import annotations
 
@@ -17,14 +18,19 @@ __all__ = ["StreamingDataset"]
 
 OnError = Literal["raise", "warn"]
 Remainder = Literal["drop", "pad"]
+Format = Literal["auto", "tar", "parquet", "raw"]
+BatchFormat = Literal["dict", "arrow"]
+Decoder = Literal["bytes", "str", "int", "json", "numpy", "audio", "rgb8"]
 
 
-class StreamingDataset(IterableDataset[dict[str, Any]]):
-    """Streams samples from WebDataset tar shards, split across ranks and
-    DataLoader workers before any byte is read.
+class StreamingDataset(IterableDataset[Any]):
+    """Streams samples from WebDataset tar shards, Parquet files or raw
+    objects, split across ranks and DataLoader workers before any byte is read.
 
     Each sample is a dict: ``__key__`` (str), ``__url__`` (the shard, str) and
-    one ``bytes`` value per field (the member's extension, lower-cased).
+    one value per field: for a tar shard the member's extension, lower-cased,
+    with its ``bytes``; for a Parquet row, each column's value; for a raw
+    object, its body under its extension (``bytes`` when it has none).
 
     Args:
         urls: a path, ``file://`` URL, brace pattern
@@ -54,6 +60,25 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             last rank up with the epoch's first samples.
         s3: how to reach ``s3://`` shards (``shardstream.S3Config`` or a dict
             of its fields); the client is made in each DataLoader worker.
+        format: ``"auto"`` (Parquet for ``*.parquet`` names, tar otherwise),
+            ``"tar"``, ``"parquet"`` (each row group is a unit of the plan,
+            each row a sample) or ``"raw"`` (every file or object is one
+            sample; directories and prefixes are listed recursively).
+        decode: field decoders run in Rust threads with the GIL released:
+            ``True`` for the defaults by extension (``json``; ``txt``: str;
+            ``cls``: int; ``npy``: numpy; ``wav``: audio as a float32
+            ``(frames, channels)`` array and the sample rate; ``jpg``,
+            ``jpeg``, ``png``: rgb8 uint8 ``(H, W, 3)`` array), or a dict of
+            field name to decoder name. A field that fails to decode raises
+            ``FieldDecodeError`` naming the shard, key and field.
+        columns: Parquet columns to read (all by default).
+        batch_format: ``"dict"`` (samples, or collated batches) or
+            ``"arrow"`` (Parquet only: ``pyarrow.RecordBatch`` objects handed
+            over zero-copy, rows in file order, so ``shuffle_buffer`` must be 0).
+        batch_size: hand out batches of this many samples, collated in Rust
+            (numpy arrays for equal-shape arrays and numbers, lists
+            otherwise); use ``DataLoader(batch_size=None)`` with it. The
+            last batch of each worker may be smaller.
     """
 
     def __init__(
@@ -74,6 +99,11 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         manifest: str | os.PathLike[str] | bool | None = None,
         remainder: Remainder = "drop",
         s3: S3Config | Mapping[str, Any] | None = None,
+        format: Format = "auto",
+        decode: bool | Mapping[str, Decoder] | None = None,
+        columns: Sequence[str] | None = None,
+        batch_format: BatchFormat = "dict",
+        batch_size: int | None = None,
     ) -> None:
         super().__init__()
         specs = (
@@ -85,10 +115,21 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             raise ValueError(f'on_error must be "raise" or "warn", got {on_error!r}')
         if remainder not in ("drop", "pad"):
             raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
+        if format not in ("auto", "tar", "parquet", "raw"):
+            raise ValueError(f'format must be "auto", "tar", "parquet" or "raw", got {format!r}')
+        if batch_format not in ("dict", "arrow"):
+            raise ValueError(f'batch_format must be "dict" or "arrow", got {batch_format!r}')
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if isinstance(manifest, os.PathLike):
             manifest = os.fspath(manifest)
         self.s3 = s3 if isinstance(s3, S3Config) else S3Config(**(s3 or {}))
-        self.shard_list = ShardList(specs, manifest=manifest, s3=self.s3.to_dict())
+        self.shard_list = ShardList(specs, manifest=manifest, s3=self.s3.to_dict(), format=format)
+        self.format: Format = format
+        self.decode = decode if isinstance(decode, (bool, type(None))) else dict(decode)
+        self.columns = None if columns is None else list(columns)
+        self.batch_format: BatchFormat = batch_format
+        self.batch_size = batch_size
         self.seed = seed
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
@@ -156,8 +197,9 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
         return worker_id, num_workers
 
     def __len__(self) -> int:
-        """Samples per rank per epoch; needs a manifest (without one the
-        count is not known before reading)."""
+        """Samples per rank per epoch (also with ``batch_size``); needs sample
+        counts: a manifest for tar shards (Parquet footers and raw objects
+        give them)."""
         _, world_size = self.distributed_slot()
         n = self.shard_list.samples_per_rank(world_size, self.remainder)
         if n is None:
@@ -166,7 +208,7 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             )
         return n
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
         stream = self._open_stream()
@@ -236,6 +278,10 @@ class StreamingDataset(IterableDataset[dict[str, Any]]):
             remainder=self.remainder,
             resume=self._resume,
             counters=self._counters,
+            decode=self.decode,
+            columns=self.columns,
+            batch_format=self.batch_format,
+            batch_size=self.batch_size,
         )
 
     def stats(self) -> dict[str, int]:

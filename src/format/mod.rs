@@ -1,7 +1,9 @@
 //! Bytes in, samples out. Formats read from any `std::io::Read` handed to
 //! them and never open files or connections themselves.
 
+pub mod blob;
 pub mod compressed;
+pub mod parquet;
 pub mod tar;
 
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 pub use compressed::{Compression, TarStream};
 
 use crate::shuffle::ByteSize;
+pub use crate::value::Value;
 
 /// Stable identity of a sample: its shard and its position in that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,7 +23,7 @@ pub struct SampleId {
 }
 
 /// One sample: a key, the shard it came from, and its fields in member order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
     /// Stable id.
     pub id: SampleId,
@@ -28,8 +31,9 @@ pub struct Sample {
     pub key: String,
     /// `__url__`: the shard's URL.
     pub url: Arc<str>,
-    /// Field name (lower-cased extension) and raw bytes, in member order.
-    pub fields: Vec<(String, Vec<u8>)>,
+    /// Field name and value, in order: a tar member's lower-cased
+    /// extension and its bytes, or a decoded value.
+    pub fields: Vec<(String, Value)>,
     /// Byte offset of the sample's first header in the shard (in the
     /// decompressed tar, for a compressed shard).
     pub offset: u64,
@@ -44,7 +48,7 @@ impl ByteSize for Sample {
             + self
                 .fields
                 .iter()
-                .map(|(k, v)| k.len() + v.len())
+                .map(|(k, v)| k.len() + v.byte_size())
                 .sum::<usize>()
     }
 }

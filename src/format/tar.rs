@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::ops::ControlFlow;
 
-use super::{ByteSource, Sample, SampleId, ShardRef};
+use super::{ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 
 /// Splits a member path into `(key, field)` by the WebDataset rule, or
@@ -241,7 +241,7 @@ impl<'a> Grouper<'a> {
                     compression: self.shard.compression,
                 });
             }
-            current.fields.push((field, data));
+            current.fields.push((field, Value::Bytes(data)));
             current.length = span_end - current.offset;
             return Ok(());
         }
@@ -252,7 +252,7 @@ impl<'a> Grouper<'a> {
             },
             key: key.to_owned(),
             url: self.shard.url.clone(),
-            fields: vec![(field, data)],
+            fields: vec![(field, Value::Bytes(data))],
             offset: span_start,
             length: span_end - span_start,
         });
@@ -338,11 +338,11 @@ mod tests {
         assert_eq!(
             got[0].fields,
             vec![
-                ("wav".into(), b"1".to_vec()),
-                ("json".into(), b"2".to_vec())
+                ("wav".into(), b"1".to_vec().into()),
+                ("json".into(), b"2".to_vec().into())
             ]
         );
-        assert_eq!(got[1].fields, vec![("wav".into(), b"3".to_vec())]);
+        assert_eq!(got[1].fields, vec![("wav".into(), b"3".to_vec().into())]);
         assert_eq!(got[2].id, SampleId { shard: 3, index: 2 });
         assert_eq!(&*got[0].url, "mem://test.tar");
     }

@@ -49,6 +49,12 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    FieldDecodeError,
+    ShardStreamError,
+    "A field's bytes cannot be decoded by the decoder chosen for it."
+);
+create_exception!(
+    shardstream._core,
     ManifestError,
     ShardStreamError,
     "A manifest cannot be read or is inconsistent in itself."
@@ -85,6 +91,7 @@ pub fn to_py(error: Error) -> PyErr {
         Error::Format { .. } | Error::Decompress { .. } | Error::DuplicateField { .. } => {
             ShardFormatError::new_err(message)
         }
+        Error::Decode { .. } => FieldDecodeError::new_err(message),
         Error::Manifest { .. } => ManifestError::new_err(message),
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
         Error::StateMismatch(_) => StateMismatchError::new_err(message),

@@ -1,6 +1,7 @@
 //! Python bindings: the only module that names pyo3. It converts errors,
 //! releases the GIL around every blocking wait, and stays thin.
 
+mod convert;
 mod errors;
 mod stream;
 
@@ -12,10 +13,12 @@ mod _core {
     use super::*;
 
     #[pymodule_export]
+    use super::convert::ArrowExport;
+    #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, ManifestError, ManifestMismatchError, ObjectChangedError,
-        ShardFormatError, ShardNotFoundError, ShardReadError, ShardSkippedWarning,
-        ShardStreamError, StateMismatchError, StorageAuthError,
+        DatasetSpecError, FieldDecodeError, ManifestError, ManifestMismatchError,
+        ObjectChangedError, ShardFormatError, ShardNotFoundError, ShardReadError,
+        ShardSkippedWarning, ShardStreamError, StateMismatchError, StorageAuthError,
     };
     #[pymodule_export]
     use super::stream::{

@@ -9,14 +9,18 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 
+use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict};
 use super::errors::{to_py, ShardSkippedWarning};
-use crate::config::{OnError, S3Options, SlotSpec, StreamOptions};
+use crate::collate::collate;
+use crate::config::{FieldDecoders, OnError, S3Options, SlotSpec, StreamOptions, TableOutput};
+use crate::decode::Decoder;
+use crate::format::Sample;
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::{self, cut, PlanParams, Remainder};
-use crate::spec::{self, Shard};
+use crate::spec::{self, DatasetFormat, Shard, ShardKind};
 use crate::state::{Resume, SlotState};
 use crate::stats;
 
@@ -102,21 +106,25 @@ pub struct ShardList {
     manifest: Option<PathBuf>,
     s3: S3Options,
     s3_config: Option<Py<PyDict>>,
+    format: String,
 }
 
 #[pymethods]
 impl ShardList {
     /// Resolves `specs`; `manifest` is a path, `None` for the
     /// `manifest.json` beside the shards (if any), or `False` for none;
-    /// `s3` holds `shardstream.S3Config` fields.
+    /// `s3` holds `shardstream.S3Config` fields; `format` is `"auto"`,
+    /// `"tar"`, `"parquet"` or `"raw"`.
     #[new]
-    #[pyo3(signature = (specs, *, manifest = None, s3 = None))]
+    #[pyo3(signature = (specs, *, manifest = None, s3 = None, format = "auto"))]
     fn new(
         py: Python<'_>,
         specs: Vec<String>,
         manifest: Option<&Bound<'_, PyAny>>,
         s3: Option<&Bound<'_, PyDict>>,
+        format: &str,
     ) -> PyResult<Self> {
+        let dataset_format = DatasetFormat::from_str(format).map_err(to_py)?;
         let s3_config = s3.map(|d| d.clone().unbind());
         let s3 = s3_options(s3)?;
         let choice = match manifest {
@@ -132,7 +140,7 @@ impl ShardList {
         };
         let (shards, manifest) = py
             .detach(|| {
-                let mut shards = spec::resolve_with(&specs, &s3)?;
+                let mut shards = spec::resolve_dataset(&specs, &s3, dataset_format)?;
                 let used = manifest::attach(&mut shards, &choice)?;
                 Ok::<_, crate::Error>((shards, used))
             })
@@ -143,7 +151,21 @@ impl ShardList {
             manifest,
             s3,
             s3_config,
+            format: format.to_owned(),
         })
+    }
+
+    /// What each shard holds: `"tar"`, `"raw"` or `"parquet"` (one row group).
+    #[getter]
+    fn kinds(&self) -> Vec<&'static str> {
+        self.shards
+            .iter()
+            .map(|s| match s.kind {
+                ShardKind::Tar => "tar",
+                ShardKind::Raw => "raw",
+                ShardKind::Parquet(_) | ShardKind::ParquetFile => "parquet",
+            })
+            .collect()
     }
 
     /// Shard URLs, in order.
@@ -199,7 +221,8 @@ impl ShardList {
             Some(config) => config.bind(py).clone().into_any(),
             None => py.None().into_bound(py),
         };
-        let args = PyTuple::new(py, [specs, manifest, s3])?;
+        let format = PyString::new(py, &this.format).into_any();
+        let args = PyTuple::new(py, [specs, manifest, s3, format])?;
         let rebuild = py
             .import("shardstream._core")?
             .getattr("_rebuild_shard_list")?;
@@ -214,17 +237,69 @@ pub fn _rebuild_shard_list(
     specs: Vec<String>,
     manifest: &Bound<'_, PyAny>,
     s3: Option<&Bound<'_, PyDict>>,
+    format: &str,
 ) -> PyResult<ShardList> {
-    ShardList::new(py, specs, Some(manifest), s3)
+    ShardList::new(py, specs, Some(manifest), s3, format)
 }
 
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
-/// `__key__`, `__url__` and one `bytes` value per field. Its threads start
-/// at the first `next()`.
+/// `__key__`, `__url__` and one value per field (`bytes` unless decoded),
+/// or collated batches of them, or `pyarrow.RecordBatch` objects. Its
+/// threads start at the first `next()`.
 #[pyclass(module = "shardstream._core")]
 pub struct SampleStream {
     inner: Mutex<Stream>,
     epoch: u64,
+    batch_size: Option<usize>,
+    /// An error met after part of a batch was collected, raised next time.
+    pending_error: Mutex<Option<crate::Error>>,
+    /// Shards skipped while a batch was collected, warned of once it is out.
+    skipped: Mutex<Vec<crate::Error>>,
+}
+
+/// What one wait with the GIL released brought.
+enum Collected {
+    /// A batch is full, or the stream ended after some samples.
+    Samples(Vec<Sample>),
+    /// Rows of a table, as Arrow.
+    Table(crate::pipeline::TableBatch),
+    /// A bad shard was skipped.
+    Skipped(crate::Error),
+    /// Nothing yet: check for signals and wait again.
+    Pending(Vec<Sample>),
+    /// The stream ended.
+    End(Vec<Sample>),
+    /// The stream failed after the samples collected so far.
+    Failed(Vec<Sample>, crate::Error),
+}
+
+/// Field decoders from `decode=`: `True` (defaults by extension), a dict
+/// of field name to decoder name, or `None`/`False` (none).
+fn field_decoders(decode: Option<&Bound<'_, PyAny>>) -> PyResult<FieldDecoders> {
+    let Some(decode) = decode else {
+        return Ok(FieldDecoders::default());
+    };
+    if decode.is_instance_of::<pyo3::types::PyBool>() {
+        return Ok(if decode.extract::<bool>()? {
+            FieldDecoders::defaults()
+        } else {
+            FieldDecoders::default()
+        });
+    }
+    let dict = decode.cast::<PyDict>().map_err(|_| {
+        PyValueError::new_err("decode must be True, False, None or a dict of field to decoder")
+    })?;
+    let mut by_field = Vec::with_capacity(dict.len());
+    for (field, name) in dict.iter() {
+        let name: String = name.extract()?;
+        let decoder = Decoder::from_str(&name)
+            .map_err(|e| PyValueError::new_err(format!("invalid option decode[{field}]: {e}")))?;
+        by_field.push((field.extract::<String>()?, decoder));
+    }
+    Ok(FieldDecoders {
+        by_field,
+        defaults: false,
+    })
 }
 
 #[pymethods]
@@ -234,7 +309,8 @@ impl SampleStream {
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
         seed = None, shuffle_shards = None, shuffle_buffer = None, shuffle_buffer_bytes = None,
         read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
-        resume = None, counters = None,
+        resume = None, counters = None, decode = None, columns = None, batch_format = None,
+        batch_size = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -254,8 +330,33 @@ impl SampleStream {
         remainder: Option<&str>,
         resume: Option<&str>,
         counters: Option<PyRef<'_, Counters>>,
+        decode: Option<&Bound<'_, PyAny>>,
+        columns: Option<Vec<String>>,
+        batch_format: Option<&str>,
+        batch_size: Option<usize>,
     ) -> PyResult<Self> {
-        let mut builder = StreamOptions::builder().with_s3(shards.s3.clone());
+        let table_output = match batch_format.unwrap_or("dict") {
+            "dict" => TableOutput::Rows,
+            "arrow" => TableOutput::Arrow,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "invalid option batch_format: expected \"dict\" or \"arrow\", got {other:?}"
+                )))
+            }
+        };
+        if batch_size == Some(0) {
+            return Err(PyValueError::new_err(
+                "invalid option batch_size: must be at least 1",
+            ));
+        }
+        let mut builder = StreamOptions::builder()
+            .with_s3(shards.s3.clone())
+            .with_decode(field_decoders(decode)?)
+            .with_columns(columns)
+            .with_table_output(table_output);
+        if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
+            builder = builder.with_batch_rows(rows);
+        }
         if let Some(v) = seed {
             builder = builder.with_seed(v);
         }
@@ -292,6 +393,9 @@ impl SampleStream {
         Ok(SampleStream {
             epoch: stream.epoch(),
             inner: Mutex::new(stream),
+            batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
+            pending_error: Mutex::new(None),
+            skipped: Mutex::new(Vec::new()),
         })
     }
 
@@ -332,37 +436,106 @@ impl SampleStream {
         slf
     }
 
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    /// The next sample (a dict), batch (a dict of columns) or record batch.
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        if let Some(error) = self
+            .pending_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Err(to_py(error));
+        }
+        let want = self.batch_size.unwrap_or(1);
+        let mut samples = Vec::with_capacity(want);
         loop {
-            let polled = py.detach(|| {
-                let mut stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-                stream.poll(POLL_INTERVAL)
-            });
-            match polled.map_err(to_py)? {
-                Poll::Ready(Event::Sample(sample)) => {
-                    let dict = PyDict::new(py);
-                    dict.set_item("__key__", PyString::new(py, &sample.key))?;
-                    dict.set_item("__url__", PyString::new(py, &sample.url))?;
-                    for (field, value) in &sample.fields {
-                        dict.set_item(field, PyBytes::new(py, value))?;
+            let collected = py.detach(|| self.collect(samples, want));
+            let skipped =
+                std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
+            for error in skipped {
+                warn_skipped(py, &error)?;
+            }
+            samples = match collected {
+                Collected::Samples(samples) => return self.hand_out(py, samples).map(Some),
+                Collected::Table(table) => return record_batch_to_py(py, table.batch).map(Some),
+                Collected::Skipped(error) => {
+                    warn_skipped(py, &error)?;
+                    Vec::with_capacity(want)
+                }
+                Collected::Pending(samples) => {
+                    if let Err(error) = py.check_signals() {
+                        return Err(error);
                     }
-                    return Ok(Some(dict));
+                    samples
                 }
-                Poll::Ready(Event::Skipped(error)) => {
-                    let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
-                        .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());
-                    PyErr::warn(
-                        py,
-                        py.get_type::<ShardSkippedWarning>().as_any(),
-                        &message,
-                        1,
-                    )?;
+                Collected::End(samples) if samples.is_empty() => return Ok(None),
+                Collected::End(samples) => return self.hand_out(py, samples).map(Some),
+                Collected::Failed(samples, error) if samples.is_empty() => {
+                    return Err(to_py(error))
                 }
-                Poll::Pending => py.check_signals()?,
-                Poll::End => return Ok(None),
+                Collected::Failed(samples, error) => {
+                    // The samples are already counted as produced: hand them
+                    // out, and raise at the next call.
+                    *self.pending_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                    return self.hand_out(py, samples).map(Some);
+                }
+            };
+        }
+    }
+}
+
+impl SampleStream {
+    /// Waits (GIL released) until `want` samples are collected or something
+    /// else happens; collates a full batch in the same wait.
+    fn collect(&self, mut samples: Vec<Sample>, want: usize) -> Collected {
+        let mut stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match stream.poll(POLL_INTERVAL) {
+                Ok(Poll::Ready(Event::Sample(sample))) => {
+                    samples.push(sample);
+                    if samples.len() >= want {
+                        return Collected::Samples(samples);
+                    }
+                }
+                Ok(Poll::Ready(Event::Batch(table))) => return Collected::Table(table),
+                Ok(Poll::Ready(Event::Skipped(error))) if samples.is_empty() => {
+                    return Collected::Skipped(error)
+                }
+                Ok(Poll::Ready(Event::Skipped(error))) => {
+                    // Keep collecting; the warning is raised once the batch is out.
+                    self.skipped
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(error);
+                }
+                Ok(Poll::Pending) => return Collected::Pending(samples),
+                Ok(Poll::End) => return Collected::End(samples),
+                Err(error) => return Collected::Failed(samples, error),
             }
         }
     }
+
+    /// One sample as a dict, or a batch collated (GIL released) as columns.
+    fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
+        if self.batch_size.is_none() {
+            let sample = samples.into_iter().next().expect("one sample");
+            return sample_to_dict(py, sample).map(Bound::into_any);
+        }
+        let batch = py.detach(|| collate(samples));
+        batch_to_dict(py, batch).map(Bound::into_any)
+    }
+}
+
+/// Warns that the rest of a bad shard was skipped.
+fn warn_skipped(py: Python<'_>, error: &crate::Error) -> PyResult<()> {
+    let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
+        .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());
+    PyErr::warn(
+        py,
+        py.get_type::<ShardSkippedWarning>().as_any(),
+        &message,
+        1,
+    )
 }
 
 /// A state JSON: one slot's state (exact resume) or a list of every slot's

@@ -20,9 +20,11 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::S3Options;
 use crate::error::{Error, Result};
+use crate::format::parquet::{self, FooterDecode};
 use crate::format::ByteSource;
 use crate::spec::Location;
 use crate::stats::{Counter, Counters};
+use ::parquet::file::metadata::ParquetMetaData;
 
 /// Bytes of one shard, holding their share of the read-ahead budget until dropped.
 struct Chunk {
@@ -272,18 +274,17 @@ pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard
 }
 
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
-/// prefix)`, its shard objects ([`crate::spec::is_shard_name`]) sorted by
-/// key, as shards with their sizes and ETags.
+/// prefix)`, the objects whose keys `keep` takes, sorted by key, as shards
+/// with their sizes and ETags.
 pub fn list_s3_prefixes(
     options: &S3Options,
     listings: &[(usize, String, String, String)],
+    keep: fn(&str) -> bool,
 ) -> Result<Vec<Vec<crate::spec::Shard>>> {
     with_s3_client(options, async |client| {
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
-            let objects = client
-                .list(url, bucket, prefix, crate::spec::is_shard_name)
-                .await?;
+            let objects = client.list(url, bucket, prefix, keep).await?;
             all.push(
                 objects
                     .into_iter()
@@ -296,6 +297,103 @@ pub fn list_s3_prefixes(
         }
         Ok(all)
     })
+}
+
+/// Reads the footer of each Parquet file (`files` have known sizes): a
+/// probe of its last bytes, then the whole footer when it is longer. The
+/// reads run on a runtime that is shut down before returning.
+pub fn read_footers(
+    files: &[&crate::spec::Shard],
+    s3: &S3Options,
+) -> Result<Vec<Arc<ParquetMetaData>>> {
+    let size = |file: &crate::spec::Shard| file.size.unwrap_or(0);
+    let probes = files
+        .iter()
+        .map(|f| parquet::FOOTER_PROBE.min(size(f)))
+        .collect::<Vec<_>>();
+    let mut footers = Vec::with_capacity(files.len());
+    let mut longer = Vec::new();
+    for (i, tail) in read_tails(files, &probes, s3)?.into_iter().enumerate() {
+        match parquet::decode_footer(&files[i].url, size(files[i]), &tail)? {
+            FooterDecode::Metadata(metadata) => footers.push(Some(metadata)),
+            FooterDecode::NeedTail(len) => {
+                footers.push(None);
+                longer.push((i, len));
+            }
+        }
+    }
+    if !longer.is_empty() {
+        let retry: Vec<&crate::spec::Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
+        let lens: Vec<u64> = longer.iter().map(|&(_, len)| len).collect();
+        for ((i, _), tail) in longer.iter().zip(read_tails(&retry, &lens, s3)?) {
+            let file = files[*i];
+            match parquet::decode_footer(&file.url, size(file), &tail)? {
+                FooterDecode::Metadata(metadata) => footers[*i] = Some(metadata),
+                FooterDecode::NeedTail(_) => {
+                    return Err(file_format_error(
+                        file,
+                        "the footer length changed between reads",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(footers.into_iter().flatten().collect())
+}
+
+fn file_format_error(file: &crate::spec::Shard, reason: &str) -> Error {
+    Error::Format {
+        url: file.url.clone(),
+        offset: file.size.unwrap_or(0),
+        compression: None,
+        member: None,
+        reason: reason.to_owned(),
+    }
+}
+
+/// The last `lens[i]` bytes of each file, read through a [`ReadAhead`]
+/// that is dropped (its runtime shut down) before returning.
+fn read_tails(files: &[&crate::spec::Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
+    let units = files
+        .iter()
+        .zip(lens)
+        .map(|(file, &len)| {
+            let size = file.size.unwrap_or(0);
+            FetchUnit {
+                url: file.url.clone(),
+                location: file.location(),
+                range: Some(size - len.min(size)..size),
+                size: file.size,
+            }
+        })
+        .collect();
+    let defaults = crate::config::StreamOptions::default();
+    let read_ahead = ReadAhead::start(
+        units,
+        ReadAheadOptions {
+            budget_bytes: defaults.read_ahead_bytes,
+            chunk_bytes: defaults.chunk_bytes,
+            io_timeout: defaults.io_timeout,
+            s3: s3.clone(),
+        },
+        Arc::new(Counters::new()),
+    )?;
+    let mut tails = Vec::with_capacity(files.len());
+    for file in files {
+        let mut reader = read_ahead
+            .next_shard()?
+            .ok_or_else(|| Error::Stopped(format!("{}: the footer read ended early", file.url)))?;
+        let mut tail = Vec::new();
+        if let Err(error) = reader.read_to_end(&mut tail) {
+            return Err(reader.take_failure().unwrap_or(Error::Read {
+                url: file.url.clone(),
+                offset: 0,
+                source: error,
+            }));
+        }
+        tails.push(tail);
+    }
+    Ok(tails)
 }
 
 /// Marker: the consumer has gone, stop fetching.

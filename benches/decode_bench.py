@@ -1,0 +1,196 @@
+"""Decode benchmark behind `make bench`: samples/s and CPU seconds of one
+epoch with the fields decoded, by shardstream's Rust decoders
+(``decode=True``, batches collated in Rust) and by Python decoders in the
+DataLoader workers (json, wave + numpy, PIL) over the same undecoded
+samples, at the same worker count.
+
+    python benches/decode_bench.py --out bench-results [--repeats 3]
+
+Two datasets: audio (``examples/make_dataset.py``: 16 kHz WAV plus JSON)
+and JPEG (256x256 RGB images plus a class label). Each run is a fresh
+subprocess; CPU seconds are user + system time of the run and its worker
+processes. Runs are interleaved (A B A B ...) and the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+import wave
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "examples"))
+
+from make_dataset import make_dataset  # noqa: E402
+
+BATCH = 32
+READERS = ("shardstream-rust-decode", "python-decode-in-workers")
+
+
+def python_decode(sample: dict) -> dict:
+    """Decodes a raw sample the way a Python pipeline would."""
+    import numpy as np
+    from PIL import Image
+
+    out = {"__key__": sample["__key__"]}
+    for field, data in sample.items():
+        if field.startswith("__"):
+            continue
+        if field == "json":
+            out[field] = json.loads(data)
+        elif field == "wav":
+            with wave.open(io.BytesIO(data)) as w:
+                raw = w.readframes(w.getnframes())
+                channels, rate = w.getnchannels(), w.getframerate()
+            pcm = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+            out[field] = (pcm.reshape(-1, channels), rate)
+        elif field in ("jpg", "png"):
+            out[field] = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+        elif field == "cls":
+            out[field] = int(data)
+        else:
+            out[field] = data
+    return out
+
+
+def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
+    """One epoch in this process; returns the measurements."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from shardstream import StreamingDataset
+
+    if reader == "shardstream-rust-decode":
+        dataset = StreamingDataset(spec, seed=0, decode=True, batch_size=BATCH)
+        loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+        count = lambda batch: len(batch["__key__"])  # noqa: E731
+    else:
+        raw = StreamingDataset(spec, seed=0)
+
+        class Decoded(IterableDataset):
+            def __iter__(self):
+                return map(python_decode, raw)
+
+        loader = DataLoader(Decoded(), batch_size=BATCH, num_workers=num_workers, collate_fn=list)
+        count = len
+    start = time.perf_counter()
+    samples = sum(count(batch) for batch in loader)
+    elapsed = time.perf_counter() - start
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return {
+        "samples": samples,
+        "seconds": elapsed,
+        "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in usage),
+    }
+
+
+def measure(spec: str, reader: str, num_workers: int) -> dict[str, float]:
+    """Runs `run_epoch` in a fresh subprocess."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", spec, reader, str(num_workers)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
+    """Shards of 256x256 JPEG images (smooth gradients plus noise) and labels."""
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:256, 0:256]
+    paths = []
+    for shard in range(shards):
+        path = root / f"images-{shard:06d}.tar"
+        paths.append(path)
+        if path.exists():
+            continue
+        with tarfile.open(path, "w") as tar:
+            for i in range(per_shard):
+                phase = rng.uniform(0, 6.28, 3)
+                channels = [128 + 100 * np.sin(x / 23 + y / 31 + p) for p in phase]
+                image = np.stack(channels, -1) + rng.normal(0, 12, (256, 256, 3))
+                buf = io.BytesIO()
+                Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+                key = f"img{shard:03d}-{i:05d}"
+                for name, data in (
+                    (f"{key}.jpg", buf.getvalue()),
+                    (f"{key}.cls", b"%d" % (i % 10)),
+                ):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return paths
+
+
+def warm(paths: list[Path]) -> None:
+    for path in paths:
+        with open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--child", nargs=3, metavar=("SPEC", "READER", "WORKERS"))
+    args = parser.parse_args()
+    if args.child:
+        spec, reader, workers = args.child
+        print(json.dumps(run_epoch(spec, reader, int(workers))))
+        return
+
+    data = args.out / "decode-data"
+    audio = make_dataset(data / "audio", shards=8, samples_per_shard=64, seed=0)
+    images = make_jpeg_dataset(data / "images", shards=8, per_shard=64)
+    datasets = {"audio (wav + json)": audio, "jpeg 256x256 + cls": images}
+    rows = []
+    for name, paths in datasets.items():
+        warm(paths)
+        spec = str(paths[0].parent)
+        for workers in (0, 2):
+            runs: dict[str, list[dict[str, float]]] = {r: [] for r in READERS}
+            for _ in range(args.repeats):
+                for reader in READERS:
+                    runs[reader].append(measure(spec, reader, workers))
+            for reader in READERS:
+                result = runs[reader]
+                samples = result[0]["samples"]
+                rows.append(
+                    {
+                        "dataset": name,
+                        "num_workers": workers,
+                        "reader": reader,
+                        "samples": samples,
+                        "samples_per_s": statistics.median(samples / r["seconds"] for r in result),
+                        "cpu_seconds": statistics.median(r["cpu_seconds"] for r in result),
+                    }
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decode_bench.json").write_text(json.dumps(rows, indent=2))
+    print("| dataset | num_workers | reader | samples/s | CPU seconds per epoch |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['dataset']} | {row['num_workers']} | {row['reader']} | "
+            f"{row['samples_per_s']:,.0f} | {row['cpu_seconds']:.2f} |"
+        )
+    print(f"({os.cpu_count()} cores, {args.repeats} runs each, medians)")
+
+
+if __name__ == "__main__":
+    main()

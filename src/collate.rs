@@ -1,0 +1,237 @@
+//! Batching: samples collated into columns, so that Python receives one
+//! object per batch instead of one per sample.
+
+use std::sync::Arc;
+
+use crate::format::Sample;
+use crate::value::{Array, ArrayData, Value};
+
+/// Samples collated into columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// `__key__` of each sample.
+    pub keys: Vec<String>,
+    /// `__url__` of each sample.
+    pub urls: Vec<Arc<str>>,
+    /// Each field, in order of first appearance.
+    pub fields: Vec<(String, Column)>,
+}
+
+/// One field of a batch.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    /// Arrays of one shape and element type (or numbers of one type),
+    /// stacked along a new first axis.
+    Stacked(Array),
+    /// Anything else, one value per sample (`Null` where a sample lacks
+    /// the field).
+    Values(Vec<Value>),
+}
+
+impl Batch {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether the batch holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Collates `samples`: a field whose values are all arrays of one shape
+/// and element type, or all `int`, all `float` or all `bool`, becomes one
+/// stacked array; other fields become lists.
+pub fn collate(samples: Vec<Sample>) -> Batch {
+    let n = samples.len();
+    let mut keys = Vec::with_capacity(n);
+    let mut urls = Vec::with_capacity(n);
+    let mut columns: Vec<(String, Vec<Value>)> = Vec::new();
+    for (row, sample) in samples.into_iter().enumerate() {
+        keys.push(sample.key);
+        urls.push(sample.url);
+        for (field, value) in sample.fields {
+            let at = match columns.iter().position(|(name, _)| *name == field) {
+                Some(at) => at,
+                None => {
+                    columns.push((field, Vec::with_capacity(n)));
+                    columns.len() - 1
+                }
+            };
+            let values = &mut columns[at].1;
+            values.resize(row, Value::Null);
+            values.push(value);
+        }
+    }
+    let fields = columns
+        .into_iter()
+        .map(|(name, mut values)| {
+            values.resize(n, Value::Null);
+            (name, stack(values))
+        })
+        .collect();
+    Batch { keys, urls, fields }
+}
+
+/// One stacked array when every value allows it, else the values.
+fn stack(values: Vec<Value>) -> Column {
+    let Some(first) = values.first() else {
+        return Column::Values(values);
+    };
+    let n = values.len();
+    let stacked = match first {
+        Value::Int(_) => numbers(&values, |v| match v {
+            Value::Int(i) => Some(*i),
+            _ => None,
+        })
+        .map(ArrayData::I64),
+        Value::Float(_) => numbers(&values, |v| match v {
+            Value::Float(f) => Some(*f),
+            _ => None,
+        })
+        .map(ArrayData::F64),
+        Value::Bool(_) => numbers(&values, |v| match v {
+            Value::Bool(b) => Some(*b),
+            _ => None,
+        })
+        .map(ArrayData::Bool),
+        Value::Array(head) => {
+            let same = values.iter().all(|v| {
+                matches!(v, Value::Array(a)
+                    if a.shape == head.shape && a.data.dtype() == head.data.dtype())
+            });
+            if same {
+                let mut shape = Vec::with_capacity(head.shape.len() + 1);
+                shape.push(n);
+                shape.extend_from_slice(&head.shape);
+                let parts = values.into_iter().map(|v| match v {
+                    Value::Array(a) => a.data,
+                    _ => unreachable!("checked above"),
+                });
+                let data = concat(parts).expect("one element type");
+                return Column::Stacked(Array::new(shape, data).expect("sizes agree"));
+            }
+            None
+        }
+        _ => None,
+    };
+    match stacked {
+        Some(data) => Column::Stacked(Array::new(vec![n], data).expect("one per sample")),
+        None => Column::Values(values),
+    }
+}
+
+fn numbers<T>(values: &[Value], get: impl Fn(&Value) -> Option<T>) -> Option<Vec<T>> {
+    values.iter().map(get).collect()
+}
+
+/// Concatenates element vectors of one type; `None` when types differ.
+fn concat(parts: impl Iterator<Item = ArrayData>) -> Option<ArrayData> {
+    macro_rules! join {
+        ($first:expr, $rest:expr, $($variant:ident),*) => {
+            match $first {
+                $(ArrayData::$variant(mut out) => {
+                    for part in $rest {
+                        match part {
+                            ArrayData::$variant(v) => out.extend(v),
+                            _ => return None,
+                        }
+                    }
+                    Some(ArrayData::$variant(out))
+                })*
+            }
+        };
+    }
+    let mut parts = parts;
+    let first = parts.next()?;
+    join!(first, parts, Bool, U8, I8, U16, I16, U32, I32, U64, I64, F32, F64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::SampleId;
+
+    fn sample(index: u64, fields: Vec<(&str, Value)>) -> Sample {
+        Sample {
+            id: SampleId { shard: 0, index },
+            key: format!("k{index}"),
+            url: Arc::from("a.tar"),
+            fields: fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            offset: 0,
+            length: 0,
+        }
+    }
+
+    fn image(fill: u8) -> Value {
+        Value::Array(Array::new(vec![2, 1, 3], ArrayData::U8(vec![fill; 6])).unwrap())
+    }
+
+    #[test]
+    fn stacks_equal_arrays_and_numbers() {
+        let batch = collate(vec![
+            sample(0, vec![("jpg", image(1)), ("cls", Value::Int(3))]),
+            sample(1, vec![("jpg", image(2)), ("cls", Value::Int(5))]),
+        ]);
+        assert_eq!(batch.keys, ["k0", "k1"]);
+        let [(jpg, Column::Stacked(images)), (cls, Column::Stacked(labels))] = &batch.fields[..]
+        else {
+            panic!("expected two stacked columns: {:?}", batch.fields);
+        };
+        assert_eq!((jpg.as_str(), cls.as_str()), ("jpg", "cls"));
+        assert_eq!(images.shape, [2, 2, 1, 3]);
+        assert_eq!(
+            images.data,
+            ArrayData::U8([vec![1; 6], vec![2; 6]].concat())
+        );
+        assert_eq!(labels.data, ArrayData::I64(vec![3, 5]));
+    }
+
+    #[test]
+    fn keeps_lists_for_mixed_shapes_bytes_and_missing_fields() {
+        let short = Value::Array(Array::new(vec![1], ArrayData::F32(vec![0.5])).unwrap());
+        let long = Value::Array(Array::new(vec![2], ArrayData::F32(vec![0.5, 1.0])).unwrap());
+        let batch = collate(vec![
+            sample(
+                0,
+                vec![("wav", short.clone()), ("txt", b"a".to_vec().into())],
+            ),
+            sample(1, vec![("wav", long.clone())]),
+            sample(
+                2,
+                vec![("txt", b"c".to_vec().into()), ("cls", Value::Int(1))],
+            ),
+        ]);
+        assert_eq!(
+            batch.fields,
+            vec![
+                (
+                    "wav".to_owned(),
+                    Column::Values(vec![short, long, Value::Null])
+                ),
+                (
+                    "txt".to_owned(),
+                    Column::Values(vec![
+                        b"a".to_vec().into(),
+                        Value::Null,
+                        b"c".to_vec().into()
+                    ])
+                ),
+                (
+                    "cls".to_owned(),
+                    Column::Values(vec![Value::Null, Value::Null, Value::Int(1)])
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn mixed_number_types_stay_a_list() {
+        let batch = collate(vec![
+            sample(0, vec![("x", Value::Int(1))]),
+            sample(1, vec![("x", Value::Float(2.0))]),
+        ]);
+        assert!(matches!(batch.fields[0].1, Column::Values(_)));
+    }
+}

@@ -1,0 +1,319 @@
+//! The `audio` decoder: a WAV file into float32 samples and the sample
+//! rate, as `soundfile.read(..., dtype="float32", always_2d=True)` or
+//! torchaudio (transposed) give them.
+//!
+//! The result is `Value::Tuple([samples, Value::Int(sample_rate)])`, where
+//! `samples` is a float32 [`Array`] of shape `[frames, channels]` (one row
+//! per frame, channels interleaved as in the file).
+//!
+//! Supported encodings, read with `hound`: integer PCM of 8, 16, 24 or 32
+//! bits (24-bit samples may sit in 3- or 4-byte containers), and 32-bit
+//! IEEE float; both plain and `WAVE_FORMAT_EXTENSIBLE` headers.
+//!
+//! Scaling: an integer sample `x` of `b` bits becomes `x / 2^(b-1)`, so
+//! the range is `[-1, 1)`: 16-bit `-32768` is `-1.0` and `32767` is
+//! `32767/32768`. 8-bit WAV samples are stored unsigned (128 is silence);
+//! hound already shifts them to signed `-128..=127`, so they scale the same
+//! way. (For 32-bit PCM the float32 rounding maps the top values, from
+//! `2^31 - 64` up, to exactly `1.0`, as libsndfile does.) Float samples are
+//! returned unchanged (not clipped).
+
+use std::io::Cursor;
+
+use hound::{SampleFormat, WavReader};
+
+use crate::value::{Array, ArrayData, Value};
+
+/// Decodes a WAV file.
+pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
+    match bytes.get(..4) {
+        Some(b"RIFF") => {}
+        Some(b"RF64") => return Err("RF64 WAV files are not supported".to_owned()),
+        _ => return Err("not a WAV file (no RIFF header)".to_owned()),
+    }
+    if bytes.get(8..12) != Some(b"WAVE") {
+        return Err("not a WAV file (RIFF but no WAVE tag)".to_owned());
+    }
+    let mut reader = WavReader::new(Cursor::new(bytes)).map_err(describe)?;
+    let spec = reader.spec();
+    let channels = usize::from(spec.channels);
+    let declared = reader.len() as usize;
+    // Never trust the header for the allocation: every sample takes at
+    // least one byte of the input.
+    let mut samples: Vec<f32> = Vec::with_capacity(declared.min(bytes.len()));
+    let result = match (spec.sample_format, spec.bits_per_sample) {
+        (SampleFormat::Int, bits @ (8 | 16 | 24 | 32)) => {
+            let scale = 1.0 / (1u64 << (bits - 1)) as f32;
+            reader
+                .samples::<i32>()
+                .try_for_each(|sample| sample.map(|x| samples.push(x as f32 * scale)))
+        }
+        (SampleFormat::Float, 32) => reader
+            .samples::<f32>()
+            .try_for_each(|sample| sample.map(|x| samples.push(x))),
+        (SampleFormat::Int, bits) => {
+            return Err(format!(
+                "unsupported WAV sample format: {bits}-bit integer PCM"
+            ))
+        }
+        (SampleFormat::Float, bits) => {
+            return Err(format!("unsupported WAV sample format: {bits}-bit float"))
+        }
+    };
+    if let Err(error) = result {
+        return Err(match error {
+            // Reading from memory, an I/O error can only mean running out
+            // of bytes (hound reports it as `ErrorKind::Other`).
+            hound::Error::IoError(_) => format!(
+                "truncated WAV data: the header declares {declared} samples, only {} are present",
+                samples.len()
+            ),
+            other => describe(other),
+        });
+    }
+    let frames = samples.len() / channels;
+    let array = Array::new(vec![frames, channels], ArrayData::F32(samples))
+        .ok_or_else(|| "sample count is not a multiple of the channel count".to_owned())?;
+    Ok(Value::Tuple(vec![
+        Value::Array(array),
+        Value::Int(i64::from(spec.sample_rate)),
+    ]))
+}
+
+/// A hound error as a reason.
+fn describe(error: hound::Error) -> String {
+    match error {
+        // Reading from memory, an I/O error can only mean running out of
+        // bytes (hound reports it as `ErrorKind::Other`).
+        hound::Error::IoError(_) => "truncated WAV header".to_owned(),
+        hound::Error::FormatError(reason) => format!("malformed WAV: {reason}"),
+        hound::Error::Unsupported => {
+            "unsupported WAV encoding (only integer PCM and 32-bit float are supported)".to_owned()
+        }
+        other => format!("unsupported WAV: {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Decoder;
+    use hound::{WavSpec, WavWriter};
+
+    fn wav<S: hound::Sample + Copy>(
+        channels: u16,
+        sample_rate: u32,
+        bits: u16,
+        format: SampleFormat,
+        samples: &[S],
+    ) -> Vec<u8> {
+        let spec = WavSpec {
+            channels,
+            sample_rate,
+            bits_per_sample: bits,
+            sample_format: format,
+        };
+        let mut cursor = Cursor::new(Vec::new());
+        let mut writer = WavWriter::new(&mut cursor, spec).unwrap();
+        for &sample in samples {
+            writer.write_sample(sample).unwrap();
+        }
+        writer.finalize().unwrap();
+        cursor.into_inner()
+    }
+
+    /// The samples, their shape and the sample rate.
+    fn audio(bytes: Vec<u8>) -> (Vec<f32>, Vec<usize>, i64) {
+        match Decoder::Audio.decode(bytes) {
+            Ok(Value::Tuple(items)) => match items.as_slice() {
+                [Value::Array(array), Value::Int(rate)] => match &array.data {
+                    ArrayData::F32(samples) => (samples.clone(), array.shape.clone(), *rate),
+                    other => panic!("not float32: {other:?}"),
+                },
+                other => panic!("unexpected tuple {other:?}"),
+            },
+            other => panic!("unexpected result {other:?}"),
+        }
+    }
+
+    fn audio_err(bytes: &[u8]) -> String {
+        let error = Decoder::Audio.decode(bytes.to_vec()).unwrap_err();
+        assert_eq!(error.decoder, "audio");
+        error.reason
+    }
+
+    #[test]
+    fn stereo_16_bit() {
+        // Frames (L, R): (0, -32768), (16384, 32767), (-1, 1).
+        let bytes = wav(
+            2,
+            44100,
+            16,
+            SampleFormat::Int,
+            &[0i16, -32768, 16384, 32767, -1, 1],
+        );
+        let (samples, shape, rate) = audio(bytes);
+        assert_eq!(rate, 44100);
+        assert_eq!(shape, vec![3, 2]);
+        assert_eq!(
+            samples,
+            vec![
+                0.0,
+                -1.0,
+                0.5,
+                32767.0 / 32768.0,
+                -1.0 / 32768.0,
+                1.0 / 32768.0
+            ]
+        );
+    }
+
+    #[test]
+    fn unsigned_8_bit() {
+        let bytes = wav(1, 8000, 8, SampleFormat::Int, &[-128i8, 0, 64, 127]);
+        // 8-bit WAV stores unsigned bytes: silence is 128.
+        let data_start = bytes.len() - 4;
+        assert_eq!(&bytes[data_start..], &[0, 128, 192, 255]);
+        let (samples, shape, rate) = audio(bytes);
+        assert_eq!(rate, 8000);
+        assert_eq!(shape, vec![4, 1]);
+        assert_eq!(samples, vec![-1.0, 0.0, 0.5, 127.0 / 128.0]);
+    }
+
+    #[test]
+    fn mono_24_bit() {
+        let values = [-(1i32 << 23), (1 << 23) - 1, 1 << 22, -3, 0];
+        let (samples, shape, rate) = audio(wav(1, 48000, 24, SampleFormat::Int, &values));
+        assert_eq!(rate, 48000);
+        assert_eq!(shape, vec![5, 1]);
+        let expected: Vec<f32> = values
+            .iter()
+            .map(|&v| (v as f64 / 8388608.0) as f32)
+            .collect();
+        assert_eq!(samples, expected);
+        assert_eq!(samples[0], -1.0);
+        assert_eq!(samples[2], 0.5);
+    }
+
+    #[test]
+    fn stereo_24_bit_in_4_byte_containers() {
+        let spec = hound::WavSpecEx {
+            spec: WavSpec {
+                channels: 2,
+                sample_rate: 96000,
+                bits_per_sample: 24,
+                sample_format: SampleFormat::Int,
+            },
+            bytes_per_sample: 4,
+        };
+        let mut cursor = Cursor::new(Vec::new());
+        let mut writer = WavWriter::new_with_spec_ex(&mut cursor, spec).unwrap();
+        for sample in [1i32 << 22, -(1 << 23), 0, (1 << 21) + (1 << 20)] {
+            writer.write_sample(sample).unwrap();
+        }
+        writer.finalize().unwrap();
+        let (samples, shape, rate) = audio(cursor.into_inner());
+        assert_eq!((shape, rate), (vec![2, 2], 96000));
+        assert_eq!(samples, vec![0.5, -1.0, 0.0, 0.375]);
+    }
+
+    #[test]
+    fn unknown_chunks_before_the_data_are_skipped() {
+        let plain = wav(1, 8000, 16, SampleFormat::Int, &[100i16, -200]);
+        // Insert a LIST chunk between the fmt chunk (ends at 36) and data.
+        let list = b"LIST\x06\0\0\0INFOab";
+        let mut bytes = plain[..36].to_vec();
+        bytes.extend_from_slice(list);
+        bytes.extend_from_slice(&plain[36..]);
+        let riff_len = (bytes.len() - 8) as u32;
+        bytes[4..8].copy_from_slice(&riff_len.to_le_bytes());
+        let (samples, shape, _) = audio(bytes);
+        assert_eq!(shape, vec![2, 1]);
+        assert_eq!(samples, vec![100.0 / 32768.0, -200.0 / 32768.0]);
+    }
+
+    #[test]
+    fn stereo_32_bit_int() {
+        let values = [i32::MIN, i32::MAX, 1 << 30, -(1 << 29)];
+        let (samples, shape, _) = audio(wav(2, 16000, 32, SampleFormat::Int, &values));
+        assert_eq!(shape, vec![2, 2]);
+        assert_eq!(samples, vec![-1.0, 1.0, 0.5, -0.25]);
+    }
+
+    #[test]
+    fn float_32_is_unchanged() {
+        let values = [0.0f32, -0.75, 0.123456, 1.5, -2.0, f32::MIN_POSITIVE];
+        let (samples, shape, rate) = audio(wav(3, 22050, 32, SampleFormat::Float, &values));
+        assert_eq!(rate, 22050);
+        assert_eq!(shape, vec![2, 3]);
+        assert_eq!(samples, values.to_vec());
+    }
+
+    #[test]
+    fn empty_data_chunk() {
+        let (samples, shape, rate) = audio(wav::<i16>(2, 16000, 16, SampleFormat::Int, &[]));
+        assert_eq!((samples.len(), shape, rate), (0, vec![0, 2], 16000));
+    }
+
+    #[test]
+    fn not_a_wav() {
+        assert_eq!(
+            Decoder::Audio
+                .decode(b"ID3\x04 mp3 data".to_vec())
+                .unwrap_err()
+                .to_string(),
+            "audio: not a WAV file (no RIFF header)"
+        );
+        assert_eq!(audio_err(b""), "not a WAV file (no RIFF header)");
+        assert_eq!(
+            audio_err(b"RIFF\x10\0\0\0AVI LIST"),
+            "not a WAV file (RIFF but no WAVE tag)"
+        );
+        assert_eq!(audio_err(b"RIFF"), "not a WAV file (RIFF but no WAVE tag)");
+        assert_eq!(
+            audio_err(b"RF64\xff\xff\xff\xffWAVE"),
+            "RF64 WAV files are not supported"
+        );
+    }
+
+    #[test]
+    fn truncated_files() {
+        let bytes = wav(2, 44100, 16, SampleFormat::Int, &[1i16, 2, 3, 4, 5, 6]);
+        // Cut inside the data: the header still declares 6 samples.
+        assert_eq!(
+            audio_err(&bytes[..bytes.len() - 3]),
+            "truncated WAV data: the header declares 6 samples, only 4 are present"
+        );
+        // Cut inside the fmt chunk and right after the RIFF header.
+        assert_eq!(audio_err(&bytes[..20]), "truncated WAV header");
+        assert_eq!(audio_err(&bytes[..12]), "truncated WAV header");
+        // Every prefix fails cleanly, none panics.
+        for end in 0..bytes.len() {
+            assert!(
+                Decoder::Audio.decode(bytes[..end].to_vec()).is_err(),
+                "prefix {end}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_headers() {
+        let bytes = wav(1, 8000, 16, SampleFormat::Int, &[1i16, 2]);
+        // hound writes the fmt chunk at offset 12: tag, channels, rate...
+        let mut zero_channels = bytes.clone();
+        zero_channels[22..24].copy_from_slice(&0u16.to_le_bytes());
+        assert_eq!(
+            audio_err(&zero_channels),
+            "malformed WAV: file contains zero channels"
+        );
+        let mut adpcm = bytes.clone();
+        adpcm[20..22].copy_from_slice(&2u16.to_le_bytes());
+        assert!(audio_err(&adpcm).starts_with("unsupported WAV encoding"));
+        let mut twelve_bit = bytes.clone();
+        twelve_bit[34..36].copy_from_slice(&12u16.to_le_bytes());
+        assert_eq!(
+            audio_err(&twelve_bit),
+            "malformed WAV: bits per sample is not a multiple of 8"
+        );
+    }
+}

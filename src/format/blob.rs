@@ -1,0 +1,89 @@
+//! Raw objects: the whole body of one file or object is one sample.
+
+use super::{ByteSource, Sample, SampleId, ShardRef, Value};
+use crate::error::{Error, Result};
+use crate::spec::Location;
+
+/// Splits an object's URL into `(key, field)`: the key is its path (the
+/// object key on S3) with the file name cut at its first dot, the field
+/// the lower-cased rest, or `"bytes"` when the name has no dot.
+pub fn split_object_url(url: &str) -> (String, String) {
+    let path = match Location::parse(url) {
+        Location::S3 { key, .. } => key,
+        Location::Local(path) => path.to_string_lossy().into_owned(),
+    };
+    let name_start = path.rfind('/').map_or(0, |i| i + 1);
+    match path[name_start..].find('.') {
+        Some(dot) if dot > 0 => {
+            let dot = name_start + dot;
+            (path[..dot].to_owned(), path[dot + 1..].to_lowercase())
+        }
+        _ => (path, "bytes".to_owned()),
+    }
+}
+
+/// Reads the whole object from `reader` as the one sample of `shard`.
+pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sample> {
+    let mut body = Vec::new();
+    if let Err(source) = reader.read_to_end(&mut body) {
+        return Err(reader.take_failure().unwrap_or(Error::Read {
+            url: shard.url.to_string(),
+            offset: body.len() as u64,
+            source,
+        }));
+    }
+    let (key, field) = split_object_url(&shard.url);
+    let length = body.len() as u64;
+    Ok(Sample {
+        id: SampleId {
+            shard: shard.index,
+            index: 0,
+        },
+        key,
+        url: shard.url.clone(),
+        fields: vec![(field, Value::Bytes(body))],
+        offset: 0,
+        length,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[test]
+    fn splits_key_and_field_like_tar_members() {
+        assert_eq!(
+            split_object_url("s3://bucket/images/cat/001.JPG"),
+            ("images/cat/001".to_owned(), "jpg".to_owned())
+        );
+        assert_eq!(
+            split_object_url("/data/a.b/clip.seg.wav"),
+            ("/data/a.b/clip".to_owned(), "seg.wav".to_owned())
+        );
+        assert_eq!(
+            split_object_url("file:///data/README"),
+            ("/data/README".to_owned(), "bytes".to_owned())
+        );
+        assert_eq!(
+            split_object_url("s3://b/.hidden"),
+            (".hidden".to_owned(), "bytes".to_owned())
+        );
+    }
+
+    #[test]
+    fn reads_the_whole_body_as_one_sample() {
+        let shard = ShardRef::whole(3, Arc::from("s3://b/x/7.json"));
+        let mut body: &[u8] = b"{\"a\": 1}";
+        let sample = read_object(&mut body, &shard).unwrap();
+        assert_eq!(sample.id, SampleId { shard: 3, index: 0 });
+        assert_eq!(sample.key, "x/7");
+        assert_eq!(
+            sample.fields,
+            vec![("json".to_owned(), b"{\"a\": 1}".to_vec().into())]
+        );
+        assert_eq!(sample.length, 8);
+    }
+}

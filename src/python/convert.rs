@@ -1,0 +1,141 @@
+//! Samples, values, batches and Arrow record batches into Python objects.
+
+use std::sync::Mutex;
+
+use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
+use arrow_array::{Array as _, RecordBatch, StructArray};
+use numpy::{IntoPyArray, PyArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
+use pyo3::IntoPyObjectExt;
+
+use crate::collate::{Batch, Column};
+use crate::format::{Sample, Value};
+use crate::value::Array;
+use crate::with_array_data;
+
+/// A sample as a dict: `__key__`, `__url__`, then its fields in order.
+pub fn sample_to_dict<'py>(py: Python<'py>, sample: Sample) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("__key__", PyString::new(py, &sample.key))?;
+    dict.set_item("__url__", PyString::new(py, &sample.url))?;
+    for (field, value) in sample.fields {
+        dict.set_item(field, value_to_py(py, value)?)?;
+    }
+    Ok(dict)
+}
+
+/// A collated batch as a dict: `__key__` and `__url__` lists, then each
+/// field as a numpy array (stacked) or a list.
+pub fn batch_to_dict<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("__key__", PyList::new(py, &batch.keys)?)?;
+    let urls = batch.urls.iter().map(|u| PyString::new(py, u));
+    dict.set_item("__url__", PyList::new(py, urls)?)?;
+    for (field, column) in batch.fields {
+        let value = match column {
+            Column::Stacked(array) => array_to_py(py, array)?,
+            Column::Values(values) => {
+                let list = PyList::empty(py);
+                for value in values {
+                    list.append(value_to_py(py, value)?)?;
+                }
+                list.into_any()
+            }
+        };
+        dict.set_item(field, value)?;
+    }
+    Ok(dict)
+}
+
+/// A value as the matching Python object (arrays as numpy arrays that own
+/// the Rust buffer, without a copy).
+pub fn value_to_py(py: Python<'_>, value: Value) -> PyResult<Bound<'_, PyAny>> {
+    match value {
+        Value::Null => Ok(py.None().into_bound(py)),
+        Value::Bool(v) => v.into_bound_py_any(py),
+        Value::Int(v) => v.into_bound_py_any(py),
+        Value::UInt(v) => v.into_bound_py_any(py),
+        Value::Float(v) => v.into_bound_py_any(py),
+        Value::Str(v) => Ok(PyString::new(py, &v).into_any()),
+        Value::Bytes(v) => Ok(PyBytes::new(py, &v).into_any()),
+        Value::List(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(value_to_py(py, item)?)?;
+            }
+            Ok(list.into_any())
+        }
+        Value::Tuple(items) => {
+            let items = items
+                .into_iter()
+                .map(|item| value_to_py(py, item))
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(PyTuple::new(py, items)?.into_any())
+        }
+        Value::Map(entries) => {
+            let dict = PyDict::new(py);
+            for (key, item) in entries {
+                dict.set_item(key, value_to_py(py, item)?)?;
+            }
+            Ok(dict.into_any())
+        }
+        Value::Array(array) => array_to_py(py, array),
+    }
+}
+
+/// An array as a numpy array of its shape.
+fn array_to_py(py: Python<'_>, array: Array) -> PyResult<Bound<'_, PyAny>> {
+    let shape = array.shape;
+    with_array_data!(array.data, v => {
+        let flat = v.into_pyarray(py);
+        Ok(flat.reshape(shape)?.into_any())
+    })
+}
+
+/// One record batch, exported once through the Arrow PyCapsule interface
+/// (`__arrow_c_array__`), which `pyarrow.record_batch` imports without a copy.
+#[pyclass(module = "shardstream._core")]
+pub struct ArrowExport {
+    parts: Mutex<Option<(FFI_ArrowSchema, FFI_ArrowArray)>>,
+}
+
+#[pymethods]
+impl ArrowExport {
+    /// The schema and array capsules; the batch can be taken once.
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
+        let _ = requested_schema;
+        let (schema, array) = self
+            .parts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| PyValueError::new_err("the record batch was already exported"))?;
+        Ok((
+            PyCapsule::new_with_value(py, schema, c"arrow_schema")?,
+            PyCapsule::new_with_value(py, array, c"arrow_array")?,
+        ))
+    }
+}
+
+/// A record batch as a `pyarrow.RecordBatch`, handed over zero-copy.
+pub fn record_batch_to_py(py: Python<'_>, batch: RecordBatch) -> PyResult<Bound<'_, PyAny>> {
+    let data = StructArray::from(batch).into_data();
+    let (array, schema) = arrow_array::ffi::to_ffi(&data)
+        .map_err(|e| PyValueError::new_err(format!("cannot export the record batch: {e}")))?;
+    let export = Bound::new(
+        py,
+        ArrowExport {
+            parts: Mutex::new(Some((schema, array))),
+        },
+    )?;
+    py.import("pyarrow")?
+        .getattr("record_batch")?
+        .call1((export,))
+}

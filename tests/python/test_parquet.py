@@ -1,0 +1,226 @@
+"""Parquet files, local and on S3: rows compared with what pyarrow reads from
+the same files (nulls, nested, dictionary-encoded columns, several codecs),
+row groups split across DataLoader workers and ranks exactly once, column
+projection, Arrow record batches, and clear errors for corrupt files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _shardtest import collect, loader
+from s3_server import s3_config as config
+
+import shardstream
+from shardstream import StreamingDataset
+
+
+def as_is(item):
+    """DataLoader's per-item hook that keeps items as they are (the default
+    turns tuples into lists and numpy arrays into tensors)."""
+    return item
+
+
+CODECS = ["snappy", "zstd", "gzip", "lz4", "brotli", "none"]
+ROWS = 240
+ROW_GROUP = 50
+
+
+def table(rows: int, seed: int) -> pa.Table:
+    """Columns of every kind the per-row output supports, with nulls."""
+    ids = list(range(seed * 10_000, seed * 10_000 + rows))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "small": pa.array([i % 7 - 3 if i % 5 else None for i in ids], pa.int8()),
+            "big": pa.array([2**64 - 1 - i for i in ids], pa.uint64()),
+            "score": pa.array([i / 3 if i % 4 else None for i in ids], pa.float64()),
+            "half": pa.array([float(i % 9) for i in ids], pa.float32()),
+            "flag": pa.array([i % 3 == 0 for i in ids], pa.bool_()),
+            "text": pa.array([f"row {i} é" if i % 6 else None for i in ids], pa.string()),
+            "blob": pa.array([bytes([i % 256]) * (i % 5) for i in ids], pa.binary()),
+            "label": pa.array([["cat", "dog", "emu"][i % 3] for i in ids]).dictionary_encode(),
+            "tags": pa.array(
+                [[f"t{j}" for j in range(i % 4)] if i % 11 else None for i in ids],
+                pa.list_(pa.string()),
+            ),
+            "point": pa.array(
+                [{"x": i, "y": None if i % 2 else float(i)} for i in ids],
+                pa.struct([("x", pa.int32()), ("y", pa.float64())]),
+            ),
+            "attrs": pa.array(
+                [[("k", i), ("j", -i)] if i % 3 else [] for i in ids],
+                pa.map_(pa.string(), pa.int64()),
+            ),
+            "nested": pa.array(
+                [[{"a": [i, None]}] for i in ids],
+                pa.list_(pa.struct([("a", pa.list_(pa.int64()))])),
+            ),
+        }
+    )
+
+
+def write_files(root: Path, codecs: list[str]) -> dict[str, pa.Table]:
+    """One file per codec, several row groups each, dictionary encoding on."""
+    root.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for n, codec in enumerate(codecs):
+        path = root / f"part-{n:02d}-{codec}.parquet"
+        data = table(ROWS, n)
+        pq.write_table(data, path, compression=codec, row_group_size=ROW_GROUP, use_dictionary=True)
+        written[str(path)] = data
+    return written
+
+
+def expected_rows(files: dict[str, pa.Table]) -> dict[tuple[str, str], dict]:
+    """``{(url, key): row}`` as pyarrow reads the files back."""
+    rows = {}
+    for url in files:
+        for i, row in enumerate(pq.read_table(url).to_pylist()):
+            rows[(url, str(i))] = row
+    return rows
+
+
+def row_of(sample: dict) -> dict:
+    return {k: v for k, v in sample.items() if not k.startswith("__")}
+
+
+@pytest.fixture(scope="module")
+def parquet_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pa.Table]:
+    return write_files(tmp_path_factory.mktemp("parquet"), CODECS)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_rows_equal_what_pyarrow_reads(parquet_files, num_workers):
+    root = str(Path(next(iter(parquet_files))).parent)
+    ds = StreamingDataset(root, shuffle_buffer=64, seed=3)
+    # Each row group is a shard of the plan, with its row count known.
+    groups = -(-ROWS // ROW_GROUP)
+    assert ds.shard_list.kinds == ["parquet"] * (groups * len(CODECS))
+    assert len(ds) == ROWS * len(CODECS)
+    samples = collect(loader(ds, num_workers, collate_fn=as_is))
+    expected = expected_rows(parquet_files)
+    got = Counter((s["__url__"], s["__key__"]) for s in samples)
+    assert got == Counter(expected.keys())
+    for sample in samples:
+        assert row_of(sample) == expected[(sample["__url__"], sample["__key__"])]
+    # Each row group's column chunks are fetched once, except a row group
+    # that the equal cut splits between the two workers: both fetch it.
+    spans = [size for _, size in ds.shards]
+    fetched = ds.stats()["bytes_read"]
+    if num_workers == 0:
+        assert fetched == sum(spans)
+    else:
+        assert sum(spans) <= fetched <= sum(spans) + max(spans)
+
+
+def test_one_file_split_across_ranks_and_workers_exactly_once(tmp_path):
+    files = write_files(tmp_path, ["zstd"])
+    (url,) = files
+    seen: list[str] = []
+    per_rank = []
+    for rank in range(3):
+        ds = StreamingDataset(url, rank=rank, world_size=3, seed=9, shuffle_buffer=10)
+        keys = [s["__key__"] for s in collect(loader(ds, 2, collate_fn=as_is))]
+        per_rank.append(len(keys))
+        assert len(keys) == len(ds)
+        seen += keys
+    # Equal length per rank (drop policy), every kept row once.
+    assert per_rank == [ROWS // 3] * 3
+    assert len(seen) == len(set(seen)) == ROWS // 3 * 3
+
+
+def test_column_projection(parquet_files):
+    url = next(iter(parquet_files))
+    ds = StreamingDataset(url, columns=["text", "id"], shuffle_buffer=0, shuffle_shards=False)
+    samples = collect(ds)
+    assert [row_of(s) for s in samples] == pq.read_table(url, columns=["text", "id"]).to_pylist()
+    with pytest.raises(shardstream.ShardFormatError, match="nope"):
+        collect(StreamingDataset(url, columns=["nope"], shuffle_buffer=0))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_arrow_batches_are_zero_copy_record_batches(parquet_files, num_workers):
+    urls = sorted(parquet_files)[:2]
+    ds = StreamingDataset(
+        urls, batch_format="arrow", batch_size=32, shuffle_buffer=0, columns=["id", "tags"]
+    )
+    batches = collect(loader(ds, num_workers, collate_fn=as_is))
+    assert all(isinstance(b, pa.RecordBatch) for b in batches)
+    assert all(b.num_rows <= 32 for b in batches)
+    assert all(b.schema.names == ["id", "tags"] for b in batches)
+    got = pa.Table.from_batches(batches).sort_by("id")
+    want = pa.concat_tables([pq.read_table(u, columns=["id", "tags"]) for u in urls])
+    assert got.equals(want.sort_by("id"))
+    with pytest.raises(ValueError, match="shuffle_buffer"):
+        collect(StreamingDataset(urls, batch_format="arrow"))
+
+
+def test_exact_resume_mid_row_group(tmp_path):
+    files = write_files(tmp_path, ["snappy"])
+    url = next(iter(files))
+    full = [s["__key__"] for s in collect(StreamingDataset(url, seed=5, shuffle_buffer=16))]
+    ds = StreamingDataset(url, seed=5, shuffle_buffer=16)
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(37)]
+    state = ds.state_dict()
+    del it
+    resumed = StreamingDataset(url, seed=5, shuffle_buffer=16)
+    resumed.load_state_dict(state)
+    tail = [s["__key__"] for s in collect(resumed)]
+    assert head + tail == full
+
+
+def test_corrupt_files_raise_naming_the_file(tmp_path):
+    good = tmp_path / "good.parquet"
+    pq.write_table(table(ROWS, 0), good, row_group_size=ROW_GROUP, compression="zstd")
+    data = good.read_bytes()
+
+    not_parquet = tmp_path / "text.parquet"
+    not_parquet.write_bytes(b"this is not a parquet file at all, just text" * 10)
+    with pytest.raises(shardstream.ShardFormatError, match=r"text\.parquet.*byte offset"):
+        StreamingDataset(str(not_parquet))
+
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(data[: len(data) - 100])
+    with pytest.raises(shardstream.ShardFormatError, match=r"truncated\.parquet"):
+        StreamingDataset(str(truncated))
+
+    # Garbage inside the column chunks: the footer is fine, the pages are not.
+    garbled = tmp_path / "garbled.parquet"
+    middle = bytearray(data)
+    for i in range(8, len(data) // 2):
+        middle[i] = 0xAB
+    garbled.write_bytes(bytes(middle))
+    ds = StreamingDataset(str(garbled), shuffle_buffer=0)
+    with pytest.raises(shardstream.ShardFormatError, match=r"garbled\.parquet.*row group"):
+        collect(loader(ds, 2, collate_fn=as_is))
+
+    # Under on_error="warn" the bad row groups are skipped and counted.
+    ds = StreamingDataset(str(garbled), shuffle_buffer=0, on_error="warn")
+    with pytest.warns(shardstream.ShardSkippedWarning):
+        kept = collect(ds)
+    assert ds.stats()["errors_skipped"] >= 1
+    assert len(kept) < ROWS
+
+
+def test_parquet_on_s3(s3, s3_credentials, tmp_path):
+    files = write_files(tmp_path, ["snappy", "gzip"])
+    client = s3.client()
+    client.create_bucket(Bucket="tables")
+    urls = {}
+    for path in files:
+        key = f"tables/{Path(path).name}"
+        client.upload_file(path, "tables", key)
+        urls[f"s3://tables/{key}"] = path
+    ds = StreamingDataset("s3://tables/tables/", s3=config(s3), shuffle_buffer=8)
+    samples = collect(loader(ds, 2, collate_fn=as_is))
+    expected = expected_rows(files)
+    assert len(samples) == len(expected)
+    for sample in samples:
+        local = urls[sample["__url__"]]
+        assert row_of(sample) == expected[(local, sample["__key__"])]
+    assert ds.stats()["bytes_read"] == sum(size for _, size in ds.shards)
