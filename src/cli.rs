@@ -256,7 +256,8 @@ fn index(
     s3: &S3Options,
     out: &mut dyn Write,
 ) -> Result<()> {
-    let mut shards = spec::resolve_with(specs, s3)?;
+    // Manifests describe tar shards; Parquet footers already give counts.
+    let mut shards = spec::resolve_dataset(specs, s3, spec::DatasetFormat::Tar)?;
     crate::source::describe_s3_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     let compressed = scan(&shards, s3, |sample, _| {

@@ -1,5 +1,7 @@
-//! Wires plan -> source -> format -> shuffle for one slot, on a pipeline
-//! thread, and hands samples to the consumer through a bounded queue. The
+//! Wires plan -> source -> format -> decode -> shuffle for one slot, on a
+//! pipeline thread, and hands samples to the consumer through a bounded
+//! queue. A shard is a tar archive, a raw object (one sample) or one row
+//! group of a Parquet file (one sample per row, or Arrow batches). The
 //! consumer keeps a [`Mirror`] of the pipeline's position, so a stream can
 //! report its state after any sample and resume from it.
 //!

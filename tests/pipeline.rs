@@ -64,6 +64,7 @@ fn collect(shards: &[Shard], options: &StreamOptions, epoch: u64, slot: SlotSpec
         .map(|event| match event.unwrap() {
             Event::Sample(sample) => sample.key,
             Event::Skipped(error) => panic!("unexpected skip: {error}"),
+            Event::Batch(table) => panic!("unexpected Arrow batch from {}", table.url),
         })
         .collect()
 }
@@ -169,6 +170,7 @@ fn warn_policy_skips_bad_shards_and_counts_them() {
             Event::Sample(s) if s.key.starts_with("cut/") => cut_samples += 1,
             Event::Sample(_) => good += 1,
             Event::Skipped(error) => skipped.push(error),
+            Event::Batch(table) => panic!("unexpected Arrow batch from {}", table.url),
         }
     }
     assert_eq!(good, 12);

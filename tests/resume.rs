@@ -108,6 +108,7 @@ fn next_key(stream: &mut SampleStream) -> Option<String> {
     match stream.next()?.unwrap() {
         Event::Sample(sample) => Some(sample.key),
         Event::Skipped(error) => panic!("skipped: {error}"),
+        Event::Batch(table) => panic!("unexpected Arrow batch from {}", table.url),
     }
 }
 

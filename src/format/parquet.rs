@@ -778,7 +778,7 @@ mod tests {
         (i % 4 != 1).then(|| {
             (0..i % 3)
                 .map(|j| {
-                    (!(i % 5 == 0 && j == 0))
+                    (!(i.is_multiple_of(5) && j == 0))
                         .then(|| ((i * 10 + j) as i32, (j != 1).then(|| format!("b{i}.{j}"))))
                 })
                 .collect()

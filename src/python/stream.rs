@@ -463,9 +463,7 @@ impl SampleStream {
                     Vec::with_capacity(want)
                 }
                 Collected::Pending(samples) => {
-                    if let Err(error) = py.check_signals() {
-                        return Err(error);
-                    }
+                    py.check_signals()?;
                     samples
                 }
                 Collected::End(samples) if samples.is_empty() => return Ok(None),
