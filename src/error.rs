@@ -223,3 +223,24 @@ impl Error {
         }
     }
 }
+
+/// Runs a decoding step over untrusted bytes, turning its error, or a
+/// panic inside a third-party decoder, into a message.
+pub(crate) fn guard<T, E: std::fmt::Display>(
+    f: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => {
+            let message = if let Some(s) = panic.downcast_ref::<&str>() {
+                s
+            } else if let Some(s) = panic.downcast_ref::<String>() {
+                s.as_str()
+            } else {
+                "unknown panic"
+            };
+            Err(format!("decoder panicked: {message}"))
+        }
+    }
+}

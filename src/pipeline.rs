@@ -862,14 +862,27 @@ impl Worker {
             let Some(decoder) = self.decode.decoder_for(field) else {
                 continue;
             };
-            let Value::Bytes(bytes) = std::mem::replace(value, Value::Null) else {
-                return Err(Error::Decode {
-                    url: sample.url.to_string(),
-                    key: sample.key.clone(),
-                    field: field.clone(),
-                    decoder: decoder.name(),
-                    reason: "the value is not bytes".into(),
-                });
+            // Table columns may already be typed: nulls stay null, a text
+            // column goes to a decoder named for it, and the defaults by
+            // extension leave other typed values alone.
+            let named = self.decode.by_field.iter().any(|(name, _)| name == field);
+            let bytes = match std::mem::replace(value, Value::Null) {
+                Value::Bytes(bytes) => bytes,
+                Value::Null => continue,
+                Value::Str(text) if named => text.into_bytes(),
+                other if !named => {
+                    *value = other;
+                    continue;
+                }
+                _ => {
+                    return Err(Error::Decode {
+                        url: sample.url.to_string(),
+                        key: sample.key.clone(),
+                        field: field.clone(),
+                        decoder: decoder.name(),
+                        reason: "the value is neither bytes nor text".into(),
+                    })
+                }
             };
             *value = decoder.decode(bytes).map_err(|e| Error::Decode {
                 url: sample.url.to_string(),

@@ -342,25 +342,25 @@ pub fn resolve_dataset(
 
 /// Reads the footer of every Parquet file and replaces the file by one
 /// shard per row group (a file without rows gives none).
-fn expand_row_groups(mut shards: Vec<Shard>, s3: &S3Options) -> Result<Vec<Shard>> {
+fn expand_row_groups(shards: Vec<Shard>, s3: &S3Options) -> Result<Vec<Shard>> {
     let is_file = |s: &Shard| s.kind == ShardKind::ParquetFile;
-    crate::source::describe_s3_objects(s3, &mut shards)?;
-    for shard in shards.iter().filter(|s| is_file(s)) {
-        if shard.size.is_none() {
+    let mut files: Vec<Shard> = shards.iter().filter(|s| is_file(s)).cloned().collect();
+    crate::source::describe_s3_objects(s3, &mut files)?;
+    for file in &files {
+        if file.size.is_none() {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
-            return Err(Error::from_open(&shard.url, missing));
+            return Err(Error::from_open(&file.url, missing));
         }
     }
-    let files: Vec<&Shard> = shards.iter().filter(|s| is_file(s)).collect();
-    let footers = crate::source::read_footers(&files, s3)?;
-    let mut footers = footers.into_iter();
+    let footers = crate::source::read_footers(&files.iter().collect::<Vec<_>>(), s3)?;
+    let mut files = files.into_iter().zip(footers);
     let mut out = Vec::with_capacity(shards.len());
     for shard in shards {
         if !is_file(&shard) {
             out.push(shard);
             continue;
         }
-        let metadata = footers.next().expect("one footer per Parquet file");
+        let (shard, metadata) = files.next().expect("one footer per Parquet file");
         let mut first_row = 0;
         for index in 0..metadata.num_row_groups() {
             let span = crate::format::parquet::row_group_span(&metadata, index);

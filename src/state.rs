@@ -156,9 +156,12 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
         };
     }
     for shard in shards {
-        if let ShardKind::Parquet(group) = &shard.kind {
-            h.u64(group.index as u64).u64(group.rows);
-        }
+        match &shard.kind {
+            ShardKind::Tar => h.u64(0),
+            ShardKind::Raw => h.u64(1),
+            ShardKind::ParquetFile => h.u64(2),
+            ShardKind::Parquet(group) => h.u64(3).u64(group.index as u64).u64(group.rows),
+        };
     }
     for (field, decoder) in &options.decode.by_field {
         h.u64(field.len() as u64).bytes(field.as_bytes());

@@ -196,10 +196,9 @@ class StreamingDataset(IterableDataset[Any]):
         )
         return worker_id, num_workers
 
-    def __len__(self) -> int:
-        """Samples per rank per epoch (also with ``batch_size``); needs sample
-        counts: a manifest for tar shards (Parquet footers and raw objects
-        give them)."""
+    def num_samples(self) -> int:
+        """Samples per rank per epoch; needs sample counts: a manifest for
+        tar shards (Parquet footers and raw objects give them)."""
         _, world_size = self.distributed_slot()
         n = self.shard_list.samples_per_rank(world_size, self.remainder)
         if n is None:
@@ -207,6 +206,17 @@ class StreamingDataset(IterableDataset[Any]):
                 "len() needs a manifest: run `shardstream index SPEC -o DIR/manifest.json`"
             )
         return n
+
+    def __len__(self) -> int:
+        """Samples per rank per epoch (see ``num_samples``). Not defined when
+        batches are handed out: their number depends on how the DataLoader's
+        workers split the rank's samples."""
+        if self.batch_size is not None or self.batch_format == "arrow":
+            raise TypeError(
+                "len() is not defined for batches (their number depends on the DataLoader's "
+                "workers); num_samples() gives the samples per rank"
+            )
+        return self.num_samples()
 
     def __iter__(self) -> Iterator[Any]:
         # The pending resume is used up here, not lazily: StatefulDataLoader

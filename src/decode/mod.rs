@@ -100,15 +100,18 @@ impl Decoder {
             decoder: name,
             reason,
         };
-        match self {
+        // A panic in a third-party decoder is a decode error, not a dead
+        // pipeline thread.
+        crate::error::guard(|| match self {
             Decoder::Bytes => Ok(Value::Bytes(bytes)),
-            Decoder::Str => decode_str(bytes).map(Value::Str).map_err(fail),
-            Decoder::Int => decode_int(&bytes).map(Value::Int).map_err(fail),
-            Decoder::Json => json::decode(&bytes).map_err(fail),
-            Decoder::Numpy => npy::decode(bytes).map(Value::Array).map_err(fail),
-            Decoder::Audio => audio::decode(&bytes).map_err(fail),
-            Decoder::Rgb8 => rgb8::decode(&bytes).map(Value::Array).map_err(fail),
-        }
+            Decoder::Str => decode_str(bytes).map(Value::Str),
+            Decoder::Int => decode_int(&bytes).map(Value::Int),
+            Decoder::Json => json::decode(&bytes),
+            Decoder::Numpy => npy::decode(bytes).map(Value::Array),
+            Decoder::Audio => audio::decode(&bytes),
+            Decoder::Rgb8 => rgb8::decode(&bytes).map(Value::Array),
+        })
+        .map_err(fail)
     }
 }
 

@@ -17,7 +17,6 @@
 //! reported the same way.
 
 use std::ops::Range;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -43,7 +42,7 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaD
 use parquet::file::reader::{ChunkReader, Length};
 
 use super::{Sample, SampleId, ShardRef};
-use crate::error::{Error, Result};
+use crate::error::{guard, Error, Result};
 use crate::value::Value;
 
 /// How many bytes at the end of a Parquet file a caller should fetch first:
@@ -77,28 +76,6 @@ fn format_error(url: &str, offset: u64, reason: impl Into<String>) -> Error {
         compression: None,
         member: None,
         reason: reason.into(),
-    }
-}
-
-/// Runs a decoder step, turning its error or a panic into a message.
-fn guard<T, E: std::fmt::Display>(
-    f: impl FnOnce() -> std::result::Result<T, E>,
-) -> std::result::Result<T, String> {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(format!("decoder panicked: {}", panic_message(&*panic))),
-    }
-}
-
-/// The message of a caught panic.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    if let Some(s) = panic.downcast_ref::<&str>() {
-        s
-    } else if let Some(s) = panic.downcast_ref::<String>() {
-        s
-    } else {
-        "unknown panic"
     }
 }
 

@@ -253,24 +253,26 @@ pub struct SampleStream {
     batch_size: Option<usize>,
     /// An error met after part of a batch was collected, raised next time.
     pending_error: Mutex<Option<crate::Error>>,
-    /// Shards skipped while a batch was collected, warned of once it is out.
+    /// Samples taken from the stream and not yet handed out: kept across
+    /// calls, so an exception (a signal, a warning turned error) between
+    /// taking and handing out loses none.
+    held: Mutex<Vec<Sample>>,
+    /// Shards skipped while samples were collected, warned of after the wait.
     skipped: Mutex<Vec<crate::Error>>,
 }
 
 /// What one wait with the GIL released brought.
 enum Collected {
-    /// A batch is full, or the stream ended after some samples.
-    Samples(Vec<Sample>),
+    /// The held samples make a batch (or one sample).
+    Full,
     /// Rows of a table, as Arrow.
     Table(crate::pipeline::TableBatch),
-    /// A bad shard was skipped.
-    Skipped(crate::Error),
-    /// Nothing yet: check for signals and wait again.
-    Pending(Vec<Sample>),
+    /// Nothing more yet: check for signals and wait again.
+    Pending,
     /// The stream ended.
-    End(Vec<Sample>),
-    /// The stream failed after the samples collected so far.
-    Failed(Vec<Sample>, crate::Error),
+    End,
+    /// The stream failed.
+    Failed(crate::Error),
 }
 
 /// Field decoders from `decode=`: `True` (defaults by extension), a dict
@@ -395,6 +397,7 @@ impl SampleStream {
             inner: Mutex::new(stream),
             batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
             pending_error: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
         })
     }
@@ -447,68 +450,70 @@ impl SampleStream {
             return Err(to_py(error));
         }
         let want = self.batch_size.unwrap_or(1);
-        let mut samples = Vec::with_capacity(want);
         loop {
-            let collected = py.detach(|| self.collect(samples, want));
+            let collected = py.detach(|| self.collect(want));
             let skipped =
                 std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
             for error in skipped {
                 warn_skipped(py, &error)?;
             }
-            samples = match collected {
-                Collected::Samples(samples) => return self.hand_out(py, samples).map(Some),
+            let held = || std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+            match collected {
+                Collected::Full => return self.hand_out(py, held()).map(Some),
                 Collected::Table(table) => return record_batch_to_py(py, table.batch).map(Some),
-                Collected::Skipped(error) => {
-                    warn_skipped(py, &error)?;
-                    Vec::with_capacity(want)
+                Collected::Pending => py.check_signals()?,
+                Collected::End => {
+                    let samples = held();
+                    if samples.is_empty() {
+                        return Ok(None);
+                    }
+                    return self.hand_out(py, samples).map(Some);
                 }
-                Collected::Pending(samples) => {
-                    py.check_signals()?;
-                    samples
-                }
-                Collected::End(samples) if samples.is_empty() => return Ok(None),
-                Collected::End(samples) => return self.hand_out(py, samples).map(Some),
-                Collected::Failed(samples, error) if samples.is_empty() => {
-                    return Err(to_py(error))
-                }
-                Collected::Failed(samples, error) => {
+                Collected::Failed(error) => {
+                    let samples = held();
+                    if samples.is_empty() {
+                        return Err(to_py(error));
+                    }
                     // The samples are already counted as produced: hand them
                     // out, and raise at the next call.
                     *self.pending_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
                     return self.hand_out(py, samples).map(Some);
                 }
-            };
+            }
         }
     }
 }
 
 impl SampleStream {
-    /// Waits (GIL released) until `want` samples are collected or something
-    /// else happens; collates a full batch in the same wait.
-    fn collect(&self, mut samples: Vec<Sample>, want: usize) -> Collected {
+    /// Waits (GIL released) until `want` samples are held or something
+    /// else happens.
+    fn collect(&self, want: usize) -> Collected {
         let mut stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.len() >= want {
+            return Collected::Full;
+        }
         loop {
             match stream.poll(POLL_INTERVAL) {
                 Ok(Poll::Ready(Event::Sample(sample))) => {
-                    samples.push(sample);
-                    if samples.len() >= want {
-                        return Collected::Samples(samples);
+                    held.push(sample);
+                    if held.len() >= want {
+                        return Collected::Full;
                     }
                 }
                 Ok(Poll::Ready(Event::Batch(table))) => return Collected::Table(table),
-                Ok(Poll::Ready(Event::Skipped(error))) if samples.is_empty() => {
-                    return Collected::Skipped(error)
-                }
                 Ok(Poll::Ready(Event::Skipped(error))) => {
-                    // Keep collecting; the warning is raised once the batch is out.
                     self.skipped
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .push(error);
+                    if held.is_empty() {
+                        return Collected::Pending;
+                    }
                 }
-                Ok(Poll::Pending) => return Collected::Pending(samples),
-                Ok(Poll::End) => return Collected::End(samples),
-                Err(error) => return Collected::Failed(samples, error),
+                Ok(Poll::Pending) => return Collected::Pending,
+                Ok(Poll::End) => return Collected::End,
+                Err(error) => return Collected::Failed(error),
             }
         }
     }

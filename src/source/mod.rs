@@ -385,9 +385,11 @@ fn read_tails(files: &[&crate::spec::Shard], lens: &[u64], s3: &S3Options) -> Re
             .ok_or_else(|| Error::Stopped(format!("{}: the footer read ended early", file.url)))?;
         let mut tail = Vec::new();
         if let Err(error) = reader.read_to_end(&mut tail) {
+            let size = file.size.unwrap_or(0);
+            let start = size - lens[tails.len()].min(size);
             return Err(reader.take_failure().unwrap_or(Error::Read {
                 url: file.url.clone(),
-                offset: 0,
+                offset: start + tail.len() as u64,
                 source: error,
             }));
         }

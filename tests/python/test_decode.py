@@ -200,6 +200,9 @@ def test_batches_collated_in_rust(shards, num_workers):
     )
     batches = collect(loader(ds, num_workers, collate_fn=as_is))
     assert all(len(b["__key__"]) <= 10 for b in batches)
+    # The number of batches depends on the workers: no len(), but the samples are known.
+    with pytest.raises(TypeError, match="num_samples"):
+        len(ds)
     keys = [k for b in batches for k in b["__key__"]]
     assert Counter(keys) == Counter(raw.keys())
     for batch in batches:
@@ -249,7 +252,7 @@ def write_raw_objects(root: Path) -> dict[str, bytes]:
 def test_raw_objects_from_a_directory(tmp_path, num_workers):
     written = write_raw_objects(tmp_path)
     ds = StreamingDataset(str(tmp_path), format="raw", shuffle_buffer=8)
-    assert len(ds) == len(written)
+    assert len(ds) == ds.num_samples() == len(written)
     samples = collect(loader(ds, num_workers, collate_fn=as_is))
     assert Counter(s["__url__"] for s in samples) == Counter(written.keys())
     for sample in samples:
@@ -288,3 +291,22 @@ def test_raw_objects_on_s3_decoded(s3, s3_credentials, tmp_path):
     missing = StreamingDataset("s3://rawobjs/raw/none.jpg", s3=config(s3), format="raw")
     with pytest.raises(shardstream.ShardNotFoundError, match=r"none\.jpg"):
         collect(missing)
+
+
+def test_batches_resume_exactly(shards):
+    root, _ = shards
+
+    def dataset() -> StreamingDataset:
+        return StreamingDataset(root, batch_size=7, seed=2, shuffle_buffer=16, decode=True)
+
+    full = [k for b in collect(dataset()) for k in b["__key__"]]
+    ds = dataset()
+    it = iter(ds)
+    head = [k for _ in range(3) for k in next(it)["__key__"]]
+    state = ds.state_dict()
+    del it
+    resumed = dataset()
+    resumed.load_state_dict(state)
+    tail = [k for b in collect(resumed) for k in b["__key__"]]
+    assert head + tail == full
+    assert len(head) == 21

@@ -224,3 +224,43 @@ def test_parquet_on_s3(s3, s3_credentials, tmp_path):
         local = urls[sample["__url__"]]
         assert row_of(sample) == expected[(local, sample["__key__"])]
     assert ds.stats()["bytes_read"] == sum(size for _, size in ds.shards)
+
+
+def test_decoders_on_typed_and_binary_columns(tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    images = [np.full((2, 3, 3), i, np.uint8) for i in range(4)]
+    pngs = []
+    for image in images:
+        buf = io.BytesIO()
+        Image.fromarray(image).save(buf, "PNG")
+        pngs.append(buf.getvalue())
+    path = tmp_path / "images.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "png": pa.array([*pngs[:3], None], pa.binary()),
+                "meta": pa.array([f'{{"i": {i}}}' for i in range(4)], pa.string()),
+                "txt": pa.array(["a", "b", None, "d"], pa.string()),
+                "cls": pa.array([1, 2, 3, 4], pa.int64()),
+            }
+        ),
+        path,
+    )
+    # Defaults decode the binary png column and leave typed columns (a
+    # string txt, an int cls) and nulls as they are.
+    ds = StreamingDataset(str(path), decode=True, shuffle_buffer=0, shuffle_shards=False)
+    rows = collect(ds)
+    for i, row in enumerate(rows[:3]):
+        np.testing.assert_array_equal(row["png"], images[i])
+    assert rows[3]["png"] is None
+    assert [r["txt"] for r in rows] == ["a", "b", None, "d"]
+    assert [r["cls"] for r in rows] == [1, 2, 3, 4]
+    # A decoder named for a text column reads its text.
+    ds = StreamingDataset(str(path), decode={"meta": "json"}, shuffle_buffer=0)
+    assert sorted(r["meta"]["i"] for r in collect(ds)) == [0, 1, 2, 3]
+    with pytest.raises(shardstream.FieldDecodeError, match=r"field \"cls\".*neither bytes"):
+        collect(StreamingDataset(str(path), decode={"cls": "int"}, shuffle_buffer=0))
