@@ -38,6 +38,26 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
     let spec = reader.spec();
     let channels = usize::from(spec.channels);
     let declared = reader.len() as usize;
+    if spec.sample_format == SampleFormat::Int
+        && spec.bits_per_sample == 16
+        && block_align(bytes) == Some(2 * spec.channels)
+    {
+        // The common case, converted straight from the data chunk (hound's
+        // reader stops at its first byte) rather than sample by sample.
+        let start = reader.into_inner().position() as usize;
+        let data = &bytes[start.min(bytes.len())..];
+        let present = data.len() / 2;
+        if present < declared {
+            return Err(format!(
+                "truncated WAV data: the header declares {declared} samples, only {present} are present"
+            ));
+        }
+        let samples = data[..declared * 2]
+            .chunks_exact(2)
+            .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) * (1.0 / 32768.0))
+            .collect();
+        return pcm_value(samples, channels, spec.sample_rate);
+    }
     // Never trust the header for the allocation: every sample takes at
     // least one byte of the input.
     let mut samples: Vec<f32> = Vec::with_capacity(declared.min(bytes.len()));
@@ -71,13 +91,33 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
             other => describe(other),
         });
     }
+    pcm_value(samples, channels, spec.sample_rate)
+}
+
+/// The decoded value: the samples as a `(frames, channels)` array and the rate.
+fn pcm_value(samples: Vec<f32>, channels: usize, sample_rate: u32) -> Result<Value, String> {
     let frames = samples.len() / channels;
     let array = Array::new(vec![frames, channels], ArrayData::F32(samples))
         .ok_or_else(|| "sample count is not a multiple of the channel count".to_owned())?;
     Ok(Value::Tuple(vec![
         Value::Array(array),
-        Value::Int(i64::from(spec.sample_rate)),
+        Value::Int(i64::from(sample_rate)),
     ]))
+}
+
+/// The block align (bytes per frame) of the `fmt ` chunk, found by walking
+/// the RIFF chunks; `None` if there is none.
+fn block_align(bytes: &[u8]) -> Option<u16> {
+    let mut at = 12;
+    while let Some(header) = bytes.get(at..at + 8) {
+        let size = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
+        if &header[..4] == b"fmt " {
+            let field = bytes.get(at + 20..at + 22)?;
+            return Some(u16::from_le_bytes([field[0], field[1]]));
+        }
+        at = at.checked_add(8 + size + size % 2)?;
+    }
+    None
 }
 
 /// A hound error as a reason.
