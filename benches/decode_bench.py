@@ -30,6 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from loader_bench import warm  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 BATCH = 32
@@ -134,13 +135,6 @@ def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
     return paths
-
-
-def warm(paths: list[Path]) -> None:
-    for path in paths:
-        with open(path, "rb") as f:
-            while f.read(1 << 20):
-                pass
 
 
 def main() -> None:
