@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop demo test test-rust test-python lint fmt bench clean
+.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-peers clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,5 +62,34 @@ bench: develop $(BENCH_STAMP) ## Measure local and S3 reading and field decoding
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/decode_bench.py --out bench-results
 
+# The peers get virtualenvs of their own, so their pins never touch .venv:
+# .venv-peers (webdataset, LitData, HF datasets, and shardstream as a wheel
+# that maturin builds from the release profile `make develop` already built)
+# and .venv-peers-mds (MosaicML Streaming, whose pins conflict with the others).
+PEERS_VENV := .venv-peers
+PEERS_MDS_VENV := .venv-peers-mds
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_MDS_STAMP := $(PEERS_MDS_VENV)/.installed
+PEERS_WHEELS := build/peers-wheels
+
+$(PEERS_STAMP): benches/peers/requirements-peers.txt
+	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install --quiet -r benches/peers/requirements-peers.txt
+	@touch $@
+
+$(PEERS_MDS_STAMP): benches/peers/requirements-mds.txt
+	@test -x $(PEERS_MDS_VENV)/bin/python || python3 -m venv $(PEERS_MDS_VENV)
+	$(PEERS_MDS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS_MDS_VENV)/bin/python -m pip install --quiet -r benches/peers/requirements-mds.txt
+	@touch $@
+
+bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_MDS_STAMP) ## Side-by-side epoch benchmark against webdataset, LitData, MosaicML Streaming and HF datasets
+	rm -f $(PEERS_WHEELS)/shardstream-*.whl
+	maturin build --release --quiet -i $(PY) --out $(PEERS_WHEELS)
+	$(PEERS_VENV)/bin/python -m pip install --quiet --force-reinstall --no-deps $(PEERS_WHEELS)/shardstream-*.whl
+	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results \
+		--mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
+
 clean: ## Remove build outputs, the virtualenv and generated data
-	rm -rf target $(VENV) data bench-results python/shardstream/*.so
+	rm -rf target $(VENV) $(PEERS_VENV) $(PEERS_MDS_VENV) build data bench-results python/shardstream/*.so

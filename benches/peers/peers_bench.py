@@ -1,0 +1,734 @@
+"""Side-by-side benchmark behind `make bench-peers`: one epoch of the same data
+through torch's DataLoader with shardstream, webdataset, LitData, MosaicML
+Streaming and Hugging Face `datasets` streaming.
+
+    python benches/peers/peers_bench.py --out bench-results [--quick]
+        [--profiles audio small] [--repeats 3] [--mds-python .venv-peers-mds/bin/python]
+
+Two profiles, generated here deterministically: "audio" (16 kHz WAV of 1-4 s
+plus JSON, ~80 KB per sample, 16 tar shards; `examples/make_dataset.py`) and
+"small" (200-byte `.txt` plus `.cls`, 200k samples, 8 tar shards). LitData and
+MosaicML Streaming read their own formats, converted from the same samples
+into as many chunks as there are tar shards. Each run is one epoch in a fresh
+subprocess; runs are interleaved (A B C A B C ...) and medians are reported.
+Nothing is downloaded at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from make_dataset import make_dataset  # noqa: E402
+
+BATCH = 32
+SHUFFLE_BUFFER = 1000
+SEED = 0
+CHILD_TIMEOUT = 1800.0
+BASELINE = "webdataset"
+LIBRARIES = (
+    "shardstream",
+    "shardstream (Rust batches)",
+    "webdataset",
+    "litdata",
+    "mosaicml-streaming",
+    "hf-datasets",
+)
+# Full size and --quick size of each profile: shards, samples per shard.
+PROFILES = {
+    "audio": {"full": (16, 64), "quick": (4, 8)},
+    "small": {"full": (8, 25_000), "quick": (4, 500)},
+}
+SMALL_TEXT_BYTES = 200
+METHOD = """\
+How it is measured:
+
+- Each run is one epoch in a fresh subprocess, timed from constructing the dataset to
+  the last batch, through `torch.utils.data.DataLoader` (batch 32, `collate_fn=list`;
+  "shardstream (Rust batches)": `batch_size=32` on the dataset, `DataLoader(batch_size=None)`).
+  Page cache warm. Every library shuffles its own way: a 1000-sample buffer (shardstream,
+  webdataset `.shuffle(1000)`, HF `.shuffle(buffer_size=1000)`), LitData and MosaicML
+  `shuffle=True`.
+- MB/s and CPU s/GB count the samples' payload (the fields' bytes, the same for every
+  library). CPU is user+sys of the run and its DataLoader workers (`getrusage` SELF +
+  CHILDREN once the workers are joined, less the CPU spent before the dataset is
+  constructed, i.e. imports). Peak RSS: the main process's and the largest worker's.
+- Duplicates / missing: the `__key__`s seen against the keys generated (worst run).
+- Read amplification = bytes read / size on disk of the library's own copy of the data.
+  Bytes read are deltas of `/proc/self/io` counters in the main process while the dataset
+  is constructed, plus in the process that iterates it (the main process with 0 workers,
+  else each worker, which sends its deltas back after its last sample) from its first to
+  its last sample. "read()" uses `rchar` in the timed runs: every byte returned by
+  read() and the like, page-cache hits included, so it sees re-reads; it does not see
+  mmap'd files. "device" uses `read_bytes` in one extra, untimed run per cell after the
+  library's files were dropped from the page cache (`posix_fadvise(DONTNEED)`): it sees
+  mmap'd reads too, but not re-reads of pages already cached, and it counts kernel
+  read-ahead (up to the file's end). Both count the small non-data reads in those windows
+  (the worker's index-queue pipe, `/proc/self/io`, modules loaded lazily) and miss reads
+  the main process makes while workers iterate (they cannot be told from the batches
+  arriving over pipes) and reads by other processes.
+"""
+
+
+# ---------------------------------------------------------------- generation
+
+
+def write_tar(path: Path, members: Iterator[tuple[str, bytes]]) -> None:
+    """Writes a tar with fixed metadata, via a temporary file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(tmp, path)
+
+
+def make_small(out: Path, shards: int, per_shard: int, seed: int = SEED) -> list[Path]:
+    """Tar shards of samples with a 200-byte `.txt` and a `.cls` label."""
+    out.mkdir(parents=True, exist_ok=True)
+    letters = b"abcdefghijklmnopqrstuvwxyz     "
+    paths = []
+    for shard in range(shards):
+        rng = random.Random(f"{seed}-small-{shard}")
+
+        def members(shard: int = shard, rng: random.Random = rng) -> Iterator[tuple[str, bytes]]:
+            for i in range(per_shard):
+                key = f"small-{shard:06d}-{i:06d}"
+                yield f"{key}.txt", bytes(rng.choices(letters, k=SMALL_TEXT_BYTES))
+                yield f"{key}.cls", b"%d" % rng.randrange(10)
+
+        path = out / f"shard-{shard:06d}.tar"
+        write_tar(path, members())
+        paths.append(path)
+    return paths
+
+
+def read_tar_samples(path: Path) -> Iterator[dict[str, Any]]:
+    """Samples of a tar shard by the WebDataset rule, fields as bytes."""
+    sample: dict[str, Any] = {}
+    with tarfile.open(path, "r|") as tar:
+        for member in tar:
+            if not member.isreg():
+                continue
+            head, _, base = member.name.rpartition("/")
+            stem, dot, field = base.partition(".")
+            if not dot:
+                continue
+            key = f"{head}/{stem}" if head else stem
+            if sample and sample["__key__"] != key:
+                yield sample
+                sample = {}
+            sample["__key__"] = key
+            file = tar.extractfile(member)
+            assert file is not None
+            sample[field.lower()] = file.read()
+    if sample:
+        yield sample
+
+
+def generate(profile: str, root: Path, quick: bool) -> Path:
+    """Writes a profile's tar shards and `meta.json` (keys, payload bytes)
+    under `root/profile`, unless already there with the same parameters."""
+    shards, per_shard = PROFILES[profile]["quick" if quick else "full"]
+    data = root / profile
+    meta_path = data / "meta.json"
+    params = {"profile": profile, "shards": shards, "per_shard": per_shard, "seed": SEED}
+    if meta_path.exists() and json.loads(meta_path.read_text())["params"] == params:
+        return data
+    tars = data / "tar"
+    if profile == "audio":
+        paths = make_dataset(tars, shards=shards, samples_per_shard=per_shard, seed=SEED)
+    else:
+        paths = make_small(tars, shards, per_shard)
+    keys, payload = [], 0
+    for path in paths:
+        for sample in read_tar_samples(path):
+            keys.append(sample["__key__"])
+            payload += sum(len(v) for k, v in sample.items() if k != "__key__")
+    meta = {
+        "params": params,
+        "keys": keys,
+        "payload_bytes": payload,
+        "fields": sorted(k for k in next(read_tar_samples(paths[0])) if k != "__key__"),
+    }
+    meta_path.write_text(json.dumps(meta))
+    return data
+
+
+def load_meta(data: Path) -> dict[str, Any]:
+    """The profile's `meta.json`."""
+    return json.loads((data / "meta.json").read_text())
+
+
+def tar_paths(data: Path) -> list[Path]:
+    """The profile's tar shards, sorted."""
+    return sorted((data / "tar").glob("*.tar"))
+
+
+def chunk_bytes(data: Path) -> int:
+    """Chunk size for the converted formats: about one chunk per tar shard."""
+    tars = tar_paths(data)
+    return max(1 << 16, -(-load_meta(data)["payload_bytes"] // len(tars)))
+
+
+def _litdata_samples(path: str) -> Iterator[dict[str, Any]]:
+    yield from read_tar_samples(Path(path))
+
+
+def convert_litdata(data: Path) -> Path:
+    """The samples in LitData's chunked format (`litdata.optimize`)."""
+    out = data / "litdata"
+    if (out / "index.json").exists():
+        return out
+    import litdata
+
+    tmp = data / "litdata.tmp"
+    litdata.optimize(
+        fn=_litdata_samples,
+        inputs=[str(p) for p in tar_paths(data)],
+        output_dir=str(tmp),
+        chunk_bytes=chunk_bytes(data),
+        num_workers=1,
+        reorder_files=False,
+        mode="overwrite",
+        verbose=False,
+        start_method="fork",
+    )
+    os.replace(tmp, out)
+    return out
+
+
+def convert_mds(data: Path) -> Path:
+    """The samples in MosaicML Streaming's MDS format (`MDSWriter`)."""
+    out = data / "mds"
+    if (out / "index.json").exists():
+        return out
+    from streaming import MDSWriter
+
+    fields = load_meta(data)["fields"]
+    columns = {"__key__": "str", **dict.fromkeys(fields, "bytes")}
+    tmp = data / "mds.tmp"
+    with MDSWriter(out=str(tmp), columns=columns, size_limit=chunk_bytes(data)) as writer:
+        for path in tar_paths(data):
+            for sample in read_tar_samples(path):
+                writer.write(sample)
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------- one run
+
+
+def io_counters() -> tuple[int, int]:
+    """This process's `rchar` (bytes returned by read() and the like) and
+    `read_bytes` (bytes it made the kernel fetch from the device) so far."""
+    with open("/proc/self/io", "rb") as f:
+        fields = dict(line.split(b":") for line in f.read().splitlines())
+    return int(fields[b"rchar"]), int(fields[b"read_bytes"])
+
+
+def io_since(start: tuple[int, int]) -> tuple[int, int]:
+    """`io_counters()` now minus `start`."""
+    now = io_counters()
+    return now[0] - start[0], now[1] - start[1]
+
+
+def evict(paths: list[Path]) -> None:
+    """Drops the files from the page cache (after writing back dirty pages)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+# What each reader uses, as (module, attribute); attributes a package loads
+# lazily are touched before measuring, so that loading their modules is not
+# counted as bytes read while the dataset is constructed.
+USES = {
+    "shardstream": [("shardstream", "StreamingDataset")],
+    "webdataset": [("webdataset", "WebDataset"), ("webdataset", "split_by_worker")],
+    "litdata": [("litdata", "StreamingDataset")],
+    "mosaicml-streaming": [
+        ("streaming", "StreamingDataset"),
+        ("streaming.base.util", "clean_stale_shared_memory"),
+    ],
+    "hf-datasets": [
+        ("datasets", "load_dataset"),
+        ("datasets.packaged_modules.webdataset.webdataset", "WebDataset"),
+    ],
+}
+
+
+def import_library(library: str) -> None:
+    """Imports what a reader needs, before anything is measured."""
+    import importlib
+
+    import torch.utils.data  # noqa: F401
+
+    for module, attribute in USES[library.split(" ")[0]]:
+        getattr(importlib.import_module(module), attribute)
+
+
+def library_version(library: str) -> str:
+    """The version of the package behind a reader."""
+    from importlib.metadata import version
+
+    package = {
+        "litdata": "litdata",
+        "mosaicml-streaming": "mosaicml-streaming",
+        "hf-datasets": "datasets",
+        "webdataset": "webdataset",
+    }.get(library, "shardstream")
+    return version(package)
+
+
+def make_dataset_for(library: str, data: Path) -> tuple[Any, dict[str, Any]]:
+    """The library's dataset over the profile, and the DataLoader's batching."""
+    batching: dict[str, Any] = {"batch_size": BATCH, "collate_fn": list}
+    tars = [str(p) for p in tar_paths(data)]
+    if library == "shardstream":
+        from shardstream import StreamingDataset
+
+        dataset = StreamingDataset(str(data / "tar"), seed=SEED, shuffle_buffer=SHUFFLE_BUFFER)
+        return dataset, batching
+    if library == "shardstream (Rust batches)":
+        from shardstream import StreamingDataset
+
+        dataset = StreamingDataset(
+            str(data / "tar"), seed=SEED, shuffle_buffer=SHUFFLE_BUFFER, batch_size=BATCH
+        )
+        return dataset, {"batch_size": None, "collate_fn": _identity}
+    if library == "webdataset":
+        import webdataset as wds
+
+        dataset = wds.WebDataset(
+            tars, shardshuffle=False, workersplitter=wds.split_by_worker, seed=SEED
+        ).shuffle(SHUFFLE_BUFFER)
+        return dataset, batching
+    if library == "litdata":
+        import litdata
+
+        dataset = litdata.StreamingDataset(
+            str(data / "litdata"),
+            cache_dir=str(data / "litdata-cache"),
+            shuffle=True,
+            seed=SEED,
+        )
+        return dataset, batching
+    if library == "mosaicml-streaming":
+        from streaming import StreamingDataset
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(
+            local=str(data / "mds"), remote=None, shuffle=True, shuffle_seed=SEED, batch_size=BATCH
+        )
+        return dataset, batching
+    if library == "hf-datasets":
+        from datasets import Audio, Image, Value, Video, load_dataset
+
+        files = {"train": tars}
+        inferred = load_dataset("webdataset", data_files=files, split="train", streaming=True)
+        # Media fields (here .wav) as plain binary keeps their bytes: the Audio
+        # feature would need torchcodec even with decoding off. The builder
+        # itself always parses .json, .txt and .cls fields.
+        features = inferred.features.copy()
+        for name, feature in features.items():
+            if isinstance(feature, (Audio, Image, Video)):
+                features[name] = Value("binary")
+        dataset = load_dataset(
+            "webdataset", data_files=files, split="train", streaming=True, features=features
+        ).shuffle(seed=SEED, buffer_size=SHUFFLE_BUFFER)
+        return dataset, batching
+    raise ValueError(f"unknown library {library!r}")
+
+
+def _measured_dataset(inner: Any) -> Any:
+    """`inner` wrapped so that each process iterating it yields, after its last
+    item, a marker with its I/O counters' deltas over its iteration."""
+    from torch.utils.data import IterableDataset
+
+    class Measured(IterableDataset):
+        def __iter__(self) -> Iterator[Any]:
+            start = io_counters()
+            yield from inner
+            yield {"__io__": io_since(start), "__pid__": os.getpid()}
+
+    return Measured()
+
+
+def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) -> dict[str, Any]:
+    """One epoch in this process; returns the measurements. `cold` first drops
+    the library's copy of the dataset from the page cache."""
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    import_library(library)
+    meta = load_meta(data)
+    if cold:
+        evict(library_files(library, data))
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
+    children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    io0 = io_counters()
+    inner, batching = make_dataset_for(library, data)
+    construct_io = io_since(io0)
+    loader = DataLoader(_measured_dataset(inner), num_workers=num_workers, **batching)
+    keys: list[str] = []
+    iteration_io: list[tuple[int, int]] = []
+    batches = iter(loader)
+    for batch in batches:
+        if isinstance(batch, dict):
+            if "__io__" in batch:
+                iteration_io.append(batch["__io__"])
+            else:
+                keys.extend(batch["__key__"])
+            continue
+        if batch and "__io__" in batch[-1]:
+            iteration_io.append(batch.pop()["__io__"])
+        keys.extend(sample["__key__"] for sample in batch)
+    elapsed = time.perf_counter() - start
+    del batches
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (
+        usage1.ru_utime
+        + usage1.ru_stime
+        - usage0.ru_utime
+        - usage0.ru_stime
+        + children1.ru_utime
+        + children1.ru_stime
+        - children0.ru_utime
+        - children0.ru_stime
+    )
+    expected = set(meta["keys"])
+    seen = Counter(keys)
+    stats = inner.stats() if library.startswith("shardstream") else {}
+    return {
+        "library": library,
+        "version": library_version(library),
+        "num_workers": num_workers,
+        "samples": len(keys),
+        "expected_samples": len(meta["keys"]),
+        "payload_bytes": meta["payload_bytes"],
+        "seconds": elapsed,
+        "cpu_seconds": cpu,
+        "rss_main_mb": usage1.ru_maxrss / 1024,
+        "rss_worker_mb": children1.ru_maxrss / 1024 if num_workers else 0.0,
+        "duplicates": sum(n - 1 for n in seen.values() if n > 1),
+        "missing": len(expected - seen.keys()),
+        "unexpected": sum(n for k, n in seen.items() if k not in expected),
+        "cold_cache": cold,
+        "construct_io": construct_io,
+        "iteration_io": iteration_io,
+        "rchar_bytes": construct_io[0] + sum(io[0] for io in iteration_io),
+        "device_read_bytes": construct_io[1] + sum(io[1] for io in iteration_io),
+        "disk_bytes": sum(p.stat().st_size for p in library_files(library, data)),
+        "shardstream_bytes_read": stats.get("bytes_read"),
+    }
+
+
+def library_files(library: str, data: Path) -> list[Path]:
+    """The files of the library's copy of the dataset."""
+    sub = {"litdata": "litdata", "mosaicml-streaming": "mds"}.get(library, "tar")
+    return sorted(p for p in (data / sub).rglob("*") if p.is_file())
+
+
+def child_env(data_root: Path) -> dict[str, str]:
+    """Environment of the runs: offline, caches under the data directory."""
+    env = dict(os.environ)
+    env.update(
+        HF_HOME=str(data_root / "hf-home"),
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_DATASETS_DISABLE_PROGRESS_BARS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def measure(
+    python: str,
+    data: Path,
+    library: str,
+    num_workers: int,
+    *,
+    cold: bool = False,
+    timeout: float = CHILD_TIMEOUT,
+) -> dict[str, Any]:
+    """Runs `run_epoch` in a fresh subprocess of `python`."""
+    command = [python, __file__, "--child", str(data), library, str(num_workers)]
+    out = subprocess.run(
+        [*command, *(["--cold"] if cold else [])],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=child_env(data.parent),
+    )
+    if out.returncode != 0:
+        raise RuntimeError(
+            f"{library} (num_workers={num_workers}) failed with {out.returncode}:\n"
+            f"{out.stderr[-4000:]}"
+        )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def convert(python: str, data: Path, kind: str) -> None:
+    """Converts the profile to `kind` ("litdata" or "mds") in a subprocess."""
+    subprocess.run(
+        [python, __file__, "--convert", kind, str(data)],
+        check=True,
+        timeout=CHILD_TIMEOUT,
+        env=child_env(data.parent),
+    )
+
+
+def warm(data: Path) -> None:
+    """Reads every file of the profile once, so the page cache is warm."""
+    for path in sorted(data.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+# ---------------------------------------------------------------- report
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of a cell's timed runs (worst duplicates and missing of all its
+    runs), and the device read amplification of its cold-cache run."""
+    timed = [r for r in runs if not r["cold_cache"]]
+    cold = [r for r in runs if r["cold_cache"]]
+    payload, disk = runs[0]["payload_bytes"], runs[0]["disk_bytes"]
+    med = statistics.median
+    return {
+        "samples_per_s": med(r["samples"] / r["seconds"] for r in timed),
+        "mb_per_s": med(payload / 1e6 / r["seconds"] for r in timed),
+        "cpu_s_per_gb": med(r["cpu_seconds"] / (payload / 1e9) for r in timed),
+        "rss_main_mb": med(r["rss_main_mb"] for r in timed),
+        "rss_worker_mb": med(r["rss_worker_mb"] for r in timed),
+        "duplicates": max(r["duplicates"] for r in runs),
+        "missing": max(r["missing"] for r in runs),
+        "unexpected": max(r["unexpected"] for r in runs),
+        "read_amplification": med(r["rchar_bytes"] / disk for r in timed),
+        "device_amplification": med(r["device_read_bytes"] / disk for r in cold) if cold else None,
+        "disk_bytes": disk,
+        "samples": runs[0]["expected_samples"],
+        "payload_bytes": payload,
+        "version": runs[0]["version"],
+        "runs": len(timed),
+    }
+
+
+def ratio(value: float, base: float | None) -> str:
+    """`value` over `base`, as "1.23x"."""
+    return f"{value / base:.2f}x" if base else "-"
+
+
+def markdown(results: dict[tuple[str, int, str], dict[str, Any]], header: str) -> str:
+    """The results as Markdown tables."""
+    lines = [
+        header,
+        "",
+        "| profile | workers | library | samples/s | vs webdataset | MB/s | CPU s/GB "
+        "| vs webdataset | peak RSS main / worker (MB) | duplicates / missing "
+        "| read amplification: read() / device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (profile, workers, library), s in results.items():
+        base = results.get((profile, workers, BASELINE))
+        worker = f"{s['rss_worker_mb']:,.0f}" if workers else "-"
+        device = s["device_amplification"]
+        lines.append(
+            f"| {profile} | {workers} | {library} | {s['samples_per_s']:,.0f} | "
+            f"{ratio(s['samples_per_s'], base and base['samples_per_s'])} | "
+            f"{s['mb_per_s']:,.1f} | {s['cpu_s_per_gb']:,.1f} | "
+            f"{ratio(s['cpu_s_per_gb'], base and base['cpu_s_per_gb'])} | "
+            f"{s['rss_main_mb']:,.0f} / {worker} | {s['duplicates']} / {s['missing']} | "
+            f"{s['read_amplification']:.2f} / {'-' if device is None else f'{device:.2f}'} |"
+        )
+    mapped = sorted(
+        {
+            library
+            for (_, _, library), s in results.items()
+            if s["read_amplification"] < 0.5 and (s["device_amplification"] or 0) >= 0.9
+        }
+    )
+    if mapped:
+        lines += [
+            "",
+            f"{', '.join(mapped)}: read() amplification near 0 with device amplification "
+            "near 1 means the files are read through mmap, which `rchar` does not see.",
+        ]
+    lines += ["", "| profile | library | version | samples | payload MB | on disk MB |"]
+    lines.append("|---|---|---|---|---|---|")
+    done = set()
+    for (profile, _, library), s in results.items():
+        if (profile, library) not in done:
+            done.add((profile, library))
+            lines.append(
+                f"| {profile} | {library} | {s['version']} | {s['samples']:,} | "
+                f"{s['payload_bytes'] / 1e6:,.1f} | {s['disk_bytes'] / 1e6:,.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict[tuple[str, int, str], dict[str, Any]], path: Path, title: str) -> None:
+    """Bar chart of samples/s per profile x workers x library."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import StrMethodFormatter
+
+    profiles = list(dict.fromkeys(k[0] for k in results))
+    workers = sorted({k[1] for k in results})
+    libraries = list(dict.fromkeys(k[2] for k in results))
+    fig, axes = plt.subplots(1, len(profiles), figsize=(6.5 * len(profiles), 5), squeeze=False)
+    width = 0.8 / len(libraries)
+    colors = plt.get_cmap("tab10").colors
+    for ax, profile in zip(axes[0], profiles, strict=True):
+        for i, library in enumerate(libraries):
+            xs, ys = [], []
+            for j, w in enumerate(workers):
+                cell = results.get((profile, w, library))
+                if cell:
+                    xs.append(j + (i - (len(libraries) - 1) / 2) * width)
+                    ys.append(cell["samples_per_s"])
+            bars = ax.bar(xs, ys, width, label=library, color=colors[i % len(colors)])
+            ax.bar_label(bars, labels=[f"{y:,.0f}" for y in ys], fontsize=7, rotation=90, padding=2)
+        ax.set_xticks(range(len(workers)), [f"num_workers={w}" for w in workers])
+        ax.set_ylabel("samples/s (median)")
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.set_title(f"{profile}")
+        ax.margins(y=0.2)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--quick", action="store_true", help="tiny profiles, 1 repetition")
+    parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
+    parser.add_argument("--libraries", nargs="+", choices=LIBRARIES, default=list(LIBRARIES))
+    parser.add_argument(
+        "--mds-python",
+        default=str(ROOT / ".venv-peers-mds" / "bin" / "python"),
+        help="Python of the MosaicML Streaming virtualenv",
+    )
+    parser.add_argument("--timeout", type=float, default=CHILD_TIMEOUT, help="seconds per run")
+    parser.add_argument(
+        "--no-cold-run", action="store_true", help="skip the cold-cache run of each cell"
+    )
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--convert", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        data, library, workers = args.child
+        print(json.dumps(run_epoch(Path(data), library, int(workers), cold=args.cold)))
+        return
+    if args.convert:
+        kind, data = args.convert
+        (convert_litdata if kind == "litdata" else convert_mds)(Path(data))
+        return
+
+    repeats = args.repeats or (1 if args.quick else 3)
+    root = args.out / ("peers-data-quick" if args.quick else "peers-data")
+    pythons = {lib: sys.executable for lib in args.libraries}
+    if "mosaicml-streaming" in args.libraries:
+        if not Path(args.mds_python).exists():
+            sys.exit(f"error: {args.mds_python} not found (make bench-peers installs it)")
+        pythons["mosaicml-streaming"] = args.mds_python
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for profile in args.profiles:
+        data = generate(profile, root, args.quick)
+        if "litdata" in args.libraries:
+            convert(sys.executable, data, "litdata")
+        if "mosaicml-streaming" in args.libraries:
+            convert(pythons["mosaicml-streaming"], data, "mds")
+        warm(data)
+        for workers in args.workers:
+            rounds = [(False, rep) for rep in range(repeats)]
+            if not args.no_cold_run:
+                rounds.insert(0, (True, 0))
+            for cold, rep in rounds:
+                for library in args.libraries:
+                    result = measure(
+                        pythons[library], data, library, workers, cold=cold, timeout=args.timeout
+                    )
+                    cells.setdefault((profile, workers, library), []).append(result)
+                    what = "cold-cache run" if cold else f"run {rep + 1}/{repeats}"
+                    print(
+                        f"{profile} workers={workers} {what} {library}: "
+                        f"{result['samples'] / result['seconds']:,.0f} samples/s, "
+                        f"{result['duplicates']} duplicates, {result['missing']} missing",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if cold:
+                    warm(data)
+    results = {key: summarize(runs) for key, runs in cells.items()}
+    machine = f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    header = (
+        f"# shardstream and its peers\n\n{machine}; median of {repeats} run(s) per cell"
+        f"{' (--quick: tiny profiles)' if args.quick else ''}; ratios are to webdataset "
+        f"(samples/s: higher is better; CPU s/GB: lower is better).\n\n{METHOD}"
+    )
+    table = markdown(results, header)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peers.md").write_text(table + "\n")
+    (args.out / "peers.json").write_text(
+        json.dumps({" | ".join(map(str, k)): v for k, v in cells.items()}, indent=1)
+    )
+    plot(results, args.out / "peers.png", f"One epoch through DataLoader ({machine})")
+    print(table)
+    print(f"\nwrote {args.out / 'peers.md'} and {args.out / 'peers.png'}")
+
+
+if __name__ == "__main__":
+    main()

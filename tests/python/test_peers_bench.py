@@ -1,0 +1,159 @@
+"""Correctness of the peer benchmark (benches/peers/peers_bench.py), not speed:
+its generators, its epoch runner's accounting and its report, on tiny data."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benches" / "peers" / "peers_bench.py"
+PROFILES = ("audio", "small")
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    """The benchmark script, imported as a module."""
+    spec = importlib.util.spec_from_file_location("peers_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["peers_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def profiles(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Both profiles at their --quick size, made by the benchmark's generator."""
+    root = tmp_path_factory.mktemp("peers")
+    return {name: bench.generate(name, root, quick=True) for name in PROFILES}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_generator_is_deterministic_and_meta_matches_the_tars(
+    bench: ModuleType, profiles: dict[str, Path], tmp_path: Path, profile: str
+) -> None:
+    data = profiles[profile]
+    again = bench.generate(profile, tmp_path, quick=True)
+    tars = bench.tar_paths(data)
+    shards, per_shard = bench.PROFILES[profile]["quick"]
+    assert len(tars) == shards
+    assert [p.read_bytes() for p in tars] == [p.read_bytes() for p in bench.tar_paths(again)]
+
+    meta = bench.load_meta(data)
+    samples = [s for path in tars for s in bench.read_tar_samples(path)]
+    assert meta["keys"] == [s["__key__"] for s in samples]
+    assert len(set(meta["keys"])) == shards * per_shard
+    assert meta["payload_bytes"] == sum(
+        len(v) for s in samples for k, v in s.items() if k != "__key__"
+    )
+    if profile == "small":
+        assert meta["fields"] == ["cls", "txt"]
+        assert {len(s["txt"]) for s in samples} == {bench.SMALL_TEXT_BYTES}
+        assert {int(s["cls"]) for s in samples} <= set(range(10))
+    else:
+        assert meta["fields"] == ["json", "wav"]
+        assert all(s["wav"][:4] == b"RIFF" and s["wav"][8:12] == b"WAVE" for s in samples)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("library", ["shardstream", "shardstream (Rust batches)"])
+@pytest.mark.parametrize("profile", PROFILES)
+def test_shardstream_epoch_is_exactly_once_and_reads_every_byte_once(
+    bench: ModuleType, profiles: dict[str, Path], profile: str, library: str, num_workers: int
+) -> None:
+    data = profiles[profile]
+    result = bench.run_epoch(data, library, num_workers)
+    shards, per_shard = bench.PROFILES[profile]["quick"]
+    assert result["samples"] == result["expected_samples"] == shards * per_shard
+    assert (result["duplicates"], result["missing"], result["unexpected"]) == (0, 0, 0)
+    # One I/O report per process that iterated: the main process, or each worker.
+    assert len(result["iteration_io"]) == max(num_workers, 1)
+    disk = sum(p.stat().st_size for p in bench.tar_paths(data))
+    assert result["disk_bytes"] == disk
+    assert result["shardstream_bytes_read"] == disk
+    assert f"{result['rchar_bytes'] / disk:.2f}" == "1.00"
+    assert result["payload_bytes"] == bench.load_meta(data)["payload_bytes"]
+    assert result["seconds"] > 0 and result["cpu_seconds"] > 0
+
+
+def test_cold_cache_run_counts_the_same_samples(
+    bench: ModuleType, profiles: dict[str, Path]
+) -> None:
+    result = bench.run_epoch(profiles["audio"], "shardstream", 2, cold=True)
+    assert result["cold_cache"] is True
+    assert (result["duplicates"], result["missing"]) == (0, 0)
+    assert result["device_read_bytes"] >= 0
+
+
+def test_duplicates_and_missing_samples_are_counted(
+    bench: ModuleType, profiles: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that reads the first shard twice and skips the last one."""
+    from torch.utils.data import IterableDataset
+
+    data = profiles["small"]
+    tars = bench.tar_paths(data)
+
+    class Faulty(IterableDataset):
+        def __iter__(self) -> Iterator[dict[str, Any]]:
+            for path in [tars[0], *tars[:-1]]:
+                yield from bench.read_tar_samples(path)
+
+    monkeypatch.setattr(bench, "import_library", lambda library: None)
+    monkeypatch.setattr(bench, "library_version", lambda library: "0")
+    monkeypatch.setattr(
+        bench,
+        "make_dataset_for",
+        lambda library, data: (Faulty(), {"batch_size": 32, "collate_fn": list}),
+    )
+    result = bench.run_epoch(data, "faulty", 0)
+    _, per_shard = bench.PROFILES["small"]["quick"]
+    assert result["duplicates"] == per_shard
+    assert result["missing"] == per_shard
+    assert result["samples"] == len(tars) * per_shard
+
+
+def test_report_medians_and_ratios(bench: ModuleType) -> None:
+    def run(library: str, seconds: float, cold: bool = False) -> dict[str, Any]:
+        return {
+            "library": library,
+            "version": "1",
+            "samples": 1000,
+            "expected_samples": 1000,
+            "payload_bytes": 10**9,
+            "disk_bytes": 2 * 10**9,
+            "seconds": seconds,
+            "cpu_seconds": 2 * seconds,
+            "rss_main_mb": 500.0,
+            "rss_worker_mb": 400.0,
+            "duplicates": 0,
+            "missing": 1 if cold else 0,
+            "unexpected": 0,
+            "rchar_bytes": 2 * 10**9,
+            "device_read_bytes": 3 * 10**9,
+            "cold_cache": cold,
+        }
+
+    results = {
+        ("small", 2, "webdataset"): bench.summarize([run("webdataset", s) for s in (4, 2, 3)]),
+        ("small", 2, "shardstream"): bench.summarize(
+            [run("shardstream", 10, cold=True), *(run("shardstream", s) for s in (1, 2, 1))]
+        ),
+    }
+    ours = results[("small", 2, "shardstream")]
+    assert ours["samples_per_s"] == 1000 and ours["runs"] == 3
+    assert ours["mb_per_s"] == 1000 and ours["cpu_s_per_gb"] == 2
+    assert ours["read_amplification"] == 1 and ours["device_amplification"] == 1.5
+    assert ours["missing"] == 1  # the worst run, cold ones included
+    table = bench.markdown(results, "# title")
+    row = next(line for line in table.splitlines() if "| shardstream |" in line)
+    assert "| 1,000 | 3.00x |" in row and "| 2.0 | 0.33x |" in row
+    assert "| 0 / 1 | 1.00 / 1.50 |" in row
+    base = next(line for line in table.splitlines() if "| webdataset |" in line)
+    assert base.endswith("| 1.00 / - |")
