@@ -210,6 +210,8 @@ impl SampleStream {
             finished: self.finished,
             compressed: self.compressed.clone(),
             decode: options.decode.clone(),
+            pending: Vec::new(),
+            decode_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             columns: options.columns.clone(),
             table_output: options.table_output,
             batch_rows: options.batch_rows,
@@ -468,10 +470,19 @@ struct Worker {
     finished: bool,
     compressed: CompressedShards,
     decode: FieldDecoders,
+    /// Accepted samples waiting to be decoded together.
+    pending: Vec<(usize, Sample)>,
+    decode_threads: usize,
     columns: Option<Vec<String>>,
     table_output: TableOutput,
     batch_rows: usize,
 }
+
+/// Samples decoded together.
+const DECODE_BATCH: usize = 32;
+
+/// Bytes a batch of pending samples must hold to be decoded on several threads.
+const PARALLEL_DECODE_BYTES: usize = 256 << 10;
 
 /// Why a read stopped before its archive ended.
 enum Stop {
@@ -589,6 +600,13 @@ impl Worker {
                 shard.url
             ))),
         };
+        // Samples taken before the read ended (or failed) are decoded and
+        // delivered first; a decode error among them came first.
+        if matches!(stop, Some(Stop::Gone)) {
+            self.pending.clear();
+        } else if let Err(stopped) = self.flush_decoded() {
+            stop = Some(stopped);
+        }
         let outcome = match (result, stop) {
             (_, Some(Stop::Gone)) => return Ok(ControlFlow::Break(())),
             (_, Some(Stop::Failed(error))) => Err(error),
@@ -780,7 +798,7 @@ impl Worker {
         let position = match &read.purpose {
             ReadPurpose::Restore { wanted } => {
                 if wanted.contains(&id.index) {
-                    match self.decode(sample) {
+                    match decode_sample(&self.decode, sample) {
                         Ok(sample) => {
                             restored.insert(id, sample);
                         }
@@ -807,42 +825,19 @@ impl Worker {
                 *position
             }
         };
-        let sample = match self.decode(sample) {
-            Ok(sample) => sample,
-            Err(error) => {
-                *stop = Some(Stop::Failed(error));
+        if self.decode.is_empty() {
+            if self.deliver(position, sample).is_break() {
+                *stop = Some(Stop::Gone);
                 return ControlFlow::Break(());
             }
-        };
-        let (tx, counters, ops) = (&self.tx, &self.counters, &mut self.ops);
-        // Same order as the buffer: evictions first, then the new sample.
-        let gone = match &mut self.shuffle {
-            Some(buffer) => {
-                let mut gone = false;
-                while !gone && buffer.is_full_for(sample.byte_size()) {
-                    let (index, evicted) = buffer.pop_random().expect("a full buffer holds items");
-                    ops.push(Op::Pop {
-                        index,
-                        rng_word_pos: buffer.rng_word_pos(),
-                    });
-                    gone = send_sample(tx, ops, counters, evicted).is_break();
+        } else {
+            self.pending.push((position, sample));
+            if self.pending.len() >= DECODE_BATCH {
+                if let Err(stopped) = self.flush_decoded() {
+                    *stop = Some(stopped);
+                    return ControlFlow::Break(());
                 }
-                buffer.insert(sample);
-                ops.push(Op::Push { unit: position, id });
-                gone
             }
-            None => {
-                ops.push(Op::Push { unit: position, id });
-                ops.push(Op::Pop {
-                    index: 0,
-                    rng_word_pos: 0,
-                });
-                send_sample(tx, ops, counters, sample).is_break()
-            }
-        };
-        if gone {
-            *stop = Some(Stop::Gone);
-            return ControlFlow::Break(());
         }
         if let ReadPurpose::Unit { samples, .. } = &read.purpose {
             if id.index + 1 >= samples.end {
@@ -853,46 +848,49 @@ impl Worker {
         ControlFlow::Continue(())
     }
 
-    /// Runs each field through its decoder, if it has one.
-    fn decode(&self, mut sample: Sample) -> Result<Sample> {
-        if self.decode.is_empty() {
-            return Ok(sample);
-        }
-        for (field, value) in &mut sample.fields {
-            let Some(decoder) = self.decode.decoder_for(field) else {
-                continue;
-            };
-            // Table columns may already be typed: nulls stay null, a text
-            // column goes to a decoder named for it, and the defaults by
-            // extension leave other typed values alone.
-            let named = self.decode.by_field.iter().any(|(name, _)| name == field);
-            let bytes = match std::mem::replace(value, Value::Null) {
-                Value::Bytes(bytes) => bytes,
-                Value::Null => continue,
-                Value::Str(text) if named => text.into_bytes(),
-                other if !named => {
-                    *value = other;
-                    continue;
+    /// Puts a sample (decoded) through the shuffle buffer, or sends it
+    /// when there is none; `Break` when the consumer is gone.
+    fn deliver(&mut self, position: usize, sample: Sample) -> ControlFlow<()> {
+        let id = sample.id;
+        let (tx, counters, ops) = (&self.tx, &self.counters, &mut self.ops);
+        // Same order as the buffer: evictions first, then the new sample.
+        match &mut self.shuffle {
+            Some(buffer) => {
+                while buffer.is_full_for(sample.byte_size()) {
+                    let (index, evicted) = buffer.pop_random().expect("a full buffer holds items");
+                    ops.push(Op::Pop {
+                        index,
+                        rng_word_pos: buffer.rng_word_pos(),
+                    });
+                    send_sample(tx, ops, counters, evicted)?;
                 }
-                _ => {
-                    return Err(Error::Decode {
-                        url: sample.url.to_string(),
-                        key: sample.key.clone(),
-                        field: field.clone(),
-                        decoder: decoder.name(),
-                        reason: "the value is neither bytes nor text".into(),
-                    })
-                }
-            };
-            *value = decoder.decode(bytes).map_err(|e| Error::Decode {
-                url: sample.url.to_string(),
-                key: sample.key.clone(),
-                field: field.clone(),
-                decoder: decoder.name(),
-                reason: e.reason,
-            })?;
+                buffer.insert(sample);
+                ops.push(Op::Push { unit: position, id });
+                ControlFlow::Continue(())
+            }
+            None => {
+                ops.push(Op::Push { unit: position, id });
+                ops.push(Op::Pop {
+                    index: 0,
+                    rng_word_pos: 0,
+                });
+                send_sample(tx, ops, counters, sample)
+            }
         }
-        Ok(sample)
+    }
+
+    /// Decodes the pending samples, on several threads when they are
+    /// large, and delivers them in their order. The first decode error
+    /// stops the delivery there, as if the samples were decoded one by one.
+    fn flush_decoded(&mut self) -> Result<(), Stop> {
+        let pending = std::mem::take(&mut self.pending);
+        for (position, decoded) in decode_all(&self.decode, pending, self.decode_threads) {
+            let sample = decoded.map_err(Stop::Failed)?;
+            if self.deliver(position, sample).is_break() {
+                return Err(Stop::Gone);
+            }
+        }
+        Ok(())
     }
 
     /// The tar bytes of a read: a read from the shard's first byte tells
@@ -995,6 +993,84 @@ fn check_compression(read: &Read, shard: &ShardRef) -> Result<()> {
             describe(shard.compression),
             describe(index.compression())
         ),
+    })
+}
+
+/// Runs each field of `sample` through its decoder, if it has one.
+fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample> {
+    if decoders.is_empty() {
+        return Ok(sample);
+    }
+    for (field, value) in &mut sample.fields {
+        let Some(decoder) = decoders.decoder_for(field) else {
+            continue;
+        };
+        // Table columns may already be typed: nulls stay null, a text
+        // column goes to a decoder named for it, and the defaults by
+        // extension leave other typed values alone.
+        let named = decoders.by_field.iter().any(|(name, _)| name == field);
+        let bytes = match std::mem::replace(value, Value::Null) {
+            Value::Bytes(bytes) => bytes,
+            Value::Null => continue,
+            Value::Str(text) if named => text.into_bytes(),
+            other if !named => {
+                *value = other;
+                continue;
+            }
+            _ => {
+                return Err(Error::Decode {
+                    url: sample.url.to_string(),
+                    key: sample.key.clone(),
+                    field: field.clone(),
+                    decoder: decoder.name(),
+                    reason: "the value is neither bytes nor text".into(),
+                })
+            }
+        };
+        *value = decoder.decode(bytes).map_err(|e| Error::Decode {
+            url: sample.url.to_string(),
+            key: sample.key.clone(),
+            field: field.clone(),
+            decoder: decoder.name(),
+            reason: e.reason,
+        })?;
+    }
+    Ok(sample)
+}
+
+/// Decodes `samples` (each with its unit position), keeping their order:
+/// on up to `threads` threads when they hold enough bytes to be worth it.
+fn decode_all(
+    decoders: &FieldDecoders,
+    mut samples: Vec<(usize, Sample)>,
+    threads: usize,
+) -> Vec<(usize, Result<Sample>)> {
+    let decode = |part: Vec<(usize, Sample)>| -> Vec<(usize, Result<Sample>)> {
+        part.into_iter()
+            .map(|(position, sample)| (position, decode_sample(decoders, sample)))
+            .collect()
+    };
+    let bytes: usize = samples.iter().map(|(_, s)| s.byte_size()).sum();
+    let threads = threads.min(samples.len());
+    if threads <= 1 || bytes < PARALLEL_DECODE_BYTES {
+        return decode(samples);
+    }
+    let per_thread = samples.len().div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    while samples.len() > per_thread {
+        let rest = samples.split_off(per_thread);
+        parts.push(std::mem::replace(&mut samples, rest));
+    }
+    parts.push(samples);
+    std::thread::scope(|scope| {
+        let running: Vec<_> = parts
+            .into_iter()
+            .map(|part| scope.spawn(move || decode(part)))
+            .collect();
+        running
+            .into_iter()
+            .flat_map(|thread| thread.join().expect("decoders turn panics into errors"))
+            .collect()
     })
 }
 
