@@ -310,3 +310,22 @@ def test_batches_resume_exactly(shards):
     tail = [k for b in collect(resumed) for k in b["__key__"]]
     assert head + tail == full
     assert len(head) == 21
+
+
+def test_large_samples_decode_on_threads_in_order(tmp_path):
+    """Batches of pending samples above 256 KiB are decoded on several
+    threads; the order and the values must be those of decoding one by one."""
+    rng = np.random.default_rng(1)
+    arrays = [rng.integers(0, 255, (128, 128, 3), dtype=np.uint8) for _ in range(80)]
+    items = []
+    for i, array in enumerate(arrays):
+        buf = io.BytesIO()
+        Image.fromarray(array).save(buf, "PNG")
+        items.append((f"k{i:03d}.png", buf.getvalue()))
+    assert sum(len(d) for _, d in items[:32]) > 256 << 10
+    path = write_tar(tmp_path / "big.tar", items)
+    raw = [s["__key__"] for s in collect(StreamingDataset(str(path), seed=4, shuffle_buffer=10))]
+    decoded = collect(StreamingDataset(str(path), seed=4, shuffle_buffer=10, decode=True))
+    assert [s["__key__"] for s in decoded] == raw
+    for sample in decoded:
+        np.testing.assert_array_equal(sample["png"], arrays[int(sample["__key__"][1:])])
