@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-peers clean
+.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-micro bench-peers clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,6 +61,12 @@ bench: develop $(BENCH_STAMP) ## Measure local and S3 reading and field decoding
 	$(PY) benches/loader_bench.py --out bench-results
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/decode_bench.py --out bench-results
+
+# `cargo bench` builds with the bench profile, which inherits the release
+# profile, and the `python` feature keeps dependency features as in
+# `make test`, so only the benchmark itself is compiled.
+bench-micro: $(STAMP) ## Criterion micro benchmarks: tar parsing, shuffle, plan, collate, decoders, Python hand-off
+	cargo bench --features python --bench micro -- --warm-up-time 1 --measurement-time 3
 
 # The peers get virtualenvs of their own, so their pins never touch .venv:
 # .venv-peers (webdataset, LitData, HF datasets, and shardstream as a wheel

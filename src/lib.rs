@@ -24,8 +24,10 @@ pub mod state;
 pub mod stats;
 pub mod value;
 
+/// Python bindings (the `python` feature); [`python::convert`] is public
+/// for the hand-off micro benchmark.
 #[cfg(feature = "python")]
-mod python;
+pub mod python;
 
 pub use config::{OnError, SlotSpec, StreamOptions};
 pub use error::{Error, Result};

@@ -1,7 +1,7 @@
 //! Python bindings: the only module that names pyo3. It converts errors,
 //! releases the GIL around every blocking wait, and stays thin.
 
-mod convert;
+pub mod convert;
 mod errors;
 mod stream;
 
