@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-micro bench-peers clean
+.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -90,12 +90,32 @@ $(PEERS_MDS_STAMP): benches/peers/requirements-mds.txt
 	$(PEERS_MDS_VENV)/bin/python -m pip install --quiet -r benches/peers/requirements-mds.txt
 	@touch $@
 
-bench-peers: $(STAMP) $(PEERS_STAMP) $(PEERS_MDS_STAMP) ## Side-by-side epoch benchmark against webdataset, LitData, MosaicML Streaming and HF datasets
+peers-wheel: $(STAMP) $(PEERS_STAMP) $(PEERS_MDS_STAMP)
 	rm -f $(PEERS_WHEELS)/shardstream-*.whl
 	maturin build --release --quiet -i $(PY) --out $(PEERS_WHEELS)
 	$(PEERS_VENV)/bin/python -m pip install --quiet --force-reinstall --no-deps $(PEERS_WHEELS)/shardstream-*.whl
+
+bench-peers: peers-wheel ## Side-by-side epoch benchmark against webdataset, LitData, MosaicML Streaming and HF datasets
 	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results \
 		--mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
+
+# The S3 mode reads from a local S3 server built here (s3s-fs 0.14.1 with its
+# read size, TCP_NODELAY and ETag defects fixed; benches/peers/s3server), first
+# directly, then behind its latency proxy (20 ms to first byte, 100 MB/s per
+# connection).
+S3_SERVER := build/s3server-target/release/shardstream-bench-s3
+S3_SERVER_SOURCES := $(wildcard benches/peers/s3server/src/*.rs) benches/peers/s3server/Cargo.toml benches/peers/s3server/Cargo.lock
+
+$(S3_SERVER): $(S3_SERVER_SOURCES)
+	cargo build --release --locked --manifest-path benches/peers/s3server/Cargo.toml \
+		--target-dir build/s3server-target
+	@touch $@
+
+bench-peers-s3: peers-wheel $(S3_SERVER) ## The side-by-side benchmark reading from a local S3 server, direct and behind a latency proxy
+	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results --storage s3 \
+		--mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
+	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results --storage s3 \
+		--first-byte-ms 20 --mbps 100 --mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
 
 clean: ## Remove build outputs, the virtualenv and generated data
 	rm -rf target $(VENV) $(PEERS_VENV) $(PEERS_MDS_VENV) build data bench-results python/shardstream/*.so

@@ -4,6 +4,7 @@ Streaming and Hugging Face `datasets` streaming.
 
     python benches/peers/peers_bench.py --out bench-results [--quick]
         [--profiles audio small] [--repeats 3] [--mds-python .venv-peers-mds/bin/python]
+        [--storage s3 [--first-byte-ms 20 --mbps 100]]
 
 Two profiles, generated here deterministically: "audio" (16 kHz WAV of 1-4 s
 plus JSON, ~80 KB per sample, 16 tar shards; `examples/make_dataset.py`) and
@@ -12,21 +13,34 @@ MosaicML Streaming read their own formats, converted from the same samples
 into as many chunks as there are tar shards. Each run is one epoch in a fresh
 subprocess; runs are interleaved (A B C A B C ...) and medians are reported.
 Nothing is downloaded at run time.
+
+`--storage s3` reads the same files from a local S3 server instead
+(`shardstream-bench-s3 serve`, s3s-fs with its chunk size, TCP_NODELAY and
+ETag defects fixed; `benches/peers/s3server`), optionally behind its latency
+proxy (`--first-byte-ms`, `--mbps` per connection). Each library uses its own
+S3 path: shardstream its client, webdataset `pipe:curl --aws-sigv4`, LitData
+(obstore) and MosaicML Streaming (boto3) into a fresh local cache per run. HF
+datasets is left out: its streaming webdataset builder opens files with
+`block_size=0`, which s3fs hands on to `AioSession` (a TypeError).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
 import tarfile
+import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -58,6 +72,13 @@ PROFILES = {
     "small": {"full": (8, 25_000), "quick": (4, 500)},
 }
 SMALL_TEXT_BYTES = 200
+# S3 mode: the bucket, the credentials of the local server, and the
+# environment variable that hands its endpoint to the runs.
+S3_BUCKET = "bench"
+S3_KEY, S3_SECRET, S3_REGION = "shardstream", "shardstream-secret", "us-east-1"
+S3_ENDPOINT_ENV = "PEERS_BENCH_S3_ENDPOINT"
+S3_SERVER = ROOT / "build" / "s3server-target" / "release" / "shardstream-bench-s3"
+SERVER_START_TIMEOUT = 30.0
 METHOD = """\
 How it is measured:
 
@@ -85,6 +106,14 @@ How it is measured:
   (the worker's index-queue pipe, `/proc/self/io`, modules loaded lazily) and miss reads
   the main process makes while workers iterate (they cannot be told from the batches
   arriving over pipes) and reads by other processes.
+"""
+S3_METHOD = """
+From S3: the same objects are served by one server process on this machine, which
+takes CPU from the readers; its CPU is not counted. No cold-cache run: the server
+reads from the page cache. LitData and MosaicML Streaming download whole chunks into
+a local cache (emptied before each run) and read them from there. "read()" bytes
+include socket reads, so they count bytes received (and LitData's reads of its cache
+files are mmap'd, so not counted twice).
 """
 
 
@@ -308,37 +337,72 @@ def library_version(library: str) -> str:
     return version(package)
 
 
-def make_dataset_for(library: str, data: Path) -> tuple[Any, dict[str, Any]]:
-    """The library's dataset over the profile, and the DataLoader's batching."""
+def s3_endpoint() -> str | None:
+    """The S3 endpoint of this run, or None when reading local files."""
+    return os.environ.get(S3_ENDPOINT_ENV) or None
+
+
+def s3_url(data: Path, sub: str) -> str:
+    """The `s3://` URL of a profile's directory `sub` on the bench server."""
+    return f"s3://{S3_BUCKET}/{data.name}/{sub}"
+
+
+def make_dataset_for(library: str, data: Path, cache: Path) -> tuple[Any, dict[str, Any]]:
+    """The library's dataset over the profile (local files, or the S3 server
+    when `s3_endpoint()` is set), and the DataLoader's batching. `cache` is
+    an empty directory for the libraries that download into a local cache."""
     batching: dict[str, Any] = {"batch_size": BATCH, "collate_fn": list}
+    endpoint = s3_endpoint()
     tars = [str(p) for p in tar_paths(data)]
-    if library == "shardstream":
-        from shardstream import StreamingDataset
-
-        dataset = StreamingDataset(str(data / "tar"), seed=SEED, shuffle_buffer=SHUFFLE_BUFFER)
-        return dataset, batching
-    if library == "shardstream (Rust batches)":
-        from shardstream import StreamingDataset
-
-        dataset = StreamingDataset(
-            str(data / "tar"), seed=SEED, shuffle_buffer=SHUFFLE_BUFFER, batch_size=BATCH
+    if endpoint:
+        sigv4 = (
+            f"--aws-sigv4 aws:amz:{S3_REGION}:s3 --user {S3_KEY}:{S3_SECRET} "
+            "-H 'x-amz-content-sha256: UNSIGNED-PAYLOAD'"
         )
-        return dataset, {"batch_size": None, "collate_fn": _identity}
+        prefix = f"{endpoint}/{S3_BUCKET}/{data.name}/tar"
+        tar_urls = [f"pipe:curl -s -f {sigv4} {prefix}/{Path(p).name}" for p in tars]
+    if library.startswith("shardstream"):
+        from shardstream import S3Config, StreamingDataset
+
+        batched = library == "shardstream (Rust batches)"
+        source = s3_url(data, "tar/") if endpoint else str(data / "tar")
+        dataset = StreamingDataset(
+            source,
+            seed=SEED,
+            shuffle_buffer=SHUFFLE_BUFFER,
+            batch_size=BATCH if batched else None,
+            s3=S3Config(endpoint_url=endpoint, path_style=True) if endpoint else None,
+        )
+        return dataset, {"batch_size": None, "collate_fn": _identity} if batched else batching
     if library == "webdataset":
         import webdataset as wds
 
         dataset = wds.WebDataset(
-            tars, shardshuffle=False, workersplitter=wds.split_by_worker, seed=SEED
+            tar_urls if endpoint else tars,
+            shardshuffle=False,
+            workersplitter=wds.split_by_worker,
+            seed=SEED,
         ).shuffle(SHUFFLE_BUFFER)
         return dataset, batching
     if library == "litdata":
         import litdata
 
+        if endpoint:
+            from litdata.streaming import downloader
+
+            # LitData downloads chunks through obstore with fixed client
+            # options, which refuse a plain-http endpoint; allow it (the only
+            # change: real S3 is https).
+            downloader._OBSTORE_CLIENT_OPTIONS = {
+                **downloader._OBSTORE_CLIENT_OPTIONS,
+                "allow_http": True,
+            }
         dataset = litdata.StreamingDataset(
-            str(data / "litdata"),
-            cache_dir=str(data / "litdata-cache"),
+            s3_url(data, "litdata") if endpoint else str(data / "litdata"),
+            cache_dir=str(cache),
             shuffle=True,
             seed=SEED,
+            storage_options={"endpoint_url": endpoint} if endpoint else None,
         )
         return dataset, batching
     if library == "mosaicml-streaming":
@@ -347,7 +411,11 @@ def make_dataset_for(library: str, data: Path) -> tuple[Any, dict[str, Any]]:
 
         clean_stale_shared_memory()
         dataset = StreamingDataset(
-            local=str(data / "mds"), remote=None, shuffle=True, shuffle_seed=SEED, batch_size=BATCH
+            local=str(cache) if endpoint else str(data / "mds"),
+            remote=s3_url(data, "mds") if endpoint else None,
+            shuffle=True,
+            shuffle_seed=SEED,
+            batch_size=BATCH,
         )
         return dataset, batching
     if library == "hf-datasets":
@@ -394,11 +462,12 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
     meta = load_meta(data)
     if cold:
         evict(library_files(library, data))
+    cache = Path(tempfile.mkdtemp(prefix="cache-", dir=data))
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     io0 = io_counters()
-    inner, batching = make_dataset_for(library, data)
+    inner, batching = make_dataset_for(library, data, cache)
     construct_io = io_since(io0)
     loader = DataLoader(_measured_dataset(inner), num_workers=num_workers, **batching)
     keys: list[str] = []
@@ -432,6 +501,7 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
         - children0.ru_utime
         - children0.ru_stime
     )
+    shutil.rmtree(cache, ignore_errors=True)
     expected = set(meta["keys"])
     seen = Counter(keys)
     stats = inner.stats() if library.startswith("shardstream") else {}
@@ -450,6 +520,7 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
         "missing": len(expected - seen.keys()),
         "unexpected": sum(n for k, n in seen.items() if k not in expected),
         "cold_cache": cold,
+        "storage": "s3" if s3_endpoint() else "local",
         "construct_io": construct_io,
         "iteration_io": iteration_io,
         "rchar_bytes": construct_io[0] + sum(io[0] for io in iteration_io),
@@ -465,9 +536,22 @@ def library_files(library: str, data: Path) -> list[Path]:
     return sorted(p for p in (data / sub).rglob("*") if p.is_file())
 
 
-def child_env(data_root: Path) -> dict[str, str]:
-    """Environment of the runs: offline, caches under the data directory."""
+def child_env(data_root: Path, endpoint: str | None = None) -> dict[str, str]:
+    """Environment of the runs: offline, caches under the data directory, and
+    the S3 server's endpoint and credentials when reading from S3."""
     env = dict(os.environ)
+    if endpoint:
+        env.update(
+            {
+                S3_ENDPOINT_ENV: endpoint,
+                "AWS_ACCESS_KEY_ID": S3_KEY,
+                "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                "AWS_DEFAULT_REGION": S3_REGION,
+                "AWS_REGION": S3_REGION,
+                "AWS_ENDPOINT_URL": endpoint,
+                "S3_ENDPOINT_URL": endpoint,
+            }
+        )
     env.update(
         HF_HOME=str(data_root / "hf-home"),
         HF_DATASETS_OFFLINE="1",
@@ -487,8 +571,10 @@ def measure(
     *,
     cold: bool = False,
     timeout: float = CHILD_TIMEOUT,
+    endpoint: str | None = None,
 ) -> dict[str, Any]:
-    """Runs `run_epoch` in a fresh subprocess of `python`."""
+    """Runs `run_epoch` in a fresh subprocess of `python` (reading from the
+    S3 server at `endpoint` if given)."""
     command = [python, __file__, "--child", str(data), library, str(num_workers)]
     out = subprocess.run(
         [*command, *(["--cold"] if cold else [])],
@@ -496,7 +582,7 @@ def measure(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=child_env(data.parent),
+        env=child_env(data.parent, endpoint),
     )
     if out.returncode != 0:
         raise RuntimeError(
@@ -525,6 +611,121 @@ def warm(data: Path) -> None:
                     pass
 
 
+# ---------------------------------------------------------------- S3 server
+
+
+class ServerLog:
+    """Reads the bench S3 server's stdout on a thread: its address, then a
+    `get BUCKET/KEY OFFSET LENGTH` line per GetObject, added up."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.address: str | None = None
+        self.gets = 0
+        self.get_bytes = 0
+        self._ready = threading.Event()
+        self._last_line = time.monotonic()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            words = line.split()
+            with self._lock:
+                self._last_line = time.monotonic()
+                if words[:2] == ["listening", "on"]:
+                    self.address = words[-1]
+                    self._ready.set()
+                elif words[:1] == ["get"] and len(words) == 4:
+                    self.gets += 1
+                    self.get_bytes += int(words[3])
+        self._ready.set()
+
+    def wait_address(self, what: str) -> str:
+        """The `http://ADDR` the server listens on (waits at most
+        SERVER_START_TIMEOUT seconds)."""
+        self._ready.wait(SERVER_START_TIMEOUT)
+        if self.address is None:
+            raise RuntimeError(f"{what} did not start within {SERVER_START_TIMEOUT:.0f} s")
+        return self.address
+
+    def counts(self, quiet: float = 0.3, limit: float = 10.0) -> tuple[int, int]:
+        """(GetObject requests, bytes requested) so far, once the log has been
+        quiet for `quiet` seconds (at most `limit` seconds of waiting)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            with self._lock:
+                if time.monotonic() - self._last_line >= quiet:
+                    return self.gets, self.get_bytes
+            time.sleep(quiet / 3)
+        with self._lock:
+            return self.gets, self.get_bytes
+
+
+def publish(root: Path, data: Path) -> None:
+    """Hard-links the profile's tar shards and converted copies into the S3
+    server's root, as objects `S3_BUCKET/<profile>/...`."""
+    for sub in ("tar", "litdata", "mds"):
+        if not (data / sub).is_dir():
+            continue
+        for path in sorted((data / sub).rglob("*")):
+            if path.is_file():
+                target = root / S3_BUCKET / data.name / path.relative_to(data)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not target.exists():
+                    os.link(path, target)
+
+
+@contextlib.contextmanager
+def s3_server(root: Path, first_byte_ms: int, mbps: float) -> Iterator[tuple[str, ServerLog]]:
+    """Runs the bench S3 server over `root` (and the latency proxy in front
+    of it when `first_byte_ms` or `mbps` is set); yields the endpoint and
+    the server's log."""
+    if not S3_SERVER.exists():
+        sys.exit(f"error: {S3_SERVER} not found (make bench-peers-s3 builds it)")
+    keys = ["--access-key", S3_KEY, "--secret-key", S3_SECRET]
+    serve = [str(S3_SERVER), "serve", "--root", str(root), "--addr", "127.0.0.1:0", *keys]
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        processes.append(subprocess.Popen(serve, stdout=subprocess.PIPE, text=True))
+        log = ServerLog(processes[-1])
+        endpoint = log.wait_address("the S3 server")
+        if first_byte_ms or mbps:
+            proxy = [str(S3_SERVER), "proxy", "--listen", "127.0.0.1:0"]
+            proxy += ["--upstream", endpoint.removeprefix("http://")]
+            proxy += ["--first-byte-ms", str(first_byte_ms), "--mbps", f"{mbps:g}"]
+            processes.append(subprocess.Popen(proxy, stdout=subprocess.PIPE, text=True))
+            endpoint = ServerLog(processes[-1]).wait_address("the latency proxy")
+        yield endpoint, log
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def head_all(root: Path, endpoint: str) -> None:
+    """HEADs every object once, so the server has computed their ETags before
+    any run is timed."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=S3_KEY,
+        aws_secret_access_key=S3_SECRET,
+        region_name=S3_REGION,
+    )
+    for path in sorted((root / S3_BUCKET).rglob("*")):
+        if path.is_file():
+            client.head_object(Bucket=S3_BUCKET, Key=str(path.relative_to(root / S3_BUCKET)))
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -544,7 +745,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "duplicates": max(r["duplicates"] for r in runs),
         "missing": max(r["missing"] for r in runs),
         "unexpected": max(r["unexpected"] for r in runs),
-        "read_amplification": med(r["rchar_bytes"] / disk for r in timed),
+        "read_amplification": med(r.get("s3_get_bytes", r["rchar_bytes"]) / disk for r in timed),
+        "s3_gets": med(r["s3_gets"] for r in timed) if "s3_gets" in timed[0] else None,
         "device_amplification": med(r["device_read_bytes"] / disk for r in cold) if cold else None,
         "disk_bytes": disk,
         "samples": runs[0]["expected_samples"],
@@ -561,25 +763,30 @@ def ratio(value: float, base: float | None) -> str:
 
 def markdown(results: dict[tuple[str, int, str], dict[str, Any]], header: str) -> str:
     """The results as Markdown tables."""
+    s3 = any(s["s3_gets"] is not None for s in results.values())
+    amplification = "GET bytes / object bytes (GETs)" if s3 else "read() / device"
     lines = [
         header,
         "",
         "| profile | workers | library | samples/s | vs webdataset | MB/s | CPU s/GB "
         "| vs webdataset | peak RSS main / worker (MB) | duplicates / missing "
-        "| read amplification: read() / device |",
+        f"| read amplification: {amplification} |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (profile, workers, library), s in results.items():
         base = results.get((profile, workers, BASELINE))
         worker = f"{s['rss_worker_mb']:,.0f}" if workers else "-"
         device = s["device_amplification"]
+        second = f"{device:.2f}" if device is not None else "-"
+        if s["s3_gets"] is not None:
+            second = f"({s['s3_gets']:,.0f})"
         lines.append(
             f"| {profile} | {workers} | {library} | {s['samples_per_s']:,.0f} | "
             f"{ratio(s['samples_per_s'], base and base['samples_per_s'])} | "
             f"{s['mb_per_s']:,.1f} | {s['cpu_s_per_gb']:,.1f} | "
             f"{ratio(s['cpu_s_per_gb'], base and base['cpu_s_per_gb'])} | "
             f"{s['rss_main_mb']:,.0f} / {worker} | {s['duplicates']} / {s['missing']} | "
-            f"{s['read_amplification']:.2f} / {'-' if device is None else f'{device:.2f}'} |"
+            f"{s['read_amplification']:.2f} {'' if s3 else '/ '}{second} |"
         )
     mapped = sorted(
         {
@@ -664,6 +871,21 @@ def main() -> None:
     parser.add_argument(
         "--no-cold-run", action="store_true", help="skip the cold-cache run of each cell"
     )
+    parser.add_argument(
+        "--storage",
+        choices=["local", "s3"],
+        default="local",
+        help="read local files (page cache warm) or from the local S3 server",
+    )
+    parser.add_argument(
+        "--first-byte-ms",
+        type=int,
+        default=0,
+        help="S3: put the latency proxy in front, delaying each response's first byte",
+    )
+    parser.add_argument(
+        "--mbps", type=float, default=0.0, help="S3: proxy bandwidth cap per connection (MB/s)"
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--convert", nargs=2, help=argparse.SUPPRESS)
@@ -684,50 +906,94 @@ def main() -> None:
         if not Path(args.mds_python).exists():
             sys.exit(f"error: {args.mds_python} not found (make bench-peers installs it)")
         pythons["mosaicml-streaming"] = args.mds_python
-    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    datas = []
     for profile in args.profiles:
         data = generate(profile, root, args.quick)
         if "litdata" in args.libraries:
             convert(sys.executable, data, "litdata")
         if "mosaicml-streaming" in args.libraries:
             convert(pythons["mosaicml-streaming"], data, "mds")
-        warm(data)
-        for workers in args.workers:
-            rounds = [(False, rep) for rep in range(repeats)]
-            if not args.no_cold_run:
-                rounds.insert(0, (True, 0))
-            for cold, rep in rounds:
-                for library in args.libraries:
-                    result = measure(
-                        pythons[library], data, library, workers, cold=cold, timeout=args.timeout
-                    )
-                    cells.setdefault((profile, workers, library), []).append(result)
-                    what = "cold-cache run" if cold else f"run {rep + 1}/{repeats}"
-                    print(
-                        f"{profile} workers={workers} {what} {library}: "
-                        f"{result['samples'] / result['seconds']:,.0f} samples/s, "
-                        f"{result['duplicates']} duplicates, {result['missing']} missing",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                if cold:
-                    warm(data)
+        datas.append(data)
+    s3 = args.storage == "s3"
+    if s3 and "hf-datasets" in args.libraries:
+        print(
+            "--storage s3: leaving out hf-datasets, whose webdataset builder cannot "
+            "stream from s3:// (it passes block_size=0, which s3fs rejects)",
+            file=sys.stderr,
+        )
+        args.libraries.remove("hf-datasets")
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    with contextlib.ExitStack() as stack:
+        endpoint, log = None, None
+        if s3:
+            s3_root = root / "s3root"
+            for data in datas:
+                publish(s3_root, data)
+            server = s3_server(s3_root, args.first_byte_ms, args.mbps)
+            endpoint, log = stack.enter_context(server)
+            head_all(s3_root, endpoint)
+        for data in datas:
+            warm(data)
+            for workers in args.workers:
+                rounds = [(False, rep) for rep in range(repeats)]
+                if not (args.no_cold_run or s3):
+                    rounds.insert(0, (True, 0))
+                for cold, rep in rounds:
+                    for library in args.libraries:
+                        before = log.counts() if log else (0, 0)
+                        result = measure(
+                            pythons[library],
+                            data,
+                            library,
+                            workers,
+                            cold=cold,
+                            timeout=args.timeout,
+                            endpoint=endpoint,
+                        )
+                        if log:
+                            after = log.counts()
+                            result["s3_gets"] = after[0] - before[0]
+                            result["s3_get_bytes"] = after[1] - before[1]
+                        cells.setdefault((data.name, workers, library), []).append(result)
+                        what = "cold-cache run" if cold else f"run {rep + 1}/{repeats}"
+                        print(
+                            f"{data.name} workers={workers} {what} {library}: "
+                            f"{result['samples'] / result['seconds']:,.0f} samples/s, "
+                            f"{result['duplicates']} duplicates, {result['missing']} missing",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    if cold:
+                        warm(data)
     results = {key: summarize(runs) for key, runs in cells.items()}
     machine = f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
+    where, stem = "local files", "peers"
+    if s3:
+        proxied = args.first_byte_ms or args.mbps
+        where = "the local S3 server (`shardstream-bench-s3 serve`" + (
+            f" behind its latency proxy: first byte +{args.first_byte_ms:g} ms per request, "
+            f"{args.mbps:g} MB/s per connection)"
+            if proxied
+            else ", no added latency)"
+        )
+        stem = "peers-s3-proxy" if proxied else "peers-s3"
     header = (
-        f"# shardstream and its peers\n\n{machine}; median of {repeats} run(s) per cell"
-        f"{' (--quick: tiny profiles)' if args.quick else ''}; ratios are to webdataset "
-        f"(samples/s: higher is better; CPU s/GB: lower is better).\n\n{METHOD}"
+        f"# shardstream and its peers, reading {where}\n\n{machine}; median of {repeats} "
+        f"run(s) per cell{' (--quick: tiny profiles)' if args.quick else ''}; ratios are to "
+        f"webdataset (samples/s: higher is better; CPU s/GB: lower is better).\n\n{METHOD}"
     )
+    if s3:
+        header += S3_METHOD
     table = markdown(results, header)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "peers.md").write_text(table + "\n")
-    (args.out / "peers.json").write_text(
+    (args.out / f"{stem}.md").write_text(table + "\n")
+    (args.out / f"{stem}.json").write_text(
         json.dumps({" | ".join(map(str, k)): v for k, v in cells.items()}, indent=1)
     )
-    plot(results, args.out / "peers.png", f"One epoch through DataLoader ({machine})")
+    title = f"One epoch through DataLoader from {'S3' if s3 else 'local files'} ({machine})"
+    plot(results, args.out / f"{stem}.png", title)
     print(table)
-    print(f"\nwrote {args.out / 'peers.md'} and {args.out / 'peers.png'}")
+    print(f"\nwrote {args.out / (stem + '.md')} and {args.out / (stem + '.png')}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ its generators, its epoch runner's accounting and its report, on tiny data."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from s3_server import S3Server
 
 BENCH = Path(__file__).resolve().parents[2] / "benches" / "peers" / "peers_bench.py"
 PROFILES = ("audio", "small")
@@ -110,7 +112,7 @@ def test_duplicates_and_missing_samples_are_counted(
     monkeypatch.setattr(
         bench,
         "make_dataset_for",
-        lambda library, data: (Faulty(), {"batch_size": 32, "collate_fn": list}),
+        lambda library, data, cache: (Faulty(), {"batch_size": 32, "collate_fn": list}),
     )
     result = bench.run_epoch(data, "faulty", 0)
     _, per_shard = bench.PROFILES["small"]["quick"]
@@ -157,3 +159,105 @@ def test_report_medians_and_ratios(bench: ModuleType) -> None:
     assert "| 0 / 1 | 1.00 / 1.50 |" in row
     base = next(line for line in table.splitlines() if "| webdataset |" in line)
     assert base.endswith("| 1.00 / - |")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_s3_mode_epoch_reads_the_published_objects_once(
+    bench: ModuleType,
+    profiles: dict[str, Path],
+    s3: S3Server,
+    s3_credentials: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    num_workers: int,
+) -> None:
+    """The S3 mode's shardstream reader, against a real S3 server (moto's),
+    over the objects `publish` lays out."""
+    data = profiles["small"]
+    root = tmp_path / "s3root"
+    bench.publish(root, data)
+    client = s3.client()
+    if bench.S3_BUCKET not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+        client.create_bucket(Bucket=bench.S3_BUCKET)
+    for path in sorted(p for p in (root / bench.S3_BUCKET).rglob("*") if p.is_file()):
+        key = str(path.relative_to(root / bench.S3_BUCKET))
+        client.upload_file(str(path), bench.S3_BUCKET, key)
+    monkeypatch.setenv(bench.S3_ENDPOINT_ENV, s3.endpoint_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    result = bench.run_epoch(data, "shardstream (Rust batches)", num_workers)
+    assert result["storage"] == "s3"
+    assert result["samples"] == result["expected_samples"]
+    assert (result["duplicates"], result["missing"], result["unexpected"]) == (0, 0, 0)
+    assert result["shardstream_bytes_read"] == result["disk_bytes"]
+
+
+def test_publish_links_every_file_under_the_bucket(
+    bench: ModuleType, profiles: dict[str, Path], tmp_path: Path
+) -> None:
+    data = profiles["audio"]
+    root = tmp_path / "s3root"
+    bench.publish(root, data)
+    bench.publish(root, data)  # again: already there
+    published = sorted((root / bench.S3_BUCKET / data.name / "tar").iterdir())
+    assert [p.name for p in published] == [p.name for p in bench.tar_paths(data)]
+    for path, original in zip(published, bench.tar_paths(data), strict=True):
+        assert path.stat().st_ino == original.stat().st_ino
+
+
+def test_server_log_reads_the_address_and_adds_up_get_lengths(bench: ModuleType) -> None:
+    lines = [
+        "listening on http://127.0.0.1:9",
+        "get bench/small/tar/a.tar 0 1000",
+        "get bench/small/tar/b.tar 512 24",
+    ]
+    script = "import sys; sys.stdout.write(sys.argv[1])"
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, "\n".join(lines) + "\n"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        log = bench.ServerLog(process)
+        assert log.wait_address("the test server") == "http://127.0.0.1:9"
+        assert log.counts(quiet=0.1) == (2, 1024)
+    finally:
+        process.wait(timeout=30)
+
+
+def test_server_log_fails_when_no_address_comes(bench: ModuleType) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(RuntimeError, match="did not start"):
+            bench.ServerLog(process).wait_address("the silent server")
+    finally:
+        process.wait(timeout=30)
+
+
+def test_s3_report_shows_get_amplification_and_requests(bench: ModuleType) -> None:
+    def run(get_bytes: int) -> dict[str, Any]:
+        return {
+            "library": "shardstream",
+            "version": "1",
+            "samples": 100,
+            "expected_samples": 100,
+            "payload_bytes": 10**6,
+            "disk_bytes": 2 * 10**6,
+            "seconds": 1.0,
+            "cpu_seconds": 1.0,
+            "rss_main_mb": 1.0,
+            "rss_worker_mb": 1.0,
+            "duplicates": 0,
+            "missing": 0,
+            "unexpected": 0,
+            "rchar_bytes": 0,
+            "device_read_bytes": 0,
+            "cold_cache": False,
+            "s3_gets": 8,
+            "s3_get_bytes": get_bytes,
+        }
+
+    summary = bench.summarize([run(2 * 10**6), run(3 * 10**6), run(2 * 10**6)])
+    assert summary["read_amplification"] == 1 and summary["s3_gets"] == 8
+    table = bench.markdown({("small", 0, "shardstream"): summary}, "# title")
+    assert "GET bytes / object bytes (GETs)" in table
+    assert next(line for line in table.splitlines() if "| shardstream |" in line).endswith(
+        "| 1.00 (8) |"
+    )
