@@ -6,7 +6,7 @@
 //! dot in their basename (or with an empty stem), directories and other
 //! non-regular entries are skipped. GNU long names and PAX headers apply.
 
-use std::io::Read;
+use std::io::{Read, Seek, SeekFrom};
 use std::ops::ControlFlow;
 
 use super::{ByteSource, Sample, SampleId, ShardRef, Value};
@@ -46,11 +46,7 @@ pub fn read_samples<R: ByteSource>(
     shard: &ShardRef,
     mut on_sample: impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome> {
-    let mut counting = Counting {
-        inner: &mut *reader,
-        count: 0,
-        hit_eof: false,
-    };
+    let mut counting = Counting::new(&mut *reader);
     let mut grouper = Grouper::new(shard);
     let walked = walk_members(&mut counting, shard, &mut grouper, &mut on_sample);
     let (consumed, hit_eof) = (counting.count, counting.hit_eof);
@@ -136,10 +132,12 @@ fn walk_members<R: Read>(
 ) -> Result<Outcome, Failure> {
     let base = shard.base_offset;
     let mut archive = ::tar::Archive::new(reader);
+    // With `Seek`, tar skips each member's padding through `Counting::seek`
+    // instead of reading it into a freshly zeroed 32 KiB stack buffer.
     // Where the current entry's headers (including GNU long-name and PAX
     // headers) start, relative to the read's start.
     let mut entry_start = 0u64;
-    for entry in archive.entries().map_err(Failure::Tar)? {
+    for entry in archive.entries_with_seek().map_err(Failure::Tar)? {
         let mut entry = entry.map_err(Failure::Tar)?;
         grouper.entries_seen += 1;
         let span = (
@@ -270,6 +268,22 @@ struct Counting<R> {
     inner: R,
     count: u64,
     hit_eof: bool,
+    /// Where skipped bytes are read to (allocated at the first skip).
+    scratch: Vec<u8>,
+}
+
+/// Size of `Counting`'s buffer for skipped bytes.
+const SKIP_BUFFER: usize = 8 << 10;
+
+impl<R> Counting<R> {
+    fn new(inner: R) -> Self {
+        Counting {
+            inner,
+            count: 0,
+            hit_eof: false,
+            scratch: Vec::new(),
+        }
+    }
 }
 
 impl<R: Read> Read for Counting<R> {
@@ -278,6 +292,39 @@ impl<R: Read> Read for Counting<R> {
         self.count += n as u64;
         self.hit_eof |= n == 0 && !buf.is_empty();
         Ok(n)
+    }
+}
+
+/// Forward skips only (what tar asks for: `SeekFrom::Current(n)`, `n >= 0`),
+/// by reading and discarding; the position is the bytes consumed.
+impl<R: Read> Seek for Counting<R> {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        let SeekFrom::Current(forward) = pos else {
+            return Err(std::io::Error::other("tar stream: only forward skips"));
+        };
+        let mut left = u64::try_from(forward)
+            .map_err(|_| std::io::Error::other("tar stream: only forward skips"))?;
+        if left > 0 && self.scratch.is_empty() {
+            self.scratch = vec![0; SKIP_BUFFER];
+        }
+        while left > 0 {
+            let want = usize::try_from(left).map_or(SKIP_BUFFER, |l| l.min(SKIP_BUFFER));
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let read = self.read(&mut scratch[..want]);
+            self.scratch = scratch;
+            match read {
+                Ok(0) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "unexpected EOF during skip",
+                    ))
+                }
+                Ok(n) => left -= n as u64,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.count)
     }
 }
 
@@ -525,5 +572,22 @@ mod tests {
         })
         .unwrap();
         assert_eq!((outcome, n), (Outcome::Stopped, 1));
+    }
+
+    #[test]
+    fn counting_skips_forward_only_and_reports_a_short_skip() {
+        let bytes: Vec<u8> = (0..=255u8).cycle().take(20_000).collect();
+        let mut counting = Counting::new(&bytes[..]);
+        assert_eq!(counting.seek(SeekFrom::Current(0)).unwrap(), 0);
+        assert_eq!(counting.seek(SeekFrom::Current(10_001)).unwrap(), 10_001);
+        let mut next = [0u8; 1];
+        counting.read_exact(&mut next).unwrap();
+        assert_eq!(next[0], bytes[10_001]);
+        assert!(counting.seek(SeekFrom::Current(-1)).is_err());
+        assert!(counting.seek(SeekFrom::Start(0)).is_err());
+        let short = counting.seek(SeekFrom::Current(20_000)).unwrap_err();
+        assert_eq!(short.kind(), std::io::ErrorKind::UnexpectedEof);
+        assert!(counting.hit_eof);
+        assert_eq!(counting.count, 20_000);
     }
 }

@@ -1,9 +1,9 @@
 //! Local files (plain paths and `file://` URLs).
 
+use std::fs::File;
+use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::mpsc::Sender;
-
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 use super::{Chunk, ChunkResult, ConsumerGone, FetchUnit, Fetcher};
 use crate::error::Error;
@@ -24,7 +24,7 @@ pub(super) async fn read_file(
         let _ = tx.send(Err(error));
         Ok(())
     };
-    let mut file = match tokio::fs::File::open(path).await {
+    let file = match tokio::fs::File::open(path).await {
         Ok(file) => file,
         Err(e) => return report(Error::from_open(url, e)),
     };
@@ -43,42 +43,31 @@ pub(super) async fn read_file(
         Some(range) => (range.start, range.end),
         None => (0, u64::MAX),
     };
-    if offset > 0 {
-        if let Err(source) = file.seek(std::io::SeekFrom::Start(offset)).await {
-            return report(Error::Read {
-                url: url.to_owned(),
-                offset,
-                source,
-            });
-        }
-    }
+    let mut file = file.into_std().await;
+    let mut seek_to = (offset > 0).then_some(offset);
     while offset < end {
         let want = usize::try_from(end - offset)
             .map_or(fetcher.chunk_bytes, |left| left.min(fetcher.chunk_bytes));
         let Some(permit) = fetcher.reserve(want).await else {
             return Err(ConsumerGone);
         };
-        let mut bytes = vec![0u8; want];
-        let mut filled = 0;
-        while filled < bytes.len() {
-            match file.read(&mut bytes[filled..]).await {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(source) => {
-                    let offset = offset + filled as u64;
-                    return report(Error::Read {
-                        url: url.to_owned(),
-                        offset,
-                        source,
-                    });
-                }
+        let bytes = match read_chunk(file, seek_to.take(), want).await {
+            Ok((open, bytes)) => {
+                file = open;
+                bytes
             }
-        }
+            Err((filled, source)) => {
+                return report(Error::Read {
+                    url: url.to_owned(),
+                    offset: offset + filled,
+                    source,
+                })
+            }
+        };
+        let filled = bytes.len();
         if filled == 0 {
             return Ok(());
         }
-        bytes.truncate(filled);
         offset += filled as u64;
         fetcher.count(Counter::BytesRead, filled as u64);
         let mut permit = permit;
@@ -94,4 +83,34 @@ pub(super) async fn read_file(
         }
     }
     Ok(())
+}
+
+/// Reads up to `want` bytes (after seeking to `seek_to`, if given) on a
+/// blocking thread, straight into a new chunk: `std::fs::File` reads into
+/// the chunk's spare capacity, with no zeroing and no intermediate buffer.
+/// A failed read gives the bytes of the chunk it got first, and the error.
+async fn read_chunk(
+    file: File,
+    seek_to: Option<u64>,
+    want: usize,
+) -> Result<(File, Vec<u8>), (u64, std::io::Error)> {
+    let work = move || {
+        if let Some(at) = seek_to {
+            (&file)
+                .seek(std::io::SeekFrom::Start(at))
+                .map_err(|e| (0, e))?;
+        }
+        let mut bytes = Vec::with_capacity(want);
+        match (&file).take(want as u64).read_to_end(&mut bytes) {
+            Ok(_) => Ok((file, bytes)),
+            Err(e) => Err((bytes.len() as u64, e)),
+        }
+    };
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(join) => Err((
+            0,
+            std::io::Error::other(format!("file read stopped: {join}")),
+        )),
+    }
 }
