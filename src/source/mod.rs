@@ -225,6 +225,12 @@ impl Fetcher {
         self.budget.clone().acquire_many_owned(permits).await.ok()
     }
 
+    /// Budget for `len` bytes if it is free now.
+    fn try_reserve(&self, len: usize) -> Option<OwnedSemaphorePermit> {
+        let permits = u32::try_from(len).expect("chunk_bytes fits u32");
+        self.budget.clone().try_acquire_many_owned(permits).ok()
+    }
+
     fn count(&self, counter: Counter, n: u64) {
         self.counters.add(counter, n);
     }

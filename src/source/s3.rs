@@ -574,14 +574,30 @@ async fn read_parts(
     };
     let mut parts = (first.end..end)
         .step_by(usize::try_from(part).unwrap_or(usize::MAX))
-        .map(|start| start..(start + part).min(end));
+        .map(|start| start..(start + part).min(end))
+        .peekable();
     let mut in_flight = VecDeque::new();
     loop {
         while in_flight.len() < s3.options.max_concurrency {
-            let Some(next) = parts.next() else { break };
-            let Some(permit) = fetcher.reserve((next.end - next.start) as usize).await else {
-                return Err(ConsumerGone);
+            let Some(next) = parts.peek().cloned() else {
+                break;
             };
+            let len = (next.end - next.start) as usize;
+            // Wait for budget only with nothing in flight: otherwise the
+            // budget may be held by the parts in flight, which are delivered
+            // (and their budget freed) only after this loop.
+            let permit = if in_flight.is_empty() {
+                let Some(permit) = fetcher.reserve(len).await else {
+                    return Err(ConsumerGone);
+                };
+                permit
+            } else {
+                let Some(permit) = fetcher.try_reserve(len) else {
+                    break;
+                };
+                permit
+            };
+            parts.next();
             let task = tokio::spawn(fetch_part(
                 s3.clone(),
                 fetcher.counters.clone(),

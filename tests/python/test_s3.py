@@ -81,6 +81,34 @@ def test_parallel_ranged_gets_reassemble_in_order(s3, s3_dataset, dataset):
     assert stats["bytes_read"] <= sum(s3_dataset["sizes"][u] for u in s3_dataset["urls"][:2])
 
 
+def test_parallel_ranged_gets_when_the_budget_holds_one_part(s3, s3_dataset):
+    """Objects in flight share the read-ahead budget; here one object's share
+    holds two 128 KiB parts: with two parts in flight the next part must
+    wait for the first one's delivery, not deadlock."""
+    client = s3.client()
+    payloads = {}
+    for shard in range(2):
+        members = []
+        for i in range(24):
+            data = hashlib.sha256(f"{shard}/{i}".encode()).digest() * 1024
+            payloads[f"s{shard}_{i:03d}"] = data
+            members.append((f"s{shard}_{i:03d}.bin", data))
+        client.put_object(Bucket=BUCKET, Key=f"big/shard-{shard}.tar", Body=tar_bytes(members))
+    ds = StreamingDataset(
+        f"s3://{BUCKET}/big/",
+        s3=config(s3, part_size=128 << 10, max_concurrency=4),
+        read_ahead_bytes=256 << 10,
+        io_timeout=20.0,
+        shuffle_buffer=0,
+    )
+    assert all(size > 4 * (128 << 10) for _, size in ds.shards)
+    samples = {s["__key__"]: s["bin"] for s in ds}
+    assert samples == payloads
+    stats = ds.stats()
+    assert stats["bytes_read"] == sum(size for _, size in ds.shards)
+    assert stats["requests"] >= 2 * 5
+
+
 def test_missing_object_and_bucket(s3, s3_dataset):
     missing = f"s3://{BUCKET}/audio/nope.tar"
     ds = StreamingDataset(missing, s3=config(s3))
