@@ -756,6 +756,30 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def any_timed(runs: list[dict[str, Any]]) -> bool:
+    """Whether a cell has a timed (not cold-cache) run to summarize."""
+    return any(not r["cold_cache"] for r in runs)
+
+
+def last_line(text: str) -> str:
+    """The last non-empty line of `text` (a traceback's exception)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def failed_runs(failures: dict[tuple[str, int, str], list[str]]) -> str:
+    """Markdown lines naming each cell with failed runs and the last error."""
+    if not failures:
+        return ""
+    lines = ["", "", "Failed runs (left out of the medians):", ""]
+    for (profile, workers, library), reasons in failures.items():
+        lines.append(
+            f"- {library}, {profile}, {workers} workers: {len(reasons)} run(s) failed; "
+            f"last error: `{reasons[-1]}`"
+        )
+    return "\n".join(lines)
+
+
 def ratio(value: float, base: float | None) -> str:
     """`value` over `base`, as "1.23x"."""
     return f"{value / base:.2f}x" if base else "-"
@@ -923,6 +947,7 @@ def main() -> None:
         )
         args.libraries.remove("hf-datasets")
     cells: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    failures: dict[tuple[str, int, str], list[str]] = {}
     with contextlib.ExitStack() as stack:
         endpoint, log = None, None
         if s3:
@@ -941,21 +966,33 @@ def main() -> None:
                 for cold, rep in rounds:
                     for library in args.libraries:
                         before = log.counts() if log else (0, 0)
-                        result = measure(
-                            pythons[library],
-                            data,
-                            library,
-                            workers,
-                            cold=cold,
-                            timeout=args.timeout,
-                            endpoint=endpoint,
-                        )
+                        cell = (data.name, workers, library)
+                        what = "cold-cache run" if cold else f"run {rep + 1}/{repeats}"
+                        try:
+                            result = measure(
+                                pythons[library],
+                                data,
+                                library,
+                                workers,
+                                cold=cold,
+                                timeout=args.timeout,
+                                endpoint=endpoint,
+                            )
+                        except (RuntimeError, subprocess.TimeoutExpired) as error:
+                            # A library's failure is reported, not fatal.
+                            reason = last_line(str(error))
+                            failures.setdefault(cell, []).append(reason)
+                            print(
+                                f"{data.name} workers={workers} {what} {library}: FAILED: {reason}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                            continue
                         if log:
                             after = log.counts()
                             result["s3_gets"] = after[0] - before[0]
                             result["s3_get_bytes"] = after[1] - before[1]
-                        cells.setdefault((data.name, workers, library), []).append(result)
-                        what = "cold-cache run" if cold else f"run {rep + 1}/{repeats}"
+                        cells.setdefault(cell, []).append(result)
                         print(
                             f"{data.name} workers={workers} {what} {library}: "
                             f"{result['samples'] / result['seconds']:,.0f} samples/s, "
@@ -965,7 +1002,7 @@ def main() -> None:
                         )
                     if cold:
                         warm(data)
-    results = {key: summarize(runs) for key, runs in cells.items()}
+    results = {key: summarize(runs) for key, runs in cells.items() if any_timed(runs)}
     machine = f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
     where, stem = "local files", "peers"
     if s3:
@@ -984,7 +1021,7 @@ def main() -> None:
     )
     if s3:
         header += S3_METHOD
-    table = markdown(results, header)
+    table = markdown(results, header) + failed_runs(failures)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(table + "\n")
     (args.out / f"{stem}.json").write_text(

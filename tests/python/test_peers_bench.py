@@ -261,3 +261,13 @@ def test_s3_report_shows_get_amplification_and_requests(bench: ModuleType) -> No
     assert next(line for line in table.splitlines() if "| shardstream |" in line).endswith(
         "| 1.00 (8) |"
     )
+
+
+def test_failed_runs_are_listed_with_their_last_error(bench: ModuleType) -> None:
+    error = "mosaicml failed with 1:\nTraceback ...\n  File x\nUnicodeDecodeError: bad byte\n\n"
+    assert bench.last_line(error) == "UnicodeDecodeError: bad byte"
+    assert bench.failed_runs({}) == ""
+    listed = bench.failed_runs({("small", 2, "mosaicml-streaming"): ["A: one", "B: two"]})
+    assert "mosaicml-streaming, small, 2 workers: 2 run(s) failed; last error: `B: two`" in listed
+    assert not bench.any_timed([{"cold_cache": True}])
+    assert bench.any_timed([{"cold_cache": True}, {"cold_cache": False}])
