@@ -102,7 +102,7 @@ bench-peers: peers-wheel ## Side-by-side epoch benchmark against webdataset, Lit
 # The S3 mode reads from a local S3 server built here (s3s-fs 0.14.1 with its
 # read size, TCP_NODELAY and ETag defects fixed; benches/peers/s3server), first
 # directly, then behind its latency proxy (20 ms to first byte, 100 MB/s per
-# connection).
+# connection) with the audio profile.
 S3_SERVER := build/s3server-target/release/shardstream-bench-s3
 S3_SERVER_SOURCES := $(wildcard benches/peers/s3server/src/*.rs) benches/peers/s3server/Cargo.toml benches/peers/s3server/Cargo.lock
 
@@ -115,7 +115,7 @@ bench-peers-s3: peers-wheel $(S3_SERVER) ## The side-by-side benchmark reading f
 	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results --storage s3 \
 		--mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
 	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results --storage s3 \
-		--first-byte-ms 20 --mbps 100 --mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
+		--first-byte-ms 20 --mbps 100 --profiles audio --mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
 
 clean: ## Remove build outputs, the virtualenv and generated data
 	rm -rf target $(VENV) $(PEERS_VENV) $(PEERS_MDS_VENV) build data bench-results python/shardstream/*.so
