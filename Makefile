@@ -64,7 +64,8 @@ bench: develop $(BENCH_STAMP) ## Measure local and S3 reading and field decoding
 
 # `cargo bench` builds with the bench profile, which inherits the release
 # profile, and the `python` feature keeps dependency features as in
-# `make test`, so only the benchmark itself is compiled.
+# `make test`, so its dependencies are reused (pyo3, numpy and the crate
+# itself are rebuilt after `maturin develop`).
 bench-micro: $(STAMP) ## Criterion micro benchmarks: tar parsing, shuffle, plan, collate, decoders, Python hand-off
 	cargo bench --features python --bench micro -- --warm-up-time 1 --measurement-time 3
 

@@ -23,7 +23,8 @@
 //! ```
 //!
 //! (the bench profile inherits the release profile and `--features python`
-//! keeps dependency features as in `make test`, so that build is reused).
+//! keeps dependency features as in `make test`, so its dependencies are
+//! reused; pyo3, numpy and the crate rebuild after `maturin develop`).
 
 use std::hint::black_box;
 use std::io::Cursor;
