@@ -111,9 +111,10 @@ S3_METHOD = """
 From S3: the same objects are served by one server process on this machine, which
 takes CPU from the readers; its CPU is not counted. No cold-cache run: the server
 reads from the page cache. LitData and MosaicML Streaming download whole chunks into
-a local cache (emptied before each run) and read them from there. "read()" bytes
-include socket reads, so they count bytes received (and LitData's reads of its cache
-files are mmap'd, so not counted twice).
+a local cache (emptied before each run) and read them from there. Read
+amplification is the bytes of every GetObject the server answered during the run
+(from its log) over the bytes of the library's copy of the data, with the number of
+GETs; the `/proc/self/io` counters are not used, since socket reads bypass them.
 """
 
 
