@@ -45,7 +45,7 @@ use shardstream::format::ShardRef;
 use shardstream::plan::order::rng_for;
 use shardstream::plan::{plan_epoch, PlanParams, Purpose, Remainder, ShardInfo};
 use shardstream::python::convert::{batch_to_dict, sample_to_dict};
-use shardstream::shuffle::ShuffleBuffer;
+use shardstream::shuffle::{ShuffleBounds, ShuffleBuffer};
 use shardstream::{Array, ArrayData, Sample, SampleId, Value};
 
 /// Target size of each in-memory tar.
@@ -143,7 +143,12 @@ fn bench_shuffle(c: &mut Criterion) {
             for _ in 0..iters {
                 seed += 1;
                 let rng = rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 });
-                let mut buffer = ShuffleBuffer::new(1000, usize::MAX, rng);
+                let bounds = ShuffleBounds {
+                    max_items: 1000,
+                    max_bytes: usize::MAX,
+                    initial: 100,
+                };
+                let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
                 let start = Instant::now();
                 for sample in pool.drain(..) {
                     buffer.push(sample, |_, evicted| out.push(evicted));

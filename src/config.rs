@@ -141,6 +141,9 @@ pub struct StreamOptions {
     pub shuffle_buffer: usize,
     /// Byte budget of the shuffle buffer.
     pub shuffle_buffer_bytes: usize,
+    /// Samples the shuffle buffer holds before its first sample leaves; it
+    /// then grows by one per sample out until it holds `shuffle_buffer`.
+    pub shuffle_initial: usize,
     /// Bytes read ahead of the parser, across shard boundaries.
     pub read_ahead_bytes: usize,
     /// Size of one read from storage.
@@ -172,6 +175,7 @@ impl Default for StreamOptions {
             shuffle_shards: true,
             shuffle_buffer: 1000,
             shuffle_buffer_bytes: 256 << 20,
+            shuffle_initial: 100,
             read_ahead_bytes: 32 << 20,
             chunk_bytes: 1 << 20,
             output_queue: 64,
@@ -224,6 +228,13 @@ impl StreamOptionsBuilder {
     /// Sets the shuffle buffer's byte budget.
     pub fn with_shuffle_buffer_bytes(mut self, bytes: usize) -> Self {
         self.options.shuffle_buffer_bytes = bytes;
+        self
+    }
+
+    /// Sets how many samples the shuffle buffer holds before its first
+    /// sample leaves (it then grows to `shuffle_buffer`).
+    pub fn with_shuffle_initial(mut self, samples: usize) -> Self {
+        self.options.shuffle_initial = samples;
         self
     }
 
@@ -307,6 +318,7 @@ impl StreamOptionsBuilder {
             }
         };
         positive("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
+        positive("shuffle_initial", o.shuffle_initial)?;
         positive("read_ahead_bytes", o.read_ahead_bytes)?;
         positive("chunk_bytes", o.chunk_bytes)?;
         positive("output_queue", o.output_queue)?;

@@ -27,7 +27,7 @@ use crate::format::{
 };
 use crate::manifest::SampleIndex;
 use crate::plan::{order, Purpose, WorkUnit};
-use crate::shuffle::{ByteSize, ShuffleBuffer};
+use crate::shuffle::{ByteSize, ShuffleBounds, ShuffleBuffer};
 use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions, ShardReader};
 use crate::spec::{RowGroup, Shard, ShardKind};
 use crate::state::{self, Mirror, Op, Resume, SlotState};
@@ -200,7 +200,12 @@ impl SampleStream {
             reads,
             restore: self.mirror.buffer.clone(),
             shuffle: (options.shuffle_buffer > 0).then(|| {
-                ShuffleBuffer::new(options.shuffle_buffer, options.shuffle_buffer_bytes, rng)
+                let bounds = ShuffleBounds {
+                    max_items: options.shuffle_buffer,
+                    max_bytes: options.shuffle_buffer_bytes,
+                    initial: options.shuffle_initial,
+                };
+                ShuffleBuffer::new(bounds, rng, self.mirror.produced)
             }),
             on_error: options.on_error,
             counters,
@@ -554,11 +559,10 @@ impl Worker {
             })?;
             items.push(sample);
         }
-        let buffer = self.shuffle.take().ok_or_else(|| {
+        let buffer = self.shuffle.as_mut().ok_or_else(|| {
             Error::StateMismatch("the state holds samples but shuffling is off".into())
         })?;
-        let (max_items, max_bytes, rng) = buffer.into_parts();
-        self.shuffle = Some(ShuffleBuffer::restore(max_items, max_bytes, rng, items));
+        buffer.refill(items);
         Ok(())
     }
 

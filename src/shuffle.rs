@@ -1,6 +1,9 @@
 //! Bounded shuffle buffer: holds at most `max_items` items and `max_bytes`
 //! bytes (a single larger item is held alone), and emits a uniformly chosen
-//! held item whenever room is needed. Deterministic given its RNG.
+//! held item whenever room is needed. It starts emitting once it holds
+//! `initial` items and then grows by one item for every item it emits, up to
+//! `max_items`, so the first samples leave early instead of after a full fill.
+//! Deterministic given its RNG and the number of items emitted so far.
 
 use rand_chacha::ChaCha8Rng;
 
@@ -12,41 +15,66 @@ pub trait ByteSize {
     fn byte_size(&self) -> usize;
 }
 
+/// How much a shuffle buffer holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShuffleBounds {
+    /// Most items held (at least 1).
+    pub max_items: usize,
+    /// Most bytes held (a single larger item is held alone).
+    pub max_bytes: usize,
+    /// Items held before the first is emitted (at least 1, at most `max_items`).
+    pub initial: usize,
+}
+
 /// A bounded, seeded shuffle buffer.
 #[derive(Debug)]
 pub struct ShuffleBuffer<T> {
     items: Vec<T>,
     bytes: usize,
-    max_items: usize,
-    max_bytes: usize,
+    bounds: ShuffleBounds,
+    emitted: u64,
     rng: ChaCha8Rng,
 }
 
 impl<T: ByteSize> ShuffleBuffer<T> {
-    /// A buffer of at most `max_items` items (at least 1) and `max_bytes` bytes.
-    pub fn new(max_items: usize, max_bytes: usize, rng: ChaCha8Rng) -> Self {
-        let max_items = max_items.max(1);
+    /// An empty buffer within `bounds` that has already emitted `emitted`
+    /// items (0 at the start of an epoch; a resumed stream's count otherwise).
+    pub fn new(bounds: ShuffleBounds, rng: ChaCha8Rng, emitted: u64) -> Self {
+        let max_items = bounds.max_items.max(1);
+        let bounds = ShuffleBounds {
+            max_items,
+            max_bytes: bounds.max_bytes,
+            initial: bounds.initial.clamp(1, max_items),
+        };
         ShuffleBuffer {
             items: Vec::with_capacity(max_items.min(1 << 16)),
             bytes: 0,
-            max_items,
-            max_bytes,
+            bounds,
+            emitted,
             rng,
         }
     }
 
-    /// A buffer holding `items` (in this order), its RNG already advanced.
-    pub fn restore(max_items: usize, max_bytes: usize, rng: ChaCha8Rng, items: Vec<T>) -> Self {
-        let mut buffer = ShuffleBuffer::new(max_items, max_bytes, rng);
-        buffer.bytes = items.iter().map(ByteSize::byte_size).sum();
-        buffer.items = items;
-        buffer
+    /// Replaces the held items with `items` (in this order), for a resume.
+    pub fn refill(&mut self, items: Vec<T>) {
+        self.bytes = items.iter().map(ByteSize::byte_size).sum();
+        self.items = items;
+    }
+
+    /// Items the buffer may hold now: `initial` plus one per item emitted,
+    /// at most `max_items`.
+    pub fn capacity(&self) -> usize {
+        let grown = usize::try_from(self.emitted).unwrap_or(usize::MAX);
+        self.bounds
+            .initial
+            .saturating_add(grown)
+            .min(self.bounds.max_items)
     }
 
     /// Whether `size` more bytes need a held item out first.
     pub fn is_full_for(&self, size: usize) -> bool {
         !self.items.is_empty()
-            && (self.items.len() >= self.max_items || self.bytes + size > self.max_bytes)
+            && (self.items.len() >= self.capacity() || self.bytes + size > self.bounds.max_bytes)
     }
 
     /// Adds `item`, first emitting random held items (with the index they
@@ -75,12 +103,8 @@ impl<T: ByteSize> ShuffleBuffer<T> {
         let index = below(&mut self.rng, self.items.len());
         let item = self.items.swap_remove(index);
         self.bytes -= item.byte_size();
+        self.emitted += 1;
         Some((index, item))
-    }
-
-    /// Gives back the bounds and the RNG, dropping held items.
-    pub fn into_parts(self) -> (usize, usize, ChaCha8Rng) {
-        (self.max_items, self.max_bytes, self.rng)
     }
 
     /// The RNG's word position, for resuming.
@@ -119,23 +143,47 @@ mod tests {
         }
     }
 
-    fn run(items: &[Item], max_items: usize, max_bytes: usize, seed: u64) -> (Vec<Item>, bool) {
-        let mut buffer = ShuffleBuffer::new(
+    fn bounds(max_items: usize, max_bytes: usize, initial: usize) -> ShuffleBounds {
+        ShuffleBounds {
             max_items,
             max_bytes,
+            initial,
+        }
+    }
+
+    fn buffer(bounds: ShuffleBounds, seed: u64) -> ShuffleBuffer<Item> {
+        ShuffleBuffer::new(
+            bounds,
             rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 }),
-        );
+            0,
+        )
+    }
+
+    fn items(n: u32) -> Vec<Item> {
+        (0..n).map(|i| Item(i, 1)).collect()
+    }
+
+    /// Pushes every item, then drains; returns the output, whether the
+    /// buffer stayed within its bounds after every push, and the number of
+    /// items emitted by each push.
+    fn run(items: &[Item], bounds: ShuffleBounds, seed: u64) -> (Vec<Item>, bool, Vec<usize>) {
+        let mut buffer = buffer(bounds, seed);
         let mut out = Vec::new();
         let mut within_bounds = true;
+        let mut emitted_per_push = Vec::new();
         for item in items {
+            let before = out.len();
             buffer.push(item.clone(), |_, x| out.push(x));
-            within_bounds &= buffer.len() <= max_items.max(1)
-                && (buffer.bytes() <= max_bytes || buffer.len() == 1);
+            emitted_per_push.push(out.len() - before);
+            let max_items = bounds.max_items.max(1);
+            let allowed = max_items.min(bounds.initial.clamp(1, max_items) + out.len());
+            within_bounds &= buffer.len() <= allowed
+                && (buffer.bytes() <= bounds.max_bytes || buffer.len() == 1);
         }
         while let Some((_, x)) = buffer.pop_random() {
             out.push(x);
         }
-        (out, within_bounds)
+        (out, within_bounds, emitted_per_push)
     }
 
     proptest! {
@@ -144,10 +192,11 @@ mod tests {
             sizes in prop::collection::vec(0usize..500, 0..400),
             max_items in 0usize..64,
             max_bytes in 1usize..4000,
+            initial in 0usize..80,
             seed in any::<u64>(),
         ) {
             let items: Vec<Item> = sizes.iter().enumerate().map(|(i, &s)| Item(i as u32, s)).collect();
-            let (out, within_bounds) = run(&items, max_items, max_bytes, seed);
+            let (out, within_bounds, _) = run(&items, bounds(max_items, max_bytes, initial), seed);
             prop_assert!(within_bounds);
             let mut ids: Vec<u32> = out.iter().map(|i| i.0).collect();
             ids.sort_unstable();
@@ -155,44 +204,82 @@ mod tests {
         }
 
         #[test]
-        fn deterministic_for_a_seed(n in 0u32..300, max_items in 1usize..50, seed in any::<u64>()) {
-            let items: Vec<Item> = (0..n).map(|i| Item(i, 1)).collect();
-            prop_assert_eq!(run(&items, max_items, 1 << 20, seed), run(&items, max_items, 1 << 20, seed));
+        fn deterministic_for_a_seed(
+            n in 0u32..300,
+            max_items in 1usize..50,
+            initial in 1usize..50,
+            seed in any::<u64>(),
+        ) {
+            let b = bounds(max_items, 1 << 20, initial);
+            prop_assert_eq!(run(&items(n), b, seed), run(&items(n), b, seed));
+        }
+
+        #[test]
+        fn holds_initial_items_then_grows_to_the_full_size(
+            max_items in 1usize..60,
+            initial in 1usize..60,
+            seed in any::<u64>(),
+        ) {
+            let initial = initial.min(max_items);
+            let n = 2 * max_items as u32 + 5;
+            let mut buffer = buffer(bounds(max_items, 1 << 20, initial), seed);
+            let mut emitted = 0;
+            for (pushed, item) in items(n).into_iter().enumerate() {
+                let before = emitted;
+                buffer.push(item, |_, _| emitted += 1);
+                // Silent until `initial` items are held, then at most one
+                // out per item in.
+                prop_assert_eq!(emitted == 0, pushed < initial);
+                prop_assert!(emitted - before <= 1);
+            }
+            prop_assert_eq!(buffer.len(), max_items);
+        }
+
+        #[test]
+        fn resumed_buffer_continues_identically(
+            n in 1u32..300,
+            split in 0u32..300,
+            max_items in 1usize..40,
+            initial in 1usize..40,
+            seed in any::<u64>(),
+        ) {
+            let all = items(n);
+            let split = split.min(n) as usize;
+            let b = bounds(max_items, 1 << 20, initial);
+            let mut a = buffer(b, seed);
+            let mut emitted = 0u64;
+            for item in &all[..split] {
+                a.push(item.clone(), |_, _| emitted += 1);
+            }
+            let mut rng = rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 });
+            rng.set_word_pos(a.rng_word_pos());
+            let mut resumed = ShuffleBuffer::new(b, rng, emitted);
+            resumed.refill(a.items.clone());
+            let (mut rest_a, mut rest_b) = (Vec::new(), Vec::new());
+            for item in &all[split..] {
+                a.push(item.clone(), |_, x| rest_a.push(x));
+                resumed.push(item.clone(), |_, x| rest_b.push(x));
+            }
+            while let (Some((_, x)), Some((_, y))) = (a.pop_random(), resumed.pop_random()) {
+                rest_a.push(x);
+                rest_b.push(y);
+            }
+            prop_assert!(a.is_empty() && resumed.is_empty());
+            prop_assert_eq!(rest_a, rest_b);
         }
     }
 
     #[test]
     fn shuffles_and_seeds_differ() {
-        let items: Vec<Item> = (0..200).map(|i| Item(i, 1)).collect();
-        let (a, _) = run(&items, 50, 1 << 20, 1);
-        let (b, _) = run(&items, 50, 1 << 20, 2);
-        assert_ne!(a, items);
-        assert_ne!(a, b);
-    }
-
-    #[test]
-    fn restored_buffer_continues_identically() {
-        let items: Vec<Item> = (0..100).map(|i| Item(i, 1)).collect();
-        let rng = rng_for(5, 0, Purpose::ShuffleBuffer { slot: 0 });
-        let mut a = ShuffleBuffer::new(10, 1 << 20, rng);
-        let mut first = Vec::new();
-        for item in &items[..40] {
-            a.push(item.clone(), |_, x| first.push(x));
-        }
-        let mut rng = rng_for(5, 0, Purpose::ShuffleBuffer { slot: 0 });
-        rng.set_word_pos(a.rng_word_pos());
-        let mut b = ShuffleBuffer::restore(10, 1 << 20, rng, a.items.clone());
-        let (mut rest_a, mut rest_b) = (Vec::new(), Vec::new());
-        for item in &items[40..] {
-            a.push(item.clone(), |_, x| rest_a.push(x));
-            b.push(item.clone(), |_, x| rest_b.push(x));
-        }
-        assert_eq!(rest_a, rest_b);
+        let b = bounds(50, 1 << 20, 50);
+        let (a, _, _) = run(&items(200), b, 1);
+        let (other, _, _) = run(&items(200), b, 2);
+        assert_ne!(a, items(200));
+        assert_ne!(a, other);
     }
 
     #[test]
     fn size_one_keeps_order() {
-        let items: Vec<Item> = (0..20).map(|i| Item(i, 1)).collect();
-        assert_eq!(run(&items, 1, 1 << 20, 9).0, items);
+        assert_eq!(run(&items(20), bounds(1, 1 << 20, 1), 9).0, items(20));
     }
 }

@@ -175,6 +175,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
         .u64(u64::from(options.shuffle_shards))
         .u64(options.shuffle_buffer as u64)
         .u64(options.shuffle_buffer_bytes as u64)
+        .u64(options.shuffle_initial as u64)
         .u64(options.remainder as u64);
     format!("{:016x}", h.0)
 }

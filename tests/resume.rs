@@ -140,8 +140,12 @@ fn exact_resume_continues_in_the_same_order() {
     let dir2 = tempfile::tempdir().unwrap();
     let with_manifest = indexed(dir2.path(), &[3, 40, 0, 17, 9, 25]);
     for shards in [&plain, &with_manifest] {
-        for buffer in [0, 1, 5, 30] {
-            let options = options(buffer, Remainder::Drop);
+        // (30, 3): the buffer ramps from 3 held samples up to 30.
+        for (buffer, initial) in [(0, 1), (1, 1), (5, 5), (30, 30), (30, 3)] {
+            let options = StreamOptions {
+                shuffle_initial: initial,
+                ..options(buffer, Remainder::Drop)
+            };
             for (world_size, workers) in [(1, 1), (2, 2)] {
                 for rank in 0..world_size {
                     for worker in 0..workers {

@@ -138,6 +138,7 @@ class SampleStream(Iterator[Any]):
         shuffle_shards: bool | None = None,
         shuffle_buffer: int | None = None,
         shuffle_buffer_bytes: int | None = None,
+        shuffle_initial: int | None = None,
         read_ahead_bytes: int | None = None,
         on_error: Literal["raise", "warn"] | None = None,
         io_timeout: float | None = None,

@@ -42,6 +42,10 @@ class StreamingDataset(IterableDataset[Any]):
         shuffle_shards: shuffle the shard order every epoch.
         shuffle_buffer: shuffle buffer size in samples; 0 disables it.
         shuffle_buffer_bytes: byte budget of the shuffle buffer.
+        shuffle_initial: samples the shuffle buffer holds before the first one
+            leaves; it then grows by one sample per sample out until it holds
+            ``shuffle_buffer``, so an epoch starts without waiting for a full
+            buffer. Set it to ``shuffle_buffer`` to fill the buffer first.
         read_ahead_bytes: bytes each worker reads ahead of its parser.
         rank, world_size: this process's place in the job; ``None`` takes them
             from ``torch.distributed`` when initialised, else from the
@@ -89,6 +93,7 @@ class StreamingDataset(IterableDataset[Any]):
         shuffle_shards: bool = True,
         shuffle_buffer: int = 1000,
         shuffle_buffer_bytes: int = 256 << 20,
+        shuffle_initial: int = 100,
         read_ahead_bytes: int = 32 << 20,
         rank: int | None = None,
         world_size: int | None = None,
@@ -134,6 +139,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
         self.shuffle_buffer_bytes = shuffle_buffer_bytes
+        self.shuffle_initial = shuffle_initial
         self.read_ahead_bytes = read_ahead_bytes
         self.rank = rank
         self.world_size = world_size
@@ -282,6 +288,7 @@ class StreamingDataset(IterableDataset[Any]):
             shuffle_shards=self.shuffle_shards,
             shuffle_buffer=self.shuffle_buffer,
             shuffle_buffer_bytes=self.shuffle_buffer_bytes,
+            shuffle_initial=self.shuffle_initial,
             read_ahead_bytes=self.read_ahead_bytes,
             on_error=self.on_error,
             io_timeout=self.io_timeout,

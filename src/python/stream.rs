@@ -310,7 +310,7 @@ impl SampleStream {
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
         seed = None, shuffle_shards = None, shuffle_buffer = None, shuffle_buffer_bytes = None,
-        read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
+        shuffle_initial = None, read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
         resume = None, counters = None, decode = None, columns = None, batch_format = None,
         batch_size = None,
     ))]
@@ -326,6 +326,7 @@ impl SampleStream {
         shuffle_shards: Option<bool>,
         shuffle_buffer: Option<usize>,
         shuffle_buffer_bytes: Option<usize>,
+        shuffle_initial: Option<usize>,
         read_ahead_bytes: Option<usize>,
         on_error: Option<&str>,
         io_timeout: Option<f64>,
@@ -370,6 +371,9 @@ impl SampleStream {
         }
         if let Some(v) = shuffle_buffer_bytes {
             builder = builder.with_shuffle_buffer_bytes(v);
+        }
+        if let Some(v) = shuffle_initial {
+            builder = builder.with_shuffle_initial(v);
         }
         if let Some(v) = read_ahead_bytes {
             builder = builder.with_read_ahead_bytes(v);
@@ -676,6 +680,7 @@ pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("shuffle_shards", o.shuffle_shards)?;
     dict.set_item("shuffle_buffer", o.shuffle_buffer)?;
     dict.set_item("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
+    dict.set_item("shuffle_initial", o.shuffle_initial)?;
     dict.set_item("read_ahead_bytes", o.read_ahead_bytes)?;
     dict.set_item("on_error", "raise")?;
     dict.set_item("io_timeout", o.io_timeout.as_secs_f64())?;

@@ -72,6 +72,7 @@ def test_init_defaults_match_core_defaults():
         "shuffle_shards",
         "shuffle_buffer",
         "shuffle_buffer_bytes",
+        "shuffle_initial",
         "read_ahead_bytes",
         "on_error",
         "io_timeout",

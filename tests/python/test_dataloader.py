@@ -137,6 +137,28 @@ def test_shuffle_buffer_shuffles_within_its_bound(dataset):
         assert file_order[key] <= position + buffer - 1, (position, key)
 
 
+def test_shuffle_buffer_ramps_up_from_shuffle_initial(dataset):
+    file_order = {k: i for i, k in enumerate(dataset.keys)}
+    buffer, initial = 16, 4
+    assert len(dataset.keys) > 2 * buffer
+    got = keys_of(
+        epoch_samples(
+            dataset.spec, 0, shuffle_shards=False, shuffle_buffer=buffer, shuffle_initial=initial
+        )
+    )
+    assert_exactly_once(got, dataset.keys)
+    # The buffer emits its first sample once it holds `initial` and grows by
+    # one per sample out: output k is one of the first initial + 2k inputs,
+    # and never beyond what a full buffer allows.
+    for position, key in enumerate(got):
+        assert file_order[key] <= min(initial + 2 * position, position + buffer) - 1, (
+            position,
+            key,
+        )
+    ahead = [file_order[key] - position for position, key in enumerate(got)]
+    assert max(ahead) >= initial, "the buffer never grew past shuffle_initial"
+
+
 @pytest.mark.parametrize("kwargs", [{"shuffle_buffer": 1}, {"shuffle_buffer_bytes": 1}])
 def test_degenerate_shuffle_buffer_keeps_file_order(dataset, kwargs):
     got = epoch_samples(dataset.spec, 0, shuffle_shards=False, **kwargs)

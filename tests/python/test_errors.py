@@ -340,7 +340,13 @@ def test_bad_on_error_is_value_error(dataset):
 
 
 @pytest.mark.parametrize(
-    "option", [{"io_timeout": 0.0}, {"read_ahead_bytes": 0}, {"shuffle_buffer_bytes": 0}]
+    "option",
+    [
+        {"io_timeout": 0.0},
+        {"read_ahead_bytes": 0},
+        {"shuffle_buffer_bytes": 0},
+        {"shuffle_initial": 0},
+    ],
 )
 def test_invalid_numeric_options_are_value_errors(dataset, option):
     name = next(iter(option))
