@@ -20,7 +20,13 @@ pub fn split_member(path: &str) -> Option<(&str, String)> {
     if dot == base_start || dot + 1 == path.len() {
         return None;
     }
-    Some((&path[..dot], path[dot + 1..].to_lowercase()))
+    let field = &path[dot + 1..];
+    let field = if field.is_ascii() {
+        field.to_ascii_lowercase()
+    } else {
+        field.to_lowercase()
+    };
+    Some((&path[..dot], field))
 }
 
 /// How reading a shard ended.
@@ -137,6 +143,8 @@ fn walk_members<R: Read>(
     // Where the current entry's headers (including GNU long-name and PAX
     // headers) start, relative to the read's start.
     let mut entry_start = 0u64;
+    // The current member's name, in one allocation reused for every member.
+    let mut member = String::new();
     for entry in archive.entries_with_seek().map_err(Failure::Tar)? {
         let mut entry = entry.map_err(Failure::Tar)?;
         grouper.entries_seen += 1;
@@ -149,9 +157,12 @@ fn walk_members<R: Read>(
             continue;
         }
         let header_offset = base + entry.raw_header_position();
-        let member = String::from_utf8(entry.path_bytes().into_owned()).map_err(|_| {
+        let name = entry.path_bytes();
+        let name = std::str::from_utf8(&name).map_err(|_| {
             Failure::Member(shard.format_error(header_offset, None, "member name is not UTF-8"))
         })?;
+        member.clear();
+        member.push_str(name);
         let Some((key, field)) = split_member(&member) else {
             continue;
         };
@@ -368,6 +379,7 @@ mod tests {
         assert_eq!(split_member("d/.hidden"), None);
         assert_eq!(split_member("d/x."), None);
         assert_eq!(split_member("x.wav"), Some(("x", "wav".into())));
+        assert_eq!(split_member("x.ÄUDIO.Wav"), Some(("x", "äudio.wav".into())));
     }
 
     #[test]
