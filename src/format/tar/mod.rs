@@ -6,9 +6,12 @@
 //! dot in their basename (or with an empty stem), directories and other
 //! non-regular entries are skipped. GNU long names and PAX headers apply.
 
-use std::io::{Read, Seek, SeekFrom};
+mod members;
+
+use std::io::Read;
 use std::ops::ControlFlow;
 
+use self::members::Members;
 use super::{ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 
@@ -52,10 +55,10 @@ pub fn read_samples<R: ByteSource>(
     shard: &ShardRef,
     mut on_sample: impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome> {
-    let mut counting = Counting::new(&mut *reader);
+    let mut members = Members::new(&mut *reader);
     let mut grouper = Grouper::new(shard);
-    let walked = walk_members(&mut counting, shard, &mut grouper, &mut on_sample);
-    let (consumed, hit_eof) = (counting.count, counting.hit_eof);
+    let walked = walk_members(&mut members, shard, &mut grouper, &mut on_sample);
+    let (consumed, hit_eof) = (members.position(), members.hit_eof());
     let mut source_error = || reader.take_failure();
     let outcome = match walked {
         Err(failure) => {
@@ -131,39 +134,29 @@ impl Failure {
 }
 
 fn walk_members<R: Read>(
-    reader: &mut Counting<R>,
+    members: &mut Members<R>,
     shard: &ShardRef,
     grouper: &mut Grouper<'_>,
     on_sample: &mut impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome, Failure> {
     let base = shard.base_offset;
-    let mut archive = ::tar::Archive::new(reader);
-    // With `Seek`, tar skips each member's padding through `Counting::seek`
-    // instead of reading it into a freshly zeroed 32 KiB stack buffer.
-    // Where the current entry's headers (including GNU long-name and PAX
+    // Where the current entry's headers (including GNU long-name and pax
     // headers) start, relative to the read's start.
     let mut entry_start = 0u64;
-    // The current member's name, in one allocation reused for every member.
-    let mut member = String::new();
-    for entry in archive.entries_with_seek().map_err(Failure::Tar)? {
-        let mut entry = entry.map_err(Failure::Tar)?;
+    // The current member's path, in one allocation reused for every member.
+    let mut path = Vec::new();
+    while let Some(member) = members.next_member(&mut path).map_err(Failure::Tar)? {
         grouper.entries_seen += 1;
-        let span = (
-            base + entry_start,
-            base + entry.raw_file_position() + entry.size().div_ceil(512) * 512,
-        );
-        entry_start = span.1 - base;
-        if !entry.header().entry_type().is_file() {
+        let span = (base + entry_start, base + member.end);
+        entry_start = member.end;
+        if !member.is_file {
             continue;
         }
-        let header_offset = base + entry.raw_header_position();
-        let name = entry.path_bytes();
-        let name = std::str::from_utf8(&name).map_err(|_| {
+        let header_offset = base + member.header_position;
+        let name = std::str::from_utf8(&path).map_err(|_| {
             Failure::Member(shard.format_error(header_offset, None, "member name is not UTF-8"))
         })?;
-        member.clear();
-        member.push_str(name);
-        let Some((key, field)) = split_member(&member) else {
+        let Some((key, field)) = split_member(name) else {
             continue;
         };
         // A member with a new key completes the previous sample, even if
@@ -173,15 +166,14 @@ fn walk_members<R: Read>(
                 return Ok(Outcome::Stopped);
             }
         }
-        let size = entry.size();
-        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
-        let read = entry.read_to_end(&mut data);
+        let size = member.size;
+        let (data, read) = members.read_data(size);
         if read.is_err() || (data.len() as u64) < size {
-            let offset = base + entry.raw_file_position() + data.len() as u64;
+            let offset = base + member.data_position + data.len() as u64;
             let detail = read.err().map(|e| format!(": {e}")).unwrap_or_default();
             return Err(Failure::Member(shard.format_error(
                 offset,
-                Some(member.clone()),
+                Some(name.to_owned()),
                 format!(
                     "truncated tar archive: member data ends after {} of {size} bytes{detail}",
                     data.len()
@@ -189,7 +181,7 @@ fn walk_members<R: Read>(
             )));
         }
         grouper
-            .add(key, field, data, &member, header_offset, span)
+            .add(key, field, data, name, header_offset, span)
             .map_err(Failure::Member)?;
     }
     Ok(Outcome::Completed {
@@ -271,71 +263,6 @@ impl<'a> Grouper<'a> {
 
     fn finish(&mut self) -> Option<Sample> {
         self.current.take()
-    }
-}
-
-/// Counts the bytes read and notes whether the end of the stream was reached.
-struct Counting<R> {
-    inner: R,
-    count: u64,
-    hit_eof: bool,
-    /// Where skipped bytes are read to (allocated at the first skip).
-    scratch: Vec<u8>,
-}
-
-/// Size of `Counting`'s buffer for skipped bytes.
-const SKIP_BUFFER: usize = 8 << 10;
-
-impl<R> Counting<R> {
-    fn new(inner: R) -> Self {
-        Counting {
-            inner,
-            count: 0,
-            hit_eof: false,
-            scratch: Vec::new(),
-        }
-    }
-}
-
-impl<R: Read> Read for Counting<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.count += n as u64;
-        self.hit_eof |= n == 0 && !buf.is_empty();
-        Ok(n)
-    }
-}
-
-/// Forward skips only (what tar asks for: `SeekFrom::Current(n)`, `n >= 0`),
-/// by reading and discarding; the position is the bytes consumed.
-impl<R: Read> Seek for Counting<R> {
-    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
-        let SeekFrom::Current(forward) = pos else {
-            return Err(std::io::Error::other("tar stream: only forward skips"));
-        };
-        let mut left = u64::try_from(forward)
-            .map_err(|_| std::io::Error::other("tar stream: only forward skips"))?;
-        if left > 0 && self.scratch.is_empty() {
-            self.scratch = vec![0; SKIP_BUFFER];
-        }
-        while left > 0 {
-            let want = usize::try_from(left).map_or(SKIP_BUFFER, |l| l.min(SKIP_BUFFER));
-            let mut scratch = std::mem::take(&mut self.scratch);
-            let read = self.read(&mut scratch[..want]);
-            self.scratch = scratch;
-            match read {
-                Ok(0) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "unexpected EOF during skip",
-                    ))
-                }
-                Ok(n) => left -= n as u64,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(self.count)
     }
 }
 
@@ -584,22 +511,5 @@ mod tests {
         })
         .unwrap();
         assert_eq!((outcome, n), (Outcome::Stopped, 1));
-    }
-
-    #[test]
-    fn counting_skips_forward_only_and_reports_a_short_skip() {
-        let bytes: Vec<u8> = (0..=255u8).cycle().take(20_000).collect();
-        let mut counting = Counting::new(&bytes[..]);
-        assert_eq!(counting.stream_position().unwrap(), 0);
-        assert_eq!(counting.seek(SeekFrom::Current(10_001)).unwrap(), 10_001);
-        let mut next = [0u8; 1];
-        counting.read_exact(&mut next).unwrap();
-        assert_eq!(next[0], bytes[10_001]);
-        assert!(counting.seek(SeekFrom::Current(-1)).is_err());
-        assert!(counting.seek(SeekFrom::Start(0)).is_err());
-        let short = counting.seek(SeekFrom::Current(20_000)).unwrap_err();
-        assert_eq!(short.kind(), std::io::ErrorKind::UnexpectedEof);
-        assert!(counting.hit_eof);
-        assert_eq!(counting.count, 20_000);
     }
 }

@@ -1,0 +1,635 @@
+//! The member reader under the tar format: reads one member header at a
+//! time from a byte stream, in the forms WebDataset writers produce (ustar
+//! with its name prefix, GNU with `L` long names, POSIX pax with `path` and
+//! `size` records; octal or base-256 numbers), and leaves the member's data
+//! for the caller to read. Its padding and anything the caller did not read
+//! are skipped before the next header.
+//!
+//! It keeps the stream position itself, so offsets in errors are exact, and
+//! allocates nothing per member but what the caller keeps.
+
+use std::io::{self, Read};
+
+/// Size of a tar block: headers are one block, data is padded to blocks.
+const BLOCK: u64 = 512;
+
+/// Longest GNU long name or pax header read (larger ones are refused, so a
+/// damaged size field cannot make the reader buffer gigabytes).
+const MAX_EXTENSION_BYTES: u64 = 1 << 20;
+
+/// One member, after the extension headers that describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    /// Whether the member is a regular file (type flag `0` or NUL).
+    pub is_file: bool,
+    /// Bytes of data that follow the header (a pax `size` record wins).
+    pub size: u64,
+    /// Where the member's own header starts.
+    pub header_position: u64,
+    /// Where its data starts.
+    pub data_position: u64,
+    /// Where its padded data ends, and the next header starts.
+    pub end: u64,
+}
+
+/// Which header layout a block uses, by its magic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Ustar,
+    Gnu,
+    /// Pre-POSIX: a name only; no extension headers are recognised.
+    Old,
+}
+
+/// Reads members from `R` and counts the bytes consumed.
+pub struct Members<R> {
+    inner: R,
+    /// Bytes consumed so far.
+    position: u64,
+    /// Whether a read returned no bytes (the stream ended).
+    hit_eof: bool,
+    /// Where the next header starts.
+    next_header: u64,
+    /// Scratch for skipped bytes (allocated at the first skip).
+    scratch: Vec<u8>,
+    /// Pending GNU long name, pax records: they describe the next member.
+    long_name: Option<Vec<u8>>,
+    long_link: bool,
+    pax: Option<Vec<u8>>,
+}
+
+impl<R: Read> Members<R> {
+    /// A reader at the start of an archive.
+    pub fn new(inner: R) -> Self {
+        Members {
+            inner,
+            position: 0,
+            hit_eof: false,
+            next_header: 0,
+            scratch: Vec::new(),
+            long_name: None,
+            long_link: false,
+            pax: None,
+        }
+    }
+
+    /// Bytes consumed so far.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Whether the stream ended while reading.
+    pub fn hit_eof(&self) -> bool {
+        self.hit_eof
+    }
+
+    /// The next member, with its path written into `path`, or `None` at the
+    /// end of the archive (end of stream or a zero block at a header).
+    pub fn next_member(&mut self, path: &mut Vec<u8>) -> io::Result<Option<Member>> {
+        let mut header = [0u8; BLOCK as usize];
+        loop {
+            self.skip(self.next_header - self.position)?;
+            let header_position = self.position;
+            let ended = !self.read_block(&mut header)? || header.iter().all(|&b| b == 0);
+            if ended {
+                if self.long_name.is_some() || self.long_link || self.pax.is_some() {
+                    return Err(io::Error::other(
+                        "members found describing a future member but no future member found",
+                    ));
+                }
+                return Ok(None);
+            }
+            check_checksum(&header)?;
+            let layout = match (&header[257..263], &header[263..265]) {
+                (b"ustar\0", b"00") => Layout::Ustar,
+                (b"ustar ", b" \0") => Layout::Gnu,
+                _ => Layout::Old,
+            };
+            let type_flag = header[156];
+            let is_extension = matches!(type_flag, b'L' | b'K' | b'x' | b'g');
+            let mut size = number(&header[124..136], "size")?;
+            if !is_extension {
+                if let Some(pax_size) = self.pax.as_deref().and_then(|p| pax_value(p, b"size")) {
+                    size = std::str::from_utf8(pax_size)
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(size);
+                }
+            }
+            let data_start = header_position + BLOCK;
+            self.next_header = padded_end(data_start, size)?;
+            if layout != Layout::Old {
+                match type_flag {
+                    b'L' => {
+                        let name = self.read_extension(size, self.long_name.is_some())?;
+                        self.long_name = Some(name);
+                        continue;
+                    }
+                    b'K' => {
+                        self.read_extension(size, self.long_link)?;
+                        self.long_link = true;
+                        continue;
+                    }
+                    b'x' => {
+                        let records = self.read_extension(size, self.pax.is_some())?;
+                        self.pax = Some(records);
+                        continue;
+                    }
+                    _ => {}
+                }
+            }
+            let mut data_position = data_start;
+            if type_flag == b'S' && layout == Layout::Gnu && header[482] != 0 {
+                // GNU sparse: extension blocks of the sparse map come first.
+                let mut block = [0u8; BLOCK as usize];
+                loop {
+                    if !self.read_block(&mut block)? {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    data_position += BLOCK;
+                    if block[504] == 0 {
+                        break;
+                    }
+                }
+                self.next_header = padded_end(data_position, size)?;
+            }
+            path.clear();
+            let (long_name, pax) = (self.long_name.take(), self.pax.take());
+            if let Some(name) = &long_name {
+                path.extend_from_slice(name.strip_suffix(&[0]).unwrap_or(name));
+            } else if let Some(pax_path) = pax.as_deref().and_then(|p| pax_value(p, b"path")) {
+                path.extend_from_slice(pax_path);
+            } else {
+                header_path(&header, layout, path);
+            }
+            self.long_link = false;
+            return Ok(Some(Member {
+                is_file: matches!(type_flag, b'0' | 0),
+                size,
+                header_position,
+                data_position,
+                end: self.next_header,
+            }));
+        }
+    }
+
+    /// Reads the current member's `size` data bytes into a new vector.
+    /// When the stream fails or ends first, the vector holds what was read.
+    pub fn read_data(&mut self, size: u64) -> (Vec<u8>, io::Result<()>) {
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        let read = self.by_ref().take(size).read_to_end(&mut data).map(drop);
+        (data, read)
+    }
+
+    /// Reads one block; `false` when the stream ended before its first byte.
+    fn read_block(&mut self, block: &mut [u8; BLOCK as usize]) -> io::Result<bool> {
+        let mut filled = 0;
+        while filled < block.len() {
+            match self.read(&mut block[filled..]) {
+                Ok(0) if filled == 0 => return Ok(false),
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "failed to read an entire block",
+                    ))
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads a GNU long name or pax header's data.
+    fn read_extension(&mut self, size: u64, duplicate: bool) -> io::Result<Vec<u8>> {
+        if duplicate {
+            return Err(io::Error::other(
+                "two extension headers of one kind describe the same member",
+            ));
+        }
+        if size > MAX_EXTENSION_BYTES {
+            return Err(io::Error::other(format!(
+                "extension header of {size} bytes (at most {MAX_EXTENSION_BYTES})"
+            )));
+        }
+        let (data, read) = self.read_data(size);
+        read?;
+        if (data.len() as u64) < size {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "extension header data ends early",
+            ));
+        }
+        Ok(data)
+    }
+
+    /// Skips `count` bytes by reading and discarding them.
+    fn skip(&mut self, mut count: u64) -> io::Result<()> {
+        const SKIP_BUFFER: usize = 8 << 10;
+        if count > 0 && self.scratch.is_empty() {
+            self.scratch = vec![0; SKIP_BUFFER];
+        }
+        while count > 0 {
+            let want = usize::try_from(count).map_or(SKIP_BUFFER, |c| c.min(SKIP_BUFFER));
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let read = self.read(&mut scratch[..want]);
+            self.scratch = scratch;
+            match read {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "unexpected EOF during skip",
+                    ))
+                }
+                Ok(n) => count -= n as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R: Read> Read for Members<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.position += n as u64;
+        self.hit_eof |= n == 0 && !buf.is_empty();
+        Ok(n)
+    }
+}
+
+/// Where data of `size` bytes starting at `start` ends, padded to a block.
+fn padded_end(start: u64, size: u64) -> io::Result<u64> {
+    size.checked_next_multiple_of(BLOCK)
+        .and_then(|padded| start.checked_add(padded))
+        .ok_or_else(|| io::Error::other("size overflow"))
+}
+
+/// Checks a header's checksum: the sum of its bytes, the checksum field
+/// counted as spaces.
+fn check_checksum(header: &[u8; BLOCK as usize]) -> io::Result<()> {
+    let sum: u64 = header[..148]
+        .iter()
+        .chain(&header[156..])
+        .map(|&b| u64::from(b))
+        .sum::<u64>()
+        + 8 * u64::from(b' ');
+    if number(&header[148..156], "checksum")? != sum {
+        return Err(io::Error::other("archive header checksum mismatch"));
+    }
+    Ok(())
+}
+
+/// A numeric header field: octal text (NUL- or space-terminated; empty is
+/// 0, as Python's `tarfile` reads it), or base-256 when its first byte has
+/// the high bit set.
+fn number(field: &[u8], name: &str) -> io::Result<u64> {
+    if field[0] & 0x80 != 0 {
+        let skip = field.len().saturating_sub(8).max(1);
+        let first = if field.len() <= 8 {
+            u64::from(field[0] ^ 0x80)
+        } else {
+            0
+        };
+        return Ok(field[skip..]
+            .iter()
+            .fold(first, |n, &b| (n << 8) | u64::from(b)));
+    }
+    let text = until_nul(field);
+    let digits = text.trim_ascii();
+    if digits.is_empty() {
+        return Ok(0);
+    }
+    let parsed = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| u64::from_str_radix(d, 8).ok());
+    parsed.ok_or_else(|| {
+        io::Error::other(format!(
+            "numeric field {name} was not a number: {:?}",
+            String::from_utf8_lossy(text)
+        ))
+    })
+}
+
+/// A header's own path: the ustar prefix joined to the name, or the name.
+fn header_path(header: &[u8; BLOCK as usize], layout: Layout, path: &mut Vec<u8>) {
+    if layout == Layout::Ustar {
+        let prefix = until_nul(&header[345..500]);
+        if !prefix.is_empty() {
+            path.extend_from_slice(prefix);
+            path.push(b'/');
+        }
+    }
+    path.extend_from_slice(until_nul(&header[..100]));
+}
+
+fn until_nul(field: &[u8]) -> &[u8] {
+    field
+        .iter()
+        .position(|&b| b == 0)
+        .map_or(field, |end| &field[..end])
+}
+
+/// The value of the pax record `key` in `records` (`"<length> key=value\n"`
+/// each), or `None` when it is absent or a record is malformed.
+fn pax_value<'a>(mut records: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    while !records.is_empty() {
+        let space = records.iter().position(|&b| b == b' ')?;
+        let length: usize = std::str::from_utf8(&records[..space]).ok()?.parse().ok()?;
+        if length <= space + 1 || length > records.len() || records[length - 1] != b'\n' {
+            return None;
+        }
+        let record = &records[space + 1..length - 1];
+        let equals = record.iter().position(|&b| b == b'=')?;
+        if &record[..equals] == key {
+            return Some(&record[equals + 1..]);
+        }
+        records = &records[length..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What a reader saw of one member: path, regular file, size, data,
+    /// header and data positions.
+    type Seen = (Vec<u8>, bool, u64, Vec<u8>, u64, u64);
+
+    fn read_all(bytes: &[u8]) -> io::Result<Vec<Seen>> {
+        let mut members = Members::new(bytes);
+        let mut path = Vec::new();
+        let mut seen = Vec::new();
+        while let Some(m) = members.next_member(&mut path)? {
+            let (data, read) = members.read_data(m.size);
+            read?;
+            seen.push((
+                path.clone(),
+                m.is_file,
+                m.size,
+                data,
+                m.header_position,
+                m.data_position,
+            ));
+        }
+        Ok(seen)
+    }
+
+    /// The same, as the `tar` crate reads it.
+    fn read_with_tar_crate(bytes: &[u8]) -> Vec<Seen> {
+        let mut archive = ::tar::Archive::new(bytes);
+        let mut seen = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let mut data = Vec::new();
+            let path = entry.path_bytes().into_owned();
+            let (is_file, size) = (entry.header().entry_type().is_file(), entry.size());
+            let positions = (entry.raw_header_position(), entry.raw_file_position());
+            entry.read_to_end(&mut data).unwrap();
+            seen.push((path, is_file, size, data, positions.0, positions.1));
+        }
+        seen
+    }
+
+    #[derive(Debug, Clone)]
+    enum Kind {
+        File(Vec<u8>),
+        Directory,
+        Symlink(String),
+    }
+
+    #[derive(Debug, Clone)]
+    struct Entry {
+        name: String,
+        kind: Kind,
+        /// 0: GNU, 1: ustar, 2: pre-POSIX header.
+        layout: u8,
+        /// A pax `path` record before the entry.
+        pax_path: Option<String>,
+    }
+
+    fn entry() -> impl Strategy<Value = Entry> {
+        let name = "[a-z]{1,8}(/[a-zA-Z0-9_]{1,40}){0,6}\\.[a-z]{1,5}";
+        let kind = prop_oneof![
+            4 => prop::collection::vec(any::<u8>(), 0..1500).prop_map(Kind::File),
+            1 => Just(Kind::Directory),
+            1 => "[a-z/]{1,150}".prop_map(Kind::Symlink),
+        ];
+        (
+            name,
+            kind,
+            0u8..3,
+            prop::option::weighted(0.2, "[a-z]{1,200}\\.x"),
+        )
+            .prop_map(|(name, kind, layout, pax_path)| Entry {
+                name,
+                kind,
+                layout,
+                pax_path,
+            })
+    }
+
+    fn build(entries: &[Entry]) -> Vec<u8> {
+        let mut builder = ::tar::Builder::new(Vec::new());
+        for e in entries {
+            if let Some(path) = &e.pax_path {
+                builder
+                    .append_pax_extensions([("path", path.as_bytes())])
+                    .unwrap();
+            }
+            let mut header = match e.layout {
+                0 => ::tar::Header::new_gnu(),
+                1 => ::tar::Header::new_ustar(),
+                _ => ::tar::Header::new_old(),
+            };
+            header.set_mode(0o644);
+            let data: &[u8] = match &e.kind {
+                Kind::File(data) => {
+                    header.set_entry_type(::tar::EntryType::Regular);
+                    data
+                }
+                Kind::Directory => {
+                    header.set_entry_type(::tar::EntryType::Directory);
+                    &[]
+                }
+                Kind::Symlink(target) => {
+                    header.set_entry_type(::tar::EntryType::Symlink);
+                    header.set_size(0);
+                    builder.append_link(&mut header, &e.name, target).unwrap();
+                    continue;
+                }
+            };
+            header.set_size(data.len() as u64);
+            builder.append_data(&mut header, &e.name, data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        #[test]
+        fn reads_what_the_tar_crate_writes_as_the_tar_crate_reads_it(
+            entries in prop::collection::vec(entry(), 0..12),
+        ) {
+            let bytes = build(&entries);
+            prop_assert_eq!(read_all(&bytes).unwrap(), read_with_tar_crate(&bytes));
+        }
+
+        #[test]
+        fn a_cut_archive_gives_a_prefix_of_its_members_or_an_error(
+            entries in prop::collection::vec(entry(), 1..6),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = build(&entries);
+            let full = read_all(&bytes).unwrap();
+            let cut = cut.index(bytes.len());
+            if let Ok(seen) = read_all(&bytes[..cut]) {
+                prop_assert!(seen.len() <= full.len());
+                prop_assert_eq!(&seen[..], &full[..seen.len()]);
+            }
+        }
+    }
+
+    fn header_block(name: &str, type_flag: u8, size_field: &[u8; 12]) -> [u8; 512] {
+        let mut header = ::tar::Header::new_gnu();
+        header.set_path(name).unwrap();
+        header.set_mode(0o644);
+        let bytes = header.as_mut_bytes();
+        bytes[156] = type_flag;
+        bytes[124..136].copy_from_slice(size_field);
+        header.set_cksum();
+        *header.as_bytes()
+    }
+
+    #[test]
+    fn base_256_sizes() {
+        let mut size = [0u8; 12];
+        size[0] = 0x80;
+        size[11] = 5;
+        let mut bytes = header_block("a.txt", b'0', &size).to_vec();
+        bytes.extend_from_slice(b"hello");
+        bytes.resize(2048, 0);
+        let seen = read_all(&bytes).unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!((seen[0].2, &seen[0].3[..]), (5, &b"hello"[..]));
+    }
+
+    #[test]
+    fn a_pax_size_record_overrides_the_header() {
+        let mut builder = ::tar::Builder::new(Vec::new());
+        builder
+            .append_pax_extensions([("size", &b"3"[..])])
+            .unwrap();
+        let mut header = ::tar::Header::new_ustar();
+        header.set_size(0);
+        // The header says 0 bytes; the pax record says 3, and they follow.
+        builder.append_data(&mut header, "a.txt", &b""[..]).unwrap();
+        let mut bytes = builder.into_inner().unwrap();
+        let data_at = bytes.len() - 1024;
+        bytes[data_at..data_at + 3].copy_from_slice(b"abc");
+        let seen = read_all(&bytes).unwrap();
+        assert_eq!((seen[0].2, &seen[0].3[..]), (3, &b"abc"[..]));
+    }
+
+    #[test]
+    fn gnu_sparse_extension_blocks_are_skipped() {
+        let mut sparse = header_block("s.bin", b'S', b"00000000004\0");
+        sparse[482] = 1;
+        let mut header = ::tar::Header::from_byte_slice(&sparse).clone();
+        header.set_cksum();
+        let mut bytes = header.as_bytes().to_vec();
+        bytes.extend_from_slice(&[0u8; 512]); // the one extension block
+        let mut data = b"data".to_vec();
+        data.resize(512, 0);
+        bytes.extend_from_slice(&data);
+        bytes.extend_from_slice(&header_block("b.txt", b'0', b"00000000002\0"));
+        let mut two = b"ok".to_vec();
+        two.resize(512, 0);
+        bytes.extend_from_slice(&two);
+        bytes.resize(bytes.len() + 1024, 0);
+        let seen = read_all(&bytes).unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(!seen[0].1);
+        assert_eq!(seen[0].5, 1024, "data after the extension block");
+        assert_eq!(
+            (&seen[1].0[..], &seen[1].3[..]),
+            (&b"b.txt"[..], &b"ok"[..])
+        );
+    }
+
+    #[test]
+    fn bad_checksums_and_numbers_are_errors() {
+        let mut bytes = header_block("a.txt", b'0', b"00000000002\0").to_vec();
+        bytes[0] = b'b';
+        bytes.resize(2048, 0);
+        let error = read_all(&bytes).unwrap_err();
+        assert!(error.to_string().contains("checksum mismatch"), "{error}");
+        let mut bytes = header_block("a.txt", b'0', b"0000000000z\0").to_vec();
+        bytes.resize(2048, 0);
+        let error = read_all(&bytes).unwrap_err();
+        assert!(
+            error.to_string().contains("size was not a number"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_extension_header_without_its_member_is_an_error() {
+        let mut builder = ::tar::Builder::new(Vec::new());
+        builder
+            .append_pax_extensions([("path", &b"x.txt"[..])])
+            .unwrap();
+        let bytes = builder.into_inner().unwrap();
+        let error = read_all(&bytes).unwrap_err();
+        assert!(error.to_string().contains("no future member"), "{error}");
+    }
+
+    #[test]
+    fn oversized_extension_headers_are_refused() {
+        let size = format!("{:011o}\0", MAX_EXTENSION_BYTES + 1);
+        let mut bytes =
+            header_block("././@LongLink", b'L', size.as_bytes().try_into().unwrap()).to_vec();
+        bytes.resize(4096, 0);
+        let error = read_all(&bytes).unwrap_err();
+        assert!(error.to_string().contains("extension header of"), "{error}");
+    }
+
+    #[test]
+    fn skips_unread_data_and_counts_every_byte() {
+        let bytes = build(&[
+            Entry {
+                name: "a.bin".into(),
+                kind: Kind::File(vec![7; 1000]),
+                layout: 0,
+                pax_path: None,
+            },
+            Entry {
+                name: "b.bin".into(),
+                kind: Kind::File(vec![8; 10]),
+                layout: 0,
+                pax_path: None,
+            },
+        ]);
+        let mut members = Members::new(&bytes[..]);
+        let mut path = Vec::new();
+        let first = members.next_member(&mut path).unwrap().unwrap();
+        assert_eq!((first.size, first.end), (1000, 512 + 1024));
+        let second = members.next_member(&mut path).unwrap().unwrap();
+        assert_eq!((&path[..], second.header_position), (&b"b.bin"[..], 1536));
+        let (data, read) = members.read_data(second.size);
+        read.unwrap();
+        assert_eq!(data, vec![8; 10]);
+        assert!(members.next_member(&mut path).unwrap().is_none());
+        assert_eq!(
+            members.position(),
+            2560 + 512,
+            "the first end-of-archive block read"
+        );
+        assert!(!members.hit_eof());
+    }
+}
