@@ -7,7 +7,7 @@ use std::io::{BufReader, Read};
 
 use serde::{Deserialize, Serialize};
 
-use super::ByteSource;
+use super::{skip_by_reading, ByteSource};
 use crate::error::{Error, Result};
 
 /// How a shard's bytes are compressed.
@@ -252,7 +252,43 @@ impl<R: Read> Read for TarStream<R> {
     }
 }
 
+impl<R: ByteSource> Counted<R> {
+    /// Like `read`, passing over the bytes without copying them.
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        if self.head_pos < self.head_len {
+            let n = max.min(self.head_len - self.head_pos);
+            self.head_pos += n;
+            self.count += n as u64;
+            return Ok(n);
+        }
+        match self.inner.skip(max) {
+            Ok(n) => {
+                self.count += n as u64;
+                self.hit_eof |= n == 0 && max > 0;
+                Ok(n)
+            }
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+}
+
 impl<R: ByteSource> ByteSource for TarStream<R> {
+    /// A plain stream skips without copying; a decoded one decodes the
+    /// bytes it passes over.
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        match &mut self.decoder {
+            Decoder::Plain(counted) => {
+                let n = counted.skip(max)?;
+                self.produced += n as u64;
+                Ok(n)
+            }
+            Decoder::Gzip(_) | Decoder::Zstd(_) => skip_by_reading(self, max),
+        }
+    }
+
     fn take_failure(&mut self) -> Option<Error> {
         let source = match &mut self.decoder {
             Decoder::Plain(counted) => counted.inner.take_failure(),

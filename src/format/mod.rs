@@ -111,6 +111,44 @@ pub trait ByteSource: std::io::Read {
     fn check_trailer(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+
+    /// Passes over at most `max` bytes and returns how many (0 at the end
+    /// of the stream), like `read` without handing the bytes out; sources
+    /// that hold their bytes in memory skip without copying them.
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        skip_by_reading(self, max)
+    }
 }
 
-impl ByteSource for &[u8] {}
+/// Passes over at most `max` bytes of `reader` by reading them into a
+/// scratch buffer; returns how many.
+fn skip_by_reading(
+    reader: &mut (impl std::io::Read + ?Sized),
+    max: usize,
+) -> std::io::Result<usize> {
+    let mut discard = [0u8; 4096];
+    let len = max.min(discard.len());
+    reader.read(&mut discard[..len])
+}
+
+impl ByteSource for &[u8] {
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        let n = max.min(self.len());
+        *self = &self[n..];
+        Ok(n)
+    }
+}
+
+impl<S: ByteSource + ?Sized> ByteSource for &mut S {
+    fn take_failure(&mut self) -> Option<crate::error::Error> {
+        (**self).take_failure()
+    }
+
+    fn check_trailer(&mut self) -> std::io::Result<()> {
+        (**self).check_trailer()
+    }
+
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        (**self).skip(max)
+    }
+}

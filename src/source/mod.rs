@@ -435,10 +435,22 @@ impl ByteSource for ShardReader {
     fn take_failure(&mut self) -> Option<Error> {
         self.failure.take()
     }
+
+    fn skip(&mut self, max: usize) -> std::io::Result<usize> {
+        if max == 0 || !self.fill()? {
+            return Ok(0);
+        }
+        let n = max.min(self.current.len() - self.position);
+        self.position += n;
+        self.offset += n as u64;
+        Ok(n)
+    }
 }
 
-impl Read for ShardReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+impl ShardReader {
+    /// Waits until the current chunk has unread bytes; `false` at the end
+    /// of the shard.
+    fn fill(&mut self) -> std::io::Result<bool> {
         while self.position == self.current.len() {
             match self.chunks.recv_timeout(self.io_timeout) {
                 Ok(Ok(chunk)) => {
@@ -446,7 +458,7 @@ impl Read for ShardReader {
                     self.position = 0;
                 }
                 Ok(Err(error)) => return Err(self.fail(error)),
-                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+                Err(RecvTimeoutError::Disconnected) => return Ok(false),
                 Err(RecvTimeoutError::Timeout) => {
                     let error = Error::Timeout {
                         url: self.url.clone(),
@@ -456,6 +468,15 @@ impl Read for ShardReader {
                     return Err(self.fail(error));
                 }
             }
+        }
+        Ok(true)
+    }
+}
+
+impl Read for ShardReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if buf.is_empty() || !self.fill()? {
+            return Ok(0);
         }
         let n = buf.len().min(self.current.len() - self.position);
         buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);

@@ -10,6 +10,8 @@
 
 use std::io::{self, Read};
 
+use crate::format::ByteSource;
+
 /// Size of a tar block: headers are one block, data is padded to blocks.
 const BLOCK: u64 = 512;
 
@@ -50,15 +52,13 @@ pub struct Members<R> {
     hit_eof: bool,
     /// Where the next header starts.
     next_header: u64,
-    /// Scratch for skipped bytes (allocated at the first skip).
-    scratch: Vec<u8>,
     /// Pending GNU long name, pax records: they describe the next member.
     long_name: Option<Vec<u8>>,
     long_link: bool,
     pax: Option<Vec<u8>>,
 }
 
-impl<R: Read> Members<R> {
+impl<R: ByteSource> Members<R> {
     /// A reader at the start of an archive.
     pub fn new(inner: R) -> Self {
         Members {
@@ -66,7 +66,6 @@ impl<R: Read> Members<R> {
             position: 0,
             hit_eof: false,
             next_header: 0,
-            scratch: Vec::new(),
             long_name: None,
             long_link: false,
             pax: None,
@@ -90,8 +89,13 @@ impl<R: Read> Members<R> {
         loop {
             self.skip(self.next_header - self.position)?;
             let header_position = self.position;
-            let ended = !self.read_block(&mut header)? || header.iter().all(|&b| b == 0);
-            if ended {
+            let byte_sum = if self.read_block(&mut header)? {
+                byte_sum(&header)
+            } else {
+                0
+            };
+            // No bytes, or a block of zeros (its bytes sum to 0): the end.
+            if byte_sum == 0 {
                 if self.long_name.is_some() || self.long_link || self.pax.is_some() {
                     return Err(io::Error::other(
                         "members found describing a future member but no future member found",
@@ -99,7 +103,7 @@ impl<R: Read> Members<R> {
                 }
                 return Ok(None);
             }
-            check_checksum(&header)?;
+            check_checksum(&header, byte_sum)?;
             let layout = match (&header[257..263], &header[263..265]) {
                 (b"ustar\0", b"00") => Layout::Ustar,
                 (b"ustar ", b" \0") => Layout::Gnu,
@@ -224,25 +228,22 @@ impl<R: Read> Members<R> {
         Ok(data)
     }
 
-    /// Skips `count` bytes by reading and discarding them.
+    /// Passes over `count` bytes (the source copies them only if it must).
     fn skip(&mut self, mut count: u64) -> io::Result<()> {
-        const SKIP_BUFFER: usize = 8 << 10;
-        if count > 0 && self.scratch.is_empty() {
-            self.scratch = vec![0; SKIP_BUFFER];
-        }
         while count > 0 {
-            let want = usize::try_from(count).map_or(SKIP_BUFFER, |c| c.min(SKIP_BUFFER));
-            let mut scratch = std::mem::take(&mut self.scratch);
-            let read = self.read(&mut scratch[..want]);
-            self.scratch = scratch;
-            match read {
+            let max = usize::try_from(count).unwrap_or(usize::MAX);
+            match self.inner.skip(max) {
                 Ok(0) => {
+                    self.hit_eof = true;
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "unexpected EOF during skip",
-                    ))
+                    ));
                 }
-                Ok(n) => count -= n as u64,
+                Ok(n) => {
+                    self.position += n as u64;
+                    count -= n as u64;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -267,16 +268,29 @@ fn padded_end(start: u64, size: u64) -> io::Result<u64> {
         .ok_or_else(|| io::Error::other("size overflow"))
 }
 
-/// Checks a header's checksum: the sum of its bytes, the checksum field
-/// counted as spaces.
-fn check_checksum(header: &[u8; BLOCK as usize]) -> io::Result<()> {
-    let sum: u64 = header[..148]
-        .iter()
-        .chain(&header[156..])
-        .map(|&b| u64::from(b))
-        .sum::<u64>()
-        + 8 * u64::from(b' ');
-    if number(&header[148..156], "checksum")? != sum {
+/// The sum of a block's bytes, eight at a time: each word's bytes are
+/// added in 16-bit lanes (64 words of at most 2 x 255 per lane stay below
+/// 65536), then the four lanes are added.
+fn byte_sum(block: &[u8; BLOCK as usize]) -> u32 {
+    const LOW_BYTES: u64 = 0x00ff_00ff_00ff_00ff;
+    let lanes = block
+        .chunks_exact(8)
+        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+        .fold(0u64, |lanes, word| {
+            lanes + (word & LOW_BYTES) + ((word >> 8) & LOW_BYTES)
+        });
+    let sum =
+        (lanes & 0xffff) + ((lanes >> 16) & 0xffff) + ((lanes >> 32) & 0xffff) + (lanes >> 48);
+    u32::try_from(sum).expect("at most 512 x 255")
+}
+
+/// Checks a header's checksum: the sum of its bytes (`byte_sum`), the
+/// checksum field counted as spaces.
+fn check_checksum(header: &[u8; BLOCK as usize], byte_sum: u32) -> io::Result<()> {
+    let field = &header[148..156];
+    let field_sum: u32 = field.iter().map(|&b| u32::from(b)).sum();
+    let sum = byte_sum - field_sum + 8 * u32::from(b' ');
+    if number(field, "checksum")? != u64::from(sum) {
         return Err(io::Error::other("archive header checksum mismatch"));
     }
     Ok(())
@@ -298,19 +312,23 @@ fn number(field: &[u8], name: &str) -> io::Result<u64> {
             .fold(first, |n, &b| (n << 8) | u64::from(b)));
     }
     let text = until_nul(field);
-    let digits = text.trim_ascii();
-    if digits.is_empty() {
-        return Ok(0);
-    }
-    let parsed = std::str::from_utf8(digits)
-        .ok()
-        .and_then(|d| u64::from_str_radix(d, 8).ok());
-    parsed.ok_or_else(|| {
+    let not_a_number = || {
         io::Error::other(format!(
             "numeric field {name} was not a number: {:?}",
             String::from_utf8_lossy(text)
         ))
-    })
+    };
+    let mut value: u64 = 0;
+    for &digit in text.trim_ascii() {
+        if !(b'0'..=b'7').contains(&digit) {
+            return Err(not_a_number());
+        }
+        value = value
+            .checked_mul(8)
+            .map(|v| v | u64::from(digit - b'0'))
+            .ok_or_else(not_a_number)?;
+    }
+    Ok(value)
 }
 
 /// A header's own path: the ustar prefix joined to the name, or the name.
@@ -473,6 +491,12 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
         #[test]
+        fn byte_sum_adds_every_byte(bytes in prop::collection::vec(any::<u8>(), 512), fill in any::<bool>()) {
+            let block: [u8; 512] = if fill { [0xff; 512] } else { bytes.try_into().unwrap() };
+            prop_assert_eq!(byte_sum(&block), block.iter().map(|&b| u32::from(b)).sum::<u32>());
+        }
+
+        #[test]
         fn reads_what_the_tar_crate_writes_as_the_tar_crate_reads_it(
             entries in prop::collection::vec(entry(), 0..12),
         ) {
@@ -504,6 +528,17 @@ mod tests {
         bytes[124..136].copy_from_slice(size_field);
         header.set_cksum();
         *header.as_bytes()
+    }
+
+    #[test]
+    fn numeric_fields() {
+        assert_eq!(number(b"0000644 \0", "mode").unwrap(), 0o644);
+        assert_eq!(number(b"  17\0\0\0\0", "size").unwrap(), 0o17);
+        assert_eq!(number(b"\0\0\0\0", "size").unwrap(), 0);
+        assert_eq!(number(&[0x80, 0, 0, 0, 0, 0, 1, 2], "uid").unwrap(), 0x102);
+        assert!(number(b"0009\0", "size").is_err());
+        assert!(number(b"1 2\0", "size").is_err());
+        assert!(number("7".repeat(23).as_bytes(), "size").is_err());
     }
 
     #[test]

@@ -8,7 +8,6 @@
 
 mod members;
 
-use std::io::Read;
 use std::ops::ControlFlow;
 
 use self::members::Members;
@@ -133,7 +132,7 @@ impl Failure {
     }
 }
 
-fn walk_members<R: Read>(
+fn walk_members<R: ByteSource>(
     members: &mut Members<R>,
     shard: &ShardRef,
     grouper: &mut Grouper<'_>,
