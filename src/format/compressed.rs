@@ -253,6 +253,14 @@ impl<R: Read> Read for TarStream<R> {
 }
 
 impl<R: ByteSource> Counted<R> {
+    /// Passes the hint on, past the peeked bytes still to hand out.
+    fn prefetch(&self, ahead: usize, len: usize) {
+        let held = self.head_len - self.head_pos;
+        if let Some(ahead) = ahead.checked_sub(held) {
+            self.inner.prefetch(ahead, len);
+        }
+    }
+
     /// Like `read`, passing over the bytes without copying them.
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {
         if self.head_pos < self.head_len {
@@ -286,6 +294,13 @@ impl<R: ByteSource> ByteSource for TarStream<R> {
                 Ok(n)
             }
             Decoder::Gzip(_) | Decoder::Zstd(_) => skip_by_reading(self, max),
+        }
+    }
+
+    /// A plain stream passes the hint on; decoded bytes are not known ahead.
+    fn prefetch(&self, ahead: usize, len: usize) {
+        if let Decoder::Plain(counted) = &self.decoder {
+            counted.prefetch(ahead, len);
         }
     }
 

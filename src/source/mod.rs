@@ -436,6 +436,12 @@ impl ByteSource for ShardReader {
         self.failure.take()
     }
 
+    fn prefetch(&self, ahead: usize, len: usize) {
+        if let Some(unread) = self.current.get(self.position..) {
+            crate::format::prefetch_range(unread, ahead, len);
+        }
+    }
+
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {
         if max == 0 || !self.fill()? {
             return Ok(0);

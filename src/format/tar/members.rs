@@ -122,6 +122,9 @@ impl<R: ByteSource> Members<R> {
             }
             let data_start = header_position + BLOCK;
             self.next_header = padded_end(data_start, size)?;
+            if let Ok(ahead) = usize::try_from(self.next_header - self.position) {
+                self.inner.prefetch(ahead, BLOCK as usize);
+            }
             if layout != Layout::Old {
                 match type_flag {
                     b'L' => {
