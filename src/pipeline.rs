@@ -11,7 +11,6 @@
 //! first byte and skips the samples before the piece.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read as _;
 use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
@@ -23,7 +22,8 @@ use arrow_array::RecordBatch;
 use crate::config::{FieldDecoders, OnError, SlotSpec, StreamOptions, TableOutput};
 use crate::error::{Error, Result};
 use crate::format::{
-    blob, parquet, tar, ByteSource, Compression, Sample, SampleId, ShardRef, TarStream, Value,
+    blob, parquet, read_append_to_end, tar, ByteSource, Compression, Sample, SampleId, ShardRef,
+    TarStream, Value,
 };
 use crate::manifest::SampleIndex;
 use crate::plan::{order, Purpose, WorkUnit};
@@ -751,7 +751,7 @@ impl Worker {
         shard: &ShardRef,
     ) -> Result<parquet::RowGroupBatches> {
         let mut bytes = Vec::with_capacity((group.span.end - group.span.start) as usize);
-        if let Err(source) = reader.read_to_end(&mut bytes) {
+        if let Err(source) = read_append_to_end(&mut reader, &mut bytes) {
             return Err(reader.take_failure().unwrap_or(Error::Read {
                 url: shard.url.to_string(),
                 offset: group.span.start + bytes.len() as u64,

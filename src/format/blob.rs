@@ -1,6 +1,6 @@
 //! Raw objects: the whole body of one file or object is one sample.
 
-use super::{ByteSource, Sample, SampleId, ShardRef, Value};
+use super::{read_append_to_end, ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 use crate::spec::Location;
 
@@ -25,7 +25,7 @@ pub fn split_object_url(url: &str) -> (String, String) {
 /// Reads the whole object from `reader` as the one sample of `shard`.
 pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sample> {
     let mut body = Vec::new();
-    if let Err(source) = reader.read_to_end(&mut body) {
+    if let Err(source) = read_append_to_end(reader, &mut body) {
         return Err(reader.take_failure().unwrap_or(Error::Read {
             url: shard.url.to_string(),
             offset: body.len() as u64,

@@ -7,7 +7,7 @@ use std::io::{BufReader, Read};
 
 use serde::{Deserialize, Serialize};
 
-use super::{skip_by_reading, ByteSource};
+use super::{read_append_by_reading, skip_by_reading, ByteSource};
 use crate::error::{Error, Result};
 
 /// How a shard's bytes are compressed.
@@ -83,19 +83,31 @@ impl<R> Counted<R> {
     }
 }
 
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.head_pos < self.head_len {
-            let n = buf.len().min(self.head_len - self.head_pos);
-            buf[..n].copy_from_slice(&self.head[self.head_pos..self.head_pos + n]);
-            self.head_pos += n;
-            self.count += n as u64;
-            return Ok(n);
+impl<R> Counted<R> {
+    /// At most `max` of the peeked bytes not handed out yet, counted as
+    /// handed out; `None` once they all are.
+    fn take_head(&mut self, max: usize) -> Option<&[u8]> {
+        if self.head_pos == self.head_len {
+            return None;
         }
-        match self.inner.read(buf) {
+        let start = self.head_pos;
+        let n = max.min(self.head_len - start);
+        self.head_pos += n;
+        self.count += n as u64;
+        Some(&self.head[start..start + n])
+    }
+
+    /// Counts what a read, skip or append of at most `max` bytes of the
+    /// inner source gave.
+    fn count_inner(
+        &mut self,
+        max: usize,
+        result: std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        match result {
             Ok(n) => {
                 self.count += n as u64;
-                self.hit_eof |= n == 0 && !buf.is_empty();
+                self.hit_eof |= n == 0 && max > 0;
                 Ok(n)
             }
             Err(e) => {
@@ -103,6 +115,17 @@ impl<R: Read> Read for Counted<R> {
                 Err(e)
             }
         }
+    }
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(head) = self.take_head(buf.len()) {
+            buf[..head.len()].copy_from_slice(head);
+            return Ok(head.len());
+        }
+        let result = self.inner.read(buf);
+        self.count_inner(buf.len(), result)
     }
 }
 
@@ -263,23 +286,21 @@ impl<R: ByteSource> Counted<R> {
 
     /// Like `read`, passing over the bytes without copying them.
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {
-        if self.head_pos < self.head_len {
-            let n = max.min(self.head_len - self.head_pos);
-            self.head_pos += n;
-            self.count += n as u64;
-            return Ok(n);
+        if let Some(head) = self.take_head(max) {
+            return Ok(head.len());
         }
-        match self.inner.skip(max) {
-            Ok(n) => {
-                self.count += n as u64;
-                self.hit_eof |= n == 0 && max > 0;
-                Ok(n)
-            }
-            Err(e) => {
-                self.failed = true;
-                Err(e)
-            }
+        let result = self.inner.skip(max);
+        self.count_inner(max, result)
+    }
+
+    /// Like `read`, appending to `out` without zeroing it first.
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        if let Some(head) = self.take_head(max) {
+            out.extend_from_slice(head);
+            return Ok(head.len());
         }
+        let result = self.inner.read_append(out, max);
+        self.count_inner(max, result)
     }
 }
 
@@ -294,6 +315,19 @@ impl<R: ByteSource> ByteSource for TarStream<R> {
                 Ok(n)
             }
             Decoder::Gzip(_) | Decoder::Zstd(_) => skip_by_reading(self, max),
+        }
+    }
+
+    /// A plain stream appends the source's bytes directly; a decoded one
+    /// decodes through a scratch buffer.
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        match &mut self.decoder {
+            Decoder::Plain(counted) => {
+                let n = counted.read_append(out, max)?;
+                self.produced += n as u64;
+                Ok(n)
+            }
+            Decoder::Gzip(_) | Decoder::Zstd(_) => read_append_by_reading(self, out, max),
         }
     }
 

@@ -119,10 +119,48 @@ pub trait ByteSource: std::io::Read {
         skip_by_reading(self, max)
     }
 
+    /// Appends at most `max` bytes to `out` and returns how many (0 at the
+    /// end of the stream), like `read` into `out`'s spare room; sources
+    /// that hold their bytes in memory copy them once, without first
+    /// zeroing the room as `Read::read_to_end` does for other readers.
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        read_append_by_reading(self, out, max)
+    }
+
     /// A hint that the bytes from `ahead` to `ahead + len` past the current
     /// position will be read soon: sources that hold them in memory ask the
     /// CPU to cache them; others ignore it.
     fn prefetch(&self, _ahead: usize, _len: usize) {}
+}
+
+/// Appends the rest of `reader` to `out` with [`ByteSource::read_append`].
+/// When reading fails, `out` holds the bytes read before the failure.
+pub fn read_append_to_end<R: ByteSource + ?Sized>(
+    reader: &mut R,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    loop {
+        match reader.read_append(out, usize::MAX) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Appends at most `max` bytes of `reader` to `out`, read through a scratch
+/// buffer; returns how many.
+fn read_append_by_reading(
+    reader: &mut (impl std::io::Read + ?Sized),
+    out: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    let mut scratch = [0u8; 16 << 10];
+    let len = max.min(scratch.len());
+    let n = reader.read(&mut scratch[..len])?;
+    out.extend_from_slice(&scratch[..n]);
+    Ok(n)
 }
 
 /// Asks the CPU to bring `bytes[ahead..ahead + len]` (the part of it that
@@ -167,6 +205,13 @@ impl ByteSource for &[u8] {
         *self = &self[n..];
         Ok(n)
     }
+
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        let (taken, rest) = self.split_at(max.min(self.len()));
+        out.extend_from_slice(taken);
+        *self = rest;
+        Ok(taken.len())
+    }
 }
 
 impl<S: ByteSource + ?Sized> ByteSource for &mut S {
@@ -180,6 +225,10 @@ impl<S: ByteSource + ?Sized> ByteSource for &mut S {
 
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {
         (**self).skip(max)
+    }
+
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        (**self).read_append(out, max)
     }
 
     fn prefetch(&self, ahead: usize, len: usize) {
@@ -204,5 +253,42 @@ mod tests {
         let mut first = [0u8; 3];
         std::io::Read::read_exact(&mut source, &mut first).unwrap();
         assert_eq!(first, [0, 1, 2]);
+    }
+
+    /// A source that only reads, in short reads, so appends go through the
+    /// scratch buffer of the default `read_append`.
+    struct Trickle<'a>(&'a [u8]);
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.0.len()).min(7000);
+            buf[..n].copy_from_slice(&self.0[..n]);
+            self.0 = &self.0[n..];
+            Ok(n)
+        }
+    }
+
+    impl ByteSource for Trickle<'_> {}
+
+    /// Appends take at most `max` bytes, keep what `out` held, and give 0
+    /// at the end, from memory and through reads alike.
+    #[test]
+    fn read_append_appends_at_most_max() {
+        let bytes: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
+        let mut slice = &bytes[..];
+        let mut out = vec![9];
+        assert_eq!(slice.read_append(&mut out, 10).unwrap(), 10);
+        assert_eq!(out[1..], bytes[..10]);
+        read_append_to_end(&mut slice, &mut out).unwrap();
+        assert_eq!(out[1..], bytes[..]);
+        assert_eq!(slice.read_append(&mut out, 10).unwrap(), 0);
+
+        let mut trickle = Trickle(&bytes);
+        let mut out = vec![9];
+        assert_eq!(trickle.read_append(&mut out, 10).unwrap(), 10);
+        let n = trickle.read_append(&mut out, usize::MAX).unwrap();
+        assert!((1..=16 << 10).contains(&n), "{n}");
+        read_append_to_end(&mut trickle, &mut out).unwrap();
+        assert_eq!(out[1..], bytes[..]);
     }
 }

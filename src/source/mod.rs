@@ -443,17 +443,30 @@ impl ByteSource for ShardReader {
     }
 
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {
-        if max == 0 || !self.fill()? {
-            return Ok(0);
-        }
-        let n = max.min(self.current.len() - self.position);
-        self.position += n;
-        self.offset += n as u64;
-        Ok(n)
+        Ok(self.next_bytes(max)?.len())
+    }
+
+    fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+        let bytes = self.next_bytes(max)?;
+        out.extend_from_slice(bytes);
+        Ok(bytes.len())
     }
 }
 
 impl ShardReader {
+    /// At most `max` unread bytes of the current chunk (waiting for the
+    /// next chunk if needed), counted as read; empty at the end of the shard.
+    fn next_bytes(&mut self, max: usize) -> std::io::Result<&[u8]> {
+        if max == 0 || !self.fill()? {
+            return Ok(&[]);
+        }
+        let start = self.position;
+        let n = max.min(self.current.len() - start);
+        self.position += n;
+        self.offset += n as u64;
+        Ok(&self.current[start..start + n])
+    }
+
     /// Waits until the current chunk has unread bytes; `false` at the end
     /// of the shard.
     fn fill(&mut self) -> std::io::Result<bool> {
@@ -481,13 +494,8 @@ impl ShardReader {
 
 impl Read for ShardReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if buf.is_empty() || !self.fill()? {
-            return Ok(0);
-        }
-        let n = buf.len().min(self.current.len() - self.position);
-        buf[..n].copy_from_slice(&self.current[self.position..self.position + n]);
-        self.position += n;
-        self.offset += n as u64;
-        Ok(n)
+        let bytes = self.next_bytes(buf.len())?;
+        buf[..bytes.len()].copy_from_slice(bytes);
+        Ok(bytes.len())
     }
 }

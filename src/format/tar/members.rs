@@ -184,8 +184,22 @@ impl<R: ByteSource> Members<R> {
     /// When the stream fails or ends first, the vector holds what was read.
     pub fn read_data(&mut self, size: u64) -> (Vec<u8>, io::Result<()>) {
         let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
-        let read = self.by_ref().take(size).read_to_end(&mut data).map(drop);
-        (data, read)
+        loop {
+            let left = size - data.len() as u64;
+            if left == 0 {
+                return (data, Ok(()));
+            }
+            let max = usize::try_from(left).unwrap_or(usize::MAX);
+            match self.inner.read_append(&mut data, max) {
+                Ok(0) => {
+                    self.hit_eof = true;
+                    return (data, Ok(()));
+                }
+                Ok(n) => self.position += n as u64,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return (data, Err(e)),
+            }
+        }
     }
 
     /// Reads one block; `false` when the stream ended before its first byte.
