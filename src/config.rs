@@ -148,7 +148,8 @@ pub struct StreamOptions {
     pub read_ahead_bytes: usize,
     /// Size of one read from storage.
     pub chunk_bytes: usize,
-    /// Samples queued for the consumer.
+    /// Samples queued for the consumer. They are sent in groups of
+    /// `output_queue / 4` (1 to 16), so up to one more group may wait.
     pub output_queue: usize,
     /// Longest wait for the next bytes of a shard.
     pub io_timeout: Duration,

@@ -10,7 +10,7 @@
 //! mid-way, so every read of one, a piece of it included, starts at its
 //! first byte and skips the samples before the piece.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::{ControlFlow, Range};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
@@ -67,10 +67,102 @@ pub enum Poll {
 }
 
 enum Message {
-    Event { ops: Vec<Op>, event: Event },
+    /// Events in order, each with the ops that lead to it.
+    Events(Vec<Delivery>),
     Failed(Error),
     End,
 }
+
+/// One event and the state ops that lead to it.
+struct Delivery {
+    ops: Vec<Op>,
+    event: Event,
+}
+
+/// The pipeline's end of the channel to the consumer. Events go in groups,
+/// so the consumer wakes once per group rather than once per sample: a
+/// group is sent when it is full, and before the pipeline waits for bytes
+/// that have not arrived, so nothing ready waits behind storage.
+#[derive(Clone)]
+struct Outbox(Arc<Mutex<OutboxState>>);
+
+struct OutboxState {
+    tx: SyncSender<Message>,
+    group: Vec<Delivery>,
+    group_size: usize,
+    /// A send failed: the consumer is gone.
+    gone: bool,
+}
+
+impl Outbox {
+    /// An outbox of groups of `group_size` events, and the consumer's end.
+    fn new(queued: usize, group_size: usize) -> (Self, Receiver<Message>) {
+        let group_size = group_size.max(1);
+        let (tx, rx) = mpsc::sync_channel(queued.div_ceil(group_size).max(1));
+        let state = OutboxState {
+            tx,
+            group: Vec::with_capacity(group_size),
+            group_size,
+            gone: false,
+        };
+        (Outbox(Arc::new(Mutex::new(state))), rx)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutboxState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `event` with the ops gathered so far (taken from `ops`);
+    /// `Break` once the consumer is gone.
+    fn send(&self, ops: &mut Vec<Op>, event: Event) -> ControlFlow<()> {
+        let mut state = self.lock();
+        if state.gone {
+            return ControlFlow::Break(());
+        }
+        state.group.push(Delivery {
+            ops: std::mem::take(ops),
+            event,
+        });
+        if state.group.len() >= state.group_size {
+            state.flush()
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// Sends the queued events now; `Break` once the consumer is gone.
+    fn flush(&self) -> ControlFlow<()> {
+        self.lock().flush()
+    }
+
+    /// Sends the queued events, then `last`.
+    fn finish(&self, last: Message) {
+        let mut state = self.lock();
+        if state.flush().is_continue() {
+            let _ = state.tx.send(last);
+        }
+    }
+}
+
+impl OutboxState {
+    fn flush(&mut self) -> ControlFlow<()> {
+        if self.gone {
+            return ControlFlow::Break(());
+        }
+        if self.group.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        let group = std::mem::replace(&mut self.group, Vec::with_capacity(self.group_size));
+        if self.tx.send(Message::Events(group)).is_err() {
+            self.gone = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Events per message to the consumer, at most.
+const MAX_DELIVERY_GROUP: usize = 16;
 
 /// The samples of one slot for one epoch, produced on a background thread.
 /// The threads start at the first [`SampleStream::poll`] (so a stream can
@@ -79,6 +171,8 @@ enum Message {
 pub struct SampleStream {
     launch: Option<Launch>,
     messages: Option<Receiver<Message>>,
+    /// Events received and not yet handed out, in order.
+    ready: VecDeque<Delivery>,
     cancelled: Arc<AtomicBool>,
     units: Vec<WorkUnit>,
     mirror: Mirror,
@@ -160,6 +254,7 @@ impl SampleStream {
                 counters,
             }),
             messages: None,
+            ready: VecDeque::new(),
             cancelled: Arc::new(AtomicBool::new(false)),
             units,
             mirror,
@@ -184,7 +279,7 @@ impl SampleStream {
             counters,
         } = launch;
         let fetches = reads.iter().filter_map(|r| r.fetch.clone()).collect();
-        let read_ahead = ReadAhead::start(
+        let mut read_ahead = ReadAhead::start(
             fetches,
             ReadAheadOptions {
                 budget_bytes: options.read_ahead_bytes,
@@ -194,7 +289,12 @@ impl SampleStream {
             },
             counters.clone(),
         )?;
-        let (tx, rx) = mpsc::sync_channel(options.output_queue);
+        let group_size = (options.output_queue / 4).clamp(1, MAX_DELIVERY_GROUP);
+        let (outbox, rx) = Outbox::new(options.output_queue, group_size);
+        let hook = outbox.clone();
+        read_ahead.before_wait(Arc::new(move || {
+            let _ = hook.flush();
+        }));
         let worker = Worker {
             read_ahead,
             reads,
@@ -209,7 +309,7 @@ impl SampleStream {
             }),
             on_error: options.on_error,
             counters,
-            tx,
+            outbox,
             cancelled: self.cancelled.clone(),
             ops: Vec::new(),
             finished: self.finished,
@@ -288,6 +388,10 @@ impl SampleStream {
                 }
             }
         }
+        if let Some(Delivery { ops, event }) = self.ready.pop_front() {
+            self.mirror.apply(&ops);
+            return Ok(Poll::Ready(event));
+        }
         let messages = self.messages.as_ref().expect("launched above");
         let message = match messages.recv_timeout(wait) {
             Ok(message) => message,
@@ -300,9 +404,15 @@ impl SampleStream {
             }
         };
         match message {
-            Message::Event { ops, event } => {
-                self.mirror.apply(&ops);
-                Ok(Poll::Ready(event))
+            Message::Events(group) => {
+                self.ready.extend(group);
+                match self.ready.pop_front() {
+                    Some(Delivery { ops, event }) => {
+                        self.mirror.apply(&ops);
+                        Ok(Poll::Ready(event))
+                    }
+                    None => Ok(Poll::Pending),
+                }
             }
             Message::Failed(error) => {
                 self.done = true;
@@ -468,7 +578,7 @@ struct Worker {
     shuffle: Option<ShuffleBuffer<Sample>>,
     on_error: OnError,
     counters: Arc<Counters>,
-    tx: SyncSender<Message>,
+    outbox: Outbox,
     cancelled: Arc<AtomicBool>,
     /// Ops not yet sent to the consumer.
     ops: Vec<Op>,
@@ -510,7 +620,7 @@ impl Worker {
                 Err(error) => Message::Failed(error),
             }
         };
-        let _ = self.tx.send(final_message);
+        self.outbox.finish(final_message);
     }
 
     fn stream(&mut self) -> Result<ControlFlow<()>> {
@@ -539,7 +649,7 @@ impl Worker {
                     index,
                     rng_word_pos,
                 });
-                if send_sample(&self.tx, &mut self.ops, &self.counters, sample).is_break() {
+                if send_sample(&self.outbox, &mut self.ops, &self.counters, sample).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
             }
@@ -721,15 +831,12 @@ impl Worker {
                         rng_word_pos: 0,
                     });
                 }
-                let message = Message::Event {
-                    ops: std::mem::take(&mut self.ops),
-                    event: Event::Batch(TableBatch {
-                        url: shard.url.clone(),
-                        first_row: group.first_row + start,
-                        batch: slice,
-                    }),
-                };
-                if self.tx.send(message).is_err() {
+                let event = Event::Batch(TableBatch {
+                    url: shard.url.clone(),
+                    first_row: group.first_row + start,
+                    batch: slice,
+                });
+                if self.outbox.send(&mut self.ops, event).is_break() {
                     *stop = Some(Stop::Gone);
                     return Ok(None);
                 }
@@ -856,7 +963,7 @@ impl Worker {
     /// when there is none; `Break` when the consumer is gone.
     fn deliver(&mut self, position: usize, sample: Sample) -> ControlFlow<()> {
         let id = sample.id;
-        let (tx, counters, ops) = (&self.tx, &self.counters, &mut self.ops);
+        let (outbox, counters, ops) = (&self.outbox, &self.counters, &mut self.ops);
         // Same order as the buffer: evictions first, then the new sample.
         match &mut self.shuffle {
             Some(buffer) => {
@@ -866,7 +973,7 @@ impl Worker {
                         index,
                         rng_word_pos: buffer.rng_word_pos(),
                     });
-                    send_sample(tx, ops, counters, evicted)?;
+                    send_sample(outbox, ops, counters, evicted)?;
                 }
                 buffer.insert(sample);
                 ops.push(Op::Push { unit: position, id });
@@ -878,7 +985,7 @@ impl Worker {
                     index: 0,
                     rng_word_pos: 0,
                 });
-                send_sample(tx, ops, counters, sample)
+                send_sample(outbox, ops, counters, sample)
             }
         }
     }
@@ -937,16 +1044,7 @@ impl Worker {
                 if let ReadPurpose::Unit { position, .. } = read.purpose {
                     self.ops.push(Op::UnitDone { unit: position });
                 }
-                let ops = std::mem::take(&mut self.ops);
-                let message = Message::Event {
-                    ops,
-                    event: Event::Skipped(error),
-                };
-                Ok(if self.tx.send(message).is_err() {
-                    ControlFlow::Break(())
-                } else {
-                    ControlFlow::Continue(())
-                })
+                Ok(self.outbox.send(&mut self.ops, Event::Skipped(error)))
             }
             Err(error) => Err(error),
         }
@@ -1084,18 +1182,12 @@ fn read_end(wanted: &HashSet<u64>) -> u64 {
 
 /// Sends a sample with the ops that lead to it; `Break` when the consumer is gone.
 fn send_sample(
-    tx: &SyncSender<Message>,
+    outbox: &Outbox,
     ops: &mut Vec<Op>,
     counters: &Counters,
     sample: Sample,
 ) -> ControlFlow<()> {
-    let message = Message::Event {
-        ops: std::mem::take(ops),
-        event: Event::Sample(sample),
-    };
-    if tx.send(message).is_err() {
-        return ControlFlow::Break(());
-    }
+    outbox.send(ops, Event::Sample(sample))?;
     counters.add(Counter::Samples, 1);
     ControlFlow::Continue(())
 }

@@ -242,3 +242,80 @@ fn a_stalled_shard_times_out() {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo);
 }
+
+/// Samples go to the consumer in groups, yet a sample that is ready never
+/// waits for bytes that have not arrived: here the shard is a pipe whose
+/// writer stops after the first sample (and the start of the second), and
+/// that sample must still arrive.
+#[test]
+fn ready_samples_do_not_wait_for_storage() {
+    use shardstream::pipeline::Poll;
+    use std::io::Write;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pipe.tar");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut whole = Vec::new();
+    {
+        let mut builder = tar::Builder::new(&mut whole);
+        for key in ["a", "b"] {
+            let mut header = tar::Header::new_ustar();
+            header.set_size(3);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, format!("{key}.txt"), &b"abc"[..])
+                .unwrap();
+        }
+        builder.finish().unwrap();
+    }
+    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let options = StreamOptions::builder()
+        .with_shuffle_buffer(0)
+        .with_output_queue(64)
+        .with_chunk_bytes(512)
+        .with_io_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let counters = Arc::new(Counters::new());
+    let mut stream = SampleStream::new(&shards, &options, 0, slot, counters, None).unwrap();
+    let (first_part, rest) = whole.split_at(3 * 512);
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let writer = {
+        let (path, first_part, rest) = (path.clone(), first_part.to_vec(), rest.to_vec());
+        std::thread::spawn(move || {
+            let mut pipe = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            pipe.write_all(&first_part).unwrap();
+            pipe.flush().unwrap();
+            released.recv_timeout(Duration::from_secs(30)).unwrap();
+            pipe.write_all(&rest).unwrap();
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        assert!(
+            Instant::now() < deadline,
+            "the first sample waited for storage"
+        );
+        match stream.poll(Duration::from_millis(100)).unwrap() {
+            Poll::Ready(Event::Sample(sample)) => break sample,
+            Poll::Pending => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(first.key, "a");
+    release.send(()).unwrap();
+    let keys: Vec<String> = stream
+        .map(|event| match event.unwrap() {
+            Event::Sample(sample) => sample.key,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    assert_eq!(keys, ["b"]);
+    writer.join().unwrap();
+}

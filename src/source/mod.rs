@@ -12,7 +12,7 @@ mod s3;
 use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,12 +60,17 @@ pub struct ReadAheadOptions {
     pub s3: S3Options,
 }
 
+/// Runs on the reading thread before it waits for bytes (or a shard) that
+/// have not arrived yet.
+pub type BeforeWait = Arc<dyn Fn() + Send + Sync>;
+
 /// Reads a slot's shards in order, ahead of the consumer.
 pub struct ReadAhead {
     shards: Receiver<ShardReader>,
     cancelled: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
     io_timeout: Duration,
+    before_wait: Option<BeforeWait>,
 }
 
 impl ReadAhead {
@@ -102,13 +107,24 @@ impl ReadAhead {
             cancelled,
             runtime: Some(runtime),
             io_timeout: options.io_timeout,
+            before_wait: None,
         })
+    }
+
+    /// Has `hook` run before this read-ahead, or a shard reader it hands
+    /// out, waits for what has not arrived yet.
+    pub fn before_wait(&mut self, hook: BeforeWait) {
+        self.before_wait = Some(hook);
     }
 
     /// The reader of the next unit, `None` after the last one.
     pub fn next_shard(&self) -> Result<Option<ShardReader>> {
-        match self.shards.recv_timeout(self.io_timeout) {
-            Ok(reader) => Ok(Some(reader)),
+        let next = wait_for(&self.shards, self.io_timeout, self.before_wait.as_deref());
+        match next {
+            Ok(mut reader) => {
+                reader.before_wait = self.before_wait.clone();
+                Ok(Some(reader))
+            }
             Err(RecvTimeoutError::Disconnected) => Ok(None),
             Err(RecvTimeoutError::Timeout) => Err(Error::Stopped(format!(
                 "no shard opened within {:?}",
@@ -171,6 +187,7 @@ impl Fetcher {
                 offset: unit.range.as_ref().map_or(0, |r| r.start),
                 io_timeout: self.io_timeout,
                 failure: None,
+                before_wait: None,
             };
             if shard_tx.send(reader).is_err() {
                 return;
@@ -404,6 +421,25 @@ fn read_tails(files: &[&crate::spec::Shard], lens: &[u64], s3: &S3Options) -> Re
     Ok(tails)
 }
 
+/// The next item of `rx`, running `before_wait` first if it has to wait,
+/// and waiting at most `timeout`.
+fn wait_for<T>(
+    rx: &Receiver<T>,
+    timeout: Duration,
+    before_wait: Option<&(dyn Fn() + Send + Sync)>,
+) -> std::result::Result<T, RecvTimeoutError> {
+    match rx.try_recv() {
+        Ok(item) => Ok(item),
+        Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+        Err(TryRecvError::Empty) => {
+            if let Some(hook) = before_wait {
+                hook();
+            }
+            rx.recv_timeout(timeout)
+        }
+    }
+}
+
 /// Marker: the consumer has gone, stop fetching.
 struct ConsumerGone;
 
@@ -416,6 +452,7 @@ pub struct ShardReader {
     offset: u64,
     io_timeout: Duration,
     failure: Option<Error>,
+    before_wait: Option<BeforeWait>,
 }
 
 impl ShardReader {
@@ -471,7 +508,7 @@ impl ShardReader {
     /// of the shard.
     fn fill(&mut self) -> std::io::Result<bool> {
         while self.position == self.current.len() {
-            match self.chunks.recv_timeout(self.io_timeout) {
+            match wait_for(&self.chunks, self.io_timeout, self.before_wait.as_deref()) {
                 Ok(Ok(chunk)) => {
                     self.current = chunk.bytes;
                     self.position = 0;
