@@ -7,6 +7,10 @@ mod stream;
 
 use pyo3::prelude::*;
 
+/// jemalloc for the Rust side of the extension (see Cargo.toml for why).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The native core of `shardstream`.
 #[pymodule(module = "shardstream")]
 mod _core {
