@@ -388,42 +388,36 @@ impl SampleStream {
                 }
             }
         }
-        if let Some(Delivery { ops, event }) = self.ready.pop_front() {
-            self.mirror.apply(&ops);
-            return Ok(Poll::Ready(event));
-        }
-        let messages = self.messages.as_ref().expect("launched above");
-        let message = match messages.recv_timeout(wait) {
-            Ok(message) => message,
-            Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.done = true;
-                return Err(Error::Stopped(
-                    "the pipeline thread ended without finishing".into(),
-                ));
-            }
-        };
-        match message {
-            Message::Events(group) => {
-                self.ready.extend(group);
-                match self.ready.pop_front() {
-                    Some(Delivery { ops, event }) => {
-                        self.mirror.apply(&ops);
-                        Ok(Poll::Ready(event))
-                    }
-                    None => Ok(Poll::Pending),
+        if self.ready.is_empty() {
+            let messages = self.messages.as_ref().expect("launched above");
+            let message = match messages.recv_timeout(wait) {
+                Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.done = true;
+                    return Err(Error::Stopped(
+                        "the pipeline thread ended without finishing".into(),
+                    ));
+                }
+            };
+            match message {
+                Message::Events(group) => self.ready.extend(group),
+                Message::Failed(error) => {
+                    self.done = true;
+                    return Err(error);
+                }
+                Message::End => {
+                    self.done = true;
+                    self.finished = true;
+                    return Ok(Poll::End);
                 }
             }
-            Message::Failed(error) => {
-                self.done = true;
-                Err(error)
-            }
-            Message::End => {
-                self.done = true;
-                self.finished = true;
-                Ok(Poll::End)
-            }
         }
+        let Some(Delivery { ops, event }) = self.ready.pop_front() else {
+            return Ok(Poll::Pending);
+        };
+        self.mirror.apply(&ops);
+        Ok(Poll::Ready(event))
     }
 }
 
