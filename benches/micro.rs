@@ -218,7 +218,7 @@ fn bench_collate(c: &mut Criterion) {
                 fields: vec![
                     ("jpg".to_owned(), Value::Array(image)),
                     ("cls".to_owned(), Value::Int(i as i64)),
-                    ("json".to_owned(), Value::Bytes(noise(200, i + 100))),
+                    ("json".to_owned(), Value::from(noise(200, i + 100))),
                 ],
                 offset: 0,
                 length: 0,
@@ -302,7 +302,7 @@ fn bytes_sample(index: u64, url: &Arc<str>, fields: &[(&str, Vec<u8>)]) -> Sampl
         url: url.clone(),
         fields: fields
             .iter()
-            .map(|(ext, data)| ((*ext).to_owned(), Value::Bytes(data.clone())))
+            .map(|(ext, data)| ((*ext).to_owned(), Value::from(data.clone())))
             .collect(),
         offset: index * 1024,
         length: 1024,

@@ -1108,7 +1108,7 @@ fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample>
         let bytes = match std::mem::replace(value, Value::Null) {
             Value::Bytes(bytes) => bytes,
             Value::Null => continue,
-            Value::Str(text) if named => text.into_bytes(),
+            Value::Str(text) if named => text.into_bytes().into(),
             other if !named => {
                 *value = other;
                 continue;

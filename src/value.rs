@@ -2,6 +2,8 @@
 //! from a table column or a field decoder. The bindings turn each variant
 //! into the matching Python object; nothing here knows Python.
 
+use bytes::Bytes;
+
 use crate::shuffle::ByteSize;
 
 /// A field's value.
@@ -19,8 +21,9 @@ pub enum Value {
     Float(f64),
     /// `str`.
     Str(String),
-    /// `bytes`.
-    Bytes(Vec<u8>),
+    /// `bytes`: shared, so that a tar member read from a memory-mapped
+    /// local shard reaches Python without being copied on the way.
+    Bytes(Bytes),
     /// `list`.
     List(Vec<Value>),
     /// `tuple`.
@@ -43,7 +46,7 @@ impl Value {
 
 impl From<Vec<u8>> for Value {
     fn from(bytes: Vec<u8>) -> Self {
-        Value::Bytes(bytes)
+        Value::Bytes(bytes.into())
     }
 }
 

@@ -319,3 +319,73 @@ fn ready_samples_do_not_wait_for_storage() {
     assert_eq!(keys, ["b"]);
     writer.join().unwrap();
 }
+
+/// Members of a local (memory-mapped) shard reach the consumer as the tar
+/// holds them, whether they are long enough to be shared from the mapping,
+/// short enough to be copied, or cross from one chunk into the next.
+#[test]
+fn members_arrive_as_the_shard_holds_them_shared_or_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.tar");
+    let sizes = [
+        100usize,
+        16 << 10,
+        70_000,
+        200_000,
+        5_000,
+        40_000,
+        0,
+        65_536,
+    ];
+    let mut expected = HashMap::new();
+    let mut builder = tar::Builder::new(std::fs::File::create(&path).unwrap());
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..40 {
+        let key = format!("m/{i:03}");
+        let mut data = vec![0u8; sizes[i % sizes.len()]];
+        for byte in &mut data {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state as u8;
+        }
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, format!("{key}.bin"), &data[..])
+            .unwrap();
+        expected.insert(key, data);
+    }
+    builder.finish().unwrap();
+    drop(builder);
+    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let options = options()
+        .with_shuffle_buffer(8)
+        .with_chunk_bytes(64 << 10)
+        .with_read_ahead_bytes(256 << 10)
+        .build()
+        .unwrap();
+    let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+    let stream =
+        SampleStream::new(&shards, &options, 0, slot, Arc::new(Counters::new()), None).unwrap();
+    let mut seen = 0;
+    for event in stream {
+        let Event::Sample(sample) = event.unwrap() else {
+            panic!("not a sample");
+        };
+        let (field, value) = &sample.fields[0];
+        assert_eq!(field, "bin");
+        let want = &expected[&sample.key];
+        assert!(
+            value.as_bytes() == Some(want.as_slice()),
+            "{}: {} bytes differ from the tar's {}",
+            sample.key,
+            value.as_bytes().map_or(0, <[u8]>::len),
+            want.len()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, expected.len());
+}

@@ -12,6 +12,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use bytes::Bytes;
+
 use crate::value::Value;
 
 mod audio;
@@ -92,9 +94,11 @@ impl Decoder {
 
     /// Decodes one field's bytes.
     ///
-    /// Takes ownership so that [`Decoder::Bytes`] and [`Decoder::Str`]
-    /// (and `uint8` `.npy` arrays) reuse the buffer instead of copying it.
-    pub fn decode(&self, bytes: Vec<u8>) -> Result<Value, DecodeError> {
+    /// Takes ownership so that [`Decoder::Bytes`] keeps the shared bytes
+    /// and [`Decoder::Str`] (and `uint8` `.npy` arrays) reuse the buffer
+    /// when it is not shared, instead of copying it.
+    pub fn decode(&self, bytes: impl Into<Bytes>) -> Result<Value, DecodeError> {
+        let bytes: Bytes = bytes.into();
         let name = self.name();
         let fail = |reason: String| DecodeError {
             decoder: name,
@@ -104,10 +108,10 @@ impl Decoder {
         // pipeline thread.
         crate::error::guard(|| match self {
             Decoder::Bytes => Ok(Value::Bytes(bytes)),
-            Decoder::Str => decode_str(bytes).map(Value::Str),
+            Decoder::Str => decode_str(bytes.into()).map(Value::Str),
             Decoder::Int => decode_int(&bytes).map(Value::Int),
             Decoder::Json => json::decode(&bytes),
-            Decoder::Numpy => npy::decode(bytes).map(Value::Array),
+            Decoder::Numpy => npy::decode(bytes.into()).map(Value::Array),
             Decoder::Audio => audio::decode(&bytes),
             Decoder::Rgb8 => rgb8::decode(&bytes).map(Value::Array),
         })
@@ -316,7 +320,7 @@ mod tests {
         let bytes = vec![0, 159, 146, 150, 255];
         assert_eq!(
             Decoder::Bytes.decode(bytes.clone()),
-            Ok(Value::Bytes(bytes))
+            Ok(Value::Bytes(bytes.into()))
         );
     }
 

@@ -41,7 +41,7 @@ pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sa
         },
         key,
         url: shard.url.clone(),
-        fields: vec![(field, Value::Bytes(body))],
+        fields: vec![(field, Value::Bytes(body.into()))],
         offset: 0,
         length,
     })

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::io::{BufReader, Read};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::{read_append_by_reading, skip_by_reading, ByteSource};
@@ -302,6 +303,24 @@ impl<R: ByteSource> Counted<R> {
         let result = self.inner.read_append(out, max);
         self.count_inner(max, result)
     }
+
+    /// Shares the inner source's bytes once the peeked ones are handed out.
+    fn read_shared(&mut self, len: usize) -> std::io::Result<Option<Bytes>> {
+        if self.head_pos < self.head_len {
+            return Ok(None);
+        }
+        match self.inner.read_shared(len) {
+            Ok(Some(bytes)) => {
+                self.count += bytes.len() as u64;
+                Ok(Some(bytes))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
 }
 
 impl<R: ByteSource> ByteSource for TarStream<R> {
@@ -328,6 +347,20 @@ impl<R: ByteSource> ByteSource for TarStream<R> {
                 Ok(n)
             }
             Decoder::Gzip(_) | Decoder::Zstd(_) => read_append_by_reading(self, out, max),
+        }
+    }
+
+    /// A plain stream shares the source's bytes; decoded ones are new.
+    fn read_shared(&mut self, len: usize) -> std::io::Result<Option<Bytes>> {
+        match &mut self.decoder {
+            Decoder::Plain(counted) => {
+                let shared = counted.read_shared(len)?;
+                if let Some(bytes) = &shared {
+                    self.produced += bytes.len() as u64;
+                }
+                Ok(shared)
+            }
+            Decoder::Gzip(_) | Decoder::Zstd(_) => Ok(None),
         }
     }
 

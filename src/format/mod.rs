@@ -8,6 +8,8 @@ pub mod tar;
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 pub use compressed::{Compression, TarStream};
 
 use crate::shuffle::ByteSize;
@@ -127,6 +129,14 @@ pub trait ByteSource: std::io::Read {
         read_append_by_reading(self, out, max)
     }
 
+    /// The next `len` bytes, handed out without copying them when the
+    /// source can share them (a local shard's bytes mapped from the file);
+    /// `None`, with nothing consumed, when it cannot: the caller then reads
+    /// them with [`ByteSource::read_append`].
+    fn read_shared(&mut self, _len: usize) -> std::io::Result<Option<Bytes>> {
+        Ok(None)
+    }
+
     /// A hint that the bytes from `ahead` to `ahead + len` past the current
     /// position will be read soon: sources that hold them in memory ask the
     /// CPU to cache them; others ignore it.
@@ -229,6 +239,10 @@ impl<S: ByteSource + ?Sized> ByteSource for &mut S {
 
     fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
         (**self).read_append(out, max)
+    }
+
+    fn read_shared(&mut self, len: usize) -> std::io::Result<Option<Bytes>> {
+        (**self).read_shared(len)
     }
 
     fn prefetch(&self, ahead: usize, len: usize) {

@@ -665,10 +665,10 @@ impl<'a> Column<'a> {
             Kind::Str(a) => Value::Str(a.value(row).to_owned()),
             Kind::LargeStr(a) => Value::Str(a.value(row).to_owned()),
             Kind::StrView(a) => Value::Str(a.value(row).to_owned()),
-            Kind::Bin(a) => Value::Bytes(a.value(row).to_vec()),
-            Kind::LargeBin(a) => Value::Bytes(a.value(row).to_vec()),
-            Kind::BinView(a) => Value::Bytes(a.value(row).to_vec()),
-            Kind::FixedBin(a) => Value::Bytes(a.value(row).to_vec()),
+            Kind::Bin(a) => Value::Bytes(Bytes::copy_from_slice(a.value(row))),
+            Kind::LargeBin(a) => Value::Bytes(Bytes::copy_from_slice(a.value(row))),
+            Kind::BinView(a) => Value::Bytes(Bytes::copy_from_slice(a.value(row))),
+            Kind::FixedBin(a) => Value::Bytes(Bytes::copy_from_slice(a.value(row))),
             Kind::List(a, items) => items.list(list_range(a, row)),
             Kind::LargeList(a, items) => items.list(list_range(a, row)),
             Kind::FixedList(a, items) => {
@@ -805,7 +805,7 @@ mod tests {
                     )
                 })),
             ),
-            ("blob".into(), Value::Bytes(vec![i as u8; i % 4])),
+            ("blob".into(), Value::from(vec![i as u8; i % 4])),
             ("big".into(), Value::UInt(u64::MAX - i as u64)),
         ]
     }
@@ -1087,7 +1087,7 @@ mod tests {
         assert_eq!(field(13, "tag"), Value::Null);
         assert_eq!(field(13, "items"), Value::Null);
         assert_eq!(field(17, "attrs"), Value::Null);
-        assert_eq!(field(3, "blob"), Value::Bytes(vec![3, 3, 3]));
+        assert_eq!(field(3, "blob"), Value::from(vec![3u8, 3, 3]));
         assert_eq!(field(2, "big"), Value::UInt(u64::MAX - 2));
         assert_eq!(field(2, "score"), Value::Float(1.0));
     }
@@ -1391,7 +1391,7 @@ mod tests {
                 Value::Null,
                 s("short"),
                 Value::Null,
-                Value::Bytes(vec![]),
+                Value::from(Vec::new()),
                 Value::Null,
                 Value::Null,
                 Value::List(vec![]),
@@ -1410,9 +1410,9 @@ mod tests {
                 Value::Float(-1e300),
                 s(""),
                 Value::Null,
-                Value::Bytes(b"0123456789abcdef".to_vec()),
+                Value::from(b"0123456789abcdef".to_vec()),
                 Value::Null,
-                Value::Bytes(b"cd".to_vec()),
+                Value::from(b"cd".to_vec()),
                 Value::List(vec![Value::Int(3), Value::Null]),
                 Value::Null,
                 Value::Null,
@@ -1434,7 +1434,7 @@ mod tests {
         assert_eq!(all[0].fields[7].1, s("é"));
         assert_eq!(all[0].fields[8].1, s("a string longer than twelve bytes"));
         assert_eq!(all[0].fields[14].1, Value::Int(30));
-        assert_eq!(all[0].fields[9].1, Value::Bytes(vec![0, 1]));
+        assert_eq!(all[0].fields[9].1, Value::from(vec![0u8, 1]));
         assert_eq!(
             all[0].fields[12].1,
             Value::List(vec![Value::Int(1), Value::Null])

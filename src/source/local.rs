@@ -1,17 +1,23 @@
-//! Local files (plain paths and `file://` URLs).
+//! Local files (plain paths and `file://` URLs). A regular file is mapped
+//! into memory a chunk at a time, its pages populated on a blocking
+//! thread, so that the parser finds them resident and no byte is copied to
+//! reach it; anything that cannot be mapped (a pipe, a file system without
+//! `mmap`) is read into chunks instead.
 
 use std::fs::File;
 use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::mpsc::Sender;
 
+use bytes::Bytes;
+
 use super::{Chunk, ChunkResult, ConsumerGone, FetchUnit, Fetcher};
 use crate::error::Error;
 use crate::stats::Counter;
 
-/// Reads `path` (or the unit's byte range of it) sequentially into chunks
-/// sent to `tx`; errors are sent too. Stops early, without error, when the
-/// shard's reader is dropped.
+/// Sends the bytes of `path` (or the unit's byte range of it), in order, as
+/// chunks to `tx`; errors are sent too. Stops early, without error, when
+/// the shard's reader is dropped.
 pub(super) async fn read_file(
     fetcher: &Fetcher,
     unit: &FetchUnit,
@@ -28,15 +34,14 @@ pub(super) async fn read_file(
         Ok(file) => file,
         Err(e) => return report(Error::from_open(url, e)),
     };
-    if let Ok(meta) = file.metadata().await {
-        if meta.is_dir() {
-            let source = std::io::Error::other("is a directory");
-            return report(Error::Read {
-                url: url.to_owned(),
-                offset: 0,
-                source,
-            });
-        }
+    let meta = file.metadata().await.ok();
+    if meta.as_ref().is_some_and(|m| m.is_dir()) {
+        let source = std::io::Error::other("is a directory");
+        return report(Error::Read {
+            url: url.to_owned(),
+            offset: 0,
+            source,
+        });
     }
     fetcher.count(Counter::ShardsOpened, 1);
     let (mut offset, end) = match &unit.range {
@@ -44,6 +49,90 @@ pub(super) async fn read_file(
         None => (0, u64::MAX),
     };
     let mut file = file.into_std().await;
+    if let Some(size) = meta.filter(|m| m.is_file()).map(|m| m.len()) {
+        let (open, unmapped) = map_chunks(fetcher, file, offset, end.min(size), tx).await?;
+        let Some(unmapped) = unmapped else {
+            return Ok(());
+        };
+        (file, offset) = (open, unmapped);
+    }
+    read_chunks(fetcher, unit, file, offset, end, tx).await
+}
+
+/// Maps `file` from `offset` to `end` a chunk at a time and sends the
+/// chunks. Gives the file back with the offset of a chunk that could not be
+/// mapped, for reading to take over; `None` once done (or once the shard's
+/// reader is gone).
+async fn map_chunks(
+    fetcher: &Fetcher,
+    mut file: File,
+    mut offset: u64,
+    end: u64,
+    tx: &Sender<ChunkResult>,
+) -> Result<(File, Option<u64>), ConsumerGone> {
+    while offset < end {
+        let want = usize::try_from(end - offset)
+            .map_or(fetcher.chunk_bytes, |left| left.min(fetcher.chunk_bytes));
+        let Some(permit) = fetcher.reserve(want).await else {
+            return Err(ConsumerGone);
+        };
+        let (open, mapped) = map_chunk(file, offset, want).await?;
+        file = open;
+        let Some(bytes) = mapped else {
+            return Ok((file, Some(offset)));
+        };
+        fetcher.count(Counter::BytesRead, want as u64);
+        let chunk = Chunk {
+            bytes,
+            mapped: true,
+            _permit: permit,
+        };
+        if tx.send(Ok(chunk)).is_err() {
+            return Ok((file, None));
+        }
+        offset += want as u64;
+    }
+    Ok((file, None))
+}
+
+/// Maps `len` bytes of `file` from `offset` with their pages populated (read
+/// from disk if they are not cached), on a blocking thread; gives the file
+/// back, and `None` if it cannot be mapped. The blocking task fails only
+/// when the runtime is shutting down, its consumer gone.
+async fn map_chunk(
+    file: File,
+    offset: u64,
+    len: usize,
+) -> Result<(File, Option<Bytes>), ConsumerGone> {
+    let work = move || {
+        // SAFETY: the range lies within the file's size when it was
+        // opened; shards are not modified while they are read (a file
+        // truncated under a mapping is the one way to fault, as with any
+        // memory-mapped reader).
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .populate()
+                .map(&file)
+        };
+        (file, map.ok().map(Bytes::from_owner))
+    };
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ConsumerGone)
+}
+
+/// Reads `file` from `offset` to `end` (or its end) sequentially into
+/// chunks sent to `tx`; errors are sent too.
+async fn read_chunks(
+    fetcher: &Fetcher,
+    unit: &FetchUnit,
+    mut file: File,
+    mut offset: u64,
+    end: u64,
+    tx: &Sender<ChunkResult>,
+) -> Result<(), ConsumerGone> {
     let mut seek_to = (offset > 0).then_some(offset);
     while offset < end {
         let want = usize::try_from(end - offset)
@@ -57,11 +146,12 @@ pub(super) async fn read_file(
                 bytes
             }
             Err((filled, source)) => {
-                return report(Error::Read {
-                    url: url.to_owned(),
+                let _ = tx.send(Err(Error::Read {
+                    url: unit.url.clone(),
                     offset: offset + filled,
                     source,
-                })
+                }));
+                return Ok(());
             }
         };
         let filled = bytes.len();
@@ -74,11 +164,7 @@ pub(super) async fn read_file(
         if filled < want {
             drop(permit.split(want - filled));
         }
-        let chunk = Chunk {
-            bytes,
-            _permit: permit,
-        };
-        if tx.send(Ok(chunk)).is_err() || filled < want {
+        if tx.send(Ok(Chunk::read(bytes, permit))).is_err() || filled < want {
             return Ok(());
         }
     }
@@ -112,5 +198,151 @@ async fn read_chunk(
             0,
             std::io::Error::other(format!("file read stopped: {join}")),
         )),
+    }
+}
+
+/// A member's bytes inside a chunk mapped from a file. Holding it keeps the
+/// chunk mapped; dropping it drops the pages that hold only this member's
+/// bytes from the mapping, so that a chunk kept mapped by a few samples
+/// still in the shuffle buffer holds their pages, not the whole chunk's.
+pub(super) struct MappedMember {
+    chunk: Bytes,
+    start: usize,
+    len: usize,
+}
+
+impl MappedMember {
+    /// The `len` bytes of `chunk` from `start`.
+    pub(super) fn new(chunk: Bytes, start: usize, len: usize) -> Self {
+        assert!(start + len <= chunk.len(), "member within its chunk");
+        MappedMember { chunk, start, len }
+    }
+}
+
+impl AsRef<[u8]> for MappedMember {
+    fn as_ref(&self) -> &[u8] {
+        &self.chunk[self.start..self.start + self.len]
+    }
+}
+
+impl Drop for MappedMember {
+    fn drop(&mut self) {
+        let begin = self.chunk.as_ptr() as usize + self.start;
+        if let Some(pages) = whole_pages(begin, self.len, page_size()) {
+            // SAFETY: the whole pages of `pages` lie inside the
+            // chunk's mapping, which `self.chunk` keeps mapped, and hold
+            // only this member's bytes. Dropping pages of a read-only file
+            // mapping loses nothing: a later read maps them again from the
+            // file. A failure leaves the pages mapped, which is harmless.
+            unsafe {
+                libc::madvise(
+                    pages.start as *mut libc::c_void,
+                    pages.len(),
+                    libc::MADV_DONTNEED,
+                );
+            }
+        }
+    }
+}
+
+/// The whole pages (of `page` bytes) within the `len` bytes at address
+/// `begin`, if there are any.
+fn whole_pages(begin: usize, len: usize, page: usize) -> Option<std::ops::Range<usize>> {
+    let first = begin.next_multiple_of(page);
+    let last = (begin + len) / page * page;
+    (last > first).then_some(first..last)
+}
+
+/// The size of a memory page.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf only reads a configuration value.
+    *PAGE.get_or_init(|| {
+        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn whole_pages_are_the_aligned_pages_inside_the_range(
+            begin in 0usize..1 << 20,
+            len in 0usize..1 << 16,
+            shift in 9u32..14,
+        ) {
+            let page = 1usize << shift;
+            match whole_pages(begin, len, page) {
+                Some(pages) => {
+                    prop_assert_eq!(pages.start % page, 0);
+                    prop_assert_eq!(pages.end % page, 0);
+                    prop_assert!(begin <= pages.start && pages.end <= begin + len);
+                    // No whole page is left out at either end.
+                    prop_assert!(pages.start - begin < page);
+                    prop_assert!(begin + len - pages.end < page);
+                }
+                None => {
+                    let first = begin.next_multiple_of(page);
+                    prop_assert!(first + page > begin + len);
+                }
+            }
+        }
+    }
+
+    /// The resident size, in kB, of this process's mapping that holds `address`.
+    fn mapping_rss_kb(address: usize) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, end)) = range.split_once('-') {
+                if let (Ok(start), Ok(end)) = (
+                    usize::from_str_radix(start, 16),
+                    usize::from_str_radix(end, 16),
+                ) {
+                    inside = (start..end).contains(&address);
+                    continue;
+                }
+            }
+            if inside {
+                if let Some(kb) = line.strip_prefix("Rss:") {
+                    return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+                }
+            }
+        }
+        panic!("no mapping holds {address:#x}");
+    }
+
+    #[test]
+    fn a_dropped_member_gives_back_its_own_pages_and_nothing_else() {
+        let page = page_size();
+        let content: Vec<u8> = (0..64 * page).map(|i| (i * 7 % 251) as u8).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.tar");
+        std::fs::write(&path, &content).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a file of this test's own, not modified while mapped.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.unwrap();
+        let chunk = Bytes::from_owner(map);
+        let address = chunk.as_ptr() as usize;
+        let full_kb = mapping_rss_kb(address);
+        assert_eq!(full_kb, (64 * page / 1024) as u64);
+
+        // 10 pages' worth of bytes starting inside page 3: pages 4 to 12
+        // are the member's alone.
+        let (start, len) = (3 * page + 100, 10 * page);
+        let member = Bytes::from_owner(MappedMember::new(chunk.clone(), start, len));
+        assert_eq!(&member[..], &content[start..start + len]);
+        let copy = member.clone();
+        drop(member);
+        assert_eq!(mapping_rss_kb(address), full_kb, "a clone still holds it");
+        drop(copy);
+        assert_eq!(mapping_rss_kb(address), full_kb - (9 * page / 1024) as u64);
+        // The chunk still reads as the file: dropped pages map in again.
+        assert_eq!(&chunk[..], &content[..]);
     }
 }

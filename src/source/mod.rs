@@ -16,6 +16,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::S3Options;
@@ -28,9 +29,28 @@ use ::parquet::file::metadata::ParquetMetaData;
 
 /// Bytes of one shard, holding their share of the read-ahead budget until dropped.
 struct Chunk {
-    bytes: Vec<u8>,
+    bytes: Bytes,
+    /// Whether the bytes are mapped from a local file (and may be shared).
+    mapped: bool,
     _permit: OwnedSemaphorePermit,
 }
+
+impl Chunk {
+    /// Bytes read into memory of their own.
+    fn read(bytes: Vec<u8>, permit: OwnedSemaphorePermit) -> Self {
+        Chunk {
+            bytes: bytes.into(),
+            mapped: false,
+            _permit: permit,
+        }
+    }
+}
+
+/// Members at least this long, in a chunk mapped from a local file, are
+/// handed out as a view of the chunk rather than copied out of it: no byte
+/// of them is copied before Python makes its `bytes`. Shorter ones cost
+/// less to copy than to keep a chunk mapped for.
+const SHARE_MIN_BYTES: usize = 16 << 10;
 
 type ChunkResult = Result<Chunk>;
 
@@ -182,7 +202,8 @@ impl Fetcher {
             let reader = ShardReader {
                 url: unit.url.clone(),
                 chunks: chunk_rx,
-                current: Vec::new(),
+                current: Bytes::new(),
+                mapped: false,
                 position: 0,
                 offset: unit.range.as_ref().map_or(0, |r| r.start),
                 io_timeout: self.io_timeout,
@@ -447,7 +468,9 @@ struct ConsumerGone;
 pub struct ShardReader {
     url: String,
     chunks: Receiver<ChunkResult>,
-    current: Vec<u8>,
+    current: Bytes,
+    /// Whether `current` is mapped from a local file.
+    mapped: bool,
     position: usize,
     offset: u64,
     io_timeout: Duration,
@@ -488,6 +511,21 @@ impl ByteSource for ShardReader {
         out.extend_from_slice(bytes);
         Ok(bytes.len())
     }
+
+    /// Hands out `len` bytes of at least [`SHARE_MIN_BYTES`] that lie
+    /// within the current chunk, when it is mapped from a local file.
+    fn read_shared(&mut self, len: usize) -> std::io::Result<Option<Bytes>> {
+        if len < SHARE_MIN_BYTES || !self.fill()? || !self.mapped {
+            return Ok(None);
+        }
+        if self.current.len() - self.position < len {
+            return Ok(None);
+        }
+        let member = local::MappedMember::new(self.current.clone(), self.position, len);
+        self.position += len;
+        self.offset += len as u64;
+        Ok(Some(Bytes::from_owner(member)))
+    }
 }
 
 impl ShardReader {
@@ -511,6 +549,7 @@ impl ShardReader {
             match wait_for(&self.chunks, self.io_timeout, self.before_wait.as_deref()) {
                 Ok(Ok(chunk)) => {
                     self.current = chunk.bytes;
+                    self.mapped = chunk.mapped;
                     self.position = 0;
                 }
                 Ok(Err(error)) => return Err(self.fail(error)),
@@ -534,5 +573,79 @@ impl Read for ShardReader {
         let bytes = self.next_bytes(buf.len())?;
         buf[..bytes.len()].copy_from_slice(bytes);
         Ok(bytes.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn read_ahead(path: &Path, chunk_bytes: usize) -> ReadAhead {
+        let unit = FetchUnit {
+            url: path.display().to_string(),
+            location: Location::Local(path.to_owned()),
+            range: None,
+            size: None,
+        };
+        let options = ReadAheadOptions {
+            budget_bytes: 4 * chunk_bytes,
+            chunk_bytes,
+            io_timeout: Duration::from_secs(20),
+            s3: S3Options::default(),
+        };
+        ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()
+    }
+
+    fn content(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 251) as u8).collect()
+    }
+
+    #[test]
+    fn long_members_of_a_mapped_chunk_are_shared_and_the_rest_is_read() {
+        let chunk = 128 << 10;
+        let bytes = content(2 * chunk + 5000);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.tar");
+        std::fs::write(&path, &bytes).unwrap();
+        let read_ahead = read_ahead(&path, chunk);
+        let mut reader = read_ahead.next_shard().unwrap().unwrap();
+
+        assert!(reader.read_shared(1000).unwrap().is_none(), "too short");
+        let mut head = vec![0; 1000];
+        reader.read_exact(&mut head).unwrap();
+        assert_eq!(head, bytes[..1000]);
+        let shared = reader
+            .read_shared(100_000)
+            .unwrap()
+            .expect("within the chunk");
+        assert_eq!(shared, bytes[1000..101_000]);
+        // Past the end of the chunk: not shared, and nothing is consumed.
+        assert!(reader.read_shared(50_000).unwrap().is_none());
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, bytes[101_000..]);
+    }
+
+    #[test]
+    fn a_pipe_is_read_and_never_shared() {
+        let bytes = content(300_000);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pipe.tar");
+        let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: creates a named pipe at a path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let writer = {
+            let (path, bytes) = (path.clone(), bytes.clone());
+            std::thread::spawn(move || std::fs::write(path, bytes).unwrap())
+        };
+        let read_ahead = read_ahead(&path, 1 << 20);
+        let mut reader = read_ahead.next_shard().unwrap().unwrap();
+        assert!(reader.read_shared(100_000).unwrap().is_none());
+        let mut all = Vec::new();
+        reader.read_to_end(&mut all).unwrap();
+        assert_eq!(all, bytes);
+        writer.join().unwrap();
     }
 }

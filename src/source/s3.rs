@@ -340,10 +340,10 @@ impl Target<'_> {
                     let take = bytes.len().min(*chunk_bytes - chunk.len());
                     chunk.extend_from_slice(&bytes.split_to(take));
                     if chunk.len() == *chunk_bytes {
-                        let full = Chunk {
-                            bytes: std::mem::take(chunk),
-                            _permit: permit.take().expect("reserved above"),
-                        };
+                        let full = Chunk::read(
+                            std::mem::take(chunk),
+                            permit.take().expect("reserved above"),
+                        );
                         tx.send(Ok(full)).map_err(|_| ConsumerGone)?;
                     }
                 }
@@ -367,10 +367,7 @@ impl Target<'_> {
                     return Ok(());
                 }
                 drop(held.split(*chunk_bytes - chunk.len()));
-                let partial = Chunk {
-                    bytes: std::mem::take(chunk),
-                    _permit: held,
-                };
+                let partial = Chunk::read(std::mem::take(chunk), held);
                 tx.send(Ok(partial)).map_err(|_| ConsumerGone)?;
             }
         }
@@ -627,12 +624,7 @@ fn send_part(
     permit: OwnedSemaphorePermit,
 ) -> bool {
     match part {
-        Ok(bytes) => tx
-            .send(Ok(Chunk {
-                bytes,
-                _permit: permit,
-            }))
-            .is_ok(),
+        Ok(bytes) => tx.send(Ok(Chunk::read(bytes, permit))).is_ok(),
         Err(error) => {
             let _ = tx.send(Err(error));
             false

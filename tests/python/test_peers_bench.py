@@ -79,7 +79,9 @@ def test_shardstream_epoch_is_exactly_once_and_reads_every_byte_once(
     disk = sum(p.stat().st_size for p in bench.tar_paths(data))
     assert result["disk_bytes"] == disk
     assert result["shardstream_bytes_read"] == disk
-    assert f"{result['rchar_bytes'] / disk:.2f}" == "1.00"
+    # Local shards are memory-mapped: read() hands over none of their bytes,
+    # so `rchar` sees only the small reads around them (pipes, /proc).
+    assert result["rchar_bytes"] < 0.05 * disk
     assert result["payload_bytes"] == bench.load_meta(data)["payload_bytes"]
     assert result["seconds"] > 0 and result["cpu_seconds"] > 0
 

@@ -10,6 +10,8 @@
 
 use std::io::{self, Read};
 
+use bytes::Bytes;
+
 use crate::format::ByteSource;
 
 /// Size of a tar block: headers are one block, data is padded to blocks.
@@ -180,24 +182,42 @@ impl<R: ByteSource> Members<R> {
         }
     }
 
-    /// Reads the current member's `size` data bytes into a new vector.
-    /// When the stream fails or ends first, the vector holds what was read.
-    pub fn read_data(&mut self, size: u64) -> (Vec<u8>, io::Result<()>) {
+    /// Reads the current member's `size` data bytes: shared with the source
+    /// when it can share them, else copied into a new buffer. When the
+    /// stream fails or ends first, the bytes hold what was read.
+    pub fn read_data(&mut self, size: u64) -> (Bytes, io::Result<()>) {
+        if let Ok(len) = usize::try_from(size) {
+            match self.inner.read_shared(len) {
+                Ok(Some(shared)) => {
+                    self.position += size;
+                    return (shared, Ok(()));
+                }
+                Ok(None) => {}
+                Err(e) => return (Bytes::new(), Err(e)),
+            }
+        }
         let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        let read = self.read_data_into(&mut data, size);
+        (data.into(), read)
+    }
+
+    /// Appends the current member's `size` data bytes to `data`.
+    fn read_data_into(&mut self, data: &mut Vec<u8>, size: u64) -> io::Result<()> {
+        let start = data.len() as u64;
         loop {
-            let left = size - data.len() as u64;
+            let left = size - (data.len() as u64 - start);
             if left == 0 {
-                return (data, Ok(()));
+                return Ok(());
             }
             let max = usize::try_from(left).unwrap_or(usize::MAX);
-            match self.inner.read_append(&mut data, max) {
+            match self.inner.read_append(data, max) {
                 Ok(0) => {
                     self.hit_eof = true;
-                    return (data, Ok(()));
+                    return Ok(());
                 }
                 Ok(n) => self.position += n as u64,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return (data, Err(e)),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -234,8 +254,8 @@ impl<R: ByteSource> Members<R> {
                 "extension header of {size} bytes (at most {MAX_EXTENSION_BYTES})"
             )));
         }
-        let (data, read) = self.read_data(size);
-        read?;
+        let mut data = Vec::with_capacity(size as usize);
+        self.read_data_into(&mut data, size)?;
         if (data.len() as u64) < size {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -406,7 +426,7 @@ mod tests {
                 path.clone(),
                 m.is_file,
                 m.size,
-                data,
+                data.to_vec(),
                 m.header_position,
                 m.data_position,
             ));

@@ -10,6 +10,8 @@ mod members;
 
 use std::ops::ControlFlow;
 
+use bytes::Bytes;
+
 use self::members::Members;
 use super::{ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
@@ -224,7 +226,7 @@ impl<'a> Grouper<'a> {
         &mut self,
         key: &str,
         field: String,
-        data: Vec<u8>,
+        data: Bytes,
         member: &str,
         offset: u64,
         (span_start, span_end): (u64, u64),
