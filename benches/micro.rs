@@ -44,7 +44,7 @@ use shardstream::format::tar::{read_samples, Outcome};
 use shardstream::format::ShardRef;
 use shardstream::plan::order::rng_for;
 use shardstream::plan::{plan_epoch, PlanParams, Purpose, Remainder, ShardInfo};
-use shardstream::python::convert::{batch_to_dict, sample_to_dict};
+use shardstream::python::convert::{batch_to_dict, sample_to_dict, BytesOut};
 use shardstream::shuffle::{ShuffleBounds, ShuffleBuffer};
 use shardstream::{Array, ArrayData, Sample, SampleId, Value};
 
@@ -323,7 +323,7 @@ fn bench_handoff(c: &mut Criterion) {
             Python::attach(|py| {
                 b.iter_batched(
                     || one.clone(),
-                    |sample| sample_to_dict(py, sample).map(|dict| dict.len()),
+                    |sample| sample_to_dict(py, sample, BytesOut::Plain).map(|dict| dict.len()),
                     BatchSize::SmallInput,
                 )
             })
@@ -334,7 +334,9 @@ fn bench_handoff(c: &mut Criterion) {
             Python::attach(|py| {
                 b.iter_batched(
                     || batch.clone(),
-                    |samples| batch_to_dict(py, collate(samples)).map(|dict| dict.len()),
+                    |samples| {
+                        batch_to_dict(py, collate(samples), BytesOut::Plain).map(|dict| dict.len())
+                    },
                     BatchSize::SmallInput,
                 )
             })

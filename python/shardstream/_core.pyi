@@ -149,6 +149,7 @@ class SampleStream(Iterator[Any]):
         columns: list[str] | None = None,
         batch_format: Literal["dict", "arrow"] | None = None,
         batch_size: int | None = None,
+        local_bytes: type[bytes] | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._core import Counters, SampleStream, ShardList, StateMismatchError, check_state
+from .local_bytes import LocalBytes
 from .s3 import S3Config
 
 __all__ = ["StreamingDataset"]
@@ -83,6 +84,14 @@ class StreamingDataset(IterableDataset[Any]):
             (numpy arrays for equal-shape arrays and numbers, lists
             otherwise); use ``DataLoader(batch_size=None)`` with it. The
             last batch of each worker may be smaller.
+        local_bytes_by_reference: in DataLoader workers, hand out members of
+            16 KiB or more of local (memory-mapped) tar shards as
+            ``shardstream.local_bytes.LocalBytes``, a ``bytes`` that pickles
+            as its place in the shard: the main process reads it from the
+            file (page cache) instead of receiving it through the worker's
+            pipe, and gets plain ``bytes``. Shards must not change while
+            they are read (a changed one raises ``ObjectChangedError``).
+            ``False`` sends every byte through the pipe.
     """
 
     def __init__(
@@ -109,6 +118,7 @@ class StreamingDataset(IterableDataset[Any]):
         columns: Sequence[str] | None = None,
         batch_format: BatchFormat = "dict",
         batch_size: int | None = None,
+        local_bytes_by_reference: bool = True,
     ) -> None:
         super().__init__()
         specs = (
@@ -135,6 +145,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.columns = None if columns is None else list(columns)
         self.batch_format: BatchFormat = batch_format
         self.batch_size = batch_size
+        self.local_bytes_by_reference = local_bytes_by_reference
         self.seed = seed
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
@@ -299,6 +310,11 @@ class StreamingDataset(IterableDataset[Any]):
             columns=self.columns,
             batch_format=self.batch_format,
             batch_size=self.batch_size,
+            local_bytes=(
+                LocalBytes
+                if self.local_bytes_by_reference and get_worker_info() is not None
+                else None
+            ),
         )
 
     def stats(self) -> dict[str, int]:

@@ -12,23 +12,49 @@ use pyo3::IntoPyObjectExt;
 
 use crate::collate::{Batch, Column};
 use crate::format::{Sample, Value};
+use crate::source::file_origin;
 use crate::value::Array;
 use crate::with_array_data;
 
+/// How `bytes` values are made.
+#[derive(Clone, Copy)]
+pub enum BytesOut<'a, 'py> {
+    /// As `bytes`.
+    Plain,
+    /// Views of mapped local shards of at least [`LOCAL_REFERENCE_MIN_BYTES`]
+    /// as instances of this `bytes` subclass (`shardstream.local_bytes.LocalBytes`),
+    /// which pickles as the bytes' place in their file: in a DataLoader
+    /// worker, so that the main process reads them from the file rather
+    /// than through the worker's pipe.
+    LocalReferences(&'a Bound<'py, PyAny>),
+}
+
+/// The shortest bytes handed out as a local reference: shorter ones cost
+/// less to pickle than to read again.
+const LOCAL_REFERENCE_MIN_BYTES: usize = 16 << 10;
+
 /// A sample as a dict: `__key__`, `__url__`, then its fields in order.
-pub fn sample_to_dict<'py>(py: Python<'py>, sample: Sample) -> PyResult<Bound<'py, PyDict>> {
+pub fn sample_to_dict<'py>(
+    py: Python<'py>,
+    sample: Sample,
+    out: BytesOut<'_, 'py>,
+) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("__key__", PyString::new(py, &sample.key))?;
     dict.set_item("__url__", PyString::new(py, &sample.url))?;
     for (field, value) in sample.fields {
-        dict.set_item(field, value_to_py(py, value)?)?;
+        dict.set_item(field, value_to_py(py, value, out)?)?;
     }
     Ok(dict)
 }
 
 /// A collated batch as a dict: `__key__` and `__url__` lists, then each
 /// field as a numpy array (stacked) or a list.
-pub fn batch_to_dict<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, PyDict>> {
+pub fn batch_to_dict<'py>(
+    py: Python<'py>,
+    batch: Batch,
+    out: BytesOut<'_, 'py>,
+) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
     dict.set_item("__key__", PyList::new(py, &batch.keys)?)?;
     let urls = batch.urls.iter().map(|u| PyString::new(py, u));
@@ -39,7 +65,7 @@ pub fn batch_to_dict<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, 
             Column::Values(values) => {
                 let list = PyList::empty(py);
                 for value in values {
-                    list.append(value_to_py(py, value)?)?;
+                    list.append(value_to_py(py, value, out)?)?;
                 }
                 list.into_any()
             }
@@ -51,7 +77,11 @@ pub fn batch_to_dict<'py>(py: Python<'py>, batch: Batch) -> PyResult<Bound<'py, 
 
 /// A value as the matching Python object (arrays as numpy arrays that own
 /// the Rust buffer, without a copy).
-pub fn value_to_py(py: Python<'_>, value: Value) -> PyResult<Bound<'_, PyAny>> {
+pub fn value_to_py<'py>(
+    py: Python<'py>,
+    value: Value,
+    out: BytesOut<'_, 'py>,
+) -> PyResult<Bound<'py, PyAny>> {
     match value {
         Value::Null => Ok(py.None().into_bound(py)),
         Value::Bool(v) => v.into_bound_py_any(py),
@@ -59,30 +89,62 @@ pub fn value_to_py(py: Python<'_>, value: Value) -> PyResult<Bound<'_, PyAny>> {
         Value::UInt(v) => v.into_bound_py_any(py),
         Value::Float(v) => v.into_bound_py_any(py),
         Value::Str(v) => Ok(PyString::new(py, &v).into_any()),
-        Value::Bytes(v) => Ok(PyBytes::new(py, &v).into_any()),
+        Value::Bytes(v) => bytes_to_py(py, &v, out),
         Value::List(items) => {
             let list = PyList::empty(py);
             for item in items {
-                list.append(value_to_py(py, item)?)?;
+                list.append(value_to_py(py, item, out)?)?;
             }
             Ok(list.into_any())
         }
         Value::Tuple(items) => {
             let items = items
                 .into_iter()
-                .map(|item| value_to_py(py, item))
+                .map(|item| value_to_py(py, item, out))
                 .collect::<PyResult<Vec<_>>>()?;
             Ok(PyTuple::new(py, items)?.into_any())
         }
         Value::Map(entries) => {
             let dict = PyDict::new(py);
             for (key, item) in entries {
-                dict.set_item(key, value_to_py(py, item)?)?;
+                dict.set_item(key, value_to_py(py, item, out)?)?;
             }
             Ok(dict.into_any())
         }
         Value::Array(array) => array_to_py(py, array),
     }
+}
+
+/// Bytes as `bytes`, or as a local reference (see [`BytesOut`]) when they
+/// are a long enough view of a mapped local shard whose path is UTF-8.
+fn bytes_to_py<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    out: BytesOut<'_, 'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let plain = PyBytes::new(py, bytes);
+    let BytesOut::LocalReferences(class) = out else {
+        return Ok(plain.into_any());
+    };
+    let origin = (bytes.len() >= LOCAL_REFERENCE_MIN_BYTES)
+        .then(|| file_origin(bytes))
+        .flatten();
+    let Some(origin) = origin else {
+        return Ok(plain.into_any());
+    };
+    let Some(path) = origin.file.path.to_str() else {
+        return Ok(plain.into_any());
+    };
+    let id = origin.file.identity;
+    class.call1((
+        plain,
+        path,
+        origin.offset,
+        id.dev,
+        id.ino,
+        id.size,
+        id.mtime_ns,
+    ))
 }
 
 /// An array as a numpy array of its shape.

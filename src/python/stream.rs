@@ -11,7 +11,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
-use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict};
+use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
 use super::errors::{to_py, ShardSkippedWarning};
 use crate::collate::collate;
 use crate::config::{FieldDecoders, OnError, S3Options, SlotSpec, StreamOptions, TableOutput};
@@ -259,6 +259,9 @@ pub struct SampleStream {
     held: Mutex<Vec<Sample>>,
     /// Shards skipped while samples were collected, warned of after the wait.
     skipped: Mutex<Vec<crate::Error>>,
+    /// The `bytes` subclass that local shards' long members are handed out
+    /// as (in a DataLoader worker), if any.
+    local_bytes: Option<Py<PyAny>>,
 }
 
 /// What one wait with the GIL released brought.
@@ -312,7 +315,7 @@ impl SampleStream {
         seed = None, shuffle_shards = None, shuffle_buffer = None, shuffle_buffer_bytes = None,
         shuffle_initial = None, read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
         resume = None, counters = None, decode = None, columns = None, batch_format = None,
-        batch_size = None,
+        batch_size = None, local_bytes = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -337,6 +340,7 @@ impl SampleStream {
         columns: Option<Vec<String>>,
         batch_format: Option<&str>,
         batch_size: Option<usize>,
+        local_bytes: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let table_output = match batch_format.unwrap_or("dict") {
             "dict" => TableOutput::Rows,
@@ -403,6 +407,7 @@ impl SampleStream {
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
+            local_bytes,
         })
     }
 
@@ -524,12 +529,14 @@ impl SampleStream {
 
     /// One sample as a dict, or a batch collated (GIL released) as columns.
     fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
+        let class = self.local_bytes.as_ref().map(|c| c.bind(py));
+        let out = class.map_or(BytesOut::Plain, BytesOut::LocalReferences);
         if self.batch_size.is_none() {
             let sample = samples.into_iter().next().expect("one sample");
-            return sample_to_dict(py, sample).map(Bound::into_any);
+            return sample_to_dict(py, sample, out).map(Bound::into_any);
         }
         let batch = py.detach(|| collate(samples));
-        batch_to_dict(py, batch).map(Bound::into_any)
+        batch_to_dict(py, batch, out).map(Bound::into_any)
     }
 }
 

@@ -4,10 +4,12 @@
 //! reach it; anything that cannot be mapped (a pipe, a file system without
 //! `mmap`) is read into chunks instead.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek};
 use std::path::Path;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
@@ -49,8 +51,14 @@ pub(super) async fn read_file(
         None => (0, u64::MAX),
     };
     let mut file = file.into_std().await;
-    if let Some(size) = meta.filter(|m| m.is_file()).map(|m| m.len()) {
-        let (open, unmapped) = map_chunks(fetcher, file, offset, end.min(size), tx).await?;
+    if let Some(meta) = meta.filter(|m| m.is_file()) {
+        let size = meta.len();
+        let local = Arc::new(LocalFile {
+            path: path.to_owned(),
+            identity: FileIdentity::of(&meta),
+        });
+        let mapping = (file, local);
+        let (open, unmapped) = map_chunks(fetcher, mapping, offset, end.min(size), tx).await?;
         let Some(unmapped) = unmapped else {
             return Ok(());
         };
@@ -65,7 +73,7 @@ pub(super) async fn read_file(
 /// reader is gone).
 async fn map_chunks(
     fetcher: &Fetcher,
-    mut file: File,
+    (mut file, local): (File, Arc<LocalFile>),
     mut offset: u64,
     end: u64,
     tx: &Sender<ChunkResult>,
@@ -76,7 +84,7 @@ async fn map_chunks(
         let Some(permit) = fetcher.reserve(want).await else {
             return Err(ConsumerGone);
         };
-        let (open, mapped) = map_chunk(file, offset, want).await?;
+        let (open, mapped) = map_chunk(file, local.clone(), offset, want).await?;
         file = open;
         let Some(bytes) = mapped else {
             return Ok((file, Some(offset)));
@@ -101,6 +109,7 @@ async fn map_chunks(
 /// when the runtime is shutting down, its consumer gone.
 async fn map_chunk(
     file: File,
+    local: Arc<LocalFile>,
     offset: u64,
     len: usize,
 ) -> Result<(File, Option<Bytes>), ConsumerGone> {
@@ -116,7 +125,10 @@ async fn map_chunk(
                 .populate()
                 .map(&file)
         };
-        (file, map.ok().map(Bytes::from_owner))
+        let chunk = map
+            .ok()
+            .map(|map| MappedChunk::register(map, local, offset));
+        (file, chunk)
     };
     tokio::task::spawn_blocking(work)
         .await
@@ -198,6 +210,106 @@ async fn read_chunk(
             0,
             std::io::Error::other(format!("file read stopped: {join}")),
         )),
+    }
+}
+
+/// A local shard file whose chunks are mapped: its path, and what
+/// identifies this version of it.
+#[derive(Debug)]
+pub struct LocalFile {
+    /// The file's path.
+    pub path: std::path::PathBuf,
+    /// Its identity when it was opened.
+    pub identity: FileIdentity,
+}
+
+/// What tells one version of a file from another: device, inode, size and
+/// modification time (as `os.stat` gives them: `st_dev`, `st_ino`,
+/// `st_size`, `st_mtime_ns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+    /// `st_size`.
+    pub size: u64,
+    /// `st_mtime_ns`.
+    pub mtime_ns: i64,
+}
+
+impl FileIdentity {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta
+                .mtime()
+                .saturating_mul(1_000_000_000)
+                .saturating_add(meta.mtime_nsec()),
+        }
+    }
+}
+
+/// Where bytes handed out from a mapped local shard lie in its file.
+#[derive(Debug, Clone)]
+pub struct FileOrigin {
+    /// The file.
+    pub file: Arc<LocalFile>,
+    /// The offset of the bytes' first byte in it.
+    pub offset: u64,
+}
+
+/// A mapped chunk's place: its length, its file and its offset there.
+type MappedPlace = (usize, Arc<LocalFile>, u64);
+
+/// The chunks of local shards mapped in this process, by start address.
+static MAPPED_CHUNKS: Mutex<BTreeMap<usize, MappedPlace>> = Mutex::new(BTreeMap::new());
+
+fn mapped_chunks() -> std::sync::MutexGuard<'static, BTreeMap<usize, MappedPlace>> {
+    MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where `bytes` lie in a local shard, when they are a view of one of its
+/// mapped chunks (a member handed out without a copy); `None` otherwise.
+/// The caller holds `bytes`, so the chunk stays mapped while this looks.
+pub fn file_origin(bytes: &[u8]) -> Option<FileOrigin> {
+    let address = bytes.as_ptr() as usize;
+    let chunks = mapped_chunks();
+    let (&start, (len, file, offset)) = chunks.range(..=address).next_back()?;
+    (address + bytes.len() <= start + len).then(|| FileOrigin {
+        file: file.clone(),
+        offset: offset + (address - start) as u64,
+    })
+}
+
+/// A chunk of a local file mapped into memory, listed in [`MAPPED_CHUNKS`]
+/// from when it is made until it is unmapped.
+struct MappedChunk {
+    map: memmap2::Mmap,
+}
+
+impl MappedChunk {
+    /// `map` (of `file` from `offset`), listed, as shared bytes.
+    fn register(map: memmap2::Mmap, file: Arc<LocalFile>, offset: u64) -> Bytes {
+        mapped_chunks().insert(map.as_ptr() as usize, (map.len(), file, offset));
+        Bytes::from_owner(MappedChunk { map })
+    }
+}
+
+impl AsRef<[u8]> for MappedChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for MappedChunk {
+    /// Takes the chunk off the list before its map is dropped (unmapped), so
+    /// that no lookup finds an address that may be mapped again.
+    fn drop(&mut self) {
+        mapped_chunks().remove(&(self.map.as_ptr() as usize));
     }
 }
 

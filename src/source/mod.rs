@@ -9,6 +9,8 @@
 mod local;
 mod s3;
 
+pub use local::{file_origin, FileIdentity, FileOrigin, LocalFile};
+
 use std::collections::VecDeque;
 use std::io::Read;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -621,6 +623,15 @@ mod tests {
             .unwrap()
             .expect("within the chunk");
         assert_eq!(shared, bytes[1000..101_000]);
+        let origin = file_origin(&shared).expect("a view of the mapped file");
+        assert_eq!(
+            (origin.file.path.as_path(), origin.offset),
+            (path.as_path(), 1000)
+        );
+        let identity = origin.file.identity;
+        assert_eq!(identity.size, bytes.len() as u64);
+        assert_eq!(file_origin(&shared[10..20]).map(|o| o.offset), Some(1010));
+        assert!(file_origin(&head).is_none(), "copied bytes have no origin");
         // Past the end of the chunk: not shared, and nothing is consumed.
         assert!(reader.read_shared(50_000).unwrap().is_none());
         let mut rest = Vec::new();
