@@ -89,9 +89,11 @@ How it is measured:
   webdataset `.shuffle(1000)`, HF `.shuffle(buffer_size=1000)`), LitData and MosaicML
   `shuffle=True`.
 - MB/s and CPU s/GB count the samples' payload (the fields' bytes, the same for every
-  library). CPU is user+sys of the run and its DataLoader workers (`getrusage` SELF +
-  CHILDREN once the workers are joined, less the CPU spent before the dataset is
-  constructed, i.e. imports). Peak RSS: the main process's and the largest worker's.
+  library). CPU is user+sys of the run and its DataLoader workers (`getrusage` SELF
+  once the iterator is dropped + CHILDREN once the workers are joined, less the CPU
+  spent before the dataset is constructed, i.e. imports; the harness's own
+  `gc.collect()` after the epoch, about 0.1 s of walking torch's objects for every
+  library, is not counted). Peak RSS: the main process's and the largest worker's.
 - Duplicates / missing: the `__key__`s seen against the keys generated (worst run).
 - Read amplification = bytes read / size on disk of the library's own copy of the data.
   Bytes read are deltas of `/proc/self/io` counters in the main process while the dataset
@@ -485,12 +487,16 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
             iteration_io.append(batch.pop()["__io__"])
         keys.extend(sample["__key__"] for sample in batch)
     elapsed = time.perf_counter() - start
+    # Dropping the iterator ends the library's threads and joins the
+    # DataLoader's workers; this process's CPU is taken before the
+    # collection below, which walks every object torch made (about 0.1 s,
+    # the same for every library), and the workers' once they are gone.
     del batches
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
     gc.collect()
     deadline = time.monotonic() + 60
     while multiprocessing.active_children() and time.monotonic() < deadline:
         time.sleep(0.05)
-    usage1 = resource.getrusage(resource.RUSAGE_SELF)
     children1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (
         usage1.ru_utime
