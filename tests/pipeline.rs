@@ -12,6 +12,15 @@ use shardstream::spec::{self, Shard};
 use shardstream::stats::{Counter, Counters};
 use shardstream::Error;
 
+/// Appends a regular file `name` holding `data`.
+fn append_member(builder: &mut tar::Builder<std::fs::File>, name: &str, data: &[u8]) {
+    let mut header = tar::Header::new_ustar();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder.append_data(&mut header, name, data).unwrap();
+}
+
 /// Writes a tar of `samples` samples with fields `bin` (`size` bytes) and `txt`.
 fn write_shard(path: &Path, tag: &str, samples: usize, size: usize) {
     let mut builder = tar::Builder::new(std::fs::File::create(path).unwrap());
@@ -20,13 +29,7 @@ fn write_shard(path: &Path, tag: &str, samples: usize, size: usize) {
             ("bin", vec![(i % 251) as u8; size]),
             ("txt", format!("{tag}-{i}").into_bytes()),
         ] {
-            let mut header = tar::Header::new_ustar();
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(tar::EntryType::Regular);
-            builder
-                .append_data(&mut header, format!("{tag}/{i:05}.{field}"), &data[..])
-                .unwrap();
+            append_member(&mut builder, &format!("{tag}/{i:05}.{field}"), &data);
         }
     }
     builder.finish().unwrap();
@@ -349,13 +352,7 @@ fn members_arrive_as_the_shard_holds_them_shared_or_copied() {
             state ^= state << 17;
             *byte = state as u8;
         }
-        let mut header = tar::Header::new_ustar();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, format!("{key}.bin"), &data[..])
-            .unwrap();
+        append_member(&mut builder, &format!("{key}.bin"), &data);
         expected.insert(key, data);
     }
     builder.finish().unwrap();
