@@ -268,8 +268,41 @@ type MappedPlace = (usize, Arc<LocalFile>, u64);
 /// The chunks of local shards mapped in this process, by start address.
 static MAPPED_CHUNKS: Mutex<BTreeMap<usize, MappedPlace>> = Mutex::new(BTreeMap::new());
 
-fn mapped_chunks() -> std::sync::MutexGuard<'static, BTreeMap<usize, MappedPlace>> {
+type MappedChunksGuard = std::sync::MutexGuard<'static, BTreeMap<usize, MappedPlace>>;
+
+fn mapped_chunks() -> MappedChunksGuard {
+    static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
+    FORK_HANDLERS.call_once(|| {
+        // SAFETY: registers three `extern "C"` functions that only lock and
+        // unlock the list on the forking thread (see `hold_across_fork`).
+        unsafe {
+            libc::pthread_atfork(
+                Some(hold_across_fork),
+                Some(release_after_fork),
+                Some(release_after_fork),
+            );
+        }
+    });
     MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+thread_local! {
+    /// The list's lock, held by the forking thread while it forks.
+    static HELD_ACROSS_FORK: std::cell::RefCell<Option<MappedChunksGuard>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before a fork: takes the list's lock, so that no other thread holds it
+/// at the moment of the fork (a DataLoader worker would inherit it locked
+/// and wait for it forever).
+extern "C" fn hold_across_fork() {
+    let guard = MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
+    HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some(guard));
+}
+
+/// After a fork, in the parent and in the child: lets the lock go.
+extern "C" fn release_after_fork() {
+    HELD_ACROSS_FORK.with(|held| held.borrow_mut().take());
 }
 
 /// Where `bytes` lie in a local shard, when they are a view of one of its
@@ -427,6 +460,43 @@ mod tests {
             }
         }
         panic!("no mapping holds {address:#x}");
+    }
+
+    #[test]
+    fn a_child_forked_while_another_thread_holds_the_list_can_use_it() {
+        drop(mapped_chunks());
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let guard = mapped_chunks();
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(guard);
+        });
+        locked_rx.recv().unwrap();
+        // SAFETY: the child only looks the list up and leaves with `_exit`.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            let found = file_origin(&[0u8; 8]).is_some();
+            unsafe { libc::_exit(if found { 2 } else { 0 }) };
+        }
+        assert!(child > 0, "fork failed");
+        holder.join().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut status = 0;
+        loop {
+            // SAFETY: waits for (or, past the deadline, kills) our own child.
+            let done = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+            if done == child {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                unsafe { libc::kill(child, libc::SIGKILL) };
+                unsafe { libc::waitpid(child, &mut status, 0) };
+                panic!("the child waited for the list's lock for 10 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
     }
 
     #[test]
