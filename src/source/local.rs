@@ -54,7 +54,9 @@ pub(super) async fn read_file(
     if let Some(meta) = meta.filter(|m| m.is_file()) {
         let size = meta.len();
         let local = Arc::new(LocalFile {
-            path: path.to_owned(),
+            // Absolute, so that another process (a DataLoader's main
+            // process) finds the file whatever its working directory.
+            path: std::path::absolute(path).unwrap_or_else(|_| path.to_owned()),
             identity: FileIdentity::of(&meta),
         });
         let mapping = (file, local);
@@ -217,7 +219,7 @@ async fn read_chunk(
 /// identifies this version of it.
 #[derive(Debug)]
 pub struct LocalFile {
-    /// The file's path.
+    /// The file's path, made absolute.
     pub path: std::path::PathBuf,
     /// Its identity when it was opened.
     pub identity: FileIdentity,

@@ -122,3 +122,21 @@ def test_a_missing_or_short_shard_is_an_error_naming_shard_and_offset(tmp_path: 
     gone.unlink()
     with pytest.raises(shardstream.ShardNotFoundError, match=r"gone\.tar"):
         pickle.loads(pickled)
+
+
+def test_relative_shard_paths_are_found_from_another_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_shards(tmp_path / "data")
+    expected = {s.key: s for p in paths for s in read_tar_samples(p)}
+    monkeypatch.chdir(tmp_path)
+    relative = [str(p.relative_to(tmp_path)) for p in paths]
+    batches = iter(loader(shardstream.StreamingDataset(relative, shuffle_buffer=4), 2))
+    samples = [next(batches)]
+    # The workers keep their working directory; the main process moves away
+    # before it unpickles the rest.
+    monkeypatch.chdir("/")
+    samples.extend(batches)
+    assert_exactly_once(keys_of(samples), expected)
+    for sample in samples:
+        assert sample["bin"] == expected[sample["__key__"]].fields["bin"], sample["__key__"]
