@@ -12,7 +12,7 @@ use pyo3::IntoPyObjectExt;
 
 use crate::collate::{Batch, Column};
 use crate::format::{Sample, Value};
-use crate::source::file_origin;
+use crate::source::{file_origin, SHARE_MIN_BYTES};
 use crate::value::Array;
 use crate::with_array_data;
 
@@ -21,17 +21,13 @@ use crate::with_array_data;
 pub enum BytesOut<'a, 'py> {
     /// As `bytes`.
     Plain,
-    /// Views of mapped local shards of at least [`LOCAL_REFERENCE_MIN_BYTES`]
-    /// as instances of this `bytes` subclass (`shardstream.local_bytes.LocalBytes`),
+    /// Views of mapped local shards (members of at least
+    /// [`SHARE_MIN_BYTES`]) as instances of this `bytes` subclass (`shardstream.local_bytes.LocalBytes`),
     /// which pickles as the bytes' place in their file: in a DataLoader
     /// worker, so that the main process reads them from the file rather
     /// than through the worker's pipe.
     LocalReferences(&'a Bound<'py, PyAny>),
 }
-
-/// The shortest bytes handed out as a local reference: shorter ones cost
-/// less to pickle than to read again.
-const LOCAL_REFERENCE_MIN_BYTES: usize = 16 << 10;
 
 /// A sample as a dict: `__key__`, `__url__`, then its fields in order.
 pub fn sample_to_dict<'py>(
@@ -126,7 +122,9 @@ fn bytes_to_py<'py>(
     let BytesOut::LocalReferences(class) = out else {
         return Ok(plain.into_any());
     };
-    let origin = (bytes.len() >= LOCAL_REFERENCE_MIN_BYTES)
+    // Only members this long are views of a mapping: skip the lookup for
+    // the others.
+    let origin = (bytes.len() >= SHARE_MIN_BYTES)
         .then(|| file_origin(bytes))
         .flatten();
     let Some(origin) = origin else {

@@ -52,7 +52,7 @@ impl Chunk {
 /// handed out as a view of the chunk rather than copied out of it: no byte
 /// of them is copied before Python makes its `bytes`. Shorter ones cost
 /// less to copy than to keep a chunk mapped for.
-const SHARE_MIN_BYTES: usize = 16 << 10;
+pub const SHARE_MIN_BYTES: usize = 16 << 10;
 
 type ChunkResult = Result<Chunk>;
 
