@@ -1,7 +1,7 @@
 """Type stubs of the native core ``shardstream._core``."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, final
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "default_options",
     "plan_epoch",
     "plan_samples",
+    "raise_malloc_thresholds",
     "resolve_shards",
     "run_cli",
 ]
@@ -149,7 +150,7 @@ class SampleStream(Iterator[Any]):
         columns: list[str] | None = None,
         batch_format: Literal["dict", "arrow"] | None = None,
         batch_size: int | None = None,
-        local_bytes: type[bytes] | None = None,
+        local_bytes: Callable[..., bytes] | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:
@@ -195,6 +196,11 @@ def plan_epoch(
 
 def default_options() -> dict[str, Any]:
     """The default stream options, by their Python keyword names."""
+
+def raise_malloc_thresholds() -> bool:
+    """Sets glibc's mmap threshold to 32 MiB and trim threshold to 64 MiB in
+    this process (where glibc's adaptive rule puts them after a 32 MiB block
+    is freed). True if set; False where the C library is not glibc."""
 
 def run_cli(argv: list[str]) -> int:
     """Runs the ``shardstream`` command line with ``argv`` (program name first)."""

@@ -10,6 +10,13 @@ the worker has just read them) into a plain ``bytes``. The batch then costs
 one copy in the main process instead of a pickle, a pipe write, a pipe read
 and an unpickle of every byte.
 
+With ``raise_malloc_thresholds`` (the dataset's default), the first read
+in a process also raises glibc's malloc thresholds there (mmap 32 MiB, trim
+64 MiB, where glibc's own adaptive rule puts them after a 32 MiB block is
+freed): each batch's bytes then reuse the heap the previous batch freed,
+instead of glibc returning it to the kernel and the next batch faulting it
+in again page by page.
+
 Shards must not change while they are read. A shard replaced since the worker
 opened it (another device, inode, size or modification time) raises
 ``ObjectChangedError``; a shard gone or cut short raises
@@ -22,7 +29,12 @@ import os
 import threading
 from collections import OrderedDict
 
-from ._core import ObjectChangedError, ShardNotFoundError, ShardReadError
+from ._core import (
+    ObjectChangedError,
+    ShardNotFoundError,
+    ShardReadError,
+)
+from ._core import raise_malloc_thresholds as _raise_malloc_thresholds
 
 # (path, identity) -> open descriptor, least recently used first.
 _OPEN: OrderedDict[tuple[str, tuple[int, int, int, int]], int] = OrderedDict()
@@ -30,13 +42,15 @@ _OPEN_MAX = 64
 # Reads happen under the lock too, so that no descriptor is closed (and its
 # number reused) while another thread reads from it.
 _LOCK = threading.Lock()
+# Whether this process has raised glibc's malloc thresholds (once is enough).
+_THRESHOLDS_RAISED = False
 
 
 class LocalBytes(bytes):
     """``bytes`` of a local shard's member that pickle as where they are in
     the shard, and unpickle as a plain ``bytes`` read from there."""
 
-    _origin: tuple[str, int, int, tuple[int, int, int, int]]
+    _origin: tuple[str, int, int, tuple[int, int, int, int], bool]
 
     def __new__(
         cls,
@@ -47,19 +61,39 @@ class LocalBytes(bytes):
         ino: int,
         size: int,
         mtime_ns: int,
+        *,
+        raise_malloc_thresholds: bool = False,
     ) -> LocalBytes:
         self = super().__new__(cls, data)
-        self._origin = (path, offset, len(data), (dev, ino, size, mtime_ns))
+        self._origin = (
+            path,
+            offset,
+            len(data),
+            (dev, ino, size, mtime_ns),
+            raise_malloc_thresholds,
+        )
         return self
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
         return (read_local, self._origin)
 
 
-def read_local(path: str, offset: int, length: int, identity: tuple[int, int, int, int]) -> bytes:
+def read_local(
+    path: str,
+    offset: int,
+    length: int,
+    identity: tuple[int, int, int, int],
+    raise_thresholds: bool = False,
+) -> bytes:
     """The ``length`` bytes at ``offset`` of the shard at ``path``, which must
-    still be the file of ``identity`` (device, inode, size, mtime in ns)."""
+    still be the file of ``identity`` (device, inode, size, mtime in ns).
+    ``raise_thresholds``: raise glibc's malloc thresholds in this process
+    first, if not done yet."""
+    global _THRESHOLDS_RAISED
     with _LOCK:
+        if raise_thresholds and not _THRESHOLDS_RAISED:
+            _raise_malloc_thresholds()
+            _THRESHOLDS_RAISED = True
         fd = _descriptor(path, identity)
         try:
             data = os.pread(fd, length, offset)

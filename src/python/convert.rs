@@ -22,10 +22,11 @@ pub enum BytesOut<'a, 'py> {
     /// As `bytes`.
     Plain,
     /// Views of mapped local shards (members of at least
-    /// [`SHARE_MIN_BYTES`]) as instances of this `bytes` subclass (`shardstream.local_bytes.LocalBytes`),
-    /// which pickles as the bytes' place in their file: in a DataLoader
-    /// worker, so that the main process reads them from the file rather
-    /// than through the worker's pipe.
+    /// [`SHARE_MIN_BYTES`]) as what this callable makes of the bytes, path,
+    /// offset and file identity: a `bytes` subclass
+    /// (`shardstream.local_bytes.LocalBytes`) that pickles as the bytes'
+    /// place in their file. In a DataLoader worker, so that the main process
+    /// reads them from the file rather than through the worker's pipe.
     LocalReferences(&'a Bound<'py, PyAny>),
 }
 

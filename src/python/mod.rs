@@ -3,6 +3,7 @@
 
 pub mod convert;
 mod errors;
+mod malloc;
 mod stream;
 
 use pyo3::prelude::*;
@@ -24,6 +25,8 @@ mod _core {
         ObjectChangedError, ShardFormatError, ShardNotFoundError, ShardReadError,
         ShardSkippedWarning, ShardStreamError, StateMismatchError, StorageAuthError,
     };
+    #[pymodule_export]
+    use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
     use super::stream::{
         _rebuild_shard_list, check_state, default_options, plan_epoch, plan_samples,

@@ -259,8 +259,8 @@ pub struct SampleStream {
     held: Mutex<Vec<Sample>>,
     /// Shards skipped while samples were collected, warned of after the wait.
     skipped: Mutex<Vec<crate::Error>>,
-    /// The `bytes` subclass that local shards' long members are handed out
-    /// as (in a DataLoader worker), if any.
+    /// What makes the `bytes` that local shards' long members are handed out
+    /// as (in a DataLoader worker), if any: see [`BytesOut::LocalReferences`].
     local_bytes: Option<Py<PyAny>>,
 }
 

@@ -4,9 +4,12 @@ process as references to their file, and arrive as plain ``bytes``."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 import pickle
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -35,17 +38,19 @@ def write_shards(root: Path) -> list[Path]:
     return paths
 
 
-def counting_read_local(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def counting_read_local(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     """Counts the calls of ``local_bytes.read_local`` in this process (the
     DataLoader's main process, where batches are unpickled); returns the
-    lengths read."""
-    calls: list[int] = []
+    length read and whether malloc thresholds were to be raised, per call."""
+    calls: list[tuple[int, bool]] = []
     original = local_bytes.read_local
 
     @functools.wraps(original)
-    def read_local(path: str, offset: int, length: int, identity: tuple[int, ...]) -> bytes:
-        calls.append(length)
-        return original(path, offset, length, identity)
+    def read_local(
+        path: str, offset: int, length: int, identity: tuple[int, ...], raise_thresholds: bool
+    ) -> bytes:
+        calls.append((length, raise_thresholds))
+        return original(path, offset, length, identity, raise_thresholds)
 
     monkeypatch.setattr(local_bytes, "read_local", read_local)
     return calls
@@ -71,7 +76,86 @@ def test_long_members_cross_by_reference_and_arrive_as_plain_bytes(
     lengths = [len(s.fields["bin"]) for s in expected.values()]
     long = [n for n in lengths if n >= REFERENCE_MIN]
     assert len(long) == 6
-    assert sorted(calls) == (sorted(long) if by_reference else [])
+    assert sorted(calls) == ([(n, True) for n in sorted(long)] if by_reference else [])
+
+
+def test_references_carry_the_choice_not_to_raise_malloc_thresholds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_shards(tmp_path)
+    calls = counting_read_local(monkeypatch)
+    dataset = shardstream.StreamingDataset(
+        [str(p) for p in paths], shuffle_buffer=4, raise_malloc_thresholds=False
+    )
+    assert len(list(loader(dataset, 2))) == 2 * len(SIZES)
+    assert len(calls) == 6 and not any(raise_thresholds for _, raise_thresholds in calls)
+
+
+@pytest.mark.parametrize("raise_thresholds", [True, False])
+def test_each_worker_raises_malloc_thresholds_when_it_starts_streaming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raise_thresholds: bool
+) -> None:
+    paths = write_shards(tmp_path)
+    context = multiprocessing.get_context("fork")
+    raised_in = context.Array("i", 8)
+    calls = context.Value("i", 0)
+
+    def record() -> bool:
+        # Forked workers inherit this patch; each writes its process id.
+        with calls.get_lock():
+            raised_in[calls.value] = os.getpid()
+            calls.value += 1
+        return True
+
+    monkeypatch.setattr(shardstream.dataset, "raise_malloc_thresholds", record)
+    dataset = shardstream.StreamingDataset(
+        [str(p) for p in paths], raise_malloc_thresholds=raise_thresholds
+    )
+    samples = list(loader(dataset, 2, multiprocessing_context=context))
+    assert len(samples) == 2 * len(SIZES)
+    pids = set(raised_in[: calls.value])
+    if raise_thresholds:
+        assert calls.value == 2 and os.getpid() not in pids and len(pids) == 2
+    else:
+        assert calls.value == 0
+
+
+# Frees a batch of 32 fresh 80 KB bytes objects, 20 times, and prints the
+# minor page faults of the last 19 rounds: the heap the first round grew is
+# either kept for the next round or given back to the kernel and faulted in
+# again, 20 pages per object.
+HEAP_REUSE = """
+import resource, sys
+from shardstream import _core
+if sys.argv[1] == "raised":
+    assert _core.raise_malloc_thresholds()
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for round in range(20):
+    if round == 1:
+        start = faults()
+    batch = [bytes([round]) * 80_000 for _ in range(32)]
+    del batch
+print(faults() - start)
+"""
+
+
+def test_raised_malloc_thresholds_keep_a_freed_batch_for_the_next() -> None:
+    def faults(mode: str) -> int:
+        run = subprocess.run(
+            [sys.executable, "-c", HEAP_REUSE, mode],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return int(run.stdout)
+
+    # 19 rounds of 32 objects of 20 pages: about 12,000 faults if each round
+    # takes fresh pages.
+    default, raised = faults("default"), faults("raised")
+    assert default > 5_000, default
+    assert raised < 500, raised
 
 
 def test_without_workers_values_are_plain_bytes(tmp_path: Path) -> None:
