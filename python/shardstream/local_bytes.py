@@ -29,11 +29,7 @@ import os
 import threading
 from collections import OrderedDict
 
-from ._core import (
-    ObjectChangedError,
-    ShardNotFoundError,
-    ShardReadError,
-)
+from ._core import ObjectChangedError, ShardNotFoundError, ShardReadError
 from ._core import raise_malloc_thresholds as _raise_malloc_thresholds
 
 # (path, identity) -> open descriptor, least recently used first.

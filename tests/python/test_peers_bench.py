@@ -199,7 +199,30 @@ def test_publish_links_every_file_under_the_bucket(
     data = profiles["audio"]
     root = tmp_path / "s3root"
     bench.publish(root, data)
-    bench.publish(root, data)  # again: already there
+    bench.publish(root, data)  # again: the same links anew
+    published = sorted((root / bench.S3_BUCKET / data.name / "tar").iterdir())
+    assert [p.name for p in published] == [p.name for p in bench.tar_paths(data)]
+    for path, original in zip(published, bench.tar_paths(data), strict=True):
+        assert path.stat().st_ino == original.stat().st_ino
+
+
+def test_a_profile_generated_again_with_other_parameters_drops_what_was_made_from_the_old(
+    bench: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = bench.generate("audio", tmp_path, quick=True)
+    (data / "litdata").mkdir()
+    (data / "litdata" / "index.json").write_text("{}")
+    root = tmp_path / "s3root"
+    bench.publish(root, data)
+    stale = root / bench.S3_BUCKET / data.name / "tar" / "stale.tar"
+    stale.write_bytes(b"")
+
+    shards, per_shard = bench.PROFILES["audio"]["quick"]
+    monkeypatch.setitem(bench.PROFILES, "audio", {"quick": (shards, per_shard + 1)})
+    again = bench.generate("audio", tmp_path, quick=True)
+    assert again == data and not (data / "litdata").exists()
+    assert len(bench.load_meta(data)["keys"]) == shards * (per_shard + 1)
+    bench.publish(root, data)
     published = sorted((root / bench.S3_BUCKET / data.name / "tar").iterdir())
     assert [p.name for p in published] == [p.name for p in bench.tar_paths(data)]
     for path, original in zip(published, bench.tar_paths(data), strict=True):
