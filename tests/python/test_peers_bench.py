@@ -296,3 +296,36 @@ def test_failed_runs_are_listed_with_their_last_error(bench: ModuleType) -> None
     assert "mosaicml-streaming, small, 2 workers: 2 run(s) failed; last error: `B: two`" in listed
     assert not bench.any_timed([{"cold_cache": True}])
     assert bench.any_timed([{"cold_cache": True}, {"cold_cache": False}])
+
+
+PHASES = BENCH.parent / "epoch_phases.py"
+
+
+def epoch_phases(data: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """benches/peers/epoch_phases.py over the audio profile at `data`."""
+    command = [sys.executable, str(PHASES), "--profile", "audio", "--data-root", str(data.parent)]
+    return subprocess.run(
+        [*command, "--repeats", "1", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_epoch_phases_compares_options_over_every_sample(
+    bench: ModuleType, profiles: dict[str, Path]
+) -> None:
+    data = profiles["audio"]
+    run = epoch_phases(data, "--workers", "2", "--compare", "raise_malloc_thresholds=false")
+    assert run.returncode == 0, run.stderr
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| options",
+        "| defaults",
+        "| raise_malloc_thresholds=False",
+    ]
+    samples = len(bench.load_meta(data)["keys"])
+    assert all(row.rstrip(" |").endswith(f"{samples:,}") for row in rows[1:]), rows
+
+
+def test_epoch_phases_refuses_an_unknown_option(profiles: dict[str, Path]) -> None:
+    run = epoch_phases(profiles["audio"], "--workers", "0", "--compare", "no_such_option=1")
+    assert run.returncode != 0
+    assert "no option 'no_such_option'" in run.stderr
