@@ -103,7 +103,9 @@ pub struct S3Options {
     pub backoff_base: Duration,
     /// Largest backoff step.
     pub backoff_max: Duration,
-    /// Objects (or ranges) larger than this are fetched as parallel ranged GETs of this size.
+    /// Objects (or ranges) larger than a part are fetched as parallel ranged
+    /// GETs of at most this size (less when `max_concurrency` parts would not
+    /// fit in an object's share of the read-ahead budget).
     pub part_size: usize,
     /// Ranged GETs in flight per object at most.
     pub max_concurrency: usize,

@@ -478,10 +478,9 @@ pub(super) async fn read_object(
         .clone()
         .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
     let known_len = (range.end != u64::MAX).then(|| range.end - range.start);
-    if s3.options.max_concurrency > 1
-        && known_len.is_none_or(|len| len > s3.options.part_size as u64)
-    {
-        return read_parts(fetcher, s3, url, (bucket, key), range, tx).await;
+    let part = part_bytes(fetcher, &s3.options);
+    if s3.options.max_concurrency > 1 && known_len.is_none_or(|len| len > part) {
+        return read_parts(fetcher, s3, url, (bucket, key), range, part, tx).await;
     }
     let mut target = Target::Chunks {
         tx,
@@ -514,7 +513,16 @@ pub(super) async fn read_object(
     Ok(())
 }
 
-/// Parallel ranged GETs of `part_size`, at most `max_concurrency` at once,
+/// The size of one ranged GET: `part_size`, or less, so that
+/// `max_concurrency` parts fit in this unit's share of the read-ahead budget
+/// and can be in flight together (with the defaults, 32 MiB shared by 4
+/// objects, 2 MiB parts).
+fn part_bytes(fetcher: &Fetcher, options: &S3Options) -> u64 {
+    let fitting = fetcher.budget_bytes() / options.max_concurrency.max(1);
+    options.part_size.min(fitting).max(1) as u64
+}
+
+/// Parallel ranged GETs of `part` bytes, at most `max_concurrency` at once,
 /// each holding its share of the read-ahead budget, sent in order. The first
 /// part goes alone, to learn the ETag every other part is pinned to and, for
 /// a whole object of unknown size, the size.
@@ -524,11 +532,9 @@ async fn read_parts(
     url: &str,
     (bucket, key): (&str, &str),
     range: Range<u64>,
+    part: u64,
     tx: &Sender<ChunkResult>,
 ) -> Result<(), ConsumerGone> {
-    let part = (s3.options.part_size as u64)
-        .min(fetcher.budget_bytes() as u64)
-        .max(1);
     let first = range.start..range.start.saturating_add(part).min(range.end);
     let Some(permit) = fetcher.reserve((first.end - first.start) as usize).await else {
         return Err(ConsumerGone);

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from _shardtest import read_tar_samples, sample_digest
+from _shardtest import read_tar_samples, sample_digest, tar_bytes
 from fault_proxy import FaultProxy, Faults, running_fault_proxy
 from s3_server import BUCKET, S3Server, s3_config
 
@@ -205,3 +205,25 @@ def test_objects_are_fetched_concurrently_and_delivered_in_order(
     else:
         assert 1 < proxy.injected.max_active <= max_concurrency
     assert ds.stats()["bytes_read"] == sum(s3_dataset["sizes"].values())
+
+
+def test_one_large_objects_parts_are_in_flight_together_at_the_default_part_size(
+    proxy, s3, s3_dataset
+):
+    """With the default part size (8 MiB) larger than an object's share of
+    a small read-ahead budget, parts shrink so that several fit in the share
+    and go in parallel, rather than one at a time."""
+    members = [(f"p{i:03d}.bin", bytes([i]) * (64 << 10)) for i in range(32)]
+    key = "parts/one.tar"
+    s3.client().put_object(Bucket=BUCKET, Key=key, Body=tar_bytes(members))
+    proxy.reset(Faults(first_byte_delay=0.05))
+    options = s3_config(proxy.endpoint_url, max_concurrency=4)
+    ds = StreamingDataset(
+        f"s3://{BUCKET}/{key}", s3=options, read_ahead_bytes=4 << 20, shuffle_buffer=0
+    )
+    samples = {s["__key__"]: s["bin"] for s in read_all(ds)}
+    assert samples == {name.removesuffix(".bin"): data for name, data in members}
+    # A 4 MiB budget shared by 4 objects: 1 MiB each, so 256 KiB parts, 4 at
+    # a time, for the 2 MiB object (before: 1 MiB parts, one at a time).
+    assert ds.stats()["requests"] >= 8
+    assert 1 < proxy.injected.max_active <= 4
