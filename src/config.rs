@@ -103,11 +103,13 @@ pub struct S3Options {
     pub backoff_base: Duration,
     /// Largest backoff step.
     pub backoff_max: Duration,
-    /// Objects (or ranges) larger than a part are fetched as parallel ranged
-    /// GETs of at most this size (less when `max_concurrency` parts would not
-    /// fit in an object's share of the read-ahead budget).
+    /// The largest ranged GET: objects (or ranges) larger than a part are
+    /// fetched as parallel ranged GETs, a part being this size or less, so
+    /// that `max_concurrency` parts fit in an object's share of the
+    /// read-ahead budget.
     pub part_size: usize,
-    /// Ranged GETs in flight per object at most.
+    /// Objects fetched at once per worker, and ranged GETs in flight per
+    /// object, at most.
     pub max_concurrency: usize,
 }
 

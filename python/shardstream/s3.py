@@ -29,9 +29,12 @@ class S3Config:
             resuming it with a Range request.
         max_attempts: attempts per request, the first included.
         max_retry_time: seconds spent retrying one request at most.
-        part_size: objects (or ranges) larger than this many bytes are
-            fetched as parallel ranged GETs of this size.
-        max_concurrency: ranged GETs in flight per object at most.
+        part_size: the largest ranged GET, in bytes. An object (or range)
+            larger than a part is fetched as parallel ranged GETs; a part is
+            this size, or less, so that ``max_concurrency`` parts fit in the
+            object's share of ``read_ahead_bytes``.
+        max_concurrency: objects fetched at once per worker, and ranged
+            GETs in flight per object, at most.
     """
 
     region: str | None = None
