@@ -111,9 +111,14 @@ enum Command {
         /// Manifest to plan with (default: `manifest.json` beside the shards, if any).
         #[arg(long, conflicts_with = "no_manifest")]
         manifest: Option<PathBuf>,
-        /// Plan by bytes even when a manifest is beside the shards.
+        /// Use no manifest, even when one is beside the shards.
         #[arg(long)]
         no_manifest: bool,
+        /// Do not count the samples of local tar shards from their headers:
+        /// without a manifest, shards are then dealt whole, balanced by bytes
+        /// (as with `count_samples=False`; one rank only).
+        #[arg(long)]
+        no_count: bool,
         /// With a manifest: drop the samples that do not divide evenly among
         /// ranks, or pad by wrapping around.
         #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
@@ -148,6 +153,7 @@ where
             no_shuffle,
             manifest,
             no_manifest,
+            no_count,
             remainder,
         } => {
             let choice = match (manifest, no_manifest) {
@@ -164,7 +170,7 @@ where
                     num_workers: workers,
                     remainder,
                 };
-                print_plan(&spec, &choice, &params, &s3, &mut out)
+                print_plan(&spec, &choice, !no_count, &params, &s3, &mut out)
             })
         }
     };
@@ -301,24 +307,37 @@ fn index(
 fn print_plan(
     specs: &[String],
     choice: &ManifestChoice,
+    count: bool,
     params: &PlanParams,
     s3: &S3Options,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
     let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
+    spec::check_local_shards_exist(&shards)?;
     let manifest_path = manifest::attach(&mut shards, choice)?;
+    if count {
+        crate::count::count_local_tar(&mut shards, true)?;
+    }
+    if params.world_size > 1 {
+        if let Some(uncounted) = crate::count::first_uncounted(&shards) {
+            return Err(crate::count::counts_needed(uncounted, params.world_size));
+        }
+    }
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);
+    let remainder = if params.remainder == Remainder::Pad {
+        "pad"
+    } else {
+        "drop"
+    };
     let basis = match (&manifest_path, plan.samples_per_rank) {
         (Some(path), Some(n)) => format!(
-            "{n} samples per rank (remainder: {}), manifest {}",
-            if params.remainder == Remainder::Pad {
-                "pad"
-            } else {
-                "drop"
-            },
+            "{n} samples per rank (remainder: {remainder}), manifest {}",
             path.display()
+        ),
+        (None, Some(n)) => format!(
+            "{n} samples per rank (remainder: {remainder}), counted from the tar headers"
         ),
         _ => "balanced by bytes; samples: unknown (no manifest)".into(),
     };

@@ -134,6 +134,14 @@ impl Default for S3Options {
     }
 }
 
+/// The largest byte budget an option may set (read-ahead, shuffle buffer):
+/// far above any machine's memory, far below what would overflow the
+/// budget's counters.
+pub const MAX_BUDGET_BYTES: u64 = 1 << 40;
+
+/// The largest count of samples or rows an option may set.
+pub const MAX_ITEMS: u64 = 1 << 32;
+
 /// Options of one stream. Build with [`StreamOptions::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamOptions {
@@ -349,6 +357,30 @@ impl StreamOptionsBuilder {
                 name: "max_attempts",
                 reason: "must be at least 1".into(),
             });
+        }
+        for (name, value) in [
+            ("read_ahead_bytes", o.read_ahead_bytes),
+            ("shuffle_buffer_bytes", o.shuffle_buffer_bytes),
+        ] {
+            if value as u64 > MAX_BUDGET_BYTES {
+                return Err(Error::Config {
+                    name,
+                    reason: format!("must be at most {MAX_BUDGET_BYTES} (1 TiB), got {value}"),
+                });
+            }
+        }
+        for (name, value) in [
+            ("shuffle_buffer", o.shuffle_buffer),
+            ("shuffle_initial", o.shuffle_initial),
+            ("output_queue", o.output_queue),
+            ("batch_rows", o.batch_rows),
+        ] {
+            if value as u64 > MAX_ITEMS {
+                return Err(Error::Config {
+                    name,
+                    reason: format!("must be at most {MAX_ITEMS}, got {value}"),
+                });
+            }
         }
         if o.chunk_bytes > u32::MAX as usize {
             return Err(Error::Config {

@@ -11,6 +11,7 @@
 pub mod cli;
 pub mod collate;
 pub mod config;
+pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;

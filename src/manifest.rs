@@ -71,6 +71,16 @@ pub struct SampleIndex {
 }
 
 impl SampleIndex {
+    /// The index of a plain tar shard from its samples' `(offset, length)`
+    /// spans, in order.
+    pub fn from_spans(spans: &[(u64, u64)]) -> Self {
+        SampleIndex {
+            offsets: spans.iter().map(|s| s.0).collect(),
+            lengths: spans.iter().map(|s| s.1).collect(),
+            compression: None,
+        }
+    }
+
     /// Number of samples.
     pub fn len(&self) -> u64 {
         self.offsets.len() as u64

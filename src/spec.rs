@@ -205,39 +205,97 @@ impl Location {
     }
 }
 
+/// The most URLs one spec may expand to: a typo such as
+/// `{0..99999999999}` is an error at once, not an allocation that ends in
+/// the OOM killer.
+pub const MAX_EXPANSION: u64 = 1_000_000;
+
 /// Expands brace patterns: `{000..127}` (zero-padded to the width of the
 /// bounds) and `{a,b,c}`; several groups give their product, left to right.
+/// A spec that would expand to more than [`MAX_EXPANSION`] URLs is an error.
 pub fn expand_braces(spec: &str) -> Result<Vec<String>> {
+    let count = expansion_count(spec)?;
+    if count > MAX_EXPANSION {
+        return Err(Error::Spec {
+            spec: spec.to_owned(),
+            reason: format!(
+                "expands to {count} URLs, more than the {MAX_EXPANSION} a spec may name \
+                 (a typo in a brace range?)"
+            ),
+        });
+    }
+    expand_checked(spec)
+}
+
+/// How many URLs `spec` expands to (saturating), checking its syntax.
+fn expansion_count(spec: &str) -> Result<u64> {
+    let mut count: u64 = 1;
+    let mut rest = spec;
+    while let Some((head, body, tail)) = next_group(spec, rest)? {
+        let _ = head;
+        let n = if let Some((lo, hi)) = body.split_once("..") {
+            let (a, b, _) = range_bounds(lo, hi).ok_or_else(|| Error::Spec {
+                spec: spec.to_owned(),
+                reason: format!("bad range {{{body}}}"),
+            })?;
+            (b - a).saturating_add(1)
+        } else {
+            body.split(',').count() as u64
+        };
+        count = count.saturating_mul(n);
+        rest = tail;
+    }
+    Ok(count)
+}
+
+/// The first brace group of `rest` (a suffix of `spec`): the text before
+/// it, its body and the text after it; `None` when there is none.
+fn next_group<'a>(spec: &str, rest: &'a str) -> Result<Option<(&'a str, &'a str, &'a str)>> {
     let bad = |reason: &str| Error::Spec {
         spec: spec.to_owned(),
         reason: reason.to_owned(),
     };
-    let Some(open) = spec.find('{') else {
-        if spec.contains('}') {
+    let Some(open) = rest.find('{') else {
+        if rest.contains('}') {
             return Err(bad("'}' without '{'"));
         }
-        return Ok(vec![spec.to_owned()]);
+        return Ok(None);
     };
-    let close = spec[open..]
+    let close = rest[open..]
         .find('}')
         .map(|i| open + i)
         .ok_or_else(|| bad("'{' without '}'"))?;
-    let (head, body, tail) = (&spec[..open], &spec[open + 1..close], &spec[close + 1..]);
+    let (head, body, tail) = (&rest[..open], &rest[open + 1..close], &rest[close + 1..]);
     if head.contains('}') {
         return Err(bad("'}' without '{'"));
     }
     if body.contains('{') {
         return Err(bad("nested braces are not supported"));
     }
-    let alternatives = if let Some((lo, hi)) = body.split_once("..") {
-        numeric_range(lo, hi).ok_or_else(|| bad(&format!("bad range {{{body}}}")))?
-    } else if body.contains(',') {
-        body.split(',').map(str::to_owned).collect()
-    } else {
+    if !body.contains("..") && !body.contains(',') {
         return Err(bad(&format!("braces need a range or a list: {{{body}}}")));
+    }
+    Ok(Some((head, body, tail)))
+}
+
+/// Expands `spec`, whose size [`expansion_count`] has checked.
+fn expand_checked(spec: &str) -> Result<Vec<String>> {
+    let Some((head, body, tail)) = next_group(spec, spec)? else {
+        return Ok(vec![spec.to_owned()]);
     };
-    let tails = expand_braces(tail).map_err(|e| match e {
-        Error::Spec { reason, .. } => bad(&reason),
+    let alternatives = if let Some((lo, hi)) = body.split_once("..") {
+        numeric_range(lo, hi).ok_or_else(|| Error::Spec {
+            spec: spec.to_owned(),
+            reason: format!("bad range {{{body}}}"),
+        })?
+    } else {
+        body.split(',').map(str::to_owned).collect()
+    };
+    let tails = expand_checked(tail).map_err(|e| match e {
+        Error::Spec { reason, .. } => Error::Spec {
+            spec: spec.to_owned(),
+            reason,
+        },
         other => other,
     })?;
     let mut out = Vec::with_capacity(alternatives.len() * tails.len());
@@ -249,7 +307,8 @@ pub fn expand_braces(spec: &str) -> Result<Vec<String>> {
     Ok(out)
 }
 
-fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
+/// The bounds of a numeric range `lo..hi` and the width to pad to.
+fn range_bounds(lo: &str, hi: &str) -> Option<(u64, u64, usize)> {
     let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !all_digits(lo) || !all_digits(hi) {
         return None;
@@ -260,7 +319,59 @@ fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
     }
     let padded = (lo.len() > 1 && lo.starts_with('0')) || (hi.len() > 1 && hi.starts_with('0'));
     let width = if padded { lo.len().max(hi.len()) } else { 0 };
+    Some((a, b, width))
+}
+
+fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
+    let (a, b, width) = range_bounds(lo, hi)?;
     Some((a..=b).map(|n| format!("{n:0width$}")).collect())
+}
+
+/// The URL schemes a spec may use; anything else is refused at once.
+pub const SUPPORTED_SCHEMES: &str = "local paths, file:// and s3://";
+
+/// Refuses a URL whose scheme shardstream cannot read (`https://`, `gs://`,
+/// `hf://`, webdataset's `pipe:` ...), naming it and the supported ones.
+pub fn check_scheme(url: &str) -> Result<()> {
+    let scheme = match url.split_once("://") {
+        Some((scheme, _))
+            if !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+.-".contains(&b)) =>
+        {
+            Some(scheme)
+        }
+        _ if url.starts_with("pipe:") => Some("pipe"),
+        _ => None,
+    };
+    match scheme {
+        None | Some("file") | Some("s3") => Ok(()),
+        Some(other) => Err(Error::Spec {
+            spec: url.to_owned(),
+            reason: format!(
+                "the scheme {other:?} is not supported (supported: {SUPPORTED_SCHEMES})"
+            ),
+        }),
+    }
+}
+
+/// What identifies a shard across spellings: an object URL as it is; a
+/// local path (or `file://` URL) made absolute and canonical (symbolic
+/// links, `.`, `..` and repeated `/` resolved), or, for a file that does
+/// not exist, made absolute and normalised.
+pub fn identity(url: &str, base: &Path) -> String {
+    match Location::parse(url) {
+        Location::S3 { .. } => url.to_owned(),
+        Location::Local(path) => {
+            let joined = base.join(path);
+            std::fs::canonicalize(&joined)
+                .or_else(|_| std::path::absolute(&joined))
+                .unwrap_or(joined)
+                .display()
+                .to_string()
+        }
+    }
 }
 
 /// Resolves local specs; see [`resolve_with`].
@@ -290,6 +401,7 @@ pub fn resolve_dataset(
     let mut shards = Vec::new();
     let mut listings = Vec::new();
     for spec in specs {
+        check_scheme(spec)?;
         for url in expand_braces(spec)? {
             match Location::parse(&url) {
                 Location::S3 { bucket, key } if key.is_empty() || key.ends_with('/') => {
@@ -318,12 +430,21 @@ pub fn resolve_dataset(
             reason: "no shards".into(),
         });
     }
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = std::collections::HashMap::new();
     for shard in &mut shards {
-        if !seen.insert(shard.url.clone()) {
+        let id = identity(&shard.url, Path::new(""));
+        if let Some(first) = seen.insert(id, shard.url.clone()) {
+            let spelled = if first == shard.url {
+                String::new()
+            } else {
+                format!(" (as {:?} and {:?})", first, shard.url)
+            };
             return Err(Error::Spec {
                 spec: specs.join(" "),
-                reason: format!("shard {:?} is listed twice", shard.url),
+                reason: format!(
+                    "shard {:?} is listed twice{spelled}: every sample would come twice",
+                    shard.url
+                ),
             });
         }
         shard.kind = format.kind_of(&shard.url);
@@ -338,6 +459,19 @@ pub fn resolve_dataset(
         }
     }
     Ok(shards)
+}
+
+/// An error naming the first local shard of `shards` that does not exist
+/// (its size could not be read when it was resolved).
+pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
+    for shard in shards {
+        if let (Location::Local(path), None) = (shard.location(), shard.size) {
+            if let Err(error) = std::fs::metadata(&path) {
+                return Err(Error::from_open(&shard.url, error));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads the footer of every Parquet file and replaces the file by one
@@ -452,6 +586,64 @@ mod tests {
                 matches!(expand_braces(bad), Err(Error::Spec { .. })),
                 "{bad} accepted"
             );
+        }
+    }
+
+    #[test]
+    fn huge_expansions_are_refused_before_allocating() {
+        for spec in [
+            "shard-{0..99999999999}.tar",
+            "shard-{0..18446744073709551615}.tar",
+            "{0..999}/{0..999}/{0..9}.tar",
+        ] {
+            let error = expand_braces(spec).unwrap_err().to_string();
+            assert!(error.contains("more than the 1000000"), "{error}");
+        }
+        assert!(matches!(
+            expand_braces("{0..18446744073709551616}"),
+            Err(Error::Spec { .. })
+        ));
+        assert_eq!(expand_braces("{0..999}/{0..999}.tar").unwrap().len(), 1_000_000);
+    }
+
+    #[test]
+    fn unsupported_schemes_are_refused() {
+        for url in [
+            "https://host/a.tar",
+            "http://host/a.tar",
+            "gs://bucket/a.tar",
+            "hf://datasets/org/name/a.tar",
+            "pipe:curl -s x",
+        ] {
+            let error = resolve(&[url.to_owned()]).unwrap_err().to_string();
+            assert!(error.contains("not supported"), "{error}");
+            assert!(error.contains("s3://"), "{error}");
+        }
+        for ok in ["a:b.tar", "dir/x://y.tar", "s3://b/k.tar", "file:///x.tar"] {
+            check_scheme(ok).unwrap();
+        }
+    }
+
+    #[test]
+    fn one_shard_spelled_several_ways_is_listed_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        std::fs::write(&path, b"xy").unwrap();
+        std::os::unix::fs::symlink(&path, dir.path().join("link.tar")).unwrap();
+        let plain = path.to_str().unwrap().to_owned();
+        let d = dir.path().to_str().unwrap();
+        for other in [
+            format!("{d}/./a.tar"),
+            format!("{d}//a.tar"),
+            format!("file://{plain}"),
+            format!("{d}/link.tar"),
+            format!("{d}/sub/../a.tar"),
+        ] {
+            if other.contains("sub/") {
+                std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+            }
+            let error = resolve(&[plain.clone(), other.clone()]).unwrap_err();
+            assert!(error.to_string().contains("listed twice"), "{other}: {error}");
         }
     }
 

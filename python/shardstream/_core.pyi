@@ -1,7 +1,7 @@
 """Type stubs of the native core ``shardstream._core``."""
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, final
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "ManifestError",
     "ManifestMismatchError",
     "ObjectChangedError",
+    "Options",
     "SampleStream",
     "ShardFormatError",
     "ShardList",
@@ -25,6 +26,7 @@ __all__ = [
     "_rebuild_shard_list",
     "check_state",
     "default_options",
+    "default_s3_options",
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
@@ -79,17 +81,50 @@ class Counters:
         """The counters as a dict of name to value."""
 
 @final
-class ShardList:
-    """The resolved shards of a dataset, with their sample indices when a manifest is used."""
+@final
+class Options:
+    """Every dataset option, parsed and validated once; the others take their defaults.
+    A value of the wrong type raises ``TypeError``, one out of range ``ValueError``,
+    both naming the option."""
 
     def __new__(
         cls,
-        specs: list[str],
         *,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        shuffle_buffer: int = 1000,
+        shuffle_buffer_bytes: int = 268435456,
+        shuffle_initial: int = 100,
+        read_ahead_bytes: int = 33554432,
+        on_error: Literal["raise", "warn"] = "raise",
+        io_timeout: float = 120.0,
         manifest: str | os.PathLike[str] | bool | None = None,
-        s3: dict[str, Any] | None = None,
-        format: str = "auto",
-    ) -> ShardList: ...
+        remainder: Literal["drop", "pad"] = "drop",
+        s3: Any = None,
+        format: Literal["auto", "tar", "parquet", "raw"] = "auto",
+        decode: bool | Mapping[str, str] | None = None,
+        columns: Sequence[str] | None = None,
+        batch_format: Literal["dict", "arrow"] = "dict",
+        batch_size: int | None = None,
+        local_bytes_by_reference: bool = True,
+        raise_malloc_thresholds: bool = True,
+        count_samples: bool = True,
+    ) -> Options: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The value of every option, defaults included, by name."""
+    def __getitem__(self, name: str) -> Any:
+        """The value of option ``name`` (its default when not given)."""
+    @property
+    def batches(self) -> bool:
+        """Whether batches are handed out (``batch_size``, or Arrow record batches)."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
+        """Pickling keeps the keywords as given."""
+
+class ShardList:
+    """The resolved shards of a dataset, with their sample counts (from a manifest, Parquet
+    footers, or the headers of local tar shards), and the options they were resolved with."""
+
+    def __new__(cls, specs: list[str], options: Options) -> ShardList: ...
     @property
     def urls(self) -> list[str]:
         """Shard URLs, in order."""
@@ -98,19 +133,22 @@ class ShardList:
         """Shard sizes in bytes (``None`` when unknown), in order."""
     @property
     def sample_counts(self) -> list[int] | None:
-        """Sample counts per shard from the manifest, or ``None`` without one."""
+        """Sample counts per shard, or ``None`` when one is unknown."""
     @property
     def manifest_path(self) -> str | None:
         """The manifest in use, if any."""
     @property
     def kinds(self) -> list[str]:
         """What each shard holds: ``"tar"``, ``"raw"`` or ``"parquet"`` (one row group)."""
+    def check_equal_length(self, world_size: int) -> None:
+        """Raises ``DatasetSpecError`` if ``world_size`` ranks cannot get the same number of
+        samples (a shard's sample count is unknown)."""
     def samples_per_rank(self, world_size: int, remainder: str = "drop") -> int | None:
-        """Samples each rank gets per epoch (with a manifest), else ``None``."""
+        """Samples each rank gets per epoch (with sample counts), else ``None``."""
     def __len__(self) -> int: ...
 
 def _rebuild_shard_list(
-    specs: list[str], manifest: str | bool, s3: dict[str, Any] | None, format: str
+    specs: list[str], options: Options, manifest: str | bool
 ) -> ShardList:
     """Unpickles a ``ShardList``."""
 
@@ -135,21 +173,8 @@ class SampleStream(Iterator[Any]):
         rank: int = 0,
         num_workers: int = 1,
         worker_id: int = 0,
-        seed: int | None = None,
-        shuffle_shards: bool | None = None,
-        shuffle_buffer: int | None = None,
-        shuffle_buffer_bytes: int | None = None,
-        shuffle_initial: int | None = None,
-        read_ahead_bytes: int | None = None,
-        on_error: Literal["raise", "warn"] | None = None,
-        io_timeout: float | None = None,
-        remainder: Literal["drop", "pad"] | None = None,
         resume: str | None = None,
         counters: Counters | None = None,
-        decode: bool | dict[str, str] | None = None,
-        columns: list[str] | None = None,
-        batch_format: Literal["dict", "arrow"] | None = None,
-        batch_size: int | None = None,
         local_bytes: Callable[..., bytes] | None = None,
     ) -> SampleStream: ...
     @property
@@ -195,7 +220,10 @@ def plan_epoch(
     """The shard indices of every slot (``rank * num_workers + worker``) for one epoch."""
 
 def default_options() -> dict[str, Any]:
-    """The default stream options, by their Python keyword names."""
+    """The default of every dataset option, by its keyword name."""
+
+def default_s3_options() -> dict[str, Any]:
+    """The defaults of the ``s3=`` options (``shardstream.S3Config`` fields)."""
 
 def raise_malloc_thresholds() -> bool:
     """Sets glibc's mmap threshold to 32 MiB and trim threshold to 64 MiB in

@@ -7,13 +7,16 @@ import functools
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
+
+from typing_extensions import Unpack
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._core import (
     Counters,
+    Options,
     SampleStream,
     ShardList,
     StateMismatchError,
@@ -21,15 +24,9 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .local_bytes import LocalBytes
-from .s3 import S3Config
+from .options import DatasetOptions
 
 __all__ = ["StreamingDataset"]
-
-OnError = Literal["raise", "warn"]
-Remainder = Literal["drop", "pad"]
-Format = Literal["auto", "tar", "parquet", "raw"]
-BatchFormat = Literal["dict", "arrow"]
-Decoder = Literal["bytes", "str", "int", "json", "numpy", "audio", "rgb8"]
 
 
 class StreamingDataset(IterableDataset[Any]):
@@ -113,69 +110,43 @@ class StreamingDataset(IterableDataset[Any]):
         self,
         urls: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
-        seed: int = 0,
-        shuffle_shards: bool = True,
-        shuffle_buffer: int = 1000,
-        shuffle_buffer_bytes: int = 256 << 20,
-        shuffle_initial: int = 100,
-        read_ahead_bytes: int = 32 << 20,
         rank: int | None = None,
         world_size: int | None = None,
         num_workers: int | None = None,
         worker_id: int | None = None,
-        on_error: OnError = "raise",
-        io_timeout: float = 120.0,
-        manifest: str | os.PathLike[str] | bool | None = None,
-        remainder: Remainder = "drop",
-        s3: S3Config | Mapping[str, Any] | None = None,
-        format: Format = "auto",
-        decode: bool | Mapping[str, Decoder] | None = None,
-        columns: Sequence[str] | None = None,
-        batch_format: BatchFormat = "dict",
-        batch_size: int | None = None,
-        local_bytes_by_reference: bool = True,
-        raise_malloc_thresholds: bool = True,
+        **options: Unpack[DatasetOptions],
     ) -> None:
         super().__init__()
-        specs = (
-            [os.fspath(urls)]
-            if isinstance(urls, (str, os.PathLike))
-            else [os.fspath(u) for u in urls]
-        )
-        if on_error not in ("raise", "warn"):
-            raise ValueError(f'on_error must be "raise" or "warn", got {on_error!r}')
-        if remainder not in ("drop", "pad"):
-            raise ValueError(f'remainder must be "drop" or "pad", got {remainder!r}')
-        if format not in ("auto", "tar", "parquet", "raw"):
-            raise ValueError(f'format must be "auto", "tar", "parquet" or "raw", got {format!r}')
-        if batch_format not in ("dict", "arrow"):
-            raise ValueError(f'batch_format must be "dict" or "arrow", got {batch_format!r}')
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if isinstance(manifest, os.PathLike):
-            manifest = os.fspath(manifest)
-        self.s3 = s3 if isinstance(s3, S3Config) else S3Config(**(s3 or {}))
-        self.shard_list = ShardList(specs, manifest=manifest, s3=self.s3.to_dict(), format=format)
-        self.format: Format = format
-        self.decode = decode if isinstance(decode, (bool, type(None))) else dict(decode)
-        self.columns = None if columns is None else list(columns)
-        self.batch_format: BatchFormat = batch_format
-        self.batch_size = batch_size
-        self.local_bytes_by_reference = local_bytes_by_reference
-        self.raise_malloc_thresholds = raise_malloc_thresholds
-        self.seed = seed
-        self.shuffle_shards = shuffle_shards
-        self.shuffle_buffer = shuffle_buffer
-        self.shuffle_buffer_bytes = shuffle_buffer_bytes
-        self.shuffle_initial = shuffle_initial
-        self.read_ahead_bytes = read_ahead_bytes
+        if isinstance(urls, (str, os.PathLike)):
+            specs = [os.fspath(urls)]
+        elif isinstance(urls, Sequence) and all(isinstance(u, (str, os.PathLike)) for u in urls):
+            specs = [os.fspath(u) for u in urls]
+        else:
+            raise TypeError(
+                "urls must be a path, URL or brace pattern, or a list of them, "
+                f"got {type(urls).__name__}"
+            )
+        for name, value in (
+            ("rank", rank),
+            ("world_size", world_size),
+            ("num_workers", num_workers),
+            ("worker_id", worker_id),
+        ):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise TypeError(f"invalid option {name}: expected None or an int, got {value!r}")
+        if isinstance(options.get("manifest"), os.PathLike):
+            options["manifest"] = os.fspath(options["manifest"])  # type: ignore[typeddict-item]
+        # Every option is parsed and checked here, in Rust, once.
+        self.options = Options(**options)
         self.rank = rank
         self.world_size = world_size
         self.num_workers = num_workers
         self.worker_id = worker_id
-        self.on_error: OnError = on_error
-        self.io_timeout = io_timeout
-        self.remainder: Remainder = remainder
+        self.shard_list = ShardList(specs, self.options)
+        _, resolved_world = self.distributed_slot()
+        # With several ranks, every rank must get the same number of
+        # samples: refuse now, not with a hang at the epoch's end.
+        self.shard_list.check_equal_length(resolved_world)
         self.epoch = 0
         self._counters = Counters()
         self._resume: str | None = None
@@ -234,10 +205,12 @@ class StreamingDataset(IterableDataset[Any]):
         """Samples per rank per epoch; needs sample counts: a manifest for
         tar shards (Parquet footers and raw objects give them)."""
         _, world_size = self.distributed_slot()
-        n = self.shard_list.samples_per_rank(world_size, self.remainder)
+        n = self.shard_list.samples_per_rank(world_size, self.options["remainder"])
         if n is None:
             raise TypeError(
-                "len() needs a manifest: run `shardstream index SPEC -o DIR/manifest.json`"
+                "len() needs every shard's sample count: local tar shards are counted, "
+                "compressed and remote ones need a manifest "
+                "(run `shardstream index SPEC -o DIR/manifest.json`)"
             )
         return n
 
@@ -245,7 +218,7 @@ class StreamingDataset(IterableDataset[Any]):
         """Samples per rank per epoch (see ``num_samples``). Not defined when
         batches are handed out: their number depends on how the DataLoader's
         workers split the rank's samples."""
-        if self.batch_size is not None or self.batch_format == "arrow":
+        if self.options.batches:
             raise TypeError(
                 "len() is not defined for batches (their number depends on the DataLoader's "
                 "workers); num_samples() gives the samples per rank"
@@ -306,7 +279,8 @@ class StreamingDataset(IterableDataset[Any]):
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
         in_worker = get_worker_info() is not None
-        if in_worker and self.raise_malloc_thresholds:
+        raise_thresholds = self.options["raise_malloc_thresholds"]
+        if in_worker and raise_thresholds:
             raise_malloc_thresholds()
         return SampleStream(
             self.shard_list,
@@ -315,24 +289,11 @@ class StreamingDataset(IterableDataset[Any]):
             rank=rank,
             num_workers=num_workers,
             worker_id=worker_id,
-            seed=self.seed,
-            shuffle_shards=self.shuffle_shards,
-            shuffle_buffer=self.shuffle_buffer,
-            shuffle_buffer_bytes=self.shuffle_buffer_bytes,
-            shuffle_initial=self.shuffle_initial,
-            read_ahead_bytes=self.read_ahead_bytes,
-            on_error=self.on_error,
-            io_timeout=self.io_timeout,
-            remainder=self.remainder,
             resume=self._resume,
             counters=self._counters,
-            decode=self.decode,
-            columns=self.columns,
-            batch_format=self.batch_format,
-            batch_size=self.batch_size,
             local_bytes=(
-                functools.partial(LocalBytes, raise_malloc_thresholds=self.raise_malloc_thresholds)
-                if self.local_bytes_by_reference and in_worker
+                functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)
+                if self.options["local_bytes_by_reference"] and in_worker
                 else None
             ),
         )
@@ -353,8 +314,9 @@ class StreamingDataset(IterableDataset[Any]):
 
     def __repr__(self) -> str:
         manifest = f", manifest={self.manifest_path!r}" if self.manifest_path else ""
+        o = self.options
         return (
-            f"StreamingDataset({len(self.shard_list)} shards{manifest}, seed={self.seed}, "
-            f"shuffle_shards={self.shuffle_shards}, shuffle_buffer={self.shuffle_buffer}, "
-            f"epoch={self.epoch}, on_error={self.on_error!r})"
+            f"StreamingDataset({len(self.shard_list)} shards{manifest}, seed={o['seed']}, "
+            f"shuffle_shards={o['shuffle_shards']}, shuffle_buffer={o['shuffle_buffer']}, "
+            f"epoch={self.epoch}, on_error={o['on_error']!r})"
         )

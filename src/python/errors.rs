@@ -78,6 +78,22 @@ create_exception!(
     "A bad shard was skipped under on_error=\"warn\"."
 );
 
+/// The `ShardStreamError` for a panic caught at the binding boundary: a
+/// bug, reported as one, that `except ShardStreamError` (and `except
+/// Exception`) catches, unlike pyo3's `PanicException`.
+pub fn panic_to_py(panic: &(dyn std::any::Any + Send)) -> PyErr {
+    let what = if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown cause".to_owned()
+    };
+    ShardStreamError::new_err(format!(
+        "internal error in shardstream ({what}); please report it with the dataset spec and options"
+    ))
+}
+
 /// The Python exception for `error`; its message names the shard and offset.
 pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();

@@ -1,9 +1,11 @@
 //! Python bindings: the only module that names pyo3. It converts errors,
 //! releases the GIL around every blocking wait, and stays thin.
 
+mod blocking;
 pub mod convert;
 mod errors;
 mod malloc;
+mod options;
 mod stream;
 
 use pyo3::prelude::*;
@@ -28,9 +30,11 @@ mod _core {
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
+    use super::options::{default_options, default_s3_options, Options};
+    #[pymodule_export]
     use super::stream::{
-        _rebuild_shard_list, check_state, default_options, plan_epoch, plan_samples,
-        resolve_shards, run_cli, Counters, SampleStream, ShardList,
+        _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
+        Counters, SampleStream, ShardList,
     };
 
     #[pymodule_init]

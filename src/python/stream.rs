@@ -4,23 +4,24 @@
 use std::ffi::CString;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
-use super::errors::{to_py, ShardSkippedWarning};
+use super::errors::{panic_to_py, to_py, ShardSkippedWarning, ShardStreamError};
 use crate::collate::collate;
-use crate::config::{FieldDecoders, OnError, S3Options, SlotSpec, StreamOptions, TableOutput};
-use crate::decode::Decoder;
+use super::blocking::{blocking, interruptible};
+use super::options::Options;
+use crate::config::{OnError, SlotSpec};
 use crate::format::Sample;
-use crate::manifest::{self, ManifestChoice};
+use crate::manifest;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::{self, cut, PlanParams, Remainder};
-use crate::spec::{self, DatasetFormat, Shard, ShardKind};
+use crate::spec::{self, Shard, ShardKind};
 use crate::state::{Resume, SlotState};
 use crate::stats;
 
@@ -59,100 +60,66 @@ impl Counters {
     }
 }
 
-/// S3 options from a dict of `shardstream.S3Config` fields (durations in seconds).
-fn s3_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<S3Options> {
-    let mut o = S3Options::default();
-    let Some(config) = config else {
-        return Ok(o);
-    };
-    let seconds = |v: f64, name: &str| {
-        Duration::try_from_secs_f64(v)
-            .map_err(|_| PyValueError::new_err(format!("invalid option {name}: {v}")))
-    };
-    for (name, value) in config.iter() {
-        let name: String = name.extract()?;
-        if value.is_none() {
-            continue;
-        }
-        match name.as_str() {
-            "region" => o.region = Some(value.extract()?),
-            "endpoint_url" => o.endpoint_url = Some(value.extract()?),
-            "path_style" => o.path_style = value.extract()?,
-            "profile" => o.profile = Some(value.extract()?),
-            "unsigned" => o.unsigned = value.extract()?,
-            "connect_timeout" => o.connect_timeout = seconds(value.extract()?, &name)?,
-            "first_byte_timeout" => o.first_byte_timeout = seconds(value.extract()?, &name)?,
-            "idle_timeout" => o.idle_timeout = seconds(value.extract()?, &name)?,
-            "max_attempts" => o.max_attempts = value.extract()?,
-            "max_retry_time" => o.max_retry_time = seconds(value.extract()?, &name)?,
-            "part_size" => o.part_size = value.extract()?,
-            "max_concurrency" => o.max_concurrency = value.extract()?,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "unknown S3 option {other:?}"
-                )))
-            }
-        }
-    }
-    Ok(o)
-}
-
-/// The resolved shards of a dataset, with their sample indices when a
-/// manifest is used, and how to reach S3.
+/// The resolved shards of a dataset, with their sample counts (from a
+/// manifest, Parquet footers, or the headers of local tar shards), and the
+/// options they were resolved with.
 #[pyclass(module = "shardstream._core")]
 pub struct ShardList {
     shards: Arc<Vec<Shard>>,
     specs: Vec<String>,
     manifest: Option<PathBuf>,
-    s3: S3Options,
-    s3_config: Option<Py<PyDict>>,
-    format: String,
+    options: Py<Options>,
 }
 
 #[pymethods]
 impl ShardList {
-    /// Resolves `specs`; `manifest` is a path, `None` for the
-    /// `manifest.json` beside the shards (if any), or `False` for none;
-    /// `s3` holds `shardstream.S3Config` fields; `format` is `"auto"`,
-    /// `"tar"`, `"parquet"` or `"raw"`.
+    /// Resolves `specs` with the dataset's `options` (`manifest`, `format`,
+    /// `s3`, `on_error`): lists directories and prefixes, reads Parquet
+    /// footers and the manifest, and counts the samples of local tar
+    /// shards that no manifest describes. With `on_error="raise"` a local
+    /// shard that is missing or malformed is an error here.
     #[new]
-    #[pyo3(signature = (specs, *, manifest = None, s3 = None, format = "auto"))]
-    fn new(
-        py: Python<'_>,
-        specs: Vec<String>,
-        manifest: Option<&Bound<'_, PyAny>>,
-        s3: Option<&Bound<'_, PyDict>>,
-        format: &str,
-    ) -> PyResult<Self> {
-        let dataset_format = DatasetFormat::from_str(format).map_err(to_py)?;
-        let s3_config = s3.map(|d| d.clone().unbind());
-        let s3 = s3_options(s3)?;
-        let choice = match manifest {
-            None => ManifestChoice::Auto,
-            Some(value) if value.is_instance_of::<pyo3::types::PyBool>() => {
-                if value.extract::<bool>()? {
-                    ManifestChoice::Auto
-                } else {
-                    ManifestChoice::Off
+    fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
+        let o = options.get();
+        let strict = o.stream.on_error == OnError::Raise;
+        let (s3, format, choice) = (o.stream.s3.clone(), o.format, o.manifest.clone());
+        let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
+        let count = o.count_samples;
+        let owned_specs = specs.clone();
+        let (shards, manifest) = interruptible(py, move || {
+            let mut shards = spec::resolve_dataset(&owned_specs, &s3, format)?;
+            if strict {
+                spec::check_local_shards_exist(&shards)?;
+            }
+            let used = manifest::attach(&mut shards, &choice)?;
+            if count {
+                crate::count::count_local_tar(&mut shards, strict)?;
+            }
+            if arrow {
+                if let Some(shard) = shards.iter().find(|s| !matches!(s.kind, ShardKind::Parquet(_))) {
+                    return Err(crate::Error::Config {
+                        name: "batch_format",
+                        reason: format!(
+                            "\"arrow\" hands out Parquet record batches, and {} is not a Parquet file",
+                            shard.url
+                        ),
+                    });
                 }
             }
-            Some(value) => ManifestChoice::Path(value.extract::<PathBuf>()?),
-        };
-        let (shards, manifest) = py
-            .detach(|| {
-                let mut shards = spec::resolve_dataset(&specs, &s3, dataset_format)?;
-                let used = manifest::attach(&mut shards, &choice)?;
-                Ok::<_, crate::Error>((shards, used))
-            })
-            .map_err(to_py)?;
+            Ok((shards, used))
+        })?;
         Ok(ShardList {
             shards: Arc::new(shards),
             specs,
             manifest,
-            s3,
-            s3_config,
-            format: format.to_owned(),
+            options,
         })
+    }
+
+    /// Raises if a job of `world_size` ranks cannot give every rank the
+    /// same number of samples (a shard's sample count is unknown).
+    fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
+        check_counts(&self.shards, world_size).map_err(to_py)
     }
 
     /// What each shard holds: `"tar"`, `"raw"` or `"parquet"` (one row group).
@@ -217,12 +184,8 @@ impl ShardList {
             None => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
         };
         let specs = this.specs.clone().into_pyobject(py)?.into_any();
-        let s3 = match &this.s3_config {
-            Some(config) => config.bind(py).clone().into_any(),
-            None => py.None().into_bound(py),
-        };
-        let format = PyString::new(py, &this.format).into_any();
-        let args = PyTuple::new(py, [specs, manifest, s3, format])?;
+        let options = this.options.bind(py).clone().into_any();
+        let args = PyTuple::new(py, [specs, options, manifest])?;
         let rebuild = py
             .import("shardstream._core")?
             .getattr("_rebuild_shard_list")?;
@@ -230,16 +193,29 @@ impl ShardList {
     }
 }
 
-/// Unpickles a [`ShardList`].
+/// Unpickles a [`ShardList`]: the specs resolved again with the options,
+/// and the manifest the original used (`False` for none).
 #[pyfunction]
 pub fn _rebuild_shard_list(
     py: Python<'_>,
     specs: Vec<String>,
+    options: Py<Options>,
     manifest: &Bound<'_, PyAny>,
-    s3: Option<&Bound<'_, PyDict>>,
-    format: &str,
 ) -> PyResult<ShardList> {
-    ShardList::new(py, specs, Some(manifest), s3, format)
+    let given = options.bind(py).call_method0("to_dict")?;
+    given.set_item("manifest", manifest)?;
+    let options = Py::new(py, Options::from_dict(given.cast::<PyDict>()?)?)?;
+    ShardList::new(py, specs, options)
+}
+
+/// An error when `world_size > 1` and a shard's sample count is unknown.
+fn check_counts(shards: &[Shard], world_size: usize) -> crate::Result<()> {
+    if world_size > 1 {
+        if let Some(uncounted) = crate::count::first_uncounted(shards) {
+            return Err(crate::count::counts_needed(uncounted, world_size));
+        }
+    }
+    Ok(())
 }
 
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
@@ -262,6 +238,26 @@ pub struct SampleStream {
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::LocalReferences`].
     local_bytes: Option<Py<PyAny>>,
+    /// Set while a `next()` runs: a second thread's `next()` is refused.
+    busy: AtomicBool,
+}
+
+/// The right to run `next()`, held for the length of one call.
+struct NextTurn<'a>(&'a AtomicBool);
+
+impl<'a> NextTurn<'a> {
+    /// Takes the turn, unless another thread holds it.
+    fn take(busy: &'a AtomicBool) -> Option<Self> {
+        busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| NextTurn(busy))
+    }
+}
+
+impl Drop for NextTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// What one wait with the GIL released brought.
@@ -278,136 +274,47 @@ enum Collected {
     Failed(crate::Error),
 }
 
-/// Field decoders from `decode=`: `True` (defaults by extension), a dict
-/// of field name to decoder name, or `None`/`False` (none).
-fn field_decoders(decode: Option<&Bound<'_, PyAny>>) -> PyResult<FieldDecoders> {
-    let Some(decode) = decode else {
-        return Ok(FieldDecoders::default());
-    };
-    if decode.is_instance_of::<pyo3::types::PyBool>() {
-        return Ok(if decode.extract::<bool>()? {
-            FieldDecoders::defaults()
-        } else {
-            FieldDecoders::default()
-        });
-    }
-    let dict = decode.cast::<PyDict>().map_err(|_| {
-        PyValueError::new_err("decode must be True, False, None or a dict of field to decoder")
-    })?;
-    let mut by_field = Vec::with_capacity(dict.len());
-    for (field, name) in dict.iter() {
-        let name: String = name.extract()?;
-        let decoder = Decoder::from_str(&name)
-            .map_err(|e| PyValueError::new_err(format!("invalid option decode[{field}]: {e}")))?;
-        by_field.push((field.extract::<String>()?, decoder));
-    }
-    Ok(FieldDecoders {
-        by_field,
-        defaults: false,
-    })
-}
-
 #[pymethods]
 impl SampleStream {
+    /// The stream of one slot: `shards` with their options, for `epoch`
+    /// (or the epoch of `resume`, a state JSON), at slot `(rank, worker_id)`
+    /// of `world_size` ranks of `num_workers` workers. `local_bytes` makes
+    /// the `bytes` of local shards' long members (see `LocalBytes`).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
-        seed = None, shuffle_shards = None, shuffle_buffer = None, shuffle_buffer_bytes = None,
-        shuffle_initial = None, read_ahead_bytes = None, on_error = None, io_timeout = None, remainder = None,
-        resume = None, counters = None, decode = None, columns = None, batch_format = None,
-        batch_size = None, local_bytes = None,
+        resume = None, counters = None, local_bytes = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         shards: PyRef<'_, ShardList>,
         epoch: u64,
         world_size: usize,
         rank: usize,
         num_workers: usize,
         worker_id: usize,
-        seed: Option<u64>,
-        shuffle_shards: Option<bool>,
-        shuffle_buffer: Option<usize>,
-        shuffle_buffer_bytes: Option<usize>,
-        shuffle_initial: Option<usize>,
-        read_ahead_bytes: Option<usize>,
-        on_error: Option<&str>,
-        io_timeout: Option<f64>,
-        remainder: Option<&str>,
         resume: Option<&str>,
         counters: Option<PyRef<'_, Counters>>,
-        decode: Option<&Bound<'_, PyAny>>,
-        columns: Option<Vec<String>>,
-        batch_format: Option<&str>,
-        batch_size: Option<usize>,
         local_bytes: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
-        let table_output = match batch_format.unwrap_or("dict") {
-            "dict" => TableOutput::Rows,
-            "arrow" => TableOutput::Arrow,
-            other => {
-                return Err(PyValueError::new_err(format!(
-                    "invalid option batch_format: expected \"dict\" or \"arrow\", got {other:?}"
-                )))
-            }
-        };
-        if batch_size == Some(0) {
-            return Err(PyValueError::new_err(
-                "invalid option batch_size: must be at least 1",
-            ));
-        }
-        let mut builder = StreamOptions::builder()
-            .with_s3(shards.s3.clone())
-            .with_decode(field_decoders(decode)?)
-            .with_columns(columns)
-            .with_table_output(table_output);
-        if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
-            builder = builder.with_batch_rows(rows);
-        }
-        if let Some(v) = seed {
-            builder = builder.with_seed(v);
-        }
-        if let Some(v) = shuffle_shards {
-            builder = builder.with_shuffle_shards(v);
-        }
-        if let Some(v) = shuffle_buffer {
-            builder = builder.with_shuffle_buffer(v);
-        }
-        if let Some(v) = shuffle_buffer_bytes {
-            builder = builder.with_shuffle_buffer_bytes(v);
-        }
-        if let Some(v) = shuffle_initial {
-            builder = builder.with_shuffle_initial(v);
-        }
-        if let Some(v) = read_ahead_bytes {
-            builder = builder.with_read_ahead_bytes(v);
-        }
-        if let Some(v) = on_error {
-            builder = builder.with_on_error(OnError::from_str(v).map_err(to_py)?);
-        }
-        if let Some(v) = remainder {
-            builder = builder.with_remainder(Remainder::from_str(v).map_err(to_py)?);
-        }
-        if let Some(v) = io_timeout {
-            let timeout = Duration::try_from_secs_f64(v)
-                .map_err(|_| PyValueError::new_err(format!("invalid option io_timeout: {v}")))?;
-            builder = builder.with_io_timeout(timeout);
-        }
-        let options = builder.build().map_err(to_py)?;
+        let options = shards.options.bind(py).get();
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
+        check_counts(&shards.shards, world_size).map_err(to_py)?;
         let resume = resume.map(parse_resume).transpose().map_err(to_py)?;
         let counters =
             counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
-        let stream =
-            Stream::new(&shards.shards, &options, epoch, slot, counters, resume).map_err(to_py)?;
+        let stream = Stream::new(&shards.shards, &options.stream, epoch, slot, counters, resume)
+            .map_err(to_py)?;
         Ok(SampleStream {
             epoch: stream.epoch(),
             inner: Mutex::new(stream),
-            batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
+            batch_size: options.batch_size,
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
             local_bytes,
+            busy: AtomicBool::new(false),
         })
     }
 
@@ -450,6 +357,12 @@ impl SampleStream {
 
     /// The next sample (a dict), batch (a dict of columns) or record batch.
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let Some(_turn) = NextTurn::take(&self.busy) else {
+            return Err(ShardStreamError::new_err(
+                "this stream's next() is already running in another thread; iterate a stream \
+                 from one thread at a time (like a generator)",
+            ));
+        };
         if let Some(error) = self
             .pending_error
             .lock()
@@ -532,10 +445,12 @@ impl SampleStream {
         let class = self.local_bytes.as_ref().map(|c| c.bind(py));
         let out = class.map_or(BytesOut::Plain, BytesOut::LocalReferences);
         if self.batch_size.is_none() {
-            let sample = samples.into_iter().next().expect("one sample");
+            let Some(sample) = samples.into_iter().next() else {
+                return Err(panic_to_py(&"a sample to hand out went missing"));
+            };
             return sample_to_dict(py, sample, out).map(Bound::into_any);
         }
-        let batch = py.detach(|| collate(samples));
+        let batch = blocking(py, || Ok(collate(samples)))?;
         batch_to_dict(py, batch, out).map(Bound::into_any)
     }
 }
@@ -676,23 +591,6 @@ pub fn plan_samples(
                 .collect()
         })
         .collect())
-}
-
-/// The default stream options, by their Python keyword names.
-#[pyfunction]
-pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let o = StreamOptions::default();
-    let dict = PyDict::new(py);
-    dict.set_item("seed", o.seed)?;
-    dict.set_item("shuffle_shards", o.shuffle_shards)?;
-    dict.set_item("shuffle_buffer", o.shuffle_buffer)?;
-    dict.set_item("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
-    dict.set_item("shuffle_initial", o.shuffle_initial)?;
-    dict.set_item("read_ahead_bytes", o.read_ahead_bytes)?;
-    dict.set_item("on_error", "raise")?;
-    dict.set_item("io_timeout", o.io_timeout.as_secs_f64())?;
-    dict.set_item("remainder", "drop")?;
-    Ok(dict)
 }
 
 /// Runs the `shardstream` command line with `argv` (program name first).

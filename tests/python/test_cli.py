@@ -146,11 +146,12 @@ def parse_plan(stdout: str) -> tuple[str, list[tuple[int, int, int, int, list[st
 
 @pytest.mark.parametrize(
     ("world_size", "workers", "seed", "epoch", "shuffle"),
-    [(1, 1, 0, 0, True), (2, 2, 0, 0, True), (3, 2, 17, 4, True), (2, 3, 5, 1, False)],
+    # Plans by bytes (--no-count) are for one rank; several need sample counts.
+    [(1, 1, 0, 0, True), (1, 4, 0, 0, True), (1, 6, 17, 4, True), (1, 3, 5, 1, False)],
 )
 def test_plan_matches_plan_epoch(launcher, dataset, world_size, workers, seed, epoch, shuffle):
     args = ["plan", dataset.spec, "--world-size", world_size, "--workers", workers]
-    args += ["--seed", seed, "--epoch", epoch]
+    args += ["--seed", seed, "--epoch", epoch, "--no-count"]
     if not shuffle:
         args.append("--no-shuffle")
     proc = run(launcher, *args)
@@ -178,7 +179,8 @@ def test_plan_matches_plan_epoch(launcher, dataset, world_size, workers, seed, e
 
 def test_plan_epochs_differ(dataset):
     outputs = [
-        run("module", "plan", dataset.spec, "--epoch", e, "--seed", 3).stdout for e in (0, 1)
+        run("module", "plan", dataset.spec, "--epoch", e, "--seed", 3, "--no-count").stdout
+        for e in (0, 1)
     ]
     orders = [parse_plan(out)[1][0][4] for out in outputs]
     assert sorted(orders[0]) == sorted(orders[1]) == sorted(dataset.urls)
@@ -186,22 +188,48 @@ def test_plan_epochs_differ(dataset):
 
 
 def test_plan_no_shuffle_lists_in_order(dataset):
-    proc = run("module", "plan", dataset.spec, "--no-shuffle", "--epoch", "9")
+    proc = run("module", "plan", dataset.spec, "--no-shuffle", "--epoch", "9", "--no-count")
     assert proc.returncode == 0, proc.stderr
     _, slots = parse_plan(proc.stdout)
     assert len(slots) == 1
     assert slots[0][4] == dataset.urls
 
 
-def test_plan_directory_and_missing_shard(tmp_path, dataset):
+def test_plan_directory(tmp_path, dataset):
     for i in range(3):
         (tmp_path / f"s{i}.tar").write_bytes(dataset.paths[i].read_bytes())
-    proc = run("module", "plan", tmp_path, str(tmp_path / "later.tar"), "--workers", "2")
+    proc = run("module", "plan", tmp_path, "--workers", "2", "--no-count")
     assert proc.returncode == 0, proc.stderr
-    _, slots = parse_plan(proc.stdout.replace(" (+1 of unknown size)", ""))
+    _, slots = parse_plan(proc.stdout)
     listed = sorted(u for *_, urls in slots for u in urls)
-    assert listed == sorted([*(f"{tmp_path}/s{i}.tar" for i in range(3)), f"{tmp_path}/later.tar"])
-    assert "unknown size" in proc.stdout
+    assert listed == sorted(f"{tmp_path}/s{i}.tar" for i in range(3))
+
+
+def test_plan_of_missing_files_is_an_error(tmp_path):
+    proc = run("module", "plan", f"{tmp_path}/shard-{{0..4}}.tar")
+    assert proc.returncode == 1
+    assert "not found" in proc.stderr and f"{tmp_path}/shard-0.tar" in proc.stderr
+
+
+def test_plan_counts_local_tar_shards_for_equal_ranks(dataset):
+    """Without a manifest, local tar shards are counted from their headers:
+    every rank gets the same number of samples, as with a manifest."""
+    proc = run("module", "plan", dataset.spec, "--world-size", "3", "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    total = len(dataset.samples)
+    assert f"{total // 3} samples per rank" in proc.stdout
+    assert "counted from the tar headers" in proc.stdout
+    per_slot = [int(m) for m in re.findall(r": \d+ pieces, (\d+) samples", proc.stdout)]
+    assert len(per_slot) == 6
+    assert [per_slot[0] + per_slot[1], per_slot[2] + per_slot[3], per_slot[4] + per_slot[5]] == [
+        total // 3
+    ] * 3
+
+
+def test_plan_of_several_ranks_without_counts_is_an_error(dataset):
+    proc = run("module", "plan", dataset.spec, "--world-size", "2", "--no-count")
+    assert proc.returncode == 1
+    assert "shardstream index" in proc.stderr and "world_size 2" in proc.stderr
 
 
 def test_plan_bad_spec_and_bad_world_size(dataset):

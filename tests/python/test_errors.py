@@ -142,10 +142,45 @@ def assert_names_duplicate_key(exc: BaseException, bad: BadShard) -> None:
     assert re.search(r"(?<![\w.])wav(?![\w.])", message), message
 
 
+# Kinds the dataset finds at construction with its defaults (on_error="raise",
+# count_samples=True): a missing local shard, and every malformed plain tar
+# (its headers are walked to count its samples). A compressed shard is not
+# counted, so its damage is found when it is read.
+FOUND_AT_CONSTRUCTION = set(ALL_KINDS) - {"gzipped_text"}
+
+
 @pytest.mark.parametrize("kind", ALL_KINDS)
-def test_bad_shard_raises_at_iteration(kind, tmp_path):
+def test_bad_local_shard_raises_at_construction(kind, tmp_path):
     bad = make_bad_shard(kind, tmp_path)
-    ds = shardstream.StreamingDataset(bad.path)  # constructing reads nothing
+    if kind not in FOUND_AT_CONSTRUCTION:
+        ds = shardstream.StreamingDataset(bad.path)
+        with pytest.raises(bad.error) as info:
+            list(ds)
+    else:
+        with pytest.raises(bad.error) as info:
+            shardstream.StreamingDataset(bad.path)
+    assert isinstance(info.value, ShardStreamError)
+    assert_message(info.value, bad)
+    if kind.startswith("duplicate"):
+        assert_names_duplicate_key(info.value, bad)
+
+
+def make_gone_after_construction(bad: BadShard, good: Path) -> None:
+    """For a "missing" shard: it exists (a copy of ``good``) while the dataset
+    is constructed, and is gone once :func:`remove` runs."""
+    bad.path.write_bytes(good.read_bytes())
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_bad_shard_raises_at_iteration(kind, tmp_path, dataset):
+    """Without counting, a malformed shard is found when it is read; a shard
+    removed after construction too."""
+    bad = make_bad_shard(kind, tmp_path)
+    if kind == "missing":
+        make_gone_after_construction(bad, dataset.paths[0])
+    ds = shardstream.StreamingDataset(bad.path, count_samples=False)
+    if kind == "missing":
+        bad.path.unlink()
     with pytest.raises(bad.error) as info:
         list(ds)
     assert isinstance(info.value, ShardStreamError)
@@ -157,7 +192,13 @@ def test_bad_shard_raises_at_iteration(kind, tmp_path):
 @pytest.mark.parametrize("kind", WORKER_KINDS)
 def test_bad_shard_raises_through_dataloader_workers(kind, tmp_path, dataset):
     bad = make_bad_shard(kind, tmp_path)
-    ds = shardstream.StreamingDataset([*dataset.urls[:3], str(bad.path)], seed=3)
+    if kind == "missing":
+        make_gone_after_construction(bad, dataset.paths[0])
+    ds = shardstream.StreamingDataset(
+        [*dataset.urls[:3], str(bad.path)], seed=3, count_samples=False
+    )
+    if kind == "missing":
+        bad.path.unlink()
     with pytest.raises(Exception) as info:
         collect(loader(ds, 2))
     # torch re-raises the worker's exception class with the original
@@ -222,7 +263,8 @@ def test_raise_policy_yields_the_samples_before_the_error(tmp_path, member):
     bad = truncated_in_data(tmp_path, member)
     got = []
     with pytest.raises(ShardFormatError):
-        for sample in shardstream.StreamingDataset(bad.path, shuffle_buffer=0):
+        ds = shardstream.StreamingDataset(bad.path, shuffle_buffer=0, count_samples=False)
+        for sample in ds:
             got.append(sample["__key__"])
     # Only complete samples come out, in order; never a partial one.
     assert got == bad.complete_before_failure[: len(got)]
@@ -354,13 +396,21 @@ def test_invalid_numeric_options_are_value_errors(dataset, option):
         list(shardstream.StreamingDataset(dataset.spec, **option))
 
 
-def test_missing_shard_raises_after_good_shards_in_order(tmp_path, dataset):
+def test_missing_local_shard_raises_at_construction(tmp_path, dataset):
     missing = tmp_path / "gone.tar"
-    ds = shardstream.StreamingDataset(
-        [dataset.urls[0], str(missing)], shuffle_shards=False, shuffle_buffer=0
-    )
-    got = []
     with pytest.raises(ShardNotFoundError, match=re.escape(str(missing))):
+        shardstream.StreamingDataset([dataset.urls[0], str(missing)], count_samples=False)
+
+
+def test_missing_shard_raises_after_good_shards_in_order(tmp_path, dataset):
+    gone = tmp_path / "gone.tar"
+    gone.write_bytes(dataset.paths[1].read_bytes())
+    ds = shardstream.StreamingDataset(
+        [dataset.urls[0], str(gone)], shuffle_shards=False, shuffle_buffer=0
+    )
+    gone.unlink()
+    got = []
+    with pytest.raises(ShardNotFoundError, match=re.escape(str(gone))):
         for sample in ds:
             got.append(sample["__key__"])
     assert got == dataset.keys_of([dataset.urls[0]])
@@ -368,7 +418,9 @@ def test_missing_shard_raises_after_good_shards_in_order(tmp_path, dataset):
 
 def test_error_does_not_poison_the_next_epoch(tmp_path, dataset):
     path = tmp_path / "later.tar"
+    path.write_bytes(dataset.paths[1].read_bytes())
     ds = shardstream.StreamingDataset([dataset.urls[0], str(path)])
+    path.unlink()
     with pytest.raises(ShardNotFoundError):
         list(ds)
     path.write_bytes(dataset.paths[1].read_bytes())

@@ -104,6 +104,88 @@ pub fn read_samples<R: ByteSource>(
     })
 }
 
+/// The byte spans `(offset, length)` of the samples of a plain tar archive
+/// of `total` bytes, grouped by the same rule as [`read_samples`], from the
+/// member headers alone: member data is skipped ([`ByteSource::skip`]), so
+/// a source that seeks reads one block per member. Errors are those
+/// [`read_samples`] reports for the same bytes.
+pub fn sample_spans<R: ByteSource>(
+    reader: &mut R,
+    shard: &ShardRef,
+    total: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let mut members = Members::new(&mut *reader);
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    let mut key = String::new();
+    let mut fields: Vec<String> = Vec::new();
+    let mut entry_start = 0u64;
+    let mut entries_seen = 0u64;
+    let mut path = Vec::new();
+    let walked: Result<(), Failure> = (|| {
+        while let Some(member) = members.next_member(&mut path).map_err(Failure::Tar)? {
+            entries_seen += 1;
+            let (start, end) = (entry_start, member.end);
+            entry_start = member.end;
+            if !member.is_file {
+                continue;
+            }
+            let header_offset = shard.base_offset + member.header_position;
+            let name = std::str::from_utf8(&path).map_err(|_| {
+                Failure::Member(shard.format_error(header_offset, None, "member name is not UTF-8"))
+            })?;
+            let Some((member_key, field)) = split_member(name) else {
+                continue;
+            };
+            let available = total.saturating_sub(member.data_position);
+            if available < member.size {
+                return Err(Failure::Member(shard.format_error(
+                    shard.base_offset + total,
+                    Some(name.to_owned()),
+                    format!(
+                        "truncated tar archive: member data ends after {available} of {} bytes",
+                        member.size
+                    ),
+                )));
+            }
+            match spans.last_mut() {
+                Some(last) if member_key == key => {
+                    if fields.contains(&field) {
+                        return Err(Failure::Member(Error::DuplicateField {
+                            url: shard.url.to_string(),
+                            key: key.clone(),
+                            field,
+                            member: name.to_owned(),
+                            offset: header_offset,
+                            compression: shard.compression,
+                        }));
+                    }
+                    fields.push(field);
+                    last.1 = end - last.0;
+                }
+                _ => {
+                    key.clear();
+                    key.push_str(member_key);
+                    fields.clear();
+                    fields.push(field);
+                    spans.push((start, end - start));
+                }
+            }
+        }
+        Ok(())
+    })();
+    if let Err(failure) = walked {
+        let (consumed, hit_eof) = (members.position(), members.hit_eof());
+        if let Some(source) = reader.take_failure() {
+            return Err(source);
+        }
+        return Err(failure.into_error(shard, consumed, hit_eof, entries_seen));
+    }
+    if members.position() == 0 {
+        return Err(shard.format_error(0, None, "empty file, not a tar archive"));
+    }
+    Ok(spans)
+}
+
 /// A failure while walking members, before it knows the bytes consumed.
 enum Failure {
     Tar(std::io::Error),

@@ -1,0 +1,53 @@
+"""The typed face of the dataset options: their names and types.
+
+Defaults and validation live in the Rust core (``shardstream._core.Options``,
+``shardstream.default_options()``); a test keeps this list, the stub and the
+core in step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypedDict
+
+from .s3 import S3Config
+
+__all__ = [
+    "BatchFormat",
+    "DatasetOptions",
+    "Decoder",
+    "Format",
+    "OnError",
+    "Remainder",
+]
+
+OnError = Literal["raise", "warn"]
+Remainder = Literal["drop", "pad"]
+Format = Literal["auto", "tar", "parquet", "raw"]
+BatchFormat = Literal["dict", "arrow"]
+Decoder = Literal["bytes", "str", "int", "json", "numpy", "audio", "rgb8"]
+
+
+class DatasetOptions(TypedDict, total=False):
+    """The keyword options of ``StreamingDataset`` (see its docstring)."""
+
+    seed: int
+    shuffle_shards: bool
+    shuffle_buffer: int
+    shuffle_buffer_bytes: int
+    shuffle_initial: int
+    read_ahead_bytes: int
+    on_error: OnError
+    io_timeout: float
+    manifest: str | os.PathLike[str] | bool | None
+    remainder: Remainder
+    s3: S3Config | Mapping[str, Any] | None
+    format: Format
+    decode: bool | Mapping[str, Decoder] | None
+    columns: Sequence[str] | None
+    batch_format: BatchFormat
+    batch_size: int | None
+    local_bytes_by_reference: bool
+    raise_malloc_thresholds: bool
+    count_samples: bool

@@ -1,0 +1,70 @@
+//! The one way bindings run Rust work: with the GIL released, a panic
+//! turned into a `ShardStreamError` (never a `PanicException`), the
+//! crate's errors into their Python classes, and, for work that may take
+//! long (resolving a dataset: listings, footers, counting), Ctrl-C checked
+//! at a bounded interval.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::errors::{panic_to_py, to_py};
+
+/// How often a long call checks for Python signals (Ctrl-C).
+const SIGNAL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Runs `f` with the GIL released; its error or panic becomes a Python
+/// exception.
+pub fn blocking<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    match py.detach(|| catch_unwind(AssertUnwindSafe(f))) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(to_py(error)),
+        Err(panic) => Err(panic_to_py(panic.as_ref())),
+    }
+}
+
+/// Runs `f` on a thread of its own and waits for it with the GIL
+/// released, checking for Python signals every [`SIGNAL_INTERVAL`]: on
+/// Ctrl-C the call raises `KeyboardInterrupt` at once (the thread finishes
+/// its I/O in the background and its result is dropped).
+pub fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    // Waited on with the GIL released, from this thread only.
+    let rx = std::sync::Mutex::new(rx);
+    std::thread::Builder::new()
+        .name("shardstream-resolve".into())
+        .spawn(move || {
+            let _ = tx.send(catch_unwind(AssertUnwindSafe(f)));
+        })
+        .map_err(|e| {
+            to_py(crate::Error::Stopped(format!(
+                "cannot start a thread to resolve the dataset: {e}"
+            )))
+        })?;
+    loop {
+        let received = py.detach(|| {
+            rx.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .recv_timeout(SIGNAL_INTERVAL)
+        });
+        match received {
+            Ok(Ok(Ok(value))) => return Ok(value),
+            Ok(Ok(Err(error))) => return Err(to_py(error)),
+            Ok(Err(panic)) => return Err(panic_to_py(panic.as_ref())),
+            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(to_py(crate::Error::Stopped(
+                    "the thread resolving the dataset ended without a result".into(),
+                )))
+            }
+        }
+    }
+}

@@ -1,0 +1,466 @@
+//! `Options`: every dataset option, parsed and validated once, when the
+//! dataset is constructed. Defaults live in Rust ([`StreamOptions`],
+//! [`S3Options`]); Python passes keywords through.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+
+use super::errors::to_py;
+use crate::config::{FieldDecoders, OnError, S3Options, StreamOptions, TableOutput};
+use crate::decode::Decoder;
+use crate::manifest::ManifestChoice;
+use crate::plan::Remainder;
+use crate::spec::DatasetFormat;
+
+/// The names of the dataset options, in documentation order.
+pub const OPTION_NAMES: [&str; 19] = [
+    "seed",
+    "shuffle_shards",
+    "shuffle_buffer",
+    "shuffle_buffer_bytes",
+    "shuffle_initial",
+    "read_ahead_bytes",
+    "on_error",
+    "io_timeout",
+    "manifest",
+    "remainder",
+    "s3",
+    "format",
+    "decode",
+    "columns",
+    "batch_format",
+    "batch_size",
+    "local_bytes_by_reference",
+    "raise_malloc_thresholds",
+    "count_samples",
+];
+
+/// The names of the `s3=` options (`shardstream.S3Config` fields).
+const S3_OPTION_NAMES: [&str; 12] = [
+    "region",
+    "endpoint_url",
+    "path_style",
+    "profile",
+    "unsigned",
+    "connect_timeout",
+    "first_byte_timeout",
+    "idle_timeout",
+    "max_attempts",
+    "max_retry_time",
+    "part_size",
+    "max_concurrency",
+];
+
+/// Every option of a dataset, validated: build it with keywords (any
+/// subset of [`OPTION_NAMES`]; the others take their defaults).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct Options {
+    /// Options of each slot's stream.
+    pub(crate) stream: StreamOptions,
+    /// Which manifest to use.
+    pub(crate) manifest: ManifestChoice,
+    /// What the shards hold.
+    pub(crate) format: DatasetFormat,
+    /// Samples per collated batch, if batches are handed out.
+    pub(crate) batch_size: Option<usize>,
+    /// Count the samples of local tar shards that no manifest describes.
+    pub(crate) count_samples: bool,
+    /// The keywords as given, for pickling.
+    given: Py<PyDict>,
+}
+
+/// An option's value of the wrong type or out of range.
+fn invalid(name: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    let shown = value
+        .repr()
+        .map(|r| r.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let type_name = value
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
+    PyTypeError::new_err(format!(
+        "invalid option {name}: expected {expected}, got {shown} ({type_name})"
+    ))
+}
+
+/// A non-negative integer (not a bool).
+fn integer<T: for<'a> FromPyObject<'a, 'a>>(name: &str, value: &Bound<'_, PyAny>) -> PyResult<T> {
+    if !value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
+        return Err(invalid(name, "an int", value));
+    }
+    value.extract::<T>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "invalid option {name}: expected a non-negative int in range, got {value}"
+        ))
+    })
+}
+
+/// A bool (not an int).
+fn boolean(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if !value.is_instance_of::<PyBool>() {
+        return Err(invalid(name, "True or False", value));
+    }
+    value.extract()
+}
+
+/// A str.
+fn string(name: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    if !value.is_instance_of::<PyString>() {
+        return Err(invalid(name, "a str", value));
+    }
+    value.extract()
+}
+
+/// A duration in seconds (an int or float), positive and finite.
+fn seconds(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
+    let is_number = value.is_instance_of::<PyFloat>()
+        || (value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>());
+    if !is_number {
+        return Err(invalid(name, "a number of seconds", value));
+    }
+    let v: f64 = value.extract()?;
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero() && *d <= MAX_SECONDS)
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "invalid option {name}: expected seconds above 0 and at most {} (a year), got {v}",
+                MAX_SECONDS.as_secs()
+            ))
+        })
+}
+
+/// The longest duration an option takes: deadlines computed from it never
+/// overflow.
+const MAX_SECONDS: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// An enum value by its name.
+fn choice<T: FromStr<Err = crate::Error>>(name: &str, value: &Bound<'_, PyAny>) -> PyResult<T> {
+    T::from_str(&string(name, value)?).map_err(to_py)
+}
+
+/// `s3=`: `None`, a `shardstream.S3Config` (anything with `to_dict()`) or a
+/// dict of its fields (durations in seconds).
+fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
+    let mut o = S3Options::default();
+    if value.is_none() {
+        return Ok(o);
+    }
+    let fields = if value.is_instance_of::<PyDict>() {
+        value.clone()
+    } else if value.hasattr("to_dict")? {
+        value.call_method0("to_dict")?
+    } else {
+        return Err(invalid("s3", "a shardstream.S3Config or a dict", value));
+    };
+    let fields = fields
+        .cast::<PyDict>()
+        .map_err(|_| invalid("s3", "a shardstream.S3Config or a dict", value))?;
+    for (key, value) in fields.iter() {
+        let key: String = key
+            .extract()
+            .map_err(|_| invalid("s3", "a dict with str keys", &key))?;
+        let name = format!("s3.{key}");
+        if value.is_none() && matches!(key.as_str(), "region" | "endpoint_url" | "profile") {
+            continue;
+        }
+        match key.as_str() {
+            "region" => o.region = Some(string(&name, &value)?),
+            "endpoint_url" => o.endpoint_url = Some(string(&name, &value)?),
+            "path_style" => o.path_style = boolean(&name, &value)?,
+            "profile" => o.profile = Some(string(&name, &value)?),
+            "unsigned" => o.unsigned = boolean(&name, &value)?,
+            "connect_timeout" => o.connect_timeout = seconds(&name, &value)?,
+            "first_byte_timeout" => o.first_byte_timeout = seconds(&name, &value)?,
+            "idle_timeout" => o.idle_timeout = seconds(&name, &value)?,
+            "max_attempts" => o.max_attempts = integer(&name, &value)?,
+            "max_retry_time" => o.max_retry_time = seconds(&name, &value)?,
+            "part_size" => o.part_size = integer(&name, &value)?,
+            "max_concurrency" => o.max_concurrency = integer(&name, &value)?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "invalid option s3: unknown field {other:?} (expected one of: {})",
+                    S3_OPTION_NAMES.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(o)
+}
+
+/// `decode=`: `True` (defaults by extension), a dict of field name to
+/// decoder name, or `None`/`False` (none).
+fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
+    if value.is_none() {
+        return Ok(FieldDecoders::default());
+    }
+    if value.is_instance_of::<PyBool>() {
+        return Ok(if value.extract::<bool>()? {
+            FieldDecoders::defaults()
+        } else {
+            FieldDecoders::default()
+        });
+    }
+    let expected = "True, False, None or a dict of field name to decoder name";
+    let dict = value
+        .cast::<PyDict>()
+        .map_err(|_| invalid("decode", expected, value))?;
+    let mut by_field = Vec::with_capacity(dict.len());
+    for (field, name) in dict.iter() {
+        let field = string("decode", &field)?;
+        let option = format!("decode[{field:?}]");
+        let decoder = Decoder::from_str(&string(&option, &name)?)
+            .map_err(|e| PyValueError::new_err(format!("invalid option {option}: {e}")))?;
+        by_field.push((field, decoder));
+    }
+    Ok(FieldDecoders {
+        by_field,
+        defaults: false,
+    })
+}
+
+/// `manifest=`: `None`/`True` (the `manifest.json` beside the shards, if
+/// it is shardstream's), `False` (none) or a path.
+fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
+    if value.is_none() {
+        return Ok(ManifestChoice::Auto);
+    }
+    if value.is_instance_of::<PyBool>() {
+        return Ok(if value.extract::<bool>()? {
+            ManifestChoice::Auto
+        } else {
+            ManifestChoice::Off
+        });
+    }
+    value
+        .extract::<PathBuf>()
+        .map(ManifestChoice::Path)
+        .map_err(|_| invalid("manifest", "None, True, False or a path", value))
+}
+
+#[pymethods]
+impl Options {
+    /// Parses and validates `options` (keywords named in [`OPTION_NAMES`]).
+    #[new]
+    #[pyo3(signature = (**options))]
+    fn new(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let given = match options {
+            Some(options) => options.copy()?,
+            None => PyDict::new(py),
+        };
+        Options::from_dict(&given)
+    }
+
+    /// The value of every option, defaults included, by name.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = defaults_dict(py)?;
+        for (key, value) in self.given.bind(py).iter() {
+            dict.set_item(key, value)?;
+        }
+        Ok(dict)
+    }
+
+    /// The value of option `name` (its default when not given).
+    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        let all = self.to_dict(py)?;
+        all.get_item(name)?.ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!("no option {name:?}"))
+        })
+    }
+
+    /// Whether batches are handed out (`batch_size` with per-sample
+    /// output, or Arrow record batches).
+    #[getter]
+    fn batches(&self) -> bool {
+        self.batch_size.is_some() || self.stream.table_output == TableOutput::Arrow
+    }
+
+    /// Pickling keeps the keywords as given.
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<((), Bound<'py, PyDict>)> {
+        Ok(((), self.given.bind(py).copy()?))
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let given = self.given.bind(py);
+        let mut parts = Vec::with_capacity(given.len());
+        for (key, value) in given.iter() {
+            parts.push(format!("{}={}", key, value.repr()?));
+        }
+        Ok(format!("Options({})", parts.join(", ")))
+    }
+}
+
+impl Options {
+    /// Parses and validates the options in `given` (keyword to value).
+    pub(crate) fn from_dict(given: &Bound<'_, PyDict>) -> PyResult<Self> {
+        let mut builder = StreamOptions::builder();
+        let mut manifest = ManifestChoice::Auto;
+        let mut format = DatasetFormat::Auto;
+        let mut batch_size = None;
+        let mut table_output = TableOutput::Rows;
+        let mut count_samples = true;
+        for (key, value) in given.iter() {
+            let name: String = key.extract()?;
+            builder = match name.as_str() {
+                "seed" => builder.with_seed(integer(&name, &value)?),
+                "shuffle_shards" => builder.with_shuffle_shards(boolean(&name, &value)?),
+                "shuffle_buffer" => builder.with_shuffle_buffer(integer(&name, &value)?),
+                "shuffle_buffer_bytes" => {
+                    builder.with_shuffle_buffer_bytes(integer(&name, &value)?)
+                }
+                "shuffle_initial" => builder.with_shuffle_initial(integer(&name, &value)?),
+                "read_ahead_bytes" => builder.with_read_ahead_bytes(integer(&name, &value)?),
+                "on_error" => builder.with_on_error(choice::<OnError>(&name, &value)?),
+                "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
+                "remainder" => builder.with_remainder(choice::<Remainder>(&name, &value)?),
+                "s3" => builder.with_s3(s3_options(&value)?),
+                "decode" => builder.with_decode(field_decoders(&value)?),
+                "columns" => {
+                    let columns = if value.is_none() {
+                        None
+                    } else if value.is_instance_of::<PyString>() {
+                        return Err(invalid(&name, "None or a list of column names", &value));
+                    } else {
+                        Some(
+                            value
+                                .extract::<Vec<String>>()
+                                .map_err(|_| invalid(&name, "None or a list of str", &value))?,
+                        )
+                    };
+                    builder.with_columns(columns)
+                }
+                "manifest" => {
+                    manifest = manifest_choice(&value)?;
+                    builder
+                }
+                "format" => {
+                    format = choice(&name, &value)?;
+                    builder
+                }
+                "batch_format" => {
+                    table_output = match string(&name, &value)?.as_str() {
+                        "dict" => TableOutput::Rows,
+                        "arrow" => TableOutput::Arrow,
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "invalid option batch_format: expected \"dict\" or \"arrow\", got {other:?}"
+                            )))
+                        }
+                    };
+                    builder
+                }
+                "batch_size" => {
+                    if !value.is_none() {
+                        let n: usize = integer(&name, &value)?;
+                        if n == 0 {
+                            return Err(PyValueError::new_err(
+                                "invalid option batch_size: expected None or an int of at least 1, got 0",
+                            ));
+                        }
+                        batch_size = Some(n);
+                    }
+                    builder
+                }
+                // Read by the Python side (DataLoader workers); checked here.
+                "local_bytes_by_reference" | "raise_malloc_thresholds" => {
+                    boolean(&name, &value)?;
+                    builder
+                }
+                "count_samples" => {
+                    count_samples = boolean(&name, &value)?;
+                    builder
+                }
+                other => {
+                    return Err(PyTypeError::new_err(format!(
+                        "unknown option {other:?} (expected one of: {})",
+                        OPTION_NAMES.join(", ")
+                    )))
+                }
+            };
+        }
+        builder = builder.with_table_output(table_output);
+        if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
+            builder = builder.with_batch_rows(rows);
+        }
+        if table_output == TableOutput::Arrow && format == DatasetFormat::Tar {
+            return Err(PyValueError::new_err(
+                "invalid option batch_format: \"arrow\" is for Parquet datasets, and format is \"tar\"",
+            ));
+        }
+        if table_output == TableOutput::Arrow && format == DatasetFormat::Raw {
+            return Err(PyValueError::new_err(
+                "invalid option batch_format: \"arrow\" is for Parquet datasets, and format is \"raw\"",
+            ));
+        }
+        let stream = builder.build().map_err(to_py)?;
+        Ok(Options {
+            stream,
+            manifest,
+            format,
+            batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
+            count_samples,
+            given: given.clone().unbind(),
+        })
+    }
+}
+
+/// The default of every option, by name.
+fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = StreamOptions::default();
+    let dict = PyDict::new(py);
+    dict.set_item("seed", o.seed)?;
+    dict.set_item("shuffle_shards", o.shuffle_shards)?;
+    dict.set_item("shuffle_buffer", o.shuffle_buffer)?;
+    dict.set_item("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
+    dict.set_item("shuffle_initial", o.shuffle_initial)?;
+    dict.set_item("read_ahead_bytes", o.read_ahead_bytes)?;
+    dict.set_item("on_error", "raise")?;
+    dict.set_item("io_timeout", o.io_timeout.as_secs_f64())?;
+    dict.set_item("manifest", py.None())?;
+    dict.set_item("remainder", "drop")?;
+    dict.set_item("s3", py.None())?;
+    dict.set_item("format", "auto")?;
+    dict.set_item("decode", py.None())?;
+    dict.set_item("columns", py.None())?;
+    dict.set_item("batch_format", "dict")?;
+    dict.set_item("batch_size", py.None())?;
+    dict.set_item("local_bytes_by_reference", true)?;
+    dict.set_item("raise_malloc_thresholds", true)?;
+    dict.set_item("count_samples", true)?;
+    debug_assert_eq!(dict.len(), OPTION_NAMES.len());
+    Ok(dict)
+}
+
+/// The default of every dataset option, by its keyword name.
+#[pyfunction]
+pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    defaults_dict(py)
+}
+
+/// The defaults of the `s3=` options (`shardstream.S3Config` fields).
+#[pyfunction]
+pub fn default_s3_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = S3Options::default();
+    let dict = PyDict::new(py);
+    dict.set_item("region", py.None())?;
+    dict.set_item("endpoint_url", py.None())?;
+    dict.set_item("path_style", o.path_style)?;
+    dict.set_item("profile", py.None())?;
+    dict.set_item("unsigned", o.unsigned)?;
+    dict.set_item("connect_timeout", o.connect_timeout.as_secs_f64())?;
+    dict.set_item("first_byte_timeout", o.first_byte_timeout.as_secs_f64())?;
+    dict.set_item("idle_timeout", o.idle_timeout.as_secs_f64())?;
+    dict.set_item("max_attempts", o.max_attempts)?;
+    dict.set_item("max_retry_time", o.max_retry_time.as_secs_f64())?;
+    dict.set_item("part_size", o.part_size)?;
+    dict.set_item("max_concurrency", o.max_concurrency)?;
+    debug_assert_eq!(dict.len(), S3_OPTION_NAMES.len());
+    Ok(dict)
+}

@@ -1,0 +1,118 @@
+"""Options are defined once, in the Rust core, and checked when the dataset
+is constructed: the typed faces (``DatasetOptions``, the ``_core`` stub,
+``S3Config``) must agree with it, and every bad value is refused at once
+with an error naming the option."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import pickle
+import typing
+from pathlib import Path
+
+import pytest
+
+import shardstream
+from shardstream import _core
+from shardstream.options import DatasetOptions
+
+STUB = Path(shardstream.__file__).with_name("_core.pyi")
+
+
+def stub_options_defaults() -> dict[str, object]:
+    """The keyword defaults of ``Options.__new__`` in the stub."""
+    tree = ast.parse(STUB.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "Options":
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__new__":
+                    args = item.args
+                    return {
+                        a.arg: ast.literal_eval(d)
+                        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+                    }
+    raise AssertionError("no Options.__new__ in the stub")
+
+
+def test_stub_typed_dict_and_core_name_the_same_options_with_the_same_defaults():
+    core = _core.default_options()
+    stub = stub_options_defaults()
+    assert list(stub) == list(core)
+    assert stub == core
+    for name, value in core.items():
+        assert type(stub[name]) is type(value), name
+    assert set(typing.get_type_hints(DatasetOptions)) == set(core)
+
+
+def test_dataset_signature_keeps_only_slot_arguments_and_passes_options_through():
+    params = inspect.signature(shardstream.StreamingDataset.__init__).parameters
+    explicit = [p for p in params if p not in ("self", "urls", "options")]
+    assert explicit == ["rank", "world_size", "num_workers", "worker_id"]
+    assert params["options"].kind is inspect.Parameter.VAR_KEYWORD
+
+
+def test_s3_config_defaults_match_core():
+    fields = {f.name: f.default for f in dataclasses.fields(shardstream.S3Config)}
+    assert fields == _core.default_s3_options()
+
+
+def test_options_round_trip_through_pickle():
+    options = _core.Options(seed=7, decode={"jpg": "rgb8"}, manifest=False)
+    again = pickle.loads(pickle.dumps(options))
+    assert again.to_dict() == options.to_dict()
+    assert again["seed"] == 7 and again["manifest"] is False
+    assert again["shuffle_buffer"] == _core.default_options()["shuffle_buffer"]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "words"),
+    [
+        ({"shuffle_buffer": "1000"}, TypeError, ["shuffle_buffer", "an int", "'1000'"]),
+        ({"shuffle_buffer": -1}, ValueError, ["shuffle_buffer"]),
+        ({"shuffle_buffer": 1 << 40}, ValueError, ["shuffle_buffer", "at most"]),
+        ({"batch_size": "32"}, TypeError, ["batch_size", "an int"]),
+        ({"batch_size": 0}, ValueError, ["batch_size", "at least 1"]),
+        ({"decode": "pil"}, TypeError, ["decode", "dict"]),
+        ({"decode": {"jpg": "pil"}}, ValueError, ["decode", "jpg", "rgb8"]),
+        ({"seed": None}, TypeError, ["seed", "an int"]),
+        ({"seed": 1.5}, TypeError, ["seed"]),
+        ({"seed": -1}, ValueError, ["seed"]),
+        ({"shuffle_shards": 1}, TypeError, ["shuffle_shards", "True or False"]),
+        ({"on_error": "ignore"}, ValueError, ["on_error", "raise", "warn"]),
+        ({"remainder": "keep"}, ValueError, ["remainder", "drop", "pad"]),
+        ({"format": "zip"}, ValueError, ["format", "parquet"]),
+        ({"batch_format": "pandas"}, ValueError, ["batch_format", "arrow"]),
+        ({"io_timeout": 0}, ValueError, ["io_timeout"]),
+        ({"io_timeout": 1e30}, ValueError, ["io_timeout"]),
+        ({"io_timeout": "10"}, TypeError, ["io_timeout", "seconds"]),
+        ({"read_ahead_bytes": 1 << 61}, ValueError, ["read_ahead_bytes", "at most"]),
+        ({"read_ahead_bytes": 0}, ValueError, ["read_ahead_bytes"]),
+        ({"columns": "a"}, TypeError, ["columns", "list"]),
+        ({"manifest": 3}, TypeError, ["manifest"]),
+        ({"s3": {"part_size": "8M"}}, TypeError, ["s3.part_size"]),
+        ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
+        ({"s3": 5}, TypeError, ["s3", "S3Config"]),
+        ({"local_bytes_by_reference": None}, TypeError, ["local_bytes_by_reference"]),
+        ({"shuffle_bufer": 10}, TypeError, ["shuffle_bufer", "shuffle_buffer"]),
+    ],
+)
+def test_bad_options_are_refused_at_construction(dataset, options, error, words):
+    with pytest.raises(error) as raised:
+        shardstream.StreamingDataset(dataset.spec, **options)
+    message = str(raised.value)
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_arrow_batches_of_tar_shards_are_refused_at_construction(dataset):
+    with pytest.raises(ValueError, match="batch_format.*not a Parquet file"):
+        shardstream.StreamingDataset(dataset.spec, batch_format="arrow", shuffle_buffer=0)
+
+
+def test_bad_slot_arguments_are_refused_at_construction(dataset):
+    with pytest.raises(TypeError, match="rank"):
+        shardstream.StreamingDataset(dataset.spec, rank="0", world_size=2)
+    with pytest.raises(TypeError, match="urls"):
+        shardstream.StreamingDataset(42)  # type: ignore[arg-type]
