@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backend", default="gloo", help="torch.distributed backend (default: gloo)"
     )
     parser.add_argument(
+        "--manifest",
+        help="a manifest written by `shardstream index` (default: manifest.json beside the shards)",
+    )
+    parser.add_argument(
         "--s3-endpoint-url",
         help="for s3:// specs: an S3-compatible endpoint, addressed path-style",
     )
@@ -73,7 +77,7 @@ def read_epoch(args: argparse.Namespace) -> dict:
         if args.s3_endpoint_url
         else None
     )
-    dataset = StreamingDataset(args.data_spec, seed=args.seed, s3=s3)
+    dataset = StreamingDataset(args.data_spec, seed=args.seed, s3=s3, manifest=args.manifest)
     dataset.set_epoch(args.epoch)
     loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
     keys = [sample["__key__"] for sample in loader]

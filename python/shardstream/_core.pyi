@@ -147,9 +147,7 @@ class ShardList:
         """Samples each rank gets per epoch (with sample counts), else ``None``."""
     def __len__(self) -> int: ...
 
-def _rebuild_shard_list(
-    specs: list[str], options: Options, manifest: str | bool
-) -> ShardList:
+def _rebuild_shard_list(specs: list[str], options: Options, manifest: str | bool) -> ShardList:
     """Unpickles a ``ShardList``."""
 
 @final

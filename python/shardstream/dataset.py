@@ -7,9 +7,7 @@ import functools
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
-
-from typing_extensions import Unpack
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
@@ -24,7 +22,11 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .local_bytes import LocalBytes
-from .options import DatasetOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .options import DatasetOptions
 
 __all__ = ["StreamingDataset"]
 

@@ -107,7 +107,7 @@ def test_bad_options_are_refused_at_construction(dataset, options, error, words)
 
 
 def test_arrow_batches_of_tar_shards_are_refused_at_construction(dataset):
-    with pytest.raises(ValueError, match="batch_format.*not a Parquet file"):
+    with pytest.raises(ValueError, match=r"batch_format.*not a Parquet file"):
         shardstream.StreamingDataset(dataset.spec, batch_format="arrow", shuffle_buffer=0)
 
 

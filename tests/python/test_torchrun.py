@@ -10,8 +10,16 @@ import subprocess
 import sys
 
 import pytest
-from _shardtest import EXAMPLES_DIR, assert_exactly_once, run_bounded
+from _shardtest import (
+    EXAMPLES_DIR,
+    UNEVEN_COUNTS,
+    assert_exactly_once,
+    run_bounded,
+    write_uneven_dataset,
+)
 from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET
+
+from shardstream import _core
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -70,14 +78,48 @@ def test_ddp_ranks_split_the_dataset(dataset, tmp_path, epoch):
     assert_exactly_once(per_rank[0] + per_rank[1], dataset.keys)
 
 
-def test_ddp_ranks_split_an_s3_prefix(s3, s3_dataset, tmp_path):
+def test_ddp_uneven_local_shards_without_manifest_give_equal_ranks(tmp_path):
+    """No manifest: the local tar shards are counted from their headers at
+    construction, so both ranks get the same number of samples (before,
+    one rank got 300 samples, the other 200, and DDP hung)."""
+    info = write_uneven_dataset(tmp_path / "data")
+    records = launch_check(info.spec, tmp_path, 0)
+    per_rank = [record["keys"] for record in records]
+    total = sum(UNEVEN_COUNTS)
+    assert [len(keys) for keys in per_rank] == [total // NPROC] * NPROC
+    union = per_rank[0] + per_rank[1]
+    assert len(set(union)) == len(union)
+    assert set(union) <= set(info.keys)
+    assert len(set(info.keys) - set(union)) == total % NPROC
+
+
+def test_ddp_over_an_s3_prefix_needs_sample_counts(s3, s3_dataset, tmp_path):
+    """Remote shards without counts: every rank refuses to start, naming
+    `shardstream index`; with the manifest it writes, ranks split the
+    prefix exactly once, with equal counts."""
     env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+    spec = f"s3://{BUCKET}/audio/"
+    out_dir = tmp_path / "refused"
+    args = [str(EXAMPLES_DIR / "ddp_check.py"), spec, str(out_dir)]
+    args += ["--s3-endpoint-url", s3.endpoint_url]
+    proc = run_torchrun(args, cwd=tmp_path, env=env)
+    assert proc.returncode != 0
+    assert "DatasetSpecError" in proc.stderr and "shardstream index" in proc.stderr
+    manifest = tmp_path / "manifest.json"
+    cli = ["shardstream", "--s3-endpoint-url", s3.endpoint_url, "--s3-path-style"]
+    assert _core.run_cli([*cli, "index", spec, "-o", str(manifest)]) == 0
     records = launch_check(
-        f"s3://{BUCKET}/audio/", tmp_path, 0, "--s3-endpoint-url", s3.endpoint_url, env=env
+        spec,
+        tmp_path,
+        0,
+        "--s3-endpoint-url",
+        s3.endpoint_url,
+        "--manifest",
+        str(manifest),
+        env=env,
     )
     keys = [key for record in records for key in record["keys"]]
-    assert all(record["keys"] for record in records)
-    assert_exactly_once(keys, list(s3_dataset["expected"]))
-    # Read amplification 1.00 across ranks and their workers.
-    fetched = sum(record["stats"]["bytes_read"] for record in records)
-    assert fetched == sum(s3_dataset["sizes"].values())
+    assert len({len(record["keys"]) for record in records}) == 1
+    expected = list(s3_dataset["expected"])
+    assert len(keys) == len(expected) - len(expected) % NPROC
+    assert len(set(keys)) == len(keys) and set(keys) <= set(expected)
