@@ -114,9 +114,9 @@ enum Command {
         /// Use no manifest, even when one is beside the shards.
         #[arg(long)]
         no_manifest: bool,
-        /// Do not count the samples of local tar shards from their headers:
-        /// without a manifest, shards are then dealt whole, balanced by bytes
-        /// (as with `count_samples=False`; one rank only).
+        /// With several ranks, do not count the samples of local tar shards
+        /// from their headers (as with `count_samples=False`): without a
+        /// manifest the plan is then refused.
         #[arg(long)]
         no_count: bool,
         /// With a manifest: drop the samples that do not divide evenly among
@@ -316,7 +316,7 @@ fn print_plan(
     let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
     spec::check_local_shards_exist(&shards)?;
     let manifest_path = manifest::attach(&mut shards, choice)?;
-    if count {
+    if count && params.world_size > 1 {
         crate::count::count_local_tar(&mut shards, true)?;
     }
     if params.world_size > 1 {
@@ -336,9 +336,9 @@ fn print_plan(
             "{n} samples per rank (remainder: {remainder}), manifest {}",
             path.display()
         ),
-        (None, Some(n)) => format!(
-            "{n} samples per rank (remainder: {remainder}), counted from the tar headers"
-        ),
+        (None, Some(n)) => {
+            format!("{n} samples per rank (remainder: {remainder}), counted from the tar headers")
+        }
         _ => "balanced by bytes; samples: unknown (no manifest)".into(),
     };
     writeln!(

@@ -53,6 +53,11 @@ fn count_one(index: usize, shard: &Shard) -> Result<Option<SampleIndex>> {
     let Location::Local(path) = shard.location() else {
         return Ok(None);
     };
+    // Only regular files: opening a FIFO or a device could block for ever.
+    let meta = std::fs::metadata(&path).map_err(|e| Error::from_open(&shard.url, e))?;
+    if !meta.file_type().is_file() {
+        return Ok(None);
+    }
     let mut file = File::open(&path).map_err(|e| Error::from_open(&shard.url, e))?;
     let read_error = |offset: u64, source: std::io::Error| Error::Read {
         url: shard.url.clone(),
@@ -83,7 +88,9 @@ fn count_one(index: usize, shard: &Shard) -> Result<Option<SampleIndex>> {
 /// without counts (reading it later reports the error under the stream's
 /// error policy). Returns how many shards were counted.
 pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<usize> {
-    let todo: Vec<usize> = (0..shards.len()).filter(|&i| countable(&shards[i])).collect();
+    let todo: Vec<usize> = (0..shards.len())
+        .filter(|&i| countable(&shards[i]))
+        .collect();
     if todo.is_empty() {
         return Ok(0);
     }
@@ -138,6 +145,13 @@ pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<usize> {
 /// Shards counted at once.
 const COUNT_THREADS: usize = 8;
 
+/// Whether the local file at `path` starts as a gzip or zstd stream.
+fn is_compressed(path: &std::path::Path) -> bool {
+    let mut head = [0u8; 4];
+    let got = File::open(path).and_then(|mut f| f.read(&mut head));
+    got.is_ok_and(|n| Compression::detect(&head[..n]).is_some())
+}
+
 /// The first shard whose sample count is unknown, if any.
 pub fn first_uncounted(shards: &[Shard]) -> Option<&Shard> {
     shards.iter().find(|s| s.info().samples.is_none())
@@ -148,9 +162,14 @@ pub fn first_uncounted(shards: &[Shard]) -> Option<&Shard> {
 /// samples and the job would hang at its last step.
 pub fn counts_needed(uncounted: &Shard, world_size: usize) -> Error {
     let why = match (uncounted.location(), uncounted.size) {
-        (Location::Local(_), None) => "it does not exist",
-        (Location::Local(_), Some(_)) => "it is compressed, and counting would decompress it",
         (Location::S3 { .. }, _) => "it is remote, and counting would read it",
+        (Location::Local(_), None) => "it does not exist",
+        (Location::Local(path), Some(_)) if is_compressed(&path) => {
+            "it is compressed, and counting would decompress it"
+        }
+        (Location::Local(_), Some(_)) => {
+            "it was not counted (count_samples=False, or it is not a regular file)"
+        }
     };
     Error::Spec {
         spec: uncounted.url.clone(),
@@ -244,7 +263,10 @@ mod tests {
         for path in [&cut, &dup] {
             let mut shards = vec![Shard::new(path.to_str().unwrap(), Some(1))];
             let error = count_local_tar(&mut shards, true).unwrap_err();
-            assert!(error.to_string().contains(path.to_str().unwrap()), "{error}");
+            assert!(
+                error.to_string().contains(path.to_str().unwrap()),
+                "{error}"
+            );
             assert_eq!(count_local_tar(&mut shards, false).unwrap(), 0);
             assert!(shards[0].index.is_none());
         }

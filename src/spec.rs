@@ -603,7 +603,10 @@ mod tests {
             expand_braces("{0..18446744073709551616}"),
             Err(Error::Spec { .. })
         ));
-        assert_eq!(expand_braces("{0..999}/{0..999}.tar").unwrap().len(), 1_000_000);
+        assert_eq!(
+            expand_braces("{0..999}/{0..999}.tar").unwrap().len(),
+            1_000_000
+        );
     }
 
     #[test]
@@ -643,7 +646,10 @@ mod tests {
                 std::fs::create_dir_all(dir.path().join("sub")).unwrap();
             }
             let error = resolve(&[plain.clone(), other.clone()]).unwrap_err();
-            assert!(error.to_string().contains("listed twice"), "{other}: {error}");
+            assert!(
+                error.to_string().contains("listed twice"),
+                "{other}: {error}"
+            );
         }
     }
 

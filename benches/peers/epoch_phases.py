@@ -14,7 +14,6 @@ the workers. Data: a profile that `make bench-peers` generated.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import resource
 import statistics
@@ -92,11 +91,11 @@ def main() -> None:
     if not (data / "meta.json").exists():
         raise SystemExit(f"error: no profile at {data} (make bench-peers generates it)")
     configs = [{}, *({name: value} for name, value in map(parse_setting, args.compare))]
-    from shardstream import StreamingDataset
+    from shardstream import _core
 
-    options = inspect.signature(StreamingDataset).parameters
+    options = _core.default_options()
     for name in (name for config in configs for name in config):
-        if name not in options or options[name].kind is not inspect.Parameter.KEYWORD_ONLY:
+        if name not in options:
             raise SystemExit(f"error: StreamingDataset has no option {name!r}")
     expected = len(peers_bench.load_meta(data)["keys"])
     runs: list[list[dict[str, float]]] = [[] for _ in configs]

@@ -108,7 +108,7 @@ class Options:
         batch_size: int | None = None,
         local_bytes_by_reference: bool = True,
         raise_malloc_thresholds: bool = True,
-        count_samples: bool = True,
+        count_samples: bool | None = None,
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""
@@ -140,6 +140,12 @@ class ShardList:
     @property
     def kinds(self) -> list[str]:
         """What each shard holds: ``"tar"``, ``"raw"`` or ``"parquet"`` (one row group)."""
+    def count_samples(self) -> None:
+        """Counts the samples of the local tar shards without counts, from their headers
+        (unless ``count_samples=False``)."""
+    @property
+    def counted(self) -> bool:
+        """Whether the local tar shards were counted from their headers."""
     def check_equal_length(self, world_size: int) -> None:
         """Raises ``DatasetSpecError`` if ``world_size`` ranks cannot get the same number of
         samples (a shard's sample count is unknown)."""
@@ -147,7 +153,9 @@ class ShardList:
         """Samples each rank gets per epoch (with sample counts), else ``None``."""
     def __len__(self) -> int: ...
 
-def _rebuild_shard_list(specs: list[str], options: Options, manifest: str | bool) -> ShardList:
+def _rebuild_shard_list(
+    specs: list[str], options: Options, manifest: str | bool, counted: bool
+) -> ShardList:
     """Unpickles a ``ShardList``."""
 
 @final

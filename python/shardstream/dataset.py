@@ -147,7 +147,10 @@ class StreamingDataset(IterableDataset[Any]):
         self.shard_list = ShardList(specs, self.options)
         _, resolved_world = self.distributed_slot()
         # With several ranks, every rank must get the same number of
-        # samples: refuse now, not with a hang at the epoch's end.
+        # samples: count local tar shards now, or refuse now, not with a
+        # hang at the epoch's end.
+        if resolved_world > 1:
+            self.shard_list.count_samples()
         self.shard_list.check_equal_length(resolved_world)
         self.epoch = 0
         self._counters = Counters()
@@ -268,6 +271,10 @@ class StreamingDataset(IterableDataset[Any]):
         if not slots:
             raise StateMismatchError("an elastic state needs the state of every slot, got none")
         epoch = int(slots[0]["epoch"])
+        if any(int(slot["world_size"]) > 1 for slot in slots):
+            # Saved by several ranks, so with counted shards: count them here
+            # too, whatever this job's world size.
+            self.shard_list.count_samples()
         self._resume, self._resume_epoch = resume, epoch
         self._stream = None
         if not all(slot["finished"] for slot in slots):
@@ -280,6 +287,9 @@ class StreamingDataset(IterableDataset[Any]):
         threads start at the first ``next()``."""
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
+        if world_size > 1:
+            # torch.distributed was set up after construction.
+            self.shard_list.count_samples()
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:

@@ -50,4 +50,4 @@ class DatasetOptions(TypedDict, total=False):
     batch_size: int | None
     local_bytes_by_reference: bool
     raise_malloc_thresholds: bool
-    count_samples: bool
+    count_samples: bool | None

@@ -39,22 +39,29 @@ pub fn interruptible<T: Send + 'static>(
     let (tx, rx) = mpsc::sync_channel(1);
     // Waited on with the GIL released, from this thread only.
     let rx = std::sync::Mutex::new(rx);
-    std::thread::Builder::new()
-        .name("shardstream-resolve".into())
-        .spawn(move || {
-            let _ = tx.send(catch_unwind(AssertUnwindSafe(f)));
-        })
-        .map_err(|e| {
-            to_py(crate::Error::Stopped(format!(
-                "cannot start a thread to resolve the dataset: {e}"
-            )))
-        })?;
+    let mut thread = Some(
+        std::thread::Builder::new()
+            .name("shardstream-resolve".into())
+            .spawn(move || {
+                let _ = tx.send(catch_unwind(AssertUnwindSafe(f)));
+            })
+            .map_err(|e| {
+                to_py(crate::Error::Stopped(format!(
+                    "cannot start a thread to resolve the dataset: {e}"
+                )))
+            })?,
+    );
     loop {
         let received = py.detach(|| {
             rx.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .recv_timeout(SIGNAL_INTERVAL)
         });
+        if let (Ok(_), Some(thread)) = (&received, thread.take()) {
+            // It has sent its result and is ending: no thread outlives the
+            // call (DataLoader workers fork from this process).
+            let _ = py.detach(|| thread.join());
+        }
         match received {
             Ok(Ok(Ok(value))) => return Ok(value),
             Ok(Ok(Err(error))) => return Err(to_py(error)),

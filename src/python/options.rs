@@ -68,8 +68,9 @@ pub struct Options {
     pub(crate) format: DatasetFormat,
     /// Samples per collated batch, if batches are handed out.
     pub(crate) batch_size: Option<usize>,
-    /// Count the samples of local tar shards that no manifest describes.
-    pub(crate) count_samples: bool,
+    /// Count the samples of local tar shards that no manifest describes:
+    /// `None` when several ranks need the counts, else always or never.
+    pub(crate) count_samples: Option<bool>,
     /// The keywords as given, for pickling.
     given: Py<PyDict>,
 }
@@ -270,9 +271,8 @@ impl Options {
     /// The value of option `name` (its default when not given).
     fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
         let all = self.to_dict(py)?;
-        all.get_item(name)?.ok_or_else(|| {
-            pyo3::exceptions::PyKeyError::new_err(format!("no option {name:?}"))
-        })
+        all.get_item(name)?
+            .ok_or_else(|| pyo3::exceptions::PyKeyError::new_err(format!("no option {name:?}")))
     }
 
     /// Whether batches are handed out (`batch_size` with per-sample
@@ -305,7 +305,7 @@ impl Options {
         let mut format = DatasetFormat::Auto;
         let mut batch_size = None;
         let mut table_output = TableOutput::Rows;
-        let mut count_samples = true;
+        let mut count_samples = None;
         for (key, value) in given.iter() {
             let name: String = key.extract()?;
             builder = match name.as_str() {
@@ -374,7 +374,9 @@ impl Options {
                     builder
                 }
                 "count_samples" => {
-                    count_samples = boolean(&name, &value)?;
+                    if !value.is_none() {
+                        count_samples = Some(boolean(&name, &value)?);
+                    }
                     builder
                 }
                 other => {
@@ -433,7 +435,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("batch_size", py.None())?;
     dict.set_item("local_bytes_by_reference", true)?;
     dict.set_item("raise_malloc_thresholds", true)?;
-    dict.set_item("count_samples", true)?;
+    dict.set_item("count_samples", py.None())?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }

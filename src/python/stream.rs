@@ -11,11 +11,11 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+use super::blocking::{blocking, interruptible};
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
 use super::errors::{panic_to_py, to_py, ShardSkippedWarning, ShardStreamError};
-use crate::collate::collate;
-use super::blocking::{blocking, interruptible};
 use super::options::Options;
+use crate::collate::collate;
 use crate::config::{OnError, SlotSpec};
 use crate::format::Sample;
 use crate::manifest;
@@ -69,6 +69,8 @@ pub struct ShardList {
     specs: Vec<String>,
     manifest: Option<PathBuf>,
     options: Py<Options>,
+    /// Whether the local tar shards were counted from their headers.
+    counted: bool,
 }
 
 #[pymethods]
@@ -76,15 +78,16 @@ impl ShardList {
     /// Resolves `specs` with the dataset's `options` (`manifest`, `format`,
     /// `s3`, `on_error`): lists directories and prefixes, reads Parquet
     /// footers and the manifest, and counts the samples of local tar
-    /// shards that no manifest describes. With `on_error="raise"` a local
-    /// shard that is missing or malformed is an error here.
+    /// shards that no manifest describes when `count_samples=True`. With
+    /// `on_error="raise"` a local shard that is missing, or malformed when
+    /// counted, is an error here.
     #[new]
     fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
         let o = options.get();
         let strict = o.stream.on_error == OnError::Raise;
         let (s3, format, choice) = (o.stream.s3.clone(), o.format, o.manifest.clone());
         let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
-        let count = o.count_samples;
+        let count = o.count_samples == Some(true);
         let owned_specs = specs.clone();
         let (shards, manifest) = interruptible(py, move || {
             let mut shards = spec::resolve_dataset(&owned_specs, &s3, format)?;
@@ -96,7 +99,10 @@ impl ShardList {
                 crate::count::count_local_tar(&mut shards, strict)?;
             }
             if arrow {
-                if let Some(shard) = shards.iter().find(|s| !matches!(s.kind, ShardKind::Parquet(_))) {
+                if let Some(shard) = shards
+                    .iter()
+                    .find(|s| !matches!(s.kind, ShardKind::Parquet(_)))
+                {
                     return Err(crate::Error::Config {
                         name: "batch_format",
                         reason: format!(
@@ -113,7 +119,33 @@ impl ShardList {
             specs,
             manifest,
             options,
+            counted: count,
         })
+    }
+
+    /// Counts the samples of the local tar shards that have no counts yet
+    /// (unless `count_samples=False`): a job of several ranks needs them.
+    /// With `on_error="raise"` a malformed shard is an error here.
+    fn count_samples(&mut self, py: Python<'_>) -> PyResult<()> {
+        let o = self.options.get();
+        if self.counted || o.count_samples == Some(false) {
+            return Ok(());
+        }
+        let strict = o.stream.on_error == OnError::Raise;
+        let mut shards = (*self.shards).clone();
+        let shards = interruptible(py, move || {
+            crate::count::count_local_tar(&mut shards, strict)?;
+            Ok(shards)
+        })?;
+        self.shards = Arc::new(shards);
+        self.counted = true;
+        Ok(())
+    }
+
+    /// Whether the local tar shards were counted from their headers.
+    #[getter]
+    fn counted(&self) -> bool {
+        self.counted
     }
 
     /// Raises if a job of `world_size` ranks cannot give every rank the
@@ -185,7 +217,10 @@ impl ShardList {
         };
         let specs = this.specs.clone().into_pyobject(py)?.into_any();
         let options = this.options.bind(py).clone().into_any();
-        let args = PyTuple::new(py, [specs, options, manifest])?;
+        let counted = pyo3::types::PyBool::new(py, this.counted)
+            .to_owned()
+            .into_any();
+        let args = PyTuple::new(py, [specs, options, manifest, counted])?;
         let rebuild = py
             .import("shardstream._core")?
             .getattr("_rebuild_shard_list")?;
@@ -194,18 +229,23 @@ impl ShardList {
 }
 
 /// Unpickles a [`ShardList`]: the specs resolved again with the options,
-/// and the manifest the original used (`False` for none).
+/// the manifest the original used (`False` for none), counted if it was.
 #[pyfunction]
 pub fn _rebuild_shard_list(
     py: Python<'_>,
     specs: Vec<String>,
     options: Py<Options>,
     manifest: &Bound<'_, PyAny>,
+    counted: bool,
 ) -> PyResult<ShardList> {
     let given = options.bind(py).call_method0("to_dict")?;
     given.set_item("manifest", manifest)?;
     let options = Py::new(py, Options::from_dict(given.cast::<PyDict>()?)?)?;
-    ShardList::new(py, specs, options)
+    let mut list = ShardList::new(py, specs, options)?;
+    if counted {
+        list.count_samples(py)?;
+    }
+    Ok(list)
 }
 
 /// An error when `world_size > 1` and a shard's sample count is unknown.
@@ -304,8 +344,15 @@ impl SampleStream {
         let resume = resume.map(parse_resume).transpose().map_err(to_py)?;
         let counters =
             counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
-        let stream = Stream::new(&shards.shards, &options.stream, epoch, slot, counters, resume)
-            .map_err(to_py)?;
+        let stream = Stream::new(
+            &shards.shards,
+            &options.stream,
+            epoch,
+            slot,
+            counters,
+            resume,
+        )
+        .map_err(to_py)?;
         Ok(SampleStream {
             epoch: stream.epoch(),
             inner: Mutex::new(stream),

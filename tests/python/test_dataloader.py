@@ -108,7 +108,12 @@ def test_no_shuffle_per_worker_follows_the_plan(dataset):
     )
     for worker, shard_indices in enumerate(plan):
         ds = shardstream.StreamingDataset(
-            dataset.spec, shuffle_shards=False, shuffle_buffer=0, num_workers=3, worker_id=worker
+            dataset.spec,
+            shuffle_shards=False,
+            shuffle_buffer=0,
+            num_workers=3,
+            worker_id=worker,
+            count_samples=False,
         )
         expected = [k for i in shard_indices for k in dataset.keys_of([dataset.urls[i]])]
         assert keys_of(ds) == expected
@@ -174,7 +179,8 @@ def test_small_read_ahead_budget(dataset):
 
 
 def test_stats_are_shared_with_forked_workers(dataset):
-    ds = shardstream.StreamingDataset(dataset.spec, seed=1)
+    # Whole shards (no sample counts), so every byte of every file is read.
+    ds = shardstream.StreamingDataset(dataset.spec, seed=1, count_samples=False)
     got = keys_of(loader(ds, 2, multiprocessing_context="fork"))
     assert_exactly_once(got, dataset.keys)
     stats = ds.stats()
@@ -214,14 +220,20 @@ def test_explicit_ranks_partition_the_dataset(dataset, num_workers):
         for j in range(i + 1, world_size):
             assert not set(per_rank[i]) & set(per_rank[j]), (i, j)
     assert_exactly_once([k for keys in per_rank for k in keys], dataset.keys)
-    # Each rank reads whole shards: those of its slots in the plan.
-    plan = _core.plan_epoch(
-        dataset.sizes, seed=6, epoch=2, world_size=world_size, num_workers=max(num_workers, 1)
-    )
+    # The shards are counted from their headers: each rank reads the sample
+    # runs of its slots in the plan, and every rank as many samples.
+    counts = [len(dataset.keys_of([url])) for url in dataset.urls]
     k = max(num_workers, 1)
+    plan = _core.plan_samples(counts, seed=6, epoch=2, world_size=world_size, num_workers=k)
     for rank, keys in enumerate(per_rank):
-        shard_indices = [i for slot in plan[rank * k : (rank + 1) * k] for i in slot]
-        assert sorted(keys) == sorted(dataset.keys_of([dataset.urls[i] for i in shard_indices]))
+        runs = [run for slot in plan[rank * k : (rank + 1) * k] for run in slot]
+        expected = [
+            key
+            for shard, start, end in runs
+            for key in dataset.keys_of([dataset.urls[shard]])[start:end]
+        ]
+        assert sorted(keys) == sorted(expected)
+    assert {len(keys) for keys in per_rank} == {len(dataset.keys) // world_size}
 
 
 def test_fewer_shards_than_slots(small_dataset):
@@ -236,7 +248,9 @@ def test_fewer_shards_than_slots(small_dataset):
 
 
 def test_fewer_shards_than_slots_empty_slots_iterate_nothing(small_dataset):
-    world_size, num_workers = 2, 3
+    """Whole shards dealt by bytes (no counts, one rank): slots beyond the
+    shard count get none."""
+    world_size, num_workers = 1, 6
     plan = _core.plan_epoch(
         small_dataset.sizes, seed=0, epoch=0, world_size=world_size, num_workers=num_workers
     )
@@ -249,6 +263,7 @@ def test_fewer_shards_than_slots_empty_slots_iterate_nothing(small_dataset):
             world_size=world_size,
             num_workers=num_workers,
             worker_id=slot % num_workers,
+            count_samples=False,
         )
         keys = keys_of(ds)
         if not shard_indices:

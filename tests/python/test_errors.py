@@ -142,8 +142,8 @@ def assert_names_duplicate_key(exc: BaseException, bad: BadShard) -> None:
     assert re.search(r"(?<![\w.])wav(?![\w.])", message), message
 
 
-# Kinds the dataset finds at construction with its defaults (on_error="raise",
-# count_samples=True): a missing local shard, and every malformed plain tar
+# Kinds the dataset finds at construction with on_error="raise" and
+# count_samples=True: a missing local shard, and every malformed plain tar
 # (its headers are walked to count its samples). A compressed shard is not
 # counted, so its damage is found when it is read.
 FOUND_AT_CONSTRUCTION = set(ALL_KINDS) - {"gzipped_text"}
@@ -153,12 +153,12 @@ FOUND_AT_CONSTRUCTION = set(ALL_KINDS) - {"gzipped_text"}
 def test_bad_local_shard_raises_at_construction(kind, tmp_path):
     bad = make_bad_shard(kind, tmp_path)
     if kind not in FOUND_AT_CONSTRUCTION:
-        ds = shardstream.StreamingDataset(bad.path)
+        ds = shardstream.StreamingDataset(bad.path, count_samples=True)
         with pytest.raises(bad.error) as info:
             list(ds)
     else:
         with pytest.raises(bad.error) as info:
-            shardstream.StreamingDataset(bad.path)
+            shardstream.StreamingDataset(bad.path, count_samples=True)
     assert isinstance(info.value, ShardStreamError)
     assert_message(info.value, bad)
     if kind.startswith("duplicate"):

@@ -221,18 +221,23 @@ def test_manifest_beside_the_shards_is_found(uneven_dataset, form):
 
 
 def test_manifest_false_disables_it(uneven_dataset):
-    ds = dataset(uneven_dataset.spec, manifest=False)
+    ds = dataset(uneven_dataset.spec, manifest=False, count_samples=False)
     assert ds.manifest_path is None
     assert ds.shard_list.sample_counts is None
     with pytest.raises(TypeError, match="manifest"):
         len(ds)
+    # Counted from the headers instead, the counts are the manifest's.
+    counted = dataset(uneven_dataset.spec, manifest=False, count_samples=True)
+    assert counted.manifest_path is None
+    assert counted.shard_list.sample_counts == list(UNEVEN_COUNTS)
+    assert len(counted) == sum(UNEVEN_COUNTS)
     assert_exactly_once(keys_of(collect(ds)), uneven_dataset.keys)
 
 
 def test_no_manifest_when_shards_span_directories(tmp_path, uneven_dataset):
     other = write_uneven_dataset(tmp_path / "other", [2], prefix="other")
     index_manifest([other.root], other.root / "manifest.json")
-    ds = dataset([str(uneven_dataset.paths[0]), str(other.paths[0])])
+    ds = dataset([str(uneven_dataset.paths[0]), str(other.paths[0])], count_samples=False)
     assert ds.manifest_path is None
     with pytest.raises(TypeError):
         len(ds)

@@ -116,3 +116,29 @@ def test_bad_slot_arguments_are_refused_at_construction(dataset):
         shardstream.StreamingDataset(dataset.spec, rank="0", world_size=2)
     with pytest.raises(TypeError, match="urls"):
         shardstream.StreamingDataset(42)  # type: ignore[arg-type]
+
+
+def test_several_ranks_count_local_tar_shards_for_equal_ranks(uneven_dataset):
+    """No manifest, two ranks: the shards are counted from their headers at
+    construction and both ranks get the same number of samples (before, the
+    ranks got different counts and DDP hung at the epoch's end)."""
+    total = len(uneven_dataset.keys)
+    per_rank = []
+    for rank in range(2):
+        ds = shardstream.StreamingDataset(
+            uneven_dataset.spec, rank=rank, world_size=2, manifest=False, seed=4
+        )
+        assert ds.shard_list.counted
+        assert len(ds) == total // 2
+        per_rank.append([s["__key__"] for s in ds])
+    assert [len(keys) for keys in per_rank] == [total // 2] * 2
+    union = per_rank[0] + per_rank[1]
+    assert len(set(union)) == len(union) and set(union) <= set(uneven_dataset.keys)
+    # One rank needs no counts: shards are dealt whole, as before.
+    single = shardstream.StreamingDataset(uneven_dataset.spec, manifest=False)
+    assert not single.shard_list.counted and single.shard_list.sample_counts is None
+    # count_samples=False with several ranks is refused at once.
+    with pytest.raises(shardstream.DatasetSpecError, match="shardstream index"):
+        shardstream.StreamingDataset(
+            uneven_dataset.spec, rank=0, world_size=2, manifest=False, count_samples=False
+        )

@@ -155,8 +155,10 @@ def test_exported_plan_epoch_is_the_core_one():
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
-    world_size=st.integers(1, 3),
-    num_workers=st.integers(1, 4),
+    # Plans by bytes are for one rank: several ranks need sample counts
+    # (tests/python/test_dataloader.py checks those plans).
+    world_size=st.just(1),
+    num_workers=st.integers(1, 6),
     seed=st.integers(0, 2**32),
     epoch=st.integers(0, 1000),
     shuffle_buffer=st.sampled_from([0, 1, 5, 1000]),
@@ -177,6 +179,7 @@ def test_every_slot_streams_its_planned_shards(
             world_size=world_size,
             num_workers=num_workers,
             worker_id=slot % num_workers,
+            count_samples=False,
         )
         ds.set_epoch(epoch)
         samples = list(ds)

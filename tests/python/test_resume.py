@@ -234,7 +234,6 @@ def one_slot_state(info, **kwargs) -> dict:
         {"rank": 1},
         {"world_size": 3},
         {"num_workers": 2, "worker_id": 0},
-        {"manifest": False},
         {"subset": True},
     ],
     ids=lambda change: ",".join(change),
@@ -555,15 +554,16 @@ def test_elastic_resume_needs_every_slot(uneven_dataset, old_job):
         collect(ds)
 
 
-def test_elastic_resume_needs_a_manifest(uneven_dataset):
+def test_elastic_resume_needs_sample_counts(uneven_dataset):
+    no_counts = {"manifest": False, "count_samples": False}
     states = []
-    for rank in range(2):
-        ds = slot_dataset(uneven_dataset, rank, 2, 1, 0, "drop", manifest=False)
+    for worker in range(2):
+        ds = slot_dataset(uneven_dataset, 0, 1, 2, worker, "drop", **no_counts)
         iterator = iter(ds)
         next(iterator)
         states.append(ds.state_dict())
         del iterator
-    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop", manifest=False)
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop", **no_counts)
     ds.load_state_dict(shardstream.elastic_state(states))
     with pytest.raises(StateMismatchError, match="manifest"):
         collect(ds)

@@ -51,12 +51,16 @@ def test_brace_range_on_s3_and_ranks_split(s3, s3_dataset):
     spec = f"s3://{BUCKET}/audio/shard-{{000000..{n - 1:06d}}}.tar"
     seen: list[str] = []
     fetched = 0
-    for rank in range(2):
-        ds = StreamingDataset(spec, s3=config(s3), rank=rank, world_size=2)
-        seen += [s["__key__"] for s in collect(ds, 2)]
+    for worker in range(2):
+        ds = StreamingDataset(spec, s3=config(s3), num_workers=2, worker_id=worker)
+        seen += [s["__key__"] for s in collect(ds, 0)]
         fetched += ds.stats()["bytes_read"]
     assert Counter(seen) == Counter(list(s3_dataset["expected"]))
     assert fetched == sum(s3_dataset["sizes"].values())
+    # Several ranks need sample counts, which remote shards only have from a
+    # manifest: refused at construction, naming the command that writes one.
+    with pytest.raises(shardstream.DatasetSpecError, match="shardstream index"):
+        StreamingDataset(spec, s3=config(s3), rank=0, world_size=2)
 
 
 def test_parallel_ranged_gets_reassemble_in_order(s3, s3_dataset, dataset):

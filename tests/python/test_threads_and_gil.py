@@ -110,3 +110,35 @@ def test_a_stalled_shard_times_out_with_a_read_error(tmp_path: Path) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def test_ctrl_c_interrupts_resolving_a_dataset():
+    """Listing a prefix on a server that accepts and never answers: Ctrl-C
+    (SIGINT) ends the constructor at once with KeyboardInterrupt, long
+    before the S3 timeouts."""
+    import signal
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    started = time.monotonic()
+    try:
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            StreamingDataset(
+                "s3://bucket/prefix/",
+                s3={
+                    "endpoint_url": f"http://127.0.0.1:{port}",
+                    "path_style": True,
+                    "unsigned": True,
+                    "first_byte_timeout": 60.0,
+                    "max_attempts": 1,
+                },
+            )
+    finally:
+        timer.cancel()
+        server.close()
+    assert time.monotonic() - started < 10

@@ -93,7 +93,7 @@ def test_ddp_uneven_local_shards_without_manifest_give_equal_ranks(tmp_path):
     assert len(set(info.keys) - set(union)) == total % NPROC
 
 
-def test_ddp_over_an_s3_prefix_needs_sample_counts(s3, s3_dataset, tmp_path):
+def test_ddp_over_an_s3_prefix_needs_sample_counts(s3, s3_dataset, tmp_path, monkeypatch):
     """Remote shards without counts: every rank refuses to start, naming
     `shardstream index`; with the manifest it writes, ranks split the
     prefix exactly once, with equal counts."""
@@ -106,7 +106,10 @@ def test_ddp_over_an_s3_prefix_needs_sample_counts(s3, s3_dataset, tmp_path):
     assert proc.returncode != 0
     assert "DatasetSpecError" in proc.stderr and "shardstream index" in proc.stderr
     manifest = tmp_path / "manifest.json"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     cli = ["shardstream", "--s3-endpoint-url", s3.endpoint_url, "--s3-path-style"]
+    cli += ["--s3-region", "us-east-1"]
     assert _core.run_cli([*cli, "index", spec, "-o", str(manifest)]) == 0
     records = launch_check(
         spec,
