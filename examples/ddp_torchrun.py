@@ -2,12 +2,14 @@
 
 DDP all-reduces gradients in every backward pass, so every rank must run
 the same number of steps: a rank with one batch more waits forever for the
-others. With a manifest (``shardstream index``) every rank of a
-``StreamingDataset`` gets exactly ``len(dataset)`` samples, and with the
+others. With sample counts (a manifest written by ``shardstream index``, or,
+for local tar shards, their headers, counted when the dataset is created)
+every rank of a ``StreamingDataset`` gets exactly ``len(dataset)`` samples, and with the
 same number of DataLoader workers, the same number of batches, even when the
 shards hold very different numbers of samples and with ``drop_last=False``.
 
-Index the shards once, then launch (CPU and ``gloo`` are enough)::
+Index the shards once (optional for local plain tar shards), then launch
+(CPU and ``gloo`` are enough)::
 
     python examples/make_dataset.py /tmp/shards --shards 6 --samples-per-shard 20
     shardstream index /tmp/shards -o /tmp/shards/manifest.json
@@ -104,11 +106,9 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         remainder=args.remainder,
         manifest=args.manifest,
     )
-    if dataset.manifest_path is None:
-        raise SystemExit(
-            "error: no manifest; without one ranks can get different numbers of batches "
-            "and DDP hangs. Run `shardstream index SPEC -o DIR/manifest.json` first."
-        )
+    # Every rank gets len(dataset) samples: the counts come from the manifest,
+    # or from the headers of local tar shards (the dataset refuses to start
+    # when neither gives them, rather than let DDP hang).
     loader = DataLoader(
         dataset,
         batch_size=args.batch_size,
