@@ -307,7 +307,11 @@ fn print_plan(
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
     let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
-    let manifest_path = manifest::attach(&mut shards, choice)?;
+    let attached = manifest::attach(&mut shards, choice)?;
+    if let Some(reason) = &attached.ignored {
+        eprintln!("warning: {reason}");
+    }
+    let manifest_path = attached.used;
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);
     let basis = match (&manifest_path, plan.samples_per_rank) {

@@ -77,8 +77,8 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     args.extend(["-o".into(), out.to_str().unwrap().to_owned()]);
     assert_eq!(shardstream::cli::run(args), 0);
     let mut shards = spec::resolve(&urls).unwrap();
-    let used = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
-    assert_eq!(used.as_deref(), Some(out.as_path()));
+    let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
+    assert_eq!(attached.used.as_deref(), Some(out.as_path()));
     shards
 }
 

@@ -78,6 +78,13 @@ create_exception!(
     "A bad shard was skipped under on_error=\"warn\"."
 );
 
+create_exception!(
+    shardstream._core,
+    ManifestIgnoredWarning,
+    PyUserWarning,
+    "A manifest.json beside the shards is not a shardstream manifest and was not used."
+);
+
 /// The Python exception for `error`; its message names the shard and offset.
 pub fn to_py(error: Error) -> PyErr {
     let message = error.to_string();

@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
-use super::errors::{to_py, ShardSkippedWarning};
+use super::errors::{to_py, ManifestIgnoredWarning, ShardSkippedWarning};
 use crate::collate::collate;
 use crate::config::{FieldDecoders, OnError, S3Options, SlotSpec, StreamOptions, TableOutput};
 use crate::decode::Decoder;
@@ -138,13 +138,20 @@ impl ShardList {
             }
             Some(value) => ManifestChoice::Path(value.extract::<PathBuf>()?),
         };
-        let (shards, manifest) = py
+        let (shards, attached) = py
             .detach(|| {
                 let mut shards = spec::resolve_dataset(&specs, &s3, dataset_format)?;
-                let used = manifest::attach(&mut shards, &choice)?;
-                Ok::<_, crate::Error>((shards, used))
+                let attached = manifest::attach(&mut shards, &choice)?;
+                Ok::<_, crate::Error>((shards, attached))
             })
             .map_err(to_py)?;
+        if let Some(reason) = &attached.ignored {
+            let message = CString::new(format!("{reason} (manifest=False stops looking for one)"))
+                .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
+            let category = py.get_type::<ManifestIgnoredWarning>();
+            PyErr::warn(py, category.as_any(), &message, 2)?;
+        }
+        let manifest = attached.used;
         Ok(ShardList {
             shards: Arc::new(shards),
             specs,
