@@ -315,7 +315,11 @@ fn print_plan(
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
     let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
     spec::check_local_shards_exist(&shards)?;
-    let manifest_path = manifest::attach(&mut shards, choice)?;
+    let attached = manifest::attach(&mut shards, choice)?;
+    if let Some(reason) = &attached.ignored {
+        eprintln!("warning: {reason}");
+    }
+    let manifest_path = attached.used;
     if count && params.world_size > 1 {
         crate::count::count_local_tar(&mut shards, true)?;
     }

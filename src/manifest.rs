@@ -115,6 +115,10 @@ impl SampleIndex {
 }
 
 impl ShardEntry {
+    /// Checks that the entry agrees with itself: one offset and one length
+    /// per sample, offsets increasing, spans that do not overlap, end
+    /// without overflow and lie within the shard (for a plain tar; a
+    /// compressed shard's spans are in its decompressed tar).
     fn check(&self) -> std::result::Result<(), String> {
         if self.offsets.len() as u64 != self.samples || self.lengths.len() as u64 != self.samples {
             return Err(format!(
@@ -125,22 +129,33 @@ impl ShardEntry {
                 self.lengths.len()
             ));
         }
-        // A compressed shard's decompressed tar may be larger than the shard.
-        let limit = match self.compression {
-            None => self.size,
-            Some(_) => u64::MAX,
-        };
         let mut end = 0;
         for (i, (&offset, &length)) in self.offsets.iter().zip(&self.lengths).enumerate() {
-            if offset < end || length == 0 || offset.saturating_add(length) > limit {
+            let Some(span_end) = offset.checked_add(length) else {
                 return Err(format!(
-                    "{}: sample {i} spans bytes {offset}..{} (previous ends at {end}, size {})",
-                    self.url,
-                    offset + length,
-                    self.size
+                    "{}: sample {i} at byte offset {offset} with length {length} ends past 2^64",
+                    self.url
+                ));
+            };
+            if length == 0 {
+                return Err(format!(
+                    "{}: sample {i} at byte offset {offset} has length 0",
+                    self.url
                 ));
             }
-            end = offset + length;
+            if offset < end {
+                return Err(format!(
+                    "{}: sample {i} starts at byte offset {offset}, before the previous sample ends at {end} (offsets must increase and spans must not overlap)",
+                    self.url
+                ));
+            }
+            if self.compression.is_none() && span_end > self.size {
+                return Err(format!(
+                    "{}: sample {i} spans bytes {offset}..{span_end}, past the shard's {} bytes",
+                    self.url, self.size
+                ));
+            }
+            end = span_end;
         }
         Ok(())
     }
@@ -177,11 +192,7 @@ impl Manifest {
 
     /// Reads and checks the manifest at `path`.
     pub fn load(path: &Path) -> Result<Self> {
-        let json = std::fs::read_to_string(path).map_err(|e| Error::Manifest {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        Manifest::from_json(&json, &path.display().to_string())
+        Manifest::from_json(&read_text(path)?, &path.display().to_string())
     }
 
     /// Writes the manifest as JSON to `path`.
@@ -232,6 +243,10 @@ impl Manifest {
                     });
                 }
             }
+            entry.check().map_err(|reason| Error::Manifest {
+                path: manifest_path.display().to_string(),
+                reason,
+            })?;
             shard.index = Some(Arc::new(SampleIndex {
                 offsets: entry.offsets.clone(),
                 lengths: entry.lengths.clone(),
@@ -268,9 +283,22 @@ pub enum ManifestChoice {
     Off,
 }
 
-/// Gives `shards` their sample indices from the chosen manifest; returns
-/// the manifest's path when one is used.
-pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Option<PathBuf>> {
+/// What [`attach`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attached {
+    /// The manifest whose sample indices the shards now carry, if any.
+    pub used: Option<PathBuf>,
+    /// Why a `manifest.json` beside the shards was not used: it is not a
+    /// shardstream manifest (another tool's file of that name). The caller
+    /// tells the user (the library itself prints nothing).
+    pub ignored: Option<String>,
+}
+
+/// Gives `shards` their sample indices from the chosen manifest. A
+/// `manifest.json` found beside the shards is used only when it says it is
+/// a shardstream manifest (its `format`); another is passed over, with the
+/// reason in [`Attached::ignored`]. A manifest named explicitly must be one.
+pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached> {
     if shards.iter().any(|s| s.kind != ShardKind::Tar) {
         // Parquet row groups and raw objects know their sample counts.
         return match choice {
@@ -279,19 +307,77 @@ pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Option<Pa
                 reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
                     .into(),
             }),
-            ManifestChoice::Off | ManifestChoice::Auto => Ok(None),
+            ManifestChoice::Off | ManifestChoice::Auto => Ok(Attached::default()),
         };
     }
-    let path = match choice {
-        ManifestChoice::Off => return Ok(None),
-        ManifestChoice::Path(path) => path.clone(),
-        ManifestChoice::Auto => match find_beside(shards) {
-            Some(path) => path,
-            None => return Ok(None),
-        },
+    let (path, json) = match choice {
+        ManifestChoice::Off => return Ok(Attached::default()),
+        ManifestChoice::Path(path) => (path.clone(), read_text(path)?),
+        ManifestChoice::Auto => {
+            let Some(path) = find_beside(shards) else {
+                return Ok(Attached::default());
+            };
+            let json = read_text(&path)?;
+            if let Err(what) = identify(&json) {
+                return Ok(Attached {
+                    used: None,
+                    ignored: Some(format!(
+                        "{} is not a shardstream manifest ({what}); the shards are planned without one",
+                        path.display()
+                    )),
+                });
+            }
+            (path, json)
+        }
     };
-    Manifest::load(&path)?.attach(&path, shards)?;
-    Ok(Some(path))
+    Manifest::from_json(&json, &path.display().to_string())?.attach(&path, shards)?;
+    Ok(Attached {
+        used: Some(path),
+        ignored: None,
+    })
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::Manifest {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Whether `json` says it is a shardstream manifest: a JSON object whose
+/// `format` is [`MANIFEST_FORMAT`]; `Err` says what it is instead. Text
+/// that does not parse but names the format is taken as a damaged
+/// manifest of ours, so that its parse error is reported.
+fn identify(json: &str) -> std::result::Result<(), String> {
+    /// The `format` of a JSON object, skipping the rest unparsed.
+    #[derive(Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        format: Option<serde_json::Value>,
+    }
+    let ours_but_damaged = |e: serde_json::Error| {
+        if json.contains(MANIFEST_FORMAT) {
+            Ok(())
+        } else {
+            Err(format!("it is not JSON: {e}"))
+        }
+    };
+    if !json.trim_start().starts_with('{') {
+        return match serde_json::from_str::<serde::de::IgnoredAny>(json) {
+            Ok(_) => Err("it is not a JSON object".into()),
+            Err(e) => ours_but_damaged(e),
+        };
+    }
+    match serde_json::from_str::<Probe>(json) {
+        Ok(Probe {
+            format: Some(serde_json::Value::String(format)),
+        }) if format == MANIFEST_FORMAT => Ok(()),
+        Ok(Probe {
+            format: Some(other),
+        }) => Err(format!("its \"format\" is {other}")),
+        Ok(Probe { format: None }) => Err("it has no \"format\" field".into()),
+        Err(e) => ours_but_damaged(e),
+    }
 }
 
 /// The `manifest.json` in the one directory holding every shard, if any.
@@ -376,6 +462,109 @@ mod tests {
         assert!(!plain.contains("compression"), "{plain}");
         let bogus = json.replace("\"gzip\"", "\"lz4\"");
         assert!(Manifest::from_json(&bogus, "m").is_err());
+    }
+
+    #[test]
+    fn overflowing_unsorted_or_miscounted_entries_are_refused_naming_the_shard() {
+        let gzip = |offsets: Vec<u64>, lengths: Vec<u64>| ShardEntry {
+            compression: Some(Compression::Gzip),
+            samples: offsets.len() as u64,
+            offsets,
+            lengths,
+            ..entry()
+        };
+        let cases = [
+            (gzip(vec![u64::MAX - 100], vec![512]), "sample 0"),
+            (gzip(vec![0, u64::MAX], vec![512, 1]), "sample 1"),
+            (
+                ShardEntry {
+                    offsets: vec![u64::MAX - 10, 0],
+                    ..entry()
+                },
+                "sample 0",
+            ),
+            (
+                ShardEntry {
+                    offsets: vec![1024, 0],
+                    lengths: vec![10, 10],
+                    ..entry()
+                },
+                "sample 1",
+            ),
+            (
+                ShardEntry {
+                    samples: 3,
+                    ..entry()
+                },
+                "3 samples",
+            ),
+        ];
+        for (bad, says) in cases {
+            let json = serde_json::to_string(&Manifest::new(vec![bad.clone()])).unwrap();
+            let err = Manifest::from_json(&json, "m.json").unwrap_err();
+            assert!(matches!(err, Error::Manifest { .. }), "{err}");
+            let message = err.to_string();
+            assert!(
+                message.contains("a.tar") && message.contains(says),
+                "{message}"
+            );
+            // A manifest made in code is checked when it is attached.
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("a.tar"), vec![0u8; 4096]).unwrap();
+            let mut shards =
+                crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+            let err = Manifest::new(vec![bad])
+                .attach(&dir.path().join(MANIFEST_FILE), &mut shards)
+                .unwrap_err();
+            assert!(err.to_string().contains("a.tar"), "{err}");
+        }
+    }
+
+    #[test]
+    fn only_a_manifest_that_says_it_is_ours_is_picked_up_beside_the_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tar"), vec![0u8; 4096]).unwrap();
+        let shard = dir.path().join("a.tar").display().to_string();
+        let beside = dir.path().join(MANIFEST_FILE);
+        let attach_with = |text: &str, choice: &ManifestChoice| {
+            std::fs::write(&beside, text).unwrap();
+            let mut shards = crate::spec::resolve(std::slice::from_ref(&shard)).unwrap();
+            attach(&mut shards, choice).map(|a| (a, shards[0].index.is_some()))
+        };
+        let ours = serde_json::to_string(&Manifest::new(vec![entry()])).unwrap();
+        let (attached, indexed) = attach_with(&ours, &ManifestChoice::Auto).unwrap();
+        assert_eq!(
+            (attached.used.as_deref(), indexed),
+            (Some(beside.as_path()), true)
+        );
+        assert_eq!(attached.ignored, None);
+        for (foreign, why) in [
+            (
+                r#"{"format": "other", "shards": []}"#,
+                r#"its "format" is "other""#,
+            ),
+            (r#"{"files": ["a.tar"]}"#, r#"no "format" field"#),
+            (r#"{"format": 2}"#, r#"its "format" is 2"#),
+            ("[1, 2]", "not a JSON object"),
+            ("", "not JSON"),
+            ("{", "not JSON"),
+        ] {
+            let (attached, indexed) = attach_with(foreign, &ManifestChoice::Auto).unwrap();
+            let reason = attached.ignored.unwrap();
+            assert!(
+                reason.contains(&beside.display().to_string()) && reason.contains(why),
+                "{reason}"
+            );
+            assert_eq!((attached.used, indexed), (None, false));
+            // Named explicitly, it must be a manifest.
+            let err = attach_with(foreign, &ManifestChoice::Path(beside.clone())).unwrap_err();
+            assert!(matches!(err, Error::Manifest { .. }), "{err}");
+        }
+        // Ours, but damaged: an error, not passed over.
+        let err = attach_with(&ours[..ours.len() / 2], &ManifestChoice::Auto).unwrap_err();
+        assert!(matches!(err, Error::Manifest { .. }), "{err}");
+        let wrong_version = ours.replace("\"version\":1", "\"version\":9");
+        assert!(attach_with(&wrong_version, &ManifestChoice::Auto).is_err());
     }
 
     #[test]

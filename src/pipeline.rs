@@ -215,26 +215,14 @@ impl SampleStream {
         resume: Option<Resume>,
     ) -> Result<Self> {
         let fingerprint = state::fingerprint(shards, options);
-        let (epoch, resumed_from, exact) = match resume {
-            None => (epoch, None, None),
-            Some(Resume::Exact(saved)) => {
-                state::check_exact(&saved, &fingerprint, &slot)?;
-                (saved.epoch, saved.resumed_from.clone(), Some(saved))
-            }
-            Some(Resume::Elastic(states)) => {
-                // Always split anew, even onto the same layout: the old
-                // slots may have produced different amounts.
-                let (epoch, states) = state::check_elastic(states, &fingerprint)?;
-                (epoch, Some(states), None)
-            }
-        };
-        let units = state::slot_units(shards, options, epoch, &slot, resumed_from.as_deref())?;
-        let mirror = exact
-            .as_ref()
-            .map(Mirror::from_state)
-            .transpose()?
-            .unwrap_or_else(Mirror::start);
-        let finished = exact.as_ref().is_some_and(|s| s.finished);
+        // Every field of a resumed state is checked here, before any read.
+        let state::Start {
+            epoch,
+            resumed_from,
+            units,
+            mirror,
+            finished,
+        } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
         let reads = if finished {
             Vec::new()
         } else {
@@ -361,6 +349,7 @@ impl SampleStream {
             num_workers: identity.slot.num_workers,
             worker_id: identity.slot.worker_id,
             produced: mirror.produced,
+            skipped: mirror.skipped,
             cursor: mirror.cursor,
             buffer: mirror
                 .buffer
@@ -368,6 +357,7 @@ impl SampleStream {
                 .map(|id| [id.shard as u64, id.index])
                 .collect(),
             rng_word_pos: mirror.rng_word_pos.to_string(),
+            digest: state::format_digest(mirror.digest),
             finished: self.finished,
             resumed_from: identity.resumed_from.clone(),
         }
@@ -416,7 +406,7 @@ impl SampleStream {
         let Some(Delivery { ops, event }) = self.ready.pop_front() else {
             return Ok(Poll::Pending);
         };
-        self.mirror.apply(&ops);
+        self.mirror.apply(&ops, &self.units);
         Ok(Poll::Ready(event))
     }
 }
@@ -488,8 +478,8 @@ fn read_list(shards: &[Shard], units: &[WorkUnit], mirror: &Mirror) -> Result<Ve
                 shards.len()
             ))
         })?;
-        let span =
-            *indices.iter().min().expect("non-empty")..indices.iter().max().expect("non-empty") + 1;
+        let span = *indices.iter().min().expect("non-empty")
+            ..indices.iter().max().expect("non-empty").saturating_add(1);
         reads.push(make_read(
             shard_index,
             shard,
@@ -500,7 +490,13 @@ fn read_list(shards: &[Shard], units: &[WorkUnit], mirror: &Mirror) -> Result<Ve
         )?);
     }
     for (position, unit) in units.iter().enumerate().skip(mirror.cursor.unit) {
-        let shard = &shards[unit.shard];
+        let shard = shards.get(unit.shard).ok_or_else(|| {
+            Error::StateMismatch(format!(
+                "work unit {position} is of shard {}, the dataset has {}",
+                unit.shard,
+                shards.len()
+            ))
+        })?;
         let full = unit.samples.clone().unwrap_or(0..u64::MAX);
         let start = match mirror.cursor.next_sample {
             Some(next) if position == mirror.cursor.unit => next.max(full.start),
@@ -657,7 +653,7 @@ impl Worker {
         for id in &self.restore {
             let sample = restored.remove(id).ok_or_else(|| {
                 Error::StateMismatch(format!(
-                    "sample {} of shard {} held by the saved shuffle buffer is not in the data",
+                    "state field buffer: sample {} of shard {} held by the saved shuffle buffer is not in the data",
                     id.index, id.shard
                 ))
             })?;
@@ -1048,6 +1044,17 @@ impl Worker {
     /// every sample the manifest promised?
     fn check_complete(&self, read: &Read, shard: &ShardRef, produced: u64) -> Result<()> {
         let Some(index) = &read.index else {
+            // Without a manifest a resumed cursor is checked against the
+            // shard here: a cursor past its end would silently skip nothing.
+            if let (ReadPurpose::Unit { samples, .. }, ShardKind::Tar) = (&read.purpose, &read.kind)
+            {
+                if produced < samples.start {
+                    return Err(Error::StateMismatch(format!(
+                        "state field cursor.next_sample: {} is past the end of {}, which holds {produced} samples",
+                        samples.start, shard.url
+                    )));
+                }
+            }
             return Ok(());
         };
         let end = match &read.purpose {
@@ -1171,7 +1178,7 @@ fn decode_all(
 }
 
 fn read_end(wanted: &HashSet<u64>) -> u64 {
-    wanted.iter().max().map_or(0, |m| m + 1)
+    wanted.iter().max().map_or(0, |m| m.saturating_add(1))
 }
 
 /// Sends a sample with the ops that lead to it; `Break` when the consumer is gone.

@@ -1,9 +1,16 @@
 //! Stream state for exact and elastic resume. The consumer keeps a mirror
 //! of the pipeline's position (cursor, shuffle buffer ids, RNG word
-//! position) as of the last sample it handed out; restoring re-reads only
-//! the samples the buffer held. The JSON form is documented by
-//! `schemas/state.schema.json`.
+//! position, and a checksum of what was handed out) as of the last sample
+//! it handed out; restoring re-reads only the samples the buffer held. The
+//! JSON form is documented by `schemas/state.schema.json`.
+//!
+//! A loaded state is never trusted: [`resolve`] checks every field against
+//! the dataset and the plan before anything is read, so a damaged, edited or
+//! mismatched state is an [`Error::StateMismatch`] naming the field, never a
+//! panic, a repeated sample or a silently shorter epoch.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Display;
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +25,12 @@ use crate::spec::{Shard, ShardKind};
 /// The `format` field of every state.
 pub const STATE_FORMAT: &str = "shardstream.state";
 /// The state version this build reads and writes.
-pub const STATE_VERSION: u32 = 1;
+pub const STATE_VERSION: u32 = 2;
+
+/// RNG words the shuffle buffer may draw beyond two per sample handed out:
+/// a draw takes one `u64` (two words) and is redrawn only on a rejection,
+/// whose chance is below `shuffle_buffer / 2^64` per draw.
+const SPARE_RNG_WORDS: u128 = 64;
 
 /// Where a slot's reading stands: the next sample to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,12 +64,18 @@ pub struct SlotState {
     pub worker_id: usize,
     /// Samples this slot has handed out.
     pub produced: u64,
+    /// Samples of this slot's units passed over because their shard was
+    /// skipped under `on_error="warn"` (counted where sample counts are known).
+    pub skipped: u64,
     /// Next sample to read.
     pub cursor: Cursor,
     /// Ids `[shard, index]` held by the shuffle buffer, in buffer order.
     pub buffer: Vec<[u64; 2]>,
     /// The shuffle RNG's word position (decimal).
     pub rng_word_pos: String,
+    /// Order-independent checksum (16 hex digits) of the ids of the samples
+    /// handed out or skipped.
+    pub digest: String,
     /// The slot has handed out its last sample.
     pub finished: bool,
     /// When this epoch was itself resumed elastically: the states it resumed from.
@@ -66,9 +84,23 @@ pub struct SlotState {
 }
 
 impl SlotState {
-    /// Parses and checks a state.
+    /// Parses and checks a state's form (its fit to a dataset is checked by [`resolve`]).
     pub fn from_json(json: &str) -> Result<Self> {
-        let state: SlotState = serde_json::from_str(json)
+        let value: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| Error::StateMismatch(format!("not a shardstream state: {e}")))?;
+        // The format and version first, so that a state of another version
+        // is named as such rather than by the first field it lacks.
+        let format = value.get("format").and_then(|v| v.as_str());
+        let version = value.get("version").and_then(|v| v.as_u64());
+        if let (Some(STATE_FORMAT), Some(version)) = (format, version) {
+            if version != u64::from(STATE_VERSION) {
+                return Err(Error::StateMismatch(format!(
+                    "state field version: this build reads version {STATE_VERSION} states, \
+                     the state is version {version} (saved by another shardstream version)"
+                )));
+            }
+        }
+        let state: SlotState = serde_json::from_value(value)
             .map_err(|e| Error::StateMismatch(format!("not a shardstream state: {e}")))?;
         state.check_format()?;
         Ok(state)
@@ -94,7 +126,40 @@ impl SlotState {
 
     /// The slot layout the state was saved with.
     pub fn slot(&self) -> Result<SlotSpec> {
-        SlotSpec::new(self.world_size, self.rank, self.num_workers, self.worker_id)
+        self.checked_slot("")
+    }
+
+    /// The slot layout, each number checked; `prefix` names the state in errors.
+    fn checked_slot(&self, prefix: &str) -> Result<SlotSpec> {
+        if self.world_size == 0 {
+            return Err(field_error(prefix, "world_size", "must be at least 1"));
+        }
+        if self.num_workers == 0 {
+            return Err(field_error(prefix, "num_workers", "must be at least 1"));
+        }
+        if self.rank >= self.world_size {
+            return Err(field_error(
+                prefix,
+                "rank",
+                format!("{} is not below world_size {}", self.rank, self.world_size),
+            ));
+        }
+        if self.worker_id >= self.num_workers {
+            return Err(field_error(
+                prefix,
+                "worker_id",
+                format!(
+                    "{} is not below num_workers {}",
+                    self.worker_id, self.num_workers
+                ),
+            ));
+        }
+        Ok(SlotSpec {
+            world_size: self.world_size,
+            rank: self.rank,
+            num_workers: self.num_workers,
+            worker_id: self.worker_id,
+        })
     }
 
     /// Held sample ids.
@@ -102,7 +167,7 @@ impl SlotState {
         self.buffer
             .iter()
             .map(|&[shard, index]| SampleId {
-                shard: shard as usize,
+                shard: usize::try_from(shard).unwrap_or(usize::MAX),
                 index,
             })
             .collect()
@@ -110,10 +175,135 @@ impl SlotState {
 
     /// The RNG word position.
     pub fn word_pos(&self) -> Result<u128> {
-        self.rng_word_pos
-            .parse()
-            .map_err(|_| Error::StateMismatch(format!("bad rng_word_pos {:?}", self.rng_word_pos)))
+        parse_decimal(&self.rng_word_pos).ok_or_else(|| {
+            field_error(
+                "",
+                "rng_word_pos",
+                format!(
+                    "{:?} is not a decimal number below 2^128",
+                    self.rng_word_pos
+                ),
+            )
+        })
     }
+
+    /// The checksum of the samples handed out or skipped.
+    pub fn digest_value(&self) -> Result<u64> {
+        parse_digest(&self.digest).ok_or_else(|| {
+            field_error(
+                "",
+                "digest",
+                format!(
+                    "{:?} is not 16 hexadecimal digits below 2^61 - 1",
+                    self.digest
+                ),
+            )
+        })
+    }
+}
+
+/// The error for a state field; `prefix` names the state within a list
+/// (`slots[2].`, `resumed_from[0].`), empty for a single state.
+fn field_error(prefix: &str, field: &str, reason: impl Display) -> Error {
+    Error::StateMismatch(format!("state field {prefix}{field}: {reason}"))
+}
+
+fn parse_decimal(text: &str) -> Option<u128> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn parse_digest(text: &str) -> Option<u64> {
+    if text.len() != 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(text, 16).ok().filter(|&d| d < P)
+}
+
+/// A digest as the state's 16 hex digits.
+pub(crate) fn format_digest(digest: u64) -> String {
+    format!("{digest:016x}")
+}
+
+/// The splitmix64 finaliser: a bijective mix of 64 bits.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+// Digests: sample `i` of shard `s` hashes to `c_s * g_s^i` in the integers
+// modulo the prime 2^61 - 1 (`c_s`, `g_s` drawn from `s`), and a digest is
+// the sum of the hashes of its ids. The sum does not depend on the order of
+// the ids, the sum over a run of samples has a closed form (a geometric
+// series), and the next sample of a shard hashes with one multiplication.
+
+/// The Mersenne prime 2^61 - 1.
+const P: u64 = (1 << 61) - 1;
+
+fn mul_mod(a: u64, b: u64) -> u64 {
+    let x = u128::from(a) * u128::from(b);
+    let folded = ((x & u128::from(P)) + (x >> 61)) as u64;
+    let r = (folded & P) + (folded >> 61);
+    if r >= P {
+        r - P
+    } else {
+        r
+    }
+}
+
+fn add_mod(a: u64, b: u64) -> u64 {
+    let s = a + b;
+    if s >= P {
+        s - P
+    } else {
+        s
+    }
+}
+
+fn sub_mod(a: u64, b: u64) -> u64 {
+    add_mod(a, P - b)
+}
+
+fn pow_mod(mut base: u64, mut exp: u64) -> u64 {
+    let mut result = 1;
+    while exp > 0 {
+        if exp & 1 == 1 {
+            result = mul_mod(result, base);
+        }
+        base = mul_mod(base, base);
+        exp >>= 1;
+    }
+    result
+}
+
+/// `(c, g)` of a shard: `c` in `1..P`, `g` in `2..P`.
+fn shard_key(shard: u64) -> (u64, u64) {
+    let c = 1 + mix(shard ^ 0x9e37_79b9_7f4a_7c15) % (P - 1);
+    let g = 2 + mix(shard ^ 0xd1b5_4a32_d192_ed03) % (P - 2);
+    (c, g)
+}
+
+/// A sample id's share of a digest.
+fn id_hash(shard: u64, index: u64) -> u64 {
+    let (c, g) = shard_key(shard);
+    mul_mod(c, pow_mod(g, index))
+}
+
+/// The digest of a run of samples of one shard.
+fn range_hash(shard: u64, samples: Range<u64>) -> u64 {
+    if samples.start >= samples.end {
+        return 0;
+    }
+    let (c, g) = shard_key(shard);
+    // c g^a (g^n - 1) / (g - 1); g - 1 is in 1..P - 1, so invertible.
+    let series = mul_mod(
+        sub_mod(pow_mod(g, samples.end - samples.start), 1),
+        pow_mod(g - 1, P - 2),
+    );
+    mul_mod(mul_mod(c, pow_mod(g, samples.start)), series)
 }
 
 /// A 64-bit FNV-1a hash, stable across platforms and versions.
@@ -210,12 +400,21 @@ pub enum Op {
 pub struct Mirror {
     /// Samples handed out.
     pub produced: u64,
+    /// Samples of units skipped under `on_error="warn"` (where counts are known).
+    pub skipped: u64,
     /// Next sample to read.
     pub cursor: Cursor,
     /// Buffer ids in buffer order.
     pub buffer: Vec<SampleId>,
     /// RNG word position.
     pub rng_word_pos: u128,
+    /// Checksum of the ids handed out or skipped.
+    pub digest: u64,
+    /// The digest share of each held id, in buffer order.
+    held: Vec<u64>,
+    /// The last id pushed, its share and its shard's `g`: the next sample
+    /// of the shard hashes with one multiplication.
+    last_push: Option<(SampleId, u64, u64)>,
 }
 
 impl Mirror {
@@ -223,37 +422,80 @@ impl Mirror {
     pub fn start() -> Self {
         Mirror {
             produced: 0,
+            skipped: 0,
             cursor: Cursor {
                 unit: 0,
                 next_sample: None,
             },
             buffer: Vec::new(),
             rng_word_pos: 0,
+            digest: 0,
+            held: Vec::new(),
+            last_push: None,
         }
     }
 
-    /// The mirror a saved state describes.
+    /// The mirror a saved state describes (its fields parsed, not checked
+    /// against a dataset: see [`resolve`]).
     pub fn from_state(state: &SlotState) -> Result<Self> {
+        let buffer = state.buffer_ids();
         Ok(Mirror {
             produced: state.produced,
+            skipped: state.skipped,
             cursor: state.cursor,
-            buffer: state.buffer_ids(),
+            held: buffer
+                .iter()
+                .map(|id| id_hash(id.shard as u64, id.index))
+                .collect(),
+            buffer,
             rng_word_pos: state.word_pos()?,
+            digest: state.digest_value()?,
+            last_push: None,
         })
     }
 
-    /// Applies the ops of one message; a `Pop` counts one sample handed out.
-    pub fn apply(&mut self, ops: &[Op]) {
+    /// Applies the ops of one message to the mirror of a slot reading
+    /// `units`; a `Pop` counts one sample handed out.
+    pub fn apply(&mut self, ops: &[Op], units: &[WorkUnit]) {
         for op in ops {
             match *op {
                 Op::Push { unit, id } => {
+                    let (hash, g) = match self.last_push {
+                        Some((last, hash, g))
+                            if last.shard == id.shard
+                                && last.index.checked_add(1) == Some(id.index) =>
+                        {
+                            (mul_mod(hash, g), g)
+                        }
+                        _ => (
+                            id_hash(id.shard as u64, id.index),
+                            shard_key(id.shard as u64).1,
+                        ),
+                    };
+                    self.last_push = Some((id, hash, g));
                     self.buffer.push(id);
+                    self.held.push(hash);
                     self.cursor = Cursor {
                         unit,
-                        next_sample: Some(id.index + 1),
+                        next_sample: Some(id.index.saturating_add(1)),
                     };
                 }
                 Op::UnitDone { unit } => {
+                    // What the unit had left when it ended was skipped.
+                    if let Some(work) = units.get(unit) {
+                        if let Some(samples) = &work.samples {
+                            let from = match self.cursor {
+                                Cursor {
+                                    unit: at,
+                                    next_sample: Some(next),
+                                } if at == unit => next.max(samples.start),
+                                _ => samples.start,
+                            };
+                            let left = from..samples.end.max(from);
+                            self.skipped = self.skipped.saturating_add(left.end - left.start);
+                            self.digest = add_mod(self.digest, range_hash(work.shard as u64, left));
+                        }
+                    }
                     self.cursor = Cursor {
                         unit: unit + 1,
                         next_sample: None,
@@ -264,16 +506,19 @@ impl Mirror {
                     rng_word_pos,
                 } => {
                     self.buffer.swap_remove(index);
+                    let hash = self.held.swap_remove(index);
+                    self.digest = add_mod(self.digest, hash);
                     self.rng_word_pos = rng_word_pos;
-                    self.produced += 1;
+                    self.produced = self.produced.saturating_add(1);
                 }
             }
         }
     }
 }
 
-/// What a stream resumes from.
+/// What a stream resumes from (made once per stream: its size does not matter).
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Resume {
     /// The state of this very slot, saved with the same layout: the rest of
     /// the epoch comes in exactly the uninterrupted order.
@@ -283,166 +528,577 @@ pub enum Resume {
     Elastic(Vec<SlotState>),
 }
 
-/// Checks that `state` fits this dataset, options, epoch and slot.
-pub fn check_exact(state: &SlotState, fingerprint: &str, slot: &SlotSpec) -> Result<()> {
-    if state.fingerprint != fingerprint {
-        return Err(Error::StateMismatch(format!(
-            "the state was saved for another dataset or options (fingerprint {} here, {} in the state)",
-            fingerprint, state.fingerprint
-        )));
+/// Where a slot's stream starts, every field of a resumed state checked.
+#[derive(Debug, Clone)]
+pub struct Start {
+    /// The epoch streamed (a resumed stream's comes from its state).
+    pub epoch: u64,
+    /// The slot states this epoch was split from, after an elastic resume.
+    pub resumed_from: Option<Vec<SlotState>>,
+    /// The slot's work units, in order.
+    pub units: Vec<WorkUnit>,
+    /// The position to start from.
+    pub mirror: Mirror,
+    /// The saved stream had handed out its last sample.
+    pub finished: bool,
+}
+
+/// Plans `slot`'s stream for `epoch`, or for the epoch of `resume` after
+/// checking every field of its states against the dataset (`shards`,
+/// whose fingerprint with `options` is `fingerprint`) and the plan.
+pub fn resolve(
+    shards: &[Shard],
+    options: &StreamOptions,
+    fingerprint: &str,
+    epoch: u64,
+    slot: &SlotSpec,
+    resume: Option<Resume>,
+) -> Result<Start> {
+    let dataset = Dataset::new(shards, options, fingerprint);
+    match resume {
+        None => Ok(Start {
+            epoch,
+            resumed_from: None,
+            units: dataset.plan(epoch, slot.world_size, slot.num_workers)[slot.slot()].clone(),
+            mirror: Mirror::start(),
+            finished: false,
+        }),
+        Some(Resume::Exact(state)) => {
+            check_exact(&state, fingerprint, slot)?;
+            let units = match &state.resumed_from {
+                None => dataset.plan(state.epoch, slot.world_size, slot.num_workers),
+                Some(from) => {
+                    let split = dataset.split(from, "resumed_from", Some(state.epoch))?;
+                    dataset.cut(&split.remaining, slot.world_size, slot.num_workers)
+                }
+            }
+            .swap_remove(slot.slot());
+            dataset.check_slot(&state, &units, "")?;
+            Ok(Start {
+                epoch: state.epoch,
+                mirror: Mirror::from_state(&state)?,
+                finished: state.finished,
+                resumed_from: state.resumed_from,
+                units,
+            })
+        }
+        Some(Resume::Elastic(states)) => {
+            // Always split anew, even onto the same layout: the old slots
+            // may have produced different amounts.
+            let split = dataset.split(&states, "slots", None)?;
+            let units = dataset
+                .cut(&split.remaining, slot.world_size, slot.num_workers)
+                .swap_remove(slot.slot());
+            Ok(Start {
+                epoch: split.epoch,
+                resumed_from: Some(split.states),
+                units,
+                mirror: Mirror::start(),
+                finished: false,
+            })
+        }
     }
-    let saved = state.slot()?;
-    if saved != *slot {
-        return Err(Error::StateMismatch(format!(
-            "the state is for rank {} worker {} of {} x {} slots, this stream is rank {} worker {} of {} x {}",
-            saved.rank,
-            saved.worker_id,
-            saved.world_size,
-            saved.num_workers,
-            slot.rank,
-            slot.worker_id,
-            slot.world_size,
-            slot.num_workers
-        )));
+}
+
+/// Checks that `state` was saved by this dataset and options, for this slot.
+pub fn check_exact(state: &SlotState, fingerprint: &str, slot: &SlotSpec) -> Result<()> {
+    check_fingerprint(state, fingerprint, "")?;
+    let saved = (
+        state.world_size,
+        state.rank,
+        state.num_workers,
+        state.worker_id,
+    );
+    let here = (slot.world_size, slot.rank, slot.num_workers, slot.worker_id);
+    if saved != here {
+        let field = if saved.0 != here.0 {
+            "world_size"
+        } else if saved.2 != here.2 {
+            "num_workers"
+        } else if saved.1 != here.1 {
+            "rank"
+        } else {
+            "worker_id"
+        };
+        return Err(field_error(
+            "",
+            field,
+            format!(
+                "the state is for rank {} worker {} of {} x {} slots, this stream is rank {} worker {} of {} x {}",
+                state.rank,
+                state.worker_id,
+                state.world_size,
+                state.num_workers,
+                slot.rank,
+                slot.worker_id,
+                slot.world_size,
+                slot.num_workers
+            ),
+        ));
     }
     Ok(())
 }
 
-/// The units a slot reads in `epoch`: from the plan, or, after an elastic
-/// resume, from splitting what the saved slots had not handed out.
-pub fn slot_units(
-    shards: &[Shard],
-    options: &StreamOptions,
-    epoch: u64,
-    slot: &SlotSpec,
-    resumed_from: Option<&[SlotState]>,
-) -> Result<Vec<WorkUnit>> {
-    match resumed_from {
-        None => {
-            let infos: Vec<_> = shards.iter().map(Shard::info).collect();
-            let params = plan_params(options, epoch, slot.world_size, slot.num_workers);
-            Ok(plan::plan_epoch(&infos, &params).units_of(slot).to_vec())
-        }
-        Some(states) => {
-            let runs = remaining_runs(shards, options, states)?;
-            let slots = cut::cut_runs(&runs, slot.world_size, slot.num_workers, options.remainder);
-            Ok(slots[slot.slot()]
-                .iter()
-                .map(|p| WorkUnit {
-                    shard: p.shard,
-                    samples: Some(p.samples.clone()),
-                })
-                .collect())
-        }
-    }
-}
-
-fn plan_params(
-    options: &StreamOptions,
-    epoch: u64,
-    world_size: usize,
-    num_workers: usize,
-) -> PlanParams {
-    PlanParams {
-        seed: options.seed,
-        epoch,
-        shuffle_shards: options.shuffle_shards,
-        world_size,
-        num_workers,
-        remainder: options.remainder,
-    }
-}
-
-/// Checks that `states` are every slot of one layout, for this dataset and
-/// one epoch, and returns them in slot order.
-pub fn check_elastic(
-    mut states: Vec<SlotState>,
-    fingerprint: &str,
-) -> Result<(u64, Vec<SlotState>)> {
-    let first = states
-        .first()
-        .ok_or_else(|| Error::StateMismatch("no slot states to resume from".into()))?;
-    let (epoch, world_size, num_workers) = (first.epoch, first.world_size, first.num_workers);
-    for state in &states {
-        if state.fingerprint != fingerprint {
-            return Err(Error::StateMismatch(format!(
-                "a slot state was saved for another dataset or options (fingerprint {} here, {} in the state)",
+fn check_fingerprint(state: &SlotState, fingerprint: &str, prefix: &str) -> Result<()> {
+    if state.fingerprint != fingerprint {
+        return Err(field_error(
+            prefix,
+            "fingerprint",
+            format!(
+                "the state was saved for another dataset or options (fingerprint {} here, {:?} in the state)",
                 fingerprint, state.fingerprint
-            )));
-        }
-        if (state.epoch, state.world_size, state.num_workers) != (epoch, world_size, num_workers) {
-            return Err(Error::StateMismatch(
-                "the slot states are of different epochs or layouts".into(),
-            ));
-        }
-        if state.resumed_from != first.resumed_from {
-            return Err(Error::StateMismatch(
-                "the slot states come from different resumes".into(),
-            ));
-        }
-        state.slot()?;
+            ),
+        ));
     }
-    states.sort_by_key(|s| (s.rank, s.worker_id));
-    states.dedup_by_key(|s| (s.rank, s.worker_id));
-    if states.len() != world_size * num_workers {
-        return Err(Error::StateMismatch(format!(
-            "elastic resume needs the state of every one of the {} x {} slots, got {} distinct",
-            world_size,
-            num_workers,
-            states.len()
-        )));
-    }
-    Ok((epoch, states))
+    Ok(())
 }
 
-/// The samples the saved slots had not handed out, as runs in slot order:
-/// each slot's held buffer samples, then the rest of its current unit, then
-/// its later units.
-fn remaining_runs(
-    shards: &[Shard],
-    options: &StreamOptions,
-    states: &[SlotState],
-) -> Result<Vec<Piece>> {
-    let counts: Option<Vec<u64>> = shards.iter().map(|s| s.info().samples).collect();
-    let counts = counts.ok_or_else(|| {
-        Error::StateMismatch(
-            "elastic resume needs sample counts: build a manifest with `shardstream index`".into(),
-        )
-    })?;
-    let mut runs = Vec::new();
-    for state in states {
-        let slot = state.slot()?;
-        let units = slot_units(
+/// The slot states of one elastic resume, checked, and what they had not
+/// handed out.
+struct Split {
+    /// Their epoch.
+    epoch: u64,
+    /// One state per slot, in slot order.
+    states: Vec<SlotState>,
+    /// The samples not handed out, as runs in slot order: each slot's held
+    /// buffer samples, then the rest of its current unit, then its later units.
+    remaining: Vec<Piece>,
+}
+
+/// What states are checked against.
+struct Dataset<'a> {
+    shards: &'a [Shard],
+    options: &'a StreamOptions,
+    fingerprint: &'a str,
+    /// Sample count of each shard, where known.
+    counts: Vec<Option<u64>>,
+}
+
+impl<'a> Dataset<'a> {
+    fn new(shards: &'a [Shard], options: &'a StreamOptions, fingerprint: &'a str) -> Self {
+        Dataset {
             shards,
             options,
-            state.epoch,
-            &slot,
-            state.resumed_from.as_deref(),
-        )?;
-        if state.finished {
-            continue;
-        }
-        for id in state.buffer_ids() {
-            runs.push(Piece {
-                shard: id.shard,
-                samples: id.index..id.index + 1,
-            });
-        }
-        for (position, unit) in units.iter().enumerate().skip(state.cursor.unit) {
-            let full: Range<u64> = unit.samples.clone().unwrap_or(0..counts[unit.shard]);
-            let start = match state.cursor.next_sample {
-                Some(next) if position == state.cursor.unit => next.max(full.start),
-                _ => full.start,
-            };
-            if start < full.end {
-                runs.push(Piece {
-                    shard: unit.shard,
-                    samples: start..full.end,
-                });
-            }
+            fingerprint,
+            counts: shards.iter().map(|s| s.info().samples).collect(),
         }
     }
-    Ok(runs)
+
+    /// Every slot's units of `epoch`'s plan for `world_size` x `num_workers` slots.
+    fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
+        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
+        let params = PlanParams {
+            seed: self.options.seed,
+            epoch,
+            shuffle_shards: self.options.shuffle_shards,
+            world_size,
+            num_workers,
+            remainder: self.options.remainder,
+        };
+        plan::plan_epoch(&infos, &params).slots
+    }
+
+    /// Every slot's units when `runs` are cut anew for `world_size` x `num_workers` slots.
+    fn cut(&self, runs: &[Piece], world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
+        cut::cut_runs(runs, world_size, num_workers, self.options.remainder)
+            .into_iter()
+            .map(|slot| {
+                slot.into_iter()
+                    .map(|p| WorkUnit {
+                        shard: p.shard,
+                        samples: Some(p.samples),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Checks that `states` (named `path` in errors) are every slot of one
+    /// layout, for this dataset and one epoch (`epoch`, when given), each
+    /// state fitting its slot's plan, and returns what they had not handed out.
+    fn split(&self, states: &[SlotState], path: &str, epoch: Option<u64>) -> Result<Split> {
+        let Some(first) = states.first() else {
+            return Err(Error::StateMismatch(format!(
+                "state field {path}: empty; an elastic resume needs the state of every slot of the saved job"
+            )));
+        };
+        let layout = (first.epoch, first.world_size, first.num_workers);
+        for (i, state) in states.iter().enumerate() {
+            let prefix = format!("{path}[{i}].");
+            check_fingerprint(state, self.fingerprint, &prefix)?;
+            for (field, value, expected) in [
+                ("epoch", state.epoch, layout.0),
+                ("world_size", state.world_size as u64, layout.1 as u64),
+                ("num_workers", state.num_workers as u64, layout.2 as u64),
+            ] {
+                if value != expected {
+                    return Err(field_error(
+                        &prefix,
+                        field,
+                        format!("{value}, but {path}[0] has {expected}: the slot states are of different epochs or layouts"),
+                    ));
+                }
+            }
+            state.checked_slot(&prefix)?;
+            if state.resumed_from != first.resumed_from {
+                return Err(field_error(
+                    &prefix,
+                    "resumed_from",
+                    format!(
+                        "differs from {path}[0]'s: the slot states come from different resumes"
+                    ),
+                ));
+            }
+        }
+        if let Some(epoch) = epoch {
+            if layout.0 != epoch {
+                return Err(field_error(
+                    &format!("{path}[0]."),
+                    "epoch",
+                    format!(
+                        "{}, but the state resumed from it is of epoch {epoch}",
+                        layout.0
+                    ),
+                ));
+            }
+        }
+        let (epoch, world_size, num_workers) = layout;
+        let by_slot = self.every_slot(states, path, world_size, num_workers)?;
+        let counts: Option<Vec<u64>> = self.counts.iter().copied().collect();
+        if counts.is_none() {
+            return Err(Error::StateMismatch(
+                "elastic resume needs sample counts: build a manifest with `shardstream index`"
+                    .into(),
+            ));
+        }
+        let mut slot_units = match &first.resumed_from {
+            None => self.plan(epoch, world_size, num_workers),
+            Some(from) => {
+                let inner = self.split(from, &format!("{path}[0].resumed_from"), Some(epoch))?;
+                self.cut(&inner.remaining, world_size, num_workers)
+            }
+        };
+        let mut remaining = Vec::new();
+        for (slot, &i) in by_slot.iter().enumerate() {
+            let state = &states[i];
+            let units = std::mem::take(&mut slot_units[slot]);
+            self.check_slot(state, &units, &format!("{path}[{i}]."))?;
+            if !state.finished {
+                remaining.extend(remaining_of(state, &units));
+            }
+        }
+        Ok(Split {
+            epoch,
+            states: by_slot.iter().map(|&i| states[i].clone()).collect(),
+            remaining,
+        })
+    }
+
+    /// For each slot of the layout in order, the position in `states` of
+    /// its state: each slot once (a state given twice counts once; two
+    /// different states of one slot are an error).
+    fn every_slot(
+        &self,
+        states: &[SlotState],
+        path: &str,
+        world_size: usize,
+        num_workers: usize,
+    ) -> Result<Vec<usize>> {
+        let mut by_slot: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        for (i, state) in states.iter().enumerate() {
+            let key = (state.rank, state.worker_id);
+            match by_slot.get(&key) {
+                Some(&j) if states[j] != *state => {
+                    return Err(field_error(
+                        &format!("{path}[{i}]."),
+                        "rank",
+                        format!(
+                            "a second, different state of rank {} worker {} (the first is {path}[{j}])",
+                            state.rank, state.worker_id
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    by_slot.insert(key, i);
+                }
+            }
+        }
+        let expected = world_size.checked_mul(num_workers);
+        if expected != Some(by_slot.len()) {
+            // The first slot missing (ranks and workers are below the
+            // layout's, so one is missing when there are fewer).
+            let missing = (0..world_size)
+                .flat_map(|rank| (0..num_workers).map(move |worker| (rank, worker)))
+                .find(|key| !by_slot.contains_key(key))
+                .unwrap_or((0, 0));
+            return Err(Error::StateMismatch(format!(
+                "state field {path}: elastic resume needs the state of every one of the {world_size} x {num_workers} slots, got {} distinct (rank {} worker {} is missing)",
+                by_slot.len(),
+                missing.0,
+                missing.1
+            )));
+        }
+        Ok(by_slot.into_values().collect())
+    }
+
+    /// Checks the position fields of `state` (named by `prefix`) against
+    /// the units of its slot: the cursor lies within them, the buffer holds
+    /// distinct samples the cursor has passed, no more than the shuffle
+    /// buffer holds, and what the cursor has passed is exactly what was
+    /// handed out, held or skipped (by count and by checksum).
+    fn check_slot(&self, state: &SlotState, units: &[WorkUnit], prefix: &str) -> Result<()> {
+        let error = |field: &str, reason: String| field_error(prefix, field, reason);
+        let word_pos = parse_decimal(&state.rng_word_pos).ok_or_else(|| {
+            error(
+                "rng_word_pos",
+                format!(
+                    "{:?} is not a decimal number below 2^128",
+                    state.rng_word_pos
+                ),
+            )
+        })?;
+        let digest = parse_digest(&state.digest).ok_or_else(|| {
+            error(
+                "digest",
+                format!(
+                    "{:?} is not 16 hexadecimal digits below 2^61 - 1",
+                    state.digest
+                ),
+            )
+        })?;
+        let held = state.buffer.len();
+        if held > self.options.shuffle_buffer {
+            return Err(error(
+                "buffer",
+                format!(
+                    "holds {held} samples, more than the shuffle buffer's {}",
+                    self.options.shuffle_buffer
+                ),
+            ));
+        }
+        let cursor = state.cursor;
+        self.check_cursor(cursor, units, prefix)?;
+        self.check_buffer(state, units, prefix)?;
+        if state.finished && (held > 0 || cursor.unit < units.len()) {
+            return Err(error(
+                "finished",
+                format!(
+                    "true, yet the state holds {held} samples and its cursor is at work unit {} of {}",
+                    cursor.unit,
+                    units.len()
+                ),
+            ));
+        }
+        match passed(units, cursor) {
+            Some((count, passed_digest)) => {
+                let accounted =
+                    u128::from(state.produced) + held as u128 + u128::from(state.skipped);
+                if accounted != u128::from(count) {
+                    return Err(error(
+                        "produced",
+                        format!(
+                            "{} handed out + {held} held + {} skipped is not the {count} samples the cursor has passed",
+                            state.produced, state.skipped
+                        ),
+                    ));
+                }
+                let held_digest = state.buffer.iter().fold(0u64, |sum, &[shard, index]| {
+                    add_mod(sum, id_hash(shard, index))
+                });
+                if sub_mod(passed_digest, held_digest) != digest {
+                    return Err(error(
+                        "digest",
+                        "does not match the samples the cursor has passed less those the buffer holds".into(),
+                    ));
+                }
+            }
+            None if state.skipped != 0 => {
+                return Err(error(
+                    "skipped",
+                    format!(
+                        "{}, but skips are counted only where sample counts are known",
+                        state.skipped
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let draws = 2 * u128::from(state.produced);
+        let rng_fits = if self.options.shuffle_buffer == 0 {
+            word_pos == 0
+        } else {
+            (draws..=draws + SPARE_RNG_WORDS).contains(&word_pos)
+        };
+        if !rng_fits {
+            return Err(error(
+                "rng_word_pos",
+                format!(
+                    "{word_pos} does not fit {} samples handed out (shuffle_buffer {})",
+                    state.produced, self.options.shuffle_buffer
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_cursor(&self, cursor: Cursor, units: &[WorkUnit], prefix: &str) -> Result<()> {
+        let error = |field: &str, reason: String| field_error(prefix, field, reason);
+        let Some(unit) = units.get(cursor.unit) else {
+            if cursor.unit > units.len() {
+                return Err(error(
+                    "cursor.unit",
+                    format!(
+                        "{} is past the slot's {} work units",
+                        cursor.unit,
+                        units.len()
+                    ),
+                ));
+            }
+            if let Some(next) = cursor.next_sample {
+                return Err(error(
+                    "cursor.next_sample",
+                    format!(
+                        "{next}, but the cursor is past the slot's last work unit (null expected)"
+                    ),
+                ));
+            }
+            return Ok(());
+        };
+        let Some(next) = cursor.next_sample else {
+            return Ok(());
+        };
+        // After reading sample i of the unit the cursor stands at i + 1.
+        let within = match &unit.samples {
+            Some(samples) => samples.start < next && next <= samples.end,
+            None => next >= 1 && self.counts[unit.shard].is_none_or(|count| next <= count),
+        };
+        if !within {
+            let of = match &unit.samples {
+                Some(samples) => format!("samples {}..{}", samples.start, samples.end),
+                None => match self.counts[unit.shard] {
+                    Some(count) => format!("the {count} samples"),
+                    None => "the samples".into(),
+                },
+            };
+            return Err(error(
+                "cursor.next_sample",
+                format!(
+                    "{next} does not follow one of {of} of shard {} (work unit {})",
+                    unit.shard, cursor.unit
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_buffer(&self, state: &SlotState, units: &[WorkUnit], prefix: &str) -> Result<()> {
+        let cursor = state.cursor;
+        // The units the cursor has reached, by shard: (position, samples).
+        type Reached = Vec<(usize, Option<Range<u64>>)>;
+        let mut reached: HashMap<usize, Reached> = HashMap::new();
+        for (position, unit) in units.iter().enumerate().take(cursor.unit.saturating_add(1)) {
+            reached
+                .entry(unit.shard)
+                .or_default()
+                .push((position, unit.samples.clone()));
+        }
+        let has_read = |shard: usize, index: u64| {
+            reached.get(&shard).is_some_and(|at| {
+                at.iter().any(|(position, samples)| {
+                    let samples = samples.clone().unwrap_or(0..u64::MAX);
+                    if *position < cursor.unit {
+                        samples.contains(&index)
+                    } else {
+                        index >= samples.start
+                            && cursor.next_sample.is_some_and(|next| index < next)
+                    }
+                })
+            })
+        };
+        let mut seen = HashSet::with_capacity(state.buffer.len());
+        for (i, &[shard, index]) in state.buffer.iter().enumerate() {
+            let error = |reason: String| field_error(prefix, &format!("buffer[{i}]"), reason);
+            let shard_index = usize::try_from(shard)
+                .ok()
+                .filter(|&s| s < self.shards.len())
+                .ok_or_else(|| {
+                    error(format!(
+                        "shard {shard} is not below the dataset's {} shards",
+                        self.shards.len()
+                    ))
+                })?;
+            if let Some(count) = self.counts[shard_index] {
+                if index >= count {
+                    return Err(error(format!(
+                        "sample {index} of shard {shard} is not below the shard's {count} samples"
+                    )));
+                }
+            }
+            if !seen.insert((shard, index)) {
+                return Err(error(format!(
+                    "sample {index} of shard {shard} is held twice"
+                )));
+            }
+            if !has_read(shard_index, index) {
+                return Err(error(format!(
+                    "sample {index} of shard {shard} is not among the samples the slot's cursor has passed"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The number of samples the cursor has passed in `units` and their
+/// digest, when every unit passed knows its samples.
+fn passed(units: &[WorkUnit], cursor: Cursor) -> Option<(u64, u64)> {
+    let (mut count, mut digest) = (0u64, 0u64);
+    let current = match cursor.next_sample {
+        Some(next) => units
+            .get(cursor.unit)
+            .map(|u| (u.shard, u.samples.as_ref().map(|s| s.start..next))),
+        None => None,
+    };
+    let whole = units
+        .iter()
+        .take(cursor.unit)
+        .map(|u| (u.shard, u.samples.clone()));
+    for (shard, samples) in whole.chain(current) {
+        let samples = samples?;
+        count = count.checked_add(samples.end.saturating_sub(samples.start))?;
+        digest = add_mod(digest, range_hash(shard as u64, samples));
+    }
+    Some((count, digest))
+}
+
+/// What a checked slot state had not handed out: its held samples, then
+/// the rest of its current unit, then its later units.
+fn remaining_of(state: &SlotState, units: &[WorkUnit]) -> Vec<Piece> {
+    let mut runs: Vec<Piece> = state
+        .buffer_ids()
+        .into_iter()
+        .map(|id| Piece {
+            shard: id.shard,
+            samples: id.index..id.index + 1,
+        })
+        .collect();
+    for (position, unit) in units.iter().enumerate().skip(state.cursor.unit) {
+        let Some(full) = unit.samples.clone() else {
+            continue;
+        };
+        let start = match state.cursor.next_sample {
+            Some(next) if position == state.cursor.unit => next.max(full.start),
+            _ => full.start,
+        };
+        if start < full.end {
+            runs.push(Piece {
+                shard: unit.shard,
+                samples: start..full.end,
+            });
+        }
+    }
+    runs
 }
 
 #[cfg(test)]
@@ -452,16 +1108,29 @@ mod tests {
     #[test]
     fn mirror_follows_pushes_and_pops() {
         let id = |index| SampleId { shard: 2, index };
-        let mut mirror = Mirror::start();
-        mirror.apply(&[
-            Op::Push { unit: 0, id: id(0) },
-            Op::Push { unit: 0, id: id(1) },
-            Op::Push { unit: 0, id: id(2) },
-            Op::Pop {
-                index: 0,
-                rng_word_pos: 9,
+        let units = [
+            WorkUnit {
+                shard: 2,
+                samples: Some(0..5),
             },
-        ]);
+            WorkUnit {
+                shard: 0,
+                samples: Some(0..1),
+            },
+        ];
+        let mut mirror = Mirror::start();
+        mirror.apply(
+            &[
+                Op::Push { unit: 0, id: id(0) },
+                Op::Push { unit: 0, id: id(1) },
+                Op::Push { unit: 0, id: id(2) },
+                Op::Pop {
+                    index: 0,
+                    rng_word_pos: 9,
+                },
+            ],
+            &units,
+        );
         assert_eq!(mirror.buffer, vec![id(2), id(1)]);
         assert_eq!(
             mirror.cursor,
@@ -470,21 +1139,67 @@ mod tests {
                 next_sample: Some(3)
             }
         );
-        mirror.apply(&[
-            Op::UnitDone { unit: 0 },
-            Op::Pop {
-                index: 1,
-                rng_word_pos: 12,
-            },
-        ]);
+        assert_eq!(mirror.digest, id_hash(2, 0));
+        // The unit ends early (a skipped shard): samples 3 and 4 are skipped.
+        mirror.apply(
+            &[
+                Op::UnitDone { unit: 0 },
+                Op::Pop {
+                    index: 1,
+                    rng_word_pos: 12,
+                },
+            ],
+            &units,
+        );
         assert_eq!(mirror.buffer, vec![id(2)]);
         assert_eq!((mirror.produced, mirror.rng_word_pos), (2, 12));
+        assert_eq!(mirror.skipped, 2);
+        assert_eq!(
+            mirror.digest,
+            [0, 1, 3, 4]
+                .iter()
+                .fold(0u64, |s, &i| add_mod(s, id_hash(2, i)))
+        );
         assert_eq!(
             mirror.cursor,
             Cursor {
                 unit: 1,
                 next_sample: None
             }
+        );
+        assert_eq!(
+            passed(&units, mirror.cursor),
+            Some((5, range_hash(2, 0..5)))
+        );
+    }
+
+    #[test]
+    fn digests_do_not_depend_on_order() {
+        let a = range_hash(3, 0..10);
+        let b = (0..10).rev().fold(0u64, |s, i| add_mod(s, id_hash(3, i)));
+        assert_eq!(a, b);
+        assert_ne!(id_hash(3, 4), id_hash(4, 3));
+        assert_eq!(range_hash(3, 4..4), 0);
+        assert_eq!(
+            add_mod(range_hash(3, 0..4), range_hash(3, 4..10)),
+            range_hash(3, 0..10)
+        );
+        // A run of any length sums in closed form.
+        let huge = range_hash(7, 5..u64::MAX);
+        assert_eq!(
+            add_mod(huge, id_hash(7, u64::MAX)),
+            add_mod(
+                range_hash(7, 0..u64::MAX),
+                sub_mod(id_hash(7, u64::MAX), range_hash(7, 0..5))
+            )
+        );
+        assert_eq!(parse_digest(&format_digest(a)), Some(a));
+        assert_eq!(parse_digest("+0000000000000a"), None);
+        assert_eq!(parse_decimal("+5"), None);
+        assert_eq!(parse_decimal(&u128::MAX.to_string()), Some(u128::MAX));
+        assert_eq!(
+            parse_decimal("340282366920938463463374607431768211456"),
+            None
         );
     }
 
@@ -500,18 +1215,33 @@ mod tests {
             num_workers: 2,
             worker_id: 0,
             produced: 17,
+            skipped: 2,
             cursor: Cursor {
                 unit: 1,
                 next_sample: Some(4),
             },
             buffer: vec![[1, 2], [0, 9]],
             rng_word_pos: u128::MAX.to_string(),
+            digest: format_digest(P - 1),
             finished: false,
             resumed_from: None,
         };
         let back = SlotState::from_json(&state.to_json()).unwrap();
         assert_eq!(back, state);
         assert_eq!(back.word_pos().unwrap(), u128::MAX);
+        assert_eq!(back.digest_value().unwrap(), P - 1);
+        let beyond = SlotState {
+            digest: format_digest(P),
+            ..state.clone()
+        };
+        assert!(beyond.digest_value().is_err());
         assert!(SlotState::from_json("{}").is_err());
+        let bad_slot = SlotState {
+            rank: 2,
+            ..state.clone()
+        };
+        let err = bad_slot.slot().unwrap_err();
+        assert!(matches!(err, Error::StateMismatch(_)), "{err}");
+        assert!(err.to_string().contains("field rank"), "{err}");
     }
 }

@@ -77,8 +77,8 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     args.extend(["-o".into(), out.to_str().unwrap().to_owned()]);
     assert_eq!(shardstream::cli::run(args), 0);
     let mut shards = spec::resolve(&urls).unwrap();
-    let used = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
-    assert_eq!(used.as_deref(), Some(out.as_path()));
+    let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
+    assert_eq!(attached.used.as_deref(), Some(out.as_path()));
     shards
 }
 
@@ -478,6 +478,664 @@ mod properties {
                     let joined: Vec<String> = head.into_iter().chain(rest).collect();
                     prop_assert_eq!(joined, full);
                 }
+            }
+        }
+    }
+}
+
+/// Damaged, edited and mismatched states: each is refused before any read
+/// with a `StateMismatch` naming the field, never a panic, a repeated
+/// sample or a shorter epoch.
+mod damaged_states {
+    use super::*;
+    use shardstream::state::Cursor;
+    use shardstream::Error;
+
+    const COUNTS: [usize; 5] = [7, 19, 0, 12, 5];
+
+    fn refused(
+        shards: &[Shard],
+        options: &StreamOptions,
+        slot: SlotSpec,
+        resume: Resume,
+    ) -> String {
+        match SampleStream::new(
+            shards,
+            options,
+            2,
+            slot,
+            Arc::new(Counters::new()),
+            Some(resume),
+        ) {
+            Err(Error::StateMismatch(message)) => format!("state does not match: {message}"),
+            Err(other) => panic!("expected a state mismatch, got {other}"),
+            Ok(_) => panic!("the state was accepted"),
+        }
+    }
+
+    fn exact_refused(
+        shards: &[Shard],
+        options: &StreamOptions,
+        slot: SlotSpec,
+        state: SlotState,
+    ) -> String {
+        refused(shards, options, slot, Resume::Exact(state))
+    }
+
+    /// A 1 x 1 slot's state after `k` samples, and the keys handed out.
+    fn saved_after(
+        shards: &[Shard],
+        options: &StreamOptions,
+        slot: SlotSpec,
+        k: usize,
+    ) -> (SlotState, Vec<String>) {
+        let mut stream = start(shards, options, slot, None);
+        let head: Vec<String> = std::iter::from_fn(|| next_key(&mut stream))
+            .take(k)
+            .collect();
+        (
+            SlotState::from_json(&stream.state().to_json()).unwrap(),
+            head,
+        )
+    }
+
+    fn assert_names(message: &str, field: &str) {
+        assert!(
+            message.contains(&format!("state field {field}")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn exact_state_fields_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = indexed(dir.path(), &COUNTS);
+        let options = options(6, Remainder::Drop);
+        let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+        let (good, head) = saved_after(&shards, &options, slot, 10);
+        assert_eq!(good.buffer.len(), 5, "one out of a full buffer");
+        let units = start(&shards, &options, slot, None).units().len();
+        let produced: Vec<(u64, u64)> = head
+            .iter()
+            .map(|key| {
+                let (s, i) = key.trim_start_matches('s').split_once('/').unwrap();
+                (s.parse().unwrap(), i.parse().unwrap())
+            })
+            .collect();
+        let edit = |f: &dyn Fn(&mut SlotState)| {
+            let mut state = good.clone();
+            f(&mut state);
+            exact_refused(&shards, &options, slot, state)
+        };
+        let message = edit(&|s| s.buffer[3] = [17, 0]);
+        assert!(
+            message.contains("state field buffer[3]: shard 17 is not below the dataset's 5 shards"),
+            "{message}"
+        );
+        assert_names(&edit(&|s| s.buffer[0] = [1, 19]), "buffer[0]");
+        assert_names(&edit(&|s| s.buffer[0] = [1, u64::MAX]), "buffer[0]");
+        assert_names(&edit(&|s| s.buffer[1] = s.buffer[0]), "buffer[1]");
+        // A sample the cursor has not reached yet would come twice.
+        let mut not_yet = good.clone();
+        let last = not_yet.cursor.next_sample.unwrap();
+        let shard = not_yet.buffer[0][0];
+        not_yet.buffer[0] = [shard, last];
+        assert_names(
+            &exact_refused(&shards, &options, slot, not_yet),
+            "buffer[0]",
+        );
+        // A sample already handed out, in place of a held one, would come
+        // twice and the held one never: the digest tells.
+        let (s, i) = produced[0];
+        assert_names(&edit(&|st| st.buffer[2] = [s, i]), "digest");
+        assert_names(&edit(&|s| s.buffer.push(s.buffer[0])), "buffer");
+        assert_names(&edit(&|s| s.buffer.pop().map_or((), drop)), "produced");
+        assert_names(&edit(&|s| s.cursor.unit = units + 1), "cursor.unit");
+        assert_names(&edit(&|s| s.cursor.unit = usize::MAX), "cursor.unit");
+        assert_names(
+            &edit(&|s| {
+                s.cursor = Cursor {
+                    unit: units,
+                    next_sample: Some(1),
+                }
+            }),
+            "cursor.next_sample",
+        );
+        assert_names(
+            &edit(&|s| s.cursor.next_sample = Some(0)),
+            "cursor.next_sample",
+        );
+        assert_names(
+            &edit(&|s| s.cursor.next_sample = Some(u64::MAX)),
+            "cursor.next_sample",
+        );
+        assert_names(&edit(&|s| s.produced += 1), "produced");
+        assert_names(&edit(&|s| s.produced = 10_000), "produced");
+        assert_names(&edit(&|s| s.skipped = 1), "produced");
+        assert_names(
+            &edit(&|s| s.rng_word_pos = "99999999999".into()),
+            "rng_word_pos",
+        );
+        assert_names(&edit(&|s| s.rng_word_pos = "0".into()), "rng_word_pos");
+        assert_names(&edit(&|s| s.rng_word_pos = "-1".into()), "rng_word_pos");
+        assert_names(&edit(&|s| s.digest = "0000000000000000".into()), "digest");
+        assert_names(&edit(&|s| s.digest = "zz".into()), "digest");
+        assert_names(&edit(&|s| s.finished = true), "finished");
+        assert_names(
+            &edit(&|s| s.resumed_from = Some(Vec::new())),
+            "resumed_from",
+        );
+        assert_names(
+            &edit(&|s| s.fingerprint = "0123456789abcdef".into()),
+            "fingerprint",
+        );
+        assert_names(&edit(&|s| s.world_size = 2), "world_size");
+        assert_names(&edit(&|s| s.num_workers = 3), "num_workers");
+        assert_names(&edit(&|s| s.rank = 1), "rank");
+        assert_names(&edit(&|s| s.worker_id = 1), "worker_id");
+        // Without a shuffle buffer, a state that holds samples is refused.
+        let unshuffled = StreamOptions {
+            shuffle_buffer: 0,
+            ..options.clone()
+        };
+        let (plain, _) = saved_after(&shards, &unshuffled, slot, 4);
+        let mut holding = plain.clone();
+        holding.buffer.push([1, 0]);
+        assert_names(
+            &exact_refused(&shards, &unshuffled, slot, holding),
+            "buffer",
+        );
+        // The good state itself resumes.
+        let rest = all_keys(&mut start(
+            &shards,
+            &options,
+            slot,
+            Some(Resume::Exact(good)),
+        ));
+        let full = all_keys(&mut start(&shards, &options, slot, None));
+        assert_eq!([head, rest].concat(), full);
+    }
+
+    #[test]
+    fn a_finished_state_with_held_samples_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = indexed(dir.path(), &COUNTS);
+        let options = options(6, Remainder::Drop);
+        let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+        let mut stream = start(&shards, &options, slot, None);
+        all_keys(&mut stream);
+        let mut done = stream.state();
+        assert!(done.finished && done.buffer.is_empty());
+        done.buffer.push([1, 0]);
+        assert_names(&exact_refused(&shards, &options, slot, done), "finished");
+    }
+
+    /// Without a manifest, a cursor past the end of its shard is found
+    /// when the shard has been read: a `StateMismatch`, not a shorter epoch.
+    #[test]
+    fn without_a_manifest_a_cursor_past_the_shard_fails_when_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = spec::resolve(&write_dataset(dir.path(), &COUNTS)).unwrap();
+        let options = options(0, Remainder::Drop);
+        let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
+        let (mut state, _) = saved_after(&shards, &options, slot, 3);
+        state.cursor.next_sample = Some(1000);
+        let mut stream = start(&shards, &options, slot, Some(Resume::Exact(state)));
+        let error = loop {
+            match stream.next() {
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => break error,
+                None => panic!("the epoch ended without an error"),
+            }
+        };
+        assert!(matches!(error, Error::StateMismatch(_)), "{error}");
+        assert!(error.to_string().contains("cursor.next_sample"), "{error}");
+    }
+
+    /// The states of a 2 x 2 job after uneven progress, and every key handed out.
+    fn old_job(shards: &[Shard], options: &StreamOptions) -> (Vec<SlotState>, Vec<String>) {
+        let mut states = Vec::new();
+        let mut before = Vec::new();
+        for (slot_index, k) in [(0, 3), (1, 7), (2, 0), (3, 5)] {
+            let slot = SlotSpec::new(2, slot_index / 2, 2, slot_index % 2).unwrap();
+            let (state, head) = saved_after(shards, options, slot, k);
+            states.push(state);
+            before.extend(head);
+        }
+        (states, before)
+    }
+
+    #[test]
+    fn elastic_state_fields_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = indexed(dir.path(), &COUNTS);
+        let options = options(4, Remainder::Drop);
+        let (states, _) = old_job(&shards, &options);
+        assert!(states.iter().filter(|s| !s.buffer.is_empty()).count() >= 2);
+        let slot = SlotSpec::new(1, 0, 3, 1).unwrap();
+        let edit = |f: &dyn Fn(&mut Vec<SlotState>)| {
+            let mut edited = states.clone();
+            f(&mut edited);
+            refused(&shards, &options, slot, Resume::Elastic(edited))
+        };
+        // Once a panic inside the cut; now a mismatch naming the field.
+        let message = edit(&|s| s[1].buffer[0] = [17, 0]);
+        assert!(
+            message.contains(
+                "state field slots[1].buffer[0]: shard 17 is not below the dataset's 5 shards"
+            ),
+            "{message}"
+        );
+        // Two different states of one slot (an identical copy is fine).
+        let message = edit(&|s| {
+            let mut other = s[1].clone();
+            other.produced += 1;
+            s.push(other);
+        });
+        assert!(
+            message.contains("second, different state of rank 0 worker 1"),
+            "{message}"
+        );
+        let mut twice = states.clone();
+        twice.push(states[3].clone());
+        start(&shards, &options, slot, Some(Resume::Elastic(twice)));
+        assert_names(&edit(&|s| s[0].cursor.unit = 99), "slots[0].cursor.unit");
+        assert_names(
+            &edit(&|s| s[2].resumed_from = Some(Vec::new())),
+            "slots[2].resumed_from",
+        );
+        assert_names(
+            &edit(&|s| {
+                for state in s.iter_mut() {
+                    state.resumed_from = Some(Vec::new());
+                }
+            }),
+            "slots[0].resumed_from",
+        );
+        // One sample in two slots' buffers.
+        let message = edit(&|s| {
+            let (from, to) = (
+                s.iter().position(|x| !x.buffer.is_empty()).unwrap(),
+                s.iter().rposition(|x| !x.buffer.is_empty()).unwrap(),
+            );
+            s[to].buffer[0] = s[from].buffer[0];
+        });
+        assert!(message.contains(".buffer[0]"), "{message}");
+        assert_names(&edit(&|s| s[3].epoch += 1), "slots[3].epoch");
+        assert_names(&edit(&|s| s[1].world_size = 3), "slots[1].world_size");
+        assert_names(&edit(&|s| s[1].rank = 5), "slots[1].rank");
+        assert_names(
+            &edit(&|s| s[2].fingerprint = "0123456789abcdef".into()),
+            "slots[2].fingerprint",
+        );
+        let message = edit(&|s| {
+            s.remove(2);
+        });
+        assert!(
+            message.contains("every one of the 2 x 2 slots")
+                && message.contains("rank 1 worker 0 is missing"),
+            "{message}"
+        );
+        // A layout too large to plan is refused by its count, not planned.
+        let message = edit(&|s| {
+            for state in s.iter_mut() {
+                state.world_size = usize::MAX;
+            }
+        });
+        assert!(message.contains("every one of the"), "{message}");
+        assert_names(&edit(&|s| s.clear()), "slots");
+        assert_names(&edit(&|s| s[0].finished = true), "slots[0].finished");
+        assert_names(&edit(&|s| s[3].produced = 0), "slots[3].produced");
+    }
+
+    #[test]
+    fn nested_resumed_from_states_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = indexed(dir.path(), &COUNTS);
+        let options = options(4, Remainder::Drop);
+        let (states, _) = old_job(&shards, &options);
+        let slot = SlotSpec::new(3, 1, 1, 0).unwrap();
+        let mut stream = start(&shards, &options, slot, Some(Resume::Elastic(states)));
+        next_key(&mut stream);
+        next_key(&mut stream);
+        let good = stream.state();
+        drop(stream);
+        assert_eq!(good.resumed_from.as_ref().map(Vec::len), Some(4));
+        let edit = |f: &dyn Fn(&mut Vec<SlotState>)| {
+            let mut state = good.clone();
+            f(state.resumed_from.as_mut().unwrap());
+            exact_refused(&shards, &options, slot, state)
+        };
+        assert_names(
+            &edit(&|s| s[1].buffer[0] = [40, 0]),
+            "resumed_from[1].buffer[0]",
+        );
+        assert_names(&edit(&|s| s[1].epoch = 7), "resumed_from[1].epoch");
+        assert_names(
+            &edit(&|s| s[2].digest = "0000000000000001".into()),
+            "resumed_from[2].digest",
+        );
+        start(&shards, &options, slot, Some(Resume::Exact(good)));
+    }
+
+    /// Keys of a whole slot epoch, by (slot, epoch).
+    type Full = HashMap<(usize, usize, u64), Vec<String>>;
+
+    fn full_run(
+        shards: &[Shard],
+        options: &StreamOptions,
+        slot: SlotSpec,
+        epoch: u64,
+        cache: &mut Full,
+    ) -> Vec<String> {
+        cache
+            .entry((slot.world_size * 100 + slot.num_workers, slot.slot(), epoch))
+            .or_insert_with(|| {
+                let mut stream = SampleStream::new(
+                    shards,
+                    options,
+                    epoch,
+                    slot,
+                    Arc::new(Counters::new()),
+                    None,
+                )
+                .unwrap();
+                all_keys(&mut stream)
+            })
+            .clone()
+    }
+
+    fn key_counts<'a>(keys: impl IntoIterator<Item = &'a String>) -> HashMap<&'a String, usize> {
+        let mut counts = HashMap::new();
+        for key in keys {
+            *counts.entry(key).or_default() += 1;
+        }
+        counts
+    }
+
+    /// A `serde_json` value's nodes, as paths of object keys and array indices.
+    fn paths(value: &serde_json::Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(at.clone());
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, child) in map {
+                    at.push(key.clone());
+                    paths(child, at, out);
+                    at.pop();
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, child) in items.iter().enumerate() {
+                    at.push(i.to_string());
+                    paths(child, at, out);
+                    at.pop();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn node<'a>(value: &'a mut serde_json::Value, path: &[String]) -> &'a mut serde_json::Value {
+        path.iter().fold(value, |v, step| match v {
+            serde_json::Value::Object(map) => map.get_mut(step).unwrap(),
+            serde_json::Value::Array(items) => &mut items[step.parse::<usize>().unwrap()],
+            _ => unreachable!(),
+        })
+    }
+
+    /// Changes one node of `value`, chosen by `pick`, in a way chosen by `how`.
+    fn mutate(value: &mut serde_json::Value, pick: usize, how: u64) {
+        use serde_json::{json, Value};
+        let mut all = Vec::new();
+        paths(value, &mut Vec::new(), &mut all);
+        let path = all[pick % all.len()].clone();
+        let target = node(value, &path);
+        let choice = (how % 8) as usize;
+        let small = how / 8 % 50;
+        *target = match std::mem::take(target) {
+            Value::Number(n) => {
+                let v = n.as_u64().unwrap_or(0);
+                [
+                    json!(0),
+                    json!(1),
+                    json!(v.saturating_sub(1)),
+                    json!(v.saturating_add(1)),
+                    json!(v.saturating_mul(2)),
+                    json!(u64::MAX),
+                    json!(small),
+                    json!(-1),
+                ][choice]
+                    .clone()
+            }
+            Value::String(s) => {
+                let bumped = s
+                    .parse::<u128>()
+                    .map_or(s.clone(), |v| (v + 1 + small as u128 % 3).to_string());
+                let mut edited = s.clone();
+                edited.pop();
+                edited.push(if s.ends_with('0') { '1' } else { '0' });
+                [
+                    String::new(),
+                    edited,
+                    bumped,
+                    u128::MAX.to_string(),
+                    "340282366920938463463374607431768211456".into(),
+                    "ab".into(),
+                    s.to_uppercase(),
+                    small.to_string(),
+                ][choice]
+                    .clone()
+                    .into()
+            }
+            Value::Bool(b) => Value::Bool(!b),
+            Value::Null => json!(small),
+            Value::Array(mut items) => {
+                let n = items.len();
+                match choice {
+                    0 if n > 0 => {
+                        items.remove(small as usize % n);
+                    }
+                    1 if n > 0 => {
+                        let copy = items[small as usize % n].clone();
+                        items.push(copy);
+                    }
+                    2 if n > 1 => items.swap(small as usize % n, (small as usize + 1) % n),
+                    3 => items.clear(),
+                    4 if n > 0 => {
+                        let copy = items[small as usize % n].clone();
+                        items[(small as usize + 1) % n] = copy;
+                    }
+                    _ => items.push(json!([small % 7, small])),
+                }
+                Value::Array(items)
+            }
+            Value::Object(mut map) => {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                match choice {
+                    0 | 1 if !keys.is_empty() => {
+                        map.remove(&keys[small as usize % keys.len()]);
+                    }
+                    2 => {
+                        map.insert("resumed_from".into(), json!([]));
+                    }
+                    3 => {
+                        map.insert("resumed_from".into(), Value::Null);
+                    }
+                    _ => {
+                        map.insert("colour".into(), json!("red"));
+                    }
+                }
+                Value::Object(map)
+            }
+        };
+    }
+
+    /// Parses (possibly mutated) JSON of one state or a list of them the
+    /// way the Python binding does.
+    fn parse(json: &serde_json::Value, elastic: bool) -> shardstream::Result<Resume> {
+        if elastic {
+            let serde_json::Value::Array(items) = json else {
+                return Err(Error::StateMismatch("not a list".into()));
+            };
+            let states = items
+                .iter()
+                .map(|v| SlotState::from_json(&v.to_string()))
+                .collect::<shardstream::Result<Vec<_>>>()?;
+            Ok(Resume::Elastic(states))
+        } else {
+            Ok(Resume::Exact(SlotState::from_json(&json.to_string())?))
+        }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        shards: Vec<Shard>,
+        options: StreamOptions,
+        /// Exact cases: the slot, its state, and the keys handed out before.
+        exact: Vec<(SlotSpec, SlotState, Vec<String>)>,
+        /// The elastic case: every slot's state of a 2 x 2 job, and the keys
+        /// handed out before.
+        elastic: (Vec<SlotState>, Vec<String>),
+        /// Keys of the 2 x 2 job's whole epoch.
+        old_total: usize,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let shards = indexed(dir.path(), &COUNTS);
+        let options = options(4, Remainder::Drop);
+        let mut exact = Vec::new();
+        for (world_size, workers) in [(1, 1), (2, 2)] {
+            for slot_index in 0..world_size * workers {
+                let slot = SlotSpec::new(
+                    world_size,
+                    slot_index / workers,
+                    workers,
+                    slot_index % workers,
+                )
+                .unwrap();
+                let full = all_keys(&mut start(&shards, &options, slot, None));
+                for k in [
+                    0,
+                    1,
+                    full.len() / 2,
+                    full.len().saturating_sub(1),
+                    full.len(),
+                ] {
+                    let (state, head) = saved_after(&shards, &options, slot, k);
+                    exact.push((slot, state, head));
+                }
+                let mut done = start(&shards, &options, slot, None);
+                let head = all_keys(&mut done);
+                exact.push((slot, done.state(), head));
+            }
+        }
+        let elastic = old_job(&shards, &options);
+        let old_total = (0..4)
+            .map(|i| {
+                all_keys(&mut start(
+                    &shards,
+                    &options,
+                    SlotSpec::new(2, i / 2, 2, i % 2).unwrap(),
+                    None,
+                ))
+                .len()
+            })
+            .sum();
+        Fixture {
+            _dir: dir,
+            shards,
+            options,
+            exact,
+            elastic,
+            old_total,
+        }
+    }
+
+    fn keys_or_error(stream: &mut SampleStream) -> Vec<String> {
+        std::iter::from_fn(|| {
+            stream.next().map(|event| match event {
+                Ok(Event::Sample(sample)) => sample.key,
+                Ok(other) => panic!("unexpected event {other:?}"),
+                Err(error) => panic!("a state accepted at the start failed later: {error}"),
+            })
+        })
+        .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// A valid state from a real run with random fields changed is
+        /// either refused at the start with a `StateMismatch`, or (when the
+        /// change left a valid state) resumes to a stream in which no sample
+        /// of the epoch comes twice and none is lost: never a panic.
+        #[test]
+        fn mutated_states_are_refused_or_harmless(
+            case in 0usize..1000,
+            elastic in proptest::prelude::any::<bool>(),
+            mutations in proptest::collection::vec((0usize..10_000, proptest::prelude::any::<u64>()), 1..4),
+        ) {
+            static FIXTURE: std::sync::OnceLock<std::sync::Mutex<(Fixture, Full)>> = std::sync::OnceLock::new();
+            let shared = FIXTURE.get_or_init(|| std::sync::Mutex::new((fixture(), Full::new())));
+            let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let (fx, cache) = &mut *guard;
+            if !elastic {
+                let (slot, state, head) = &fx.exact[case % fx.exact.len()];
+                let mut json: serde_json::Value = serde_json::from_str(&state.to_json()).unwrap();
+                for &(pick, how) in &mutations {
+                    mutate(&mut json, pick, how);
+                }
+                let resume = match parse(&json, false) {
+                    Ok(resume) => resume,
+                    Err(error) => {
+                        proptest::prop_assert!(matches!(error, Error::StateMismatch(_)), "{error}");
+                        return Ok(());
+                    }
+                };
+                let stream = SampleStream::new(&fx.shards, &fx.options, 2, *slot, Arc::new(Counters::new()), Some(resume));
+                let mut stream = match stream {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        proptest::prop_assert!(matches!(error, Error::StateMismatch(_)), "{error}");
+                        return Ok(());
+                    }
+                };
+                let rest = keys_or_error(&mut stream);
+                let full = full_run(&fx.shards, &fx.options, *slot, stream.epoch(), cache);
+                let got = key_counts(head.iter().chain(&rest));
+                proptest::prop_assert_eq!(got, key_counts(&full), "accepted {}", json);
+            } else {
+                let (states, before) = &fx.elastic;
+                let mut json = serde_json::to_value(states).unwrap();
+                for &(pick, how) in &mutations {
+                    mutate(&mut json, pick, how);
+                }
+                let resume = match parse(&json, true) {
+                    Ok(resume) => resume,
+                    Err(error) => {
+                        proptest::prop_assert!(matches!(error, Error::StateMismatch(_)), "{error}");
+                        return Ok(());
+                    }
+                };
+                let world_size = 1 + case % 3;
+                let mut after = Vec::new();
+                for rank in 0..world_size {
+                    let slot = SlotSpec::new(world_size, rank, 1, 0).unwrap();
+                    let stream = SampleStream::new(&fx.shards, &fx.options, 0, slot, Arc::new(Counters::new()), Some(resume.clone()));
+                    match stream {
+                        Ok(mut stream) => after.extend(keys_or_error(&mut stream)),
+                        Err(error) => {
+                            proptest::prop_assert!(matches!(error, Error::StateMismatch(_)), "{error}");
+                            proptest::prop_assert_eq!(rank, 0, "a state is accepted by one slot and refused by another");
+                            return Ok(());
+                        }
+                    }
+                }
+                let counts = key_counts(before.iter().chain(&after));
+                proptest::prop_assert!(counts.values().all(|&n| n == 1), "a sample came twice; accepted {}", json);
+                let remaining = fx.old_total - before.len();
+                proptest::prop_assert_eq!(after.len(), remaining / world_size * world_size, "accepted {}", json);
             }
         }
     }

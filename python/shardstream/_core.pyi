@@ -10,6 +10,7 @@ __all__ = [
     "DatasetSpecError",
     "FieldDecodeError",
     "ManifestError",
+    "ManifestIgnoredWarning",
     "ManifestMismatchError",
     "ObjectChangedError",
     "Options",
@@ -71,6 +72,9 @@ class StateMismatchError(ShardStreamError):
 
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
+
+class ManifestIgnoredWarning(UserWarning):
+    """A manifest.json beside the shards is not a shardstream manifest and was not used."""
 
 @final
 class Counters:

@@ -51,11 +51,11 @@ pub fn samples_per_rank(total: u64, world_size: usize, remainder: Remainder) -> 
 
 /// The range of a rank's run given to `worker` of `num_workers`
 /// (the first `n % num_workers` workers get one more sample).
-fn worker_share(n: u64, num_workers: usize, worker: usize) -> Range<u64> {
-    let (k, w) = (num_workers as u64, worker as u64);
+fn worker_share(n: u128, num_workers: usize, worker: usize) -> Range<u128> {
+    let (k, w) = (num_workers as u128, worker as u128);
     let (base, extra) = (n / k, n % k);
     let start = w * base + w.min(extra);
-    start..start + base + u64::from(w < extra)
+    start..start + base + u128::from(w < extra)
 }
 
 /// Cuts the epoch into pieces per slot (`rank * num_workers + worker`).
@@ -91,22 +91,30 @@ pub fn cut_sequence(
 }
 
 /// Cuts a sequence of sample runs into equal pieces per rank, then per worker.
+/// Positions in the sequence are counted in `u128`, so no sample count,
+/// however large, overflows.
 pub fn cut_runs(
     runs: &[Piece],
     world_size: usize,
     num_workers: usize,
     remainder: Remainder,
 ) -> Vec<Vec<Piece>> {
-    let total: u64 = runs.iter().map(|r| r.samples.end - r.samples.start).sum();
-    let per_rank = samples_per_rank(total, world_size, remainder);
+    let len = |run: &Piece| u128::from(run.samples.end.saturating_sub(run.samples.start));
+    let total: u128 = runs.iter().map(len).sum();
+    let world = world_size as u128;
+    let per_rank = match remainder {
+        Remainder::Drop => total / world,
+        Remainder::Pad if total == 0 => 0,
+        Remainder::Pad => total.div_ceil(world),
+    };
     let mut starts = Vec::with_capacity(runs.len());
-    let mut position = 0u64;
+    let mut position = 0u128;
     for run in runs {
         starts.push(position);
-        position += run.samples.end - run.samples.start;
+        position += len(run);
     }
-    let mut slots = Vec::with_capacity(world_size * num_workers);
-    for rank in 0..world_size as u64 {
+    let mut slots = Vec::with_capacity(world_size.saturating_mul(num_workers));
+    for rank in 0..world {
         for worker in 0..num_workers {
             let share = worker_share(per_rank, num_workers, worker);
             let from = rank * per_rank + share.start;
@@ -122,19 +130,20 @@ pub fn cut_runs(
 }
 
 /// The pieces covering global positions `range` (wrapping past `total`).
-fn pieces_between(runs: &[Piece], starts: &[u64], total: u64, range: Range<u64>) -> Vec<Piece> {
+fn pieces_between(runs: &[Piece], starts: &[u128], total: u128, range: Range<u128>) -> Vec<Piece> {
     let mut pieces: Vec<Piece> = Vec::new();
     let mut position = range.start;
     while position < range.end {
         let wrapped = position % total;
         let run = starts.partition_point(|&s| s <= wrapped) - 1;
-        let run_len = runs[run].samples.end - runs[run].samples.start;
+        let run_len = u128::from(runs[run].samples.end - runs[run].samples.start);
         let within = wrapped - starts[run];
         let take = (run_len - within).min(range.end - position);
-        let first = runs[run].samples.start + within;
+        // Both lie within the run's `u64` range.
+        let first = runs[run].samples.start + within as u64;
         let piece = Piece {
             shard: runs[run].shard,
-            samples: first..first + take,
+            samples: first..first + take as u64,
         };
         match pieces.last_mut() {
             Some(last) if last.shard == piece.shard && last.samples.end == piece.samples.start => {
@@ -207,9 +216,9 @@ mod tests {
         }
 
         #[test]
-        fn workers_of_a_rank_differ_by_at_most_one(n in 0u64..1000, k in 1usize..9) {
-            let sizes: Vec<u64> = (0..k).map(|w| { let r = worker_share(n, k, w); r.end - r.start }).collect();
-            prop_assert_eq!(sizes.iter().sum::<u64>(), n);
+        fn workers_of_a_rank_differ_by_at_most_one(n in 0u128..1000, k in 1usize..9) {
+            let sizes: Vec<u128> = (0..k).map(|w| { let r = worker_share(n, k, w); r.end - r.start }).collect();
+            prop_assert_eq!(sizes.iter().sum::<u128>(), n);
             prop_assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1);
         }
     }
@@ -237,6 +246,28 @@ mod tests {
                 ],
             ]
         );
+    }
+
+    #[test]
+    fn counts_past_u64_do_not_overflow() {
+        let counts = [u64::MAX, u64::MAX, 4];
+        for remainder in [Remainder::Drop, Remainder::Pad] {
+            let slots = cut_epoch(&[2, 0, 1], &counts, 3, 2, remainder);
+            let total: u128 = slots
+                .iter()
+                .flatten()
+                .map(|p| {
+                    assert!(p.samples.start < p.samples.end && p.samples.end <= counts[p.shard]);
+                    u128::from(p.samples.end - p.samples.start)
+                })
+                .sum();
+            let all = 2 * u128::from(u64::MAX) + 4;
+            let expected = match remainder {
+                Remainder::Drop => all / 3 * 3,
+                Remainder::Pad => all.div_ceil(3) * 3,
+            };
+            assert_eq!(total, expected);
+        }
     }
 
     #[test]

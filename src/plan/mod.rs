@@ -89,7 +89,7 @@ pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
     let order = epoch_order(shards.len(), params);
     let counts: Option<Vec<u64>> = shards.iter().map(|s| s.samples).collect();
     if let (Some(counts), false) = (counts, shards.is_empty()) {
-        let total = counts.iter().sum();
+        let total = counts.iter().fold(0u64, |sum, &n| sum.saturating_add(n));
         let pieces = cut::cut_epoch(
             &order,
             &counts,

@@ -93,6 +93,12 @@ pub fn panic_to_py(panic: &(dyn std::any::Any + Send)) -> PyErr {
         "internal error in shardstream ({what}); please report it with the dataset spec and options"
     ))
 }
+create_exception!(
+    shardstream._core,
+    ManifestIgnoredWarning,
+    PyUserWarning,
+    "A manifest.json beside the shards is not a shardstream manifest and was not used."
+);
 
 /// The Python exception for `error`; its message names the shard and offset.
 pub fn to_py(error: Error) -> PyErr {

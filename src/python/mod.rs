@@ -23,9 +23,10 @@ mod _core {
     use super::convert::ArrowExport;
     #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, FieldDecodeError, ManifestError, ManifestMismatchError,
-        ObjectChangedError, ShardFormatError, ShardNotFoundError, ShardReadError,
-        ShardSkippedWarning, ShardStreamError, StateMismatchError, StorageAuthError,
+        DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
+        ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
+        ShardReadError, ShardSkippedWarning, ShardStreamError, StateMismatchError,
+        StorageAuthError,
     };
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;

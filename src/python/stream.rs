@@ -13,7 +13,9 @@ use pyo3::types::{PyDict, PyTuple};
 
 use super::blocking::{blocking, interruptible};
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
-use super::errors::{panic_to_py, to_py, ShardSkippedWarning, ShardStreamError};
+use super::errors::{
+    panic_to_py, to_py, ManifestIgnoredWarning, ShardSkippedWarning, ShardStreamError,
+};
 use super::options::Options;
 use crate::collate::collate;
 use crate::config::{OnError, SlotSpec};
@@ -89,12 +91,12 @@ impl ShardList {
         let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
         let count = o.count_samples == Some(true);
         let owned_specs = specs.clone();
-        let (shards, manifest) = interruptible(py, move || {
+        let (shards, attached) = interruptible(py, move || {
             let mut shards = spec::resolve_dataset(&owned_specs, &s3, format)?;
             if strict {
                 spec::check_local_shards_exist(&shards)?;
             }
-            let used = manifest::attach(&mut shards, &choice)?;
+            let attached = manifest::attach(&mut shards, &choice)?;
             if count {
                 crate::count::count_local_tar(&mut shards, strict)?;
             }
@@ -112,8 +114,15 @@ impl ShardList {
                     });
                 }
             }
-            Ok((shards, used))
+            Ok((shards, attached))
         })?;
+        if let Some(reason) = &attached.ignored {
+            let message = CString::new(format!("{reason} (manifest=False stops looking for one)"))
+                .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
+            let category = py.get_type::<ManifestIgnoredWarning>();
+            PyErr::warn(py, category.as_any(), &message, 2)?;
+        }
+        let manifest = attached.used;
         Ok(ShardList {
             shards: Arc::new(shards),
             specs,

@@ -9,6 +9,7 @@ import math
 import os
 import re
 import tarfile
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -38,7 +39,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shardstream
-from shardstream import ManifestError, ManifestMismatchError, ShardFormatError
+from shardstream import (
+    ManifestError,
+    ManifestIgnoredWarning,
+    ManifestMismatchError,
+    ShardFormatError,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -591,8 +597,20 @@ SCHEMA_INVALID = [
     "negative",
     "size-not-a-number",
 ]
-INCONSISTENT = ["count-mismatch", "past-the-end", "overlapping"]
+INCONSISTENT = [
+    "count-mismatch",
+    "past-the-end",
+    "overlapping",
+    "unsorted",
+    "span-past-2^64",
+    "compressed-span-past-2^64",
+    "compressed-offset-past-2^64-after-the-first",
+]
 """Manifests the schema accepts but that contradict themselves."""
+NOT_OURS = ["not-json", "empty", "list", "wrong-format"]
+"""Files that do not say they are a shardstream manifest: beside the shards
+they are passed over with a warning (other tools write ``manifest.json``
+too); named explicitly they are an error."""
 
 
 def bad_manifest(case: str, a: Path) -> str:
@@ -616,6 +634,16 @@ def bad_manifest(case: str, a: Path) -> str:
         "count-mismatch": manifest(samples=2),
         "past-the-end": manifest(offsets=[size - 100]),
         "overlapping": manifest(samples=2, offsets=[0, 256], lengths=[512, 512]),
+        "unsorted": manifest(samples=2, offsets=[1024, 0], lengths=[512, 512]),
+        "span-past-2^64": manifest(offsets=[2**64 - 100], lengths=[512]),
+        # A compressed shard's offsets are in its decompressed tar, so they
+        # may pass the shard's size, but not 2^64.
+        "compressed-span-past-2^64": manifest(
+            compression="gzip", offsets=[2**64 - 100], lengths=[512]
+        ),
+        "compressed-offset-past-2^64-after-the-first": manifest(
+            compression="gzip", samples=2, offsets=[0, 2**64 - 1], lengths=[512, 2]
+        ),
     }
     return texts[case]
 
@@ -632,11 +660,71 @@ def test_malformed_manifest(tmp_path, case):
         assert MANIFEST_VALIDATOR.is_valid(parsed) == (case in INCONSISTENT)
     for path in (tmp_path / "manifest.json", tmp_path / "elsewhere.json"):
         path.write_text(text)
+        if path.name == "manifest.json" and case in NOT_OURS:
+            with pytest.warns(ManifestIgnoredWarning, match=re.escape(str(path))):
+                ds = dataset(a)
+            assert ds.manifest_path is None
+            assert len(collect(ds)) == len(SIZES)
+            path.unlink()
+            continue
         kwargs = {} if path.name == "manifest.json" else {"manifest": path}
         with pytest.raises(ManifestError, match=re.escape(str(path))) as info:
             dataset(a, **kwargs)
         assert not isinstance(info.value, ManifestMismatchError), info.value
+        if case in INCONSISTENT:
+            assert a.name in str(info.value), "the message names the shard"
         path.unlink()
+
+
+FOREIGN_MANIFESTS = {
+    "other-format": {"format": "webdataset-index", "shards": [{"url": "a.tar", "n": 4}]},
+    "no-format": {"files": ["a.tar"], "version": 3, "shards": 1},
+    "list": [{"name": "a.tar"}],
+    "format-not-a-string": {"format": 1, "version": 1, "shards": []},
+}
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN_MANIFESTS))
+def test_another_tools_manifest_beside_the_shards_is_passed_over(tmp_path, kind):
+    """Other tools write ``manifest.json`` too: beside the shards, one that
+    does not say it is a shardstream manifest is not used (a
+    ``ManifestIgnoredWarning`` says so), and the data is read without one.
+    Named explicitly, it is an error."""
+    a = write_sized(tmp_path / "a.tar", SIZES, "a")
+    b = write_sized(tmp_path / "b.tar", [10, 20], "b")
+    foreign = tmp_path / "manifest.json"
+    foreign.write_text(json.dumps(FOREIGN_MANIFESTS[kind]))
+    with pytest.warns(ManifestIgnoredWarning) as record:
+        ds = dataset(str(tmp_path), shuffle_buffer=0)
+    (warning,) = [w for w in record if issubclass(w.category, ManifestIgnoredWarning)]
+    assert str(foreign) in str(warning.message)
+    assert "not a shardstream manifest" in str(warning.message)
+    assert warning.filename == __file__, "the warning points at the caller"
+    assert ds.manifest_path is None
+    assert ds.shard_list.sample_counts is None
+    expected = read_tar_samples(a) + read_tar_samples(b)
+    assert sorted(keys_of(collect(ds))) == sorted(s.key for s in expected)
+    # Not warned again when the dataset is pickled to DataLoader workers.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ManifestIgnoredWarning)
+        assert len(collect(loader(ds, 1))) == len(expected)
+        assert dataset(str(tmp_path), manifest=False).manifest_path is None
+    with pytest.raises(ManifestError, match=re.escape(str(foreign))):
+        dataset(str(tmp_path), manifest=foreign)
+
+
+def test_a_damaged_manifest_of_ours_beside_the_shards_is_still_an_error(tmp_path):
+    """A truncated shardstream manifest names its format: it is ours and
+    broken, an error rather than passed over (ranks must not plan with and
+    without it by chance)."""
+    a = write_sized(tmp_path / "a.tar", SIZES, "a")
+    index_manifest([a], tmp_path / "manifest.json")
+    text = (tmp_path / "manifest.json").read_text()
+    (tmp_path / "manifest.json").write_text(text[: len(text) // 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ManifestIgnoredWarning)
+        with pytest.raises(ManifestError, match=r"manifest\.json"):
+            dataset(a)
 
 
 def test_missing_explicit_manifest(tmp_path):

@@ -17,6 +17,7 @@ import jsonschema
 import pytest
 from _shardtest import (
     EXAMPLES_DIR,
+    UNEVEN_COUNTS,
     DatasetInfo,
     assert_exactly_once,
     collect,
@@ -256,7 +257,7 @@ def garbage_states(good: dict) -> dict[str, object]:
         "empty": {},
         "other-dict": {"model": [1, 2, 3]},
         "format-only": {"format": "shardstream.state"},
-        "other-version": dict(good, version=2),
+        "other-version": dict(good, version=1),
         "unknown-field": dict(good, colour="red"),
         "missing-field": {k: v for k, v in good.items() if k != "cursor"},
         "negative-count": dict(good, produced=-1),
@@ -309,6 +310,176 @@ def test_schema_invalid_values_fail_by_the_time_iteration_starts(uneven_dataset,
     with pytest.raises(StateMismatchError):  # at load or when iteration starts
         ds.load_state_dict(state)
         collect(ds)
+
+
+# --------------------------------------------------------------------------
+# Damaged states: every field is checked against the dataset and the plan
+# before anything is read; a bad one is a StateMismatchError naming it, never
+# a panic (pyo3's PanicException is no Exception), a repeat or a loss.
+# --------------------------------------------------------------------------
+
+
+def sample_id(key: str) -> list[int]:
+    """``[shard, index]`` of an uneven-dataset key ``uSS-IIII``."""
+    shard, index = key[1:].split("-")
+    return [int(shard), int(index)]
+
+
+@pytest.fixture(scope="module")
+def saved_slot(uneven_dataset):
+    """A 1 x 1 state after 10 samples (the buffer holding several), the ids
+    handed out, and the slot's units ``(shard, start, end)``."""
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    iterator = iter(ds)
+    handed_out = [sample_id(next(iterator)["__key__"]) for _ in range(10)]
+    state = json_round_trip(ds.state_dict())
+    units = iterator.units
+    del iterator
+    assert len(state["buffer"]) >= 3 and state["cursor"]["next_sample"] is not None
+    return state, handed_out, units
+
+
+def damage_exact(case: str, good: dict, handed_out: list, units: list) -> dict:
+    state = copy.deepcopy(good)
+    cursor = state["cursor"]
+    shard, _, end = units[cursor["unit"]]
+    if case == "buffer-shard-past-the-dataset":
+        state["buffer"][1] = [17, 0]
+    elif case == "buffer-index-past-the-shard":
+        state["buffer"][0] = [1, UNEVEN_COUNTS[1]]
+    elif case == "buffer-not-yet-read":
+        state["buffer"][0] = (
+            [shard, cursor["next_sample"]]
+            if cursor["next_sample"] < end
+            else [
+                units[cursor["unit"] + 1][0],
+                units[cursor["unit"] + 1][1],
+            ]
+        )
+    elif case == "buffer-held-twice":
+        state["buffer"][-1] = state["buffer"][0]
+    elif case == "buffer-longer-than-shuffle-buffer":
+        state["buffer"] += handed_out[: SHUFFLE + 1 - len(state["buffer"])]
+    elif case == "buffer-holds-a-sample-handed-out":
+        state["buffer"][0] = handed_out[0]
+    elif case == "buffer-sample-dropped":
+        state["buffer"].pop()
+    elif case == "cursor-past-the-units":
+        cursor["unit"] = len(units) + 3
+    elif case == "cursor-past-its-unit":
+        cursor["next_sample"] = end + 5
+    elif case == "produced-past-the-slot":
+        state["produced"] = 10**6
+    elif case == "rng-word-pos-absurd":
+        state["rng_word_pos"] = str(2**100)
+    elif case == "finished-with-a-buffer":
+        state["finished"] = True
+    elif case == "resumed-from-empty":
+        state["resumed_from"] = []
+    elif case == "digest-edited":
+        state["digest"] = "0123456789abcdef"
+    elif case == "rank-past-world-size":
+        state["rank"] = 3
+    else:
+        raise AssertionError(case)
+    return state
+
+
+EXACT_DAMAGE = {
+    "buffer-shard-past-the-dataset": r"buffer\[1\]: shard 17 is not below the dataset's 6 shards",
+    "buffer-index-past-the-shard": r"buffer\[0\]: sample 40 of shard 1 is not below",
+    "buffer-not-yet-read": r"buffer\[0\]: .* not among the samples the slot's cursor has passed",
+    "buffer-held-twice": r"buffer\[\d+\]: .* held twice",
+    "buffer-longer-than-shuffle-buffer": r"field buffer: holds 8 samples",
+    "buffer-holds-a-sample-handed-out": r"field digest",
+    "buffer-sample-dropped": r"field produced",
+    "cursor-past-the-units": r"field cursor\.unit",
+    "cursor-past-its-unit": r"field cursor\.next_sample",
+    "produced-past-the-slot": r"field produced",
+    "rng-word-pos-absurd": r"field rng_word_pos",
+    "finished-with-a-buffer": r"field finished",
+    "resumed-from-empty": r"field resumed_from",
+    "digest-edited": r"field digest",
+    "rank-past-world-size": r"field rank",
+}
+
+
+@pytest.mark.parametrize("case", list(EXACT_DAMAGE))
+def test_damaged_exact_state_is_refused_naming_the_field(uneven_dataset, saved_slot, case):
+    good, handed_out, units = saved_slot
+    state = damage_exact(case, good, handed_out, units)
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    with pytest.raises(StateMismatchError, match=EXACT_DAMAGE[case]):
+        ds.load_state_dict(state)
+        collect(ds)  # the stream checks the state when it is made
+    # The undamaged state still resumes.
+    ds.load_state_dict(good)
+    rest = keys_of(collect(ds))
+    assert len(rest) + len(handed_out) == len(uneven_dataset.keys)
+
+
+def damage_elastic(case: str, states: list[dict]) -> list[dict]:
+    states = copy.deepcopy(states)
+    holding = [i for i, s in enumerate(states) if s["buffer"] and not s["finished"]]
+    first, last = holding[0], holding[-1]
+    if case == "buffer-shard-past-the-dataset":
+        states[first]["buffer"][0] = [17, 0]
+    elif case == "two-different-states-of-one-slot":
+        other = copy.deepcopy(states[first])
+        other["produced"] += 1
+        states.append(other)
+    elif case == "one-sample-in-two-buffers":
+        states[last]["buffer"][0] = states[first]["buffer"][0]
+    elif case == "cursor-past-the-units":
+        states[first]["cursor"] = {"unit": 10**6, "next_sample": None}
+    elif case == "resumed-from-empty":
+        for state in states:
+            state["resumed_from"] = []
+    elif case == "epochs-differ":
+        states[last]["epoch"] += 1
+    elif case == "missing-slot":
+        del states[last]
+    elif case == "mixed-fingerprints":
+        states[last]["fingerprint"] = "0123456789abcdef"
+    elif case == "world-size-absurd":
+        for state in states:
+            state["world_size"] = 2**60
+    else:
+        raise AssertionError(case)
+    return states
+
+
+ELASTIC_DAMAGE = {
+    "buffer-shard-past-the-dataset": r"slots\[\d\]\.buffer\[0\]: shard 17 is not below",
+    "two-different-states-of-one-slot": r"a second, different state of rank \d worker \d",
+    "one-sample-in-two-buffers": r"slots\[\d\]\.buffer\[0\]",
+    "cursor-past-the-units": r"slots\[\d\]\.cursor\.unit",
+    "resumed-from-empty": r"slots\[0\]\.resumed_from: empty",
+    "epochs-differ": r"slots\[\d\]\.epoch",
+    "missing-slot": r"every one of the 4 x 2 slots",
+    "mixed-fingerprints": r"slots\[\d\]\.fingerprint",
+    "world-size-absurd": r"every one of the",
+}
+
+
+@pytest.mark.parametrize("case", list(ELASTIC_DAMAGE))
+def test_damaged_elastic_state_is_refused_naming_the_field(uneven_dataset, old_job, case):
+    _, _, states = old_job("drop")
+    elastic = shardstream.elastic_state(damage_elastic(case, states))
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop")
+    with pytest.raises(StateMismatchError, match=ELASTIC_DAMAGE[case]):
+        ds.load_state_dict(elastic)
+        collect(ds)
+
+
+def test_a_slot_state_given_twice_counts_once(uneven_dataset, old_job):
+    old_full, consumed, states = old_job("drop")
+    elastic = shardstream.elastic_state(states, states[3])
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop")
+    ds.load_state_dict(elastic)
+    check_elastic_accounting(
+        old_full, consumed, [keys_of(collect(ds))], "drop", len(uneven_dataset.keys)
+    )
 
 
 # --------------------------------------------------------------------------
