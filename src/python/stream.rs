@@ -59,15 +59,35 @@ impl Counters {
     }
 }
 
-/// S3 options from a dict of `shardstream.S3Config` fields (durations in seconds).
+/// S3 options from a dict of `shardstream.S3Config` fields (durations in
+/// seconds), validated: a value out of range is a `ValueError` naming it.
 fn s3_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<S3Options> {
     let mut o = S3Options::default();
     let Some(config) = config else {
         return Ok(o);
     };
-    let seconds = |v: f64, name: &str| {
-        Duration::try_from_secs_f64(v)
-            .map_err(|_| PyValueError::new_err(format!("invalid option {name}: {v}")))
+    let shown = |value: &Bound<'_, PyAny>| {
+        value
+            .repr()
+            .map_or_else(|_| "an unprintable value".to_owned(), |r| r.to_string())
+    };
+    let seconds = |value: &Bound<'_, PyAny>, name: &str| {
+        let max = S3Options::MAX_DURATION;
+        match value.extract::<f64>() {
+            Ok(v) if (0.0..=max.as_secs_f64()).contains(&v) => Ok(Duration::from_secs_f64(v)),
+            _ => Err(PyValueError::new_err(format!(
+                "invalid option {name}: must be a number of seconds from 0 to {} (a year), got {}",
+                max.as_secs(),
+                shown(value)
+            ))),
+        }
+    };
+    let whole = |value: &Bound<'_, PyAny>, name: &str, max: u64| match value.extract::<u64>() {
+        Ok(v) if v <= max => Ok(v),
+        _ => Err(PyValueError::new_err(format!(
+            "invalid option {name}: must be a whole number from 1 to {max}, got {}",
+            shown(value)
+        ))),
     };
     for (name, value) in config.iter() {
         let name: String = name.extract()?;
@@ -80,13 +100,23 @@ fn s3_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<S3Options> {
             "path_style" => o.path_style = value.extract()?,
             "profile" => o.profile = Some(value.extract()?),
             "unsigned" => o.unsigned = value.extract()?,
-            "connect_timeout" => o.connect_timeout = seconds(value.extract()?, &name)?,
-            "first_byte_timeout" => o.first_byte_timeout = seconds(value.extract()?, &name)?,
-            "idle_timeout" => o.idle_timeout = seconds(value.extract()?, &name)?,
-            "max_attempts" => o.max_attempts = value.extract()?,
-            "max_retry_time" => o.max_retry_time = seconds(value.extract()?, &name)?,
-            "part_size" => o.part_size = value.extract()?,
-            "max_concurrency" => o.max_concurrency = value.extract()?,
+            "connect_timeout" => o.connect_timeout = seconds(&value, &name)?,
+            "first_byte_timeout" => o.first_byte_timeout = seconds(&value, &name)?,
+            "idle_timeout" => o.idle_timeout = seconds(&value, &name)?,
+            "max_attempts" => {
+                let max = u64::from(S3Options::MAX_ATTEMPTS);
+                o.max_attempts = u32::try_from(whole(&value, &name, max)?).unwrap_or(u32::MAX);
+            }
+            "max_retry_time" => o.max_retry_time = seconds(&value, &name)?,
+            "part_size" => {
+                let max = S3Options::MAX_PART_SIZE as u64;
+                o.part_size = usize::try_from(whole(&value, &name, max)?).unwrap_or(usize::MAX);
+            }
+            "max_concurrency" => {
+                let max = S3Options::MAX_CONCURRENCY as u64;
+                o.max_concurrency =
+                    usize::try_from(whole(&value, &name, max)?).unwrap_or(usize::MAX);
+            }
             other => {
                 return Err(PyValueError::new_err(format!(
                     "unknown S3 option {other:?}"
@@ -94,6 +124,7 @@ fn s3_options(config: Option<&Bound<'_, PyDict>>) -> PyResult<S3Options> {
             }
         }
     }
+    o.validate().map_err(to_py)?;
     Ok(o)
 }
 

@@ -102,6 +102,7 @@ impl ReadAhead {
         options: ReadAheadOptions,
         counters: Arc<Counters>,
     ) -> Result<Self> {
+        options.s3.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
@@ -288,6 +289,7 @@ fn with_s3_client<T>(
     options: &S3Options,
     work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
 ) -> Result<T> {
+    options.validate()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

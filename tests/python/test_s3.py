@@ -242,3 +242,29 @@ def test_compressed_shards_on_s3(s3, s3_dataset, dataset):
     got = [(s["__url__"], s["__key__"], sample_digest(s)) for s in samples]
     assert sorted(got, key=str) == sorted(expected, key=str)
     assert ds.stats()["bytes_read"] == sum(len(b) for b in bodies.values())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("part_size", 8 << 30),
+        ("part_size", 0),
+        ("max_concurrency", 10**6),
+        ("max_concurrency", -1),
+        ("max_attempts", 2**40),
+        ("max_attempts", 0),
+        ("connect_timeout", 1e30),
+        ("first_byte_timeout", 1e12),
+        ("idle_timeout", 0.0),
+        ("max_retry_time", float("nan")),
+        ("max_retry_time", -1.0),
+    ],
+)
+def test_s3_options_out_of_range_are_refused_at_construction(s3, option, value):
+    """Values the code cannot use (a part past what the budget's permits
+    count, a timeout past what instants hold) are a ValueError naming the
+    option before any request, for named objects and for a listing alike."""
+    for spec in (f"s3://{BUCKET}/audio/shard-000000.tar", f"s3://{BUCKET}/audio/"):
+        with pytest.raises(ValueError, match=f"^invalid option {option}: ") as info:
+            StreamingDataset(spec, s3=config(s3, **{option: value}))
+        assert "{" not in str(info.value)
