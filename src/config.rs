@@ -113,6 +113,78 @@ pub struct S3Options {
     pub max_concurrency: usize,
 }
 
+impl S3Options {
+    /// The largest part: the read-ahead budget is taken a part at a time,
+    /// in permits counted in `u32`.
+    pub const MAX_PART_SIZE: usize = u32::MAX as usize;
+    /// The most objects (and parts of one object) in flight at once.
+    pub const MAX_CONCURRENCY: usize = 256;
+    /// The most attempts per request.
+    pub const MAX_ATTEMPTS: u32 = 1000;
+    /// The longest timeout, retry time or backoff step: a year.
+    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+    /// Checks every option against the range the code can use, naming the
+    /// first one out of range.
+    pub fn validate(&self) -> Result<()> {
+        let out_of_range = |name: &'static str, reason: String| Err(Error::Config { name, reason });
+        if !(1..=Self::MAX_PART_SIZE).contains(&self.part_size) {
+            return out_of_range(
+                "part_size",
+                format!(
+                    "must be from 1 to {} bytes (4 GiB - 1), got {}",
+                    Self::MAX_PART_SIZE,
+                    self.part_size
+                ),
+            );
+        }
+        if !(1..=Self::MAX_CONCURRENCY).contains(&self.max_concurrency) {
+            return out_of_range(
+                "max_concurrency",
+                format!(
+                    "must be from 1 to {}, got {}",
+                    Self::MAX_CONCURRENCY,
+                    self.max_concurrency
+                ),
+            );
+        }
+        if !(1..=Self::MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return out_of_range(
+                "max_attempts",
+                format!(
+                    "must be from 1 to {}, got {}",
+                    Self::MAX_ATTEMPTS,
+                    self.max_attempts
+                ),
+            );
+        }
+        let durations = [
+            ("connect_timeout", self.connect_timeout, true),
+            ("first_byte_timeout", self.first_byte_timeout, true),
+            ("idle_timeout", self.idle_timeout, true),
+            ("max_retry_time", self.max_retry_time, false),
+            ("backoff_base", self.backoff_base, false),
+            ("backoff_max", self.backoff_max, false),
+        ];
+        for (name, value, positive) in durations {
+            if value > Self::MAX_DURATION {
+                return out_of_range(
+                    name,
+                    format!(
+                        "must be at most {} seconds (a year), got {} seconds",
+                        Self::MAX_DURATION.as_secs(),
+                        value.as_secs_f64()
+                    ),
+                );
+            }
+            if positive && value.is_zero() {
+                return out_of_range(name, "must be more than 0 seconds".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for S3Options {
     fn default() -> Self {
         S3Options {
@@ -335,8 +407,6 @@ impl StreamOptionsBuilder {
         positive("read_ahead_bytes", o.read_ahead_bytes)?;
         positive("chunk_bytes", o.chunk_bytes)?;
         positive("output_queue", o.output_queue)?;
-        positive("part_size", o.s3.part_size)?;
-        positive("max_concurrency", o.s3.max_concurrency)?;
         positive("batch_rows", o.batch_rows)?;
         if o.table_output == TableOutput::Arrow && o.shuffle_buffer > 0 {
             return Err(Error::Config {
@@ -352,12 +422,7 @@ impl StreamOptionsBuilder {
                 reason: "field decoders apply to per-row output, not to Arrow batches".into(),
             });
         }
-        if o.s3.max_attempts == 0 {
-            return Err(Error::Config {
-                name: "max_attempts",
-                reason: "must be at least 1".into(),
-            });
-        }
+        o.s3.validate()?;
         for (name, value) in [
             ("read_ahead_bytes", o.read_ahead_bytes),
             ("shuffle_buffer_bytes", o.shuffle_buffer_bytes),
@@ -462,5 +527,143 @@ impl SlotSpec {
     /// This slot's index: `rank * num_workers + worker_id`.
     pub fn slot(&self) -> usize {
         self.rank * self.num_workers + self.worker_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The option named by the error of building with `s3`.
+    fn refused(s3: S3Options) -> &'static str {
+        match StreamOptions::builder().with_s3(s3.clone()).build() {
+            Err(Error::Config { name, reason }) => {
+                // The same from the S3 options alone (listing, HEAD).
+                assert!(matches!(s3.validate(), Err(Error::Config { name: n, .. }) if n == name));
+                assert!(!reason.is_empty());
+                name
+            }
+            Err(other) => panic!("not a config error: {other}"),
+            Ok(_) => panic!("accepted: {s3:?}"),
+        }
+    }
+
+    #[test]
+    fn s3_options_out_of_the_range_the_code_can_use_are_refused_by_name() {
+        let s3 = S3Options::default;
+        assert!(s3().validate().is_ok());
+        let huge = Duration::from_secs(u64::MAX);
+        let cases = [
+            (
+                S3Options {
+                    part_size: 0,
+                    ..s3()
+                },
+                "part_size",
+            ),
+            (
+                S3Options {
+                    part_size: 1 << 32,
+                    ..s3()
+                },
+                "part_size",
+            ),
+            (
+                S3Options {
+                    part_size: usize::MAX,
+                    ..s3()
+                },
+                "part_size",
+            ),
+            (
+                S3Options {
+                    max_concurrency: 0,
+                    ..s3()
+                },
+                "max_concurrency",
+            ),
+            (
+                S3Options {
+                    max_concurrency: usize::MAX,
+                    ..s3()
+                },
+                "max_concurrency",
+            ),
+            (
+                S3Options {
+                    max_attempts: 0,
+                    ..s3()
+                },
+                "max_attempts",
+            ),
+            (
+                S3Options {
+                    max_attempts: u32::MAX,
+                    ..s3()
+                },
+                "max_attempts",
+            ),
+            (
+                S3Options {
+                    connect_timeout: Duration::ZERO,
+                    ..s3()
+                },
+                "connect_timeout",
+            ),
+            (
+                S3Options {
+                    connect_timeout: huge,
+                    ..s3()
+                },
+                "connect_timeout",
+            ),
+            (
+                S3Options {
+                    first_byte_timeout: huge,
+                    ..s3()
+                },
+                "first_byte_timeout",
+            ),
+            (
+                S3Options {
+                    idle_timeout: Duration::ZERO,
+                    ..s3()
+                },
+                "idle_timeout",
+            ),
+            (
+                S3Options {
+                    max_retry_time: huge,
+                    ..s3()
+                },
+                "max_retry_time",
+            ),
+            (
+                S3Options {
+                    backoff_base: Duration::MAX,
+                    ..s3()
+                },
+                "backoff_base",
+            ),
+            (
+                S3Options {
+                    backoff_max: Duration::MAX,
+                    ..s3()
+                },
+                "backoff_max",
+            ),
+        ];
+        for (options, name) in cases {
+            assert_eq!(refused(options), name);
+        }
+        let largest = S3Options {
+            part_size: S3Options::MAX_PART_SIZE,
+            max_concurrency: S3Options::MAX_CONCURRENCY,
+            max_attempts: S3Options::MAX_ATTEMPTS,
+            idle_timeout: S3Options::MAX_DURATION,
+            max_retry_time: Duration::ZERO,
+            ..s3()
+        };
+        assert!(largest.validate().is_ok());
     }
 }

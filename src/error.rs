@@ -47,6 +47,18 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// No usable credentials: none were found, loading them failed, or the
+    /// store rejected them (an unknown access key, a secret that does not
+    /// match, an expired session token). It is not retried, and no
+    /// `on_error` policy skips it: every shard would fail the same way.
+    #[error("{url}: no usable AWS credentials: {reason}")]
+    Credentials {
+        /// Shard URL (or listed prefix) of the request that needed them.
+        url: String,
+        /// What went wrong, and how to provide credentials.
+        reason: String,
+    },
+
     /// Reading the shard failed.
     #[error("{url}: read failed at byte offset {offset}: {source}")]
     Read {
@@ -188,6 +200,7 @@ impl Error {
         match self {
             Error::NotFound { url, .. }
             | Error::AccessDenied { url, .. }
+            | Error::Credentials { url, .. }
             | Error::Read { url, .. }
             | Error::Timeout { url, .. }
             | Error::Changed { url, .. }
@@ -206,7 +219,7 @@ impl Error {
 
     /// Whether the `on_error="warn"` policy may skip the shard and go on.
     pub fn is_shard_error(&self) -> bool {
-        self.url().is_some()
+        self.url().is_some() && !matches!(self, Error::Credentials { .. })
     }
 
     /// Builds the error for an I/O failure opening `url`, by its kind.

@@ -27,14 +27,19 @@ class S3Config:
         first_byte_timeout: seconds to wait for a response's headers.
         idle_timeout: seconds to wait for the next bytes of a body before
             resuming it with a Range request.
-        max_attempts: attempts per request, the first included.
+        max_attempts: attempts per request, the first included (1 to 1000).
+            Credentials that cannot be found, or that the store rejects,
+            are not retried: they raise ``StorageAuthError`` at once.
         max_retry_time: seconds spent retrying one request at most.
         part_size: the largest ranged GET, in bytes. An object (or range)
             larger than a part is fetched as parallel ranged GETs; a part is
             this size, or less, so that ``max_concurrency`` parts fit in the
-            object's share of ``read_ahead_bytes``.
+            object's share of ``read_ahead_bytes``. At most 4 GiB - 1.
         max_concurrency: objects fetched at once per worker, and ranged
-            GETs in flight per object, at most.
+            GETs in flight per object, at most (1 to 256).
+
+    Timeouts are above 0 and every duration at most a year; a value out of
+    range raises ``ValueError`` naming the option when a dataset is made.
     """
 
     region: str | None = None

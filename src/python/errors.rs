@@ -107,7 +107,9 @@ pub fn to_py(error: Error) -> PyErr {
         Error::Config { .. } => PyValueError::new_err(message),
         Error::Spec { .. } => DatasetSpecError::new_err(message),
         Error::NotFound { .. } => ShardNotFoundError::new_err(message),
-        Error::AccessDenied { .. } => StorageAuthError::new_err(message),
+        Error::AccessDenied { .. } | Error::Credentials { .. } => {
+            StorageAuthError::new_err(message)
+        }
         Error::Read { .. } | Error::Timeout { .. } => ShardReadError::new_err(message),
         Error::Changed { .. } => ObjectChangedError::new_err(message),
         Error::Format { .. } | Error::Decompress { .. } | Error::DuplicateField { .. } => {

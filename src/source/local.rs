@@ -8,12 +8,11 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek};
 use std::path::Path;
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::{Chunk, ChunkResult, ConsumerGone, FetchUnit, Fetcher};
+use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::error::Error;
 use crate::stats::Counter;
 
@@ -24,7 +23,7 @@ pub(super) async fn read_file(
     fetcher: &Fetcher,
     unit: &FetchUnit,
     path: &Path,
-    tx: &Sender<ChunkResult>,
+    tx: &ChunkSender,
 ) -> Result<(), ConsumerGone> {
     let url = unit.url.as_str();
     // A failed send means the shard's reader is gone: nothing more to do.
@@ -78,7 +77,7 @@ async fn map_chunks(
     (mut file, local): (File, Arc<LocalFile>),
     mut offset: u64,
     end: u64,
-    tx: &Sender<ChunkResult>,
+    tx: &ChunkSender,
 ) -> Result<(File, Option<u64>), ConsumerGone> {
     while offset < end {
         let want = usize::try_from(end - offset)
@@ -145,7 +144,7 @@ async fn read_chunks(
     mut file: File,
     mut offset: u64,
     end: u64,
-    tx: &Sender<ChunkResult>,
+    tx: &ChunkSender,
 ) -> Result<(), ConsumerGone> {
     let mut seek_to = (offset > 0).then_some(offset);
     while offset < end {

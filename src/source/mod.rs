@@ -13,7 +13,7 @@ pub use local::{file_origin, FileIdentity, FileOrigin, LocalFile};
 
 use std::collections::VecDeque;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +56,64 @@ pub const SHARE_MIN_BYTES: usize = 16 << 10;
 
 type ChunkResult = Result<Chunk>;
 
+/// What a fetch task sends a shard's reader. The end of a unit is a message
+/// of its own, with the byte count: a channel that closes without it means
+/// the fetch stopped, never that the shard ended.
+enum Piece {
+    /// The next bytes.
+    Bytes(Chunk),
+    /// Reading failed; nothing follows.
+    Failed(Error),
+    /// Every byte of the unit was sent: `bytes` in all.
+    End { bytes: u64 },
+}
+
+/// The sending end of one unit's chunks. It counts the bytes it sends, so
+/// that the unit's end tells the reader how many to expect.
+struct ChunkSender {
+    tx: Sender<Piece>,
+    sent: AtomicU64,
+    failed: AtomicBool,
+}
+
+impl ChunkSender {
+    fn new(tx: Sender<Piece>) -> Self {
+        ChunkSender {
+            tx,
+            sent: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends bytes or an error; `Err` when the reader is gone.
+    fn send(&self, item: ChunkResult) -> std::result::Result<(), ConsumerGone> {
+        let piece = match item {
+            Ok(chunk) => {
+                self.sent
+                    .fetch_add(chunk.bytes.len() as u64, Ordering::SeqCst);
+                Piece::Bytes(chunk)
+            }
+            Err(error) => {
+                self.failed.store(true, Ordering::SeqCst);
+                Piece::Failed(error)
+            }
+        };
+        self.tx.send(piece).map_err(|_| ConsumerGone)
+    }
+
+    /// Bytes sent so far.
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
+    }
+
+    /// Tells the reader that every byte was sent, unless an error was.
+    fn finish(&self) {
+        if !self.failed.load(Ordering::SeqCst) {
+            let _ = self.tx.send(Piece::End { bytes: self.sent() });
+        }
+    }
+}
+
 /// One read: a shard, or a byte range of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FetchUnit {
@@ -89,6 +147,9 @@ pub type BeforeWait = Arc<dyn Fn() + Send + Sync>;
 /// Reads a slot's shards in order, ahead of the consumer.
 pub struct ReadAhead {
     shards: Receiver<ShardReader>,
+    /// The units' URLs, in order, and how many readers were handed out.
+    urls: Vec<String>,
+    handed: AtomicUsize,
     cancelled: Arc<AtomicBool>,
     runtime: Option<tokio::runtime::Runtime>,
     io_timeout: Duration,
@@ -102,6 +163,7 @@ impl ReadAhead {
         options: ReadAheadOptions,
         counters: Arc<Counters>,
     ) -> Result<Self> {
+        options.s3.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
@@ -123,9 +185,12 @@ impl ReadAhead {
             s3_options: Arc::new(options.s3),
             s3: Arc::new(tokio::sync::OnceCell::new()),
         };
+        let urls = units.iter().map(|u| u.url.clone()).collect();
         runtime.spawn(task.run(units, shard_tx));
         Ok(ReadAhead {
             shards: shard_rx,
+            urls,
+            handed: AtomicUsize::new(0),
             cancelled,
             runtime: Some(runtime),
             io_timeout: options.io_timeout,
@@ -139,15 +204,26 @@ impl ReadAhead {
         self.before_wait = Some(hook);
     }
 
-    /// The reader of the next unit, `None` after the last one.
+    /// The reader of the next unit, `None` after the last one. The fetch
+    /// stopping before it handed every unit over is an error.
     pub fn next_shard(&self) -> Result<Option<ShardReader>> {
         let next = wait_for(&self.shards, self.io_timeout, self.before_wait.as_deref());
         match next {
             Ok(mut reader) => {
+                self.handed.fetch_add(1, Ordering::SeqCst);
                 reader.before_wait = self.before_wait.clone();
                 Ok(Some(reader))
             }
-            Err(RecvTimeoutError::Disconnected) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
+                let handed = self.handed.load(Ordering::SeqCst);
+                match self.urls.get(handed) {
+                    None => Ok(None),
+                    Some(url) => Err(Error::Stopped(format!(
+                        "the read-ahead stopped after {handed} of {} shards, before {url}",
+                        self.urls.len()
+                    ))),
+                }
+            }
             Err(RecvTimeoutError::Timeout) => Err(Error::Stopped(format!(
                 "no shard opened within {:?}",
                 self.io_timeout
@@ -193,7 +269,7 @@ impl Fetcher {
                 let Some(task) = in_flight.pop_front() else {
                     break;
                 };
-                if !matches!(task.await, Ok(Ok(()))) {
+                if !settle(task).await {
                     return;
                 }
             }
@@ -201,27 +277,24 @@ impl Fetcher {
                 return;
             }
             let (chunk_tx, chunk_rx) = mpsc::channel();
-            let reader = ShardReader {
-                url: unit.url.clone(),
-                chunks: chunk_rx,
-                current: Bytes::new(),
-                mapped: false,
-                position: 0,
-                offset: unit.range.as_ref().map_or(0, |r| r.start),
-                io_timeout: self.io_timeout,
-                failure: None,
-                before_wait: None,
-            };
+            let reader = ShardReader::new(&unit, chunk_rx, self.io_timeout);
             if shard_tx.send(reader).is_err() {
                 return;
             }
             let share = self.share(ahead);
-            in_flight.push_back(tokio::spawn(
-                async move { share.read(&unit, &chunk_tx).await },
-            ));
+            let sender = Arc::new(ChunkSender::new(chunk_tx));
+            let (task_sender, url) = (sender.clone(), unit.url.clone());
+            let start = unit.range.as_ref().map_or(0, |r| r.start);
+            let task = tokio::spawn(async move { share.read(&unit, &task_sender).await });
+            in_flight.push_back(UnitTask {
+                task,
+                sender,
+                url,
+                start,
+            });
         }
         for task in in_flight {
-            if !matches!(task.await, Ok(Ok(()))) {
+            if !settle(task).await {
                 return;
             }
         }
@@ -241,22 +314,21 @@ impl Fetcher {
         }
     }
 
-    /// Reads one unit into chunks sent to `chunk_tx`.
-    async fn read(
-        &self,
-        unit: &FetchUnit,
-        chunk_tx: &Sender<ChunkResult>,
-    ) -> Result<(), ConsumerGone> {
+    /// Reads one unit into chunks sent to `chunk_tx`, then tells its
+    /// reader the unit ended (unless an error was sent instead).
+    async fn read(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
         match &unit.location {
-            Location::Local(path) => local::read_file(self, unit, path, chunk_tx).await,
+            Location::Local(path) => local::read_file(self, unit, path, chunk_tx).await?,
             Location::S3 { bucket, key } => {
                 let client = self
                     .s3
                     .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
                     .await;
-                s3::read_object(self, client, unit, (bucket, key), chunk_tx).await
+                s3::read_object(self, client, unit, (bucket, key), chunk_tx).await?
             }
         }
+        chunk_tx.finish();
+        Ok(())
     }
 
     /// Waits for budget for `len` bytes; `None` once cancelled.
@@ -281,6 +353,38 @@ impl Fetcher {
     }
 }
 
+/// A unit being fetched: its task, and the sending end of its chunks,
+/// through which a task that fails is reported to the unit's reader.
+struct UnitTask {
+    task: tokio::task::JoinHandle<Result<(), ConsumerGone>>,
+    sender: Arc<ChunkSender>,
+    url: String,
+    start: u64,
+}
+
+/// Waits for a unit's task; `false` when fetching must stop (the consumer
+/// is gone). A task that panicked or was aborted is an error of its unit,
+/// naming the byte offset it had reached; the next units are still read.
+async fn settle(unit: UnitTask) -> bool {
+    match unit.task.await {
+        Ok(Ok(())) => true,
+        Ok(Err(ConsumerGone)) => false,
+        Err(join) => {
+            let reason = if join.is_panic() {
+                "the fetch task panicked"
+            } else {
+                "the fetch task was cancelled"
+            };
+            let _ = unit.sender.send(Err(Error::Read {
+                url: unit.url,
+                offset: unit.start + unit.sender.sent(),
+                source: std::io::Error::other(reason),
+            }));
+            true
+        }
+    }
+}
+
 /// Runs `work` with a fresh S3 client on a runtime made for it and shut
 /// down before returning, so no thread outlives the call (DataLoader
 /// workers may fork next).
@@ -288,6 +392,7 @@ fn with_s3_client<T>(
     options: &S3Options,
     work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
 ) -> Result<T> {
+    options.validate()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -463,24 +568,59 @@ fn wait_for<T>(
     }
 }
 
+/// The bytes `unit` must deliver, when that is known before reading: the
+/// length of the range asked for, or an S3 object's listed size (which an
+/// S3 read also checks against the object's own). A whole local file has
+/// none here: a pipe or device reports no size of its own.
+fn expected_len(unit: &FetchUnit) -> Option<u64> {
+    match (&unit.range, &unit.location) {
+        (Some(range), _) => Some(range.end.saturating_sub(range.start)),
+        (None, Location::S3 { .. }) => unit.size,
+        (None, Location::Local(_)) => None,
+    }
+}
+
 /// Marker: the consumer has gone, stop fetching.
 struct ConsumerGone;
 
 /// A blocking reader of one shard's bytes, fed by the [`ReadAhead`].
 pub struct ShardReader {
     url: String,
-    chunks: Receiver<ChunkResult>,
+    chunks: Receiver<Piece>,
     current: Bytes,
     /// Whether `current` is mapped from a local file.
     mapped: bool,
     position: usize,
     offset: u64,
+    /// Bytes the unit must deliver, when known (the range asked for).
+    expected: Option<u64>,
+    /// Bytes received so far.
+    received: u64,
+    /// Whether the unit's end arrived, its byte count checked.
+    ended: bool,
     io_timeout: Duration,
     failure: Option<Error>,
     before_wait: Option<BeforeWait>,
 }
 
 impl ShardReader {
+    fn new(unit: &FetchUnit, chunks: Receiver<Piece>, io_timeout: Duration) -> Self {
+        ShardReader {
+            url: unit.url.clone(),
+            chunks,
+            current: Bytes::new(),
+            mapped: false,
+            position: 0,
+            offset: unit.range.as_ref().map_or(0, |r| r.start),
+            expected: expected_len(unit),
+            received: 0,
+            ended: false,
+            io_timeout,
+            failure: None,
+            before_wait: None,
+        }
+    }
+
     /// The shard's URL.
     pub fn url(&self) -> &str {
         &self.url
@@ -545,17 +685,58 @@ impl ShardReader {
     }
 
     /// Waits until the current chunk has unread bytes; `false` at the end
-    /// of the shard.
+    /// of the shard, once the fetch said it sent every byte of it and as
+    /// many arrived as the unit must hold.
     fn fill(&mut self) -> std::io::Result<bool> {
         while self.position == self.current.len() {
+            if self.ended {
+                return Ok(false);
+            }
             match wait_for(&self.chunks, self.io_timeout, self.before_wait.as_deref()) {
-                Ok(Ok(chunk)) => {
+                Ok(Piece::Bytes(chunk)) => {
+                    self.received += chunk.bytes.len() as u64;
                     self.current = chunk.bytes;
                     self.mapped = chunk.mapped;
                     self.position = 0;
                 }
-                Ok(Err(error)) => return Err(self.fail(error)),
-                Err(RecvTimeoutError::Disconnected) => return Ok(false),
+                Ok(Piece::Failed(error)) => return Err(self.fail(error)),
+                Ok(Piece::End { bytes }) => {
+                    let short =
+                        |what: String| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, what);
+                    let problem = if bytes != self.received {
+                        Some(short(format!(
+                            "the fetch sent {bytes} bytes, {} arrived",
+                            self.received
+                        )))
+                    } else {
+                        self.expected.filter(|&e| e != bytes).map(|e| {
+                            short(format!(
+                                "the fetch ended after {bytes} bytes of the {e} asked for"
+                            ))
+                        })
+                    };
+                    if let Some(source) = problem {
+                        let error = Error::Read {
+                            url: self.url.clone(),
+                            offset: self.offset,
+                            source,
+                        };
+                        return Err(self.fail(error));
+                    }
+                    self.ended = true;
+                    return Ok(false);
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let error = Error::Read {
+                        url: self.url.clone(),
+                        offset: self.offset,
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "the fetch stopped before the end of the shard",
+                        ),
+                    };
+                    return Err(self.fail(error));
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     let error = Error::Timeout {
                         url: self.url.clone(),
@@ -598,6 +779,162 @@ mod tests {
             s3: S3Options::default(),
         };
         ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()
+    }
+
+    fn unit(range: Option<std::ops::Range<u64>>) -> FetchUnit {
+        FetchUnit {
+            url: "s3://bucket/shard.tar".into(),
+            location: Location::S3 {
+                bucket: "bucket".into(),
+                key: "shard.tar".into(),
+            },
+            range,
+            size: None,
+        }
+    }
+
+    fn chunk(bytes: &[u8]) -> Chunk {
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let permit = budget.try_acquire_many_owned(bytes.len() as u32).unwrap();
+        Chunk::read(bytes.to_vec(), permit)
+    }
+
+    fn reader_of(unit: &FetchUnit) -> (ChunkSender, ShardReader) {
+        let (tx, rx) = mpsc::channel();
+        let reader = ShardReader::new(unit, rx, Duration::from_secs(10));
+        (ChunkSender::new(tx), reader)
+    }
+
+    /// Reads to the end; the error the reader holds if that fails.
+    fn read_all(reader: &mut ShardReader) -> std::result::Result<Vec<u8>, Error> {
+        let mut out = Vec::new();
+        match reader.read_to_end(&mut out) {
+            Ok(_) => Ok(out),
+            Err(_) => Err(reader.take_failure().expect("the reader holds its error")),
+        }
+    }
+
+    #[test]
+    fn a_unit_ends_only_with_its_end_message() {
+        let (tx, mut reader) = reader_of(&unit(Some(1000..1010)));
+        tx.send(Ok(chunk(b"0123"))).ok().unwrap();
+        tx.send(Ok(chunk(b"456789"))).ok().unwrap();
+        tx.finish();
+        drop(tx);
+        assert_eq!(read_all(&mut reader).unwrap(), b"0123456789");
+        // Past the end, still the end.
+        assert_eq!(reader.read(&mut [0; 4]).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_closed_channel_without_the_end_is_an_error_naming_the_offset() {
+        // A fetch that stops (returns early, panics, is dropped) closes
+        // the channel without saying the unit ended: not the end of the shard.
+        let (tx, mut reader) = reader_of(&unit(Some(1000..2000)));
+        tx.send(Ok(chunk(&[7; 300]))).ok().unwrap();
+        drop(tx);
+        match read_all(&mut reader) {
+            Err(Error::Read {
+                url,
+                offset,
+                source,
+            }) => {
+                assert_eq!((url.as_str(), offset), ("s3://bucket/shard.tar", 1300));
+                assert!(
+                    source.to_string().contains("stopped before the end"),
+                    "{source}"
+                );
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_end_short_of_the_bytes_asked_for_is_an_error() {
+        let (tx, mut reader) = reader_of(&unit(Some(0..100)));
+        tx.send(Ok(chunk(&[1; 60]))).ok().unwrap();
+        tx.finish();
+        match read_all(&mut reader) {
+            Err(Error::Read { offset, source, .. }) => {
+                assert_eq!(offset, 60);
+                assert!(
+                    source.to_string().contains("60 bytes of the 100"),
+                    "{source}"
+                );
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+        // An object's listed size is the bytes asked for, too.
+        let (tx, mut reader) = reader_of(&FetchUnit {
+            size: Some(50),
+            ..unit(None)
+        });
+        tx.send(Ok(chunk(&[1; 40]))).ok().unwrap();
+        tx.finish();
+        assert!(matches!(
+            read_all(&mut reader),
+            Err(Error::Read { offset: 40, .. })
+        ));
+    }
+
+    #[test]
+    fn a_fetch_task_that_panics_is_an_error_of_its_shard() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let unit = unit(Some(500..1500));
+        let (tx, mut reader) = reader_of(&unit);
+        let sender = Arc::new(tx);
+        let task_sender = sender.clone();
+        let task = runtime.spawn(async move {
+            task_sender.send(Ok(chunk(&[3; 100])))?;
+            panic!("a bug in a fetch task");
+        });
+        let unit_task = UnitTask {
+            task,
+            sender,
+            url: unit.url.clone(),
+            start: 500,
+        };
+        assert!(
+            runtime.block_on(settle(unit_task)),
+            "the next units are still read"
+        );
+        match read_all(&mut reader) {
+            Err(Error::Read { offset, source, .. }) => {
+                assert_eq!(offset, 600);
+                assert!(source.to_string().contains("panicked"), "{source}");
+            }
+            other => panic!("expected a read error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_read_ahead_that_stops_before_its_last_unit_is_an_error() {
+        let (shard_tx, shards) = mpsc::channel();
+        let (_, first) = reader_of(&unit(None));
+        shard_tx.send(first).ok().unwrap();
+        drop(shard_tx);
+        let read_ahead = ReadAhead {
+            shards,
+            urls: vec!["s3://bucket/a.tar".into(), "s3://bucket/b.tar".into()],
+            handed: AtomicUsize::new(0),
+            cancelled: Arc::new(AtomicBool::new(false)),
+            runtime: None,
+            io_timeout: Duration::from_secs(10),
+            before_wait: None,
+        };
+        assert!(read_ahead.next_shard().unwrap().is_some());
+        match read_ahead.next_shard() {
+            Err(Error::Stopped(reason)) => {
+                assert!(
+                    reason.contains("after 1 of 2 shards, before s3://bucket/b.tar"),
+                    "{reason}"
+                )
+            }
+            Ok(_) => panic!("the read-ahead stopping early is not the end of the units"),
+            Err(other) => panic!("unexpected {other}"),
+        }
     }
 
     fn content(len: usize) -> Vec<u8> {

@@ -3,8 +3,10 @@
 It sits between a client and an S3-compatible server on 127.0.0.1 and
 forwards every request unchanged (Host header included, so signatures still
 match), while it can answer some GETs with 503 SlowDown, reset connections
-before answering, delay the first byte, cut or stall bodies mid-way and cap
-each connection's bandwidth. Faults hit every k-th GET, counted in arrival
+before answering, delay the first byte, cut or stall bodies mid-way, cap
+each connection's bandwidth, and answer a Range request (a resume, a part)
+with what a broken server or proxy might send: the whole object, bytes from
+another offset, or fewer bytes than asked for. Faults hit every k-th GET, counted in arrival
 order, and every fault injected is counted, so a test can compare the
 client's own retry and resume counters with what really happened.
 """
@@ -42,6 +44,8 @@ class Faults:
         slowdown_first: answer the first k GETs with 503 SlowDown.
         reset_every: close the connection of every k-th GET without answering.
         cut_every: cut the body of every k-th GET after ``cut_after`` bytes.
+        cut_first: cut the body of each of the first k GETs after
+            ``cut_after`` bytes.
         cut_after: body bytes sent before a cut or a stall.
         stall_every: stop sending the body of every k-th GET for
             ``stall_seconds`` after ``cut_after`` bytes, then close.
@@ -51,6 +55,15 @@ class Faults:
         bandwidth: bytes per second per connection (0: no cap).
         on_cut: called with the request path after a body is cut, before
             the connection closes (a test may replace the object here).
+        whole_on_range: answer each of the first k GETs whose Range starts
+            after byte 0 with ``200`` and the whole object.
+        shifted_on_range: answer each of the first k GETs whose Range
+            starts after byte 0 with the ``206`` for a range starting
+            ``shift_bytes`` earlier (its Content-Range says so).
+        shift_bytes: how much earlier a shifted range starts.
+        short_on_range: answer each of the first k GETs whose Range starts
+            after byte 0 with a ``206`` holding the first half of the bytes
+            asked for, its Content-Range and Content-Length saying so.
     """
 
     slowdown_every: int = 0
@@ -64,6 +77,11 @@ class Faults:
     delay_every: int = 0
     bandwidth: float = 0.0
     on_cut: Callable[[str], None] | None = None
+    cut_first: int = 0
+    whole_on_range: int = 0
+    shifted_on_range: int = 0
+    shift_bytes: int = 1000
+    short_on_range: int = 0
 
 
 @dataclass
@@ -73,6 +91,11 @@ class Injected:
     ranged ones."""
 
     gets: int = 0
+    # GETs whose Range starts after byte 0, and the bad answers to them.
+    later_ranges: int = 0
+    whole_answers: int = 0
+    shifted_answers: int = 0
+    short_answers: int = 0
     slowdowns: int = 0
     resets: int = 0
     cuts: int = 0
@@ -104,6 +127,12 @@ def _every(k: int, n: int) -> bool:
     return k > 0 and n % k == 0
 
 
+def _range_start(header: str) -> int:
+    """The first byte of a ``bytes=FIRST-[LAST]`` Range header (0 if unreadable)."""
+    first = header.removeprefix("bytes=").split("-", 1)[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
 def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -117,10 +146,20 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self.upstream_conn = http.client.HTTPConnection(*upstream, timeout=UPSTREAM_TIMEOUT)
             return self.upstream_conn
 
-        def _forward(self) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        def _forward(
+            self, replace: dict[str, str | None] | None = None
+        ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+            """Forwards the request upstream, with the headers of ``replace``
+            set to new values (``None``: left out)."""
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+            replace = {k.lower(): v for k, v in (replace or {}).items()}
+            headers = {
+                k: v
+                for k, v in self.headers.items()
+                if k.lower() not in HOP_BY_HOP and k.lower() not in replace
+            }
+            headers.update({k: v for k, v in replace.items() if v is not None})
             for attempt in range(2):
                 conn = self._upstream()
                 try:
@@ -135,16 +174,22 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                         raise
             raise AssertionError("unreachable")
 
-        def _decide(self) -> tuple[Faults, int]:
+        def _decide(self) -> tuple[Faults, int, int]:
+            """The faults, this GET's number, and its number among the GETs
+            whose Range starts after byte 0 (0 for the others)."""
             proxy = proxy_ref[0]
             with proxy.lock:
                 if self.command not in ("GET", "HEAD"):
-                    return Faults(bandwidth=proxy.faults.bandwidth), 0
+                    return Faults(bandwidth=proxy.faults.bandwidth), 0, 0
                 proxy.injected.gets += 1
+                later = 0
                 if "Range" in self.headers:
                     ranged = (self.headers["Range"], self.headers.get("If-Match"))
                     proxy.injected.ranged_gets.append(ranged)
-                return proxy.faults, proxy.injected.gets
+                    if _range_start(self.headers["Range"]) > 0:
+                        proxy.injected.later_ranges += 1
+                        later = proxy.injected.later_ranges
+                return proxy.faults, proxy.injected.gets, later
 
         def _count(self, name: str) -> None:
             proxy = proxy_ref[0]
@@ -152,7 +197,9 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 setattr(proxy.injected, name, getattr(proxy.injected, name) + 1)
 
         def _send_body(self, data: bytes, faults: Faults, n: int) -> None:
-            cut = _every(faults.cut_every, n) and faults.cut_after < len(data)
+            cut = (_every(faults.cut_every, n) or n <= faults.cut_first) and (
+                faults.cut_after < len(data)
+            )
             stall = _every(faults.stall_every, n) and faults.cut_after < len(data)
             limit = faults.cut_after if cut or stall else len(data)
             sent = 0
@@ -179,8 +226,38 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_WR)
 
+        def _bad_range_answer(
+            self, faults: Faults, later: int
+        ) -> tuple[int, str, list[tuple[str, str]], bytes] | None:
+            """A wrong answer to a GET whose Range starts after byte 0, if
+            the faults ask for one."""
+            if later == 0 or self.command != "GET":
+                return None
+            start = _range_start(self.headers["Range"])
+            if later <= faults.whole_on_range:
+                self._count("whole_answers")
+                return self._forward({"Range": None, "If-Match": None})
+            if later <= faults.shifted_on_range:
+                self._count("shifted_answers")
+                shifted = max(0, start - faults.shift_bytes)
+                rest = self.headers["Range"].split("-", 1)[1]
+                return self._forward({"Range": f"bytes={shifted}-{rest}"})
+            if later <= faults.short_on_range:
+                status, reason, headers, data = self._forward()
+                if status != 206 or len(data) < 2:
+                    return status, reason, headers, data
+                self._count("short_answers")
+                data = data[: len(data) // 2]
+                total = dict((k.lower(), v) for k, v in headers).get("content-range", "")
+                total = total.rsplit("/", 1)[-1]
+                headers = [(k, v) for k, v in headers if k.lower() != "content-range"]
+                last = start + len(data) - 1
+                headers.append(("Content-Range", f"bytes {start}-{last}/{total}"))
+                return status, reason, headers, data
+            return None
+
         def _handle(self) -> None:
-            faults, n = self._decide()
+            faults, n, later = self._decide()
             if _every(faults.reset_every, n):
                 self._count("resets")
                 self.close_connection = True
@@ -196,7 +273,8 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 status, reason, headers, data = 503, "Slow Down", [], SLOWDOWN_BODY
                 headers = [("Content-Type", "application/xml")]
             else:
-                status, reason, headers, data = self._forward()
+                bad = self._bad_range_answer(faults, later)
+                status, reason, headers, data = bad or self._forward()
             self.send_response_only(status, reason)
             for name, value in headers:
                 if name.lower() in HOP_BY_HOP:

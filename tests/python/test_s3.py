@@ -14,7 +14,7 @@ import pytest
 import torch
 import zstandard
 from _shardtest import read_tar_samples, sample_digest, tar_bytes
-from s3_server import BUCKET
+from s3_server import BUCKET, free_port
 from s3_server import s3_config as config
 
 import shardstream
@@ -120,6 +120,47 @@ def test_missing_object_and_bucket(s3, s3_dataset):
         next(iter(ds))
     with pytest.raises(shardstream.ShardNotFoundError, match="no-such-bucket"):
         StreamingDataset("s3://no-such-bucket/x/", s3=config(s3))
+
+
+# Marks of a Rust Debug dump of an error struct, never in a message.
+DEBUG_DUMP = ("{", "}", "DispatchFailure", "ConnectorError", "Error {", "Some(", "source:")
+
+
+def raised_by(error: type[Exception], make) -> str:
+    """The message of ``error`` raised by ``make()`` or by its first sample."""
+    with pytest.raises(error) as info:
+        next(iter(make()))
+    message = str(info.value)
+    for mark in DEBUG_DUMP:
+        assert mark not in message, f"{mark!r} in {message!r}"
+    return message
+
+
+def test_error_messages_are_sentences_not_debug_dumps(s3, s3_dataset):
+    """The store's error code and message, or what the connection did, in
+    a sentence that names the URL: never the SDK's error structs."""
+    missing_key = f"s3://{BUCKET}/audio/nope.tar"
+    message = raised_by(
+        shardstream.ShardNotFoundError, lambda: StreamingDataset(missing_key, s3=config(s3))
+    )
+    assert message.startswith(missing_key) and "HTTP 404 NoSuchKey" in message
+    missing_bucket = "s3://no-such-bucket/x.tar"
+    message = raised_by(
+        shardstream.ShardNotFoundError, lambda: StreamingDataset(missing_bucket, s3=config(s3))
+    )
+    assert message.startswith(missing_bucket) and "NoSuchBucket" in message
+    message = raised_by(
+        shardstream.ShardNotFoundError,
+        lambda: StreamingDataset("s3://no-such-bucket/x/", s3=config(s3)),
+    )
+    assert "NoSuchBucket" in message
+    # Nobody listens: each attempt's connection is refused.
+    nobody = config(f"http://127.0.0.1:{free_port()}", max_attempts=2)
+    message = raised_by(
+        shardstream.ShardReadError, lambda: StreamingDataset(missing_key, s3=nobody)
+    )
+    assert message.startswith(missing_key), message
+    assert "gave up after 2 attempts: connection failed" in message, message
 
 
 def test_warn_policy_skips_a_missing_object(s3, s3_dataset):
@@ -246,3 +287,29 @@ def test_compressed_shards_on_s3(s3, s3_dataset, dataset):
     got = [(s["__url__"], s["__key__"], sample_digest(s)) for s in samples]
     assert sorted(got, key=str) == sorted(expected, key=str)
     assert ds.stats()["bytes_read"] == sum(len(b) for b in bodies.values())
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("part_size", 8 << 30),
+        ("part_size", 0),
+        ("max_concurrency", 10**6),
+        ("max_concurrency", -1),
+        ("max_attempts", 2**40),
+        ("max_attempts", 0),
+        ("connect_timeout", 1e30),
+        ("first_byte_timeout", 1e12),
+        ("idle_timeout", 0.0),
+        ("max_retry_time", float("nan")),
+        ("max_retry_time", -1.0),
+    ],
+)
+def test_s3_options_out_of_range_are_refused_at_construction(s3, option, value):
+    """Values the code cannot use (a part past what the budget's permits
+    count, a timeout past what instants hold) are a ValueError naming the
+    option before any request, for named objects and for a listing alike."""
+    for spec in (f"s3://{BUCKET}/audio/shard-000000.tar", f"s3://{BUCKET}/audio/"):
+        with pytest.raises(ValueError, match=rf"^invalid option (s3\.)?{option}: ") as info:
+            StreamingDataset(spec, s3=config(s3, **{option: value}))
+        assert "{" not in str(info.value)

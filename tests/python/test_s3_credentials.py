@@ -1,12 +1,15 @@
 """Credentials against a server that checks request signatures: moto's
 server in its IAM auth mode, where only an IAM user's access key, signed with
 its own secret, gets in. Static keys from the environment and a named
-profile from temporary shared config files work; a wrong secret or an
-unknown key is a ``StorageAuthError`` naming the URL and never the secret."""
+profile from temporary shared config files work; a wrong secret, an unknown
+key or no credentials at all is a ``StorageAuthError`` naming the URL (and
+never the secret), at once: credentials that do not work are not retried."""
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +27,13 @@ KEY = "data/shard-000000.tar"
 URL = f"s3://{BUCKET}/{KEY}"
 SAMPLES = [(f"s{i}.txt", f"value {i}".encode()) for i in range(5)]
 # The requests the fixture makes before moto starts to check signatures:
-# create_user, put_user_policy, create_access_key, create_bucket, put_object.
-SETUP_ACTIONS = 5
+# create_user, put_user_policy, create_access_key, create_bucket, put_object,
+# then create_user and create_access_key of a user without rights.
+SETUP_ACTIONS = 7
+# A credentials error comes at once (no retries); well within this bound.
+FAST = 5.0
+# Marks of a Rust Debug dump of an error struct, never in a message.
+DEBUG_DUMP = ("{", "}", "DispatchFailure", "ConnectorError", "Error {", "Some(", "source:")
 CREDENTIAL_VARIABLES = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -60,7 +68,17 @@ def auth_server() -> Iterator[tuple[S3Server, dict[str, str]]]:
         s3 = boto3.client("s3", **setup)
         s3.create_bucket(Bucket=BUCKET)
         s3.put_object(Bucket=BUCKET, Key=KEY, Body=tar_bytes(SAMPLES))
-        yield server, {"id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+        iam.create_user(UserName="nobody")
+        other = iam.create_access_key(UserName="nobody")["AccessKey"]
+        yield (
+            server,
+            {
+                "id": key["AccessKeyId"],
+                "secret": key["SecretAccessKey"],
+                "other_id": other["AccessKeyId"],
+                "other_secret": other["SecretAccessKey"],
+            },
+        )
 
 
 @pytest.fixture
@@ -75,6 +93,12 @@ def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return tmp_path
+
+
+def assert_a_sentence(message: str) -> None:
+    """No Debug dump of an error struct in ``message``."""
+    for mark in DEBUG_DUMP:
+        assert mark not in message, f"{mark!r} in {message!r}"
 
 
 def keys_of(ds: StreamingDataset) -> list[str]:
@@ -118,19 +142,97 @@ def test_wrong_credentials_raise_the_auth_error(auth_server, no_credentials, mon
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     ds = StreamingDataset(URL, s3=s3_config(server))
+    started = time.monotonic()
     with pytest.raises(shardstream.StorageAuthError, match=URL) as info:
         next(iter(ds))
-    assert secret not in str(info.value) and secret not in repr(ds)
-    with pytest.raises(shardstream.StorageAuthError, match=f"s3://{BUCKET}/data/"):
+    message = str(info.value)
+    assert secret not in message and secret not in repr(ds)
+    code = "SignatureDoesNotMatch" if wrong == "secret" else "InvalidAccessKeyId"
+    assert code in message and "AWS_ACCESS_KEY_ID" in message, message
+    assert_a_sentence(message)
+    # The listing at construction, and the HEAD a Parquet file's size takes.
+    with pytest.raises(shardstream.StorageAuthError, match=f"s3://{BUCKET}/data/") as info:
         StreamingDataset(f"s3://{BUCKET}/data/", s3=s3_config(server))
+    assert_a_sentence(str(info.value))
+    parquet = f"s3://{BUCKET}/data/table.parquet"
+    with pytest.raises(shardstream.StorageAuthError, match=parquet) as info:
+        StreamingDataset(parquet, s3=s3_config(server), format="parquet")
+    assert_a_sentence(str(info.value))
+    assert time.monotonic() - started < FAST
 
 
-def test_no_credentials_at_all_is_a_clear_error(auth_server, no_credentials):
+def test_a_key_without_rights_is_access_denied(auth_server, no_credentials, monkeypatch):
+    server, key = auth_server
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["other_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["other_secret"])
+    with pytest.raises(shardstream.StorageAuthError, match=URL) as info:
+        next(iter(StreamingDataset(URL, s3=s3_config(server))))
+    assert "access denied" in str(info.value) and "AccessDenied" in str(info.value)
+    assert_a_sentence(str(info.value))
+
+
+def assert_says_where_credentials_were_looked_for(message: str) -> None:
+    assert "no usable AWS credentials" in message, message
+    for source in ("environment variables", "shared config", "IMDS"):
+        assert source in message, message
+    assert "AWS_ACCESS_KEY_ID" in message and "unsigned=True" in message, message
+    assert_a_sentence(message)
+
+
+def test_no_credentials_at_all_fail_fast_with_a_sentence(auth_server, no_credentials):
+    """With the default 10 attempts: no retry, no Debug dump of the SDK's
+    error, and the sources of credentials tried are named. The same at
+    construction, for a listing and for a Parquet file's HEAD."""
     server, _ = auth_server
-    ds = StreamingDataset(URL, s3=s3_config(server, max_attempts=2))
-    with pytest.raises(shardstream.ShardStreamError, match=URL) as info:
+    ds = StreamingDataset(URL, s3=s3_config(server))
+    started = time.monotonic()
+    with pytest.raises(shardstream.StorageAuthError, match=URL) as info:
         next(iter(ds))
-    assert "credential" in str(info.value).lower()
+    assert time.monotonic() - started < FAST
+    assert_says_where_credentials_were_looked_for(str(info.value))
+    assert ds.stats()["retries"] == 0
+    started = time.monotonic()
+    with pytest.raises(shardstream.StorageAuthError, match=f"s3://{BUCKET}/data/") as info:
+        StreamingDataset(f"s3://{BUCKET}/data/", s3=s3_config(server))
+    assert_says_where_credentials_were_looked_for(str(info.value))
+    with pytest.raises(shardstream.StorageAuthError, match=r"table\.parquet") as info:
+        StreamingDataset(f"s3://{BUCKET}/table.parquet", s3=s3_config(server), format="parquet")
+    assert_says_where_credentials_were_looked_for(str(info.value))
+    assert time.monotonic() - started < FAST
+
+
+def test_no_credentials_under_warn_policy_raise_rather_than_skip_every_shard(
+    auth_server, no_credentials
+):
+    """Every shard would fail the same way: skipping them all would make an
+    empty epoch out of a configuration error."""
+    server, _ = auth_server
+    urls = [URL, URL.replace("000000", "000001")]
+    ds = StreamingDataset(urls, s3=s3_config(server), on_error="warn")
+    with pytest.raises(shardstream.StorageAuthError, match=r"data/shard-00000[01]\.tar"):
+        next(iter(ds))
+    assert ds.stats()["errors_skipped"] == 0
+
+
+def test_a_silent_instance_metadata_service_costs_one_timeout(
+    auth_server, no_credentials, monkeypatch
+):
+    """Off EC2, with IMDS left enabled, the chain asks the instance metadata
+    service; one that never answers costs its own short timeout once, not a
+    timeout per retry of every request."""
+    server, _ = auth_server
+    monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        port = silent.getsockname()[1]
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{port}")
+        ds = StreamingDataset(URL, s3=s3_config(server))
+        started = time.monotonic()
+        with pytest.raises(shardstream.StorageAuthError, match=URL) as info:
+            next(iter(ds))
+        assert time.monotonic() - started < FAST
+    assert_says_where_credentials_were_looked_for(str(info.value))
 
 
 def test_unsigned_requests_are_refused_by_a_private_bucket(auth_server, no_credentials):

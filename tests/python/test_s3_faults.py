@@ -6,6 +6,7 @@ mid-read raises, and every test ends within its bound."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections import Counter
@@ -227,3 +228,88 @@ def test_one_large_objects_parts_are_in_flight_together_at_the_default_part_size
     # a time, for the 2 MiB object (before: 1 MiB parts, one at a time).
     assert ds.stats()["requests"] >= 8
     assert 1 < proxy.injected.max_active <= 4
+
+
+# --------------------------------------------------------------------------
+# Wrong answers to Range requests: a resumed body or a part is taken only
+# as exactly the bytes asked for.
+# --------------------------------------------------------------------------
+
+# 200 samples of 1 KiB, each different, so that bytes from another offset
+# cannot pass for the right ones.
+MEMBERS_200 = [(f"s{i:03d}.bin", hashlib.sha256(str(i).encode()).digest() * 32) for i in range(200)]
+CUT_AFTER = 50_000
+BAD_ANSWERS = {
+    "whole_on_range": "whole_answers",
+    "shifted_on_range": "shifted_answers",
+    "short_on_range": "short_answers",
+}
+
+
+@pytest.fixture
+def shard_200(s3: S3Server, s3_dataset) -> tuple[str, dict[str, bytes]]:
+    """A 200-sample shard under ``s3://train/resume/`` (in the bucket that
+    ``s3_dataset`` makes): its URL and samples."""
+    key = "resume/shard-200.tar"
+    s3.client().put_object(Bucket=BUCKET, Key=key, Body=tar_bytes(MEMBERS_200))
+    return f"s3://{BUCKET}/{key}", {name.split(".")[0]: data for name, data in MEMBERS_200}
+
+
+@pytest.mark.parametrize("bad", list(BAD_ANSWERS))
+@pytest.mark.parametrize("listed", [False, True], ids=["named", "listed"])
+def test_a_wrong_answer_to_a_resume_is_refused_and_the_shard_arrives_whole(
+    proxy, shard_200, bad, listed
+):
+    """The body is cut, and the resume's answer is the whole object (200),
+    a range from another offset, or half the range asked for: it is refused
+    and asked for again, and the shard arrives whole and unchanged (before,
+    the object's first bytes landed in the middle of the shard)."""
+    url, expected = shard_200
+    spec = f"s3://{BUCKET}/resume/" if listed else url
+    options = s3_config(proxy.endpoint_url, max_concurrency=1, **FAST_RETRIES)
+    ds = StreamingDataset(spec, s3=options, shuffle_buffer=0)
+    proxy.reset(Faults(cut_first=1, cut_after=CUT_AFTER, **{bad: 1}))
+    samples = [(s["__key__"], s["bin"]) for s in ds]
+    assert samples == list(expected.items())
+    injected = proxy.injected
+    assert injected.cuts == 1 and getattr(injected, BAD_ANSWERS[bad]) == 1
+    # The cut, then the wrong answer, each cost one retry.
+    stats = ds.stats()
+    assert (stats["resumed_bodies"], stats["retries"]) == (1, 2)
+
+
+@pytest.mark.parametrize("bad", ["whole_on_range", "shifted_on_range"])
+def test_a_resume_always_answered_wrongly_is_an_error_naming_the_shard_and_offset(
+    proxy, shard_200, bad
+):
+    url, expected = shard_200
+    proxy.reset(Faults(cut_first=1, cut_after=CUT_AFTER, **{bad: 1000}))
+    options = s3_config(proxy.endpoint_url, max_concurrency=1, max_attempts=3)
+    ds = StreamingDataset(url, s3=options, shuffle_buffer=0)
+    got = []
+    started = time.monotonic()
+    with pytest.raises(shardstream.ShardReadError) as info:
+        for sample in ds:
+            got.append(sample)
+    assert time.monotonic() - started < 30
+    message = str(info.value)
+    assert url in message and f"byte offset {CUT_AFTER}" in message, message
+    assert "gave up after 3 attempts" in message, message
+    # What came before the error is right, and is not the whole shard.
+    assert 0 < len(got) < len(expected)
+    assert all(s["bin"] == expected[s["__key__"]] for s in got)
+
+
+@pytest.mark.parametrize("bad", list(BAD_ANSWERS))
+def test_wrong_answers_to_ranged_part_gets_are_refused(proxy, shard_200, bad):
+    """Parts after the first are ranged GETs from past byte 0: a part
+    answered with the whole object, another range or half of its range is
+    asked for again, and the shard arrives whole."""
+    url, expected = shard_200
+    proxy.reset(Faults(**{bad: 2}))
+    options = s3_config(proxy.endpoint_url, part_size=32 << 10, max_concurrency=3, **FAST_RETRIES)
+    ds = StreamingDataset(url, s3=options, shuffle_buffer=0)
+    samples = [(s["__key__"], s["bin"]) for s in ds]
+    assert samples == list(expected.items())
+    assert getattr(proxy.injected, BAD_ANSWERS[bad]) == 2
+    assert ds.stats()["retries"] == 2
