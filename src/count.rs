@@ -115,10 +115,7 @@ pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<usize> {
             .collect();
         workers
             .into_iter()
-            .flat_map(|w| match w.join() {
-                Ok(out) => out,
-                Err(_) => Vec::new(),
-            })
+            .flat_map(|w| w.join().unwrap_or_default())
             .collect()
     });
     if results.len() != todo.len() {
