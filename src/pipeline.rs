@@ -1130,7 +1130,14 @@ fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample>
                 })
             }
         };
-        *value = decoder.decode(bytes).map_err(|e| Error::Decode {
+        // A view of a mapped local shard is checked after it is decoded:
+        // pages lost to the file being cut short read as zeros.
+        let view = crate::source::MappedView::of(&bytes);
+        let decoded = decoder.decode(bytes);
+        if let Some(view) = view {
+            view.verify()?;
+        }
+        *value = decoded.map_err(|e| Error::Decode {
             url: sample.url.to_string(),
             key: sample.key.clone(),
             field: field.clone(),

@@ -12,7 +12,7 @@ use pyo3::IntoPyObjectExt;
 
 use crate::collate::{Batch, Column};
 use crate::format::{Sample, Value};
-use crate::source::{file_origin, SHARE_MIN_BYTES};
+use crate::source::{file_origin, verify_view, SHARE_MIN_BYTES};
 use crate::value::Array;
 use crate::with_array_data;
 
@@ -120,6 +120,11 @@ fn bytes_to_py<'py>(
     out: BytesOut<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let plain = PyBytes::new(py, bytes);
+    // A view of a mapped local shard is checked once copied: pages lost to
+    // the file being cut short read as zeros.
+    if bytes.len() >= SHARE_MIN_BYTES {
+        verify_view(bytes).map_err(crate::python::errors::to_py)?;
+    }
     let BytesOut::LocalReferences(class) = out else {
         return Ok(plain.into_any());
     };

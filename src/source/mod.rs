@@ -9,7 +9,7 @@
 mod local;
 mod s3;
 
-pub use local::{file_origin, FileIdentity, FileOrigin, LocalFile};
+pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -32,8 +32,9 @@ use ::parquet::file::metadata::ParquetMetaData;
 /// Bytes of one shard, holding their share of the read-ahead budget until dropped.
 struct Chunk {
     bytes: Bytes,
-    /// Whether the bytes are mapped from a local file (and may be shared).
-    mapped: bool,
+    /// When the bytes are mapped from a local file (and may be shared):
+    /// what a reader checks after copying bytes out of them.
+    mapped: Option<local::Guard>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -42,7 +43,7 @@ impl Chunk {
     fn read(bytes: Vec<u8>, permit: OwnedSemaphorePermit) -> Self {
         Chunk {
             bytes: bytes.into(),
-            mapped: false,
+            mapped: None,
             _permit: permit,
         }
     }
@@ -588,8 +589,8 @@ pub struct ShardReader {
     url: String,
     chunks: Receiver<Piece>,
     current: Bytes,
-    /// Whether `current` is mapped from a local file.
-    mapped: bool,
+    /// When `current` is mapped from a local file, its guard.
+    mapped: Option<local::Guard>,
     position: usize,
     offset: u64,
     /// Bytes the unit must deliver, when known (the range asked for).
@@ -609,7 +610,7 @@ impl ShardReader {
             url: unit.url.clone(),
             chunks,
             current: Bytes::new(),
-            mapped: false,
+            mapped: None,
             position: 0,
             offset: unit.range.as_ref().map_or(0, |r| r.start),
             expected: expected_len(unit),
@@ -651,13 +652,15 @@ impl ByteSource for ShardReader {
     fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
         let bytes = self.next_bytes(max)?;
         out.extend_from_slice(bytes);
-        Ok(bytes.len())
+        let read = bytes.len();
+        self.check_read(read)?;
+        Ok(read)
     }
 
     /// Hands out `len` bytes of at least [`SHARE_MIN_BYTES`] that lie
     /// within the current chunk, when it is mapped from a local file.
     fn read_shared(&mut self, len: usize) -> std::io::Result<Option<Bytes>> {
-        if len < SHARE_MIN_BYTES || !self.fill()? || !self.mapped {
+        if len < SHARE_MIN_BYTES || !self.fill()? || self.mapped.is_none() {
             return Ok(None);
         }
         if self.current.len() - self.position < len {
@@ -682,6 +685,20 @@ impl ShardReader {
         self.position += n;
         self.offset += n as u64;
         Ok(&self.current[start..start + n])
+    }
+
+    /// Checks that the `read` bytes just copied out of the current chunk
+    /// (those before `position`) came from the file: a mapped chunk of a
+    /// file cut short reads as zeros where its pages were lost.
+    fn check_read(&mut self, read: usize) -> std::io::Result<()> {
+        let Some(guard) = self.mapped else {
+            return Ok(());
+        };
+        let begin = self.current.as_ptr() as usize + self.position - read;
+        match guard.check(begin, read) {
+            Ok(()) => Ok(()),
+            Err(offset) => Err(self.fail(local::cut_short(&self.url, offset))),
+        }
     }
 
     /// Waits until the current chunk has unread bytes; `false` at the end
@@ -755,7 +772,9 @@ impl Read for ShardReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let bytes = self.next_bytes(buf.len())?;
         buf[..bytes.len()].copy_from_slice(bytes);
-        Ok(bytes.len())
+        let read = bytes.len();
+        self.check_read(read)?;
+        Ok(read)
     }
 }
 

@@ -5,10 +5,16 @@ workers."""
 from __future__ import annotations
 
 import gzip
+import io
+import multiprocessing
+import os
 import re
+import tarfile
 import warnings
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _shardtest import (
@@ -428,3 +434,100 @@ def test_error_does_not_poison_the_next_epoch(tmp_path, dataset):
     expected = dataset.keys_of(dataset.urls[:2])
     assert_exactly_once(keys_of(ds), expected)
     assert read_tar_samples(path)  # the copy is a valid shard
+
+
+def _stream_and_cut(
+    results: Connection, path: str, cut: int, after: int, size: int, shuffle: int, read_ahead: int
+) -> None:
+    """Streams ``path`` and cuts it short (``os.truncate``) once ``after``
+    samples are in; sends how many samples were intact, how many were not,
+    and the error."""
+    dataset = shardstream.StreamingDataset(
+        path, shuffle_buffer=shuffle, read_ahead_bytes=read_ahead
+    )
+    intact, altered, outcome = 0, 0, {"error": None, "message": ""}
+    try:
+        for sample in dataset:
+            index = int(sample["__key__"][1:])
+            if sample["bin"] == bytes([index % 251 + 1]) * size:
+                intact += 1
+            else:
+                altered += 1
+            if intact + altered == after:
+                os.truncate(path, cut)
+    except ShardStreamError as error:
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    results.send({"intact": intact, "altered": altered, **outcome})
+
+
+def stream_and_cut(path: Path, **kwargs: int) -> dict[str, Any]:
+    """``_stream_and_cut`` in a forked child, so that a SIGBUS there cannot
+    end the test run: the child must exit normally."""
+    context = multiprocessing.get_context("fork")
+    results, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_stream_and_cut, args=(sender, str(path)), kwargs=kwargs)
+    child.start()
+    sender.close()
+    try:
+        outcome = results.recv() if results.poll(120) else None
+    except EOFError:
+        outcome = None
+    child.join(timeout=30)
+    if child.is_alive():
+        child.kill()
+        child.join()
+    assert child.exitcode == 0, f"the stream died (exit code {child.exitcode})"
+    assert outcome is not None, "the stream sent no outcome"
+    return outcome
+
+
+def write_filled_shard(path: Path, count: int, size: int) -> Path:
+    """``count`` samples ``sNNNN.bin`` of ``size`` bytes, each one byte
+    (never zero) repeated, written member by member."""
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for index in range(count):
+            info = tarfile.TarInfo(f"s{index:04d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([index % 251 + 1]) * size))
+    return path
+
+
+@pytest.mark.parametrize("shuffle", [0, 32])
+def test_a_shard_cut_short_while_mapped_is_a_read_error_not_a_crash(tmp_path, shuffle):
+    # 1 MB members of a 72 MB shard: read from mapped chunks, handed out as
+    # views of them; many are mapped, parsed and queued when the shard is
+    # cut to 16 MiB.
+    size, count, cut = 1_000_000, 72, 16 << 20
+    path = write_filled_shard(tmp_path / "big.tar", count, size)
+    outcome = stream_and_cut(
+        path, cut=cut, after=5, size=size, shuffle=shuffle, read_ahead=32 << 20
+    )
+    assert outcome["altered"] == 0, "a sample held bytes that were not in the file"
+    assert outcome["error"] == "ShardReadError", outcome
+    # Cut short under a mapping, or found shorter before the next chunk is
+    # mapped, if the reader had not got that far.
+    lost = r"big\.tar: read failed at byte offset (\d+): the file (was cut short|shrank)"
+    match = re.search(lost, outcome["message"])
+    assert match, outcome["message"]
+    assert cut <= int(match.group(1)) < count * (size + 1024), outcome["message"]
+    # Members copied out before the cut (those across two chunks) are intact
+    # past it too; the views of the lost pages are not handed out.
+    assert 5 <= outcome["intact"] < count, outcome
+
+
+def test_a_shard_that_shrinks_ahead_of_the_reader_is_a_read_error_naming_the_offset(tmp_path):
+    # 4 KB members, one 1 MiB chunk read ahead: the chunks past the first
+    # few are mapped after the shard is cut to 8 MiB.
+    size, count, cut = 4000, 4000, 8 << 20
+    path = write_filled_shard(tmp_path / "shrinks.tar", count, size)
+    outcome = stream_and_cut(path, cut=cut, after=5, size=size, shuffle=0, read_ahead=1 << 20)
+    assert outcome["altered"] == 0, "a sample held bytes that were not in the file"
+    assert outcome["error"] == "ShardReadError", outcome
+    assert re.match(
+        rf".*shrinks\.tar: read failed at byte offset {cut}: the file shrank while it was read: "
+        rf"it has {cut} bytes now, \d+ when it was opened",
+        outcome["message"],
+    ), outcome["message"]
+    # Every sample that lies wholly before the cut, and none after it.
+    member = 512 + size + (-size % 512)
+    assert outcome["intact"] == cut // member, outcome

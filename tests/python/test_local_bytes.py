@@ -4,12 +4,14 @@ process as references to their file, and arrive as plain ``bytes``."""
 from __future__ import annotations
 
 import functools
+import io
 import multiprocessing
 import os
 import pickle
 import random
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,33 @@ def test_relative_shard_paths_are_found_from_another_working_directory(
     assert_exactly_once(keys_of(samples), expected)
     for sample in samples:
         assert sample["bin"] == expected[sample["__key__"]].fields["bin"], sample["__key__"]
+
+
+def test_a_shard_cut_short_under_a_worker_is_a_read_error_not_a_dead_worker(
+    tmp_path: Path,
+) -> None:
+    # 1 MB members of a 72 MB shard, mapped, parsed and queued in the worker
+    # well ahead of the main process, which cuts the shard to 16 MiB. The
+    # bytes go through the pipe, so only the worker reads the shard.
+    size, count = 1_000_000, 72
+    path = tmp_path / "big.tar"
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for index in range(count):
+            info = tarfile.TarInfo(f"s{index:04d}.bin")
+            info.size = size
+            tar.addfile(info, io.BytesIO(bytes([index % 251 + 1]) * size))
+    dataset = shardstream.StreamingDataset(
+        str(path), shuffle_buffer=0, local_bytes_by_reference=False
+    )
+    intact, altered = 0, 0
+    with pytest.raises(shardstream.ShardReadError, match=r"big\.tar: read failed at byte offset"):
+        for sample in loader(dataset, 1):
+            index = int(sample["__key__"][1:])
+            if sample["bin"] == bytes([index % 251 + 1]) * size:
+                intact += 1
+            else:
+                altered += 1
+            if intact + altered == 3:
+                os.truncate(path, 16 << 20)
+    assert altered == 0, "a sample held bytes that were not in the file"
+    assert 3 <= intact < count

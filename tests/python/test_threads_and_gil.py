@@ -3,6 +3,7 @@ and a blocked ``next()`` lets other Python threads run."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -142,3 +143,35 @@ def test_ctrl_c_interrupts_resolving_a_dataset():
         timer.cancel()
         server.close()
     assert time.monotonic() - started < 10
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_shard_whose_open_never_returns_leaks_nothing_per_attempt(tmp_path: Path) -> None:
+    # A pipe with no writer: open() blocks until one comes, as on a hung mount.
+    fifo = tmp_path / "blocked.tar"
+    os.mkfifo(fifo)
+    counts = []
+    try:
+        for _ in range(5):
+            ds = StreamingDataset(str(fifo), io_timeout=0.3)
+            started = time.monotonic()
+            with pytest.raises(shardstream.ShardReadError) as raised:
+                next(iter(ds))
+            assert time.monotonic() - started < 5, "the failure took too long"
+            message = str(raised.value)
+            assert "blocked.tar" in message, message
+            assert "no data for" in message or "open timed out" in message, message
+            del ds, raised
+            counts.append((settled_threads(), open_descriptors()))
+        # The first attempt may leave one thread blocked in open(); the
+        # attempts after it leave nothing more behind.
+        threads, descriptors = zip(*counts, strict=True)
+        assert max(threads) - min(threads) == 0, counts
+        assert max(descriptors) - min(descriptors) <= 1, counts
+    finally:
+        # Let the blocked open() return, so that nothing waits at exit.
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
