@@ -429,7 +429,11 @@ impl SampleStream {
         }
         let want = self.batch_size.unwrap_or(1);
         loop {
-            let collected = py.detach(|| self.collect(want));
+            let collected = py
+                .detach(|| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.collect(want)))
+                })
+                .map_err(|panic| panic_to_py(panic.as_ref()))?;
             let skipped =
                 std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
             for error in skipped {
