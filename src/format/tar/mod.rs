@@ -1017,6 +1017,26 @@ mod tests {
         );
     }
 
+    /// Counting from the headers finds what reading finds.
+    #[test]
+    fn sample_spans_report_the_same_end_of_archive_errors() {
+        let tar = build(&[("a.x", b"1"), ("b.x", b"2"), ("c.x", b"3")]);
+        let spans = |bytes: &[u8]| sample_spans(&mut { bytes }, &shard(), bytes.len() as u64);
+        let mut wiped = tar.clone();
+        wiped[1024..1536].fill(0);
+        let mut trailing = tar.clone();
+        trailing.extend_from_slice(b"junk");
+        let mut huge = tar.clone();
+        set_size_field(&mut huge, 1024, &[0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        for bad in [wiped, trailing, huge] {
+            let counted = spans(&bad).unwrap_err().to_string();
+            assert_eq!(counted, samples(&bad).unwrap_err().to_string());
+        }
+        let mut padded = tar.clone();
+        padded.resize(tar.len() + 10240, 0);
+        assert_eq!(spans(&padded).unwrap().len(), 3);
+    }
+
     #[test]
     fn zeros_to_the_end_after_the_marker_are_padding() {
         let tar = build(&[("a.x", b"1"), ("b.x", b"2")]);
