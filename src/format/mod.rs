@@ -174,6 +174,7 @@ pub fn read_append_to_end<R: ByteSource + ?Sized>(
 /// much again as `out` holds (so a damaged size field claiming terabytes
 /// over a short input costs `first` bytes at most, and a long value is
 /// copied about once as it grows, as with `Vec`'s own growth).
+#[inline]
 pub(crate) fn reserve_room(out: &mut Vec<u8>, left: u64, first: u64) -> std::io::Result<usize> {
     let left = usize::try_from(left).unwrap_or(usize::MAX);
     if out.capacity() == out.len() && left > 0 {

@@ -27,6 +27,11 @@ const MAX_EXTENSION_BYTES: u64 = 1 << 20;
 /// at most.
 const FIRST_RESERVE: u64 = 64 << 20;
 
+/// Members up to this size get their buffer in one allocation, like any
+/// other small value (an allocation this small failing ends the process
+/// anyway); larger ones grow fallibly.
+const SMALL_MEMBER: u64 = 1 << 20;
+
 /// Bytes read at a time while checking what follows the end-of-archive
 /// marker.
 const TRAILER_CHUNK: usize = 16 << 10;
@@ -232,7 +237,12 @@ impl<R: ByteSource> Members<R> {
                 Err(e) => return (Bytes::new(), Err(e)),
             }
         }
-        let mut data = Vec::new();
+        // Small members are allocated as every other small value is; the
+        // rest grows fallibly in `read_data_into`.
+        let mut data = match usize::try_from(size) {
+            Ok(len) if size <= SMALL_MEMBER => Vec::with_capacity(len),
+            _ => Vec::new(),
+        };
         let read = self.read_data_into(&mut data, size);
         (data.into(), read)
     }
