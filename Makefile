@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop demo test test-rust test-python lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 clean
+.PHONY: help venv develop demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -38,6 +38,15 @@ test-rust: $(STAMP) ## Run the Rust tests
 
 test-python: develop ## Run the Python tests
 	$(PY) -m pytest -q
+
+# The mutation fuzz test of `make test` (tests/python/test_fuzz.py) with
+# many more cases and a new seed each run; FUZZ_SEED=n replays a run.
+FUZZ_CASES ?= 20000
+FUZZ_SEED ?= $(shell date +%s)
+
+fuzz: develop ## Mutation-fuzz the tar, gzip, zstd and Parquet readers (FUZZ_CASES, FUZZ_SEED)
+	SHARDSTREAM_FUZZ_CASES=$(FUZZ_CASES) SHARDSTREAM_FUZZ_SEED=$(FUZZ_SEED) \
+		$(PY) -m pytest -q tests/python/test_fuzz.py
 
 lint: $(STAMP) ## rustfmt, clippy, ruff and stubtest
 	cargo fmt --check

@@ -296,6 +296,7 @@ impl SampleStream {
                 ShuffleBuffer::new(bounds, rng, self.mirror.produced)
             }),
             on_error: options.on_error,
+            verify_bytes: options.read_ahead_bytes as u64,
             counters,
             outbox,
             cancelled: self.cancelled.clone(),
@@ -567,6 +568,9 @@ struct Worker {
     restore: Vec<SampleId>,
     shuffle: Option<ShuffleBuffer<Sample>>,
     on_error: OnError,
+    /// Decoded tar bytes over which samples of a compressed shard wait for
+    /// its checksum (the read-ahead budget).
+    verify_bytes: u64,
     counters: Arc<Counters>,
     outbox: Outbox,
     cancelled: Arc<AtomicBool>,
@@ -733,9 +737,10 @@ impl Worker {
         stop: &mut Option<Stop>,
     ) -> Result<Option<u64>> {
         let mut stream = self.open_stream(read, reader, shard)?;
-        let outcome = tar::read_samples(&mut stream, shard, |sample| {
-            self.accept(read, sample, restored, stop)
-        })?;
+        let outcome =
+            tar::read_samples_verified(&mut stream, shard, self.verify_bytes, |sample| {
+                self.accept(read, sample, restored, stop)
+            })?;
         Ok(match outcome {
             tar::Outcome::Completed { samples } => Some(samples),
             tar::Outcome::Stopped => None,

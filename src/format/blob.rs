@@ -1,6 +1,6 @@
 //! Raw objects: the whole body of one file or object is one sample.
 
-use super::{read_append_to_end, ByteSource, Sample, SampleId, ShardRef, Value};
+use super::{reserve_room, ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 use crate::spec::Location;
 
@@ -22,11 +22,20 @@ pub fn split_object_url(url: &str) -> (String, String) {
     }
 }
 
-/// Reads the whole object from `reader` as the one sample of `shard`.
+/// Bytes reserved first for an object's body; it then grows by as much
+/// again as it holds.
+const FIRST_RESERVE: u64 = 64 << 10;
+
+/// Reads the whole object from `reader` as the one sample of `shard`. The
+/// body grows fallibly: an object larger than the memory the process can
+/// get is an [`Error::Read`] saying so, not an abort.
 pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sample> {
     let mut body = Vec::new();
-    if let Err(source) = read_append_to_end(reader, &mut body) {
-        return Err(reader.take_failure().unwrap_or(Error::Read {
+    if let Err(source) = read_body(reader, &mut body) {
+        let failure = (source.kind() != std::io::ErrorKind::OutOfMemory)
+            .then(|| reader.take_failure())
+            .flatten();
+        return Err(failure.unwrap_or(Error::Read {
             url: shard.url.to_string(),
             offset: body.len() as u64,
             source,
@@ -45,6 +54,20 @@ pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sa
         offset: 0,
         length,
     })
+}
+
+/// Appends the rest of `reader` to `body`, growing it with
+/// [`reserve_room`].
+fn read_body<R: ByteSource>(reader: &mut R, body: &mut Vec<u8>) -> std::io::Result<()> {
+    loop {
+        let room = reserve_room(body, u64::MAX, FIRST_RESERVE)?;
+        match reader.read_append(body, room) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,16 @@
 //! Compressed shards: a gzip or zstd stream is told by its magic bytes (not
 //! by the shard's name) and decoded as it is read, a buffer at a time, so a
 //! shard is never held whole in memory nor written to a temporary file.
+//!
+//! Each gzip member and each zstd frame is decoded on its own, so that the
+//! stream knows where its checks ran: a gzip member's CRC-32 and length are
+//! checked at its end, a zstd frame's content checksum (when the frame has
+//! one) at its end. [`ByteSource::settled`] says up to which decoded byte
+//! those checks have passed, so that the tar reader can hold back samples
+//! until the bytes they came from are verified.
 
 use std::fmt;
-use std::io::{BufReader, Read};
+use std::io::{self, BufRead, BufReader, Read};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -132,8 +139,244 @@ impl<R: Read> Read for Counted<R> {
 
 enum Decoder<R> {
     Plain(Counted<R>),
-    Gzip(Box<flate2::bufread::MultiGzDecoder<BufReader<Counted<R>>>>),
-    Zstd(zstd::stream::read::Decoder<'static, BufReader<Counted<R>>>),
+    Gzip(Box<GzipMembers<R>>),
+    Zstd(Box<ZstdFrames<R>>),
+}
+
+/// The first error a decoder returned, returned again by every later read:
+/// a decoder is not read past its first failure.
+#[derive(Debug, Clone)]
+struct Sticky(io::ErrorKind, String);
+
+impl Sticky {
+    fn of(error: &io::Error) -> Self {
+        Sticky(error.kind(), error.to_string())
+    }
+
+    fn error(&self) -> io::Error {
+        io::Error::new(self.0, self.1.clone())
+    }
+}
+
+/// The members of a gzip stream, one after another, each decoded by a
+/// decoder of its own, so that the end of each member, where its CRC-32 and
+/// length are checked, is known (a multi-member decoder hides it).
+struct GzipMembers<R> {
+    /// The current member's decoder; `None` only while it is replaced.
+    decoder: Option<flate2::bufread::GzDecoder<BufReader<Counted<R>>>>,
+    /// Decoded bytes handed out.
+    out: u64,
+    /// Decoded bytes of the members whose CRC-32 and length matched.
+    verified: u64,
+    /// The last member was verified and no bytes follow it.
+    ended: bool,
+    failed: Option<Sticky>,
+}
+
+impl<R: Read> GzipMembers<R> {
+    fn new(input: BufReader<Counted<R>>) -> Self {
+        GzipMembers {
+            decoder: Some(flate2::bufread::GzDecoder::new(input)),
+            out: 0,
+            verified: 0,
+            ended: false,
+            failed: None,
+        }
+    }
+
+    fn input(&self) -> &BufReader<Counted<R>> {
+        self.decoder.as_ref().expect("a member decoder").get_ref()
+    }
+
+    fn input_mut(&mut self) -> &mut BufReader<Counted<R>> {
+        self.decoder.as_mut().expect("a member decoder").get_mut()
+    }
+
+    fn fail(&mut self, error: io::Error) -> io::Error {
+        if error.kind() != io::ErrorKind::Interrupted {
+            self.failed = Some(Sticky::of(&error));
+        }
+        error
+    }
+}
+
+impl<R: Read> Read for GzipMembers<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if let Some(failed) = &self.failed {
+            return Err(failed.error());
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            if self.ended {
+                return Ok(0);
+            }
+            let decoder = self.decoder.as_mut().expect("a member decoder");
+            match decoder.read(buf) {
+                Ok(0) => {
+                    // The decoder returns the end of a member only once its
+                    // CRC-32 and length matched the bytes it decoded.
+                    self.verified = self.out;
+                    match decoder.get_mut().fill_buf().map(|rest| rest.is_empty()) {
+                        Ok(true) => self.ended = true,
+                        Ok(false) => {
+                            let input = self.decoder.take().expect("a member decoder");
+                            let next = flate2::bufread::GzDecoder::new(input.into_inner());
+                            self.decoder = Some(next);
+                        }
+                        Err(e) => return Err(self.fail(e)),
+                    }
+                }
+                Ok(n) => {
+                    self.out += n as u64;
+                    return Ok(n);
+                }
+                Err(e) => return Err(self.fail(e)),
+            }
+        }
+    }
+}
+
+/// Bytes of a zstd frame's start that say whether it has a content
+/// checksum: the magic number and the frame header descriptor.
+const ZSTD_FRAME_HEAD: usize = 5;
+
+/// The frames of a zstd stream, decoded by one context whose frame ends are
+/// watched, so that the end of each frame, where its content checksum (if
+/// it has one) is checked, is known.
+struct ZstdFrames<R> {
+    input: BufReader<Counted<R>>,
+    decoder: zstd::stream::raw::Decoder<'static>,
+    /// Some of the current frame was fed to the decoder, not its end.
+    in_frame: bool,
+    /// A frame ended: the next one starts with a fresh session.
+    ended_one: bool,
+    /// The current frame's first bytes.
+    head: [u8; ZSTD_FRAME_HEAD],
+    head_len: usize,
+    /// Decoded bytes handed out.
+    out: u64,
+    /// Decoded bytes of the frames that ended (checksum matched, if any).
+    frames_end: u64,
+    failed: Option<Sticky>,
+}
+
+impl<R: Read> ZstdFrames<R> {
+    fn new(input: BufReader<Counted<R>>) -> io::Result<Self> {
+        Ok(ZstdFrames {
+            input,
+            decoder: zstd::stream::raw::Decoder::new()?,
+            in_frame: false,
+            ended_one: false,
+            head: [0; ZSTD_FRAME_HEAD],
+            head_len: 0,
+            out: 0,
+            frames_end: 0,
+            failed: None,
+        })
+    }
+
+    /// Whether the current frame carries a content checksum: bit 2 of its
+    /// frame header descriptor. Skippable frames (magic `0x184D2A5?`) have
+    /// none (and decode to nothing). Unknown until its head was read.
+    fn checksummed(&self) -> Option<bool> {
+        if self.head_len < ZSTD_FRAME_HEAD {
+            return None;
+        }
+        let magic = u32::from_le_bytes(self.head[..4].try_into().expect("4 bytes"));
+        if magic & 0xFFFF_FFF0 == 0x184D_2A50 {
+            return Some(false);
+        }
+        Some(self.head[4] & 0x04 != 0)
+    }
+
+    /// Decoded bytes that no check still to come covers: the ends of the
+    /// frames that ended, or everything decoded inside a frame that has no
+    /// checksum.
+    fn settled(&self) -> u64 {
+        if self.in_frame && self.checksummed() == Some(false) {
+            self.out
+        } else {
+            self.frames_end
+        }
+    }
+
+    fn fail(&mut self, error: io::Error) -> io::Error {
+        if error.kind() != io::ErrorKind::Interrupted {
+            self.failed = Some(Sticky::of(&error));
+        }
+        error
+    }
+}
+
+/// Rounds of decoding that consumed and produced nothing before the
+/// decoder is taken to be stuck.
+const ZSTD_MAX_IDLE_ROUNDS: u32 = 64;
+
+impl<R: Read> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
+        if let Some(failed) = &self.failed {
+            return Err(failed.error());
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut idle = 0;
+        loop {
+            let input = match self.input.fill_buf() {
+                Ok(input) => input,
+                Err(e) => return Err(self.fail(e)),
+            };
+            let at_end = input.is_empty();
+            if at_end && !self.in_frame {
+                return Ok(0);
+            }
+            if !at_end && !self.in_frame {
+                if self.ended_one {
+                    if let Err(e) = self.decoder.reinit() {
+                        return Err(self.fail(e));
+                    }
+                }
+                self.in_frame = true;
+                self.head_len = 0;
+            }
+            // With no input left this flushes what the decoder holds.
+            let mut src = InBuffer::around(input);
+            let mut dst = OutBuffer::around(&mut *buf);
+            let hint = self.decoder.run(&mut src, &mut dst);
+            let (consumed, written) = (src.pos(), dst.pos());
+            let take = (ZSTD_FRAME_HEAD - self.head_len).min(consumed);
+            self.head[self.head_len..self.head_len + take].copy_from_slice(&input[..take]);
+            self.head_len += take;
+            self.input.consume(consumed);
+            let hint = match hint {
+                Ok(hint) => hint,
+                Err(e) => return Err(self.fail(e)),
+            };
+            self.out += written as u64;
+            if hint == 0 {
+                // The frame is decoded and flushed; its checksum, if it
+                // has one, matched.
+                self.in_frame = false;
+                self.ended_one = true;
+                self.frames_end = self.out;
+            }
+            if written > 0 {
+                return Ok(written);
+            }
+            if at_end && self.in_frame {
+                let error = io::Error::new(io::ErrorKind::UnexpectedEof, "incomplete frame");
+                return Err(self.fail(error));
+            }
+            idle = if consumed == 0 { idle + 1 } else { 0 };
+            if idle > ZSTD_MAX_IDLE_ROUNDS {
+                let error = io::Error::other("the decoder makes no progress");
+                return Err(self.fail(error));
+            }
+        }
+    }
 }
 
 /// A shard's tar bytes: the stream as read, or decoded from gzip or zstd.
@@ -170,23 +413,19 @@ impl<R: ByteSource> TarStream<R> {
         let counted = Counted::new(source, head, head_len);
         let decoder = match Compression::detect(&head[..head_len]) {
             None => Decoder::Plain(counted),
-            Some(Compression::Gzip) => {
-                Decoder::Gzip(Box::new(flate2::bufread::MultiGzDecoder::new(
-                    BufReader::with_capacity(INPUT_BUFFER, counted),
-                )))
-            }
+            Some(Compression::Gzip) => Decoder::Gzip(Box::new(GzipMembers::new(
+                BufReader::with_capacity(INPUT_BUFFER, counted),
+            ))),
             Some(Compression::Zstd) => {
                 let buffered = BufReader::with_capacity(INPUT_BUFFER, counted);
-                let decoder = zstd::stream::read::Decoder::with_buffer(buffered).map_err(|e| {
-                    Error::Decompress {
-                        url: url.to_owned(),
-                        compression: Compression::Zstd,
-                        compressed_offset: 0,
-                        tar_offset: 0,
-                        reason: format!("cannot start the zstd decoder ({e})"),
-                    }
+                let frames = ZstdFrames::new(buffered).map_err(|e| Error::Decompress {
+                    url: url.to_owned(),
+                    compression: Compression::Zstd,
+                    compressed_offset: 0,
+                    tar_offset: 0,
+                    reason: format!("cannot start the zstd decoder ({e})"),
                 })?;
-                Decoder::Zstd(decoder)
+                Decoder::Zstd(Box::new(frames))
             }
         };
         Ok(TarStream {
@@ -223,14 +462,8 @@ impl<R: Read> TarStream<R> {
     fn source(&self) -> (&Counted<R>, usize) {
         match &self.decoder {
             Decoder::Plain(counted) => (counted, 0),
-            Decoder::Gzip(decoder) => (
-                decoder.get_ref().get_ref(),
-                decoder.get_ref().buffer().len(),
-            ),
-            Decoder::Zstd(decoder) => (
-                decoder.get_ref().get_ref(),
-                decoder.get_ref().buffer().len(),
-            ),
+            Decoder::Gzip(members) => (members.input().get_ref(), members.input().buffer().len()),
+            Decoder::Zstd(frames) => (frames.input.get_ref(), frames.input.buffer().len()),
         }
     }
 
@@ -374,8 +607,8 @@ impl<R: ByteSource> ByteSource for TarStream<R> {
     fn take_failure(&mut self) -> Option<Error> {
         let source = match &mut self.decoder {
             Decoder::Plain(counted) => counted.inner.take_failure(),
-            Decoder::Gzip(decoder) => decoder.get_mut().get_mut().inner.take_failure(),
-            Decoder::Zstd(decoder) => decoder.get_mut().get_mut().inner.take_failure(),
+            Decoder::Gzip(members) => members.input_mut().get_mut().inner.take_failure(),
+            Decoder::Zstd(frames) => frames.input.get_mut().inner.take_failure(),
         };
         source.or_else(|| self.failure.take())
     }
@@ -387,6 +620,17 @@ impl<R: ByteSource> ByteSource for TarStream<R> {
             std::io::copy(self, &mut std::io::sink())?;
         }
         Ok(())
+    }
+
+    /// A plain stream has no check: every byte is settled. A gzip stream
+    /// has checked the members that ended; a zstd stream the frames that
+    /// ended, and a frame without a checksum has nothing left to check.
+    fn settled(&self) -> u64 {
+        match &self.decoder {
+            Decoder::Plain(_) => u64::MAX,
+            Decoder::Gzip(members) => members.verified,
+            Decoder::Zstd(frames) => frames.settled(),
+        }
     }
 }
 
@@ -538,6 +782,79 @@ mod tests {
             err.contains("byte offset 10000 of the decompressed tar"),
             "{err}"
         );
+    }
+
+    /// What `settled` said after each read of at most `step` bytes: the
+    /// bytes handed out so far and the settled offset.
+    fn settled_steps(bytes: &[u8], step: usize) -> Vec<(u64, u64)> {
+        let mut stream = TarStream::open(bytes, "mem://s.tar.x").unwrap();
+        let (mut out, mut steps) = (0u64, Vec::new());
+        let mut buf = vec![0u8; step];
+        loop {
+            let n = stream.read(&mut buf).unwrap();
+            if n == 0 {
+                return steps;
+            }
+            out += n as u64;
+            steps.push((out, stream.settled()));
+        }
+    }
+
+    #[test]
+    fn settled_follows_the_ends_of_members_and_checksummed_frames() {
+        let (a, b) = (noise(3000), noise(5000));
+        let zstd_unchecked = |data: &[u8]| zstd::encode_all(data, 3).unwrap();
+        for (bytes, ends) in [
+            ([gzip(&a), gzip(&b)].concat(), Some([3000, 8000])),
+            ([zstd(&a), zstd(&b)].concat(), Some([3000, 8000])),
+            ([zstd_unchecked(&a), zstd_unchecked(&b)].concat(), None),
+        ] {
+            let steps = settled_steps(&bytes, 1000);
+            assert_eq!(steps.last().unwrap().0, 8000);
+            for &(out, settled) in &steps {
+                match ends {
+                    // Only what a passed check covers, never more.
+                    // Only the end of a checked member or frame, and once
+                    // past the first, at least that one.
+                    Some(ends) => {
+                        assert!(settled == 0 || ends.contains(&settled), "{out}: {settled}");
+                        assert!(settled <= out, "{out}: {settled}");
+                        assert!(out <= 3000 || settled >= 3000, "{out}: {settled}");
+                    }
+                    // Without a checksum, everything decoded.
+                    None => assert_eq!(settled, out),
+                }
+            }
+            let mut stream = TarStream::open(&bytes[..], "mem://s.tar.x").unwrap();
+            std::io::copy(&mut stream, &mut std::io::sink()).unwrap();
+            assert_eq!(stream.settled(), 8000);
+        }
+        let plain = TarStream::open(&b"abc"[..], "mem://s.tar").unwrap();
+        assert_eq!(plain.settled(), u64::MAX);
+    }
+
+    #[test]
+    fn skippable_zstd_frames_are_passed_over() {
+        let (a, b) = (noise(3000), noise(5000));
+        let mut skippable = vec![0x5a, 0x2a, 0x4d, 0x18, 6, 0, 0, 0];
+        skippable.extend_from_slice(b"ignore");
+        let bytes = [zstd(&a), skippable, zstd(&b)].concat();
+        assert!(decode(&bytes).1.unwrap() == [a, b].concat());
+    }
+
+    #[test]
+    fn a_failed_decoder_keeps_failing() {
+        let data = noise(100_000);
+        for bytes in [gzip(&data), zstd(&data)] {
+            let cut = &bytes[..bytes.len() / 2];
+            let mut stream = TarStream::open(cut, "mem://s.tar.x").unwrap();
+            assert!(std::io::copy(&mut stream, &mut std::io::sink()).is_err());
+            let mut buf = [0u8; 10];
+            assert!(
+                stream.read(&mut buf).is_err(),
+                "no clean end after a failure"
+            );
+        }
     }
 
     #[test]

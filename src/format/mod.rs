@@ -114,6 +114,14 @@ pub trait ByteSource: std::io::Read {
         Ok(())
     }
 
+    /// Where the checks the stream makes of its own bytes (a compressed
+    /// stream's checksums) have reached: every byte handed out before this
+    /// offset passed them, or has no check still to come. Bytes at or past
+    /// it may yet fail one. Plain bytes have no check: `u64::MAX`.
+    fn settled(&self) -> u64 {
+        u64::MAX
+    }
+
     /// Passes over at most `max` bytes and returns how many (0 at the end
     /// of the stream), like `read` without handing the bytes out; sources
     /// that hold their bytes in memory skip without copying them.
@@ -157,6 +165,31 @@ pub fn read_append_to_end<R: ByteSource + ?Sized>(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Makes room in `out` for the next bytes of a value of which `left` bytes
+/// are still to come, and returns that room (at most `left`). It grows `out`
+/// with `try_reserve`, so that a size no memory can hold is an error of kind
+/// `OutOfMemory`, not an abort: by all of `left` up to `first`, then by as
+/// much again as `out` holds (so a damaged size field claiming terabytes
+/// over a short input costs `first` bytes at most, and a long value is
+/// copied about once as it grows, as with `Vec`'s own growth).
+#[inline]
+pub(crate) fn reserve_room(out: &mut Vec<u8>, left: u64, first: u64) -> std::io::Result<usize> {
+    let left = usize::try_from(left).unwrap_or(usize::MAX);
+    if out.capacity() == out.len() && left > 0 {
+        let grow = left.min(out.len().max(usize::try_from(first).unwrap_or(usize::MAX)));
+        out.try_reserve_exact(grow).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::OutOfMemory,
+                format!(
+                    "cannot allocate {} bytes ({e})",
+                    out.len().saturating_add(grow)
+                ),
+            )
+        })?;
+    }
+    Ok((out.capacity() - out.len()).min(left))
 }
 
 /// Appends at most `max` bytes of `reader` to `out`, read through a scratch
@@ -231,6 +264,10 @@ impl<S: ByteSource + ?Sized> ByteSource for &mut S {
 
     fn check_trailer(&mut self) -> std::io::Result<()> {
         (**self).check_trailer()
+    }
+
+    fn settled(&self) -> u64 {
+        (**self).settled()
     }
 
     fn skip(&mut self, max: usize) -> std::io::Result<usize> {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -28,9 +29,11 @@ from _shardtest import (
     keys_of,
     load_schema,
     loader,
+    member_offsets,
     read_tar_samples,
     sample_digest,
     shardstream_cli,
+    tar_bytes,
     tar_sample_spans,
     uneven_members,
     write_tar,
@@ -389,3 +392,140 @@ def test_inspect_compressed_shard(kind, dataset, tmp_path):
     stored = {"gz": "gzip-compressed", "zst": "zstd-compressed", "tar": "uncompressed"}[kind]
     assert lines[-1].startswith(f"{len(expected)} samples, ")
     assert f"{path.stat().st_size} bytes in the shard ({stored})" in lines[-1]
+
+
+# --------------------------------------------------------------------------
+# Checksums: no sample decoded from bytes that then fail one
+# --------------------------------------------------------------------------
+
+NOISE_SAMPLES = 8
+NOISE_SIZE = 3000
+
+
+def noise_members(count: int = NOISE_SAMPLES, seed: int = 0) -> list[tuple[str, bytes]]:
+    """One-member samples ``n000.bin``, ... of random bytes, which no
+    compressor shrinks: stored blocks and raw literals keep them as they
+    are, so a bit flipped in the compressed bytes flips one decoded bit
+    that only the stream's checksum notices."""
+    rng = random.Random(seed)
+    return [(f"n{i:03d}.bin", rng.randbytes(NOISE_SIZE)) for i in range(count)]
+
+
+def stored_gzip(data: bytes) -> bytes:
+    return gzip.compress(data, compresslevel=0, mtime=0)
+
+
+def zstd_frame(data: bytes, checksum: bool = True) -> bytes:
+    return zstandard.ZstdCompressor(level=3, write_checksum=checksum).compress(data)
+
+
+def flip_in(compressed: bytes, needle: bytes) -> bytes:
+    """``compressed`` with one bit flipped in the middle of the first copy of
+    ``needle``, decoded bytes that the stream holds as they are."""
+    at = compressed.find(needle)
+    assert at >= 0, "the needle is stored as it is"
+    damaged = bytearray(compressed)
+    damaged[at + len(needle) // 2] ^= 0x10
+    return bytes(damaged)
+
+
+def damaged_shard(path: Path, compress_tar, member: int = 3, count: int = NOISE_SAMPLES) -> Path:
+    """A shard of ``noise_members(count)`` compressed by ``compress_tar``, with
+    one bit flipped in the data of member ``member``."""
+    members = noise_members(count)
+    needle = members[member][1][1000:1032]
+    path.write_bytes(flip_in(compress_tar(tar_bytes(members)), needle))
+    return path
+
+
+CHECKSUMMED = {"gz": stored_gzip, "zst": zstd_frame}
+
+
+def iterate_until_error(ds) -> tuple[list[dict], BaseException | None]:
+    """The samples ``ds`` yields before it raises, and what it raised."""
+    got: list[dict] = []
+    try:
+        for sample in ds:
+            got.append(sample)
+    except shardstream.ShardStreamError as exc:
+        return got, exc
+    return got, None
+
+
+@pytest.mark.parametrize("kind", sorted(CHECKSUMMED))
+def test_no_sample_is_yielded_before_the_checksum_that_fails(kind, tmp_path):
+    """The damage shows only at the stream's CRC-32 / content checksum: the
+    damaged sample, and every sample of the member or frame, is held back
+    until then, so none is yielded."""
+    path = damaged_shard(tmp_path / f"flipped{SUFFIXES[kind]}", CHECKSUMMED[kind])
+    got, error = iterate_until_error(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    assert keys_of(got) == []
+    assert isinstance(error, ShardFormatError), error
+    name = "gzip" if kind == "gz" else "zstd"
+    assert f"corrupt {name} stream" in str(error) and str(path) in str(error), error
+    assert "handed out" not in str(error)
+
+
+@pytest.mark.parametrize("kind", sorted(CHECKSUMMED))
+def test_warn_keeps_no_sample_of_a_stream_whose_checksum_fails(kind, tmp_path):
+    bad = damaged_shard(tmp_path / f"flipped{SUFFIXES[kind]}", CHECKSUMMED[kind])
+    good = tmp_path / f"good{SUFFIXES[kind]}"
+    good.write_bytes(CHECKSUMMED[kind](tar_bytes(noise_members(5, seed=1))))
+    ds = shardstream.StreamingDataset(
+        [str(good), str(bad)], shuffle_shards=False, shuffle_buffer=0, on_error="warn"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = collect(ds)
+    assert [s["__url__"] for s in got] == [str(good)] * 5
+    assert [s["bin"] for s in got] == [data for _, data in noise_members(5, seed=1)]
+    skipped = [w for w in caught if issubclass(w.category, ShardSkippedWarning)]
+    assert len(skipped) == 1 and str(bad) in str(skipped[0].message)
+    assert ds.stats()["errors_skipped"] == 1
+
+
+def test_samples_of_verified_gzip_members_are_kept(tmp_path):
+    """Members are checked one by one: a damaged second member costs its
+    own samples (and the last one of the first, which the second member's
+    first header ends), not those the first member's CRC-32 covers."""
+    members = noise_members()
+    plain = tar_bytes(members)
+    split = member_offsets(plain)["n004.bin"][0] - 512  # n004's header
+    needle = members[5][1][1000:1032]
+    path = tmp_path / "two-members.tar.gz"
+    path.write_bytes(stored_gzip(plain[:split]) + flip_in(stored_gzip(plain[split:]), needle))
+    ds = shardstream.StreamingDataset(path, shuffle_buffer=0, on_error="warn")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = collect(ds)
+    assert keys_of(got) == ["n000", "n001", "n002"]
+    assert [s["bin"] for s in got] == [data for _, data in members[:3]]
+
+
+def test_a_member_larger_than_the_verify_budget_says_what_was_handed_out(tmp_path):
+    """Samples wait for the checksum within ``read_ahead_bytes`` of decoded
+    tar; past that they are yielded unverified, and the checksum's failure
+    says how many were."""
+    path = damaged_shard(tmp_path / "long.tar.gz", stored_gzip, member=20, count=24)
+    ds = shardstream.StreamingDataset(path, shuffle_buffer=0, read_ahead_bytes=16 << 10)
+    got, error = iterate_until_error(ds)
+    assert isinstance(error, ShardFormatError), error
+    assert 10 <= len(got) < 24
+    note = f"{len(got)} samples of this shard had already been handed out before the checksum"
+    assert note in str(error), error
+    # With room for the whole member, nothing is.
+    ds = shardstream.StreamingDataset(path, shuffle_buffer=0, read_ahead_bytes=1 << 20)
+    assert iterate_until_error(ds)[0] == []
+
+
+def test_zstd_without_a_checksum_is_not_verified(tmp_path):
+    """What is not verified: a zstd frame written without a content checksum
+    (``zstandard``'s default) has nothing that notices a flipped bit in its
+    stored bytes, so the changed sample is yielded, without an error. Its
+    samples are yielded as they are decoded."""
+    members = noise_members()
+    path = damaged_shard(tmp_path / "unchecked.tar.zst", lambda t: zstd_frame(t, checksum=False))
+    got = collect(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    assert keys_of(got) == [name.removesuffix(".bin") for name, _ in members]
+    changed = [s["__key__"] for s, (_, data) in zip(got, members, strict=True) if s["bin"] != data]
+    assert changed == ["n003"]

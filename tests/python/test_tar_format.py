@@ -220,3 +220,78 @@ def test_generated_shard_matches_tarfile(dataset):
         got = stream(path)
         assert got == expected(path)
         assert [key for key, _ in got] == dataset.keys_of([str(path)])
+
+
+# --------------------------------------------------------------------------
+# Damaged headers and what follows the end of the archive
+# --------------------------------------------------------------------------
+
+
+def with_header(data: bytes, offset: int, patch) -> bytes:
+    """``data`` with the header at ``offset`` changed by ``patch`` (a function
+    of a ``bytearray``) and its checksum fixed."""
+    header = bytearray(data[offset : offset + 512])
+    patch(header)
+    header[148:156] = b" " * 8
+    header[148:156] = b"%06o\0 " % sum(header)
+    return data[:offset] + bytes(header) + data[offset + 512 :]
+
+
+THREE = [("a.x", b"1" * 700), ("b.x", b"hello"), ("c.x", b"3")]
+
+
+def header_offset(data: bytes, name: str) -> int:
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        return tar.getmember(name).offset
+
+
+def test_a_base_256_size_of_2_to_the_64_or_more_is_an_error(tmp_path):
+    """GNU base-256 size fields are 12 bytes: a value that needs more than
+    64 bits is refused, not read modulo 2^64 (here 2^64 + 5 would read 5)."""
+    data = tar_bytes(THREE)
+    at = header_offset(data, "b.x")
+
+    def huge(header: bytearray) -> None:
+        header[124:136] = bytes([0x80, 0, 0, 1]) + (5).to_bytes(8, "big")
+
+    path = tmp_path / "huge-size.tar"
+    path.write_bytes(with_header(data, at, huge))
+    with pytest.raises(shardstream.ShardFormatError) as info:
+        stream(path)
+    message = str(info.value)
+    assert "size is a base-256 number of 2^64 or more" in message, message
+    assert f"at byte offset {at}" in message and str(path) in message, message
+
+
+@pytest.mark.parametrize("wiped", ["a.x", "b.x"])
+def test_a_zeroed_header_followed_by_members_is_an_error(tmp_path, wiped):
+    """A zero block where a header should be, with members after it: not
+    the end of the archive (which formerly gave fewer samples, or none, and
+    counted the shard completed) but an error naming the block."""
+    data = tar_bytes(THREE)
+    at = header_offset(data, wiped)
+    path = tmp_path / "wiped.tar"
+    path.write_bytes(data[:at] + bytes(512) + data[at + 512 :])
+    with pytest.raises(shardstream.ShardFormatError) as info:
+        stream(path)
+    message = str(info.value)
+    assert "a zero block ends the archive here, but non-zero data follows" in message
+    assert f"at byte offset {at}" in message and str(path) in message, message
+    ds = shardstream.StreamingDataset(path, shuffle_buffer=0, on_error="warn")
+    with pytest.warns(shardstream.ShardSkippedWarning, match="zero block"):
+        assert list(ds) == []
+    stats = ds.stats()
+    assert (stats["shards_completed"], stats["errors_skipped"]) == (0, 1)
+
+
+def test_only_zeros_may_follow_the_end_of_archive(tmp_path):
+    data = tar_bytes(THREE)
+    want = [("a", {"x": b"1" * 700}), ("b", {"x": b"hello"}), ("c", {"x": b"3"})]
+    padded = tmp_path / "padded.tar"
+    padded.write_bytes(data + bytes(100_000))
+    assert stream(padded) == want
+    junk = tmp_path / "junk.tar"
+    junk.write_bytes(data + b"\0" * 700 + b"junk")
+    with pytest.raises(shardstream.ShardFormatError) as info:
+        stream(junk)
+    assert f"non-zero data follows at byte offset {len(data) + 700}" in str(info.value)

@@ -12,7 +12,7 @@ use std::io::{self, Read};
 
 use bytes::Bytes;
 
-use crate::format::ByteSource;
+use crate::format::{reserve_room, ByteSource};
 
 /// Size of a tar block: headers are one block, data is padded to blocks.
 const BLOCK: u64 = 512;
@@ -20,6 +20,21 @@ const BLOCK: u64 = 512;
 /// Longest GNU long name or pax header read (larger ones are refused, so a
 /// damaged size field cannot make the reader buffer gigabytes).
 const MAX_EXTENSION_BYTES: u64 = 1 << 20;
+
+/// Bytes reserved at once for a member's data when they cannot be shared
+/// with the source: all of them up to this, then more as they arrive, so a
+/// damaged size field claiming more than the input holds reserves this much
+/// at most.
+const FIRST_RESERVE: u64 = 64 << 20;
+
+/// Members up to this size get their buffer in one allocation, like any
+/// other small value (an allocation this small failing ends the process
+/// anyway); larger ones grow fallibly.
+const SMALL_MEMBER: u64 = 1 << 20;
+
+/// Bytes read at a time while checking what follows the end-of-archive
+/// marker.
+const TRAILER_CHUNK: usize = 16 << 10;
 
 /// One member, after the extension headers that describe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +69,10 @@ pub struct Members<R> {
     hit_eof: bool,
     /// Where the next header starts.
     next_header: u64,
+    /// Where the header being read (or last read) starts.
+    header_start: u64,
+    /// Where the zero block that ended the archive starts, once read.
+    end_marker: Option<u64>,
     /// Pending GNU long name, pax records: they describe the next member.
     long_name: Option<Vec<u8>>,
     long_link: bool,
@@ -68,6 +87,8 @@ impl<R: ByteSource> Members<R> {
             position: 0,
             hit_eof: false,
             next_header: 0,
+            header_start: 0,
+            end_marker: None,
             long_name: None,
             long_link: false,
             pax: None,
@@ -84,24 +105,44 @@ impl<R: ByteSource> Members<R> {
         self.hit_eof
     }
 
+    /// Where the zero block that ended the archive starts, when a zero
+    /// block (not the end of the stream) ended it.
+    pub fn end_marker(&self) -> Option<u64> {
+        self.end_marker
+    }
+
+    /// The stream the members are read from.
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    /// Where the header block being read, or the last one read, starts:
+    /// for an error about a header, the offset of that header.
+    pub fn header_start(&self) -> u64 {
+        self.header_start
+    }
+
     /// The next member, with its path written into `path`, or `None` at the
-    /// end of the archive (end of stream or a zero block at a header).
+    /// end of the archive (end of stream or a zero block at a header; after
+    /// a zero block, [`Members::data_after_end`] tells whether the rest is
+    /// padding).
     pub fn next_member(&mut self, path: &mut Vec<u8>) -> io::Result<Option<Member>> {
         let mut header = [0u8; BLOCK as usize];
         loop {
             self.skip(self.next_header - self.position)?;
             let header_position = self.position;
-            let byte_sum = if self.read_block(&mut header)? {
-                byte_sum(&header)
-            } else {
-                0
-            };
+            self.header_start = header_position;
+            let read = self.read_block(&mut header)?;
+            let byte_sum = if read { byte_sum(&header) } else { 0 };
             // No bytes, or a block of zeros (its bytes sum to 0): the end.
             if byte_sum == 0 {
                 if self.long_name.is_some() || self.long_link || self.pax.is_some() {
                     return Err(io::Error::other(
                         "members found describing a future member but no future member found",
                     ));
+                }
+                if read {
+                    self.end_marker = Some(header_position);
                 }
                 return Ok(None);
             }
@@ -196,12 +237,19 @@ impl<R: ByteSource> Members<R> {
                 Err(e) => return (Bytes::new(), Err(e)),
             }
         }
-        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        // Small members are allocated as every other small value is; the
+        // rest grows fallibly in `read_data_into`.
+        let mut data = match usize::try_from(size) {
+            Ok(len) if size <= SMALL_MEMBER => Vec::with_capacity(len),
+            _ => Vec::new(),
+        };
         let read = self.read_data_into(&mut data, size);
         (data.into(), read)
     }
 
-    /// Appends the current member's `size` data bytes to `data`.
+    /// Appends the current member's `size` data bytes to `data`, which
+    /// grows fallibly: memory it cannot get is an error of kind
+    /// `OutOfMemory`, not an abort.
     fn read_data_into(&mut self, data: &mut Vec<u8>, size: u64) -> io::Result<()> {
         let start = data.len() as u64;
         loop {
@@ -209,7 +257,7 @@ impl<R: ByteSource> Members<R> {
             if left == 0 {
                 return Ok(());
             }
-            let max = usize::try_from(left).unwrap_or(usize::MAX);
+            let max = reserve_room(data, left, FIRST_RESERVE)?;
             match self.inner.read_append(data, max) {
                 Ok(0) => {
                     self.hit_eof = true;
@@ -218,6 +266,27 @@ impl<R: ByteSource> Members<R> {
                 Ok(n) => self.position += n as u64,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// After [`Members::next_member`] found a zero block where a header
+    /// should be: reads the rest of the stream and returns the offset of its
+    /// first byte that is not zero, if any (the zero block was then a
+    /// damaged header, or data follows the archive). Reading stops there.
+    pub fn data_after_end(&mut self) -> io::Result<Option<u64>> {
+        let mut chunk = [0u8; TRAILER_CHUNK];
+        loop {
+            let n = match self.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(None);
+            }
+            if let Some(at) = chunk[..n].iter().position(|&b| b != 0) {
+                return Ok(Some(self.position - n as u64 + at as u64));
             }
         }
     }
@@ -335,18 +404,27 @@ fn check_checksum(header: &[u8; BLOCK as usize], byte_sum: u32) -> io::Result<()
 
 /// A numeric header field: octal text (NUL- or space-terminated; empty is
 /// 0, as Python's `tarfile` reads it), or base-256 when its first byte has
-/// the high bit set.
+/// the high bit set (GNU: `0x80` then a big-endian number in the rest of
+/// the field, the first byte's low 7 bits included; `0xff` a negative one).
+/// A value that does not fit in 64 bits, or a negative one, is an error,
+/// never the value modulo 2^64.
 fn number(field: &[u8], name: &str) -> io::Result<u64> {
     if field[0] & 0x80 != 0 {
-        let skip = field.len().saturating_sub(8).max(1);
-        let first = if field.len() <= 8 {
-            u64::from(field[0] ^ 0x80)
-        } else {
-            0
-        };
-        return Ok(field[skip..]
-            .iter()
-            .fold(first, |n, &b| (n << 8) | u64::from(b)));
+        if field[0] == 0xff {
+            return Err(io::Error::other(format!(
+                "numeric field {name} is a negative base-256 number"
+            )));
+        }
+        let mut value = u64::from(field[0] & 0x7f);
+        for &byte in &field[1..] {
+            if value >> 56 != 0 {
+                return Err(io::Error::other(format!(
+                    "numeric field {name} is a base-256 number of 2^64 or more"
+                )));
+            }
+            value = (value << 8) | u64::from(byte);
+        }
+        return Ok(value);
     }
     let text = until_nul(field);
     let not_a_number = || {

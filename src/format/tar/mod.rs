@@ -8,6 +8,7 @@
 
 mod members;
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use bytes::Bytes;
@@ -45,33 +46,76 @@ pub enum Outcome {
     Stopped,
 }
 
+/// Bytes of decoded tar [`read_samples`] holds back samples over while a
+/// compressed stream's checksum is still to come.
+pub const DEFAULT_VERIFY_BYTES: u64 = 32 << 20;
+
 /// Reads a tar archive from `reader` and calls `on_sample` for each sample
-/// in order. When reading fails, the source's own error (missing shard,
-/// timeout, corrupt compressed stream) is reported in preference to the tar
-/// parser's; a compressed stream is first read to its end, so that damage
-/// its checksum catches is reported as such rather than as the bad tar
-/// header it decoded to.
+/// in order, as [`read_samples_verified`] does with a verify budget of
+/// [`DEFAULT_VERIFY_BYTES`].
 pub fn read_samples<R: ByteSource>(
     reader: &mut R,
     shard: &ShardRef,
+    on_sample: impl FnMut(Sample) -> ControlFlow<()>,
+) -> Result<Outcome> {
+    read_samples_verified(reader, shard, DEFAULT_VERIFY_BYTES, on_sample)
+}
+
+/// Reads a tar archive from `reader` and calls `on_sample` for each sample
+/// in order.
+///
+/// When the reader checks its bytes (a compressed stream: a gzip member's
+/// CRC-32 and length, a zstd frame's content checksum), a sample is handed
+/// to `on_sample` only once the bytes it came from (up to the header that
+/// ended it) passed that check, so a sample the checksum then rejects is
+/// never handed out. The samples waiting for it are held within
+/// `verify_bytes` of decoded tar: when the oldest one starts more than
+/// `verify_bytes` before the read position, it is handed out unchecked, and
+/// a later checksum failure says how many samples of its member or frame
+/// were handed out so. A stream that fails a check drops every sample held.
+///
+/// When reading fails, the source's own error (missing shard, timeout,
+/// corrupt compressed stream) is reported in preference to the tar
+/// parser's; a compressed stream is first read to its end, so that damage
+/// its checksum catches is reported as such rather than as the bad tar
+/// header it decoded to.
+///
+/// A zero block where a header should be ends the archive only when
+/// nothing but zeros follows it to the end of the stream (which is read to
+/// check that); otherwise it is an error naming the block's offset.
+pub fn read_samples_verified<R: ByteSource>(
+    reader: &mut R,
+    shard: &ShardRef,
+    verify_bytes: u64,
     mut on_sample: impl FnMut(Sample) -> ControlFlow<()>,
 ) -> Result<Outcome> {
     let mut members = Members::new(&mut *reader);
     let mut grouper = Grouper::new(shard);
-    let walked = walk_members(&mut members, shard, &mut grouper, &mut on_sample);
+    let mut outbox = Outbox::new(shard, verify_bytes, &mut on_sample);
+    let walked = walk_members(&mut members, shard, &mut grouper, &mut outbox);
     let (consumed, hit_eof) = (members.position(), members.hit_eof());
-    let mut source_error = || reader.take_failure();
+    let header_start = members.header_start();
     let outcome = match walked {
         Err(failure) => {
-            if let Some(source) = source_error() {
-                return Err(source);
+            if let Some(source) = reader.take_failure() {
+                return Err(outbox.unverified_note(source));
             }
             if reader.check_trailer().is_err() {
                 if let Some(source) = reader.take_failure() {
-                    return Err(source);
+                    return Err(outbox.unverified_note(source));
                 }
+            } else if outbox.release_all().is_break() {
+                // The samples held were verified (the whole stream was),
+                // and the consumer had what it wanted before the failure.
+                return Ok(Outcome::Stopped);
             }
-            return Err(failure.into_error(shard, consumed, hit_eof, grouper.entries_seen));
+            return Err(failure.into_error(
+                shard,
+                consumed,
+                header_start,
+                hit_eof,
+                grouper.entries_seen,
+            ));
         }
         Ok(outcome) => outcome,
     };
@@ -79,14 +123,14 @@ pub fn read_samples<R: ByteSource>(
         return Ok(outcome);
     }
     if consumed == 0 {
-        if let Some(source) = source_error() {
+        if let Some(source) = reader.take_failure() {
             return Err(source);
         }
         return Err(shard.format_error(0, None, "empty file, not a tar archive"));
     }
     if let Err(error) = reader.check_trailer() {
         if let Some(source) = reader.take_failure() {
-            return Err(source);
+            return Err(outbox.unverified_note(source));
         }
         return Err(shard.format_error(
             shard.base_offset + consumed,
@@ -94,8 +138,12 @@ pub fn read_samples<R: ByteSource>(
             format!("bad data after the end of the archive ({error})"),
         ));
     }
+    // The stream was read to its end and passed every check it makes.
+    if outbox.release_all().is_break() {
+        return Ok(Outcome::Stopped);
+    }
     if let Some(sample) = grouper.finish() {
-        if on_sample(sample).is_break() {
+        if outbox.hand_out(sample).is_break() {
             return Ok(Outcome::Stopped);
         }
     }
@@ -171,19 +219,140 @@ pub fn sample_spans<R: ByteSource>(
                 }
             }
         }
+        if let Some(marker) = members.end_marker() {
+            if let Some(at) = members.data_after_end().map_err(Failure::Tar)? {
+                return Err(Failure::Member(data_after_end_error(shard, marker, at)));
+            }
+        }
         Ok(())
     })();
     if let Err(failure) = walked {
         let (consumed, hit_eof) = (members.position(), members.hit_eof());
+        let header_start = members.header_start();
         if let Some(source) = reader.take_failure() {
             return Err(source);
         }
-        return Err(failure.into_error(shard, consumed, hit_eof, entries_seen));
+        return Err(failure.into_error(shard, consumed, header_start, hit_eof, entries_seen));
     }
     if members.position() == 0 {
         return Err(shard.format_error(0, None, "empty file, not a tar archive"));
     }
     Ok(spans)
+}
+
+/// A sample waiting for the bytes it came from to be verified.
+struct Held {
+    sample: Sample,
+    /// The offset the stream's checks must reach first: the end of the
+    /// header that ended the sample.
+    needs: u64,
+}
+
+/// Hands samples to the callback, holding back those whose bytes the
+/// stream has not verified yet (see [`read_samples_verified`]).
+struct Outbox<'f, F> {
+    on_sample: &'f mut F,
+    held: VecDeque<Held>,
+    /// Where the stream's offsets start in the shard.
+    base: u64,
+    budget: u64,
+    /// Samples handed out before the bytes they came from were verified,
+    /// and not verified since.
+    unverified: u64,
+    /// What the last of those needed verified.
+    unverified_needs: u64,
+}
+
+impl<'f, F: FnMut(Sample) -> ControlFlow<()>> Outbox<'f, F> {
+    fn new(shard: &ShardRef, budget: u64, on_sample: &'f mut F) -> Self {
+        Outbox {
+            on_sample,
+            held: VecDeque::new(),
+            base: shard.base_offset,
+            budget,
+            unverified: 0,
+            unverified_needs: 0,
+        }
+    }
+
+    /// Hands `sample` out, or holds it until the stream settled to `needs`
+    /// (offsets relative to the read's start); `settled` and `position`
+    /// are the stream's at this point.
+    fn offer(
+        &mut self,
+        sample: Sample,
+        needs: u64,
+        settled: u64,
+        position: u64,
+    ) -> ControlFlow<()> {
+        if self.held.is_empty() && settled >= needs {
+            return self.hand_out(sample);
+        }
+        self.held.push_back(Held { sample, needs });
+        self.settle(settled, position)
+    }
+
+    /// Hands out the held samples the stream has verified, then, oldest
+    /// first, those that start more than the budget before `position`.
+    #[inline]
+    fn settle(&mut self, settled: u64, position: u64) -> ControlFlow<()> {
+        if self.held.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        self.settle_held(settled, position)
+    }
+
+    /// [`Outbox::settle`] when samples are held.
+    #[cold]
+    fn settle_held(&mut self, settled: u64, position: u64) -> ControlFlow<()> {
+        if settled >= self.unverified_needs {
+            self.unverified = 0;
+        }
+        while let Some(front) = self.held.front() {
+            let verified = front.needs <= settled;
+            let start = front.sample.offset.saturating_sub(self.base);
+            if !verified && position.saturating_sub(start) <= self.budget {
+                break;
+            }
+            let Held { sample, needs } = self.held.pop_front().expect("a front sample");
+            if !verified {
+                self.unverified += 1;
+                self.unverified_needs = needs;
+            }
+            self.hand_out(sample)?;
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Hands out every held sample: the stream verified all its bytes.
+    fn release_all(&mut self) -> ControlFlow<()> {
+        while let Some(Held { sample, .. }) = self.held.pop_front() {
+            self.hand_out(sample)?;
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn hand_out(&mut self, sample: Sample) -> ControlFlow<()> {
+        (self.on_sample)(sample)
+    }
+
+    /// `error` (the stream failed), saying how many samples were handed
+    /// out from bytes it had not verified, when some were.
+    fn unverified_note(&self, mut error: Error) -> Error {
+        if self.unverified == 0 {
+            return error;
+        }
+        if let Error::Decompress { reason, .. } = &mut error {
+            let n = self.unverified;
+            let (budget, samples) = (self.budget, if n == 1 { "sample" } else { "samples" });
+            reason.push_str(&format!(
+                "; {n} {samples} of this shard had already been handed out before the \
+                 checksum covering them could be read (a gzip member or zstd frame larger \
+                 than the {budget}-byte verify budget)"
+            ));
+        }
+        error
+    }
 }
 
 /// A failure while walking members, before it knows the bytes consumed.
@@ -197,30 +366,34 @@ impl Failure {
         self,
         shard: &ShardRef,
         consumed: u64,
+        header_start: u64,
         hit_eof: bool,
         entries_seen: u64,
     ) -> Error {
         match self {
             Failure::Member(e) => e,
             Failure::Tar(e) => {
-                let reason = if entries_seen == 0 {
-                    format!("not a tar archive ({e})")
-                } else if hit_eof || e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    format!("truncated tar archive ({e})")
+                let truncated = hit_eof || e.kind() == std::io::ErrorKind::UnexpectedEof;
+                let (offset, reason) = if entries_seen == 0 && !truncated {
+                    (header_start, format!("not a tar archive ({e})"))
+                } else if entries_seen == 0 {
+                    (consumed, format!("not a tar archive ({e})"))
+                } else if truncated {
+                    (consumed, format!("truncated tar archive ({e})"))
                 } else {
-                    format!("bad tar header ({e})")
+                    (header_start, format!("bad tar header ({e})"))
                 };
-                shard.format_error(shard.base_offset + consumed, None, reason)
+                shard.format_error(shard.base_offset + offset, None, reason)
             }
         }
     }
 }
 
-fn walk_members<R: ByteSource>(
-    members: &mut Members<R>,
+fn walk_members<M: ByteSource, F: FnMut(Sample) -> ControlFlow<()>>(
+    members: &mut Members<M>,
     shard: &ShardRef,
     grouper: &mut Grouper<'_>,
-    on_sample: &mut impl FnMut(Sample) -> ControlFlow<()>,
+    outbox: &mut Outbox<'_, F>,
 ) -> Result<Outcome, Failure> {
     let base = shard.base_offset;
     // Where the current entry's headers (including GNU long-name and pax
@@ -228,7 +401,15 @@ fn walk_members<R: ByteSource>(
     let mut entry_start = 0u64;
     // The current member's path, in one allocation reused for every member.
     let mut path = Vec::new();
-    while let Some(member) = members.next_member(&mut path).map_err(Failure::Tar)? {
+    loop {
+        let next = members.next_member(&mut path).map_err(Failure::Tar)?;
+        let (settled, position) = (members.inner().settled(), members.position());
+        if outbox.settle(settled, position).is_break() {
+            return Ok(Outcome::Stopped);
+        }
+        let Some(member) = next else {
+            break;
+        };
         grouper.entries_seen += 1;
         let span = (base + entry_start, base + member.end);
         entry_start = member.end;
@@ -245,14 +426,24 @@ fn walk_members<R: ByteSource>(
         // A member with a new key completes the previous sample, even if
         // this member's data turns out to be truncated.
         if let Some(done) = grouper.take_if_new_key(key) {
-            if on_sample(done).is_break() {
+            if outbox.offer(done, position, settled, position).is_break() {
                 return Ok(Outcome::Stopped);
             }
         }
         let size = member.size;
         let (data, read) = members.read_data(size);
+        let data_offset = base + member.data_position;
+        if let Err(e) = &read {
+            if e.kind() == std::io::ErrorKind::OutOfMemory {
+                return Err(Failure::Member(shard.format_error(
+                    data_offset,
+                    Some(name.to_owned()),
+                    format!("member of {size} bytes: cannot hold its data in memory ({e})"),
+                )));
+            }
+        }
         if read.is_err() || (data.len() as u64) < size {
-            let offset = base + member.data_position + data.len() as u64;
+            let offset = data_offset + data.len() as u64;
             let detail = read.err().map(|e| format!(": {e}")).unwrap_or_default();
             return Err(Failure::Member(shard.format_error(
                 offset,
@@ -266,10 +457,38 @@ fn walk_members<R: ByteSource>(
         grouper
             .add(key, field, data, name, header_offset, span)
             .map_err(Failure::Member)?;
+        if outbox
+            .settle(members.inner().settled(), members.position())
+            .is_break()
+        {
+            return Ok(Outcome::Stopped);
+        }
+    }
+    // A zero block where a header should be: the end of the archive, if
+    // only zeros follow it.
+    if let Some(marker) = members.end_marker() {
+        if let Some(at) = members.data_after_end().map_err(Failure::Tar)? {
+            return Err(Failure::Member(data_after_end_error(shard, marker, at)));
+        }
     }
     Ok(Outcome::Completed {
         samples: grouper.produced(),
     })
+}
+
+/// The error for non-zero data at `at` after the zero block at `marker`
+/// (offsets relative to the read's start) where a header should be.
+fn data_after_end_error(shard: &ShardRef, marker: u64, at: u64) -> Error {
+    let base = shard.base_offset;
+    shard.format_error(
+        base + marker,
+        None,
+        format!(
+            "a zero block ends the archive here, but non-zero data follows at byte offset {} \
+             (a zeroed or damaged member header, or data after the end-of-archive marker)",
+            base + at
+        ),
+    )
 }
 
 /// Groups consecutive members with the same key into samples.
@@ -583,6 +802,405 @@ mod tests {
             "{message}"
         );
     }
+
+    /// Bytes no compressor shrinks, so that stored blocks hold them as
+    /// they are and a byte flipped in them changes one decoded byte.
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut state = seed | 1;
+        (0..len)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    }
+
+    /// A tar of `count` one-member samples `s000.bin`, ... of noise.
+    fn noise_tar(count: usize, len: usize) -> Vec<u8> {
+        let members: Vec<(String, Vec<u8>)> = (0..count)
+            .map(|i| (format!("s{i:03}.bin"), noise(len, i as u64 + 7)))
+            .collect();
+        let refs: Vec<(&str, &[u8])> = members
+            .iter()
+            .map(|(n, d)| (n.as_str(), d.as_slice()))
+            .collect();
+        build(&refs)
+    }
+
+    fn gzip_stored(data: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn zstd_frame(data: &[u8], checksum: bool) -> Vec<u8> {
+        use std::io::Write;
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.include_checksum(checksum).unwrap();
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// `compressed` with one bit flipped in the first copy of `needle`
+    /// (bytes of the tar that its stored blocks hold as they are).
+    fn flip_in(mut compressed: Vec<u8>, needle: &[u8]) -> Vec<u8> {
+        let at = compressed
+            .windows(needle.len())
+            .position(|w| w == needle)
+            .expect("the needle is stored as it is");
+        compressed[at + needle.len() / 2] ^= 0x10;
+        compressed
+    }
+
+    /// Reads `bytes` (told by their magic) with a verify budget; the keys
+    /// handed out and the result.
+    fn read_stream(bytes: &[u8], budget: u64) -> (Vec<String>, Result<Outcome>) {
+        let mut stream = crate::format::TarStream::open(bytes, "mem://s.tar.x").unwrap();
+        let shard = ShardRef {
+            compression: stream.compression(),
+            ..shard()
+        };
+        let mut keys = Vec::new();
+        let result = read_samples_verified(&mut stream, &shard, budget, |s| {
+            keys.push(s.key);
+            ControlFlow::Continue(())
+        });
+        (keys, result)
+    }
+
+    #[test]
+    fn no_sample_is_handed_out_before_its_checksum_passed() {
+        let tar = noise_tar(6, 900);
+        let damaged_data = &tar[2048 + 100..2048 + 132]; // inside s001.bin's data
+        for compressed in [
+            gzip_stored(&tar),
+            zstd_frame(&tar, true),
+            [gzip_stored(&tar[..4096]), gzip_stored(&tar[4096..])].concat(),
+        ] {
+            let (keys, result) = read_stream(&flip_in(compressed.clone(), damaged_data), 1 << 20);
+            assert_eq!(
+                keys,
+                Vec::<String>::new(),
+                "nothing before the failed check"
+            );
+            let error = result.unwrap_err();
+            assert!(matches!(error, Error::Decompress { .. }), "{error}");
+            assert!(!error.to_string().contains("handed out"), "{error}");
+            // Intact, every sample, in order.
+            let (keys, result) = read_stream(&compressed, 1 << 20);
+            assert_eq!(keys.len(), 6);
+            assert_eq!(result.unwrap(), Outcome::Completed { samples: 6 });
+        }
+    }
+
+    #[test]
+    fn samples_of_verified_members_are_handed_out_before_a_later_one_fails() {
+        let tar = noise_tar(6, 900);
+        // Member 1 ends after s002's data: s000 and s001 (each ended by a
+        // header inside member 1) are verified when member 2 fails; s002,
+        // ended by s003's header in member 2, is not.
+        let split = 3 * 1536;
+        let damaged_data = &tar[split + 512 + 100..split + 512 + 132]; // s003's data
+        let gz = [gzip_stored(&tar[..split]), gzip_stored(&tar[split..])].concat();
+        let (keys, result) = read_stream(&flip_in(gz, damaged_data), 1 << 20);
+        assert_eq!(keys, ["s000", "s001"]);
+        assert!(
+            matches!(result, Err(Error::Decompress { .. })),
+            "{result:?}"
+        );
+        let zst = [
+            zstd_frame(&tar[..split], true),
+            zstd_frame(&tar[split..], true),
+        ]
+        .concat();
+        let (keys, result) = read_stream(&flip_in(zst, damaged_data), 1 << 20);
+        assert_eq!(keys, ["s000", "s001"]);
+        assert!(
+            matches!(result, Err(Error::Decompress { .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn a_member_larger_than_the_verify_budget_hands_out_and_says_how_many() {
+        let tar = noise_tar(20, 900);
+        let damaged_data = &tar[512 * 37 + 100..512 * 37 + 132]; // s012's data
+        let gz = flip_in(gzip_stored(&tar), damaged_data);
+        let (keys, result) = read_stream(&gz, 5000);
+        // A sample leaves once it starts more than 5000 bytes before the
+        // read position; the damage shows only at the member's end, so all
+        // but the last few are out by then.
+        assert!((10..20).contains(&keys.len()), "{keys:?}");
+        let message = result.unwrap_err().to_string();
+        let note = format!(
+            "{} samples of this shard had already been handed out before the checksum",
+            keys.len()
+        );
+        assert!(message.contains(&note), "{message}");
+        assert!(message.contains("5000-byte verify budget"), "{message}");
+        // Intact, the same budget gives every sample.
+        let (keys, result) = read_stream(&gzip_stored(&tar), 5000);
+        assert_eq!(
+            (keys.len(), result.unwrap()),
+            (20, Outcome::Completed { samples: 20 })
+        );
+    }
+
+    #[test]
+    fn zstd_frames_without_a_checksum_hand_samples_out_as_decoded() {
+        // Several blocks (at most 128 KiB of tar each): those before the
+        // cut decode whole.
+        let tar = noise_tar(200, 900);
+        let unchecked = zstd_frame(&tar, false);
+        let (keys, result) = read_stream(&unchecked[..unchecked.len() * 4 / 5], 1 << 20);
+        assert!(keys.len() >= 50, "{}", keys.len());
+        assert!(
+            matches!(result, Err(Error::Decompress { .. })),
+            "{result:?}"
+        );
+        let checked = zstd_frame(&tar, true);
+        let (keys, result) = read_stream(&checked[..checked.len() * 4 / 5], 1 << 20);
+        assert_eq!(keys, Vec::<String>::new());
+        assert!(
+            matches!(result, Err(Error::Decompress { .. })),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn a_zero_block_followed_by_members_is_an_error_naming_it() {
+        let tar = build(&[("a.x", b"1"), ("b.x", b"2"), ("c.x", b"3")]);
+        // The first header wiped: formerly 0 samples and a completed shard.
+        let mut wiped = tar.clone();
+        wiped[..512].fill(0);
+        let error = samples(&wiped).unwrap_err().to_string();
+        assert!(
+            error.contains(
+                "a zero block ends the archive here, but non-zero data follows at byte offset 512"
+            ) && error.contains("at byte offset 0"),
+            "{error}"
+        );
+        // The second header wiped: "a" is not handed out either, as it may
+        // have had more members.
+        let mut wiped = tar.clone();
+        wiped[1024..1536].fill(0);
+        let mut keys = Vec::new();
+        let error = read_samples(&mut &wiped[..], &shard(), |s| {
+            keys.push(s.key);
+            ControlFlow::Continue(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(keys.is_empty(), "{keys:?}");
+        assert!(
+            error.contains("follows at byte offset 1536") && error.contains("at byte offset 1024"),
+            "{error}"
+        );
+        // Data after the end-of-archive blocks.
+        let mut trailing = tar.clone();
+        trailing.extend_from_slice(b"junk");
+        let error = samples(&trailing).unwrap_err().to_string();
+        let at = format!("non-zero data follows at byte offset {}", tar.len());
+        assert!(error.contains(&at), "{error}");
+        // In a compressed stream, with offsets in the decompressed tar.
+        let mut wiped = tar.clone();
+        wiped[..512].fill(0);
+        let (keys, result) = read_stream(&zstd_frame(&wiped, true), 1 << 20);
+        let error = result.unwrap_err().to_string();
+        assert!(keys.is_empty());
+        assert!(
+            error.contains("at byte offset 0 of the decompressed zstd tar"),
+            "{error}"
+        );
+    }
+
+    /// Counting from the headers finds what reading finds.
+    #[test]
+    fn sample_spans_report_the_same_end_of_archive_errors() {
+        let tar = build(&[("a.x", b"1"), ("b.x", b"2"), ("c.x", b"3")]);
+        let spans = |bytes: &[u8]| sample_spans(&mut { bytes }, &shard(), bytes.len() as u64);
+        let mut wiped = tar.clone();
+        wiped[1024..1536].fill(0);
+        let mut trailing = tar.clone();
+        trailing.extend_from_slice(b"junk");
+        let mut huge = tar.clone();
+        set_size_field(&mut huge, 1024, &[0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1]);
+        for bad in [wiped, trailing, huge] {
+            let counted = spans(&bad).unwrap_err().to_string();
+            assert_eq!(counted, samples(&bad).unwrap_err().to_string());
+        }
+        let mut padded = tar.clone();
+        padded.resize(tar.len() + 10240, 0);
+        assert_eq!(spans(&padded).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn zeros_to_the_end_after_the_marker_are_padding() {
+        let tar = build(&[("a.x", b"1"), ("b.x", b"2")]);
+        for extra in [0, 1, 511, 10240, 1 << 20] {
+            let mut padded = tar.clone();
+            padded.resize(tar.len() + extra, 0);
+            assert_eq!(samples(&padded).unwrap().len(), 2, "{extra}");
+        }
+        // One zero block, then the end of the file.
+        assert_eq!(samples(&tar[..tar.len() - 512]).unwrap().len(), 2);
+        // No end-of-archive blocks at all.
+        assert_eq!(samples(&tar[..tar.len() - 1024]).unwrap().len(), 2);
+    }
+
+    /// Writes `field` into the size field of the header at `at`, and the
+    /// header's checksum.
+    fn set_size_field(tar: &mut [u8], at: usize, field: &[u8; 12]) {
+        let header = &mut tar[at..at + 512];
+        header[124..136].copy_from_slice(field);
+        header[148..156].fill(b' ');
+        let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
+        header[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    }
+
+    #[test]
+    fn a_size_of_2_to_the_64_or_more_is_an_error_naming_the_header() {
+        let mut tar = build(&[("a.x", b"1"), ("b.x", b"hello"), ("c.x", b"3")]);
+        // b.x's size as base-256: 2^64 + 5, whose low 8 bytes say 5.
+        set_size_field(&mut tar, 1024, &[0x80, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5]);
+        let error = samples(&tar).unwrap_err().to_string();
+        assert!(
+            error.contains("bad tar header (numeric field size is a base-256 number of 2^64 or more) at byte offset 1024"),
+            "{error}"
+        );
+    }
+
+    /// A source that records the most room any append was given.
+    struct Recording<'a> {
+        bytes: &'a [u8],
+        most_capacity: usize,
+    }
+
+    impl std::io::Read for Recording<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.bytes.read(buf)
+        }
+    }
+
+    impl ByteSource for Recording<'_> {
+        fn read_append(&mut self, out: &mut Vec<u8>, max: usize) -> std::io::Result<usize> {
+            self.most_capacity = self.most_capacity.max(out.capacity());
+            self.bytes.read_append(out, max)
+        }
+    }
+
+    /// A header claiming 2^50 bytes over a short input: an error naming the
+    /// member, with no giant allocation on the way.
+    #[test]
+    fn a_huge_claimed_size_over_a_short_input_is_an_error_not_an_allocation() {
+        let mut tar = build(&[("a.x", b"1"), ("b.x", &[7u8; 3000])]);
+        // 2^50 in base-256.
+        set_size_field(&mut tar, 1024, &[0x80, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0]);
+        let mut source = Recording {
+            bytes: &tar,
+            most_capacity: 0,
+        };
+        let error = read_samples(&mut source, &shard(), |_| ControlFlow::Continue(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("truncated tar archive") && error.contains("member \"b.x\""),
+            "{error}"
+        );
+        assert!(
+            source.most_capacity <= 64 << 20,
+            "reserved {} bytes",
+            source.most_capacity
+        );
+    }
+
+    /// An endless stream of zeros.
+    struct Zeros;
+
+    impl std::io::Read for Zeros {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            buf.fill(0);
+            Ok(buf.len())
+        }
+    }
+
+    impl ByteSource for Zeros {}
+
+    /// Set in the child process of
+    /// `data_no_memory_can_hold_is_an_error_not_an_abort`.
+    const MEMORY_LIMIT_CHILD: &str = "SHARDSTREAM_TEST_MEMORY_LIMIT_CHILD";
+
+    /// A member (and a raw object) larger than the memory the process may
+    /// have: an error, not an abort. The work runs in a child process
+    /// under an address-space limit, so an abort fails this test rather
+    /// than ending the test run, and no test beside it feels the limit.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn data_no_memory_can_hold_is_an_error_not_an_abort() {
+        const NAME: &str = "format::tar::tests::data_no_memory_can_hold_is_an_error_not_an_abort";
+        if std::env::var_os(MEMORY_LIMIT_CHILD).is_none() {
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+                .env(MEMORY_LIMIT_CHILD, "1")
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(
+                output.status.success() && stdout.contains("1 passed"),
+                "{:?}\n{stdout}\n{stderr}",
+                output.status
+            );
+            return;
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let vm_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        let limit = (vm_kib << 10) + (768 << 20);
+        let rlimit = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: limit,
+        };
+        // SAFETY: setrlimit reads the struct it is given.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rlimit) }, 0);
+
+        let mut header = ::tar::Header::new_gnu();
+        header.set_path("big.bin").unwrap();
+        header.set_size(1 << 50);
+        header.set_mode(0o644);
+        header.set_cksum();
+        let mut source = std::io::Read::chain(&header.as_bytes()[..], Zeros);
+        let mut source = SourceOf(&mut source);
+        let error = read_samples(&mut source, &shard(), |_| ControlFlow::Continue(()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("member of 1125899906842624 bytes: cannot hold its data in memory")
+                && error.contains("member \"big.bin\""),
+            "{error}"
+        );
+        let error = crate::format::blob::read_object(&mut Zeros, &shard())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("cannot allocate"), "{error}");
+    }
+
+    /// Any reader as a [`ByteSource`].
+    struct SourceOf<R>(R);
+
+    impl<R: std::io::Read> std::io::Read for SourceOf<R> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.0.read(buf)
+        }
+    }
+
+    impl<R: std::io::Read> ByteSource for SourceOf<R> {}
 
     #[test]
     fn stop_ends_early() {
