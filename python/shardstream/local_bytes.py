@@ -3,12 +3,17 @@ process as a reference to their file rather than through the worker's pipe.
 
 In a DataLoader worker, a tar member of a local (memory-mapped) shard that is
 16 KiB or longer is handed out as ``LocalBytes``: ``bytes`` in every way, but
-it pickles as the member's place in its shard (path, offset, length and the
-file's identity). The process that unpickles it, the DataLoader's main
-process, reads those bytes from the file (its pages are in the page cache:
-the worker has just read them) into a plain ``bytes``. The batch then costs
-one copy in the main process instead of a pickle, a pipe write, a pipe read
-and an unpickle of every byte.
+``multiprocessing``'s pickler (``ForkingPickler``, which the DataLoader's
+worker result queue pickles batches with) writes it as the member's place in
+its shard (path, offset, length and the file's identity). The process that
+unpickles it, the DataLoader's main process, reads those bytes from the file
+(its pages are in the page cache: the worker has just read them) into a plain
+``bytes``. The batch then costs one copy in the main process instead of a
+pickle, a pipe write, a pipe read and an unpickle of every byte.
+
+Plain ``pickle`` (and ``copy``) gives the bytes themselves: a sample pickled
+in a worker for anything else (a cache, a queue to another host) holds its
+data, not a reference to a file that may be gone or elsewhere.
 
 With ``raise_malloc_thresholds`` (the dataset's default), the first read
 in a process also raises glibc's malloc thresholds there (mmap 32 MiB, trim
@@ -28,6 +33,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from multiprocessing.reduction import ForkingPickler
 
 from ._core import ObjectChangedError, ShardNotFoundError, ShardReadError
 from ._core import raise_malloc_thresholds as _raise_malloc_thresholds
@@ -43,8 +49,9 @@ _THRESHOLDS_RAISED = False
 
 
 class LocalBytes(bytes):
-    """``bytes`` of a local shard's member that pickle as where they are in
-    the shard, and unpickle as a plain ``bytes`` read from there."""
+    """``bytes`` of a local shard's member that ``multiprocessing`` pickles
+    as where they are in the shard, unpickled as a plain ``bytes`` read from
+    there; plain ``pickle`` gives a plain ``bytes`` of the data."""
 
     _origin: tuple[str, int, int, tuple[int, int, int, int], bool]
 
@@ -71,7 +78,15 @@ class LocalBytes(bytes):
         return self
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        return (read_local, self._origin)
+        return (bytes, (bytes(self),))
+
+
+def _reduce_by_reference(value: LocalBytes) -> tuple[object, tuple[object, ...]]:
+    """``ForkingPickler``'s reduction of a ``LocalBytes``: its place in the shard."""
+    return (read_local, value._origin)
+
+
+ForkingPickler.register(LocalBytes, _reduce_by_reference)
 
 
 def read_local(

@@ -3,6 +3,7 @@ process as references to their file, and arrive as plain ``bytes``."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import multiprocessing
@@ -12,6 +13,7 @@ import random
 import subprocess
 import sys
 import tarfile
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import pytest
@@ -172,22 +174,41 @@ def identity(path: Path) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def test_local_bytes_pickle_as_their_place_and_load_as_bytes(tmp_path: Path) -> None:
+def by_reference(value: bytes) -> bytes:
+    """``value`` as the DataLoader's worker result queue pickles it."""
+    return bytes(ForkingPickler.dumps(value))
+
+
+def test_local_bytes_cross_processes_as_their_place_and_load_as_bytes(tmp_path: Path) -> None:
     path = tmp_path / "shard.tar"
     content = random.Random(5).randbytes(100_000)
     path.write_bytes(content)
     value = local_bytes.LocalBytes(content[1000:51_000], str(path), 1000, *identity(path))
     assert isinstance(value, bytes) and value == content[1000:51_000]
-    pickled = pickle.dumps(value)
+    pickled = by_reference(value)
     assert len(pickled) < 1000, "the bytes themselves are not in the pickle"
     loaded = pickle.loads(pickled)
     assert type(loaded) is bytes and loaded == content[1000:51_000]
 
 
+def test_local_bytes_pickle_plainly_as_their_bytes(tmp_path: Path) -> None:
+    """Plain pickle (a cache, a queue to another host) holds the data: it
+    loads the same after the shard is gone."""
+    path = tmp_path / "shard.tar"
+    content = random.Random(6).randbytes(60_000)
+    path.write_bytes(content)
+    value = local_bytes.LocalBytes(content[:50_000], str(path), 0, *identity(path))
+    pickled = pickle.dumps(value)
+    assert len(pickled) >= 50_000
+    path.unlink()
+    for loaded in (pickle.loads(pickled), copy.deepcopy(value), copy.copy(value)):
+        assert type(loaded) is bytes and loaded == content[:50_000]
+
+
 def test_a_replaced_shard_is_an_error_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "shard.tar"
     path.write_bytes(b"a" * 50_000)
-    pickled = pickle.dumps(local_bytes.LocalBytes(b"a" * 20_000, str(path), 0, *identity(path)))
+    pickled = by_reference(local_bytes.LocalBytes(b"a" * 20_000, str(path), 0, *identity(path)))
     replacement = tmp_path / "new.tar"
     replacement.write_bytes(b"b" * 60_000)
     os.replace(replacement, path)
@@ -201,10 +222,10 @@ def test_a_missing_or_short_shard_is_an_error_naming_shard_and_offset(tmp_path: 
     beyond = local_bytes.LocalBytes(b"c" * 20_000, str(path), 20_000, *identity(path))
     at_end = r"short\.tar: read failed at byte offset 30000"
     with pytest.raises(shardstream.ShardReadError, match=at_end):
-        pickle.loads(pickle.dumps(beyond))
+        pickle.loads(by_reference(beyond))
     gone = tmp_path / "gone.tar"
     gone.write_bytes(b"d" * 30_000)
-    pickled = pickle.dumps(local_bytes.LocalBytes(b"d" * 20_000, str(gone), 0, *identity(gone)))
+    pickled = by_reference(local_bytes.LocalBytes(b"d" * 20_000, str(gone), 0, *identity(gone)))
     gone.unlink()
     with pytest.raises(shardstream.ShardNotFoundError, match=r"gone\.tar"):
         pickle.loads(pickled)
