@@ -23,6 +23,7 @@ __all__ = [
     "ShardStreamError",
     "StateMismatchError",
     "StorageAuthError",
+    "StreamProcessError",
     "__version__",
     "_rebuild_shard_list",
     "check_state",
@@ -69,6 +70,9 @@ class ManifestMismatchError(ManifestError):
 
 class StateMismatchError(ShardStreamError):
     """A saved state does not fit this dataset, options or layout."""
+
+class StreamProcessError(ShardStreamError):
+    """An iterator was used in another process than the one that started it (a forked child)."""
 
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
@@ -197,7 +201,8 @@ class SampleStream(Iterator[Any]):
         """The state (JSON) as of the last sample handed out."""
     def __iter__(self) -> SampleStream: ...
     def __next__(self) -> Any:
-        """The next sample (a dict), batch (a dict of columns) or record batch."""
+        """The next sample (a dict), batch (a dict of columns) or record batch; raises
+        ``StreamProcessError`` in a process other than the one that started the stream."""
 
 def resolve_shards(specs: list[str]) -> list[tuple[str, int | None]]:
     """Resolves dataset specs to ``(url, size or None)`` pairs, in order."""

@@ -73,6 +73,12 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    StreamProcessError,
+    ShardStreamError,
+    "An iterator was used in another process than the one that started it (a forked child)."
+);
+create_exception!(
+    shardstream._core,
     ShardSkippedWarning,
     PyUserWarning,
     "A bad shard was skipped under on_error=\"warn\"."

@@ -26,7 +26,7 @@ mod _core {
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
         ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
         ShardReadError, ShardSkippedWarning, ShardStreamError, StateMismatchError,
-        StorageAuthError,
+        StorageAuthError, StreamProcessError,
     };
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;

@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use super::blocking::{blocking, interruptible};
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
 use super::errors::{
     panic_to_py, to_py, ManifestIgnoredWarning, ShardSkippedWarning, ShardStreamError,
+    StreamProcessError,
 };
 use super::options::Options;
 use crate::collate::collate;
@@ -289,6 +290,9 @@ pub struct SampleStream {
     local_bytes: Option<Py<PyAny>>,
     /// Set while a `next()` runs: a second thread's `next()` is refused.
     busy: AtomicBool,
+    /// The process that started the stream's threads (0: not started). A
+    /// forked child has none of them: it must not wait on their channel.
+    started_in: AtomicU32,
 }
 
 /// The right to run `next()`, held for the length of one call.
@@ -371,6 +375,7 @@ impl SampleStream {
             skipped: Mutex::new(Vec::new()),
             local_bytes,
             busy: AtomicBool::new(false),
+            started_in: AtomicU32::new(0),
         })
     }
 
@@ -412,7 +417,25 @@ impl SampleStream {
     }
 
     /// The next sample (a dict), batch (a dict of columns) or record batch.
+    /// Raises `StreamProcessError` in a process other than the one whose
+    /// `next()` started the stream (a forked child: the threads that feed
+    /// the stream stayed in the parent).
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        // First: a parent's `next()` running in another thread at the fork
+        // leaves the child's copy busy (and its locks held) for ever.
+        let pid = std::process::id();
+        match self
+            .started_in
+            .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {}
+            Err(started) if started == pid => {}
+            Err(started) => {
+                return Err(StreamProcessError::new_err(format!(
+                    "this stream was started in process {started}; create a new iterator in this process"
+                )))
+            }
+        }
         let Some(_turn) = NextTurn::take(&self.busy) else {
             return Err(ShardStreamError::new_err(
                 "this stream's next() is already running in another thread; iterate a stream \

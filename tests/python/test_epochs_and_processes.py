@@ -1,14 +1,64 @@
-"""How samples pickle in a DataLoader worker."""
+"""Iterators used across a fork, and how samples pickle in a DataLoader
+worker."""
 
 from __future__ import annotations
 
+import os
 import pickle
+import select
+import signal
+import time
 from multiprocessing.reduction import ForkingPickler
 
-from _shardtest import collect, write_tar
+from _shardtest import collect, keys_of, write_tar
 from torch.utils.data import DataLoader
 
 import shardstream
+from shardstream import StreamProcessError
+
+SEED = 9
+
+# --------------------------------------------------------------------------
+# An iterator used in a forked child
+# --------------------------------------------------------------------------
+
+
+def test_an_iterator_started_in_the_parent_raises_in_a_forked_child(dataset):
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    iterator = iter(ds)
+    next(iterator)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what next() does, then leave at once
+        try:
+            os.close(read)
+            try:
+                next(iterator)
+                message = "no error"
+            except BaseException as error:
+                message = f"{type(error).__name__}: {error}"
+            os.write(write, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        ready, _, _ = select.select([read], [], [], 30)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        message = os.read(read, 4096).decode() if ready else "the child hung"
+    finally:
+        os.close(read)
+        deadline = time.monotonic() + 10
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert message == (
+        f"StreamProcessError: this stream was started in process {os.getpid()}; "
+        "create a new iterator in this process"
+    )
+    assert issubclass(StreamProcessError, shardstream.ShardStreamError)
+    # The parent's iterator goes on.
+    assert len(keys_of(iterator)) == len(dataset.keys) - 1
+
 
 # --------------------------------------------------------------------------
 # Samples pickled in a DataLoader worker
