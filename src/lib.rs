@@ -18,6 +18,7 @@ pub mod format;
 pub mod manifest;
 pub mod pipeline;
 pub mod plan;
+pub mod resolved;
 pub mod shuffle;
 pub mod source;
 pub mod spec;

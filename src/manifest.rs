@@ -81,6 +81,22 @@ impl SampleIndex {
         }
     }
 
+    /// An index of the spans `offsets[i]..offsets[i] + lengths[i]` (as
+    /// [`SampleIndex::offset`] and [`SampleIndex::length`] give them back)
+    /// of a shard with `compression`; `None` unless there are as many
+    /// lengths as offsets.
+    pub fn from_parts(
+        offsets: Vec<u64>,
+        lengths: Vec<u64>,
+        compression: Option<Compression>,
+    ) -> Option<Self> {
+        (offsets.len() == lengths.len()).then_some(SampleIndex {
+            offsets,
+            lengths,
+            compression,
+        })
+    }
+
     /// Number of samples.
     pub fn len(&self) -> u64 {
         self.offsets.len() as u64

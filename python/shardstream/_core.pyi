@@ -162,9 +162,13 @@ class ShardList:
     def __len__(self) -> int: ...
 
 def _rebuild_shard_list(
-    specs: list[str], options: Options, manifest: str | bool, counted: bool
+    specs: list[str],
+    options: Options,
+    manifest: str | os.PathLike[str] | None,
+    counted: bool,
+    shards: bytes,
 ) -> ShardList:
-    """Unpickles a ``ShardList``."""
+    """Unpickles a ``ShardList`` (``shards`` as its pickling encoded them)."""
 
 @final
 class ArrowExport:

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use super::blocking::{blocking, interruptible};
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
@@ -215,7 +215,9 @@ impl ShardList {
         self.shards.len()
     }
 
-    /// Pickling resolves the specs again, with the same manifest.
+    /// Pickling keeps the resolved shards (with their sample indices and
+    /// Parquet footers): the copy plans over exactly these shards, without
+    /// listing or reading anything again.
     fn __reduce__<'py>(
         slf: &Bound<'py, Self>,
     ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
@@ -223,14 +225,21 @@ impl ShardList {
         let this = slf.borrow();
         let manifest = match &this.manifest {
             Some(path) => path.clone().into_pyobject(py)?.into_any(),
-            None => pyo3::types::PyBool::new(py, false).to_owned().into_any(),
+            None => py.None().into_bound(py),
         };
         let specs = this.specs.clone().into_pyobject(py)?.into_any();
         let options = this.options.bind(py).clone().into_any();
         let counted = pyo3::types::PyBool::new(py, this.counted)
             .to_owned()
             .into_any();
-        let args = PyTuple::new(py, [specs, options, manifest, counted])?;
+        let encoded = crate::resolved::encode(&this.shards).map_err(|reason| {
+            to_py(crate::Error::Spec {
+                spec: this.specs.join(" "),
+                reason,
+            })
+        })?;
+        let shards = PyBytes::new(py, &encoded).into_any();
+        let args = PyTuple::new(py, [specs, options, manifest, counted, shards])?;
         let rebuild = py
             .import("shardstream._core")?
             .getattr("_rebuild_shard_list")?;
@@ -238,24 +247,30 @@ impl ShardList {
     }
 }
 
-/// Unpickles a [`ShardList`]: the specs resolved again with the options,
-/// the manifest the original used (`False` for none), counted if it was.
+/// Unpickles a [`ShardList`]: `shards` as `ShardList.__reduce__` encoded
+/// them, the manifest the original used (if any), whether it was counted,
+/// and its specs and options.
 #[pyfunction]
 pub fn _rebuild_shard_list(
-    py: Python<'_>,
     specs: Vec<String>,
     options: Py<Options>,
-    manifest: &Bound<'_, PyAny>,
+    manifest: Option<PathBuf>,
     counted: bool,
+    shards: &[u8],
 ) -> PyResult<ShardList> {
-    let given = options.bind(py).call_method0("to_dict")?;
-    given.set_item("manifest", manifest)?;
-    let options = Py::new(py, Options::from_dict(given.cast::<PyDict>()?)?)?;
-    let mut list = ShardList::new(py, specs, options)?;
-    if counted {
-        list.count_samples(py)?;
-    }
-    Ok(list)
+    let shards = crate::resolved::decode(shards).map_err(|reason| {
+        to_py(crate::Error::Spec {
+            spec: specs.join(" "),
+            reason: format!("its pickled shard list {reason}"),
+        })
+    })?;
+    Ok(ShardList {
+        shards: Arc::new(shards),
+        specs,
+        manifest,
+        options,
+        counted,
+    })
 }
 
 /// An error when `world_size > 1` and a shard's sample count is unknown.

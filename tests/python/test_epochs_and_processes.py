@@ -1,4 +1,5 @@
-"""Iterators used across a fork, and how samples pickle in a DataLoader
+"""What a pickled dataset (a spawned DataLoader worker's) plans over,
+iterators used across a fork, and how samples pickle in a DataLoader
 worker."""
 
 from __future__ import annotations
@@ -9,14 +10,104 @@ import select
 import signal
 import time
 from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 
-from _shardtest import collect, keys_of, write_tar
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from _shardtest import assert_exactly_once, collect, keys_of, loader, write_tar
 from torch.utils.data import DataLoader
 
 import shardstream
-from shardstream import StreamProcessError
+from shardstream import DatasetSpecError, StreamProcessError, _core
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
 SEED = 9
+
+
+def epoch_order(spec, num_workers: int, epoch: int, **kwargs) -> list[str]:
+    """The order of one epoch, on a fresh dataset told its epoch."""
+    ds = shardstream.StreamingDataset(spec, seed=SEED, **kwargs)
+    ds.set_epoch(epoch)
+    return keys_of(collect(loader(ds, num_workers)))
+
+
+def write_shard(path: Path, prefix: str, count: int) -> Path:
+    return write_tar(
+        path, [(f"{prefix}{i:03d}.txt", f"{prefix} {i}".encode()) for i in range(count)]
+    )
+
+
+# --------------------------------------------------------------------------
+# A pickled dataset plans over the shards resolved when it was made
+# --------------------------------------------------------------------------
+
+
+def test_spawned_workers_use_the_main_process_shards(tmp_path):
+    """Workers started with ``spawn`` get the shard list the main process
+    resolved: a shard added to the directory afterwards is not read."""
+    import multiprocessing
+
+    shards = [write_shard(tmp_path / f"shard-{n}.tar", f"s{n}-", 6) for n in range(4)]
+    expected = [f"s{n}-{i:03d}" for n in range(4) for i in range(6)]
+    ds = shardstream.StreamingDataset(str(tmp_path), seed=SEED, shuffle_buffer=5)
+    write_shard(tmp_path / "shard-9.tar", "new-", 6)
+    dl = loader(ds, 2, multiprocessing_context=multiprocessing.get_context("spawn"))
+    order = keys_of(collect(dl))
+    assert_exactly_once(order, expected)
+    assert order == epoch_order([str(p) for p in shards], 2, 0, shuffle_buffer=5)
+
+
+def test_a_pickled_dataset_keeps_its_shards_when_the_directory_changes(tmp_path):
+    for shard in range(3):
+        write_shard(tmp_path / f"shard-{shard}.tar", f"s{shard}-", 5)
+    ds = shardstream.StreamingDataset(str(tmp_path), seed=SEED)
+    pickled = pickle.dumps(ds)
+    write_shard(tmp_path / "shard-3.tar", "new-", 5)
+    clone = pickle.loads(pickled)
+    assert clone.shards == ds.shards and len(clone.shard_list) == 3
+    assert keys_of(collect(clone)) == keys_of(collect(ds))
+
+
+def test_a_pickled_dataset_keeps_its_manifest_index(uneven_dataset):
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, world_size=2, rank=1)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.manifest_path == ds.manifest_path is not None
+    assert clone.shard_list.sample_counts == ds.shard_list.sample_counts
+    assert len(clone) == len(ds)
+    # Same shards and sample spans: a state of one resumes the other exactly.
+    iterator = iter(ds)
+    for _ in range(5):
+        next(iterator)
+    state = ds.state_dict()
+    rest = keys_of(iterator)
+    clone.load_state_dict(state)
+    assert keys_of(collect(clone)) == rest
+
+
+def test_a_pickled_parquet_dataset_keeps_its_row_groups(tmp_path):
+    for part in range(2):
+        ids = list(range(part * 100, part * 100 + 30))
+        table = pa.table({"id": ids, "name": [f"row {i}" for i in ids]})
+        pq.write_table(table, tmp_path / f"part-{part}.parquet", row_group_size=7)
+    ds = shardstream.StreamingDataset(str(tmp_path), seed=SEED, shuffle_buffer=0)
+    pickled = pickle.dumps(ds)
+    pq.write_table(pa.table({"id": [999], "name": ["new"]}), tmp_path / "part-2.parquet")
+    clone = pickle.loads(pickled)
+    assert clone.shards == ds.shards and clone.shard_list.kinds == ["parquet"] * 10
+    got = collect(clone)
+    assert got == collect(ds)
+    assert sorted(row["id"] for row in got) == list(range(30)) + list(range(100, 130))
+
+
+def test_a_damaged_pickled_shard_list_is_refused():
+    options = _core.Options()
+    with pytest.raises(DatasetSpecError, match="its pickled shard list is not an encoded"):
+        _core._rebuild_shard_list(["x.tar"], options, None, False, b"junk")
+    with pytest.raises(DatasetSpecError, match="a count of 1 with 0 bytes left"):
+        _core._rebuild_shard_list(["x.tar"], options, None, False, b"SSL1\x00\x01")
+
 
 # --------------------------------------------------------------------------
 # An iterator used in a forked child
