@@ -1,7 +1,10 @@
-//! Stream counters. They live in shared anonymous memory, so DataLoader
-//! worker processes forked after their creation add to the same numbers the
-//! parent reads.
+//! Stream counters and the epoch table. Both live in shared memory, so
+//! DataLoader worker processes forked after their creation add to the same
+//! counters the parent reads and advance the same epochs; the epoch table's
+//! memory is also a file descriptor that can be handed to processes started
+//! with `spawn` or `forkserver`.
 
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One counter of [`Counters`].
@@ -162,6 +165,222 @@ impl std::fmt::Debug for Counters {
     }
 }
 
+/// Entries of an [`Epochs`] table: DataLoader worker ids it can serve.
+pub const EPOCH_TABLE_LEN: usize = 1024;
+
+const EPOCH_TABLE_BYTES: usize = EPOCH_TABLE_LEN * std::mem::size_of::<AtomicU64>();
+
+/// The epoch of each DataLoader worker's next iteration, by worker id, in
+/// memory shared with the processes the table is forked or handed to.
+///
+/// The memory is a file (`memfd` on Linux) mapped shared, so besides being
+/// inherited by forked children its descriptor ([`Epochs::fd`]) can be
+/// passed to a process started another way, which maps the same memory
+/// with [`Epochs::attach`]. Where no such file can be made, the table is a
+/// shared anonymous mapping (forked children only), or, failing that,
+/// private memory.
+pub struct Epochs {
+    cells: *mut AtomicU64,
+    /// The file the cells are mapped from, if any.
+    file: Option<OwnedFd>,
+    /// Whether `cells` is a mapping (else a leaked box).
+    mapped: bool,
+}
+
+// SAFETY: the cells are atomics, valid for the life of `Epochs`.
+unsafe impl Send for Epochs {}
+// SAFETY: as above; all access is through atomic operations.
+unsafe impl Sync for Epochs {}
+
+/// A fresh memory file of the table's size, closed on exec.
+#[cfg(target_os = "linux")]
+fn memory_file() -> std::io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"shardstream-epochs".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = libc::off_t::try_from(EPOCH_TABLE_BYTES).expect("a small table");
+    // SAFETY: sizes the file just made (zero-filled).
+    if unsafe { libc::ftruncate(file.as_raw_fd(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn memory_file() -> std::io::Result<OwnedFd> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// Maps the table's bytes of `fd` (or anonymous memory for `None`) shared.
+fn map_shared(fd: Option<BorrowedFd<'_>>) -> std::io::Result<*mut AtomicU64> {
+    let (flags, raw) = match fd {
+        Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: a fresh shared mapping, checked for failure; the memory is
+    // zero-filled or holds atomics written through another mapping, both
+    // valid AtomicU64 values.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            EPOCH_TABLE_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            raw,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+impl Epochs {
+    /// A new table, every entry 0.
+    pub fn new() -> Self {
+        if let Ok(file) = memory_file() {
+            if let Ok(cells) = map_shared(Some(file.as_fd())) {
+                return Epochs {
+                    cells,
+                    file: Some(file),
+                    mapped: true,
+                };
+            }
+        }
+        if let Ok(cells) = map_shared(None) {
+            return Epochs {
+                cells,
+                file: None,
+                mapped: true,
+            };
+        }
+        let boxed: Box<[AtomicU64; EPOCH_TABLE_LEN]> =
+            Box::new(std::array::from_fn(|_| AtomicU64::new(0)));
+        Epochs {
+            cells: Box::into_raw(boxed).cast(),
+            file: None,
+            mapped: false,
+        }
+    }
+
+    /// A new table holding `values` (shorter: the rest 0; longer: an error).
+    pub fn from_values(values: &[u64]) -> std::result::Result<Self, String> {
+        if values.len() > EPOCH_TABLE_LEN {
+            return Err(format!(
+                "an epoch table has {EPOCH_TABLE_LEN} entries, got {}",
+                values.len()
+            ));
+        }
+        let table = Epochs::new();
+        for (i, &value) in values.iter().enumerate() {
+            table.cell(i).store(value, Ordering::SeqCst);
+        }
+        Ok(table)
+    }
+
+    /// The table whose memory file is `file` (from [`Epochs::fd`] of a
+    /// table in another process): both see and advance the same entries.
+    pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
+        // SAFETY: a zeroed `stat` is a valid value of the plain C struct.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of a descriptor we own into that struct.
+        if unsafe { libc::fstat(file.as_raw_fd(), &mut stat) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if u64::try_from(stat.st_size).ok() != Some(EPOCH_TABLE_BYTES as u64) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "not an epoch table: {} bytes, expected {EPOCH_TABLE_BYTES}",
+                    stat.st_size
+                ),
+            ));
+        }
+        let cells = map_shared(Some(file.as_fd()))?;
+        Ok(Epochs {
+            cells,
+            file: Some(file),
+            mapped: true,
+        })
+    }
+
+    /// The memory file, for [`Epochs::attach`] in another process; `None`
+    /// when the table is shared with forked children only.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(AsFd::as_fd)
+    }
+
+    fn cell(&self, index: usize) -> &AtomicU64 {
+        assert!(index < EPOCH_TABLE_LEN, "epoch table index {index}");
+        // SAFETY: `cells` points at EPOCH_TABLE_LEN atomics; checked above.
+        unsafe { &*self.cells.add(index) }
+    }
+
+    /// Entry `worker` (below [`EPOCH_TABLE_LEN`]).
+    pub fn get(&self, worker: usize) -> u64 {
+        self.cell(worker).load(Ordering::SeqCst)
+    }
+
+    /// Sets every entry to `epoch`.
+    pub fn set_all(&self, epoch: u64) {
+        for i in 0..EPOCH_TABLE_LEN {
+            self.cell(i).store(epoch, Ordering::SeqCst);
+        }
+    }
+
+    /// Sets entry `worker` of a DataLoader with `num_workers` workers, and
+    /// every entry from `num_workers` on (no worker of that DataLoader
+    /// reads them: a later one with more workers starts from there), to
+    /// `epoch`. `worker` must be below `num_workers` and
+    /// [`EPOCH_TABLE_LEN`].
+    pub fn set_worker(&self, worker: usize, num_workers: usize, epoch: u64) {
+        assert!(worker < num_workers, "worker {worker} of {num_workers}");
+        self.cell(worker).store(epoch, Ordering::SeqCst);
+        for i in num_workers..EPOCH_TABLE_LEN {
+            self.cell(i).store(epoch, Ordering::SeqCst);
+        }
+    }
+
+    /// Every entry, in worker id order.
+    pub fn values(&self) -> Vec<u64> {
+        (0..EPOCH_TABLE_LEN).map(|i| self.get(i)).collect()
+    }
+}
+
+impl Default for Epochs {
+    fn default() -> Self {
+        Epochs::new()
+    }
+}
+
+impl Drop for Epochs {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: unmaps the mapping made in `new` or `attach`, once.
+            unsafe {
+                libc::munmap(self.cells.cast(), EPOCH_TABLE_BYTES);
+            }
+        } else {
+            // SAFETY: re-owns the box leaked in `new`, once.
+            drop(unsafe { Box::from_raw(self.cells.cast::<[AtomicU64; EPOCH_TABLE_LEN]>()) });
+        }
+    }
+}
+
+impl std::fmt::Debug for Epochs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Epochs")
+            .field("first", &self.get(0))
+            .field("shareable", &self.file.is_some())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +411,51 @@ mod tests {
         // SAFETY: waits for the child forked above.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert_eq!(c.snapshot().get(Counter::Samples), 5);
+    }
+
+    #[test]
+    fn epochs_set_and_read() {
+        let e = Epochs::new();
+        assert!(e.values().iter().all(|&v| v == 0));
+        e.set_all(4);
+        e.set_worker(1, 3, 9);
+        assert_eq!(&e.values()[..5], &[4, 9, 4, 9, 9]);
+        assert_eq!(e.get(EPOCH_TABLE_LEN - 1), 9);
+        let copy = Epochs::from_values(&e.values()).unwrap();
+        assert_eq!(copy.values(), e.values());
+        copy.set_all(0);
+        assert_eq!(e.get(0), 4, "a copy is independent");
+        assert!(Epochs::from_values(&[0; EPOCH_TABLE_LEN + 1]).is_err());
+    }
+
+    #[test]
+    fn epochs_attached_by_descriptor_share_entries() {
+        let e = Epochs::new();
+        let fd = e
+            .fd()
+            .expect("a memory file on Linux")
+            .try_clone_to_owned()
+            .unwrap();
+        let other = Epochs::attach(fd).unwrap();
+        other.set_worker(0, 2, 7);
+        assert_eq!((e.get(0), e.get(1), e.get(2)), (7, 0, 7));
+        let wrong = tempfile::tempfile().unwrap();
+        assert!(Epochs::attach(wrong.into()).is_err());
+    }
+
+    #[test]
+    fn forked_child_advances_parent_epochs() {
+        let e = Epochs::new();
+        // SAFETY: the child only does atomic stores and `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            e.set_worker(0, 1, 3);
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child forked above.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!((e.get(0), e.get(1)), (3, 3));
     }
 }

@@ -8,6 +8,7 @@ __all__ = [
     "ArrowExport",
     "Counters",
     "DatasetSpecError",
+    "EpochTable",
     "FieldDecodeError",
     "ManifestError",
     "ManifestIgnoredWarning",
@@ -87,6 +88,32 @@ class Counters:
     def __new__(cls) -> Counters: ...
     def snapshot(self) -> dict[str, int]:
         """The counters as a dict of name to value."""
+
+@final
+class EpochTable:
+    """The epoch of each DataLoader worker's next iteration, by worker id, in memory shared
+    with forked workers and, through its descriptor, with workers started by ``spawn`` or
+    ``forkserver``."""
+
+    capacity: int
+    def __new__(cls) -> EpochTable: ...
+    def get(self, worker: int) -> int:
+        """The epoch of worker ``worker``'s next iteration."""
+    def set_all(self, epoch: int) -> None:
+        """Sets every entry to ``epoch``."""
+    def set_worker(self, worker: int, num_workers: int, epoch: int) -> None:
+        """Sets entry ``worker`` of a DataLoader of ``num_workers`` workers, and every entry
+        from ``num_workers`` on, to ``epoch``."""
+    def values(self) -> list[int]:
+        """Every entry, in worker id order."""
+    def fd(self) -> int | None:
+        """The descriptor of the table's memory (``None``: shared with forked processes only)."""
+    @staticmethod
+    def _attach(fd: int) -> EpochTable:
+        """The table whose memory is the descriptor ``fd`` (taken over and closed)."""
+    @staticmethod
+    def _from_values(values: list[int]) -> EpochTable:
+        """A new, unshared table holding ``values``."""
 
 @final
 @final

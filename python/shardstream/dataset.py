@@ -6,7 +6,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -14,6 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ._core import (
     Counters,
+    EpochTable,
     Options,
     SampleStream,
     ShardList,
@@ -152,7 +155,7 @@ class StreamingDataset(IterableDataset[Any]):
         if resolved_world > 1:
             self.shard_list.count_samples()
         self.shard_list.check_equal_length(resolved_world)
-        self.epoch = 0
+        self._epochs = EpochTable()
         self._counters = Counters()
         self._resume: str | None = None
         self._resume_epoch: int | None = None
@@ -169,20 +172,47 @@ class StreamingDataset(IterableDataset[Any]):
         path = self.shard_list.manifest_path
         return None if path is None else os.fspath(path)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Sets the epoch; the shard order and shuffle follow ``(seed, epoch)``.
+    @property
+    def epoch(self) -> int:
+        """The epoch of this process's next iteration (in a DataLoader
+        worker, of that worker's). Setting it is ``set_epoch``."""
+        info = get_worker_info()
+        return int(self._epochs.get(info.id if info is not None else 0))
 
-        Call it before creating the epoch's DataLoader iterator (workers copy
-        the dataset when they start; with ``persistent_workers=True`` they
-        keep the epoch they started with).
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of the next iteration; the shard order and shuffle
+        follow ``(seed, epoch)``.
+
+        Without it, each new iteration takes the epoch after the previous
+        one (0 first), in the main process and in DataLoader workers alike,
+        persistent or not, forked or started with ``spawn`` or
+        ``forkserver``: a new ``iter(loader)`` never repeats an epoch. Call
+        it before creating the epoch's DataLoader iterator; the iterations
+        after that one go on from ``epoch + 1``. Calling it with another
+        epoch than a pending resume's drops the resume.
         """
         if epoch < 0:
             raise ValueError(f"epoch must be non-negative, got {epoch}")
         if epoch != self.epoch:
             self._stream = None
-            if self._resume_epoch is not None and epoch != self._resume_epoch:
-                self._resume = self._resume_epoch = None
-        self.epoch = epoch
+        if self._resume_epoch is not None and epoch != self._resume_epoch:
+            self._resume = self._resume_epoch = None
+        self._set_next_epoch(epoch)
+
+    def _set_next_epoch(self, epoch: int) -> None:
+        """Makes ``epoch`` the epoch of the next iteration: of every process
+        sharing the epoch table when called outside a DataLoader worker; in
+        a worker, of this worker (and of the worker ids its DataLoader does
+        not use, so that a later DataLoader with more workers agrees)."""
+        info = get_worker_info()
+        if info is None:
+            self._epochs.set_all(epoch)
+        else:
+            self._epochs.set_worker(info.id, info.num_workers, epoch)
 
     def distributed_slot(self) -> tuple[int, int]:
         """``(rank, world_size)``: explicit arguments, else torch.distributed,
@@ -233,7 +263,10 @@ class StreamingDataset(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
-        stream = self._open_stream()
+        stream = self._open_stream(self.epoch)
+        # A resumed stream takes its epoch from the state; either way the
+        # next iteration streams the epoch after this one.
+        self._set_next_epoch(stream.epoch + 1)
         self._resume = self._resume_epoch = None
         self._stream = stream
         return stream
@@ -242,7 +275,7 @@ class StreamingDataset(IterableDataset[Any]):
         """The state of this process's stream as of the last sample it handed
         out (a new dict each call). With ``StatefulDataLoader`` each worker
         reports its own; see ``load_state_dict``."""
-        stream = self._stream if self._stream is not None else self._open_stream()
+        stream = self._stream if self._stream is not None else self._open_stream(self.epoch)
         state: dict[str, Any] = json.loads(stream.state())
         return state
 
@@ -254,12 +287,12 @@ class StreamingDataset(IterableDataset[Any]):
         and ``num_workers``: the rest of the epoch comes in exactly the
         uninterrupted order), or ``shardstream.elastic_state(...)`` of every
         slot of a job (any new world size and ``num_workers``: every sample
-        not yet produced comes once). The state's epoch becomes the
-        dataset's epoch, unless the state's epoch was finished: then the
-        next iteration yields nothing and the dataset keeps its epoch. A
-        malformed state raises
-        ``StateMismatchError`` here, a state of other data or options when
-        iteration starts.
+        not yet produced comes once). The next iteration streams the rest
+        of the state's epoch, and the one after it the epoch after the
+        state's. A state saved once its epoch was finished leaves nothing
+        for the next iteration (``epoch`` then already reads the state's
+        epoch + 1). A malformed state raises ``StateMismatchError`` here, a
+        state of other data or options when iteration starts.
         """
         if state_dict.get("format") == "shardstream.elastic":
             resume = json.dumps(state_dict.get("slots"))
@@ -277,13 +310,11 @@ class StreamingDataset(IterableDataset[Any]):
             self.shard_list.count_samples()
         self._resume, self._resume_epoch = resume, epoch
         self._stream = None
-        if not all(slot["finished"] for slot in slots):
-            # A finished state yields nothing and leaves the epoch alone, so
-            # the iteration after it is the epoch set_epoch chose.
-            self.epoch = epoch
+        finished = all(slot["finished"] for slot in slots)
+        self._set_next_epoch(epoch + 1 if finished else epoch)
 
-    def _open_stream(self) -> SampleStream:
-        """This slot's stream for the current epoch (or pending resume); its
+    def _open_stream(self, epoch: int) -> SampleStream:
+        """This slot's stream for ``epoch`` (or the pending resume); its
         threads start at the first ``next()``."""
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
@@ -296,7 +327,7 @@ class StreamingDataset(IterableDataset[Any]):
             raise_malloc_thresholds()
         return SampleStream(
             self.shard_list,
-            epoch=self.epoch,
+            epoch=epoch,
             world_size=world_size,
             rank=rank,
             num_workers=num_workers,
@@ -332,3 +363,29 @@ class StreamingDataset(IterableDataset[Any]):
             f"shuffle_shards={o['shuffle_shards']}, shuffle_buffer={o['shuffle_buffer']}, "
             f"epoch={self.epoch}, on_error={o['on_error']!r})"
         )
+
+
+def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:
+    """How ``multiprocessing`` pickles an epoch table for a process it
+    starts (``spawn``/``forkserver`` DataLoader workers): as its memory's
+    descriptor, so that the worker advances the same epochs as the main
+    process. Plain ``pickle`` gives an unshared copy instead."""
+    fd = table.fd()
+    if fd is None:
+        warnings.warn(
+            "no shareable memory for the epoch table on this system: DataLoader workers "
+            "started with spawn or forkserver keep epochs of their own; call set_epoch "
+            "before each epoch",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return (EpochTable._from_values, (table.values(),))
+    return (_attach_epoch_table, (DupFd(fd),))
+
+
+def _attach_epoch_table(shared: Any) -> EpochTable:
+    """Unpickles a shared epoch table in the process it was handed to."""
+    return EpochTable._attach(shared.detach())
+
+
+ForkingPickler.register(EpochTable, _share_epoch_table)

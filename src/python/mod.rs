@@ -35,7 +35,7 @@ mod _core {
     #[pymodule_export]
     use super::stream::{
         _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
-        Counters, SampleStream, ShardList,
+        Counters, EpochTable, SampleStream, ShardList,
     };
 
     #[pymodule_init]

@@ -1,6 +1,7 @@
-"""What a pickled dataset (a spawned DataLoader worker's) plans over,
-iterators used across a fork, and how samples pickle in a DataLoader
-worker."""
+"""Epochs that advance by themselves (in the main process, in forked,
+persistent and spawned DataLoader workers), what a pickled dataset (a
+spawned worker's) plans over, iterators used across a fork, and how samples
+pickle in a DataLoader worker."""
 
 from __future__ import annotations
 
@@ -40,13 +41,108 @@ def write_shard(path: Path, prefix: str, count: int) -> Path:
 
 
 # --------------------------------------------------------------------------
+# Epochs advance by themselves
+# --------------------------------------------------------------------------
+
+LAYOUTS = [(0, False), (2, False), (2, True)]
+LAYOUT_IDS = ["in-process", "2-workers", "2-persistent-workers"]
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), LAYOUTS, ids=LAYOUT_IDS)
+def test_each_new_iteration_takes_the_next_epoch(dataset, num_workers, persistent):
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    kwargs = {"persistent_workers": True} if persistent else {}
+    dl = loader(ds, num_workers, **kwargs)
+    orders = [keys_of(collect(dl)) for _ in range(3)]
+    for order in orders:
+        assert_exactly_once(order, dataset.keys)
+    assert len({tuple(order) for order in orders}) == 3, "an epoch came twice"
+    for epoch, order in enumerate(orders):
+        assert order == epoch_order(dataset.spec, num_workers, epoch)
+    assert ds.epoch == 3
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), LAYOUTS, ids=LAYOUT_IDS)
+def test_set_epoch_sets_the_next_iteration_and_the_following_go_on(
+    dataset, num_workers, persistent
+):
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    kwargs = {"persistent_workers": True} if persistent else {}
+    dl = loader(ds, num_workers, **kwargs)
+    first = keys_of(collect(dl))
+    ds.set_epoch(5)
+    assert ds.epoch == 5
+    fifth, sixth = keys_of(collect(dl)), keys_of(collect(dl))
+    assert fifth == epoch_order(dataset.spec, num_workers, 5)
+    assert sixth == epoch_order(dataset.spec, num_workers, 6)
+    # Going back is explicit too, persistent workers included.
+    ds.set_epoch(0)
+    assert keys_of(collect(dl)) == first
+    assert ds.epoch == 1
+
+
+def test_dataloaders_with_other_worker_counts_agree_on_the_epoch(dataset):
+    """Each worker advances its own entry; a later DataLoader with more
+    workers (or the main process) goes on from the same epoch, so its
+    workers never mix two epochs' plans."""
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    assert keys_of(collect(loader(ds, 2))) == epoch_order(dataset.spec, 2, 0)
+    assert keys_of(collect(loader(ds, 4))) == epoch_order(dataset.spec, 4, 1)
+    assert keys_of(collect(ds)) == epoch_order(dataset.spec, 0, 2)
+    assert keys_of(collect(loader(ds, 3))) == epoch_order(dataset.spec, 3, 3)
+    assert ds.epoch == 4
+
+
+def test_a_plain_pickle_copies_the_epoch_without_sharing_it(dataset):
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    ds.set_epoch(4)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone.epoch == 4
+    assert keys_of(collect(clone)) == epoch_order(dataset.spec, 0, 4)
+    assert clone.epoch == 5 and ds.epoch == 4
+
+
+def advance(table, worker: int, num_workers: int, epoch: int) -> None:
+    table.set_worker(worker, num_workers, epoch)
+
+
+def test_a_forkserver_process_advances_the_same_epochs():
+    """``multiprocessing`` hands a process it starts the table's memory (as
+    with a DataLoader's ``forkserver`` workers), not a copy."""
+    import multiprocessing
+
+    import shardstream.dataset  # noqa: F401  (registers the hand-off)
+
+    table = _core.EpochTable()
+    table.set_all(3)
+    process = multiprocessing.get_context("forkserver").Process(
+        target=advance, args=(table, 1, 2, 7)
+    )
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert table.values()[:4] == [3, 7, 7, 7]
+
+
+def test_epoch_table_refuses_what_it_cannot_hold():
+    table = _core.EpochTable()
+    with pytest.raises(ValueError, match="at most 1024 workers"):
+        table.get(_core.EpochTable.capacity)
+    with pytest.raises(ValueError, match="worker 2 of a DataLoader of 2"):
+        table.set_worker(2, 2, 1)
+    with pytest.raises(ValueError, match="not an epoch table"):
+        _core.EpochTable._attach(os.open(os.devnull, os.O_RDONLY))
+
+
+# --------------------------------------------------------------------------
 # A pickled dataset plans over the shards resolved when it was made
 # --------------------------------------------------------------------------
 
 
-def test_spawned_workers_use_the_main_process_shards(tmp_path):
+def test_spawned_workers_use_the_main_process_shards_and_epochs(tmp_path):
     """Workers started with ``spawn`` get the shard list the main process
-    resolved: a shard added to the directory afterwards is not read."""
+    resolved (a shard added to the directory afterwards is not read) and
+    advance the main process's epochs: two epochs, two orders."""
     import multiprocessing
 
     shards = [write_shard(tmp_path / f"shard-{n}.tar", f"s{n}-", 6) for n in range(4)]
@@ -54,9 +150,13 @@ def test_spawned_workers_use_the_main_process_shards(tmp_path):
     ds = shardstream.StreamingDataset(str(tmp_path), seed=SEED, shuffle_buffer=5)
     write_shard(tmp_path / "shard-9.tar", "new-", 6)
     dl = loader(ds, 2, multiprocessing_context=multiprocessing.get_context("spawn"))
-    order = keys_of(collect(dl))
-    assert_exactly_once(order, expected)
-    assert order == epoch_order([str(p) for p in shards], 2, 0, shuffle_buffer=5)
+    orders = [keys_of(collect(dl)) for _ in range(2)]
+    for order in orders:
+        assert_exactly_once(order, expected)
+    assert orders[0] != orders[1]
+    assert ds.epoch == 2
+    for epoch, order in enumerate(orders):
+        assert order == epoch_order([str(p) for p in shards], 2, epoch, shuffle_buffer=5)
 
 
 def test_a_pickled_dataset_keeps_its_shards_when_the_directory_changes(tmp_path):

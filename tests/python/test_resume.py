@@ -142,29 +142,36 @@ def test_exact_resume(uneven_dataset, uninterrupted, num_workers, manifest, poin
     assert prefix + rest == full
 
 
+@pytest.mark.parametrize("explicit", [True, False], ids=["set_epoch", "by-itself"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_state_saved_after_the_epoch_ended(uneven_dataset, uninterrupted, num_workers):
+def test_state_saved_after_the_epoch_ended(uneven_dataset, uninterrupted, num_workers, explicit):
     """A state saved once the loop has seen the epoch end is a finished
-    iterator: ``StatefulDataLoader`` starts a new one, here for the next epoch."""
+    iterator: ``StatefulDataLoader`` starts a new one, for the next epoch,
+    whether ``set_epoch`` says so or not (a fresh dataset is at epoch 0
+    until the state is loaded)."""
     full = uninterrupted(num_workers, True)
     prefix, state = save_after(uneven_dataset, num_workers, True, len(full), at_end=True)
     assert prefix == full
     assert all(s["finished"] for s in validate_states(state))
-    dl = make_loader(uneven_dataset, num_workers, True)
+    dl = make_loader(uneven_dataset, num_workers, True, epoch=0)
     dl.load_state_dict(state)
-    dl.dataset.set_epoch(EPOCH + 1)
+    if explicit:
+        dl.dataset.set_epoch(EPOCH + 1)
     assert collect(dl) == uninterrupted(num_workers, True, epoch=EPOCH + 1)
+    assert dl.dataset.epoch == EPOCH + 2
 
 
+@pytest.mark.parametrize("explicit", [True, False], ids=["set_epoch", "by-itself"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_resume_then_next_epoch(uneven_dataset, uninterrupted, num_workers):
+def test_resume_then_next_epoch(uneven_dataset, uninterrupted, num_workers, explicit):
     """After a resumed epoch ends, the next epoch is the ordinary one."""
     prefix, state = save_after(uneven_dataset, num_workers, True, 3)
-    dl = make_loader(uneven_dataset, num_workers, True)
+    dl = make_loader(uneven_dataset, num_workers, True, epoch=0)
     dl.load_state_dict(state)
     rest = collect(dl)
     assert prefix + rest == uninterrupted(num_workers, True)
-    dl.dataset.set_epoch(EPOCH + 1)
+    if explicit:
+        dl.dataset.set_epoch(EPOCH + 1)
     following = collect(dl)
     assert following == uninterrupted(num_workers, True, epoch=EPOCH + 1)
     assert following != prefix + rest
@@ -711,9 +718,9 @@ def test_elastic_resume_of_a_finished_epoch(uneven_dataset):
         collect(iter(ds))
         states.append(ds.state_dict())
     assert all(s["finished"] for s in states)
-    # Nothing is left, and a finished state leaves the dataset's epoch alone.
+    # Nothing is left; the iteration after it is the next epoch.
     elastic = shardstream.elastic_state(states)
-    per_rank = run_new_job(uneven_dataset, elastic, 3, 0, "pad", epoch=0)
+    per_rank = run_new_job(uneven_dataset, elastic, 3, 0, "pad", epoch=OLD_EPOCH + 1)
     assert per_rank == [[], [], []]
 
 
