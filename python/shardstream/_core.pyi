@@ -147,7 +147,7 @@ class Options:
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str, /) -> Any:
         """The value of option ``name`` (its default when not given)."""
     @property
     def batches(self) -> bool:
@@ -155,6 +155,7 @@ class Options:
     def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]:
         """Pickling keeps the keywords as given."""
 
+@final
 class ShardList:
     """The resolved shards of a dataset, with their sample counts (from a manifest, Parquet
     footers, or the headers of local tar shards), and the options they were resolved with."""
