@@ -700,17 +700,12 @@ impl<'a> Dataset<'a> {
 
     /// Every slot's units when `runs` are cut anew for `world_size` x `num_workers` slots.
     fn cut(&self, runs: &[Piece], world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
-        cut::cut_runs(runs, world_size, num_workers, self.options.remainder)
-            .into_iter()
-            .map(|slot| {
-                slot.into_iter()
-                    .map(|p| WorkUnit {
-                        shard: p.shard,
-                        samples: Some(p.samples),
-                    })
-                    .collect()
-            })
-            .collect()
+        plan::units_of_pieces(cut::cut_runs(
+            runs,
+            world_size,
+            num_workers,
+            self.options.remainder,
+        ))
     }
 
     /// Checks that `states` (named `path` in errors) are every slot of one

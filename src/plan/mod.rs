@@ -97,17 +97,7 @@ pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
             params.num_workers,
             params.remainder,
         );
-        let slots = pieces
-            .into_iter()
-            .map(|slot| {
-                slot.into_iter()
-                    .map(|p| WorkUnit {
-                        shard: p.shard,
-                        samples: Some(p.samples),
-                    })
-                    .collect()
-            })
-            .collect();
+        let slots = units_of_pieces(pieces);
         return EpochPlan {
             order,
             slots,
@@ -129,6 +119,21 @@ pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
         slots,
         samples_per_rank: None,
     }
+}
+
+/// Each slot's sample runs as work units.
+pub fn units_of_pieces(pieces: Vec<Vec<cut::Piece>>) -> Vec<Vec<WorkUnit>> {
+    pieces
+        .into_iter()
+        .map(|slot| {
+            slot.into_iter()
+                .map(|p| WorkUnit {
+                    shard: p.shard,
+                    samples: Some(p.samples),
+                })
+                .collect()
+        })
+        .collect()
 }
 
 fn balance_by_bytes(
