@@ -139,6 +139,17 @@ class StreamingDataset(IterableDataset[Any]):
         ):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise TypeError(f"invalid option {name}: expected None or an int, got {value!r}")
+        for name, value, low, high, high_name in (
+            ("world_size", world_size, 1, None, ""),
+            ("num_workers", num_workers, 1, None, ""),
+            ("rank", rank, 0, world_size, "world_size"),
+            ("worker_id", worker_id, 0, num_workers, "num_workers"),
+        ):
+            if value is not None and (value < low or (high is not None and value >= high)):
+                bound = f" and below {high_name} {high}" if high is not None else ""
+                raise ValueError(
+                    f"invalid option {name}: expected an int of at least {low}{bound}, got {value}"
+                )
         if isinstance(options.get("manifest"), os.PathLike):
             options["manifest"] = os.fspath(options["manifest"])  # type: ignore[typeddict-item]
         # Every option is parsed and checked here, in Rust, once.

@@ -114,6 +114,15 @@ def test_arrow_batches_of_tar_shards_are_refused_at_construction(dataset):
 def test_bad_slot_arguments_are_refused_at_construction(dataset):
     with pytest.raises(TypeError, match="rank"):
         shardstream.StreamingDataset(dataset.spec, rank="0", world_size=2)
+    for slot, name in [
+        ({"world_size": 0}, "world_size"),
+        ({"rank": 2, "world_size": 2}, "rank"),
+        ({"rank": -1}, "rank"),
+        ({"num_workers": 0}, "num_workers"),
+        ({"worker_id": 3, "num_workers": 3}, "worker_id"),
+    ]:
+        with pytest.raises(ValueError, match=f"invalid option {name}"):
+            shardstream.StreamingDataset(dataset.spec, **slot)
     with pytest.raises(TypeError, match="urls"):
         shardstream.StreamingDataset(42)  # type: ignore[arg-type]
 
