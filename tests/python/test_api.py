@@ -214,15 +214,20 @@ def test_explicit_worker_slots_partition(dataset):
     assert_exactly_once(got, dataset.keys)
 
 
-def test_invalid_slot_raises_value_error(dataset):
-    ds = shardstream.StreamingDataset(dataset.spec, rank=2, world_size=2)
+def test_invalid_slot_raises_value_error(dataset, monkeypatch):
+    # Explicit arguments are checked when the dataset is created.
     with pytest.raises(ValueError, match="rank"):
-        iter(ds)
-    ds = shardstream.StreamingDataset(dataset.spec, num_workers=2, worker_id=2)
+        shardstream.StreamingDataset(dataset.spec, rank=2, world_size=2)
     with pytest.raises(ValueError, match="worker_id"):
-        iter(ds)
-    ds = shardstream.StreamingDataset(dataset.spec, rank=0, world_size=0)
+        shardstream.StreamingDataset(dataset.spec, num_workers=2, worker_id=2)
     with pytest.raises(ValueError, match="world_size"):
+        shardstream.StreamingDataset(dataset.spec, rank=0, world_size=0)
+    # A slot from the environment, when the stream starts.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    ds = shardstream.StreamingDataset(dataset.spec)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match="rank"):
         iter(ds)
 
 
