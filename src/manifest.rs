@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::format::Compression;
-use crate::spec::{Location, Shard, ShardKind};
+use crate::spec::{canonical, identity, Location, Shard, ShardKind};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -271,21 +271,6 @@ impl Manifest {
         }
         Ok(())
     }
-}
-
-/// What identifies a shard across spellings: an object URL as it is, a
-/// local path made absolute (relative to `base`) and canonical.
-fn identity(url: &str, base: &Path) -> String {
-    match Location::parse(url) {
-        Location::S3 { .. } => url.to_owned(),
-        Location::Local(path) => canonical(&base.join(path)).display().to_string(),
-    }
-}
-
-fn canonical(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path)
-        .or_else(|_| std::path::absolute(path))
-        .unwrap_or_else(|_| path.to_owned())
 }
 
 /// Which manifest a dataset uses.

@@ -363,15 +363,16 @@ pub fn check_scheme(url: &str) -> Result<()> {
 pub fn identity(url: &str, base: &Path) -> String {
     match Location::parse(url) {
         Location::S3 { .. } => url.to_owned(),
-        Location::Local(path) => {
-            let joined = base.join(path);
-            std::fs::canonicalize(&joined)
-                .or_else(|_| std::path::absolute(&joined))
-                .unwrap_or(joined)
-                .display()
-                .to_string()
-        }
+        Location::Local(path) => canonical(&base.join(path)).display().to_string(),
     }
+}
+
+/// `path` made canonical (symbolic links, `.`, `..` and repeated `/`
+/// resolved), or, when it does not exist, absolute.
+pub fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_owned())
 }
 
 /// Resolves local specs; see [`resolve_with`].
