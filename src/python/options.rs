@@ -140,7 +140,7 @@ fn seconds(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
 
 /// The longest duration an option takes: deadlines computed from it never
 /// overflow.
-const MAX_SECONDS: Duration = Duration::from_secs(365 * 24 * 3600);
+const MAX_SECONDS: Duration = S3Options::MAX_DURATION;
 
 /// An enum value by its name.
 fn choice<T: FromStr<Err = crate::Error>>(name: &str, value: &Bound<'_, PyAny>) -> PyResult<T> {
