@@ -264,7 +264,7 @@ fn index(
 ) -> Result<()> {
     // Manifests describe tar shards; Parquet footers already give counts.
     let mut shards = spec::resolve_dataset(specs, s3, spec::DatasetFormat::Tar)?;
-    crate::source::describe_s3_objects(s3, &mut shards)?;
+    crate::source::describe_remote_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     let compressed = scan(&shards, s3, |sample, _| {
         let (offsets, lengths) = &mut spans[sample.id.shard];
@@ -276,7 +276,7 @@ fn index(
     for (position, (shard, (offsets, lengths))) in shards.iter().zip(spans).enumerate() {
         let mtime_ns = match shard.location() {
             Location::Local(path) => manifest::mtime_ns(&path),
-            Location::S3 { .. } => None,
+            Location::S3 { .. } | Location::Http(_) => None,
         };
         let size = shard.size.ok_or_else(|| Error::NotFound {
             url: shard.url.clone(),

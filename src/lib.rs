@@ -15,6 +15,7 @@ pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
+pub mod hub;
 pub mod manifest;
 pub mod pipeline;
 pub mod plan;

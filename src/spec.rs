@@ -189,11 +189,17 @@ pub enum Location {
         /// Object key (empty or ending in `/` for a prefix).
         key: String,
     },
+    /// A resource at an `http://` or `https://` URL (the URL itself).
+    Http(String),
 }
 
 impl Location {
-    /// Parses `s3://bucket/key`, a `file://` URL or a local path.
+    /// Parses `s3://bucket/key`, an `http(s)://` URL, a `file://` URL or a
+    /// local path.
     pub fn parse(url: &str) -> Location {
+        if is_http_url(url) {
+            return Location::Http(url.to_owned());
+        }
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             return Location::S3 {
@@ -327,8 +333,15 @@ fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
     Some((a..=b).map(|n| format!("{n:0width$}")).collect())
 }
 
+/// Whether `url` is an `http://` or `https://` URL (scheme in any case).
+pub fn is_http_url(url: &str) -> bool {
+    let lower = |n: usize| url.get(..n).map(str::to_ascii_lowercase);
+    lower(7).as_deref() == Some("http://") || lower(8).as_deref() == Some("https://")
+}
+
 /// The URL schemes a spec may use; anything else is refused at once.
-pub const SUPPORTED_SCHEMES: &str = "local paths, file:// and s3://";
+pub const SUPPORTED_SCHEMES: &str = "local paths, file://, s3://, http://, https:// and \
+     hf://datasets/ (the Hugging Face Hub)";
 
 /// Refuses a URL whose scheme shardstream cannot read (`https://`, `gs://`,
 /// `hf://`, webdataset's `pipe:` ...), naming it and the supported ones.
@@ -347,6 +360,13 @@ pub fn check_scheme(url: &str) -> Result<()> {
     };
     match scheme {
         None | Some("file") | Some("s3") => Ok(()),
+        Some(http) if http.eq_ignore_ascii_case("http") || http.eq_ignore_ascii_case("https") => {
+            Ok(())
+        }
+        Some("hf") => crate::hub::check_url(url).map_err(|reason| Error::Spec {
+            spec: url.to_owned(),
+            reason,
+        }),
         Some(other) => Err(Error::Spec {
             spec: url.to_owned(),
             reason: format!(
@@ -362,7 +382,7 @@ pub fn check_scheme(url: &str) -> Result<()> {
 /// not exist, made absolute and normalised.
 pub fn identity(url: &str, base: &Path) -> String {
     match Location::parse(url) {
-        Location::S3 { .. } => url.to_owned(),
+        Location::S3 { .. } | Location::Http(_) => url.to_owned(),
         Location::Local(path) => canonical(&base.join(path)).display().to_string(),
     }
 }
@@ -401,14 +421,20 @@ pub fn resolve_dataset(
     let keep = format.listing_filter();
     let mut shards = Vec::new();
     let mut listings = Vec::new();
+    let mut hub = crate::hub::Resolver::new(s3);
     for spec in specs {
         check_scheme(spec)?;
         for url in expand_braces(spec)? {
+            if crate::hub::is_hub_url(&url) {
+                let found = hub.resolve(&url, keep)?;
+                shards.extend(found.into_iter().map(|(url, size)| Shard::new(url, Some(size))));
+                continue;
+            }
             match Location::parse(&url) {
                 Location::S3 { bucket, key } if key.is_empty() || key.ends_with('/') => {
                     listings.push((shards.len(), url, bucket, key));
                 }
-                Location::S3 { .. } => shards.push(Shard::new(url, None)),
+                Location::S3 { .. } | Location::Http(_) => shards.push(Shard::new(url, None)),
                 Location::Local(path) => match std::fs::metadata(&path) {
                     Ok(meta) if meta.is_dir() => {
                         shards.extend(list_directory(&url, &path, keep, format)?)
@@ -480,7 +506,7 @@ pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
 fn expand_row_groups(shards: Vec<Shard>, s3: &S3Options) -> Result<Vec<Shard>> {
     let is_file = |s: &Shard| s.kind == ShardKind::ParquetFile;
     let mut files: Vec<Shard> = shards.iter().filter(|s| is_file(s)).cloned().collect();
-    crate::source::describe_s3_objects(s3, &mut files)?;
+    crate::source::describe_remote_objects(s3, &mut files)?;
     for file in &files {
         if file.size.is_none() {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");

@@ -136,6 +136,7 @@ class Options:
         manifest: str | os.PathLike[str] | bool | None = None,
         remainder: Literal["drop", "pad"] = "drop",
         s3: Any = None,
+        http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
         decode: bool | Mapping[str, str] | None = None,
         columns: Sequence[str] | None = None,

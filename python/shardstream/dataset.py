@@ -44,7 +44,8 @@ class StreamingDataset(IterableDataset[Any]):
     object, its body under its extension (``bytes`` when it has none).
 
     Args:
-        urls: a path, ``file://`` URL, brace pattern
+        urls: a path, ``file://``, ``s3://``, ``http(s)://`` or
+            ``hf://datasets/ORG/NAME[@REVISION]/PATH`` URL, brace pattern
             (``data/shard-{000000..000127}.tar``) or directory (its ``*.tar``,
             ``*.tar.gz``, ``*.tgz`` and ``*.tar.zst`` files, sorted), or a list
             of them. gzip and zstd shards are decoded as they stream, told by
@@ -75,6 +76,11 @@ class StreamingDataset(IterableDataset[Any]):
             last rank up with the epoch's first samples.
         s3: how to reach ``s3://`` shards (``shardstream.S3Config`` or a dict
             of its fields); the client is made in each DataLoader worker.
+            Its timeouts, retries, part size and concurrency apply to
+            ``http(s)://`` and Hub shards too.
+        http_headers: headers of every ``http(s)://`` request (a dict of
+            str to str, e.g. ``{"Authorization": "Bearer ..."}``), sent to
+            the shard's own host only, never shown in a repr or an error.
         format: ``"auto"`` (Parquet for ``*.parquet`` names, tar otherwise),
             ``"tar"``, ``"parquet"`` (each row group is a unit of the plan,
             each row a sample) or ``"raw"`` (every file or object is one

@@ -43,6 +43,7 @@ class DatasetOptions(TypedDict, total=False):
     manifest: str | os.PathLike[str] | bool | None
     remainder: Remainder
     s3: S3Config | Mapping[str, Any] | None
+    http_headers: Mapping[str, str] | None
     format: Format
     decode: bool | Mapping[str, Decoder] | None
     columns: Sequence[str] | None

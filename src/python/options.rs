@@ -11,14 +11,14 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
-use crate::config::{FieldDecoders, OnError, S3Options, StreamOptions, TableOutput};
+use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 19] = [
+pub const OPTION_NAMES: [&str; 20] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -30,6 +30,7 @@ pub const OPTION_NAMES: [&str; 19] = [
     "manifest",
     "remainder",
     "s3",
+    "http_headers",
     "format",
     "decode",
     "columns",
@@ -196,6 +197,53 @@ fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
     Ok(o)
 }
 
+/// `http_headers=`: `None` or a dict of header name to value (both str),
+/// checked at once; errors name the header, never its value.
+fn http_headers(value: &Bound<'_, PyAny>) -> PyResult<HttpHeaders> {
+    let name = "http_headers";
+    if value.is_none() {
+        return Ok(HttpHeaders::default());
+    }
+    let dict = value
+        .cast::<PyDict>()
+        .map_err(|_| invalid(name, "None or a dict of str to str", value))?;
+    let mut headers = Vec::with_capacity(dict.len());
+    for (key, item) in dict.iter() {
+        let Ok(key) = key.extract::<String>() else {
+            return Err(invalid(name, "a dict with str keys", &key));
+        };
+        if !item.is_instance_of::<PyString>() {
+            let type_name = item
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "?".into());
+            return Err(PyTypeError::new_err(format!(
+                "invalid option http_headers: the value of {key:?} must be a str, got a {type_name}"
+            )));
+        }
+        headers.push((key, item.extract::<String>()?));
+    }
+    let headers = HttpHeaders(headers);
+    headers.validate().map_err(to_py)?;
+    Ok(headers)
+}
+
+/// The repr of option `key`'s `value`: header values are hidden.
+fn shown(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    match value.cast::<PyDict>() {
+        Ok(headers) if key == "http_headers" => {
+            let names = headers
+                .keys()
+                .iter()
+                .map(|k| Ok(format!("{}: '<hidden>'", k.repr()?)))
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(format!("{{{}}}", names.join(", ")))
+        }
+        _ => Ok(value.repr()?.to_string()),
+    }
+}
+
 /// `decode=`: `True` (defaults by extension), a dict of field name to
 /// decoder name, or `None`/`False` (none).
 fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
@@ -291,7 +339,8 @@ impl Options {
         let given = self.given.bind(py);
         let mut parts = Vec::with_capacity(given.len());
         for (key, value) in given.iter() {
-            parts.push(format!("{}={}", key, value.repr()?));
+            let key: String = key.extract()?;
+            parts.push(format!("{key}={}", shown(&key, &value)?));
         }
         Ok(format!("Options({})", parts.join(", ")))
     }
@@ -306,6 +355,7 @@ impl Options {
         let mut batch_size = None;
         let mut table_output = TableOutput::Rows;
         let mut count_samples = None;
+        let mut headers = None;
         for (key, value) in given.iter() {
             let name: String = key.extract()?;
             builder = match name.as_str() {
@@ -321,6 +371,10 @@ impl Options {
                 "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
                 "remainder" => builder.with_remainder(choice::<Remainder>(&name, &value)?),
                 "s3" => builder.with_s3(s3_options(&value)?),
+                "http_headers" => {
+                    headers = Some(http_headers(&value)?);
+                    builder
+                }
                 "decode" => builder.with_decode(field_decoders(&value)?),
                 "columns" => {
                     let columns = if value.is_none() {
@@ -387,6 +441,9 @@ impl Options {
                 }
             };
         }
+        if let Some(headers) = headers {
+            builder = builder.with_http_headers(headers);
+        }
         builder = builder.with_table_output(table_output);
         if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
             builder = builder.with_batch_rows(rows);
@@ -428,6 +485,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("manifest", py.None())?;
     dict.set_item("remainder", "drop")?;
     dict.set_item("s3", py.None())?;
+    dict.set_item("http_headers", py.None())?;
     dict.set_item("format", "auto")?;
     dict.set_item("decode", py.None())?;
     dict.set_item("columns", py.None())?;
