@@ -638,20 +638,27 @@ mod tests {
 
     #[test]
     fn unsupported_schemes_are_refused() {
-        for url in [
-            "https://host/a.tar",
-            "http://host/a.tar",
-            "gs://bucket/a.tar",
-            "hf://datasets/org/name/a.tar",
-            "pipe:curl -s x",
-        ] {
+        for url in ["gs://bucket/a.tar", "ftp://host/a.tar", "pipe:curl -s x"] {
             let error = resolve(&[url.to_owned()]).unwrap_err().to_string();
             assert!(error.contains("not supported"), "{error}");
-            assert!(error.contains("s3://"), "{error}");
+            for scheme in ["s3://", "http://", "https://", "hf://datasets/"] {
+                assert!(error.contains(scheme), "{error}");
+            }
         }
-        for ok in ["a:b.tar", "dir/x://y.tar", "s3://b/k.tar", "file:///x.tar"] {
+        for ok in [
+            "a:b.tar",
+            "dir/x://y.tar",
+            "s3://b/k.tar",
+            "file:///x.tar",
+            "https://host/a.tar",
+            "HTTP://host/a.tar",
+            "hf://datasets/org/name/a.tar",
+        ] {
             check_scheme(ok).unwrap();
         }
+        // A Hub URL of the wrong form is refused before anything is fetched.
+        let error = check_scheme("hf://models/org/name/x").unwrap_err().to_string();
+        assert!(error.contains("dataset repositories"), "{error}");
     }
 
     #[test]
