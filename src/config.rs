@@ -105,8 +105,12 @@ impl HttpHeaders {
                      no line breaks)"
                 )));
             }
-            if [http::header::RANGE, http::header::IF_MATCH, http::header::HOST]
-                .contains(&parsed)
+            if [
+                http::header::RANGE,
+                http::header::IF_MATCH,
+                http::header::HOST,
+            ]
+            .contains(&parsed)
             {
                 return Err(bad(format!("{name:?} is set by shardstream itself")));
             }

@@ -66,7 +66,9 @@ fn parse(url: &str) -> std::result::Result<HubUrl, String> {
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     };
     if !valid(org) || !valid(name) {
-        return Err(format!("{form} (ORG and NAME: letters, digits, '-', '_', '.')"));
+        return Err(format!(
+            "{form} (ORG and NAME: letters, digits, '-', '_', '.')"
+        ));
     }
     if revision.is_empty() {
         return Err(format!("{form} (an empty revision after '@')"));
@@ -113,7 +115,9 @@ fn glob_match(pattern: &[char], path: &[char]) -> bool {
             }
             false
         }
-        Some('?') => path.first().is_some_and(|&c| c != '/') && glob_match(&pattern[1..], &path[1..]),
+        Some('?') => {
+            path.first().is_some_and(|&c| c != '/') && glob_match(&pattern[1..], &path[1..])
+        }
         Some('[') => match (pattern.iter().position(|&c| c == ']'), path.first()) {
             (Some(close), Some(&c)) if close > 1 && c != '/' => {
                 let set = &pattern[1..close];
@@ -224,9 +228,12 @@ pub struct Resolver<'a> {
     options: &'a S3Options,
     endpoint: String,
     commits: HashMap<(String, String), String>,
-    /// Files (path, size) under a folder of a commit.
-    trees: HashMap<(String, String, String, bool), Vec<(String, u64)>>,
+    /// Files (path, size) under a folder of a commit, listed recursively.
+    trees: HashMap<Listing, Vec<(String, u64)>>,
 }
+
+/// A listing: repository, commit, folder, and whether it is recursive.
+type Listing = (String, String, String, bool);
 
 /// A file listed by the Hub: (path, size, is a folder).
 type Entry = (String, u64, bool);

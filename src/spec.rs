@@ -427,7 +427,11 @@ pub fn resolve_dataset(
         for url in expand_braces(spec)? {
             if crate::hub::is_hub_url(&url) {
                 let found = hub.resolve(&url, keep)?;
-                shards.extend(found.into_iter().map(|(url, size)| Shard::new(url, Some(size))));
+                shards.extend(
+                    found
+                        .into_iter()
+                        .map(|(url, size)| Shard::new(url, Some(size))),
+                );
                 continue;
             }
             match Location::parse(&url) {
@@ -657,7 +661,9 @@ mod tests {
             check_scheme(ok).unwrap();
         }
         // A Hub URL of the wrong form is refused before anything is fetched.
-        let error = check_scheme("hf://models/org/name/x").unwrap_err().to_string();
+        let error = check_scheme("hf://models/org/name/x")
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("dataset repositories"), "{error}");
     }
 

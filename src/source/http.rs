@@ -56,15 +56,17 @@ pub fn hub_token() -> Option<String> {
     if let Some(token) = env("HF_TOKEN") {
         return Some(token.trim().to_owned());
     }
-    let path = env("HF_TOKEN_PATH").map(std::path::PathBuf::from).or_else(|| {
-        let home = env("HF_HOME").map(std::path::PathBuf::from).or_else(|| {
-            let cache = env("XDG_CACHE_HOME")
-                .map(std::path::PathBuf::from)
-                .or_else(|| env("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
-            Some(cache.join("huggingface"))
+    let path = env("HF_TOKEN_PATH")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let home = env("HF_HOME").map(std::path::PathBuf::from).or_else(|| {
+                let cache = env("XDG_CACHE_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| env("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+                Some(cache.join("huggingface"))
+            })?;
+            Some(home.join("token"))
         })?;
-        Some(home.join("token"))
-    })?;
     let token = std::fs::read_to_string(path).ok()?;
     let token = token.trim();
     (!token.is_empty()).then(|| token.to_owned())
@@ -98,7 +100,7 @@ pub struct HttpClient {
 }
 
 /// An answer to a request: status, headers and body.
-pub struct Answer {
+struct Answer {
     status: StatusCode,
     headers: HeaderMap,
     body: Incoming,
@@ -204,8 +206,7 @@ impl HttpClient {
                 .body(Empty::new())
                 .map_err(|e| fatal(format!("the request cannot be made: {e}")))?;
             let timeout = self.options.first_byte_timeout;
-            let response = match tokio::time::timeout(timeout, self.client.request(request)).await
-            {
+            let response = match tokio::time::timeout(timeout, self.client.request(request)).await {
                 Err(_) => return Err(Failure::Retry(format!("no response within {timeout:?}"))),
                 Ok(Err(e)) => {
                     return Err(Failure::Retry(format!(
@@ -428,11 +429,9 @@ fn accept(
     let (size, skip) = if ignored_range {
         // The server ignored Range: the whole resource, the same version
         // (its validator matched), read past the bytes already delivered.
-        let size = length
-            .and_then(|l| u64::try_from(l).ok())
-            .ok_or_else(|| {
-                Failure::Retry("a whole answer to a resume has no Content-Length".into())
-            })?;
+        let size = length.and_then(|l| u64::try_from(l).ok()).ok_or_else(|| {
+            Failure::Retry("a whole answer to a resume has no Content-Length".into())
+        })?;
         if size < position {
             return Err(Failure::Retry(format!(
                 "a whole answer of {size} bytes to a resume from byte offset {position}"
@@ -568,10 +567,7 @@ impl RangedObject for Resource {
                             }
                             Ok(None) => break None,
                             Err(_) => {
-                                break Some(format!(
-                                    "no body bytes for {:?}",
-                                    options.idle_timeout
-                                ))
+                                break Some(format!("no body bytes for {:?}", options.idle_timeout))
                             }
                         }
                     };

@@ -80,7 +80,12 @@ impl<'a> Retries<'a> {
     }
 
     /// Waits before the next attempt, or gives the error when out of attempts or time.
-    pub(super) async fn wait(&mut self, url: &str, offset: u64, reason: String) -> Result<(), Error> {
+    pub(super) async fn wait(
+        &mut self,
+        url: &str,
+        offset: u64,
+        reason: String,
+    ) -> Result<(), Error> {
         self.attempt += 1;
         if self.attempt >= self.options.max_attempts
             || self.started.elapsed() >= self.options.max_retry_time
@@ -538,7 +543,6 @@ async fn fetch_part<O: RangedObject>(
         Err(ConsumerGone) => Err(Error::Stopped("stream cancelled".into())),
     }
 }
-
 
 #[cfg(test)]
 mod tests {

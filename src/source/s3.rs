@@ -16,8 +16,8 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
 
 use super::ranged::{
-    cause_chain, check_response, error_chain, read_ranged, Failure, Pinned, RangedObject,
-    Retries, Target, MAX_CHAIN,
+    cause_chain, check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries,
+    Target, MAX_CHAIN,
 };
 use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
@@ -189,7 +189,6 @@ impl S3Client {
     }
 }
 
-
 /// What to do about credentials: how a user provides them.
 const CREDENTIALS_HINT: &str = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, name a profile \
      of the shared config files (AWS_PROFILE, or S3Config(profile=...)), or read a public \
@@ -210,7 +209,6 @@ const REJECTED_CREDENTIALS: [(&str, &str); 5] = [
     ("TokenRefreshRequired", "the session token has expired"),
     ("InvalidToken", "the session token is not valid"),
 ];
-
 
 /// Why no credentials could be used, when `error` (or one of its sources)
 /// is a failure to load them, as a sentence that says where they were
@@ -368,7 +366,6 @@ where
     }
 }
 
-
 /// One GET from byte `from` to `end` (exclusive; `None`: the object's end).
 async fn get(
     s3: &S3Client,
@@ -398,7 +395,6 @@ async fn get(
         ))),
     }
 }
-
 
 /// Takes an answer for the read of `url` at `position` (to `end`; with
 /// `clamp`, or without `end`, the object may end first) if it carries the
@@ -464,7 +460,6 @@ fn accept(
         ))),
     }
 }
-
 
 /// One object being read: its client, counters, URL, bucket and key.
 struct S3Object {
@@ -620,7 +615,6 @@ mod tests {
     use super::*;
 
     const URL: &str = "s3://bucket/shard.tar";
-
 
     fn take_answer(
         output: GetObjectOutput,
