@@ -2,7 +2,7 @@
 
 use super::{reserve_room, ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
-use crate::spec::Location;
+use crate::location::Location;
 
 /// Splits an object's URL into `(key, field)`: the key is its path (the
 /// object key on S3) with the file name cut at its first dot, the field
@@ -10,7 +10,7 @@ use crate::spec::Location;
 pub fn split_object_url(url: &str) -> (String, String) {
     let path = match Location::parse(url) {
         Location::S3 { key, .. } => key,
-        Location::Http(url) => crate::source::http::url_path(&url),
+        Location::Http(url) => crate::location::url_path(&url),
         Location::Local(path) => path.to_string_lossy().into_owned(),
     };
     let name_start = path.rfind('/').map_or(0, |i| i + 1);

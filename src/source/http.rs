@@ -72,13 +72,6 @@ pub fn hub_token() -> Option<String> {
     (!token.is_empty()).then(|| token.to_owned())
 }
 
-/// The path of a URL (what follows its authority), without query or fragment.
-pub fn url_path(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let path = rest.find('/').map_or("", |i| &rest[i..]);
-    path.split(['?', '#']).next().unwrap_or("").to_owned()
-}
-
 /// `scheme://host:port` of a URL, lower-cased, with the default port.
 fn origin(url: &url::Url) -> (String, String, Option<u16>) {
     (
@@ -627,12 +620,6 @@ pub fn with_http_client<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_paths_leave_out_host_query_and_fragment() {
-        assert_eq!(url_path("https://h.example:8080/a/b.tar?x=1#f"), "/a/b.tar");
-        assert_eq!(url_path("http://h"), "");
-    }
 
     #[test]
     fn resumes_are_pinned_to_a_strong_etag_else_the_date() {

@@ -29,7 +29,8 @@ use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::format::parquet::{self, FooterDecode};
 use crate::format::ByteSource;
-use crate::spec::Location;
+use crate::location::Location;
+use crate::shard::Shard;
 use crate::stats::{Counter, Counters};
 use ::parquet::file::metadata::ParquetMetaData;
 
@@ -431,11 +432,8 @@ fn with_s3_client<T>(
 
 /// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
 /// size (a HEAD of each S3 object, a GET of each resource's first byte).
-pub fn describe_remote_objects(
-    options: &S3Options,
-    shards: &mut [crate::spec::Shard],
-) -> Result<()> {
-    let unknown = |s: &crate::spec::Shard, http: bool| {
+pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Result<()> {
+    let unknown = |s: &Shard, http: bool| {
         s.size.is_none()
             && match s.location() {
                 Location::S3 { .. } => !http,
@@ -475,7 +473,7 @@ pub fn list_s3_prefixes(
     options: &S3Options,
     listings: &[(usize, String, String, String)],
     keep: fn(&str) -> bool,
-) -> Result<Vec<Vec<crate::spec::Shard>>> {
+) -> Result<Vec<Vec<Shard>>> {
     with_s3_client(options, async |client| {
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
@@ -483,9 +481,9 @@ pub fn list_s3_prefixes(
             all.push(
                 objects
                     .into_iter()
-                    .map(|(key, size, etag)| crate::spec::Shard {
+                    .map(|(key, size, etag)| Shard {
                         etag,
-                        ..crate::spec::Shard::new(format!("s3://{bucket}/{key}"), Some(size))
+                        ..Shard::new(format!("s3://{bucket}/{key}"), Some(size))
                     })
                     .collect(),
             );
@@ -497,11 +495,8 @@ pub fn list_s3_prefixes(
 /// Reads the footer of each Parquet file (`files` have known sizes): a
 /// probe of its last bytes, then the whole footer when it is longer. The
 /// reads run on a runtime that is shut down before returning.
-pub fn read_footers(
-    files: &[&crate::spec::Shard],
-    s3: &S3Options,
-) -> Result<Vec<Arc<ParquetMetaData>>> {
-    let size = |file: &crate::spec::Shard| file.size.unwrap_or(0);
+pub fn read_footers(files: &[&Shard], s3: &S3Options) -> Result<Vec<Arc<ParquetMetaData>>> {
+    let size = |file: &Shard| file.size.unwrap_or(0);
     let probes = files
         .iter()
         .map(|f| parquet::FOOTER_PROBE.min(size(f)))
@@ -518,7 +513,7 @@ pub fn read_footers(
         }
     }
     if !longer.is_empty() {
-        let retry: Vec<&crate::spec::Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
+        let retry: Vec<&Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
         let lens: Vec<u64> = longer.iter().map(|&(_, len)| len).collect();
         for ((i, _), tail) in longer.iter().zip(read_tails(&retry, &lens, s3)?) {
             let file = files[*i];
@@ -536,7 +531,7 @@ pub fn read_footers(
     Ok(footers.into_iter().flatten().collect())
 }
 
-fn file_format_error(file: &crate::spec::Shard, reason: &str) -> Error {
+fn file_format_error(file: &Shard, reason: &str) -> Error {
     Error::Format {
         url: file.url.clone(),
         offset: file.size.unwrap_or(0),
@@ -548,7 +543,7 @@ fn file_format_error(file: &crate::spec::Shard, reason: &str) -> Error {
 
 /// The last `lens[i]` bytes of each file, read through a [`ReadAhead`]
 /// that is dropped (its runtime shut down) before returning.
-fn read_tails(files: &[&crate::spec::Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
+fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
     let units = files
         .iter()
         .zip(lens)
