@@ -24,6 +24,8 @@ from _shardtest import (
     sample_digest,
     shardstream_cli,
 )
+from fault_proxy import Faults as ProxyFaults
+from fault_proxy import running_fault_proxy
 from http_server import Faults, HttpServer, running_http_server
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -97,6 +99,22 @@ def test_503s_are_retried(http, dataset):
     assert_identical_to_local(collect(ds), dataset)
     assert http.served.faults["fail"] == 4
     assert ds.stats()["retries"] >= 4
+
+
+@pytest.mark.parametrize("wrong", ["shifted", "short"])
+def test_resets_slowdowns_and_wrong_ranges_from_a_proxy_are_retried(http, dataset, wrong):
+    """Behind the fault-injecting proxy: 503s, connections reset before an
+    answer, and ranged answers from the wrong offset or too short; every
+    sample still comes once, byte-identical."""
+    faults = ProxyFaults(slowdown_every=4, reset_every=7, **{f"{wrong}_on_range": 2})
+    with running_fault_proxy(http.base_url, faults) as proxy:
+        spec = proxy.endpoint_url + "/" + http_spec(http, dataset).split("/", 3)[3]
+        options = {"part_size": 32768, "max_attempts": 12}
+        ds = StreamingDataset(spec, s3=options, shuffle_buffer=0)
+        assert_identical_to_local(collect(loader(ds, 2)), dataset)
+    injected = proxy.injected
+    assert injected.slowdowns and injected.resets
+    assert getattr(injected, f"{wrong}_answers") == 2
 
 
 def test_a_cut_body_resumes_from_its_offset_pinned_to_the_etag(http, dataset):
