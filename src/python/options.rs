@@ -18,7 +18,7 @@ use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 19] = [
+pub const OPTION_NAMES: [&str; 20] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -38,6 +38,7 @@ pub const OPTION_NAMES: [&str; 19] = [
     "local_bytes_by_reference",
     "raise_malloc_thresholds",
     "count_samples",
+    "transform",
 ];
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
@@ -379,6 +380,13 @@ impl Options {
                     }
                     builder
                 }
+                // Called by the Python side, in the process that iterates.
+                "transform" => {
+                    if !value.is_none() && !value.is_callable() {
+                        return Err(invalid(&name, "a callable or None", &value));
+                    }
+                    builder
+                }
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
@@ -436,6 +444,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("local_bytes_by_reference", true)?;
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
+    dict.set_item("transform", py.None())?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }
