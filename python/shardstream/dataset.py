@@ -183,6 +183,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._resume: str | None = None
         self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
+        self._pipe_worker: tuple[int, int] | None = None
 
     @property
     def shards(self) -> list[tuple[str, int | None]]:
@@ -199,8 +200,8 @@ class StreamingDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch of this process's next iteration (in a DataLoader
         worker, of that worker's). Setting it is ``set_epoch``."""
-        info = get_worker_info()
-        return int(self._epochs.get(info.id if info is not None else 0))
+        entry = self._worker_entry()
+        return int(self._epochs.get(entry[0] if entry is not None else 0))
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
@@ -231,11 +232,19 @@ class StreamingDataset(IterableDataset[Any]):
         sharing the epoch table when called outside a DataLoader worker; in
         a worker, of this worker (and of the worker ids its DataLoader does
         not use, so that a later DataLoader with more workers agrees)."""
-        info = get_worker_info()
-        if info is None:
+        entry = self._worker_entry()
+        if entry is None:
             self._epochs.set_all(epoch)
         else:
-            self._epochs.set_worker(info.id, info.num_workers, epoch)
+            self._epochs.set_worker(entry[0], entry[1], epoch)
+
+    def _worker_entry(self) -> tuple[int, int] | None:
+        """``(worker_id, num_workers)`` of this process when it is a
+        DataLoader worker, or a DataLoader2 worker (set by
+        ``shardstream.datapipes``): its entry of the epoch table. ``None``
+        elsewhere."""
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else self._pipe_worker
 
     def distributed_slot(self) -> tuple[int, int]:
         """``(rank, world_size)``: explicit arguments, else torch.distributed,
