@@ -39,9 +39,9 @@ def torchdata_09() -> Path:
     version = pin.split("==")[1]
     marker = TARGET / f"torchdata-{version}.dist-info"
     if not marker.is_dir():
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-            + ["--no-deps", "--upgrade", "--target", str(TARGET), "-r", str(REQUIREMENTS)],
+            [*pip, "--no-deps", "--upgrade", "--target", str(TARGET), "-r", str(REQUIREMENTS)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
@@ -87,9 +87,7 @@ def check_rank(info, record: dict, rank: int, world_size: int) -> list[list[str]
         by_pid: dict[int, list[str]] = defaultdict(list)
         for pid, key in pairs:
             by_pid[pid].append(key)
-        expected = {
-            tuple(expected_slot(info, rank, world_size, w, epoch)) for w in range(WORKERS)
-        }
+        expected = {tuple(expected_slot(info, rank, world_size, w, epoch)) for w in range(WORKERS)}
         assert len(by_pid) == WORKERS
         assert {tuple(keys) for keys in by_pid.values()} == expected
         per_epoch.append([key for _, key in pairs])

@@ -26,7 +26,8 @@ BATCH = 4
 @pytest.fixture(scope="module")
 def other_dataset(tmp_path_factory):
     """A second, smaller dataset (27 samples in 3 shards)."""
-    return write_uneven_dataset(tmp_path_factory.mktemp("other"), (9, 14, 4), prefix="other", seed=1)
+    root = tmp_path_factory.mktemp("other")
+    return write_uneven_dataset(root, (9, 14, 4), prefix="other", seed=1)
 
 
 def name(sample) -> str:
@@ -85,9 +86,10 @@ def test_cycling_mixture_resumes_exactly_after_a_dataset_restarts(uneven_dataset
     names = [n for batch in full for n in batch]
     others = [n for n in names if n.startswith("other/")]
     assert len(others) > len(other_dataset.keys)  # it cycled
-    assert others[: len(other_dataset.keys)] != others[len(other_dataset.keys) :][
-        : len(other_dataset.keys)
-    ]
+    assert (
+        others[: len(other_dataset.keys)]
+        != others[len(other_dataset.keys) :][: len(other_dataset.keys)]
+    )
     k = len(full) - 3
     prefix, rest = resumed(uneven_dataset, other_dataset, stop, k)
     assert prefix + rest == full
