@@ -43,7 +43,10 @@ wheel: $(STAMP) ## Build the wheel (dist/shardstream-*.whl) for `pip install`
 demo: develop ## Make a small audio dataset and stream it through a DataLoader
 	$(PY) examples/demo.py data/demo
 
-test: develop test-rust test-python ## Install everything and run every Rust and Python test
+# Python tests first: test_wheel.py packs `make develop`'s build as it is.
+# `cargo test` links the extension's code into test programs with libpython,
+# so its pyo3, numpy and crate builds differ from maturin's (no libpython).
+test: develop test-python test-rust ## Install everything and run every Rust and Python test
 
 # The `python` feature too, so dependencies resolve to the same features as
 # maturin's build and are not compiled twice.

@@ -6,12 +6,16 @@ workers need it picklable."""
 from __future__ import annotations
 
 import gc
+import json
 import os
+import re
 import time
 import warnings
 
+import numpy as np
 import pytest
 from _shardtest import (
+    REPO_ROOT,
     assert_exactly_once,
     collect,
     keys_of,
@@ -244,3 +248,36 @@ def test_spawn_workers_refuse_a_lambda_at_once(uneven_dataset):
     with pytest.raises(TypeError, match=r"invalid option transform: .* cannot be pickled"):
         collect(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
     assert time.monotonic() - started < 30
+
+
+# --------------------------------------------------------------------------
+# README's recipes
+# --------------------------------------------------------------------------
+
+
+def readme_recipes() -> dict:
+    """The functions of README's Transforms code block."""
+    text = (REPO_ROOT / "README.md").read_text()
+    section = text[text.index("### Transforms") :]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict = {}
+    exec(compile(code, "README.md#transforms", "exec"), namespace)
+    return namespace
+
+
+def test_readme_audio_recipe_on_wav_and_json(dataset):
+    audio = readme_recipes()["audio"]
+    ds = shardstream.StreamingDataset(dataset.spec, decode=True, transform=audio)
+    out = collect(loader(ds, 2))
+    assert len(out) == len(dataset.keys)
+    labels = sorted(json.loads(s.fields["json"])["label"] for s in dataset.samples)
+    assert sorted(label for _, label in out) == labels
+    lengths = {tuple(clip.shape) for clip, _ in out}
+    assert len(lengths) == 1 and next(iter(lengths))[0] > 0  # one length: 2 s, cut or padded
+
+
+def test_readme_image_recipe_on_rgb8(tmp_path):
+    image = readme_recipes()["image"]
+    x, label = image({"jpg": np.full((300, 180, 3), 255, np.uint8), "cls": 3})
+    assert tuple(x.shape) == (3, 224, 224) and label == 3
+    assert abs(float(x.min()) - 1) < 1e-5 and abs(float(x.max()) - 1) < 1e-5
