@@ -453,7 +453,7 @@ def _where(item: Any) -> str:
     """The sample (its key and shard) or batch an item is, in words."""
     if isinstance(item, dict):
         key, url = item.get("__key__"), item.get("__url__")
-        if isinstance(key, str):
+        if key is not None and not isinstance(key, list):
             return f"sample {key!r} of shard {url}"
         if isinstance(key, list) and isinstance(url, list) and key and len(url) == len(key):
             return (
