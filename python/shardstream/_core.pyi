@@ -15,6 +15,7 @@ __all__ = [
     "ManifestMismatchError",
     "ObjectChangedError",
     "Options",
+    "SampleSkippedWarning",
     "SampleStream",
     "ShardFormatError",
     "ShardList",
@@ -25,6 +26,7 @@ __all__ = [
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
+    "TransformError",
     "__version__",
     "_rebuild_shard_list",
     "check_state",
@@ -75,8 +77,14 @@ class StateMismatchError(ShardStreamError):
 class StreamProcessError(ShardStreamError):
     """An iterator was used in another process than the one that started it (a forked child)."""
 
+class TransformError(ShardStreamError):
+    """The dataset's transform raised on a sample (the original exception is its __cause__)."""
+
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
+
+class SampleSkippedWarning(ShardSkippedWarning):
+    """A sample whose transform raised was skipped under on_error="warn"."""
 
 class ManifestIgnoredWarning(UserWarning):
     """A manifest.json beside the shards is not a shardstream manifest and was not used."""
@@ -88,6 +96,9 @@ class Counters:
     def __new__(cls) -> Counters: ...
     def snapshot(self) -> dict[str, int]:
         """The counters as a dict of name to value."""
+    def count_skipped(self) -> None:
+        """Counts one sample skipped under ``on_error="warn"`` (its transform raised) in
+        ``errors_skipped``."""
 
 @final
 class EpochTable:
@@ -145,6 +156,7 @@ class Options:
         local_bytes_by_reference: bool = True,
         raise_malloc_thresholds: bool = True,
         count_samples: bool | None = None,
+        transform: Callable[[Any], Any] | None = None,
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""

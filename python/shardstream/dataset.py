@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +18,11 @@ from ._core import (
     Counters,
     EpochTable,
     Options,
+    SampleSkippedWarning,
     SampleStream,
     ShardList,
     StateMismatchError,
+    TransformError,
     check_state,
     raise_malloc_thresholds,
 )
@@ -115,6 +117,16 @@ class StreamingDataset(IterableDataset[Any]):
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
+        transform: a function applied to each item the dataset yields, in
+            the process that iterates (the DataLoader worker): to each
+            sample, or, with ``batch_size`` or ``batch_format="arrow"``, to
+            each batch, after Rust collation. Its result is what the
+            iteration yields. An exception in it raises ``TransformError``
+            naming the shard and key (the exception as its ``__cause__``);
+            with ``on_error="warn"`` the item is skipped instead, with a
+            ``SampleSkippedWarning``, and counted in ``errors_skipped``.
+            DataLoader workers started with ``spawn`` or ``forkserver``
+            need it picklable (a module-level function, not a lambda).
     """
 
     def __init__(
@@ -177,6 +189,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._resume: str | None = None
         self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
+        self._pipe_worker: tuple[int, int] | None = None
 
     @property
     def shards(self) -> list[tuple[str, int | None]]:
@@ -193,8 +206,8 @@ class StreamingDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch of this process's next iteration (in a DataLoader
         worker, of that worker's). Setting it is ``set_epoch``."""
-        info = get_worker_info()
-        return int(self._epochs.get(info.id if info is not None else 0))
+        entry = self._worker_entry()
+        return int(self._epochs.get(entry[0] if entry is not None else 0))
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
@@ -225,11 +238,19 @@ class StreamingDataset(IterableDataset[Any]):
         sharing the epoch table when called outside a DataLoader worker; in
         a worker, of this worker (and of the worker ids its DataLoader does
         not use, so that a later DataLoader with more workers agrees)."""
-        info = get_worker_info()
-        if info is None:
+        entry = self._worker_entry()
+        if entry is None:
             self._epochs.set_all(epoch)
         else:
-            self._epochs.set_worker(info.id, info.num_workers, epoch)
+            self._epochs.set_worker(entry[0], entry[1], epoch)
+
+    def _worker_entry(self) -> tuple[int, int] | None:
+        """``(worker_id, num_workers)`` of this process when it is a
+        DataLoader worker, or a DataLoader2 worker (set by
+        ``shardstream.datapipes``): its entry of the epoch table. ``None``
+        elsewhere."""
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else self._pipe_worker
 
     def distributed_slot(self) -> tuple[int, int]:
         """``(rank, world_size)``: explicit arguments, else torch.distributed,
@@ -286,7 +307,10 @@ class StreamingDataset(IterableDataset[Any]):
         self._set_next_epoch(stream.epoch + 1)
         self._resume = self._resume_epoch = None
         self._stream = stream
-        return stream
+        transform = self.options["transform"]
+        if transform is None:
+            return stream
+        return _Transformed(stream, transform, self.options["on_error"] == "warn", self._counters)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's stream as of the last sample it handed
@@ -368,6 +392,18 @@ class StreamingDataset(IterableDataset[Any]):
         return self._counters.snapshot()
 
     def __getstate__(self) -> dict[str, Any]:
+        transform = self.options["transform"]
+        if transform is not None:
+            # A lambda would otherwise fail deep in the pickler, naming no option.
+            try:
+                ForkingPickler.dumps(transform)
+            except Exception as error:
+                raise TypeError(
+                    f"invalid option transform: {transform!r} cannot be pickled, and DataLoader "
+                    "workers started with spawn or forkserver (and any pickled copy of the "
+                    "dataset) need it: define it at module level instead of as a lambda or a "
+                    f"nested function ({type(error).__name__}: {error})"
+                ) from error
         state = self.__dict__.copy()
         state["_stream"] = None
         return state
@@ -380,6 +416,58 @@ class StreamingDataset(IterableDataset[Any]):
             f"shuffle_shards={o['shuffle_shards']}, shuffle_buffer={o['shuffle_buffer']}, "
             f"epoch={self.epoch}, on_error={o['on_error']!r})"
         )
+
+
+class _Transformed:
+    """A slot's stream with the dataset's transform applied to each item.
+    ``StreamingDataset.state_dict`` reads the stream itself, so a resume
+    is as exact as without a transform."""
+
+    __slots__ = ("_counters", "_skip", "_stream", "_transform")
+
+    def __init__(
+        self,
+        stream: SampleStream,
+        transform: Callable[[Any], Any],
+        skip: bool,
+        counters: Counters,
+    ) -> None:
+        self._stream = stream
+        self._transform = transform
+        self._skip = skip
+        self._counters = counters
+
+    def __iter__(self) -> _Transformed:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            item = next(self._stream)
+            # Named before the call: the transform may change the item.
+            where = _where(item)
+            try:
+                return self._transform(item)
+            except Exception as error:
+                message = f"transform raised on {where}: {type(error).__name__}: {error}"
+                if not self._skip:
+                    raise TransformError(message) from error
+                self._counters.count_skipped()
+                warnings.warn(f"skipped {message}", SampleSkippedWarning, stacklevel=2)
+
+
+def _where(item: Any) -> str:
+    """The sample (its key and shard) or batch an item is, in words."""
+    if isinstance(item, dict):
+        key, url = item.get("__key__"), item.get("__url__")
+        if key is not None and not isinstance(key, list):
+            return f"sample {key!r} of shard {url}"
+        if isinstance(key, list) and isinstance(url, list) and key and len(url) == len(key):
+            return (
+                f"a batch of {len(key)} samples, from sample {key[0]!r} of shard {url[0]} "
+                f"to sample {key[-1]!r} of shard {url[-1]}"
+            )
+    rows = getattr(item, "num_rows", None)
+    return f"a record batch of {rows} rows" if rows is not None else f"a {type(item).__name__}"
 
 
 def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:

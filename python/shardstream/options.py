@@ -8,7 +8,7 @@ core in step.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 from .s3 import S3Config
@@ -52,3 +52,4 @@ class DatasetOptions(TypedDict, total=False):
     local_bytes_by_reference: bool
     raise_malloc_thresholds: bool
     count_samples: bool | None
+    transform: Callable[[Any], Any] | None

@@ -79,9 +79,22 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    TransformError,
+    ShardStreamError,
+    "The dataset's transform raised on a sample (the original exception is its __cause__)."
+);
+create_exception!(
+    shardstream._core,
     ShardSkippedWarning,
     PyUserWarning,
     "A bad shard was skipped under on_error=\"warn\"."
+);
+
+create_exception!(
+    shardstream._core,
+    SampleSkippedWarning,
+    ShardSkippedWarning,
+    "A sample whose transform raised was skipped under on_error=\"warn\"."
 );
 
 /// The `ShardStreamError` for a panic caught at the binding boundary: a

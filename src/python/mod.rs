@@ -24,9 +24,9 @@ mod _core {
     #[pymodule_export]
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
-        ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
-        ShardReadError, ShardSkippedWarning, ShardStreamError, StateMismatchError,
-        StorageAuthError, StreamProcessError,
+        ManifestMismatchError, ObjectChangedError, SampleSkippedWarning, ShardFormatError,
+        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError,
+        StateMismatchError, StorageAuthError, StreamProcessError, TransformError,
     };
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;

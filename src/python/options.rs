@@ -39,6 +39,7 @@ pub const OPTION_NAMES: [&str; 20] = [
     "local_bytes_by_reference",
     "raise_malloc_thresholds",
     "count_samples",
+    "transform",
 ];
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
@@ -433,6 +434,13 @@ impl Options {
                     }
                     builder
                 }
+                // Called by the Python side, in the process that iterates.
+                "transform" => {
+                    if !value.is_none() && !value.is_callable() {
+                        return Err(invalid(&name, "a callable or None", &value));
+                    }
+                    builder
+                }
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
@@ -494,6 +502,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("local_bytes_by_reference", true)?;
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
+    dict.set_item("transform", py.None())?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }

@@ -95,6 +95,7 @@ def test_options_round_trip_through_pickle():
         ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
         ({"s3": 5}, TypeError, ["s3", "S3Config"]),
         ({"local_bytes_by_reference": None}, TypeError, ["local_bytes_by_reference"]),
+        ({"transform": "upper"}, TypeError, ["transform", "a callable or None", "'upper'"]),
         ({"shuffle_bufer": 10}, TypeError, ["shuffle_bufer", "shuffle_buffer"]),
     ],
 )
