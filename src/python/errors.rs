@@ -1,6 +1,6 @@
 //! Python exception classes and the one conversion from [`Error`] to them.
 
-use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyUserWarning, PyValueError};
 use pyo3::{create_exception, PyErr};
 
 use crate::error::Error;
@@ -79,6 +79,12 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    ShardWriteError,
+    ShardStreamError,
+    "Writing a shard or its manifest failed; the shard was not left behind half-written."
+);
+create_exception!(
+    shardstream._core,
     ShardSkippedWarning,
     PyUserWarning,
     "A bad shard was skipped under on_error=\"warn\"."
@@ -126,5 +132,10 @@ pub fn to_py(error: Error) -> PyErr {
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
         Error::StateMismatch(_) => StateMismatchError::new_err(message),
         Error::Stopped(_) => ShardStreamError::new_err(message),
+        Error::InvalidSample {
+            wrong_type: true, ..
+        } => PyTypeError::new_err(message),
+        Error::InvalidSample { .. } => PyValueError::new_err(message),
+        Error::Write { .. } => ShardWriteError::new_err(message),
     }
 }

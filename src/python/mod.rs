@@ -7,6 +7,7 @@ mod errors;
 mod malloc;
 mod options;
 mod stream;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -25,7 +26,7 @@ mod _core {
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
         ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
-        ShardReadError, ShardSkippedWarning, ShardStreamError, StateMismatchError,
+        ShardReadError, ShardSkippedWarning, ShardStreamError, ShardWriteError, StateMismatchError,
         StorageAuthError, StreamProcessError,
     };
     #[pymodule_export]
@@ -37,6 +38,9 @@ mod _core {
         _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
         Counters, EpochTable, SampleStream, ShardList,
     };
+
+    #[pymodule_export]
+    use super::writer::ShardWriter;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -13,9 +13,11 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 use super::errors::to_py;
 use crate::config::{FieldDecoders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::decode::Decoder;
+use crate::format::Compression;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
+use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
 pub const OPTION_NAMES: [&str; 19] = [
@@ -73,6 +75,59 @@ pub struct Options {
     pub(crate) count_samples: Option<bool>,
     /// The keywords as given, for pickling.
     given: Py<PyDict>,
+}
+
+/// The names of the `ShardWriter` options, in documentation order.
+pub const WRITER_OPTION_NAMES: [&str; 4] = ["max_count", "max_bytes", "compression", "s3"];
+
+/// Parses the `ShardWriter` options in `given` (any subset of
+/// [`WRITER_OPTION_NAMES`]; the others take [`WriterOptions::default`]'s
+/// values). `max_count` and `max_bytes` take `None` for no limit;
+/// `compression` is `None` (as the pattern's suffix says), `"gz"` or
+/// `"zst"`; `s3` is as for datasets. Ranges are checked when the writer is
+/// made, naming the option.
+pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<WriterOptions> {
+    let mut o = WriterOptions::default();
+    let Some(given) = given else {
+        return Ok(o);
+    };
+    for (key, value) in given.iter() {
+        let name: String = key.extract()?;
+        let limit = |value: &Bound<'_, PyAny>| -> PyResult<Option<u64>> {
+            if value.is_none() {
+                Ok(None)
+            } else {
+                integer(&name, value).map(Some)
+            }
+        };
+        match name.as_str() {
+            "max_count" => o.max_count = limit(&value)?,
+            "max_bytes" => o.max_bytes = limit(&value)?,
+            "compression" => {
+                o.compression = if value.is_none() {
+                    None
+                } else {
+                    match string(&name, &value)?.as_str() {
+                        "gz" | "gzip" => Some(Compression::Gzip),
+                        "zst" | "zstd" => Some(Compression::Zstd),
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "invalid option compression: expected None, \"gz\" or \"zst\", got {other:?}"
+                            )))
+                        }
+                    }
+                }
+            }
+            "s3" => o.s3 = s3_options(&value)?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unknown option {other:?} (expected one of: {})",
+                    WRITER_OPTION_NAMES.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(o)
 }
 
 /// An option's value of the wrong type or out of range.

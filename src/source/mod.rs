@@ -7,7 +7,7 @@
 //! first byte or a per-connection bandwidth limit is paid in parallel.
 
 mod local;
-mod s3;
+pub(crate) mod s3;
 
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
 
