@@ -21,6 +21,7 @@ from ._core import (
     ShardReadError,
     ShardSkippedWarning,
     ShardStreamError,
+    ShardWriteError,
     StateMismatchError,
     StorageAuthError,
     StreamProcessError,
@@ -31,6 +32,7 @@ from ._core import (
 )
 from .s3 import S3Config
 from .state import elastic_state
+from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -48,6 +50,8 @@ __all__ = [
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "ShardWriteError",
+    "ShardWriter",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",

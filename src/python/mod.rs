@@ -32,7 +32,7 @@ mod _core {
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
-    use super::options::{default_options, default_s3_options, Options};
+    use super::options::{default_options, default_s3_options, default_writer_options, Options};
     #[pymodule_export]
     use super::stream::{
         _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,

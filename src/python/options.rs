@@ -521,3 +521,16 @@ pub fn default_s3_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     debug_assert_eq!(dict.len(), S3_OPTION_NAMES.len());
     Ok(dict)
 }
+
+/// The default of every `ShardWriter` option, by its keyword name.
+#[pyfunction]
+pub fn default_writer_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = WriterOptions::default();
+    let dict = PyDict::new(py);
+    dict.set_item("max_count", o.max_count)?;
+    dict.set_item("max_bytes", o.max_bytes)?;
+    dict.set_item("compression", py.None())?;
+    dict.set_item("s3", py.None())?;
+    debug_assert_eq!(dict.len(), WRITER_OPTION_NAMES.len());
+    Ok(dict)
+}
