@@ -311,3 +311,85 @@ def test_a_failure_mid_upload_leaves_no_object_and_no_pending_upload(s3):
         w.write({"__key__": "after", "txt": "a"})
     w.abort()
     nothing_left("b/")
+
+
+def test_cli_writes_a_folder_of_jpegs_with_csv_labels(tmp_path):
+    from _shardtest import shardstream_cli
+    from PIL import Image
+
+    src = tmp_path / "images"
+    (src / "train").mkdir(parents=True)
+    expected = {}
+    for i in range(9):
+        path = src / "train" / f"img{i:02d}.jpg"
+        Image.new("RGB", (8 + i, 8), (i * 20, 0, 0)).save(path, format="JPEG")
+        expected[f"train/img{i:02d}"] = {"jpg": path.read_bytes(), "cls": str(i % 3).encode()}
+    (src / "train" / "img00.seg.txt").write_text("mask")
+    expected["train/img00"]["seg.txt"] = b"mask"
+    (src / "NOTES").write_text("no extension: skipped")
+    labels = tmp_path / "labels.csv"
+    labels.write_text("key,cls\n" + "".join(f"train/img{i:02d},{i % 3}\n" for i in range(9)))
+    out = tmp_path / "out"
+    proc = shardstream_cli("write", src, out / "shard-%03d.tar", "--labels", labels, "--max-count", "4")
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 9 samples into 3 shards" in proc.stdout
+    assert "1 files without an extension skipped" in proc.stdout
+    assert read_all(out) == expected
+    ds = StreamingDataset(out, world_size=2, rank=0, count_samples=False)
+    assert len(ds) == 4
+
+    # A label for a key with no files, a field that would not read back,
+    # and a labels file repeating a key are refused before anything is left.
+    for text, says in [
+        ("key,cls\ntrain/img00,1\nmissing,2\n", "line 3: key \"missing\" has no files"),
+        ("key,Cls\ntrain/img00,1\n", 'read back as "cls"'),
+        ("key,cls\ntrain/img00,1\ntrain/img00,2\n", "labelled twice"),
+    ]:
+        labels.write_text(text)
+        bad_out = tmp_path / "bad"
+        proc = shardstream_cli("write", src, bad_out / "%d.tar", "--labels", labels)
+        assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+        assert not any(n.endswith(".tar") for n in os.listdir(bad_out)) if bad_out.exists() else True
+
+
+def test_cli_writes_parquet_rows_as_samples(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from _shardtest import shardstream_cli
+
+    table = pa.table(
+        {
+            "id": [f"r{i}" for i in range(7)],
+            "image": [bytes([i]) * (i + 1) for i in range(7)],
+            "label": list(range(7)),
+            "score": [i / 4 for i in range(6)] + [None],
+            "tags": [["a"]] * 7,
+        }
+    )
+    pq.write_table(table, tmp_path / "rows.parquet", row_group_size=3)
+    out = tmp_path / "out"
+    proc = shardstream_cli(
+        "write",
+        tmp_path / "rows.parquet",
+        out / "%d.tar.zst",
+        "--key-column",
+        "id",
+        "--columns",
+        "jpg=image,cls=label,score.json=score",
+        "--max-count",
+        "5",
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = {}
+    for i in range(7):
+        s = {"__key__": f"r{i}", "jpg": bytes([i]) * (i + 1), "cls": i}
+        if i < 6:
+            s["score.json"] = i / 4
+        expected[f"r{i}"] = encoded(s)
+    assert read_all(out) == expected
+    for columns, says in [("label", ".cls"), ("tags", "cannot be written"), ("nope", '"nope"')]:
+        proc = shardstream_cli(
+            "write", tmp_path / "rows.parquet", tmp_path / "x" / "%d.tar", "--key-column", "id",
+            "--columns", columns,
+        )  # fmt: skip
+        assert proc.returncode == 1 and says in proc.stderr, proc.stderr
