@@ -513,7 +513,11 @@ fn write_shards(
             if let Some((path, labels)) = &labels {
                 let keys: std::collections::HashSet<&str> =
                     folder.samples.iter().map(|(k, _)| k.as_str()).collect();
-                if let Some((key, line)) = labels.order.iter().find(|(k, _)| !keys.contains(k.as_str())) {
+                if let Some((key, line)) = labels
+                    .order
+                    .iter()
+                    .find(|(k, _)| !keys.contains(k.as_str()))
+                {
                     return Err(Error::Config {
                         name: "--labels",
                         reason: format!(

@@ -109,4 +109,6 @@ class ShardWriter:
         return self._core.manifest_url
 
     def __repr__(self) -> str:
-        return f"ShardWriter({self._pattern!r}, {len(self)} samples, {self.shards} shards completed)"
+        return (
+            f"ShardWriter({self._pattern!r}, {len(self)} samples, {self.shards} shards completed)"
+        )

@@ -43,13 +43,15 @@ pub fn group_folder(root: &Path) -> Result<Folder> {
     let mut files = Vec::new();
     let mut pending = vec![root.to_owned()];
     while let Some(dir) = pending.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|e| {
-            refuse("SRC", format!("cannot list {}: {e}", dir.display()))
-        })?;
+        let entries = std::fs::read_dir(&dir)
+            .map_err(|e| refuse("SRC", format!("cannot list {}: {e}", dir.display())))?;
         for entry in entries {
-            let entry = entry.map_err(|e| refuse("SRC", format!("cannot list {}: {e}", dir.display())))?;
+            let entry =
+                entry.map_err(|e| refuse("SRC", format!("cannot list {}: {e}", dir.display())))?;
             let path = entry.path();
-            let kind = entry.file_type().map_err(|e| refuse("SRC", format!("{}: {e}", path.display())))?;
+            let kind = entry
+                .file_type()
+                .map_err(|e| refuse("SRC", format!("{}: {e}", path.display())))?;
             if kind.is_dir() {
                 pending.push(path);
             } else if kind.is_file() || path.is_file() {
@@ -69,7 +71,9 @@ pub fn group_folder(root: &Path) -> Result<Folder> {
             ));
         };
         let name = name.replace(std::path::MAIN_SEPARATOR, "/");
-        let (dir, base) = name.rsplit_once('/').map_or(("", name.as_str()), |(d, b)| (d, b));
+        let (dir, base) = name
+            .rsplit_once('/')
+            .map_or(("", name.as_str()), |(d, b)| (d, b));
         match base.split_once('.') {
             Some((stem, extension)) if !stem.is_empty() && !extension.is_empty() => {
                 let key = if dir.is_empty() {
@@ -108,7 +112,8 @@ const KEY_COLUMNS: [&str; 2] = ["__key__", "key"];
 /// `null` leaves the field out).
 pub fn read_labels(path: &Path) -> Result<Labels> {
     let name = path.display().to_string();
-    let bad = |line: usize, reason: String| refuse("--labels", format!("{name} line {line}: {reason}"));
+    let bad =
+        |line: usize, reason: String| refuse("--labels", format!("{name} line {line}: {reason}"));
     let mut labels = Labels::default();
     let mut add = |key: String, line: usize, fields: Vec<(String, FieldValue)>| {
         if labels.by_key.insert(key.clone(), fields).is_some() {
@@ -120,15 +125,25 @@ pub fn read_labels(path: &Path) -> Result<Labels> {
     let extension = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     match extension.to_lowercase().as_str() {
         "csv" => {
-            let mut reader = csv::Reader::from_path(path).map_err(|e| refuse("--labels", format!("{name}: {e}")))?;
+            let mut reader = csv::Reader::from_path(path)
+                .map_err(|e| refuse("--labels", format!("{name}: {e}")))?;
             let headers: Vec<String> = reader
                 .headers()
                 .map_err(|e| bad(1, e.to_string()))?
                 .iter()
                 .map(str::to_owned)
                 .collect();
-            let Some(key_at) = KEY_COLUMNS.iter().find_map(|k| headers.iter().position(|h| h == k)) else {
-                return Err(bad(1, format!("no \"__key__\" or \"key\" column (columns: {})", headers.join(", "))));
+            let Some(key_at) = KEY_COLUMNS
+                .iter()
+                .find_map(|k| headers.iter().position(|h| h == k))
+            else {
+                return Err(bad(
+                    1,
+                    format!(
+                        "no \"__key__\" or \"key\" column (columns: {})",
+                        headers.join(", ")
+                    ),
+                ));
             };
             for (row, record) in reader.records().enumerate() {
                 let line = row + 2;
@@ -145,15 +160,19 @@ pub fn read_labels(path: &Path) -> Result<Labels> {
             }
         }
         "jsonl" | "ndjson" => {
-            let text = std::fs::read_to_string(path).map_err(|e| refuse("--labels", format!("{name}: {e}")))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| refuse("--labels", format!("{name}: {e}")))?;
             for (i, row) in text.lines().enumerate() {
                 let line = i + 1;
                 if row.trim().is_empty() {
                     continue;
                 }
-                let object: serde_json::Map<String, serde_json::Value> =
-                    serde_json::from_str(row).map_err(|e| bad(line, format!("not a JSON object: {e}")))?;
-                let Some((key_name, key)) = KEY_COLUMNS.iter().find_map(|k| object.get(*k).map(|v| (*k, v))) else {
+                let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(row)
+                    .map_err(|e| bad(line, format!("not a JSON object: {e}")))?;
+                let Some((key_name, key)) = KEY_COLUMNS
+                    .iter()
+                    .find_map(|k| object.get(*k).map(|v| (*k, v)))
+                else {
                     return Err(bad(line, "no \"__key__\" or \"key\" member".into()));
                 };
                 let Some(key) = key.as_str().map(str::to_owned) else {
@@ -276,7 +295,13 @@ pub fn parquet_rows(
         let position = |column: &str, option: &'static str| {
             schema.index_of(column).map_err(|_| {
                 let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                refuse(option, format!("{name} has no column {column:?} (columns: {})", names.join(", ")))
+                refuse(
+                    option,
+                    format!(
+                        "{name} has no column {column:?} (columns: {})",
+                        names.join(", ")
+                    ),
+                )
             })
         };
         let key_at = position(key_column, "--key-column")?;
@@ -313,14 +338,17 @@ pub fn parquet_rows(
                     Ok(Some(FieldValue::Text(key))) => key,
                     Ok(Some(FieldValue::Number { kind, text, .. })) if kind == "int" => text,
                     Ok(None) => {
-                        return Err(refuse("--key-column", format!("{name} row {}: the key is null", row_base + row)))
-                    }
-                    _ => {
                         return Err(refuse(
                             "--key-column",
-                            format!("{name}: the key column {key_column:?} must hold strings or integers"),
+                            format!("{name} row {}: the key is null", row_base + row),
                         ))
                     }
+                    _ => return Err(refuse(
+                        "--key-column",
+                        format!(
+                            "{name}: the key column {key_column:?} must hold strings or integers"
+                        ),
+                    )),
                 };
                 let mut fields = Vec::with_capacity(wanted.len());
                 for (field, i) in &wanted {
@@ -329,7 +357,10 @@ pub fn parquet_rows(
                         Ok(Some(value)) => fields.push((field.clone(), value)),
                         Ok(None) => {}
                         Err(why) => {
-                            return Err(refuse("--columns", format!("{name} column {:?}: {why}", column.name())))
+                            return Err(refuse(
+                                "--columns",
+                                format!("{name} column {:?}: {why}", column.name()),
+                            ))
                         }
                     }
                 }
@@ -363,7 +394,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         std::fs::create_dir(root.join("sub")).unwrap();
-        for name in ["a.jpg", "a.CLS", "a.seg.png", "b.jpg", "README", ".hidden", "sub/c.txt"] {
+        for name in [
+            "a.jpg",
+            "a.CLS",
+            "a.seg.png",
+            "b.jpg",
+            "README",
+            ".hidden",
+            "sub/c.txt",
+        ] {
             std::fs::write(root.join(name), name).unwrap();
         }
         let folder = group_folder(root).unwrap();
@@ -375,7 +414,10 @@ mod tests {
         assert_eq!(
             shape,
             [
-                ("a".to_owned(), vec!["cls".to_owned(), "jpg".into(), "seg.png".into()]),
+                (
+                    "a".to_owned(),
+                    vec!["cls".to_owned(), "jpg".into(), "seg.png".into()]
+                ),
                 ("b".to_owned(), vec!["jpg".to_owned()]),
                 ("sub/c".to_owned(), vec!["txt".to_owned()]),
             ]
@@ -397,7 +439,11 @@ mod tests {
             ]
         );
         let jsonl = dir.path().join("l.jsonl");
-        std::fs::write(&jsonl, "{\"__key__\": \"a\", \"cls\": 3, \"score\": 0.5, \"no\": null}\n").unwrap();
+        std::fs::write(
+            &jsonl,
+            "{\"__key__\": \"a\", \"cls\": 3, \"score\": 0.5, \"no\": null}\n",
+        )
+        .unwrap();
         let labels = read_labels(&jsonl).unwrap();
         assert_eq!(labels.by_key["a"].len(), 2);
         assert_eq!(labels.by_key["a"][0].1, integer("3".into()));
@@ -405,6 +451,9 @@ mod tests {
         let err = read_labels(&csv).unwrap_err().to_string();
         assert!(err.contains("line 3") && err.contains("twice"), "{err}");
         std::fs::write(&csv, "name,cls\na,1\n").unwrap();
-        assert!(read_labels(&csv).unwrap_err().to_string().contains("no \"__key__\""));
+        assert!(read_labels(&csv)
+            .unwrap_err()
+            .to_string()
+            .contains("no \"__key__\""));
     }
 }

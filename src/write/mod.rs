@@ -183,16 +183,14 @@ enum State {
 /// The error of an I/O failure of shard `url` at `offset`: the crate's
 /// error when one travels inside it (a failed upload), else a write error.
 fn io_error(url: &str, offset: u64, e: std::io::Error) -> Error {
-    if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
-        if let Some(Ok(error)) = e.into_inner().map(|inner| inner.downcast::<Error>()) {
-            return *error;
-        }
-        unreachable!("checked to hold the crate's error");
-    }
-    Error::Write {
-        url: url.to_owned(),
-        offset,
-        reason: e.to_string(),
+    let reason = e.to_string();
+    match e.into_inner().map(|inner| inner.downcast::<Error>()) {
+        Some(Ok(error)) => *error,
+        _ => Error::Write {
+            url: url.to_owned(),
+            offset,
+            reason,
+        },
     }
 }
 
@@ -442,10 +440,11 @@ impl ShardWriter {
             offsets,
             lengths,
         } = open;
+        let position = tar.get_ref().position;
         let stored = tar
             .into_inner()
             .and_then(|counted| counted.inner.finish())
-            .map_err(|e| io_error(&url, 0, e))
+            .map_err(|e| io_error(&url, position, e))
             .and_then(Sink::commit);
         let stored = match stored {
             Ok(stored) => stored,

@@ -58,7 +58,9 @@ def files(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir())
 
 
-@pytest.mark.parametrize(("compression", "suffix"), [(None, "tar"), ("gz", "tar.gz"), ("zst", "tar.zst")])
+@pytest.mark.parametrize(
+    ("compression", "suffix"), [(None, "tar"), ("gz", "tar.gz"), ("zst", "tar.zst")]
+)
 def test_round_trip_every_sample_once_with_the_manifest_index_writes(tmp_path, compression, suffix):
     out = tmp_path / "out"
     samples = [sample(i) for i in range(23)]
@@ -132,7 +134,10 @@ def test_rollover_at_max_count_and_max_bytes(tmp_path):
 
 
 def test_an_exception_in_the_with_block_keeps_only_completed_shards(tmp_path):
-    with pytest.raises(RuntimeError, match="boom"), ShardWriter(tmp_path / "%d.tar", max_count=4) as w:
+    with (
+        pytest.raises(RuntimeError, match="boom"),
+        ShardWriter(tmp_path / "%d.tar", max_count=4) as w,
+    ):
         for i in range(10):
             w.write({"__key__": f"k{i}", "txt": "a"})
         raise RuntimeError("boom")
@@ -224,7 +229,9 @@ def test_writer_options_typed_dict_stub_and_core_agree():
     stub = ast.parse(Path(shardstream.__file__).with_name("_core.pyi").read_text())
     for node in ast.walk(stub):
         if isinstance(node, ast.ClassDef) and node.name == "ShardWriter":
-            new = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__new__")
+            new = next(
+                n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__new__"
+            )
             defaults = {
                 a.arg: ast.literal_eval(d)
                 for a, d in zip(new.args.kwonlyargs, new.args.kw_defaults, strict=True)
@@ -256,7 +263,9 @@ def test_s3_multipart_upload_streams_parts_and_reads_back(s3, tmp_path):
     head = client.head_object(Bucket=WRITE_BUCKET, Key="run1/shard-0000.tar")
     parts = -(-head["ContentLength"] // part)
     assert parts == 4 and head["ETag"].endswith(f'-{parts}"'), head["ETag"]  # a multipart ETag
-    manifest = json.loads(client.get_object(Bucket=WRITE_BUCKET, Key="run1/manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=WRITE_BUCKET, Key="run1/manifest.json")["Body"].read()
+    )
     (entry,) = manifest["shards"]
     assert (entry["url"], entry["size"], entry["etag"]) == (
         f"s3://{WRITE_BUCKET}/run1/shard-0000.tar",
@@ -274,7 +283,9 @@ def test_s3_multipart_upload_streams_parts_and_reads_back(s3, tmp_path):
     with ShardWriter(f"s3://{WRITE_BUCKET}/run2/%d.tar.gz", max_count=2, s3=config(s3)) as w:
         for i in range(5):
             w.write({"__key__": f"k{i}", "txt": "x"})
-    manifest = json.loads(client.get_object(Bucket=WRITE_BUCKET, Key="run2/manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=WRITE_BUCKET, Key="run2/manifest.json")["Body"].read()
+    )
     assert [e["samples"] for e in manifest["shards"]] == [2, 2, 1]
 
 
@@ -289,9 +300,10 @@ def test_a_failure_mid_upload_leaves_no_object_and_no_pending_upload(s3):
         assert client.list_objects_v2(Bucket="failing", Prefix=prefix).get("Contents", []) == []
 
     # A bad value after a part went up: the with block aborts the upload.
-    with pytest.raises(TypeError, match="bad"), ShardWriter(
-        "s3://failing/a/%d.tar", max_count=None, s3=config(s3, part_size=part)
-    ) as w:
+    with (
+        pytest.raises(TypeError, match="bad"),
+        ShardWriter("s3://failing/a/%d.tar", max_count=None, s3=config(s3, part_size=part)) as w,
+    ):
         for i in range(3):
             w.write({"__key__": f"k{i}", "bin": os.urandom(3 << 20)})
         assert len(client.list_multipart_uploads(Bucket="failing").get("Uploads", [])) == 1
@@ -299,7 +311,9 @@ def test_a_failure_mid_upload_leaves_no_object_and_no_pending_upload(s3):
     nothing_left("a/")
     # The upload vanishes on the server mid-way: the next part fails, the
     # writer stops, and nothing is left.
-    w = ShardWriter("s3://failing/b/%d.tar", max_count=None, s3=config(s3, part_size=part, max_attempts=2))
+    w = ShardWriter(
+        "s3://failing/b/%d.tar", max_count=None, s3=config(s3, part_size=part, max_attempts=2)
+    )
     for i in range(2):
         w.write({"__key__": f"k{i}", "bin": os.urandom(3 << 20)})
     (upload,) = client.list_multipart_uploads(Bucket="failing")["Uploads"]
@@ -330,7 +344,9 @@ def test_cli_writes_a_folder_of_jpegs_with_csv_labels(tmp_path):
     labels = tmp_path / "labels.csv"
     labels.write_text("key,cls\n" + "".join(f"train/img{i:02d},{i % 3}\n" for i in range(9)))
     out = tmp_path / "out"
-    proc = shardstream_cli("write", src, out / "shard-%03d.tar", "--labels", labels, "--max-count", "4")
+    proc = shardstream_cli(
+        "write", src, out / "shard-%03d.tar", "--labels", labels, "--max-count", "4"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "wrote 9 samples into 3 shards" in proc.stdout
     assert "1 files without an extension skipped" in proc.stdout
@@ -341,7 +357,7 @@ def test_cli_writes_a_folder_of_jpegs_with_csv_labels(tmp_path):
     # A label for a key with no files, a field that would not read back,
     # and a labels file repeating a key are refused before anything is left.
     for text, says in [
-        ("key,cls\ntrain/img00,1\nmissing,2\n", "line 3: key \"missing\" has no files"),
+        ("key,cls\ntrain/img00,1\nmissing,2\n", 'line 3: key "missing" has no files'),
         ("key,Cls\ntrain/img00,1\n", 'read back as "cls"'),
         ("key,cls\ntrain/img00,1\ntrain/img00,2\n", "labelled twice"),
     ]:
@@ -349,7 +365,9 @@ def test_cli_writes_a_folder_of_jpegs_with_csv_labels(tmp_path):
         bad_out = tmp_path / "bad"
         proc = shardstream_cli("write", src, bad_out / "%d.tar", "--labels", labels)
         assert proc.returncode == 1 and says in proc.stderr, proc.stderr
-        assert not any(n.endswith(".tar") for n in os.listdir(bad_out)) if bad_out.exists() else True
+        assert (
+            not any(n.endswith(".tar") for n in os.listdir(bad_out)) if bad_out.exists() else True
+        )
 
 
 def test_cli_writes_parquet_rows_as_samples(tmp_path):
