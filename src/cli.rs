@@ -579,7 +579,7 @@ fn write_shards(
                         reason: format!("cannot list {}: {e}", src.display()),
                     })?
                     .filter_map(|e| e.ok().map(|e| e.path()))
-                    .filter(|p| spec::is_parquet_name(&p.to_string_lossy()))
+                    .filter(|p| crate::spec::is_parquet_name(&p.to_string_lossy()))
                     .collect();
                 files.sort();
                 files

@@ -24,7 +24,7 @@ pub use pattern::{Destination, ShardPattern};
 
 use crate::config::S3Options;
 use crate::error::{Error, Result};
-use crate::format::Compression;
+use crate::compression::Compression;
 use crate::manifest::{Manifest, ShardEntry};
 use encode::invalid;
 use sink::{S3Target, Sink};

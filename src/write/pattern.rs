@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::format::Compression;
+use crate::compression::Compression;
 use crate::manifest::MANIFEST_FILE;
 
 /// Where shards go.
