@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import io
 import json
 import os
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -411,3 +413,26 @@ def test_cli_writes_parquet_rows_as_samples(tmp_path):
             "--columns", columns,
         )  # fmt: skip
         assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_uploads_are_retried_like_reads(s3):
+    from fault_proxy import Faults, running_fault_proxy
+
+    client = s3.client()
+    client.create_bucket(Bucket="retried")
+    blobs = [os.urandom(2 << 20) for _ in range(4)]
+    with running_fault_proxy(s3.endpoint_url, Faults(write_slowdown_every=2)) as proxy:
+        options = config(proxy.endpoint_url, part_size=5 << 20)
+        with ShardWriter("s3://retried/x/%d.tar", max_count=None, s3=options) as w:
+            for i, blob in enumerate(blobs):
+                w.write({"__key__": f"k{i}", "bin": blob})
+        # Create, two parts, complete and the manifest: every second one
+        # answered 503 SlowDown first.
+        assert proxy.injected.write_slowdowns >= 2
+        assert proxy.injected.writes >= 2 * proxy.injected.write_slowdowns
+    assert client.list_multipart_uploads(Bucket="retried").get("Uploads", []) == []
+    body = client.get_object(Bucket="retried", Key="x/0.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
