@@ -11,9 +11,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
+use crate::compression::Compression;
 use crate::config::{FieldDecoders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::decode::Decoder;
-use crate::compression::Compression;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
 use crate::spec::DatasetFormat;

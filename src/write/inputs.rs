@@ -343,12 +343,14 @@ pub fn parquet_rows(
                             format!("{name} row {}: the key is null", row_base + row),
                         ))
                     }
-                    _ => return Err(refuse(
-                        "--key-column",
-                        format!(
+                    _ => {
+                        return Err(refuse(
+                            "--key-column",
+                            format!(
                             "{name}: the key column {key_column:?} must hold strings or integers"
                         ),
-                    )),
+                        ))
+                    }
                 };
                 let mut fields = Vec::with_capacity(wanted.len());
                 for (field, i) in &wanted {

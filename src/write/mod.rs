@@ -22,9 +22,9 @@ use std::sync::Arc;
 pub use encode::{check_field, check_key, python_float_json, python_float_text, FieldValue};
 pub use pattern::{Destination, ShardPattern};
 
+use crate::compression::Compression;
 use crate::config::S3Options;
 use crate::error::{Error, Result};
-use crate::compression::Compression;
 use crate::manifest::{Manifest, ShardEntry};
 use encode::invalid;
 use sink::{S3Target, Sink};

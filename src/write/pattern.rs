@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::error::{Error, Result};
 use crate::compression::Compression;
+use crate::error::{Error, Result};
 use crate::manifest::MANIFEST_FILE;
 
 /// Where shards go.
