@@ -244,10 +244,14 @@ impl ShardWriter {
                     .build()
                     .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
                 let client = runtime.block_on(crate::source::s3::S3Client::new(&options.s3));
-                Some(Arc::new(S3Target {
+                let target = S3Target {
                     runtime: Arc::new(runtime),
                     client: Arc::new(client),
-                }))
+                };
+                if let Destination::S3 { bucket, .. } = &pattern.destination {
+                    sink::check_bucket(&target, bucket)?;
+                }
+                Some(Arc::new(target))
             }
         };
         let mtime = std::time::SystemTime::now()

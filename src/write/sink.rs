@@ -428,6 +428,25 @@ impl Drop for Upload {
     }
 }
 
+/// Checks, before anything is written, that `bucket` exists and that
+/// credentials load and are accepted (HeadBucket). A refusal (403) is let
+/// through: a role may write objects without the right to see the bucket.
+pub fn check_bucket(target: &S3Target, bucket: &str) -> Result<()> {
+    let url = format!("s3://{bucket}/");
+    let client = target.client.clone();
+    let answer = target.run(client.send_with_retries(&url, "HeadBucket", || {
+        client.sdk().head_bucket().bucket(bucket).send()
+    }));
+    match answer {
+        Ok(_) | Err(Error::AccessDenied { .. }) => Ok(()),
+        Err(Error::NotFound { .. }) => Err(Error::Config {
+            name: "pattern",
+            reason: format!("the bucket {bucket:?} does not exist"),
+        }),
+        Err(other) => Err(upload_error(&url, 0, "checking the bucket", other)),
+    }
+}
+
 /// Writes a small object whole (the manifest): a local file under a
 /// temporary name renamed into place, or one PUT.
 pub fn put_whole(

@@ -436,3 +436,18 @@ def test_uploads_are_retried_like_reads(s3):
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
     assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_a_missing_bucket_or_no_credentials_are_refused_at_construction(s3, monkeypatch, tmp_path):
+    with pytest.raises(ValueError, match='pattern.*"no-such-bucket" does not exist'):
+        ShardWriter("s3://no-such-bucket/x/%d.tar", s3=config(s3))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(shardstream.StorageAuthError, match="s3://written-nocreds/"):
+        ShardWriter("s3://written-nocreds/x/%d.tar", s3=config(s3))
