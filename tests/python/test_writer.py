@@ -440,7 +440,7 @@ def test_uploads_are_retried_like_reads(s3):
 
 @pytest.mark.usefixtures("s3_credentials")
 def test_a_missing_bucket_or_no_credentials_are_refused_at_construction(s3, monkeypatch, tmp_path):
-    with pytest.raises(ValueError, match='pattern.*"no-such-bucket" does not exist'):
+    with pytest.raises(ValueError, match=r'pattern.*"no-such-bucket" does not exist'):
         ShardWriter("s3://no-such-bucket/x/%d.tar", s3=config(s3))
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
