@@ -413,6 +413,14 @@ def test_cli_writes_parquet_rows_as_samples(tmp_path):
             "--columns", columns,
         )  # fmt: skip
         assert proc.returncode == 1 and says in proc.stderr, proc.stderr
+    pq.write_table(
+        pa.table({"id": ["a", "b", "a"], "txt": ["1", "2", "3"]}), tmp_path / "d.parquet"
+    )
+    proc = shardstream_cli(
+        "write", tmp_path / "d.parquet", tmp_path / "d" / "%d.tar", "--key-column", "id"
+    )
+    assert proc.returncode == 1 and 'sample "a": this key was already written' in proc.stderr
+    assert not any(n.endswith(".tar") for n in os.listdir(tmp_path / "d"))
 
 
 @pytest.mark.usefixtures("s3_credentials")
