@@ -32,6 +32,7 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod value;
+pub mod write;
 
 /// Python bindings (the `python` feature); [`python::convert`] is public
 /// for the hand-off micro benchmark.

@@ -22,6 +22,7 @@ from ._core import (
     ShardReadError,
     ShardSkippedWarning,
     ShardStreamError,
+    ShardWriteError,
     StateMismatchError,
     StorageAuthError,
     StreamProcessError,
@@ -33,6 +34,7 @@ from ._core import (
 )
 from .s3 import S3Config
 from .state import elastic_state
+from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -51,6 +53,8 @@ __all__ = [
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "ShardWriteError",
+    "ShardWriter",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",

@@ -23,6 +23,8 @@ __all__ = [
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "ShardWriteError",
+    "ShardWriter",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
@@ -32,6 +34,7 @@ __all__ = [
     "check_state",
     "default_options",
     "default_s3_options",
+    "default_writer_options",
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
@@ -79,6 +82,8 @@ class StreamProcessError(ShardStreamError):
 
 class TransformError(ShardStreamError):
     """The dataset's transform raised on a sample (the original exception is its __cause__)."""
+class ShardWriteError(ShardStreamError):
+    """Writing a shard or its manifest failed; the shard was not left behind half-written."""
 
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
@@ -284,6 +289,40 @@ def default_options() -> dict[str, Any]:
 
 def default_s3_options() -> dict[str, Any]:
     """The defaults of the ``s3=`` options (``shardstream.S3Config`` fields)."""
+
+def default_writer_options() -> dict[str, Any]:
+    """The default of every ``ShardWriter`` option, by its keyword name."""
+
+@final
+class ShardWriter:
+    """Writes WebDataset shards (see ``shardstream.ShardWriter``)."""
+
+    def __new__(
+        cls,
+        pattern: str,
+        *,
+        max_count: int | None = 100000,
+        max_bytes: int | None = 3000000000,
+        compression: Literal["gz", "zst"] | None = None,
+        s3: Any = None,
+    ) -> ShardWriter: ...
+    def write(self, sample: dict[str, Any]) -> None:
+        """Writes one sample: a dict with ``__key__`` (str) and its fields."""
+    def close(self) -> None:
+        """Completes the open shard and the manifest."""
+    def abort(self) -> None:
+        """Abandons the open shard; completed shards and their manifest stay."""
+    def __len__(self) -> int:
+        """Samples written."""
+    @property
+    def shards(self) -> int:
+        """Shards completed."""
+    @property
+    def shard_urls(self) -> list[str]:
+        """URLs (or paths) of the completed shards."""
+    @property
+    def manifest_url(self) -> str:
+        """Where the manifest is written."""
 
 def raise_malloc_thresholds() -> bool:
     """Sets glibc's mmap threshold to 32 MiB and trim threshold to 64 MiB in

@@ -20,6 +20,7 @@ __all__ = [
     "Format",
     "OnError",
     "Remainder",
+    "WriterOptions",
 ]
 
 OnError = Literal["raise", "warn"]
@@ -53,3 +54,12 @@ class DatasetOptions(TypedDict, total=False):
     raise_malloc_thresholds: bool
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
+
+
+class WriterOptions(TypedDict, total=False):
+    """The keyword options of ``ShardWriter`` (see its docstring)."""
+
+    max_count: int | None
+    max_bytes: int | None
+    compression: Literal["gz", "zst"] | None
+    s3: S3Config | Mapping[str, Any] | None

@@ -1,6 +1,6 @@
 //! Python exception classes and the one conversion from [`Error`] to them.
 
-use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyUserWarning, PyValueError};
 use pyo3::{create_exception, PyErr};
 
 use crate::error::Error;
@@ -82,6 +82,9 @@ create_exception!(
     TransformError,
     ShardStreamError,
     "The dataset's transform raised on a sample (the original exception is its __cause__)."
+    ShardWriteError,
+    ShardStreamError,
+    "Writing a shard or its manifest failed; the shard was not left behind half-written."
 );
 create_exception!(
     shardstream._core,
@@ -139,5 +142,10 @@ pub fn to_py(error: Error) -> PyErr {
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
         Error::StateMismatch(_) => StateMismatchError::new_err(message),
         Error::Stopped(_) => ShardStreamError::new_err(message),
+        Error::InvalidSample {
+            wrong_type: true, ..
+        } => PyTypeError::new_err(message),
+        Error::InvalidSample { .. } => PyValueError::new_err(message),
+        Error::Write { .. } => ShardWriteError::new_err(message),
     }
 }

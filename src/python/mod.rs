@@ -7,6 +7,7 @@ mod errors;
 mod malloc;
 mod options;
 mod stream;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -25,18 +26,21 @@ mod _core {
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
         ManifestMismatchError, ObjectChangedError, SampleSkippedWarning, ShardFormatError,
-        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError,
+        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError, ShardWriteError,
         StateMismatchError, StorageAuthError, StreamProcessError, TransformError,
     };
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
-    use super::options::{default_options, default_s3_options, Options};
+    use super::options::{default_options, default_s3_options, default_writer_options, Options};
     #[pymodule_export]
     use super::stream::{
         _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
         Counters, EpochTable, SampleStream, ShardList,
     };
+
+    #[pymodule_export]
+    use super::writer::ShardWriter;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

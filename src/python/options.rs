@@ -12,10 +12,12 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
 use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
+use crate::compression::Compression;
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
+use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
 pub const OPTION_NAMES: [&str; 20] = [
@@ -75,6 +77,59 @@ pub struct Options {
     pub(crate) count_samples: Option<bool>,
     /// The keywords as given, for pickling.
     given: Py<PyDict>,
+}
+
+/// The names of the `ShardWriter` options, in documentation order.
+pub const WRITER_OPTION_NAMES: [&str; 4] = ["max_count", "max_bytes", "compression", "s3"];
+
+/// Parses the `ShardWriter` options in `given` (any subset of
+/// [`WRITER_OPTION_NAMES`]; the others take [`WriterOptions::default`]'s
+/// values). `max_count` and `max_bytes` take `None` for no limit;
+/// `compression` is `None` (as the pattern's suffix says), `"gz"` or
+/// `"zst"`; `s3` is as for datasets. Ranges are checked when the writer is
+/// made, naming the option.
+pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<WriterOptions> {
+    let mut o = WriterOptions::default();
+    let Some(given) = given else {
+        return Ok(o);
+    };
+    for (key, value) in given.iter() {
+        let name: String = key.extract()?;
+        let limit = |value: &Bound<'_, PyAny>| -> PyResult<Option<u64>> {
+            if value.is_none() {
+                Ok(None)
+            } else {
+                integer(&name, value).map(Some)
+            }
+        };
+        match name.as_str() {
+            "max_count" => o.max_count = limit(&value)?,
+            "max_bytes" => o.max_bytes = limit(&value)?,
+            "compression" => {
+                o.compression = if value.is_none() {
+                    None
+                } else {
+                    match string(&name, &value)?.as_str() {
+                        "gz" | "gzip" => Some(Compression::Gzip),
+                        "zst" | "zstd" => Some(Compression::Zstd),
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "invalid option compression: expected None, \"gz\" or \"zst\", got {other:?}"
+                            )))
+                        }
+                    }
+                }
+            }
+            "s3" => o.s3 = s3_options(&value)?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unknown option {other:?} (expected one of: {})",
+                    WRITER_OPTION_NAMES.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(o)
 }
 
 /// An option's value of the wrong type or out of range.
@@ -531,5 +586,18 @@ pub fn default_s3_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("part_size", o.part_size)?;
     dict.set_item("max_concurrency", o.max_concurrency)?;
     debug_assert_eq!(dict.len(), S3_OPTION_NAMES.len());
+    Ok(dict)
+}
+
+/// The default of every `ShardWriter` option, by its keyword name.
+#[pyfunction]
+pub fn default_writer_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = WriterOptions::default();
+    let dict = PyDict::new(py);
+    dict.set_item("max_count", o.max_count)?;
+    dict.set_item("max_bytes", o.max_bytes)?;
+    dict.set_item("compression", py.None())?;
+    dict.set_item("s3", py.None())?;
+    debug_assert_eq!(dict.len(), WRITER_OPTION_NAMES.len());
     Ok(dict)
 }

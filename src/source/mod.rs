@@ -11,7 +11,7 @@
 pub mod http;
 mod local;
 mod ranged;
-mod s3;
+pub(crate) mod s3;
 
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
 

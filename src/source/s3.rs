@@ -150,9 +150,15 @@ impl S3Client {
             })
     }
 
-    /// Sends a metadata request (listing, HEAD) with the same bounded
+    /// The SDK client, for requests sent through
+    /// [`S3Client::send_with_retries`].
+    pub(crate) fn sdk(&self) -> &aws_sdk_s3::Client {
+        &self.client
+    }
+
+    /// Sends a request (a listing, a HEAD, an upload) with the same bounded
     /// retries and first-byte timeout as object reads.
-    async fn send_with_retries<T, E, F, Fut>(
+    pub(crate) async fn send_with_retries<T, E, F, Fut>(
         &self,
         url: &str,
         what: &str,
