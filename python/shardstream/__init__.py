@@ -34,6 +34,7 @@ from .state import elastic_state
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
+    from .mix import Mix
 
 __all__ = [
     "DatasetSpecError",
@@ -41,6 +42,7 @@ __all__ = [
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
+    "Mix",
     "ObjectChangedError",
     "S3Config",
     "ShardFormatError",
@@ -65,4 +67,8 @@ def __getattr__(name: str) -> Any:
         from .dataset import StreamingDataset
 
         return StreamingDataset
+    if name == "Mix":
+        from .mix import Mix
+
+        return Mix
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

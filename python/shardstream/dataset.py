@@ -109,6 +109,11 @@ class StreamingDataset(IterableDataset[Any]):
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
+        model_parallel_size: ranks per model-parallel (tensor or context
+            parallel) group: ranks ``g * size`` to ``(g + 1) * size - 1``
+            form data-parallel rank ``g`` of ``world_size // size``, and
+            receive the same samples in the same order; each sample is read
+            once per data-parallel group. ``world_size`` must be a multiple.
     """
 
     def __init__(
@@ -226,8 +231,21 @@ class StreamingDataset(IterableDataset[Any]):
             self._epochs.set_worker(info.id, info.num_workers, epoch)
 
     def distributed_slot(self) -> tuple[int, int]:
-        """``(rank, world_size)``: explicit arguments, else torch.distributed,
-        else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+        """``(rank, world_size)`` of the data: with ``model_parallel_size``
+        of 1 the process's own, else its data-parallel group's (see
+        ``process_slot`` and the option)."""
+        rank, world_size = self.process_slot()
+        group = int(self.options["model_parallel_size"])
+        if world_size % group:
+            raise ValueError(
+                f"invalid option model_parallel_size: {group} does not divide "
+                f"world_size {world_size}"
+            )
+        return rank // group, world_size // group
+
+    def process_slot(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of this process: explicit arguments, else
+        torch.distributed, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
         if dist.is_available() and dist.is_initialized():
             auto_rank, auto_world = dist.get_rank(), dist.get_world_size()
         else:

@@ -51,3 +51,4 @@ class DatasetOptions(TypedDict, total=False):
     local_bytes_by_reference: bool
     raise_malloc_thresholds: bool
     count_samples: bool | None
+    model_parallel_size: int

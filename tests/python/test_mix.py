@@ -1,0 +1,328 @@
+"""``shardstream.Mix``: weighted mixtures of streams. Property tests over
+layouts, weights and policies (equal ranks, each stream's samples at most
+once, all of them under ``continue``), determinism, exact resume through
+``StatefulDataLoader``, elastic resume onto other layouts, weights changed at
+a resume, and model-parallel groups of a plain dataset."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+from _shardtest import DatasetInfo, collect, load_schema, write_uneven_dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import Mix, StateMismatchError, StreamingDataset, elastic_state
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+# Even totals (66 and 24): with 2 ranks, no stream drops a remainder.
+COUNTS_A = (10, 20, 30, 6)
+COUNTS_B = (7, 8, 9)
+MIX_STATE = jsonschema.Draft202012Validator(load_schema("mix_state"))
+STREAM_STATE = jsonschema.Draft202012Validator(load_schema("state"))
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetInfo, DatasetInfo]:
+    root = tmp_path_factory.mktemp("mix")
+    a = write_uneven_dataset(root / "a", COUNTS_A, prefix="a", seed=1)
+    b = write_uneven_dataset(root / "b", COUNTS_B, prefix="b", seed=2)
+    return a, b
+
+
+def ident(sample: dict) -> str:
+    """A sample's stream (its shard's directory) and key."""
+    return f"{Path(sample['__url__']).parent.name}/{sample['__key__']}"
+
+
+def stream_keys(info: DatasetInfo) -> set[str]:
+    name = Path(info.paths[0]).parent.name
+    return {f"{name}/{key}" for key in info.keys}
+
+
+def make_mix(streams, weights=(0.7, 0.3), policy="continue", **slot) -> Mix:
+    datasets = [StreamingDataset(info.spec, seed=3, shuffle_buffer=5, **slot) for info in streams]
+    return Mix(datasets, list(weights), policy=policy, seed=11)
+
+
+def slot_keys(streams, weights, policy, rank, world_size, worker_id, num_workers, epoch=0):
+    mix = make_mix(
+        streams,
+        weights,
+        policy,
+        rank=rank,
+        world_size=world_size,
+        worker_id=worker_id,
+        num_workers=num_workers,
+    )
+    mix.set_epoch(epoch)
+    return [ident(s) for s in collect(mix)]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    world_size=st.integers(1, 3),
+    num_workers=st.integers(1, 3),
+    weights=st.lists(st.floats(0.05, 5.0), min_size=2, max_size=2),
+    policy=st.sampled_from(["stop", "restart", "continue"]),
+    epoch=st.integers(0, 3),
+)
+def test_equal_ranks_and_each_stream_once_over_any_layout(
+    streams, world_size, num_workers, weights, policy, epoch
+):
+    """Every rank takes the same number of samples; each stream's samples
+    come at most once per pass (once under ``continue``: every one of the
+    stream's epoch); ``stop`` ends where a stream runs out, ``restart``
+    reads every sample of every stream at least once."""
+    per_rank: list[list[str]] = []
+    for rank in range(world_size):
+        keys: list[str] = []
+        for worker in range(num_workers):
+            keys += slot_keys(streams, weights, policy, rank, world_size, worker, num_workers, epoch)
+        per_rank.append(keys)
+    assert len({len(k) for k in per_rank}) == 1, [len(k) for k in per_rank]
+    got = Counter(k for keys in per_rank for k in keys)
+    for info in streams:
+        expected = stream_keys(info)
+        # Each stream's plan drops its total % world_size (remainder="drop").
+        planned = len(expected) - len(expected) % world_size
+        mine = {k: n for k, n in got.items() if k in expected}
+        assert set(got) <= set().union(*(stream_keys(i) for i in streams))
+        if policy == "continue":
+            assert all(n == 1 for n in mine.values())
+            assert len(mine) == planned
+        elif policy == "stop":
+            assert all(n == 1 for n in mine.values())
+        else:
+            assert len(mine) == planned
+    if policy == "stop":
+        # One stream is read to its end (per slot: up to rounding).
+        shares = [
+            sum(n for k, n in got.items() if k in stream_keys(info))
+            / (len(stream_keys(info)) - len(stream_keys(info)) % world_size)
+            for info in streams
+        ]
+        assert max(shares) >= 1 - 2 * world_size * num_workers / 24
+
+
+def test_the_mixture_order_is_deterministic_and_follows_seed_and_epoch(streams):
+    first = slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
+    assert first == slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
+    assert first != slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1, epoch=1)
+
+
+def test_stop_takes_the_weights_exactly(streams):
+    weights = (0.75, 0.25)
+    keys = slot_keys(streams, weights, "stop", 0, 1, 0, 1)
+    took = [sum(k in stream_keys(info) for k in keys) for info in streams]
+    available = [sum(COUNTS_A), sum(COUNTS_B)]
+    # The stream that runs out first (relative to its weight) is read to
+    # its end; the other gives weight-proportionally many, rounded down.
+    m = min(range(2), key=lambda s: available[s] / weights[s])
+    expected = [int(available[m] * weights[s] / weights[m] + 1e-9) for s in range(2)]
+    assert took == expected
+
+
+def test_model_parallel_ranks_get_identical_samples(streams):
+    info = streams[0]
+
+    def keys(rank: int) -> list[str]:
+        ds = StreamingDataset(
+            info.spec, seed=3, rank=rank, world_size=4, model_parallel_size=2, shuffle_buffer=5
+        )
+        assert ds.distributed_slot() == (rank // 2, 2)
+        return [s["__key__"] for s in collect(ds)]
+
+    ranks = [keys(r) for r in range(4)]
+    assert ranks[0] == ranks[1] and ranks[2] == ranks[3]
+    assert not set(ranks[0]) & set(ranks[2])
+    assert sorted(ranks[0] + ranks[2]) == sorted(info.keys)
+
+
+def test_model_parallel_size_is_checked_at_construction(streams):
+    spec = streams[0].spec
+    with pytest.raises(ValueError, match="model_parallel_size"):
+        StreamingDataset(spec, model_parallel_size=0)
+    with pytest.raises(TypeError, match="model_parallel_size"):
+        StreamingDataset(spec, model_parallel_size="2")  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match="model_parallel_size: 2 does not divide world_size 3"):
+        StreamingDataset(spec, rank=0, world_size=3, model_parallel_size=2)
+
+
+def test_bad_mixtures_are_refused_at_construction(streams):
+    a, b = streams
+    ds = [StreamingDataset(a.spec), StreamingDataset(b.spec)]
+    with pytest.raises(ValueError, match="invalid option weights"):
+        Mix(ds, [0.0, 0.0])
+    with pytest.raises(ValueError, match="invalid option weights"):
+        Mix(ds, [1.0, float("nan")])
+    with pytest.raises(ValueError, match="invalid option weights: 1 weights for 2"):
+        Mix(ds, [1.0])
+    with pytest.raises(ValueError, match="invalid option policy"):
+        Mix(ds, policy="cycle")
+    with pytest.raises(ValueError, match="share one layout"):
+        Mix([StreamingDataset(a.spec, rank=0, world_size=2), ds[1]])
+    with pytest.raises(ValueError, match="batches"):
+        Mix([StreamingDataset(a.spec, batch_size=4), ds[1]])
+    with pytest.raises(shardstream.DatasetSpecError, match="shardstream index"):
+        Mix([StreamingDataset(a.spec, count_samples=False), ds[1]])
+
+
+# --------------------------------------------------------------------------
+# Exact resume through StatefulDataLoader
+# --------------------------------------------------------------------------
+
+
+def collate_idents(samples: list[dict]) -> list[str]:
+    return [ident(s) for s in samples]
+
+
+def mix_loader(streams, num_workers, policy, **slot) -> StatefulDataLoader:
+    mix = make_mix(streams, policy=policy, **slot)
+    mix.set_epoch(2)
+    return StatefulDataLoader(
+        mix,
+        batch_size=4,
+        num_workers=num_workers,
+        collate_fn=collate_idents,
+        timeout=120 if num_workers else 0,
+    )
+
+
+def mix_states(obj) -> list[dict]:
+    found: list[dict] = []
+    if isinstance(obj, dict):
+        if obj.get("format") == "shardstream.mix":
+            return [obj]
+        for value in obj.values():
+            found += mix_states(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            found += mix_states(value)
+    return found
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("policy", ["restart", "continue"])
+def test_exact_resume_at_several_points(streams, num_workers, policy):
+    reference = list(mix_loader(streams, num_workers, policy))
+    assert len(reference) > 8
+    for stop in (1, 4, len(reference) - 2):
+        loader = mix_loader(streams, num_workers, policy)
+        it = iter(loader)
+        before = [next(it) for _ in range(stop)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        for slot in mix_states(state):
+            MIX_STATE.validate(slot)
+            for entry in slot["streams"]:
+                STREAM_STATE.validate(entry["state"])
+        resumed = mix_loader(streams, num_workers, policy)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert before + rest == reference, f"stop {stop}"
+
+
+def test_an_exact_state_of_another_slot_or_weights_is_refused(streams):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = mix.state_dict()
+    other = make_mix(streams, rank=1, world_size=2)
+    other.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="state field rank"):
+        iter(other)
+    with pytest.raises(StateMismatchError, match="weights"):
+        make_mix(streams, weights=(0.5, 0.5)).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="elastic_state"):
+        make_mix(streams).load_state_dict(state, weights=[0.5, 0.5])
+    bad = json.loads(json.dumps(state))
+    bad["position"] += 1
+    mix = make_mix(streams)
+    mix.load_state_dict(bad)
+    with pytest.raises(StateMismatchError, match="produced"):
+        iter(mix)
+
+
+# --------------------------------------------------------------------------
+# Elastic resume and weights changed at a resume
+# --------------------------------------------------------------------------
+
+
+def save_two_by_two(streams, batches: int):
+    """Two ranks of two workers each read ``batches`` batches; returns what
+    they read and the elastic state of the job."""
+    read: list[str] = []
+    states = []
+    for rank in range(2):
+        loader = mix_loader(streams, 2, "continue", rank=rank, world_size=2)
+        it = iter(loader)
+        for _ in range(batches):
+            read += next(it)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+    return read, elastic_state(*states)
+
+
+def resume_onto(streams, state, world_size, num_workers, weights=None) -> list[list[str]]:
+    per_rank = []
+    for rank in range(world_size):
+        mix = make_mix(streams, rank=rank, world_size=world_size)
+        mix.load_state_dict(state, weights=weights)
+        loader = StatefulDataLoader(
+            mix, batch_size=4, num_workers=num_workers, collate_fn=collate_idents, timeout=120
+        )
+        per_rank.append([k for batch in loader for k in batch])
+    return per_rank
+
+
+@pytest.mark.parametrize(("world_size", "num_workers"), [(1, 3), (2, 3)])
+def test_elastic_resume_gives_every_stream_sample_once(streams, world_size, num_workers):
+    read, state = save_two_by_two(streams, 3)
+    per_rank = resume_onto(streams, state, world_size, num_workers)
+    assert len({len(keys) for keys in per_rank}) == 1
+    got = Counter(read + [k for keys in per_rank for k in keys])
+    assert all(n == 1 for n in got.values()), [k for k, n in got.items() if n > 1]
+    for info in streams:
+        expected = stream_keys(info)
+        mine = expected & set(got)
+        assert set(got) - set().union(*(stream_keys(i) for i in streams)) == set()
+        # The rest of each stream is cut in equal runs per rank: what does
+        # not divide is dropped (remainder="drop"), nothing else.
+        remaining = len(expected) - len(expected & set(read))
+        assert len(expected) - len(mine) == remaining % world_size
+
+
+def test_weights_changed_at_an_elastic_resume(streams):
+    read, state = save_two_by_two(streams, 2)
+    (after,) = resume_onto(streams, state, 1, 2, weights=[0.1, 0.9])
+    got = Counter(read + after)
+    assert all(n == 1 for n in got.values())
+    assert set(got) == stream_keys(streams[0]) | stream_keys(streams[1])
+    # The new weights lead: stream b comes first in most of the rest.
+    head = after[: len(after) // 4]
+    assert sum(k.startswith("b/") for k in head) > len(head) // 2
+
+
+def test_an_elastic_state_missing_a_slot_is_refused(streams):
+    _, state = save_two_by_two(streams, 1)
+    state["slots"] = state["slots"][1:]
+    mix = make_mix(streams)
+    mix.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="every one of the 2 x 2 slots"):
+        iter(mix)
