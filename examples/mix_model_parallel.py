@@ -58,9 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rank = dist.get_rank()
         streams = [
-            StreamingDataset(
-                spec, seed=args.seed, model_parallel_size=args.model_parallel_size
-            )
+            StreamingDataset(spec, seed=args.seed, model_parallel_size=args.model_parallel_size)
             for spec in args.specs
         ]
         mix = Mix(streams, args.weights, policy=args.policy, seed=args.seed)

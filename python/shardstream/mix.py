@@ -410,7 +410,9 @@ class Mix(IterableDataset[Any]):
             raise StateMismatchError(
                 f"state field position: {position} is past the slot's {len(plan.order)} samples"
             )
-        it = _MixIterator(self, slot, epoch, generation, state["resumed_from"], state["weights"], plan)
+        it = _MixIterator(
+            self, slot, epoch, generation, state["resumed_from"], state["weights"], plan
+        )
         it.position = position
         for s, entry in enumerate(state["streams"]):
             k = entry["pass"] - plan.base[s]

@@ -76,7 +76,9 @@ pub fn check_weights(weights: &[f64]) -> Result<()> {
         )));
     }
     if !weights.iter().any(|&w| w > 0.0) {
-        return Err(error("every weight is 0; at least one must be above 0".into()));
+        return Err(error(
+            "every weight is 0; at least one must be above 0".into(),
+        ));
     }
     Ok(())
 }
@@ -112,11 +114,7 @@ pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result
     if weights.len() != available.len() {
         return Err(Error::Config {
             name: "weights",
-            reason: format!(
-                "{} weights for {} streams",
-                weights.len(),
-                available.len()
-            ),
+            reason: format!("{} weights for {} streams", weights.len(), available.len()),
         });
     }
     let scaled = |m: usize| -> Vec<u64> {

@@ -29,6 +29,7 @@ pub fn mix_counts(policy: &str, weights: Vec<f64>, available: Vec<u64>) -> PyRes
 /// `s` in `epoch`: one byte per sample, the stream's index.
 #[pyfunction]
 #[pyo3(signature = (policy, weights, counts, *, seed, epoch, slot, generation = 0))]
+#[allow(clippy::too_many_arguments)]
 pub fn mix_order<'py>(
     py: Python<'py>,
     policy: &str,

@@ -92,7 +92,9 @@ def test_equal_ranks_and_each_stream_once_over_any_layout(
     for rank in range(world_size):
         keys: list[str] = []
         for worker in range(num_workers):
-            keys += slot_keys(streams, weights, policy, rank, world_size, worker, num_workers, epoch)
+            keys += slot_keys(
+                streams, weights, policy, rank, world_size, worker, num_workers, epoch
+            )
         per_rank.append(keys)
     assert len({len(k) for k in per_rank}) == 1, [len(k) for k in per_rank]
     got = Counter(k for keys in per_rank for k in keys)
