@@ -3,6 +3,7 @@ elastic resume (see ``docs/mixing.md``)."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +42,31 @@ def _available(stream: SampleStream) -> int:
     """Samples a slot's stream gives (its units all have sample bounds: a
     mixture needs sample counts)."""
     return sum(int(end) - int(start) for _, start, end in stream.units)  # type: ignore[arg-type]
+
+
+def _open_stream(ds: StreamingDataset, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
+    """A stream's samples for ``slot`` in its epoch ``epoch`` (or the
+    resume's); its threads start at the first ``next()``."""
+    rank, world_size, worker_id, num_workers = slot
+    in_worker = get_worker_info() is not None
+    raise_thresholds = ds.options["raise_malloc_thresholds"]
+    if in_worker and raise_thresholds:
+        raise_malloc_thresholds()
+    return SampleStream(
+        ds.shard_list,
+        epoch=epoch,
+        world_size=world_size,
+        rank=rank,
+        num_workers=num_workers,
+        worker_id=worker_id,
+        resume=resume,
+        counters=ds._counters,
+        local_bytes=(
+            functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)
+            if ds.options["local_bytes_by_reference"] and in_worker
+            else None
+        ),
+    )
 
 
 @dataclass
@@ -191,29 +217,7 @@ class Mix(IterableDataset[Any]):
         return rank, world_size, worker_id, num_workers
 
     def _open(self, s: int, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
-        """Stream ``s``'s samples for ``slot`` in its epoch ``epoch`` (or
-        the resume's); its threads start at the first ``next()``."""
-        ds = self.datasets[s]
-        rank, world_size, worker_id, num_workers = slot
-        in_worker = get_worker_info() is not None
-        raise_thresholds = ds.options["raise_malloc_thresholds"]
-        if in_worker and raise_thresholds:
-            raise_malloc_thresholds()
-        return SampleStream(
-            ds.shard_list,
-            epoch=epoch,
-            world_size=world_size,
-            rank=rank,
-            num_workers=num_workers,
-            worker_id=worker_id,
-            resume=resume,
-            counters=ds._counters,
-            local_bytes=(
-                functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)
-                if ds.options["local_bytes_by_reference"] and in_worker
-                else None
-            ),
-        )
+        return _open_stream(self.datasets[s], epoch, resume, slot)
 
     def _slot_plan(
         self,
@@ -410,6 +414,11 @@ class Mix(IterableDataset[Any]):
             raise StateMismatchError(
                 f"state field position: {position} is past the slot's {len(plan.order)} samples"
             )
+        if state["finished"] != (position == len(plan.order)):
+            raise StateMismatchError(
+                f"state field finished: {state['finished']}, but the position is {position} of "
+                f"the slot's {len(plan.order)} samples"
+            )
         it = _MixIterator(
             self, slot, epoch, generation, state["resumed_from"], state["weights"], plan
         )
@@ -489,6 +498,25 @@ class Mix(IterableDataset[Any]):
         it = _MixIterator(self, slot, epoch, generation, ordered, mix_weights, plan)
         return it
 
+    def num_samples(self, num_workers: int | None = None) -> int:
+        """Samples this rank takes in the next epoch from ``num_workers``
+        DataLoader workers (default: the ``num_workers`` argument of the
+        streams, else 1); the same on every data-parallel rank. Under
+        ``"stop"`` it may depend on ``num_workers`` by a few samples
+        (rounding per worker)."""
+        rank, world_size, _, workers = self._slot()
+        if num_workers is not None:
+            if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+                raise TypeError(f"num_workers must be an int, got {num_workers!r}")
+            if num_workers < 1:
+                raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+            workers = num_workers
+        epoch = self.epoch
+        return sum(
+            len(self._slot_plan(epoch, 0, None, self.weights, (rank, world_size, w, workers)).order)
+            for w in range(workers)
+        )
+
     def stats(self) -> list[dict[str, int]]:
         """Each stream's counters (see ``StreamingDataset.stats``)."""
         return [ds.stats() for ds in self.datasets]
@@ -506,7 +534,9 @@ class Mix(IterableDataset[Any]):
 
 
 class _MixIterator:
-    """One slot's mixture for one epoch."""
+    """One slot's mixture for one epoch. It holds the streams, not the
+    ``Mix`` (which holds it): no reference cycle keeps the streams' threads
+    alive once the iterator is dropped."""
 
     def __init__(
         self,
@@ -518,7 +548,9 @@ class _MixIterator:
         weights: list[float],
         plan: _SlotPlan,
     ) -> None:
-        self.mix = mix
+        self.datasets = list(mix.datasets)
+        self.policy = mix.policy
+        self.seed = mix.seed
         self.slot = slot
         self.epoch = epoch
         self.generation = generation
@@ -531,6 +563,10 @@ class _MixIterator:
         self.taken = [0] * n  # samples taken (or short) of the current pass
         self.short = [0] * n  # of those, missing: the pass ended early
         self.streams: list[SampleStream] = list(plan.first)
+        plan.first.clear()
+        # The state at the end of the slot's order, once it is reached: the
+        # streams (with threads reading ahead under "stop") are let go.
+        self.final: dict[str, Any] | None = None
 
     def __iter__(self) -> _MixIterator:
         return self
@@ -539,7 +575,9 @@ class _MixIterator:
         self.passes[s] += 1
         self.taken[s] = self.short[s] = 0
         p = self.plan.base[s] + self.passes[s]
-        self.streams[s] = self.mix._open(s, self.epoch + p * PASS_STRIDE, None, self.slot)
+        self.streams[s] = _open_stream(
+            self.datasets[s], self.epoch + p * PASS_STRIDE, None, self.slot
+        )
 
     def __next__(self) -> Any:
         order = self.plan.order
@@ -559,17 +597,22 @@ class _MixIterator:
             self.taken[s] += 1
             self.position += 1
             return sample
+        if self.final is None:
+            self.final = self.state()
+            self.streams = []
         raise StopIteration
 
     def state(self) -> dict[str, Any]:
+        if self.final is not None:
+            return copy.deepcopy(self.final)
         rank, world_size, worker_id, num_workers = self.slot
         return {
             "format": MIX_FORMAT,
             "version": MIX_VERSION,
             "epoch": self.epoch,
             "generation": self.generation,
-            "policy": self.mix.policy,
-            "seed": self.mix.seed,
+            "policy": self.policy,
+            "seed": self.seed,
             "weights": list(self.weights),
             "world_size": world_size,
             "rank": rank,

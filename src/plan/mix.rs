@@ -136,7 +136,7 @@ pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result
             })
             .collect()
     };
-    Ok(match policy {
+    let counts: Vec<u64> = match policy {
         Policy::Continue => weights
             .iter()
             .zip(available)
@@ -156,7 +156,18 @@ pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result
             .zip(weights.iter().zip(available))
             .map(|(n, (&w, &a))| if w > 0.0 { n.max(a) } else { 0 })
             .collect(),
-    })
+    };
+    let total = counts.iter().try_fold(0u64, |sum, &n| sum.checked_add(n));
+    if total.is_none_or(|n| n > MAX_SLOT_SAMPLES) {
+        return Err(Error::Config {
+            name: "weights",
+            reason: format!(
+                "with weights {weights:?} a slot would take {counts:?} samples of streams that give \
+                 it {available:?}, more than {MAX_SLOT_SAMPLES} in one epoch: the weights are too far apart"
+            ),
+        });
+    }
+    Ok(counts)
 }
 
 /// The random stream of a slot's mixture order.
@@ -406,5 +417,6 @@ mod tests {
         }
         assert!(check_weights(&vec![1.0; MAX_STREAMS + 1]).is_err());
         assert!("shuffle".parse::<Policy>().is_err());
+        assert!(slot_counts(Policy::Restart, &[1e-131, 1.0], &[1, 0]).is_err());
     }
 }

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream
-from shardstream import Mix, StateMismatchError, StreamingDataset, elastic_state
+from shardstream import Mix, StateMismatchError, StreamingDataset, _core, elastic_state
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -121,6 +121,59 @@ def test_equal_ranks_and_each_stream_once_over_any_layout(
         assert max(shares) >= 1 - 2 * world_size * num_workers / 24
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    shard_counts=st.lists(
+        st.lists(st.integers(0, 40), min_size=1, max_size=12), min_size=1, max_size=4
+    ),
+    world_size=st.integers(1, 8),
+    num_workers=st.integers(1, 8),
+    weights=st.lists(st.just(0.0) | st.floats(0.01, 10.0), min_size=4, max_size=4),
+    policy=st.sampled_from(["stop", "restart", "continue"]),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 2**32 - 1),
+)
+def test_pure_mixture_plans_give_every_rank_the_same_count(
+    shard_counts, world_size, num_workers, weights, policy, seed, epoch
+):
+    """Over any layout (no I/O): each slot's order holds each stream exactly
+    its count, the counts follow the policy, and every rank's total is the
+    same, since a stream's plan gives worker ``w`` of every rank as many
+    samples."""
+    weights = weights[: len(shard_counts)]
+    if not any(w > 0 for w in weights):
+        weights[0] = 1.0
+    plans = [
+        shardstream.plan_samples(
+            counts, seed=seed, epoch=epoch, world_size=world_size, num_workers=num_workers
+        )
+        for counts in shard_counts
+    ]
+    totals = []
+    for rank in range(world_size):
+        total = 0
+        for worker in range(num_workers):
+            slot = rank * num_workers + worker
+            available = [sum(end - start for _, start, end in plan[slot]) for plan in plans]
+            counts = _core.mix_counts(policy, weights, available)
+            order = _core.mix_order(
+                policy, weights, counts, seed=seed, epoch=epoch, slot=slot, generation=1
+            )
+            assert [order.count(bytes([s])) for s in range(len(counts))] == counts
+            for s, (n, a) in enumerate(zip(counts, available, strict=True)):
+                if weights[s] == 0:
+                    assert n == 0
+                elif policy == "continue":
+                    assert n == a
+                elif policy == "stop":
+                    assert n <= a
+                else:
+                    assert n >= a
+            total += len(order)
+        totals.append(total)
+    assert len(set(totals)) == 1, totals
+
+
 def test_the_mixture_order_is_deterministic_and_follows_seed_and_epoch(streams):
     first = slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
     assert first == slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
@@ -219,7 +272,7 @@ def mix_states(obj) -> list[dict]:
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("policy", ["restart", "continue"])
+@pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
 def test_exact_resume_at_several_points(streams, num_workers, policy):
     reference = list(mix_loader(streams, num_workers, policy))
     assert len(reference) > 8
@@ -287,7 +340,11 @@ def resume_onto(streams, state, world_size, num_workers, weights=None) -> list[l
         mix = make_mix(streams, rank=rank, world_size=world_size)
         mix.load_state_dict(state, weights=weights)
         loader = StatefulDataLoader(
-            mix, batch_size=4, num_workers=num_workers, collate_fn=collate_idents, timeout=120
+            mix,
+            batch_size=4,
+            num_workers=num_workers,
+            collate_fn=collate_idents,
+            timeout=120 if num_workers else 0,
         )
         per_rank.append([k for batch in loader for k in batch])
     return per_rank
@@ -328,3 +385,90 @@ def test_an_elastic_state_missing_a_slot_is_refused(streams):
     mix.load_state_dict(state)
     with pytest.raises(StateMismatchError, match="every one of the 2 x 2 slots"):
         iter(mix)
+
+
+def test_model_parallel_mixture_states_resume_elastically(streams):
+    """4 ranks as 2 data-parallel groups of 2: the ranks of a group take the
+    same samples and save the same states, which count once when gathered;
+    the job resumes on one rank with every stream sample once."""
+    read: dict[int, list[str]] = {}
+    states = []
+    for rank in range(4):
+        datasets = [
+            StreamingDataset(
+                info.spec, seed=3, shuffle_buffer=5, rank=rank, world_size=4, model_parallel_size=2
+            )
+            for info in streams
+        ]
+        mix = Mix(datasets, [0.7, 0.3], policy="continue", seed=11)
+        it = iter(mix)
+        read[rank] = [ident(next(it)) for _ in range(9)]
+        states.append(mix.state_dict())
+        del it
+    assert read[0] == read[1] and read[2] == read[3]
+    assert not set(read[0]) & set(read[2])
+    assert states[0] == states[1] and states[0]["world_size"] == 2
+    (after,) = resume_onto(streams, elastic_state(*states), 1, 0)
+    got = Counter(read[0] + read[2] + after)
+    assert all(n == 1 for n in got.values())
+    assert set(got) == stream_keys(streams[0]) | stream_keys(streams[1])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("format", "shardstream.state"),
+        ("version", 2),
+        ("epoch", -1),
+        ("epoch", 2**40),
+        ("generation", "1"),
+        ("position", 10**9),
+        ("position", None),
+        ("finished", True),
+        ("policy", "stop"),
+        ("seed", 12),
+        ("weights", [1.0]),
+        ("weights", [-1.0, 2.0]),
+        ("streams", []),
+        ("streams", [{"pass": 0}, {"pass": 0}]),
+        ("resumed_from", []),
+        ("resumed_from", [{"format": "shardstream.mix"}]),
+        ("rank", 1),
+    ],
+)
+def test_a_damaged_mixture_state_is_refused_naming_its_field(streams, field, value):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(mix.state_dict()))
+    del it
+    state[field] = value
+    resumed = make_mix(streams)
+    with pytest.raises(StateMismatchError, match=f"state field {field}"):
+        resumed.load_state_dict(state)
+        iter(resumed)
+
+
+def test_a_damaged_stream_state_inside_a_mixture_is_refused(streams):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(mix.state_dict()))
+    del it
+    state["streams"][1]["state"]["produced"] += 1
+    resumed = make_mix(streams)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="produced"):
+        iter(resumed)
+
+
+def test_num_samples_is_what_each_rank_takes(streams):
+    for num_workers in (1, 3):
+        mix = make_mix(streams, policy="stop", rank=1, world_size=2)
+        expected = sum(
+            len(slot_keys(streams, (0.7, 0.3), "stop", 1, 2, w, num_workers))
+            for w in range(num_workers)
+        )
+        assert mix.num_samples(num_workers) == expected
