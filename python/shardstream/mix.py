@@ -177,6 +177,13 @@ class Mix(IterableDataset[Any]):
         check_mix(policy, floats)
         return floats
 
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Sets the weights of the next iteration's epoch and the ones after
+        it (an iteration under way keeps its own). To change them in the
+        middle of an epoch, resume with ``load_state_dict(elastic_state,
+        weights=...)``."""
+        self.weights = self._check_weights(weights, len(self.datasets), self.policy)
+
     # -- epochs ----------------------------------------------------------
 
     @property
@@ -580,23 +587,24 @@ class _MixIterator:
         )
 
     def __next__(self) -> Any:
-        order = self.plan.order
+        order, taken, streams = self.plan.order, self.taken, self.streams
         while self.position < len(order):
             s = order[self.position]
-            if self.taken[s] >= self.plan.passes[s][self.passes[s]]:
+            if taken[s] >= self.plan.passes[s][self.passes[s]]:
                 self._next_pass(s)
             try:
-                sample = next(self.streams[s])
+                sample = next(streams[s])
             except StopIteration:
                 # Fewer samples than planned: a shard was skipped under
                 # on_error="warn". The slot goes on without them.
                 self.short[s] += 1
-                self.taken[s] += 1
-                self.position += 1
-                continue
-            self.taken[s] += 1
+                sample = None
+            # Counted once the stream gave its sample (or ended): an error
+            # leaves the position where it was.
+            taken[s] += 1
             self.position += 1
-            return sample
+            if sample is not None:
+                return sample
         if self.final is None:
             self.final = self.state()
             self.streams = []

@@ -192,6 +192,19 @@ def test_stop_takes_the_weights_exactly(streams):
     assert took == expected
 
 
+def test_set_weights_applies_from_the_next_epoch(streams):
+    mix = make_mix(streams, (0.5, 0.5), "stop")
+    first = [ident(s) for s in collect(mix)]
+    assert sum(k.startswith("a/") for k in first) == sum(k.startswith("b/") for k in first)
+    mix.set_weights([0.25, 0.75])
+    second = [ident(s) for s in collect(mix)]
+    # b (24 samples) is the limit: a gives a third as many.
+    assert sum(k.startswith("b/") for k in second) == sum(COUNTS_B)
+    assert sum(k.startswith("a/") for k in second) == sum(COUNTS_B) // 3
+    with pytest.raises(ValueError, match="invalid option weights"):
+        mix.set_weights([1.0, -1.0])
+
+
 def test_model_parallel_ranks_get_identical_samples(streams):
     info = streams[0]
 
