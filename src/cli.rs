@@ -10,14 +10,17 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::config::{S3Options, SlotSpec, StreamOptions};
+use crate::byte_size::ByteSize;
+use crate::compression::Compression;
+use crate::config::{S3Options, StreamOptions};
 use crate::error::{Error, Result};
-use crate::format::Compression;
+use crate::location::Location;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
-use crate::plan::{self, PlanParams, Remainder};
-use crate::shuffle::ByteSize;
-use crate::spec::{self, Location, Shard};
+use crate::plan::{self, PlanParams, Remainder, SlotSpec};
+use crate::resolve;
+use crate::shard::Shard;
+use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 
 #[derive(Debug, Parser)]
@@ -225,7 +228,7 @@ fn scan(
 }
 
 fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write) -> Result<()> {
-    let shards = spec::resolve_with(&[url.to_owned()], s3)?;
+    let shards = resolve::resolve_with(&[url.to_owned()], s3)?;
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let (mut samples, mut field_bytes) = (0u64, 0u64);
     let compressed = scan(&shards, s3, |sample, progress| {
@@ -263,7 +266,7 @@ fn index(
     out: &mut dyn Write,
 ) -> Result<()> {
     // Manifests describe tar shards; Parquet footers already give counts.
-    let mut shards = spec::resolve_dataset(specs, s3, spec::DatasetFormat::Tar)?;
+    let mut shards = resolve::resolve_dataset(specs, s3, DatasetFormat::Tar)?;
     crate::source::describe_s3_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     let compressed = scan(&shards, s3, |sample, _| {
@@ -313,9 +316,8 @@ fn print_plan(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    let mut shards: Vec<Shard> = spec::resolve_with(specs, s3)?;
-    spec::check_local_shards_exist(&shards)?;
-    let attached = manifest::attach(&mut shards, choice)?;
+    let (mut shards, attached) =
+        resolve::resolve_indexed(specs, s3, DatasetFormat::Auto, choice, true)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }

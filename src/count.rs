@@ -9,10 +9,11 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::compression::Compression;
 use crate::error::{Error, Result};
-use crate::format::{tar, ByteSource, Compression, ShardRef};
-use crate::manifest::SampleIndex;
-use crate::spec::{Location, Shard, ShardKind};
+use crate::format::{tar, ByteSource, ShardRef};
+use crate::location::Location;
+use crate::shard::{SampleIndex, Shard, ShardKind};
 
 /// A local file read block by block, that seeks over what it skips.
 struct SeekingFile {

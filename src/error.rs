@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::format::Compression;
+use crate::compression::Compression;
 
 /// Result with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,24 +1,30 @@
 //! shardstream: deterministic, shard-aware streaming of WebDataset tar
 //! shards into PyTorch.
 //!
-//! One module per stage: [`spec`] resolves the dataset, [`plan`] assigns
+//! One module per stage: [`spec`] parses the dataset spec, [`resolve`]
+//! turns it into [`shard`]s, [`plan`] assigns
 //! shards to `(rank, worker)` slots before any byte is read, [`source`]
 //! reads bytes ahead of the parser, [`format`] turns bytes into samples
 //! without doing I/O, [`shuffle`] mixes them in a bounded buffer, and
 //! [`pipeline`] wires the stages together for one slot.
 #![warn(missing_docs)]
 
+pub mod byte_size;
 pub mod cli;
 pub mod collate;
+pub mod compression;
 pub mod config;
 pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
+pub mod location;
 pub mod manifest;
 pub mod pipeline;
 pub mod plan;
+pub mod resolve;
 pub mod resolved;
+pub mod shard;
 pub mod shuffle;
 pub mod source;
 pub mod spec;
@@ -31,9 +37,10 @@ pub mod value;
 #[cfg(feature = "python")]
 pub mod python;
 
-pub use config::{OnError, SlotSpec, StreamOptions};
+pub use config::{OnError, StreamOptions};
 pub use error::{Error, Result};
 pub use format::{Sample, SampleId};
 pub use pipeline::{Event, SampleStream};
+pub use plan::SlotSpec;
 pub use stats::{Counters, Stats};
 pub use value::{Array, ArrayData, Value};

@@ -7,15 +7,15 @@
 //! `schemas/manifest.schema.json`.
 
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::compression::Compression;
 use crate::error::{Error, Result};
-use crate::format::Compression;
-use crate::spec::{canonical, identity, Location, Shard, ShardKind};
+use crate::location::{canonical, identity, Location};
+use crate::shard::{SampleIndex, Shard, ShardKind};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -60,74 +60,6 @@ pub struct ShardEntry {
     pub offsets: Vec<u64>,
     /// Byte length of each sample, headers and padding included.
     pub lengths: Vec<u64>,
-}
-
-/// Byte spans of a shard's samples.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SampleIndex {
-    offsets: Vec<u64>,
-    lengths: Vec<u64>,
-    compression: Option<Compression>,
-}
-
-impl SampleIndex {
-    /// The index of a plain tar shard from its samples' `(offset, length)`
-    /// spans, in order.
-    pub fn from_spans(spans: &[(u64, u64)]) -> Self {
-        SampleIndex {
-            offsets: spans.iter().map(|s| s.0).collect(),
-            lengths: spans.iter().map(|s| s.1).collect(),
-            compression: None,
-        }
-    }
-
-    /// An index of the spans `offsets[i]..offsets[i] + lengths[i]` (as
-    /// [`SampleIndex::offset`] and [`SampleIndex::length`] give them back)
-    /// of a shard with `compression`; `None` unless there are as many
-    /// lengths as offsets.
-    pub fn from_parts(
-        offsets: Vec<u64>,
-        lengths: Vec<u64>,
-        compression: Option<Compression>,
-    ) -> Option<Self> {
-        (offsets.len() == lengths.len()).then_some(SampleIndex {
-            offsets,
-            lengths,
-            compression,
-        })
-    }
-
-    /// Number of samples.
-    pub fn len(&self) -> u64 {
-        self.offsets.len() as u64
-    }
-
-    /// Whether the shard has no samples.
-    pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
-    }
-
-    /// Byte offset of sample `index`.
-    pub fn offset(&self, index: u64) -> u64 {
-        self.offsets[index as usize]
-    }
-
-    /// Byte length of sample `index`.
-    pub fn length(&self, index: u64) -> u64 {
-        self.lengths[index as usize]
-    }
-
-    /// The shard's compression: its spans are then offsets in the
-    /// decompressed tar, and no byte range of the shard holds a sample alone.
-    pub fn compression(&self) -> Option<Compression> {
-        self.compression
-    }
-
-    /// The byte range holding samples `samples` (non-empty, within the shard).
-    pub fn byte_range(&self, samples: &Range<u64>) -> Range<u64> {
-        let last = samples.end as usize - 1;
-        self.offsets[samples.start as usize]..self.offsets[last] + self.lengths[last]
-    }
 }
 
 impl ShardEntry {
@@ -263,11 +195,16 @@ impl Manifest {
                 path: manifest_path.display().to_string(),
                 reason,
             })?;
-            shard.index = Some(Arc::new(SampleIndex {
-                offsets: entry.offsets.clone(),
-                lengths: entry.lengths.clone(),
-                compression: entry.compression,
-            }));
+            let index = SampleIndex::from_parts(
+                entry.offsets.clone(),
+                entry.lengths.clone(),
+                entry.compression,
+            )
+            .ok_or_else(|| Error::Manifest {
+                path: manifest_path.display().to_string(),
+                reason: format!("{}: not as many lengths as offsets", entry.url),
+            })?;
+            shard.index = Some(Arc::new(index));
         }
         Ok(())
     }
@@ -421,6 +358,12 @@ pub fn mtime_ns(path: &Path) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// The shard of the local file at `path`, as resolving its path gives it.
+    fn local_shard(path: &Path) -> Vec<Shard> {
+        let size = std::fs::metadata(path).unwrap().len();
+        vec![Shard::new(path.display().to_string(), Some(size))]
+    }
+
     fn entry() -> ShardEntry {
         ShardEntry {
             url: "a.tar".into(),
@@ -512,8 +455,7 @@ mod tests {
             // A manifest made in code is checked when it is attached.
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("a.tar"), vec![0u8; 4096]).unwrap();
-            let mut shards =
-                crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+            let mut shards = local_shard(&dir.path().join("a.tar"));
             let err = Manifest::new(vec![bad])
                 .attach(&dir.path().join(MANIFEST_FILE), &mut shards)
                 .unwrap_err();
@@ -529,7 +471,7 @@ mod tests {
         let beside = dir.path().join(MANIFEST_FILE);
         let attach_with = |text: &str, choice: &ManifestChoice| {
             std::fs::write(&beside, text).unwrap();
-            let mut shards = crate::spec::resolve(std::slice::from_ref(&shard)).unwrap();
+            let mut shards = local_shard(Path::new(&shard));
             attach(&mut shards, choice).map(|a| (a, shards[0].index.is_some()))
         };
         let ours = serde_json::to_string(&Manifest::new(vec![entry()])).unwrap();
@@ -569,34 +511,20 @@ mod tests {
     }
 
     #[test]
-    fn byte_ranges() {
-        let index = SampleIndex {
-            offsets: vec![0, 1024, 3072],
-            lengths: vec![1024, 2048, 512],
-            compression: None,
-        };
-        assert_eq!(index.byte_range(&(1..3)), 1024..3584);
-        assert_eq!(index.byte_range(&(0..1)), 0..1024);
-    }
-
-    #[test]
     fn attach_checks_listing_and_size() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.tar"), vec![0u8; 4096]).unwrap();
         std::fs::write(dir.path().join("b.tar"), vec![0u8; 10]).unwrap();
         let manifest_path = dir.path().join(MANIFEST_FILE);
         let manifest = Manifest::new(vec![entry()]);
-        let mut shards =
-            crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+        let mut shards = local_shard(&dir.path().join("a.tar"));
         manifest.attach(&manifest_path, &mut shards).unwrap();
         assert_eq!(shards[0].index.as_ref().unwrap().len(), 2);
-        let mut other =
-            crate::spec::resolve(&[dir.path().join("b.tar").display().to_string()]).unwrap();
+        let mut other = local_shard(&dir.path().join("b.tar"));
         let err = manifest.attach(&manifest_path, &mut other).unwrap_err();
         assert!(matches!(err, Error::ManifestMismatch { .. }), "{err}");
         std::fs::write(dir.path().join("a.tar"), vec![0u8; 4000]).unwrap();
-        let mut resized =
-            crate::spec::resolve(&[dir.path().join("a.tar").display().to_string()]).unwrap();
+        let mut resized = local_shard(&dir.path().join("a.tar"));
         let err = manifest
             .attach(&manifest_path, &mut resized)
             .unwrap_err()

@@ -19,17 +19,18 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 
-use crate::config::{FieldDecoders, OnError, SlotSpec, StreamOptions, TableOutput};
+use crate::byte_size::ByteSize;
+use crate::compression::Compression;
+use crate::config::{FieldDecoders, OnError, StreamOptions, TableOutput};
 use crate::error::{Error, Result};
 use crate::format::{
-    blob, parquet, read_append_to_end, tar, ByteSource, Compression, Sample, SampleId, ShardRef,
-    TarStream, Value,
+    blob, parquet, read_append_to_end, tar, ByteSource, Sample, SampleId, ShardRef, TarStream,
+    Value,
 };
-use crate::manifest::SampleIndex;
-use crate::plan::{order, Purpose, WorkUnit};
-use crate::shuffle::{ByteSize, ShuffleBounds, ShuffleBuffer};
+use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
+use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
+use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::source::{FetchUnit, ReadAhead, ReadAheadOptions, ShardReader};
-use crate::spec::{RowGroup, Shard, ShardKind};
 use crate::state::{self, Mirror, Op, Resume, SlotState};
 use crate::stats::{Counter, Counters};
 
@@ -703,10 +704,6 @@ impl Worker {
                 }
                 TableOutput::Arrow => self.send_batches(read, group, reader, &shard, &mut stop),
             },
-            ShardKind::ParquetFile => Err(Error::Stopped(format!(
-                "{}: the Parquet footer was not read before planning",
-                shard.url
-            ))),
         };
         // Samples taken before the read ended (or failed) are decoded and
         // delivered first; a decode error among them came first.

@@ -14,10 +14,9 @@ use std::sync::Arc;
 
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter};
 
+use crate::compression::Compression;
 use crate::format::parquet::{row_group_rows, row_group_span};
-use crate::format::Compression;
-use crate::manifest::SampleIndex;
-use crate::spec::{RowGroup, Shard, ShardKind};
+use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
 
 /// The first bytes of an encoded list (and its version).
 const MAGIC: &[u8; 4] = b"SSL1";
@@ -63,7 +62,6 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
         match (&shard.kind, footer) {
             (ShardKind::Tar, _) => out.0.push(0),
             (ShardKind::Raw, _) => out.0.push(1),
-            (ShardKind::ParquetFile, _) => out.0.push(2),
             (ShardKind::Parquet(group), Some(footer)) => {
                 out.0.push(3);
                 for n in [
@@ -127,7 +125,6 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
         let kind = match r.byte()? {
             0 => ShardKind::Tar,
             1 => ShardKind::Raw,
-            2 => ShardKind::ParquetFile,
             3 => ShardKind::Parquet(Arc::new(row_group(&mut r, &footers, &url)?)),
             other => return Err(format!("has a shard kind {other}")),
         };

@@ -7,13 +7,8 @@
 
 use rand_chacha::ChaCha8Rng;
 
+use crate::byte_size::ByteSize;
 use crate::plan::order::below;
-
-/// Something with a size in bytes, for the buffer's byte budget.
-pub trait ByteSize {
-    /// Bytes this item counts against the budget.
-    fn byte_size(&self) -> usize;
-}
 
 /// How much a shuffle buffer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

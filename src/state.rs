@@ -15,12 +15,12 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{SlotSpec, StreamOptions};
+use crate::config::StreamOptions;
 use crate::error::{Error, Result};
 use crate::format::SampleId;
 use crate::plan::cut::{self, Piece};
-use crate::plan::{self, PlanParams, WorkUnit};
-use crate::spec::{Shard, ShardKind};
+use crate::plan::{self, PlanParams, SlotSpec, WorkUnit};
+use crate::shard::{Shard, ShardKind};
 
 /// The `format` field of every state.
 pub const STATE_FORMAT: &str = "shardstream.state";
@@ -349,7 +349,6 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
         match &shard.kind {
             ShardKind::Tar => h.u64(0),
             ShardKind::Raw => h.u64(1),
-            ShardKind::ParquetFile => h.u64(2),
             ShardKind::Parquet(group) => h.u64(3).u64(group.index as u64).u64(group.rows),
         };
     }

@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use crate::shuffle::ByteSize;
+use crate::byte_size::ByteSize;
 
 /// A field's value.
 #[derive(Debug, Clone, PartialEq)]

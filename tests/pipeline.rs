@@ -6,9 +6,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardstream::config::{OnError, SlotSpec, StreamOptions};
+use shardstream::config::{OnError, StreamOptions};
 use shardstream::pipeline::{Event, SampleStream};
-use shardstream::spec::{self, Shard};
+use shardstream::plan::SlotSpec;
+use shardstream::resolve;
+use shardstream::shard::Shard;
 use shardstream::stats::{Counter, Counters};
 use shardstream::Error;
 
@@ -44,7 +46,7 @@ fn dataset(dir: &Path, shards: usize, samples: usize) -> Vec<Shard> {
             100,
         );
     }
-    spec::resolve(&[dir.to_str().unwrap().to_owned()]).unwrap()
+    resolve::resolve(&[dir.to_str().unwrap().to_owned()]).unwrap()
 }
 
 fn options() -> shardstream::config::StreamOptionsBuilder {
@@ -109,7 +111,7 @@ fn read_ahead_stays_within_its_budget() {
     let path = dir.path().join("big.tar");
     let member = 100 * 1024;
     write_shard(&path, "big", 200, member);
-    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let shards = resolve::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
     let (budget, chunk) = (1 << 20, 64 << 10);
     let options = options()
         .with_shuffle_buffer(0)
@@ -276,7 +278,7 @@ fn ready_samples_do_not_wait_for_storage() {
         }
         builder.finish().unwrap();
     }
-    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let shards = resolve::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
     let options = StreamOptions::builder()
         .with_shuffle_buffer(0)
         .with_output_queue(64)
@@ -357,7 +359,7 @@ fn members_arrive_as_the_shard_holds_them_shared_or_copied() {
     }
     builder.finish().unwrap();
     drop(builder);
-    let shards = spec::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
+    let shards = resolve::resolve(&[path.to_str().unwrap().to_owned()]).unwrap();
     let options = options()
         .with_shuffle_buffer(8)
         .with_chunk_bytes(64 << 10)

@@ -6,12 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardstream::config::{SlotSpec, StreamOptions};
-use shardstream::format::Compression;
+use shardstream::compression::Compression;
+use shardstream::config::StreamOptions;
 use shardstream::manifest::{self, Manifest, ManifestChoice};
 use shardstream::pipeline::{Event, SampleStream};
-use shardstream::plan::Remainder;
-use shardstream::spec::{self, Shard};
+use shardstream::plan::{Remainder, SlotSpec};
+use shardstream::resolve;
+use shardstream::shard::Shard;
 use shardstream::state::{Resume, SlotState};
 use shardstream::stats::Counters;
 
@@ -76,7 +77,7 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     args.extend(urls.iter().cloned());
     args.extend(["-o".into(), out.to_str().unwrap().to_owned()]);
     assert_eq!(shardstream::cli::run(args), 0);
-    let mut shards = spec::resolve(&urls).unwrap();
+    let mut shards = resolve::resolve(&urls).unwrap();
     let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
     assert_eq!(attached.used.as_deref(), Some(out.as_path()));
     shards
@@ -136,7 +137,7 @@ fn split_at(
 #[test]
 fn exact_resume_continues_in_the_same_order() {
     let dir = tempfile::tempdir().unwrap();
-    let plain = spec::resolve(&write_dataset(dir.path(), &[3, 40, 0, 17, 9, 25])).unwrap();
+    let plain = resolve::resolve(&write_dataset(dir.path(), &[3, 40, 0, 17, 9, 25])).unwrap();
     let dir2 = tempfile::tempdir().unwrap();
     let with_manifest = indexed(dir2.path(), &[3, 40, 0, 17, 9, 25]);
     for shards in [&plain, &with_manifest] {
@@ -381,7 +382,7 @@ fn a_manifest_that_does_not_match_the_data_is_an_error() {
     assert!(error.to_string().contains(&path), "{error}");
     // A resized shard is refused when the manifest is attached.
     std::fs::write(&path, &bytes[..bytes.len() - 512]).unwrap();
-    shards = spec::resolve(&[shards[0].url.clone(), path.clone()]).unwrap();
+    shards = resolve::resolve(&[shards[0].url.clone(), path.clone()]).unwrap();
     let err = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap_err();
     assert!(err.to_string().contains("manifest"), "{err}");
 }
@@ -466,7 +467,7 @@ mod properties {
             let shards = if manifest {
                 indexed(dir.path(), &counts)
             } else {
-                spec::resolve(&write_dataset(dir.path(), &counts)).unwrap()
+                resolve::resolve(&write_dataset(dir.path(), &counts)).unwrap()
             };
             let options = options(buffer, Remainder::Pad);
             for rank in 0..world_size {
@@ -675,7 +676,7 @@ mod damaged_states {
     #[test]
     fn without_a_manifest_a_cursor_past_the_shard_fails_when_read() {
         let dir = tempfile::tempdir().unwrap();
-        let shards = spec::resolve(&write_dataset(dir.path(), &COUNTS)).unwrap();
+        let shards = resolve::resolve(&write_dataset(dir.path(), &COUNTS)).unwrap();
         let options = options(0, Remainder::Drop);
         let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
         let (mut state, _) = saved_after(&shards, &options, slot, 3);

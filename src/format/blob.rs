@@ -2,7 +2,7 @@
 
 use super::{reserve_room, ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
-use crate::spec::Location;
+use crate::location::Location;
 
 /// Splits an object's URL into `(key, field)`: the key is its path (the
 /// object key on S3) with the file name cut at its first dot, the field

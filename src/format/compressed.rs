@@ -9,58 +9,18 @@
 //! those checks have passed, so that the tar reader can hold back samples
 //! until the bytes they came from are verified.
 
-use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use super::{read_append_by_reading, skip_by_reading, ByteSource};
+use crate::compression::Compression;
 use crate::error::{Error, Result};
 
-/// How a shard's bytes are compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Compression {
-    /// gzip (RFC 1952), one member or several concatenated.
-    Gzip,
-    /// Zstandard, one frame or several concatenated.
-    Zstd,
-}
-
-const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 /// Bytes read before deciding how a stream is compressed.
 const MAGIC_LEN: usize = 4;
 /// Compressed bytes buffered ahead of the decoder.
 const INPUT_BUFFER: usize = 128 * 1024;
-
-impl Compression {
-    /// The compression whose magic bytes start `head`, if any.
-    pub fn detect(head: &[u8]) -> Option<Self> {
-        if head.starts_with(&GZIP_MAGIC) {
-            Some(Compression::Gzip)
-        } else if head.starts_with(&ZSTD_MAGIC) {
-            Some(Compression::Zstd)
-        } else {
-            None
-        }
-    }
-
-    /// The name used in manifests and messages: `gzip` or `zstd`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Compression::Gzip => "gzip",
-            Compression::Zstd => "zstd",
-        }
-    }
-}
-
-impl fmt::Display for Compression {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The shard's own bytes, the peeked magic bytes first, counted as the
 /// decoder takes them.

@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use compressed::{Compression, TarStream};
+pub use compressed::TarStream;
 
-use crate::shuffle::ByteSize;
+use crate::byte_size::ByteSize;
+use crate::compression::Compression;
 pub use crate::value::Value;
 
 /// Stable identity of a sample: its shard and its position in that shard.

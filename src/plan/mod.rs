@@ -4,14 +4,15 @@
 pub mod cut;
 pub mod mix;
 pub mod order;
+pub mod slot;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
-use crate::config::SlotSpec;
 pub use cut::Remainder;
 pub use order::Purpose;
+pub use slot::SlotSpec;
 
 /// What the plan knows of a shard before reading it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -21,12 +21,12 @@ use super::errors::{
 };
 use super::options::Options;
 use crate::collate::collate;
-use crate::config::{OnError, SlotSpec};
+use crate::config::OnError;
 use crate::format::Sample;
-use crate::manifest;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
-use crate::plan::{self, cut, PlanParams, Remainder};
-use crate::spec::{self, Shard, ShardKind};
+use crate::plan::{self, cut, PlanParams, Remainder, SlotSpec};
+use crate::resolve;
+use crate::shard::{Shard, ShardKind};
 use crate::state::{Resume, SlotState};
 use crate::stats;
 
@@ -198,11 +198,8 @@ impl ShardList {
         let count = o.count_samples == Some(true);
         let owned_specs = specs.clone();
         let (shards, attached) = interruptible(py, move || {
-            let mut shards = spec::resolve_dataset(&owned_specs, &s3, format)?;
-            if strict {
-                spec::check_local_shards_exist(&shards)?;
-            }
-            let attached = manifest::attach(&mut shards, &choice)?;
+            let (mut shards, attached) =
+                resolve::resolve_indexed(&owned_specs, &s3, format, &choice, strict)?;
             if count {
                 crate::count::count_local_tar(&mut shards, strict)?;
             }
@@ -277,7 +274,7 @@ impl ShardList {
             .map(|s| match s.kind {
                 ShardKind::Tar => "tar",
                 ShardKind::Raw => "raw",
-                ShardKind::Parquet(_) | ShardKind::ParquetFile => "parquet",
+                ShardKind::Parquet(_) => "parquet",
             })
             .collect()
     }
@@ -696,7 +693,7 @@ pub fn check_state(state: &str) -> PyResult<()> {
 /// Resolves dataset specs to `(url, size or None)` pairs, in order.
 #[pyfunction]
 pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(String, Option<u64>)>> {
-    let shards = py.detach(|| spec::resolve(&specs)).map_err(to_py)?;
+    let shards = py.detach(|| resolve::resolve(&specs)).map_err(to_py)?;
     Ok(shards.into_iter().map(|s| (s.url, s.size)).collect())
 }
 

@@ -1093,7 +1093,7 @@ mod tests {
     ) -> super::super::ReadAhead {
         let unit = FetchUnit {
             url: path.display().to_string(),
-            location: crate::spec::Location::Local(path.to_owned()),
+            location: crate::location::Location::Local(path.to_owned()),
             range,
             size: None,
         };

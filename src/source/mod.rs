@@ -25,7 +25,8 @@ use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::format::parquet::{self, FooterDecode};
 use crate::format::ByteSource;
-use crate::spec::Location;
+use crate::location::Location;
+use crate::shard::Shard;
 use crate::stats::{Counter, Counters};
 use ::parquet::file::metadata::ParquetMetaData;
 
@@ -407,9 +408,8 @@ fn with_s3_client<T>(
 }
 
 /// Fills in the size and ETag of the S3 shards that lack a size (HEAD each).
-pub fn describe_s3_objects(options: &S3Options, shards: &mut [crate::spec::Shard]) -> Result<()> {
-    let unknown =
-        |s: &crate::spec::Shard| s.size.is_none() && matches!(s.location(), Location::S3 { .. });
+pub fn describe_s3_objects(options: &S3Options, shards: &mut [Shard]) -> Result<()> {
+    let unknown = |s: &Shard| s.size.is_none() && matches!(s.location(), Location::S3 { .. });
     if !shards.iter().any(unknown) {
         return Ok(());
     }
@@ -432,7 +432,7 @@ pub fn list_s3_prefixes(
     options: &S3Options,
     listings: &[(usize, String, String, String)],
     keep: fn(&str) -> bool,
-) -> Result<Vec<Vec<crate::spec::Shard>>> {
+) -> Result<Vec<Vec<Shard>>> {
     with_s3_client(options, async |client| {
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
@@ -440,9 +440,9 @@ pub fn list_s3_prefixes(
             all.push(
                 objects
                     .into_iter()
-                    .map(|(key, size, etag)| crate::spec::Shard {
+                    .map(|(key, size, etag)| Shard {
                         etag,
-                        ..crate::spec::Shard::new(format!("s3://{bucket}/{key}"), Some(size))
+                        ..Shard::new(format!("s3://{bucket}/{key}"), Some(size))
                     })
                     .collect(),
             );
@@ -454,11 +454,8 @@ pub fn list_s3_prefixes(
 /// Reads the footer of each Parquet file (`files` have known sizes): a
 /// probe of its last bytes, then the whole footer when it is longer. The
 /// reads run on a runtime that is shut down before returning.
-pub fn read_footers(
-    files: &[&crate::spec::Shard],
-    s3: &S3Options,
-) -> Result<Vec<Arc<ParquetMetaData>>> {
-    let size = |file: &crate::spec::Shard| file.size.unwrap_or(0);
+pub fn read_footers(files: &[&Shard], s3: &S3Options) -> Result<Vec<Arc<ParquetMetaData>>> {
+    let size = |file: &Shard| file.size.unwrap_or(0);
     let probes = files
         .iter()
         .map(|f| parquet::FOOTER_PROBE.min(size(f)))
@@ -475,7 +472,7 @@ pub fn read_footers(
         }
     }
     if !longer.is_empty() {
-        let retry: Vec<&crate::spec::Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
+        let retry: Vec<&Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
         let lens: Vec<u64> = longer.iter().map(|&(_, len)| len).collect();
         for ((i, _), tail) in longer.iter().zip(read_tails(&retry, &lens, s3)?) {
             let file = files[*i];
@@ -493,7 +490,7 @@ pub fn read_footers(
     Ok(footers.into_iter().flatten().collect())
 }
 
-fn file_format_error(file: &crate::spec::Shard, reason: &str) -> Error {
+fn file_format_error(file: &Shard, reason: &str) -> Error {
     Error::Format {
         url: file.url.clone(),
         offset: file.size.unwrap_or(0),
@@ -505,7 +502,7 @@ fn file_format_error(file: &crate::spec::Shard, reason: &str) -> Error {
 
 /// The last `lens[i]` bytes of each file, read through a [`ReadAhead`]
 /// that is dropped (its runtime shut down) before returning.
-fn read_tails(files: &[&crate::spec::Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
+fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
     let units = files
         .iter()
         .zip(lens)

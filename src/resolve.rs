@@ -1,0 +1,334 @@
+//! Dataset resolution: specs to shards. Lists directories and S3
+//! prefixes, asks S3 the size of objects it has not listed, reads Parquet
+//! footers (each row group becomes a shard, so the plan can split one large
+//! file across ranks and workers) and attaches the manifest's sample
+//! indexes. The only stage before the plan that does I/O.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::S3Options;
+use crate::error::{Error, Result};
+use crate::format::parquet;
+use crate::location::{identity, Location};
+use crate::manifest::{self, Attached, ManifestChoice};
+use crate::shard::{RowGroup, Shard, ShardKind};
+use crate::source;
+use crate::spec::{check_scheme, expand_braces, is_parquet_name, DatasetFormat};
+
+/// What a resolved URL holds, before any Parquet footer is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holds {
+    /// A tar shard.
+    Tar,
+    /// A raw object.
+    Raw,
+    /// A Parquet file: its row groups become the shards.
+    ParquetFile,
+}
+
+/// What the URL `url` of a dataset in `format` holds.
+fn holds(format: DatasetFormat, url: &str) -> Holds {
+    match format {
+        DatasetFormat::Auto if is_parquet_name(url) => Holds::ParquetFile,
+        DatasetFormat::Auto | DatasetFormat::Tar => Holds::Tar,
+        DatasetFormat::Parquet => Holds::ParquetFile,
+        DatasetFormat::Raw => Holds::Raw,
+    }
+}
+
+/// Resolves `specs` ([`resolve_dataset`]) and attaches their manifest
+/// ([`manifest::attach`]). With `strict`, a local shard that does not exist
+/// is an error here ([`check_local_shards_exist`]).
+pub fn resolve_indexed(
+    specs: &[String],
+    s3: &S3Options,
+    format: DatasetFormat,
+    manifest: &ManifestChoice,
+    strict: bool,
+) -> Result<(Vec<Shard>, Attached)> {
+    let mut shards = resolve_dataset(specs, s3, format)?;
+    if strict {
+        check_local_shards_exist(&shards)?;
+    }
+    let attached = manifest::attach(&mut shards, manifest)?;
+    Ok((shards, attached))
+}
+
+/// Resolves local specs; see [`resolve_with`].
+pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
+    resolve_with(specs, &S3Options::default())
+}
+
+/// Resolves specs of tar shards (and Parquet files by name); see [`resolve_dataset`].
+pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
+    resolve_dataset(specs, s3, DatasetFormat::Auto)
+}
+
+/// Resolves specs (paths, `file://` and `s3://` URLs, brace patterns,
+/// directories and `s3://bucket/prefix/` listings) to shards in the order
+/// given; a directory or prefix gives its shards ([`crate::spec::SHARD_SUFFIXES`])
+/// sorted by name.
+/// A shard that does not exist is kept with an unknown size: opening it
+/// reports the error, under the stream's error policy. Parquet files are
+/// the exception: their footers are read here, and each row group becomes
+/// a shard of its own.
+pub fn resolve_dataset(
+    specs: &[String],
+    s3: &S3Options,
+    format: DatasetFormat,
+) -> Result<Vec<Shard>> {
+    let keep = format.listing_filter();
+    let mut shards = Vec::new();
+    let mut listings = Vec::new();
+    for spec in specs {
+        check_scheme(spec)?;
+        for url in expand_braces(spec)? {
+            match Location::parse(&url) {
+                Location::S3 { bucket, key } if key.is_empty() || key.ends_with('/') => {
+                    listings.push((shards.len(), url, bucket, key));
+                }
+                Location::S3 { .. } => shards.push(Shard::new(url, None)),
+                Location::Local(path) => match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_dir() => {
+                        shards.extend(list_directory(&url, &path, keep, format)?)
+                    }
+                    Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
+                    Err(_) => shards.push(Shard::new(url, None)),
+                },
+            }
+        }
+    }
+    if !listings.is_empty() {
+        let listed = source::list_s3_prefixes(s3, &listings, keep)?;
+        for ((at, ..), objects) in listings.iter().zip(listed).rev() {
+            shards.splice(*at..*at, objects);
+        }
+    }
+    if shards.is_empty() {
+        return Err(Error::Spec {
+            spec: specs.join(" "),
+            reason: "no shards".into(),
+        });
+    }
+    let mut seen = std::collections::HashMap::new();
+    for shard in &shards {
+        let id = identity(&shard.url, Path::new(""));
+        if let Some(first) = seen.insert(id, shard.url.clone()) {
+            let spelled = if first == shard.url {
+                String::new()
+            } else {
+                format!(" (as {:?} and {:?})", first, shard.url)
+            };
+            return Err(Error::Spec {
+                spec: specs.join(" "),
+                reason: format!(
+                    "shard {:?} is listed twice{spelled}: every sample would come twice",
+                    shard.url
+                ),
+            });
+        }
+    }
+    let holds: Vec<Holds> = shards.iter().map(|s| holds(format, &s.url)).collect();
+    for (shard, holds) in shards.iter_mut().zip(&holds) {
+        if *holds == Holds::Raw {
+            shard.kind = ShardKind::Raw;
+        }
+    }
+    if holds.contains(&Holds::ParquetFile) {
+        shards = expand_row_groups(shards, &holds, s3)?;
+        if shards.is_empty() {
+            return Err(Error::Spec {
+                spec: specs.join(" "),
+                reason: "the Parquet files hold no row groups".into(),
+            });
+        }
+    }
+    Ok(shards)
+}
+
+/// An error naming the first local shard of `shards` that does not exist
+/// (its size could not be read when it was resolved).
+pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
+    for shard in shards {
+        if let (Location::Local(path), None) = (shard.location(), shard.size) {
+            if let Err(error) = std::fs::metadata(&path) {
+                return Err(Error::from_open(&shard.url, error));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the footer of every Parquet file and replaces the file by one
+/// shard per row group (a file without rows gives none).
+fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &S3Options) -> Result<Vec<Shard>> {
+    let mut files: Vec<Shard> = shards
+        .iter()
+        .zip(holds)
+        .filter(|(_, holds)| **holds == Holds::ParquetFile)
+        .map(|(shard, _)| shard.clone())
+        .collect();
+    source::describe_s3_objects(s3, &mut files)?;
+    for file in &files {
+        if file.size.is_none() {
+            let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+            return Err(Error::from_open(&file.url, missing));
+        }
+    }
+    let footers = source::read_footers(&files.iter().collect::<Vec<_>>(), s3)?;
+    let mut files = files.into_iter().zip(footers);
+    let mut out = Vec::with_capacity(shards.len());
+    for (shard, holds) in shards.into_iter().zip(holds) {
+        if *holds != Holds::ParquetFile {
+            out.push(shard);
+            continue;
+        }
+        let (shard, metadata) = files.next().expect("one footer per Parquet file");
+        let mut first_row = 0;
+        for index in 0..metadata.num_row_groups() {
+            let span = parquet::row_group_span(&metadata, index);
+            let rows = parquet::row_group_rows(&metadata, index);
+            out.push(Shard {
+                size: Some(span.end - span.start),
+                kind: ShardKind::Parquet(Arc::new(RowGroup {
+                    metadata: metadata.clone(),
+                    index,
+                    span,
+                    rows,
+                    first_row,
+                })),
+                ..shard.clone()
+            });
+            first_row += rows;
+        }
+    }
+    Ok(out)
+}
+
+/// The files of a directory that `keep` takes, sorted by URL; raw objects
+/// are listed from subdirectories too (like an S3 prefix).
+fn list_directory(
+    url: &str,
+    path: &Path,
+    keep: fn(&str) -> bool,
+    format: DatasetFormat,
+) -> Result<Vec<Shard>> {
+    let mut shards = Vec::new();
+    let mut pending = vec![(url.trim_end_matches('/').to_owned(), path.to_owned())];
+    while let Some((dir_url, dir)) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|e| Error::from_open(&dir_url, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::from_open(&dir_url, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if !keep(name) {
+                continue;
+            }
+            let meta = entry
+                .metadata()
+                .map_err(|e| Error::from_open(&dir_url, e))?;
+            let joined = format!("{dir_url}/{name}");
+            if meta.is_file() {
+                shards.push(Shard::new(joined, Some(meta.len())));
+            } else if meta.is_dir() && format == DatasetFormat::Raw {
+                pending.push((joined, entry.path()));
+            }
+        }
+    }
+    shards.sort_by(|a, b| a.url.cmp(&b.url));
+    Ok(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_schemes_are_refused() {
+        for url in [
+            "https://host/a.tar",
+            "http://host/a.tar",
+            "gs://bucket/a.tar",
+            "hf://datasets/org/name/a.tar",
+            "pipe:curl -s x",
+        ] {
+            let error = resolve(&[url.to_owned()]).unwrap_err().to_string();
+            assert!(error.contains("not supported"), "{error}");
+            assert!(error.contains("s3://"), "{error}");
+        }
+        for ok in ["a:b.tar", "dir/x://y.tar", "s3://b/k.tar", "file:///x.tar"] {
+            check_scheme(ok).unwrap();
+        }
+    }
+
+    #[test]
+    fn one_shard_spelled_several_ways_is_listed_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        std::fs::write(&path, b"xy").unwrap();
+        std::os::unix::fs::symlink(&path, dir.path().join("link.tar")).unwrap();
+        let plain = path.to_str().unwrap().to_owned();
+        let d = dir.path().to_str().unwrap();
+        for other in [
+            format!("{d}/./a.tar"),
+            format!("{d}//a.tar"),
+            format!("file://{plain}"),
+            format!("{d}/link.tar"),
+            format!("{d}/sub/../a.tar"),
+        ] {
+            if other.contains("sub/") {
+                std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+            }
+            let error = resolve(&[plain.clone(), other.clone()]).unwrap_err();
+            assert!(
+                error.to_string().contains("listed twice"),
+                "{other}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn resolves_directory_sorted_and_shards_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = [
+            "b.tar",
+            "a.tar",
+            "notes.txt",
+            "c.tar.gz",
+            "d.tgz",
+            "e.tar.zst",
+            "f.gz",
+            "g.zst",
+            "h.tar.bz2",
+        ];
+        for name in names {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        let url = dir.path().to_str().unwrap().to_owned();
+        let shards = resolve(std::slice::from_ref(&url)).unwrap();
+        let urls: Vec<_> = shards.iter().map(|s| s.url.clone()).collect();
+        let expected: Vec<_> = ["a.tar", "b.tar", "c.tar.gz", "d.tgz", "e.tar.zst"]
+            .iter()
+            .map(|name| format!("{url}/{name}"))
+            .collect();
+        assert_eq!(urls, expected);
+        assert_eq!(shards[0].size, Some(1));
+    }
+
+    #[test]
+    fn file_url_and_duplicates() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        std::fs::write(&path, b"xy").unwrap();
+        let url = format!("file://{}", path.display());
+        assert_eq!(
+            resolve(std::slice::from_ref(&url)).unwrap()[0].size,
+            Some(2)
+        );
+        assert!(matches!(
+            resolve(&[url.clone(), url]),
+            Err(Error::Spec { .. })
+        ));
+    }
+}

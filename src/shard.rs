@@ -1,0 +1,178 @@
+//! One shard of a dataset: where it lives, what it holds and, when a
+//! manifest gave them, the byte spans of its samples. Resolution makes
+//! shards; the plan, the pipeline and resumes read them.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use parquet::file::metadata::ParquetMetaData;
+
+use crate::compression::Compression;
+use crate::location::Location;
+use crate::plan::ShardInfo;
+
+/// What a shard holds and how it is read. A Parquet file is never a
+/// shard: resolution reads its footer and makes each row group one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardKind {
+    /// A tar archive, plain or compressed: many samples grouped by key.
+    Tar,
+    /// One raw object: one sample.
+    Raw,
+    /// One row group of a Parquet file.
+    Parquet(Arc<RowGroup>),
+}
+
+/// One row group of a Parquet file, as its footer describes it.
+#[derive(Debug)]
+pub struct RowGroup {
+    /// The file's footer.
+    pub metadata: Arc<ParquetMetaData>,
+    /// Row group index in the file.
+    pub index: usize,
+    /// Bytes of the file holding the row group's column chunks.
+    pub span: Range<u64>,
+    /// Rows in the row group.
+    pub rows: u64,
+    /// Index in the file of the row group's first row.
+    pub first_row: u64,
+}
+
+impl PartialEq for RowGroup {
+    fn eq(&self, other: &Self) -> bool {
+        (self.index, &self.span, self.rows, self.first_row)
+            == (other.index, &other.span, other.rows, other.first_row)
+    }
+}
+
+impl Eq for RowGroup {}
+
+/// One shard of the dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// The URL as the user spelled it (after brace expansion); becomes `__url__`.
+    pub url: String,
+    /// Size in bytes, when known.
+    pub size: Option<u64>,
+    /// Byte spans of its samples, from a manifest.
+    pub index: Option<Arc<SampleIndex>>,
+    /// The object's ETag, when a listing gave it.
+    pub etag: Option<String>,
+    /// What the shard holds.
+    pub kind: ShardKind,
+}
+
+impl Shard {
+    /// A shard known by URL and maybe size, without a sample index.
+    pub fn new(url: impl Into<String>, size: Option<u64>) -> Self {
+        Shard {
+            url: url.into(),
+            size,
+            index: None,
+            etag: None,
+            kind: ShardKind::Tar,
+        }
+    }
+
+    /// What the plan knows of this shard.
+    pub fn info(&self) -> ShardInfo {
+        let samples = match &self.kind {
+            ShardKind::Raw => Some(1),
+            ShardKind::Parquet(group) => Some(group.rows),
+            ShardKind::Tar => self.index.as_ref().map(|i| i.len()),
+        };
+        ShardInfo {
+            size: self.size,
+            samples,
+        }
+    }
+
+    /// Where the shard's bytes live.
+    pub fn location(&self) -> Location {
+        Location::parse(&self.url)
+    }
+}
+
+/// Byte spans of a shard's samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleIndex {
+    offsets: Vec<u64>,
+    lengths: Vec<u64>,
+    compression: Option<Compression>,
+}
+
+impl SampleIndex {
+    /// The index of a plain tar shard from its samples' `(offset, length)`
+    /// spans, in order.
+    pub fn from_spans(spans: &[(u64, u64)]) -> Self {
+        SampleIndex {
+            offsets: spans.iter().map(|s| s.0).collect(),
+            lengths: spans.iter().map(|s| s.1).collect(),
+            compression: None,
+        }
+    }
+
+    /// An index of the spans `offsets[i]..offsets[i] + lengths[i]` (as
+    /// [`SampleIndex::offset`] and [`SampleIndex::length`] give them back)
+    /// of a shard with `compression`; `None` unless there are as many
+    /// lengths as offsets.
+    pub fn from_parts(
+        offsets: Vec<u64>,
+        lengths: Vec<u64>,
+        compression: Option<Compression>,
+    ) -> Option<Self> {
+        (offsets.len() == lengths.len()).then_some(SampleIndex {
+            offsets,
+            lengths,
+            compression,
+        })
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> u64 {
+        self.offsets.len() as u64
+    }
+
+    /// Whether the shard has no samples.
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// Byte offset of sample `index`.
+    pub fn offset(&self, index: u64) -> u64 {
+        self.offsets[index as usize]
+    }
+
+    /// Byte length of sample `index`.
+    pub fn length(&self, index: u64) -> u64 {
+        self.lengths[index as usize]
+    }
+
+    /// The shard's compression: its spans are then offsets in the
+    /// decompressed tar, and no byte range of the shard holds a sample alone.
+    pub fn compression(&self) -> Option<Compression> {
+        self.compression
+    }
+
+    /// The byte range holding samples `samples` (non-empty, within the shard).
+    pub fn byte_range(&self, samples: &Range<u64>) -> Range<u64> {
+        let last = samples.end as usize - 1;
+        self.offsets[samples.start as usize]..self.offsets[last] + self.lengths[last]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_ranges() {
+        let index = SampleIndex {
+            offsets: vec![0, 1024, 3072],
+            lengths: vec![1024, 2048, 512],
+            compression: None,
+        };
+        assert_eq!(index.byte_range(&(1..3)), 1024..3584);
+        assert_eq!(index.byte_range(&(0..1)), 0..1024);
+    }
+}

@@ -1,0 +1,232 @@
+"""The Rust modules form a graph without cycles.
+
+Every ``crate::name`` path in ``src/**/*.rs`` (``use`` lines, paths in code
+and doc links alike, ``use crate::{a, b::c}`` groups included) is an arrow
+from the top-level module of its file to the top-level module ``name``;
+names that ``lib.rs`` re-exports (``crate::Error``) point at the module
+they come from. ``python`` and ``cli`` sit on top and may import anything,
+so nothing may import them. No two modules may reach each other: a module
+that imports one that imports it back fails this test, which names the
+cycle and the lines that make it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+TOP = {"python", "cli"}
+
+Graph = dict[str, set[str]]
+Where = dict[tuple[str, str], list[str]]
+
+
+def top_module(path: Path, src: Path) -> str:
+    """The top-level module a file belongs to (``crate`` for lib.rs)."""
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib"):
+        parts = parts[:-1]
+    return parts[0] if parts else "crate"
+
+
+def group_heads(text: str, open_at: int) -> tuple[list[str], int]:
+    """The first name of each item of the brace group opening at
+    ``text[open_at]`` (nested groups taken whole), and where it closes."""
+    depth, start, heads = 0, open_at + 1, []
+    for i in range(open_at, len(text)):
+        c = text[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                heads.append(text[start:i])
+                return [m.group(1) for h in heads if (m := re.match(r"\s*(\w+)", h))], i
+        elif c == "," and depth == 1:
+            heads.append(text[start:i])
+            start = i + 1
+    raise AssertionError(f"unclosed `crate::{{` group at {open_at}")
+
+
+def crate_paths(text: str) -> list[tuple[str, int]]:
+    """Each ``crate::name`` (and each head of a ``crate::{...}`` group) in
+    ``text``, with its line number."""
+    found = []
+    for m in re.finditer(r"\bcrate::(\w+|\{)", text):
+        line = text.count("\n", 0, m.start()) + 1
+        if m.group(1) == "{":
+            heads, _ = group_heads(text, m.end() - 1)
+            found.extend((h, line) for h in heads)
+        else:
+            found.append((m.group(1), line))
+    return found
+
+
+def reexports(lib: str) -> dict[str, str]:
+    """Names ``lib.rs`` re-exports (``pub use module::{A, B}``) -> module."""
+    out = {}
+    for m in re.finditer(r"pub use (\w+)::(\{[^}]*\}|\w+);", lib):
+        for name in re.findall(r"\w+", m.group(2)):
+            out[name] = m.group(1)
+    return out
+
+
+def module_graph(src: Path) -> tuple[Graph, Where, set[str]]:
+    """Arrows between top-level modules, the lines behind each arrow, and
+    the modules ``lib.rs`` declares."""
+    lib = (src / "lib.rs").read_text()
+    modules = set(re.findall(r"^\s*pub(?:\(crate\))? mod (\w+);", lib, re.M))
+    aliases = reexports(lib)
+    graph: Graph = defaultdict(set)
+    where: Where = defaultdict(list)
+    for path in sorted(src.rglob("*.rs")):
+        module = top_module(path, src)
+        if module not in modules:
+            continue  # lib.rs itself, src/bin/
+        for name, line in crate_paths(path.read_text()):
+            target = name if name in modules else aliases.get(name)
+            if target is None or target == module:
+                continue
+            graph[module].add(target)
+            where[(module, target)].append(f"{path.relative_to(src.parent)}:{line}")
+    return graph, where, modules
+
+
+def components(graph: Graph) -> list[list[str]]:
+    """Strongly connected components of ``graph`` (Tarjan, iterative)."""
+    nodes = sorted(set(graph) | {w for ws in graph.values() for w in ws})
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(sorted(comp))
+    return out
+
+
+def a_cycle(graph: Graph, comp: list[str]) -> list[str]:
+    """One cycle through the first module of ``comp`` (a component of two
+    or more modules), as the modules along it, first repeated last."""
+    inside, start = set(comp), comp[0]
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [*reversed(path), start]
+                if w in inside and w not in came_from:
+                    came_from[w] = v
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{comp} is not a cycle")
+
+
+def describe_cycles(graph: Graph, where: Where) -> str:
+    """Each cycle of ``graph`` with the lines behind its arrows; empty when
+    there is none."""
+    lines = []
+    for comp in components(graph):
+        if len(comp) < 2:
+            continue
+        cycle = a_cycle(graph, comp)
+        lines.append(f"modules {', '.join(comp)} import each other: {' -> '.join(cycle)}")
+        for a, b in itertools.pairwise(cycle):
+            sites = where.get((a, b), [])
+            lines.append(f"  {a} -> {b}: {', '.join(sites[:3])}")
+    return "\n".join(lines)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph, where, modules = module_graph(SRC)
+    assert len(modules) > 10 and sum(map(len, graph.values())) > 20, "the graph was not read"
+    report = describe_cycles(graph, where)
+    assert not report, "import cycle between Rust modules:\n" + report
+
+
+def test_nothing_imports_the_bindings_or_the_command_line():
+    graph, where, _ = module_graph(SRC)
+    back = [
+        f"{a} -> {b}: {', '.join(where[(a, b)][:3])}"
+        for a, targets in sorted(graph.items())
+        if a not in TOP
+        for b in sorted(targets & TOP)
+    ]
+    assert not back, "modules import the top-level front ends:\n" + "\n".join(back)
+
+
+def test_the_check_finds_cycles_and_reads_groups(tmp_path: Path):
+    """The checker itself: a group import, a nested group, a re-exported
+    name and a path in code make arrows, and a cycle through them fails."""
+    src = tmp_path / "src"
+    (src / "b").mkdir(parents=True)
+    (src / "lib.rs").write_text(
+        "pub mod a;\npub mod b;\npub mod c;\npub mod d;\npub use d::{Thing, Other};\n"
+    )
+    (src / "a.rs").write_text("use crate::{\n    b::{self, x::Y},\n    Thing,\n};\n")
+    (src / "b" / "mod.rs").write_text("fn f() { let _ = crate::c::g(); }\n")
+    (src / "c.rs").write_text("/// See [`crate::a`].\npub fn g() {}\n")
+    (src / "d.rs").write_text("pub struct Thing;\npub struct Other;\n")
+    graph, where, _ = module_graph(src)
+    assert graph == {"a": {"b", "d"}, "b": {"c"}, "c": {"a"}}
+    assert where[("a", "d")] == ["src/a.rs:1"]
+    report = describe_cycles(graph, where)
+    assert "a -> b -> c -> a" in report, report
+    assert "c -> a: src/c.rs:1" in report, report
+    (src / "c.rs").write_text("pub fn g() {}\n")
+    assert describe_cycles(*module_graph(src)[:2]) == ""
+
+
+@pytest.mark.parametrize(
+    ("graph", "expected"),
+    [
+        ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+        ({"a": {"b"}, "b": {"a"}}, [["a", "b"]]),
+        (
+            {"a": {"b"}, "b": {"c"}, "c": {"b", "d"}, "d": {"e"}, "e": {"d"}},
+            [["b", "c"], ["d", "e"]],
+        ),
+    ],
+)
+def test_components(graph: Graph, expected: list[list[str]]):
+    found = sorted(c for c in components(graph) if len(c) > 1)
+    assert found == expected
