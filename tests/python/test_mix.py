@@ -12,13 +12,27 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from _shardtest import DatasetInfo, collect, load_schema, write_uneven_dataset
+from _shardtest import (
+    DatasetInfo,
+    collect,
+    index_manifest,
+    load_schema,
+    member_offsets,
+    write_uneven_dataset,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream
-from shardstream import Mix, StateMismatchError, StreamingDataset, _core, elastic_state
+from shardstream import (
+    Mix,
+    ShardSkippedWarning,
+    StateMismatchError,
+    StreamingDataset,
+    _core,
+    elastic_state,
+)
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -380,6 +394,41 @@ def test_elastic_resume_gives_every_stream_sample_once(streams, world_size, num_
         assert len(expected) - len(mine) == remaining % world_size
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exact_resume_after_an_elastic_resume(streams, num_workers):
+    """The epoch split anew by an elastic resume (with new weights) resumes
+    exactly: its plan is recomputed from the states it was split from."""
+    _, state = save_two_by_two(streams, 2)
+
+    def loader() -> StatefulDataLoader:
+        mix = make_mix(streams)
+        mix.load_state_dict(state, weights=[0.4, 0.6])
+        return StatefulDataLoader(
+            mix,
+            batch_size=4,
+            num_workers=num_workers,
+            collate_fn=collate_idents,
+            timeout=120 if num_workers else 0,
+        )
+
+    reference = list(loader())
+    first = loader()
+    it = iter(first)
+    before = [next(it) for _ in range(5)]
+    saved = json.loads(json.dumps(first.state_dict()))
+    del it
+    assert all(s["generation"] == 1 and s["resumed_from"] for s in mix_states(saved))
+    again = StatefulDataLoader(
+        make_mix(streams, weights=(0.4, 0.6)),
+        batch_size=4,
+        num_workers=num_workers,
+        collate_fn=collate_idents,
+        timeout=120 if num_workers else 0,
+    )
+    again.load_state_dict(saved)
+    assert before + list(again) == reference
+
+
 def test_weights_changed_at_an_elastic_resume(streams):
     read, state = save_two_by_two(streams, 2)
     (after,) = resume_onto(streams, state, 1, 2, weights=[0.1, 0.9])
@@ -485,3 +534,32 @@ def test_num_samples_is_what_each_rank_takes(streams):
             for w in range(num_workers)
         )
         assert mix.num_samples(num_workers) == expected
+
+
+def test_a_shard_skipped_under_warn_leaves_a_gap_counted_in_the_state(tmp_path, streams):
+    """A stream that gives fewer samples than its plan (the rest of a bad
+    shard skipped under on_error="warn") leaves its places in the order
+    empty: the others' samples all come, once, and the state counts the gap."""
+    root = tmp_path / "c"
+    info = write_uneven_dataset(root, (12, 12), prefix="c", seed=3)
+    index_manifest([info.spec], root / "manifest.json")
+    path = Path(info.paths[1])
+    data = bytearray(path.read_bytes())
+    offsets = member_offsets(bytes(data))
+    header = sorted(offset for offset, _ in offsets.values())[10] - 512
+    data[header : header + 100] = b"\xff" * 100  # a header whose checksum fails
+    path.write_bytes(bytes(data))
+    datasets = [
+        StreamingDataset(info.spec, seed=3, shuffle_buffer=0, on_error="warn"),
+        StreamingDataset(streams[1].spec, seed=3, shuffle_buffer=5),
+    ]
+    mix = Mix(datasets, [0.5, 0.5], policy="continue", seed=11)
+    with pytest.warns(ShardSkippedWarning):
+        keys = [ident(s) for s in collect(mix)]
+    assert len(keys) == len(set(keys))
+    assert {k for k in keys if k.startswith("b/")} == stream_keys(streams[1])
+    got_c = [k for k in keys if k.startswith("c/")]
+    assert 12 <= len(got_c) < 24
+    state = mix.state_dict()
+    assert state["finished"] and state["streams"][0]["short"] == 24 - len(got_c)
+    assert state["streams"][1]["short"] == 0
