@@ -194,6 +194,26 @@ def test_the_mixture_order_is_deterministic_and_follows_seed_and_epoch(streams):
     assert first != slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1, epoch=1)
 
 
+def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
+    mix = make_mix(streams)
+    loader = StatefulDataLoader(
+        mix,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=ident,
+        timeout=120,
+    )
+    epochs = [list(loader) for _ in range(2)]
+    everything = stream_keys(streams[0]) | stream_keys(streams[1])
+    for keys in epochs:
+        assert sorted(keys) == sorted(everything)
+    assert epochs[0] != epochs[1]
+    mix.set_epoch(0)
+    fresh = StatefulDataLoader(mix, batch_size=None, num_workers=2, collate_fn=ident, timeout=120)
+    assert list(fresh) == epochs[0]
+
+
 def test_stop_takes_the_weights_exactly(streams):
     weights = (0.75, 0.25)
     keys = slot_keys(streams, weights, "stop", 0, 1, 0, 1)
@@ -358,7 +378,9 @@ def save_two_by_two(streams, batches: int):
             read += next(it)
         states.append(json.loads(json.dumps(loader.state_dict())))
         del it
-    return read, elastic_state(*states)
+    gathered = elastic_state(*states)
+    MIX_STATE.validate(gathered)
+    return read, gathered
 
 
 def resume_onto(streams, state, world_size, num_workers, weights=None) -> list[list[str]]:
