@@ -16,6 +16,7 @@ from ._core import (
     DatasetSpecError,
     EpochTable,
     SampleStream,
+    ShardStreamError,
     StateMismatchError,
     check_mix,
     mix_counts,
@@ -41,7 +42,12 @@ _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 def _available(stream: SampleStream) -> int:
     """Samples a slot's stream gives (its units all have sample bounds: a
     mixture needs sample counts)."""
-    return sum(int(end) - int(start) for _, start, end in stream.units)  # type: ignore[arg-type]
+    total = 0
+    for _, start, end in stream.units:
+        if start is None or end is None:
+            raise ShardStreamError("a mixture's stream planned a whole shard without its count")
+        total += end - start
+    return total
 
 
 def _open_stream(ds: StreamingDataset, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
@@ -323,6 +329,10 @@ class Mix(IterableDataset[Any]):
             if weights is None
             else self._check_weights(weights, len(self.datasets), self.policy)
         )
+        if not isinstance(state_dict, Mapping):
+            raise StateMismatchError(
+                f"not a shardstream.Mix state: expected a dict, got {type(state_dict).__name__}"
+            )
         if state_dict.get("format") == "shardstream.elastic":
             slots = state_dict.get("slots")
             if not isinstance(slots, list) or not slots:

@@ -534,6 +534,13 @@ def test_a_damaged_mixture_state_is_refused_naming_its_field(streams, field, val
         iter(resumed)
 
 
+def test_a_state_of_another_kind_is_refused(streams):
+    plain = StreamingDataset(streams[0].spec)
+    for state in (plain.state_dict(), [1, 2], {"format": "shardstream.elastic", "slots": []}):
+        with pytest.raises(StateMismatchError):
+            make_mix(streams).load_state_dict(state)  # type: ignore[arg-type]
+
+
 def test_a_damaged_stream_state_inside_a_mixture_is_refused(streams):
     mix = make_mix(streams)
     it = iter(mix)
