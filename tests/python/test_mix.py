@@ -255,6 +255,25 @@ def test_model_parallel_ranks_get_identical_samples(streams):
     assert sorted(ranks[0] + ranks[2]) == sorted(info.keys)
 
 
+def test_model_parallel_dataset_states_resume_elastically(streams):
+    """A group's ranks save identical states; gathered, they count once."""
+    info = streams[0]
+    read, states = {}, []
+    for rank in range(4):
+        ds = StreamingDataset(
+            info.spec, seed=3, rank=rank, world_size=4, model_parallel_size=2, shuffle_buffer=5
+        )
+        it = iter(ds)
+        read[rank] = [next(it)["__key__"] for _ in range(7)]
+        states.append(ds.state_dict())
+        del it
+    assert read[0] == read[1] and states[0] == states[1]
+    resumed = StreamingDataset(info.spec, seed=3, shuffle_buffer=5)
+    resumed.load_state_dict(elastic_state(*states))
+    rest = [s["__key__"] for s in collect(resumed)]
+    assert sorted(read[0] + read[2] + rest) == sorted(info.keys)
+
+
 def test_model_parallel_size_is_checked_at_construction(streams):
     spec = streams[0].spec
     with pytest.raises(ValueError, match="model_parallel_size"):
