@@ -350,6 +350,16 @@ class StreamingDataset(IterableDataset[Any]):
         if world_size > 1:
             # torch.distributed was set up after construction.
             self.shard_list.count_samples()
+        return self.slot_stream(epoch, self._resume, (rank, world_size, worker_id, num_workers))
+
+    def slot_stream(
+        self, epoch: int, resume: str | None, slot: tuple[int, int, int, int]
+    ) -> SampleStream:
+        """The stream of ``slot`` (``(rank, world_size, worker_id,
+        num_workers)``) for ``epoch``, or for ``resume`` (a state's JSON),
+        counting in this dataset's counters; its threads start at the first
+        ``next()``. ``shardstream.Mix`` opens its streams with it."""
+        rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:
@@ -361,7 +371,7 @@ class StreamingDataset(IterableDataset[Any]):
             rank=rank,
             num_workers=num_workers,
             worker_id=worker_id,
-            resume=self._resume,
+            resume=resume,
             counters=self._counters,
             local_bytes=(
                 functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)

@@ -4,7 +4,6 @@ elastic resume (see ``docs/mixing.md``)."""
 from __future__ import annotations
 
 import copy
-import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,10 +20,8 @@ from ._core import (
     check_mix,
     mix_counts,
     mix_order,
-    raise_malloc_thresholds,
 )
 from .dataset import StreamingDataset
-from .local_bytes import LocalBytes
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
@@ -48,31 +45,6 @@ def _available(stream: SampleStream) -> int:
             raise ShardStreamError("a mixture's stream planned a whole shard without its count")
         total += end - start
     return total
-
-
-def _open_stream(ds: StreamingDataset, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
-    """A stream's samples for ``slot`` in its epoch ``epoch`` (or the
-    resume's); its threads start at the first ``next()``."""
-    rank, world_size, worker_id, num_workers = slot
-    in_worker = get_worker_info() is not None
-    raise_thresholds = ds.options["raise_malloc_thresholds"]
-    if in_worker and raise_thresholds:
-        raise_malloc_thresholds()
-    return SampleStream(
-        ds.shard_list,
-        epoch=epoch,
-        world_size=world_size,
-        rank=rank,
-        num_workers=num_workers,
-        worker_id=worker_id,
-        resume=resume,
-        counters=ds._counters,
-        local_bytes=(
-            functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)
-            if ds.options["local_bytes_by_reference"] and in_worker
-            else None
-        ),
-    )
 
 
 @dataclass
@@ -230,7 +202,7 @@ class Mix(IterableDataset[Any]):
         return rank, world_size, worker_id, num_workers
 
     def _open(self, s: int, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
-        return _open_stream(self.datasets[s], epoch, resume, slot)
+        return self.datasets[s].slot_stream(epoch, resume, slot)
 
     def _slot_plan(
         self,
@@ -592,8 +564,8 @@ class _MixIterator:
         self.passes[s] += 1
         self.taken[s] = self.short[s] = 0
         p = self.plan.base[s] + self.passes[s]
-        self.streams[s] = _open_stream(
-            self.datasets[s], self.epoch + p * PASS_STRIDE, None, self.slot
+        self.streams[s] = self.datasets[s].slot_stream(
+            self.epoch + p * PASS_STRIDE, None, self.slot
         )
 
     def __next__(self) -> Any:
