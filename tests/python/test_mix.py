@@ -611,3 +611,9 @@ def test_a_shard_skipped_under_warn_leaves_a_gap_counted_in_the_state(tmp_path, 
     state = mix.state_dict()
     assert state["finished"] and state["streams"][0]["short"] == 24 - len(got_c)
     assert state["streams"][1]["short"] == 0
+
+
+def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(streams):
+    mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
+    with pytest.raises(ValueError, match="more than 1024 times"):
+        iter(mix)
