@@ -38,6 +38,7 @@ from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
+    from .mix import Mix
 
 __all__ = [
     "DatasetSpecError",
@@ -45,6 +46,7 @@ __all__ = [
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
+    "Mix",
     "ObjectChangedError",
     "S3Config",
     "SampleSkippedWarning",
@@ -73,4 +75,8 @@ def __getattr__(name: str) -> Any:
         from .dataset import StreamingDataset
 
         return StreamingDataset
+    if name == "Mix":
+        from .mix import Mix
+
+        return Mix
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

@@ -31,10 +31,13 @@ __all__ = [
     "TransformError",
     "__version__",
     "_rebuild_shard_list",
+    "check_mix",
     "check_state",
     "default_options",
     "default_s3_options",
     "default_writer_options",
+    "mix_counts",
+    "mix_order",
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
@@ -162,6 +165,7 @@ class Options:
         raise_malloc_thresholds: bool = True,
         count_samples: bool | None = None,
         transform: Callable[[Any], Any] | None = None,
+        model_parallel_size: int = 1,
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""
@@ -283,6 +287,26 @@ def plan_epoch(
     shuffle_shards: bool = True,
 ) -> list[list[int]]:
     """The shard indices of every slot (``rank * num_workers + worker``) for one epoch."""
+
+def check_mix(policy: str, weights: list[float]) -> None:
+    """Checks mixture weights and a policy name, naming the bad one."""
+
+def mix_counts(policy: str, weights: list[float], available: list[int]) -> list[int]:
+    """How many samples each stream gives a slot to which the streams' plans give
+    ``available`` samples, under ``policy``."""
+
+def mix_order(
+    policy: str,
+    weights: list[float],
+    counts: list[int],
+    *,
+    seed: int,
+    epoch: int,
+    slot: int,
+    generation: int = 0,
+) -> bytes:
+    """The order in which a slot takes ``counts[s]`` samples of each stream ``s``: one
+    byte per sample, the stream's index."""
 
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""

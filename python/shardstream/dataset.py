@@ -127,6 +127,11 @@ class StreamingDataset(IterableDataset[Any]):
             ``SampleSkippedWarning``, and counted in ``errors_skipped``.
             DataLoader workers started with ``spawn`` or ``forkserver``
             need it picklable (a module-level function, not a lambda).
+        model_parallel_size: ranks per model-parallel (tensor or context
+            parallel) group: ranks ``g * size`` to ``(g + 1) * size - 1``
+            form data-parallel rank ``g`` of ``world_size // size``, and
+            receive the same samples in the same order; each sample is read
+            once per data-parallel group. ``world_size`` must be a multiple.
     """
 
     def __init__(
@@ -253,8 +258,21 @@ class StreamingDataset(IterableDataset[Any]):
         return (info.id, info.num_workers) if info is not None else self._pipe_worker
 
     def distributed_slot(self) -> tuple[int, int]:
-        """``(rank, world_size)``: explicit arguments, else torch.distributed,
-        else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+        """``(rank, world_size)`` of the data: with ``model_parallel_size``
+        of 1 the process's own, else its data-parallel group's (see
+        ``process_slot`` and the option)."""
+        rank, world_size = self.process_slot()
+        group = int(self.options["model_parallel_size"])
+        if world_size % group:
+            raise ValueError(
+                f"invalid option model_parallel_size: {group} does not divide "
+                f"world_size {world_size}"
+            )
+        return rank // group, world_size // group
+
+    def process_slot(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of this process: explicit arguments, else
+        torch.distributed, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
         if dist.is_available() and dist.is_initialized():
             auto_rank, auto_world = dist.get_rank(), dist.get_world_size()
         else:
@@ -362,6 +380,16 @@ class StreamingDataset(IterableDataset[Any]):
         if world_size > 1:
             # torch.distributed was set up after construction.
             self.shard_list.count_samples()
+        return self.slot_stream(epoch, self._resume, (rank, world_size, worker_id, num_workers))
+
+    def slot_stream(
+        self, epoch: int, resume: str | None, slot: tuple[int, int, int, int]
+    ) -> SampleStream:
+        """The stream of ``slot`` (``(rank, world_size, worker_id,
+        num_workers)``) for ``epoch``, or for ``resume`` (a state's JSON),
+        counting in this dataset's counters; its threads start at the first
+        ``next()``. ``shardstream.Mix`` opens its streams with it."""
+        rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:
@@ -373,7 +401,7 @@ class StreamingDataset(IterableDataset[Any]):
             rank=rank,
             num_workers=num_workers,
             worker_id=worker_id,
-            resume=self._resume,
+            resume=resume,
             counters=self._counters,
             local_bytes=(
                 functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)

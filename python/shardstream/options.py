@@ -54,6 +54,7 @@ class DatasetOptions(TypedDict, total=False):
     raise_malloc_thresholds: bool
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
+    model_parallel_size: int
 
 
 class WriterOptions(TypedDict, total=False):

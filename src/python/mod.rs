@@ -5,6 +5,7 @@ mod blocking;
 pub mod convert;
 mod errors;
 mod malloc;
+mod mix;
 mod options;
 mod stream;
 mod writer;
@@ -31,6 +32,8 @@ mod _core {
     };
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
+    #[pymodule_export]
+    use super::mix::{check_mix, mix_counts, mix_order};
     #[pymodule_export]
     use super::options::{default_options, default_s3_options, default_writer_options, Options};
     #[pymodule_export]

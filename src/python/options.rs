@@ -20,7 +20,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 20] = [
+pub const OPTION_NAMES: [&str; 21] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -42,6 +42,7 @@ pub const OPTION_NAMES: [&str; 20] = [
     "raise_malloc_thresholds",
     "count_samples",
     "transform",
+    "model_parallel_size",
 ];
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
@@ -496,6 +497,17 @@ impl Options {
                     }
                     builder
                 }
+                // Ranks per model-parallel group, read by the Python side:
+                // consecutive ranks `g * size .. (g + 1) * size` read the
+                // same samples, as data-parallel rank `g`.
+                "model_parallel_size" => {
+                    if integer::<usize>(&name, &value)? == 0 {
+                        return Err(PyValueError::new_err(
+                            "invalid option model_parallel_size: expected an int of at least 1, got 0",
+                        ));
+                    }
+                    builder
+                }
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
@@ -558,6 +570,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
     dict.set_item("transform", py.None())?;
+    dict.set_item("model_parallel_size", 1)?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }
