@@ -275,6 +275,7 @@ impl SampleStream {
                 chunk_bytes: options.chunk_bytes,
                 io_timeout: options.io_timeout,
                 s3: options.s3.clone(),
+                cache: options.cache.clone(),
             },
             counters.clone(),
         )?;
@@ -554,6 +555,7 @@ fn make_read(
             location: shard.location(),
             range,
             size: shard.size,
+            etag: shard.etag.clone(),
         }),
         first_index,
         index,

@@ -1096,12 +1096,14 @@ mod tests {
             location: crate::location::Location::Local(path.to_owned()),
             range,
             size: None,
+            etag: None,
         };
         let options = super::super::ReadAheadOptions {
             budget_bytes: budget,
             chunk_bytes: chunk,
             io_timeout: Duration::from_secs(20),
             s3: crate::config::S3Options::default(),
+            cache: None,
         };
         let counters = Arc::new(crate::stats::Counters::new());
         super::super::ReadAhead::start(vec![unit], options, counters).unwrap()
