@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 from _shardtest import DatasetInfo, assert_exactly_once, collect, loader, sample_digest
 from http_server import HttpServer, running_http_server
+from s3_server import BUCKET
+from s3_server import s3_config as config
 
 from shardstream import StreamingDataset
 
@@ -135,9 +137,7 @@ def test_eviction_keeps_the_limit_and_spares_a_file_being_read(http, dataset, lo
     largest = max(p.stat().st_size for p in dataset.paths) + TRAILER
     limit = 3 * largest
     spec = http_spec(http, dataset)
-    ds = StreamingDataset(
-        spec, cache_dir=str(cache), cache_limit_bytes=limit, shuffle_shards=False
-    )
+    ds = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, shuffle_shards=False)
     assert digests(collect(ds)) == local
     files = cached_files(cache)
     assert 1 <= len(files) <= 3
@@ -147,9 +147,7 @@ def test_eviction_keeps_the_limit_and_spares_a_file_being_read(http, dataset, lo
     oldest = min(files, key=lambda f: f.stat().st_mtime_ns)
     with oldest.open("rb") as held:
         fcntl.flock(held, fcntl.LOCK_SH)
-        reshuffled = StreamingDataset(
-            spec, cache_dir=str(cache), cache_limit_bytes=limit, seed=99
-        )
+        reshuffled = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, seed=99)
         assert digests(collect(reshuffled)) == local
         assert oldest.exists()
     files = cached_files(cache)
@@ -176,6 +174,20 @@ def test_a_damaged_copy_is_removed_and_fetched_again(http, dataset, local, tmp_p
     http.reset()
     assert digests(collect(ds)) == local
     assert http.served.gets == 0
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_s3_shards_are_cached_under_their_listed_etag(s3, s3_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    spec = f"s3://{BUCKET}/audio/"
+    expected = {key: digest for key, (_, digest) in s3_dataset["expected"].items()}
+    first = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache))
+    assert digests(collect(first)) == expected
+    assert first.stats()["requests"] >= len(s3_dataset["urls"])
+    assert len(cached_files(cache)) == len(s3_dataset["urls"])
+    second = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache))
+    assert digests(collect(second)) == expected
+    assert second.stats()["requests"] == 0
 
 
 def test_a_cache_dir_that_cannot_be_made_is_refused_at_construction(dataset, tmp_path):
