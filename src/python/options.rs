@@ -20,7 +20,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 21] = [
+pub const OPTION_NAMES: [&str; 22] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
