@@ -11,7 +11,7 @@
 //! under a shared `flock` and reads it through the local source (so its
 //! members can be handed on by reference); a copy that fails the check is
 //! removed and the shard fetched again. Eviction, least recently used
-//! first (a read sets the file's modification time), takes a non-blocking
+//! first (a read sets the file's access time), takes a non-blocking
 //! exclusive lock of each file and skips those being read. A write that
 //! fails (a full disk, a file size limit) stops caching that shard, with a
 //! warning; its bytes still stream to the reader.
@@ -139,8 +139,10 @@ impl Cache {
                 return None;
             }
         };
-        // The time of last use, for eviction.
-        let _ = file.set_modified(SystemTime::now());
+        // The time of last use, for eviction: the access time, as the
+        // modification time is part of the identity by-reference members
+        // are checked against.
+        let _ = file.set_times(std::fs::FileTimes::new().set_accessed(SystemTime::now()));
         let range = unit.range.clone().unwrap_or(0..size);
         Some(Hit {
             unit: FetchUnit {
@@ -354,7 +356,7 @@ fn evict(dir: &Path, limit: u64) {
         let Ok(meta) = entry.metadata() else { continue };
         if name.ends_with(SUFFIX) {
             total += meta.len();
-            let used = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            let used = meta.accessed().unwrap_or(SystemTime::UNIX_EPOCH);
             files.push((used, meta.len(), entry.path()));
         } else if let Some(rest) = name.strip_prefix(TMP_PREFIX) {
             let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());

@@ -144,7 +144,7 @@ def test_eviction_keeps_the_limit_and_spares_a_file_being_read(http, dataset, lo
     assert sum(f.stat().st_size for f in files) <= limit
     # A file being read (its shared lock held) is never evicted, even when
     # it is the least recently used.
-    oldest = min(files, key=lambda f: f.stat().st_mtime_ns)
+    oldest = min(files, key=lambda f: f.stat().st_atime_ns)
     with oldest.open("rb") as held:
         fcntl.flock(held, fcntl.LOCK_SH)
         reshuffled = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, seed=99)
