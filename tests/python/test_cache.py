@@ -231,3 +231,14 @@ def test_a_write_that_fails_falls_back_to_streaming(http, dataset, local, tmp_pa
     assert "cannot write to the cache" in err
     assert cached_files(cache) == []
     assert not list(cache.glob(".tmp-*"))
+
+
+def test_an_epoch_stopped_early_leaves_only_complete_copies(http, dataset, tmp_path):
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache), read_ahead_bytes=4096)
+    iterator = iter(ds)
+    next(iterator)
+    del iterator
+    assert not list(cache.glob(".tmp-*"))
+    if cached_files(cache):
+        assert_copies_of(cache, dataset)
