@@ -3,10 +3,14 @@
 
 mod blocking;
 pub mod convert;
+mod counters;
+mod epoch_table;
 mod errors;
+mod functions;
 mod malloc;
 mod options;
-mod stream;
+mod sample_stream;
+mod shard_list;
 
 use pyo3::prelude::*;
 
@@ -22,6 +26,10 @@ mod _core {
     #[pymodule_export]
     use super::convert::ArrowExport;
     #[pymodule_export]
+    use super::counters::Counters;
+    #[pymodule_export]
+    use super::epoch_table::EpochTable;
+    #[pymodule_export]
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
         ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
@@ -29,14 +37,15 @@ mod _core {
         StorageAuthError, StreamProcessError,
     };
     #[pymodule_export]
+    use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
+    #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
     use super::options::{default_options, default_s3_options, Options};
     #[pymodule_export]
-    use super::stream::{
-        _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
-        Counters, EpochTable, SampleStream, ShardList,
-    };
+    use super::sample_stream::SampleStream;
+    #[pymodule_export]
+    use super::shard_list::{_rebuild_shard_list, ShardList};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
