@@ -11,7 +11,6 @@ use super::decode_pool::{DecodePool, DECODE_BATCH};
 use super::outbox::{Message, Outbox};
 use super::reads::{read_end, Read, ReadPurpose};
 use super::{CompressedShards, Event, TableBatch};
-use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 use crate::config::{OnError, TableOutput};
 use crate::error::{Error, Result};
@@ -416,15 +415,13 @@ impl Worker {
         // Same order as the buffer: evictions first, then the new sample.
         match &mut self.shuffle {
             Some(buffer) => {
-                while buffer.is_full_for(sample.byte_size()) {
-                    let (index, evicted) = buffer.pop_random().expect("a full buffer holds items");
+                buffer.push(sample, |evicted| {
                     ops.push(Op::Pop {
-                        index,
-                        rng_word_pos: buffer.rng_word_pos(),
+                        index: evicted.index,
+                        rng_word_pos: evicted.rng_word_pos,
                     });
-                    send_sample(outbox, ops, counters, evicted)?;
-                }
-                buffer.insert(sample);
+                    send_sample(outbox, ops, counters, evicted.item)
+                })?;
                 ops.push(Op::Push { unit: position, id });
                 ControlFlow::Continue(())
             }
