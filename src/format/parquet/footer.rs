@@ -4,7 +4,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::{
+    ColumnChunkMetaData, FooterTail, ParquetMetaData, ParquetMetaDataReader,
+};
 
 use crate::error::{guard, Error, Result};
 
@@ -14,10 +16,8 @@ pub const FOOTER_PROBE: u64 = 64 * 1024;
 
 /// The fixed end of a Parquet file: 4 bytes of metadata length, then `PAR1`.
 const FOOTER_LEN: u64 = 8;
-/// The magic at both ends of a Parquet file.
+/// The magic at the start of a Parquet file.
 const MAGIC: &[u8; 4] = b"PAR1";
-/// The magic ending a file with an encrypted footer.
-const MAGIC_ENCRYPTED: &[u8; 4] = b"PARE";
 /// The smallest possible file: leading magic, metadata length, trailing magic.
 const MIN_FILE_LEN: u64 = 12;
 
@@ -72,25 +72,24 @@ pub fn decode_footer(url: &str, file_size: u64, tail: &[u8]) -> Result<FooterDec
         return Ok(FooterDecode::NeedTail(FOOTER_PROBE.min(file_size)));
     }
     let footer_offset = file_size - FOOTER_LEN;
-    let footer = &tail[tail.len() - FOOTER_LEN as usize..];
-    let magic = &footer[4..];
-    if magic == MAGIC_ENCRYPTED {
+    let mut footer = [0u8; FOOTER_LEN as usize];
+    footer.copy_from_slice(&tail[tail.len() - FOOTER_LEN as usize..]);
+    // The crate's own reading of the footer: metadata length and magic.
+    let Ok(footer) = FooterTail::try_new(&footer) else {
+        return Err(format_error(
+            url,
+            file_size - 4,
+            "not a Parquet file (no PAR1 magic at the end)",
+        ));
+    };
+    if footer.is_encrypted_footer() {
         return Err(format_error(
             url,
             file_size - 4,
             "encrypted Parquet footer (PARE magic) is not supported",
         ));
     }
-    if magic != MAGIC {
-        return Err(format_error(
-            url,
-            file_size - 4,
-            "not a Parquet file (no PAR1 magic at the end)",
-        ));
-    }
-    let metadata_len = u64::from(u32::from_le_bytes([
-        footer[0], footer[1], footer[2], footer[3],
-    ]));
+    let metadata_len = footer.metadata_length() as u64;
     if metadata_len + MIN_FILE_LEN > file_size {
         return Err(format_error(
             url,

@@ -459,6 +459,15 @@ fn a_bad_footer_is_a_format_error() {
         "{message}"
     );
 
+    let mut encrypted = file.clone();
+    encrypted[file.len() - 4..].copy_from_slice(b"PARE");
+    let (_, offset, reason) = unwrap_format(decode_footer(URL, size, &encrypted).unwrap_err());
+    assert_eq!(offset, size - 4);
+    assert_eq!(
+        reason,
+        "encrypted Parquet footer (PARE magic) is not supported"
+    );
+
     let (_, offset, reason) = unwrap_format(decode_footer(URL, 4, b"PAR1").unwrap_err());
     assert_eq!(offset, 0);
     assert!(reason.contains("shorter than the 12 bytes"), "{reason}");
