@@ -1,5 +1,5 @@
 //! The `shardstream` command line: `inspect` a shard, `index` a dataset
-//! into a manifest, print a `plan`.
+//! into a manifest, print a `plan`, `write` shards from files or Parquet.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -22,12 +22,13 @@ use crate::resolve;
 use crate::shard::Shard;
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
+use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "shardstream",
     version,
-    about = "Inspect shards, index datasets, print epoch plans"
+    about = "Inspect shards, index datasets, print epoch plans, write shards"
 )]
 struct Cli {
     #[command(flatten)]
@@ -127,6 +128,38 @@ enum Command {
         #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
         remainder: String,
     },
+    /// Write WebDataset shards (and their manifest) from a folder of files,
+    /// grouped into samples by name (`dir/a.jpg` + `dir/a.cls` is sample
+    /// `dir/a`), or from Parquet files (one sample per row).
+    Write {
+        /// A folder of files, or a Parquet file or folder of Parquet files
+        /// (with --key-column).
+        src: PathBuf,
+        /// Shard pattern: `out/shard-%06d.tar` or `s3://bucket/prefix/shard-%06d.tar`.
+        dest: String,
+        /// Labels joined by key: a CSV file (a header row with a `__key__`
+        /// or `key` column; other columns become fields, e.g. `cls`) or a
+        /// JSON-lines file (objects with `__key__` or `key`). A label for a
+        /// key with no files is an error.
+        #[arg(long, conflicts_with_all = ["key_column", "columns"])]
+        labels: Option<PathBuf>,
+        /// Parquet: the column holding each row's key.
+        #[arg(long)]
+        key_column: Option<String>,
+        /// Parquet: the columns to write, comma-separated, each `column` or
+        /// `field=column` (default: every column but the key).
+        #[arg(long, value_delimiter = ',', requires = "key_column")]
+        columns: Option<Vec<String>>,
+        /// Samples per shard at most (0: no limit).
+        #[arg(long, default_value_t = 100_000)]
+        max_count: u64,
+        /// Tar bytes per shard at most, before compression (0: no limit).
+        #[arg(long, default_value_t = 3_000_000_000)]
+        max_bytes: u64,
+        /// Compression (default: as the pattern's suffix says).
+        #[arg(long, value_parser = ["gz", "zst"])]
+        compression: Option<String>,
+    },
 }
 
 /// Runs the CLI on `args` (program name first); returns the exit code.
@@ -145,6 +178,35 @@ where
     let mut out = std::io::stdout().lock();
     let s3 = cli.s3.options();
     let result = match cli.command {
+        Command::Write {
+            src,
+            dest,
+            labels,
+            key_column,
+            columns,
+            max_count,
+            max_bytes,
+            compression,
+        } => {
+            let options = WriterOptions {
+                max_count: (max_count > 0).then_some(max_count),
+                max_bytes: (max_bytes > 0).then_some(max_bytes),
+                compression: match compression.as_deref() {
+                    Some("gz") => Some(Compression::Gzip),
+                    Some(_) => Some(Compression::Zstd),
+                    None => None,
+                },
+                s3: s3.clone(),
+            };
+            let source = match key_column {
+                Some(key_column) => WriteSource::Parquet {
+                    key_column,
+                    columns,
+                },
+                None => WriteSource::Folder { labels },
+            };
+            write_shards(&src, &dest, source, options, &mut out)
+        }
         Command::Inspect { shard, limit } => inspect(&shard, limit, &s3, &mut out),
         Command::Index { spec, output } => index(&spec, &output, &s3, &mut out),
         Command::Plan {
@@ -267,7 +329,7 @@ fn index(
 ) -> Result<()> {
     // Manifests describe tar shards; Parquet footers already give counts.
     let mut shards = resolve::resolve_dataset(specs, s3, DatasetFormat::Tar)?;
-    crate::source::describe_s3_objects(s3, &mut shards)?;
+    crate::source::describe_remote_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     let compressed = scan(&shards, s3, |sample, _| {
         let (offsets, lengths) = &mut spans[sample.id.shard];
@@ -279,7 +341,7 @@ fn index(
     for (position, (shard, (offsets, lengths))) in shards.iter().zip(spans).enumerate() {
         let mtime_ns = match shard.location() {
             Location::Local(path) => manifest::mtime_ns(&path),
-            Location::S3 { .. } => None,
+            Location::S3 { .. } | Location::Http(_) => None,
         };
         let size = shard.size.ok_or_else(|| Error::NotFound {
             url: shard.url.clone(),
@@ -400,6 +462,163 @@ fn print_plan(
                 None => writeln!(out, "  {}", shards[unit.shard].url)?,
             }
         }
+    }
+    Ok(())
+}
+
+/// Where `shardstream write` takes its samples from.
+enum WriteSource {
+    /// A folder of files, with an optional labels file.
+    Folder { labels: Option<PathBuf> },
+    /// Parquet rows.
+    Parquet {
+        key_column: String,
+        columns: Option<Vec<String>>,
+    },
+}
+
+/// A progress bar over `total` samples.
+fn sample_progress(total: u64) -> ProgressBar {
+    let progress = ProgressBar::new(total).with_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} samples {per_sec} {msg}")
+            .expect("valid template"),
+    );
+    progress.enable_steady_tick(Duration::from_millis(200));
+    progress
+}
+
+fn write_shards(
+    src: &std::path::Path,
+    dest: &str,
+    source: WriteSource,
+    options: WriterOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut writer = ShardWriter::new(dest, options)?;
+    let mut notes = Vec::new();
+    match source {
+        WriteSource::Folder { labels } => {
+            if !src.is_dir() {
+                return Err(Error::Config {
+                    name: "SRC",
+                    reason: format!(
+                        "{} is not a folder (Parquet input needs --key-column)",
+                        src.display()
+                    ),
+                });
+            }
+            let folder = inputs::group_folder(src)?;
+            let mut labels = match &labels {
+                Some(path) => Some((path, inputs::read_labels(path)?)),
+                None => None,
+            };
+            if let Some((path, labels)) = &labels {
+                let keys: std::collections::HashSet<&str> =
+                    folder.samples.iter().map(|(k, _)| k.as_str()).collect();
+                if let Some((key, line)) = labels
+                    .order
+                    .iter()
+                    .find(|(k, _)| !keys.contains(k.as_str()))
+                {
+                    return Err(Error::Config {
+                        name: "--labels",
+                        reason: format!(
+                            "{} line {line}: key {key:?} has no files in {}",
+                            path.display(),
+                            src.display()
+                        ),
+                    });
+                }
+            }
+            if folder.samples.is_empty() {
+                return Err(Error::Config {
+                    name: "SRC",
+                    reason: format!("{} holds no files named KEY.EXTENSION", src.display()),
+                });
+            }
+            let progress = sample_progress(folder.samples.len() as u64);
+            let mut unlabelled = 0u64;
+            for (key, files) in &folder.samples {
+                let mut fields = Vec::with_capacity(files.len() + 1);
+                for (field, path) in files {
+                    let bytes = std::fs::read(path).map_err(|e| Error::Config {
+                        name: "SRC",
+                        reason: format!("cannot read {}: {e}", path.display()),
+                    })?;
+                    fields.push((field.clone(), FieldValue::Bytes(bytes)));
+                }
+                if let Some((_, labels)) = &mut labels {
+                    match labels.by_key.remove(key) {
+                        Some(label_fields) => fields.extend(label_fields),
+                        None => unlabelled += 1,
+                    }
+                }
+                writer.write(key, fields)?;
+                progress.inc(1);
+            }
+            progress.finish_and_clear();
+            if !folder.skipped.is_empty() {
+                notes.push(format!(
+                    "{} files without an extension skipped (e.g. {})",
+                    folder.skipped.len(),
+                    folder.skipped[0].display()
+                ));
+            }
+            if unlabelled > 0 {
+                notes.push(format!("{unlabelled} samples have no labels"));
+            }
+        }
+        WriteSource::Parquet {
+            key_column,
+            columns,
+        } => {
+            let files: Vec<PathBuf> = if src.is_dir() {
+                let mut files: Vec<PathBuf> = std::fs::read_dir(src)
+                    .map_err(|e| Error::Config {
+                        name: "SRC",
+                        reason: format!("cannot list {}: {e}", src.display()),
+                    })?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| crate::spec::is_parquet_name(&p.to_string_lossy()))
+                    .collect();
+                files.sort();
+                files
+            } else {
+                vec![src.to_owned()]
+            };
+            if files.is_empty() {
+                return Err(Error::Config {
+                    name: "SRC",
+                    reason: format!("{} holds no .parquet files", src.display()),
+                });
+            }
+            let columns: Option<Vec<(String, String)>> = columns.map(|list| {
+                list.iter()
+                    .map(|c| match c.split_once('=') {
+                        Some((field, column)) => (field.to_owned(), column.to_owned()),
+                        None => (c.clone(), c.clone()),
+                    })
+                    .collect()
+            });
+            let progress = sample_progress(inputs::parquet_row_count(&files)?);
+            inputs::parquet_rows(&files, &key_column, columns.as_deref(), |key, fields| {
+                writer.write(&key, fields)?;
+                progress.inc(1);
+                Ok(())
+            })?;
+            progress.finish_and_clear();
+        }
+    }
+    writer.close()?;
+    writeln!(
+        out,
+        "wrote {} samples into {} shards; manifest {}",
+        writer.samples(),
+        writer.shards(),
+        writer.manifest_url()
+    )?;
+    for note in notes {
+        writeln!(out, "note: {note}")?;
     }
     Ok(())
 }

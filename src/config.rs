@@ -74,9 +74,55 @@ pub enum TableOutput {
     Arrow,
 }
 
+/// Headers sent with every HTTP(S) request to a shard's own origin (never
+/// to another host a redirect leads to). Values may be secrets: they are
+/// never shown (`Debug` prints the names only) nor put in an error.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct HttpHeaders(pub Vec<(String, String)>);
+
+impl std::fmt::Debug for HttpHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.0.iter().map(|(name, _)| (name, "<hidden>")))
+            .finish()
+    }
+}
+
+impl HttpHeaders {
+    /// Checks that every name and value can be sent, naming the header
+    /// (never its value) that cannot.
+    pub fn validate(&self) -> Result<()> {
+        for (name, value) in &self.0 {
+            let bad = |reason: String| Error::Config {
+                name: "http_headers",
+                reason,
+            };
+            let parsed = http::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| bad(format!("{name:?} is not a valid header name")))?;
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(bad(format!(
+                    "the value of {name:?} is not a valid header value (visible ASCII only, \
+                     no line breaks)"
+                )));
+            }
+            if [
+                http::header::RANGE,
+                http::header::IF_MATCH,
+                http::header::HOST,
+            ]
+            .contains(&parsed)
+            {
+                return Err(bad(format!("{name:?} is set by shardstream itself")));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// How to reach S3 (or an S3-compatible store). Credentials come from the
 /// default chain: environment, shared config and credentials files, SSO,
-/// web identity, IMDS and ECS roles.
+/// web identity, IMDS and ECS roles. The timeouts, retries, part size and
+/// concurrency apply to HTTP(S) shards too, which add their headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct S3Options {
     /// Region; `None` takes it from the environment or profile (else `us-east-1`).
@@ -111,6 +157,8 @@ pub struct S3Options {
     /// Objects fetched at once per worker, and ranged GETs in flight per
     /// object, at most.
     pub max_concurrency: usize,
+    /// Headers of HTTP(S) requests (not sent to S3).
+    pub http_headers: HttpHeaders,
 }
 
 impl S3Options {
@@ -181,7 +229,7 @@ impl S3Options {
                 return out_of_range(name, "must be more than 0 seconds".into());
             }
         }
-        Ok(())
+        self.http_headers.validate()
     }
 }
 
@@ -202,6 +250,7 @@ impl Default for S3Options {
             backoff_max: Duration::from_secs(5),
             part_size: 8 << 20,
             max_concurrency: 4,
+            http_headers: HttpHeaders::default(),
         }
     }
 }
@@ -359,9 +408,21 @@ impl StreamOptionsBuilder {
         self
     }
 
-    /// Sets how to reach S3.
+    /// Sets how to reach S3 (keeping the HTTP headers set, unless `s3` has some).
     pub fn with_s3(mut self, s3: S3Options) -> Self {
-        self.options.s3 = s3;
+        let kept = std::mem::take(&mut self.options.s3.http_headers);
+        let http_headers = if s3.http_headers.0.is_empty() {
+            kept
+        } else {
+            s3.http_headers.clone()
+        };
+        self.options.s3 = S3Options { http_headers, ..s3 };
+        self
+    }
+
+    /// Sets the headers of HTTP(S) requests.
+    pub fn with_http_headers(mut self, headers: HttpHeaders) -> Self {
+        self.options.s3.http_headers = headers;
         self
     }
 

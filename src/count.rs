@@ -160,7 +160,7 @@ pub fn first_uncounted(shards: &[Shard]) -> Option<&Shard> {
 /// samples and the job would hang at its last step.
 pub fn counts_needed(uncounted: &Shard, world_size: usize) -> Error {
     let why = match (uncounted.location(), uncounted.size) {
-        (Location::S3 { .. }, _) => "it is remote, and counting would read it",
+        (Location::S3 { .. } | Location::Http(_), _) => "it is remote, and counting would read it",
         (Location::Local(_), None) => "it does not exist",
         (Location::Local(path), Some(_)) if is_compressed(&path) => {
             "it is compressed, and counting would decompress it"

@@ -179,6 +179,41 @@ pub enum Error {
     /// The stream was cancelled or its pipeline stopped unexpectedly.
     #[error("stream stopped: {0}")]
     Stopped(String),
+
+    /// A sample given to the shard writer cannot be written as it is (a
+    /// missing or repeated key, a field name that would not read back the
+    /// same, a value of a type with no encoding for its field).
+    #[error("{}{reason}", sample_context(.key, .field))]
+    InvalidSample {
+        /// The sample's key, when it has one.
+        key: Option<String>,
+        /// The field at fault, if one is.
+        field: Option<String>,
+        /// What is wrong.
+        reason: String,
+        /// Whether a value has the wrong type (rather than a wrong name or key).
+        wrong_type: bool,
+    },
+
+    /// Writing a shard (or its manifest) failed.
+    #[error("{url}: write failed at byte offset {offset}: {reason}")]
+    Write {
+        /// Shard (or manifest) URL.
+        url: String,
+        /// Bytes of the shard written before the failure.
+        offset: u64,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+fn sample_context(key: &Option<String>, field: &Option<String>) -> String {
+    match (key, field) {
+        (Some(key), Some(field)) => format!("sample {key:?}, field {field:?}: "),
+        (Some(key), None) => format!("sample {key:?}: "),
+        (None, Some(field)) => format!("field {field:?}: "),
+        (None, None) => String::new(),
+    }
 }
 
 fn decompressed_suffix(compression: &Option<Compression>) -> String {
@@ -208,11 +243,13 @@ impl Error {
             | Error::Decompress { url, .. }
             | Error::DuplicateField { url, .. }
             | Error::Decode { url, .. }
+            | Error::Write { url, .. }
             | Error::ManifestMismatch { url, .. } => Some(url),
             Error::Spec { .. }
             | Error::Config { .. }
             | Error::Manifest { .. }
             | Error::StateMismatch(_)
+            | Error::InvalidSample { .. }
             | Error::Stopped(_) => None,
         }
     }

@@ -18,6 +18,7 @@ pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
+pub mod hub;
 pub mod location;
 pub mod manifest;
 pub mod pipeline;
@@ -31,6 +32,7 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod value;
+pub mod write;
 
 /// Python bindings (the `python` feature); [`python::convert`] is public
 /// for the hand-off micro benchmark.

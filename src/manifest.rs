@@ -322,7 +322,7 @@ fn identify(json: &str) -> std::result::Result<(), String> {
 pub fn find_beside(shards: &[Shard]) -> Option<PathBuf> {
     let mut dirs = shards.iter().map(|s| match s.location() {
         Location::Local(path) => canonical(&path).parent().map(Path::to_owned),
-        Location::S3 { .. } => None,
+        Location::S3 { .. } | Location::Http(_) => None,
     });
     let first = dirs.next()??;
     if dirs.any(|d| d.as_ref() != Some(&first)) {

@@ -1,5 +1,6 @@
 //! Dataset resolution: specs to shards. Lists directories and S3
-//! prefixes, asks S3 the size of objects it has not listed, reads Parquet
+//! prefixes, resolves Hugging Face Hub specs ([`crate::hub`]), asks S3 (or
+//! an HTTP(S) server) the size of objects it has not listed, reads Parquet
 //! footers (each row group becomes a shard, so the plan can split one large
 //! file across ranks and workers) and attaches the manifest's sample
 //! indexes. The only stage before the plan that does I/O.
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::format::parquet;
+use crate::hub;
 use crate::location::{identity, Location};
 use crate::manifest::{self, Attached, ManifestChoice};
 use crate::shard::{RowGroup, Shard, ShardKind};
@@ -81,14 +83,24 @@ pub fn resolve_dataset(
     let keep = format.listing_filter();
     let mut shards = Vec::new();
     let mut listings = Vec::new();
+    let mut hub = hub::Resolver::new(s3);
     for spec in specs {
         check_scheme(spec)?;
         for url in expand_braces(spec)? {
+            if hub::is_hub_url(&url) {
+                let found = hub.resolve(&url, keep)?;
+                shards.extend(
+                    found
+                        .into_iter()
+                        .map(|(url, size)| Shard::new(url, Some(size))),
+                );
+                continue;
+            }
             match Location::parse(&url) {
                 Location::S3 { bucket, key } if key.is_empty() || key.ends_with('/') => {
                     listings.push((shards.len(), url, bucket, key));
                 }
-                Location::S3 { .. } => shards.push(Shard::new(url, None)),
+                Location::S3 { .. } | Location::Http(_) => shards.push(Shard::new(url, None)),
                 Location::Local(path) => match std::fs::metadata(&path) {
                     Ok(meta) if meta.is_dir() => {
                         shards.extend(list_directory(&url, &path, keep, format)?)
@@ -169,7 +181,7 @@ fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &S3Options) -> Res
         .filter(|(_, holds)| **holds == Holds::ParquetFile)
         .map(|(shard, _)| shard.clone())
         .collect();
-    source::describe_s3_objects(s3, &mut files)?;
+    source::describe_remote_objects(s3, &mut files)?;
     for file in &files {
         if file.size.is_none() {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
@@ -246,20 +258,29 @@ mod tests {
 
     #[test]
     fn unsupported_schemes_are_refused() {
-        for url in [
-            "https://host/a.tar",
-            "http://host/a.tar",
-            "gs://bucket/a.tar",
-            "hf://datasets/org/name/a.tar",
-            "pipe:curl -s x",
-        ] {
+        for url in ["gs://bucket/a.tar", "ftp://host/a.tar", "pipe:curl -s x"] {
             let error = resolve(&[url.to_owned()]).unwrap_err().to_string();
             assert!(error.contains("not supported"), "{error}");
-            assert!(error.contains("s3://"), "{error}");
+            for scheme in ["s3://", "http://", "https://", "hf://datasets/"] {
+                assert!(error.contains(scheme), "{error}");
+            }
         }
-        for ok in ["a:b.tar", "dir/x://y.tar", "s3://b/k.tar", "file:///x.tar"] {
+        for ok in [
+            "a:b.tar",
+            "dir/x://y.tar",
+            "s3://b/k.tar",
+            "file:///x.tar",
+            "https://host/a.tar",
+            "HTTP://host/a.tar",
+            "hf://datasets/org/name/a.tar",
+        ] {
             check_scheme(ok).unwrap();
         }
+        // A Hub URL of the wrong form is refused before anything is fetched.
+        let error = resolve(&["hf://models/org/name/x".to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("dataset repositories"), "{error}");
     }
 
     #[test]

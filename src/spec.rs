@@ -197,10 +197,12 @@ fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
 }
 
 /// The URL schemes a spec may use; anything else is refused at once.
-pub const SUPPORTED_SCHEMES: &str = "local paths, file:// and s3://";
+pub const SUPPORTED_SCHEMES: &str = "local paths, file://, s3://, http://, https:// and \
+     hf://datasets/ (the Hugging Face Hub)";
 
-/// Refuses a URL whose scheme shardstream cannot read (`https://`, `gs://`,
-/// `hf://`, webdataset's `pipe:` ...), naming it and the supported ones.
+/// Refuses a URL whose scheme shardstream cannot read (`gs://`, `ftp://`,
+/// webdataset's `pipe:` ...), naming it and the supported ones. The form of
+/// an `hf://` URL is checked when it is resolved.
 pub fn check_scheme(url: &str) -> Result<()> {
     let scheme = match url.split_once("://") {
         Some((scheme, _))
@@ -215,7 +217,10 @@ pub fn check_scheme(url: &str) -> Result<()> {
         _ => None,
     };
     match scheme {
-        None | Some("file") | Some("s3") => Ok(()),
+        None | Some("file") | Some("s3") | Some("hf") => Ok(()),
+        Some(http) if http.eq_ignore_ascii_case("http") || http.eq_ignore_ascii_case("https") => {
+            Ok(())
+        }
         Some(other) => Err(Error::Spec {
             spec: url.to_owned(),
             reason: format!(

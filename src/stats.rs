@@ -18,7 +18,8 @@ pub enum Counter {
     Samples,
     /// Bytes read from storage.
     BytesRead,
-    /// Bad shards skipped under `on_error="warn"`.
+    /// Bad shards, and samples whose transform raised, skipped under
+    /// `on_error="warn"`.
     ErrorsSkipped,
     /// Requests (GETs) sent to an object store.
     Requests,

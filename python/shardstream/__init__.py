@@ -16,14 +16,17 @@ from ._core import (
     ManifestIgnoredWarning,
     ManifestMismatchError,
     ObjectChangedError,
+    SampleSkippedWarning,
     ShardFormatError,
     ShardNotFoundError,
     ShardReadError,
     ShardSkippedWarning,
     ShardStreamError,
+    ShardWriteError,
     StateMismatchError,
     StorageAuthError,
     StreamProcessError,
+    TransformError,
     __version__,
     plan_epoch,
     plan_samples,
@@ -31,9 +34,11 @@ from ._core import (
 )
 from .s3 import S3Config
 from .state import elastic_state
+from .writer import ShardWriter
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
+    from .mix import Mix
 
 __all__ = [
     "DatasetSpecError",
@@ -41,17 +46,22 @@ __all__ = [
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
+    "Mix",
     "ObjectChangedError",
     "S3Config",
+    "SampleSkippedWarning",
     "ShardFormatError",
     "ShardNotFoundError",
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "ShardWriteError",
+    "ShardWriter",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
     "StreamingDataset",
+    "TransformError",
     "__version__",
     "elastic_state",
     "plan_epoch",
@@ -65,4 +75,8 @@ def __getattr__(name: str) -> Any:
         from .dataset import StreamingDataset
 
         return StreamingDataset
+    if name == "Mix":
+        from .mix import Mix
+
+        return Mix
     raise AttributeError(f"module 'shardstream' has no attribute {name!r}")

@@ -15,6 +15,7 @@ __all__ = [
     "ManifestMismatchError",
     "ObjectChangedError",
     "Options",
+    "SampleSkippedWarning",
     "SampleStream",
     "ShardFormatError",
     "ShardList",
@@ -22,14 +23,21 @@ __all__ = [
     "ShardReadError",
     "ShardSkippedWarning",
     "ShardStreamError",
+    "ShardWriteError",
+    "ShardWriter",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
+    "TransformError",
     "__version__",
     "_rebuild_shard_list",
+    "check_mix",
     "check_state",
     "default_options",
     "default_s3_options",
+    "default_writer_options",
+    "mix_counts",
+    "mix_order",
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
@@ -75,8 +83,17 @@ class StateMismatchError(ShardStreamError):
 class StreamProcessError(ShardStreamError):
     """An iterator was used in another process than the one that started it (a forked child)."""
 
+class TransformError(ShardStreamError):
+    """The dataset's transform raised on a sample (the original exception is its __cause__)."""
+
+class ShardWriteError(ShardStreamError):
+    """Writing a shard or its manifest failed; the shard was not left behind half-written."""
+
 class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
+
+class SampleSkippedWarning(ShardSkippedWarning):
+    """A sample whose transform raised was skipped under on_error="warn"."""
 
 class ManifestIgnoredWarning(UserWarning):
     """A manifest.json beside the shards is not a shardstream manifest and was not used."""
@@ -88,6 +105,9 @@ class Counters:
     def __new__(cls) -> Counters: ...
     def snapshot(self) -> dict[str, int]:
         """The counters as a dict of name to value."""
+    def count_skipped(self) -> None:
+        """Counts one sample skipped under ``on_error="warn"`` (its transform raised) in
+        ``errors_skipped``."""
 
 @final
 class EpochTable:
@@ -136,6 +156,7 @@ class Options:
         manifest: str | os.PathLike[str] | bool | None = None,
         remainder: Literal["drop", "pad"] = "drop",
         s3: Any = None,
+        http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
         decode: bool | Mapping[str, str] | None = None,
         columns: Sequence[str] | None = None,
@@ -144,6 +165,8 @@ class Options:
         local_bytes_by_reference: bool = True,
         raise_malloc_thresholds: bool = True,
         count_samples: bool | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        model_parallel_size: int = 1,
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""
@@ -266,11 +289,65 @@ def plan_epoch(
 ) -> list[list[int]]:
     """The shard indices of every slot (``rank * num_workers + worker``) for one epoch."""
 
+def check_mix(policy: str, weights: list[float]) -> None:
+    """Checks mixture weights and a policy name, naming the bad one."""
+
+def mix_counts(policy: str, weights: list[float], available: list[int]) -> list[int]:
+    """How many samples each stream gives a slot to which the streams' plans give
+    ``available`` samples, under ``policy``."""
+
+def mix_order(
+    policy: str,
+    weights: list[float],
+    counts: list[int],
+    *,
+    seed: int,
+    epoch: int,
+    slot: int,
+    generation: int = 0,
+) -> bytes:
+    """The order in which a slot takes ``counts[s]`` samples of each stream ``s``: one
+    byte per sample, the stream's index."""
+
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""
 
 def default_s3_options() -> dict[str, Any]:
     """The defaults of the ``s3=`` options (``shardstream.S3Config`` fields)."""
+
+def default_writer_options() -> dict[str, Any]:
+    """The default of every ``ShardWriter`` option, by its keyword name."""
+
+@final
+class ShardWriter:
+    """Writes WebDataset shards (see ``shardstream.ShardWriter``)."""
+
+    def __new__(
+        cls,
+        pattern: str,
+        *,
+        max_count: int | None = 100000,
+        max_bytes: int | None = 3000000000,
+        compression: Literal["gz", "zst"] | None = None,
+        s3: Any = None,
+    ) -> ShardWriter: ...
+    def write(self, sample: dict[str, Any]) -> None:
+        """Writes one sample: a dict with ``__key__`` (str) and its fields."""
+    def close(self) -> None:
+        """Completes the open shard and the manifest."""
+    def abort(self) -> None:
+        """Abandons the open shard; completed shards and their manifest stay."""
+    def __len__(self) -> int:
+        """Samples written."""
+    @property
+    def shards(self) -> int:
+        """Shards completed."""
+    @property
+    def shard_urls(self) -> list[str]:
+        """URLs (or paths) of the completed shards."""
+    @property
+    def manifest_url(self) -> str:
+        """Where the manifest is written."""
 
 def raise_malloc_thresholds() -> bool:
     """Sets glibc's mmap threshold to 32 MiB and trim threshold to 64 MiB in

@@ -7,7 +7,7 @@ import functools
 import json
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import DupFd, ForkingPickler
 from typing import TYPE_CHECKING, Any
 
@@ -18,9 +18,11 @@ from ._core import (
     Counters,
     EpochTable,
     Options,
+    SampleSkippedWarning,
     SampleStream,
     ShardList,
     StateMismatchError,
+    TransformError,
     check_state,
     raise_malloc_thresholds,
 )
@@ -44,7 +46,8 @@ class StreamingDataset(IterableDataset[Any]):
     object, its body under its extension (``bytes`` when it has none).
 
     Args:
-        urls: a path, ``file://`` URL, brace pattern
+        urls: a path, ``file://``, ``s3://``, ``http(s)://`` or
+            ``hf://datasets/ORG/NAME[@REVISION]/PATH`` URL, brace pattern
             (``data/shard-{000000..000127}.tar``) or directory (its ``*.tar``,
             ``*.tar.gz``, ``*.tgz`` and ``*.tar.zst`` files, sorted), or a list
             of them. gzip and zstd shards are decoded as they stream, told by
@@ -75,6 +78,11 @@ class StreamingDataset(IterableDataset[Any]):
             last rank up with the epoch's first samples.
         s3: how to reach ``s3://`` shards (``shardstream.S3Config`` or a dict
             of its fields); the client is made in each DataLoader worker.
+            Its timeouts, retries, part size and concurrency apply to
+            ``http(s)://`` and Hub shards too.
+        http_headers: headers of every ``http(s)://`` request (a dict of
+            str to str, e.g. ``{"Authorization": "Bearer ..."}``), sent to
+            the shard's own host only, never shown in a repr or an error.
         format: ``"auto"`` (Parquet for ``*.parquet`` names, tar otherwise),
             ``"tar"``, ``"parquet"`` (each row group is a unit of the plan,
             each row a sample) or ``"raw"`` (every file or object is one
@@ -109,6 +117,21 @@ class StreamingDataset(IterableDataset[Any]):
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
+        transform: a function applied to each item the dataset yields, in
+            the process that iterates (the DataLoader worker): to each
+            sample, or, with ``batch_size`` or ``batch_format="arrow"``, to
+            each batch, after Rust collation. Its result is what the
+            iteration yields. An exception in it raises ``TransformError``
+            naming the shard and key (the exception as its ``__cause__``);
+            with ``on_error="warn"`` the item is skipped instead, with a
+            ``SampleSkippedWarning``, and counted in ``errors_skipped``.
+            DataLoader workers started with ``spawn`` or ``forkserver``
+            need it picklable (a module-level function, not a lambda).
+        model_parallel_size: ranks per model-parallel (tensor or context
+            parallel) group: ranks ``g * size`` to ``(g + 1) * size - 1``
+            form data-parallel rank ``g`` of ``world_size // size``, and
+            receive the same samples in the same order; each sample is read
+            once per data-parallel group. ``world_size`` must be a multiple.
     """
 
     def __init__(
@@ -171,6 +194,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._resume: str | None = None
         self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
+        self._pipe_worker: tuple[int, int] | None = None
 
     @property
     def shards(self) -> list[tuple[str, int | None]]:
@@ -187,8 +211,8 @@ class StreamingDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch of this process's next iteration (in a DataLoader
         worker, of that worker's). Setting it is ``set_epoch``."""
-        info = get_worker_info()
-        return int(self._epochs.get(info.id if info is not None else 0))
+        entry = self._worker_entry()
+        return int(self._epochs.get(entry[0] if entry is not None else 0))
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
@@ -219,15 +243,36 @@ class StreamingDataset(IterableDataset[Any]):
         sharing the epoch table when called outside a DataLoader worker; in
         a worker, of this worker (and of the worker ids its DataLoader does
         not use, so that a later DataLoader with more workers agrees)."""
-        info = get_worker_info()
-        if info is None:
+        entry = self._worker_entry()
+        if entry is None:
             self._epochs.set_all(epoch)
         else:
-            self._epochs.set_worker(info.id, info.num_workers, epoch)
+            self._epochs.set_worker(entry[0], entry[1], epoch)
+
+    def _worker_entry(self) -> tuple[int, int] | None:
+        """``(worker_id, num_workers)`` of this process when it is a
+        DataLoader worker, or a DataLoader2 worker (set by
+        ``shardstream.datapipes``): its entry of the epoch table. ``None``
+        elsewhere."""
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else self._pipe_worker
 
     def distributed_slot(self) -> tuple[int, int]:
-        """``(rank, world_size)``: explicit arguments, else torch.distributed,
-        else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
+        """``(rank, world_size)`` of the data: with ``model_parallel_size``
+        of 1 the process's own, else its data-parallel group's (see
+        ``process_slot`` and the option)."""
+        rank, world_size = self.process_slot()
+        group = int(self.options["model_parallel_size"])
+        if world_size % group:
+            raise ValueError(
+                f"invalid option model_parallel_size: {group} does not divide "
+                f"world_size {world_size}"
+            )
+        return rank // group, world_size // group
+
+    def process_slot(self) -> tuple[int, int]:
+        """``(rank, world_size)`` of this process: explicit arguments, else
+        torch.distributed, else ``RANK``/``WORLD_SIZE``, else ``(0, 1)``."""
         if dist.is_available() and dist.is_initialized():
             auto_rank, auto_world = dist.get_rank(), dist.get_world_size()
         else:
@@ -280,7 +325,10 @@ class StreamingDataset(IterableDataset[Any]):
         self._set_next_epoch(stream.epoch + 1)
         self._resume = self._resume_epoch = None
         self._stream = stream
-        return stream
+        transform = self.options["transform"]
+        if transform is None:
+            return stream
+        return _Transformed(stream, transform, self.options["on_error"] == "warn", self._counters)
 
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's stream as of the last sample it handed
@@ -332,6 +380,16 @@ class StreamingDataset(IterableDataset[Any]):
         if world_size > 1:
             # torch.distributed was set up after construction.
             self.shard_list.count_samples()
+        return self.slot_stream(epoch, self._resume, (rank, world_size, worker_id, num_workers))
+
+    def slot_stream(
+        self, epoch: int, resume: str | None, slot: tuple[int, int, int, int]
+    ) -> SampleStream:
+        """The stream of ``slot`` (``(rank, world_size, worker_id,
+        num_workers)``) for ``epoch``, or for ``resume`` (a state's JSON),
+        counting in this dataset's counters; its threads start at the first
+        ``next()``. ``shardstream.Mix`` opens its streams with it."""
+        rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:
@@ -343,7 +401,7 @@ class StreamingDataset(IterableDataset[Any]):
             rank=rank,
             num_workers=num_workers,
             worker_id=worker_id,
-            resume=self._resume,
+            resume=resume,
             counters=self._counters,
             local_bytes=(
                 functools.partial(LocalBytes, raise_malloc_thresholds=raise_thresholds)
@@ -362,6 +420,18 @@ class StreamingDataset(IterableDataset[Any]):
         return self._counters.snapshot()
 
     def __getstate__(self) -> dict[str, Any]:
+        transform = self.options["transform"]
+        if transform is not None:
+            # A lambda would otherwise fail deep in the pickler, naming no option.
+            try:
+                ForkingPickler.dumps(transform)
+            except Exception as error:
+                raise TypeError(
+                    f"invalid option transform: {transform!r} cannot be pickled, and DataLoader "
+                    "workers started with spawn or forkserver (and any pickled copy of the "
+                    "dataset) need it: define it at module level instead of as a lambda or a "
+                    f"nested function ({type(error).__name__}: {error})"
+                ) from error
         state = self.__dict__.copy()
         state["_stream"] = None
         return state
@@ -374,6 +444,58 @@ class StreamingDataset(IterableDataset[Any]):
             f"shuffle_shards={o['shuffle_shards']}, shuffle_buffer={o['shuffle_buffer']}, "
             f"epoch={self.epoch}, on_error={o['on_error']!r})"
         )
+
+
+class _Transformed:
+    """A slot's stream with the dataset's transform applied to each item.
+    ``StreamingDataset.state_dict`` reads the stream itself, so a resume
+    is as exact as without a transform."""
+
+    __slots__ = ("_counters", "_skip", "_stream", "_transform")
+
+    def __init__(
+        self,
+        stream: SampleStream,
+        transform: Callable[[Any], Any],
+        skip: bool,
+        counters: Counters,
+    ) -> None:
+        self._stream = stream
+        self._transform = transform
+        self._skip = skip
+        self._counters = counters
+
+    def __iter__(self) -> _Transformed:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            item = next(self._stream)
+            # Named before the call: the transform may change the item.
+            where = _where(item)
+            try:
+                return self._transform(item)
+            except Exception as error:
+                message = f"transform raised on {where}: {type(error).__name__}: {error}"
+                if not self._skip:
+                    raise TransformError(message) from error
+                self._counters.count_skipped()
+                warnings.warn(f"skipped {message}", SampleSkippedWarning, stacklevel=2)
+
+
+def _where(item: Any) -> str:
+    """The sample (its key and shard) or batch an item is, in words."""
+    if isinstance(item, dict):
+        key, url = item.get("__key__"), item.get("__url__")
+        if key is not None and not isinstance(key, list):
+            return f"sample {key!r} of shard {url}"
+        if isinstance(key, list) and isinstance(url, list) and key and len(url) == len(key):
+            return (
+                f"a batch of {len(key)} samples, from sample {key[0]!r} of shard {url[0]} "
+                f"to sample {key[-1]!r} of shard {url[-1]}"
+            )
+    rows = getattr(item, "num_rows", None)
+    return f"a record batch of {rows} rows" if rows is not None else f"a {type(item).__name__}"
 
 
 def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:

@@ -8,7 +8,7 @@ core in step.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
 from .s3 import S3Config
@@ -20,6 +20,7 @@ __all__ = [
     "Format",
     "OnError",
     "Remainder",
+    "WriterOptions",
 ]
 
 OnError = Literal["raise", "warn"]
@@ -43,6 +44,7 @@ class DatasetOptions(TypedDict, total=False):
     manifest: str | os.PathLike[str] | bool | None
     remainder: Remainder
     s3: S3Config | Mapping[str, Any] | None
+    http_headers: Mapping[str, str] | None
     format: Format
     decode: bool | Mapping[str, Decoder] | None
     columns: Sequence[str] | None
@@ -51,3 +53,14 @@ class DatasetOptions(TypedDict, total=False):
     local_bytes_by_reference: bool
     raise_malloc_thresholds: bool
     count_samples: bool | None
+    transform: Callable[[Any], Any] | None
+    model_parallel_size: int
+
+
+class WriterOptions(TypedDict, total=False):
+    """The keyword options of ``ShardWriter`` (see its docstring)."""
+
+    max_count: int | None
+    max_bytes: int | None
+    compression: Literal["gz", "zst"] | None
+    s3: S3Config | Mapping[str, Any] | None

@@ -10,6 +10,7 @@ use crate::location::Location;
 pub fn split_object_url(url: &str) -> (String, String) {
     let path = match Location::parse(url) {
         Location::S3 { key, .. } => key,
+        Location::Http(url) => crate::location::url_path(&url),
         Location::Local(path) => path.to_string_lossy().into_owned(),
     };
     let name_start = path.rfind('/').map_or(0, |i| i + 1);

@@ -2,6 +2,7 @@
 //! ordered work units of every slot. No I/O, no clocks, no global state.
 
 pub mod cut;
+pub mod mix;
 pub mod order;
 pub mod slot;
 

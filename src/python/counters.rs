@@ -32,6 +32,12 @@ impl Counters {
         Ok(dict)
     }
 
+    /// Counts one sample skipped under `on_error="warn"` (its transform
+    /// raised) in `errors_skipped`.
+    fn count_skipped(&self) {
+        self.inner.add(stats::Counter::ErrorsSkipped, 1);
+    }
+
     /// Pickling (spawned workers) gives fresh counters: only forked
     /// processes share them.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, ())> {

@@ -1,6 +1,6 @@
 //! Python exception classes and the one conversion from [`Error`] to them.
 
-use pyo3::exceptions::{PyException, PyUserWarning, PyValueError};
+use pyo3::exceptions::{PyException, PyTypeError, PyUserWarning, PyValueError};
 use pyo3::{create_exception, PyErr};
 
 use crate::error::Error;
@@ -79,9 +79,28 @@ create_exception!(
 );
 create_exception!(
     shardstream._core,
+    TransformError,
+    ShardStreamError,
+    "The dataset's transform raised on a sample (the original exception is its __cause__)."
+);
+create_exception!(
+    shardstream._core,
+    ShardWriteError,
+    ShardStreamError,
+    "Writing a shard or its manifest failed; the shard was not left behind half-written."
+);
+create_exception!(
+    shardstream._core,
     ShardSkippedWarning,
     PyUserWarning,
     "A bad shard was skipped under on_error=\"warn\"."
+);
+
+create_exception!(
+    shardstream._core,
+    SampleSkippedWarning,
+    ShardSkippedWarning,
+    "A sample whose transform raised was skipped under on_error=\"warn\"."
 );
 
 /// The `ShardStreamError` for a panic caught at the binding boundary: a
@@ -126,5 +145,10 @@ pub fn to_py(error: Error) -> PyErr {
         Error::ManifestMismatch { .. } => ManifestMismatchError::new_err(message),
         Error::StateMismatch(_) => StateMismatchError::new_err(message),
         Error::Stopped(_) => ShardStreamError::new_err(message),
+        Error::InvalidSample {
+            wrong_type: true, ..
+        } => PyTypeError::new_err(message),
+        Error::InvalidSample { .. } => PyValueError::new_err(message),
+        Error::Write { .. } => ShardWriteError::new_err(message),
     }
 }

@@ -8,9 +8,11 @@ mod epoch_table;
 mod errors;
 mod functions;
 mod malloc;
+mod mix;
 mod options;
 mod sample_stream;
 mod shard_list;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -32,20 +34,25 @@ mod _core {
     #[pymodule_export]
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
-        ManifestMismatchError, ObjectChangedError, ShardFormatError, ShardNotFoundError,
-        ShardReadError, ShardSkippedWarning, ShardStreamError, StateMismatchError,
-        StorageAuthError, StreamProcessError,
+        ManifestMismatchError, ObjectChangedError, SampleSkippedWarning, ShardFormatError,
+        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError, ShardWriteError,
+        StateMismatchError, StorageAuthError, StreamProcessError, TransformError,
     };
     #[pymodule_export]
     use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
-    use super::options::{default_options, default_s3_options, Options};
+    use super::mix::{check_mix, mix_counts, mix_order};
+    #[pymodule_export]
+    use super::options::{default_options, default_s3_options, default_writer_options, Options};
     #[pymodule_export]
     use super::sample_stream::SampleStream;
     #[pymodule_export]
     use super::shard_list::{_rebuild_shard_list, ShardList};
+
+    #[pymodule_export]
+    use super::writer::ShardWriter;
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

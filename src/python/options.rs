@@ -11,14 +11,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
-use crate::config::{FieldDecoders, OnError, S3Options, StreamOptions, TableOutput};
+use crate::compression::Compression;
+use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
+use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 19] = [
+pub const OPTION_NAMES: [&str; 22] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -30,6 +32,7 @@ pub const OPTION_NAMES: [&str; 19] = [
     "manifest",
     "remainder",
     "s3",
+    "http_headers",
     "format",
     "decode",
     "columns",
@@ -38,6 +41,8 @@ pub const OPTION_NAMES: [&str; 19] = [
     "local_bytes_by_reference",
     "raise_malloc_thresholds",
     "count_samples",
+    "transform",
+    "model_parallel_size",
 ];
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
@@ -73,6 +78,59 @@ pub struct Options {
     pub(crate) count_samples: Option<bool>,
     /// The keywords as given, for pickling.
     given: Py<PyDict>,
+}
+
+/// The names of the `ShardWriter` options, in documentation order.
+pub const WRITER_OPTION_NAMES: [&str; 4] = ["max_count", "max_bytes", "compression", "s3"];
+
+/// Parses the `ShardWriter` options in `given` (any subset of
+/// [`WRITER_OPTION_NAMES`]; the others take [`WriterOptions::default`]'s
+/// values). `max_count` and `max_bytes` take `None` for no limit;
+/// `compression` is `None` (as the pattern's suffix says), `"gz"` or
+/// `"zst"`; `s3` is as for datasets. Ranges are checked when the writer is
+/// made, naming the option.
+pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<WriterOptions> {
+    let mut o = WriterOptions::default();
+    let Some(given) = given else {
+        return Ok(o);
+    };
+    for (key, value) in given.iter() {
+        let name: String = key.extract()?;
+        let limit = |value: &Bound<'_, PyAny>| -> PyResult<Option<u64>> {
+            if value.is_none() {
+                Ok(None)
+            } else {
+                integer(&name, value).map(Some)
+            }
+        };
+        match name.as_str() {
+            "max_count" => o.max_count = limit(&value)?,
+            "max_bytes" => o.max_bytes = limit(&value)?,
+            "compression" => {
+                o.compression = if value.is_none() {
+                    None
+                } else {
+                    match string(&name, &value)?.as_str() {
+                        "gz" | "gzip" => Some(Compression::Gzip),
+                        "zst" | "zstd" => Some(Compression::Zstd),
+                        other => {
+                            return Err(PyValueError::new_err(format!(
+                                "invalid option compression: expected None, \"gz\" or \"zst\", got {other:?}"
+                            )))
+                        }
+                    }
+                }
+            }
+            "s3" => o.s3 = s3_options(&value)?,
+            other => {
+                return Err(PyTypeError::new_err(format!(
+                    "unknown option {other:?} (expected one of: {})",
+                    WRITER_OPTION_NAMES.join(", ")
+                )))
+            }
+        }
+    }
+    Ok(o)
 }
 
 /// An option's value of the wrong type or out of range.
@@ -196,6 +254,53 @@ fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
     Ok(o)
 }
 
+/// `http_headers=`: `None` or a dict of header name to value (both str),
+/// checked at once; errors name the header, never its value.
+fn http_headers(value: &Bound<'_, PyAny>) -> PyResult<HttpHeaders> {
+    let name = "http_headers";
+    if value.is_none() {
+        return Ok(HttpHeaders::default());
+    }
+    let dict = value
+        .cast::<PyDict>()
+        .map_err(|_| invalid(name, "None or a dict of str to str", value))?;
+    let mut headers = Vec::with_capacity(dict.len());
+    for (key, item) in dict.iter() {
+        let Ok(key) = key.extract::<String>() else {
+            return Err(invalid(name, "a dict with str keys", &key));
+        };
+        if !item.is_instance_of::<PyString>() {
+            let type_name = item
+                .get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_else(|_| "?".into());
+            return Err(PyTypeError::new_err(format!(
+                "invalid option http_headers: the value of {key:?} must be a str, got a {type_name}"
+            )));
+        }
+        headers.push((key, item.extract::<String>()?));
+    }
+    let headers = HttpHeaders(headers);
+    headers.validate().map_err(to_py)?;
+    Ok(headers)
+}
+
+/// The repr of option `key`'s `value`: header values are hidden.
+fn shown(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    match value.cast::<PyDict>() {
+        Ok(headers) if key == "http_headers" => {
+            let names = headers
+                .keys()
+                .iter()
+                .map(|k| Ok(format!("{}: '<hidden>'", k.repr()?)))
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok(format!("{{{}}}", names.join(", ")))
+        }
+        _ => Ok(value.repr()?.to_string()),
+    }
+}
+
 /// `decode=`: `True` (defaults by extension), a dict of field name to
 /// decoder name, or `None`/`False` (none).
 fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
@@ -291,7 +396,8 @@ impl Options {
         let given = self.given.bind(py);
         let mut parts = Vec::with_capacity(given.len());
         for (key, value) in given.iter() {
-            parts.push(format!("{}={}", key, value.repr()?));
+            let key: String = key.extract()?;
+            parts.push(format!("{key}={}", shown(&key, &value)?));
         }
         Ok(format!("Options({})", parts.join(", ")))
     }
@@ -306,6 +412,7 @@ impl Options {
         let mut batch_size = None;
         let mut table_output = TableOutput::Rows;
         let mut count_samples = None;
+        let mut headers = None;
         for (key, value) in given.iter() {
             let name: String = key.extract()?;
             builder = match name.as_str() {
@@ -321,6 +428,10 @@ impl Options {
                 "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
                 "remainder" => builder.with_remainder(choice::<Remainder>(&name, &value)?),
                 "s3" => builder.with_s3(s3_options(&value)?),
+                "http_headers" => {
+                    headers = Some(http_headers(&value)?);
+                    builder
+                }
                 "decode" => builder.with_decode(field_decoders(&value)?),
                 "columns" => {
                     let columns = if value.is_none() {
@@ -379,6 +490,24 @@ impl Options {
                     }
                     builder
                 }
+                // Called by the Python side, in the process that iterates.
+                "transform" => {
+                    if !value.is_none() && !value.is_callable() {
+                        return Err(invalid(&name, "a callable or None", &value));
+                    }
+                    builder
+                }
+                // Ranks per model-parallel group, read by the Python side:
+                // consecutive ranks `g * size .. (g + 1) * size` read the
+                // same samples, as data-parallel rank `g`.
+                "model_parallel_size" => {
+                    if integer::<usize>(&name, &value)? == 0 {
+                        return Err(PyValueError::new_err(
+                            "invalid option model_parallel_size: expected an int of at least 1, got 0",
+                        ));
+                    }
+                    builder
+                }
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
@@ -386,6 +515,9 @@ impl Options {
                     )))
                 }
             };
+        }
+        if let Some(headers) = headers {
+            builder = builder.with_http_headers(headers);
         }
         builder = builder.with_table_output(table_output);
         if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
@@ -428,6 +560,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("manifest", py.None())?;
     dict.set_item("remainder", "drop")?;
     dict.set_item("s3", py.None())?;
+    dict.set_item("http_headers", py.None())?;
     dict.set_item("format", "auto")?;
     dict.set_item("decode", py.None())?;
     dict.set_item("columns", py.None())?;
@@ -436,6 +569,8 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("local_bytes_by_reference", true)?;
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
+    dict.set_item("transform", py.None())?;
+    dict.set_item("model_parallel_size", 1)?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }
@@ -464,5 +599,18 @@ pub fn default_s3_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("part_size", o.part_size)?;
     dict.set_item("max_concurrency", o.max_concurrency)?;
     debug_assert_eq!(dict.len(), S3_OPTION_NAMES.len());
+    Ok(dict)
+}
+
+/// The default of every `ShardWriter` option, by its keyword name.
+#[pyfunction]
+pub fn default_writer_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let o = WriterOptions::default();
+    let dict = PyDict::new(py);
+    dict.set_item("max_count", o.max_count)?;
+    dict.set_item("max_bytes", o.max_bytes)?;
+    dict.set_item("compression", py.None())?;
+    dict.set_item("s3", py.None())?;
+    debug_assert_eq!(dict.len(), WRITER_OPTION_NAMES.len());
     Ok(dict)
 }

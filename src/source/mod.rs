@@ -2,12 +2,16 @@
 //! its own runtime, running ahead of the parser across shard boundaries
 //! within a byte budget, and hands each shard over, in order, as a
 //! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait). Local
-//! files are read one after another; up to `max_concurrency` S3 objects are
-//! fetched at once, each within its own share of the budget, so a slow
-//! first byte or a per-connection bandwidth limit is paid in parallel.
+//! files are read one after another; up to `max_concurrency` S3 objects
+//! (or HTTP(S) resources) are fetched at once, each within its own share of
+//! the budget, so a slow first byte or a per-connection bandwidth limit is
+//! paid in parallel. A new remote source implements
+//! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
+pub mod http;
 mod local;
-mod s3;
+mod ranged;
+pub(crate) mod s3;
 
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
 
@@ -186,6 +190,7 @@ impl ReadAhead {
             budget_total,
             s3_options: Arc::new(options.s3),
             s3: Arc::new(tokio::sync::OnceCell::new()),
+            http: Arc::new(std::sync::OnceLock::new()),
         };
         let urls = units.iter().map(|u| u.url.clone()).collect();
         runtime.spawn(task.run(units, shard_tx));
@@ -255,6 +260,8 @@ struct Fetcher {
     s3_options: Arc<S3Options>,
     /// Made at the first S3 unit, in the reading process.
     s3: Arc<tokio::sync::OnceCell<Arc<s3::S3Client>>>,
+    /// Made at the first HTTP(S) unit, in the reading process.
+    http: Arc<std::sync::OnceLock<std::result::Result<Arc<http::HttpClient>, String>>>,
 }
 
 impl Fetcher {
@@ -264,7 +271,7 @@ impl Fetcher {
         let mut in_flight = VecDeque::new();
         for unit in units {
             let ahead = match unit.location {
-                Location::S3 { .. } => self.s3_options.max_concurrency.max(1),
+                Location::S3 { .. } | Location::Http(_) => self.s3_options.max_concurrency.max(1),
                 Location::Local(_) => 1,
             };
             while in_flight.len() >= ahead {
@@ -327,6 +334,22 @@ impl Fetcher {
                     .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
                     .await;
                 s3::read_object(self, client, unit, (bucket, key), chunk_tx).await?
+            }
+            Location::Http(_) => {
+                let client = self
+                    .http
+                    .get_or_init(|| http::HttpClient::new(&self.s3_options).map(Arc::new));
+                match client {
+                    Ok(client) => http::read_resource(self, client, unit, chunk_tx).await?,
+                    Err(reason) => {
+                        let _ = chunk_tx.send(Err(Error::Read {
+                            url: unit.url.clone(),
+                            offset: unit.range.as_ref().map_or(0, |r| r.start),
+                            source: std::io::Error::other(reason.clone()),
+                        }));
+                        return Ok(());
+                    }
+                }
             }
         }
         chunk_tx.finish();
@@ -407,22 +430,40 @@ fn with_s3_client<T>(
     result
 }
 
-/// Fills in the size and ETag of the S3 shards that lack a size (HEAD each).
-pub fn describe_s3_objects(options: &S3Options, shards: &mut [Shard]) -> Result<()> {
-    let unknown = |s: &Shard| s.size.is_none() && matches!(s.location(), Location::S3 { .. });
-    if !shards.iter().any(unknown) {
-        return Ok(());
+/// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
+/// size (a HEAD of each S3 object, a GET of each resource's first byte).
+pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Result<()> {
+    let unknown = |s: &Shard, http: bool| {
+        s.size.is_none()
+            && match s.location() {
+                Location::S3 { .. } => !http,
+                Location::Http(_) => http,
+                Location::Local(_) => false,
+            }
+    };
+    if shards.iter().any(|s| unknown(s, false)) {
+        with_s3_client(options, async |client| {
+            for shard in shards.iter_mut().filter(|s| unknown(s, false)) {
+                if let Location::S3 { bucket, key } = shard.location() {
+                    let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
+                    shard.size = Some(size);
+                    shard.etag = etag;
+                }
+            }
+            Ok(())
+        })?;
     }
-    with_s3_client(options, async |client| {
-        for shard in shards.iter_mut().filter(|s| unknown(s)) {
-            if let Location::S3 { bucket, key } = shard.location() {
-                let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
+    if shards.iter().any(|s| unknown(s, true)) {
+        http::with_http_client(options, async |client| {
+            for shard in shards.iter_mut().filter(|s| unknown(s, true)) {
+                let (size, etag) = client.describe(&shard.url).await?;
                 shard.size = Some(size);
                 shard.etag = etag;
             }
-        }
-        Ok(())
-    })
+            Ok(())
+        })?;
+    }
+    Ok(())
 }
 
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
@@ -567,13 +608,13 @@ fn wait_for<T>(
 }
 
 /// The bytes `unit` must deliver, when that is known before reading: the
-/// length of the range asked for, or an S3 object's listed size (which an
-/// S3 read also checks against the object's own). A whole local file has
+/// length of the range asked for, or an S3 object's (HTTP resource's)
+/// listed size (which the read also checks against the object's own). A whole local file has
 /// none here: a pipe or device reports no size of its own.
 fn expected_len(unit: &FetchUnit) -> Option<u64> {
     match (&unit.range, &unit.location) {
         (Some(range), _) => Some(range.end.saturating_sub(range.start)),
-        (None, Location::S3 { .. }) => unit.size,
+        (None, Location::S3 { .. } | Location::Http(_)) => unit.size,
         (None, Location::Local(_)) => None,
     }
 }

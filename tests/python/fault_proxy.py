@@ -64,6 +64,8 @@ class Faults:
         short_on_range: answer each of the first k GETs whose Range starts
             after byte 0 with a ``206`` holding the first half of the bytes
             asked for, its Content-Range and Content-Length saying so.
+        write_slowdown_every: answer every k-th PUT or POST (uploads,
+            counted apart from GETs) with 503 SlowDown, after reading its body.
     """
 
     slowdown_every: int = 0
@@ -82,6 +84,7 @@ class Faults:
     shifted_on_range: int = 0
     shift_bytes: int = 1000
     short_on_range: int = 0
+    write_slowdown_every: int = 0
 
 
 @dataclass
@@ -104,6 +107,9 @@ class Injected:
     active: int = 0
     max_active: int = 0
     ranged_gets: list[tuple[str, str | None]] = field(default_factory=list)
+    # PUTs and POSTs, and the ones answered with 503 SlowDown.
+    writes: int = 0
+    write_slowdowns: int = 0
 
 
 @dataclass
@@ -179,6 +185,11 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             whose Range starts after byte 0 (0 for the others)."""
             proxy = proxy_ref[0]
             with proxy.lock:
+                if self.command in ("PUT", "POST"):
+                    proxy.injected.writes += 1
+                    every = proxy.faults.write_slowdown_every
+                    faults = Faults(bandwidth=proxy.faults.bandwidth, write_slowdown_every=every)
+                    return faults, proxy.injected.writes, 0
                 if self.command not in ("GET", "HEAD"):
                     return Faults(bandwidth=proxy.faults.bandwidth), 0, 0
                 proxy.injected.gets += 1
@@ -258,6 +269,16 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
 
         def _handle(self) -> None:
             faults, n, later = self._decide()
+            if self.command in ("PUT", "POST") and _every(faults.write_slowdown_every, n):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                self._count("write_slowdowns")
+                self.send_response_only(503, "Slow Down")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(SLOWDOWN_BODY)))
+                self.end_headers()
+                self.wfile.write(SLOWDOWN_BODY)
+                return
             if _every(faults.reset_every, n):
                 self._count("resets")
                 self.close_connection = True

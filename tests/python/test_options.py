@@ -95,7 +95,11 @@ def test_options_round_trip_through_pickle():
         ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
         ({"s3": 5}, TypeError, ["s3", "S3Config"]),
         ({"local_bytes_by_reference": None}, TypeError, ["local_bytes_by_reference"]),
+        ({"transform": "upper"}, TypeError, ["transform", "a callable or None", "'upper'"]),
         ({"shuffle_bufer": 10}, TypeError, ["shuffle_bufer", "shuffle_buffer"]),
+        ({"model_parallel_size": 0}, ValueError, ["model_parallel_size", "at least 1"]),
+        ({"model_parallel_size": 2.0}, TypeError, ["model_parallel_size", "an int"]),
+        ({"model_parallel_size": 2, "world_size": 3}, ValueError, ["model_parallel_size", "3"]),
     ],
 )
 def test_bad_options_are_refused_at_construction(dataset, options, error, words):

@@ -1,0 +1,622 @@
+"""``Mix``: a weighted mixture of ``StreamingDataset`` streams, with exact and
+elastic resume (see ``docs/mixing.md``)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+from ._core import (
+    DatasetSpecError,
+    EpochTable,
+    SampleStream,
+    ShardStreamError,
+    StateMismatchError,
+    check_mix,
+    mix_counts,
+    mix_order,
+)
+from .dataset import StreamingDataset
+
+__all__ = ["MIX_FORMAT", "Mix"]
+
+MIX_FORMAT = "shardstream.mix"
+MIX_VERSION = 1
+# Pass ``p`` (a restart) of a stream in mixture epoch ``e`` reads the
+# stream's epoch ``e + p * PASS_STRIDE``: pass 0 is the stream's epoch ``e``.
+PASS_STRIDE = 1 << 32
+# The most passes over one stream in one epoch under ``policy="restart"``.
+MAX_PASSES = 1024
+
+_Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
+
+
+def _available(stream: SampleStream) -> int:
+    """Samples a slot's stream gives (its units all have sample bounds: a
+    mixture needs sample counts)."""
+    total = 0
+    for _, start, end in stream.units:
+        if start is None or end is None:
+            raise ShardStreamError("a mixture's stream planned a whole shard without its count")
+        total += end - start
+    return total
+
+
+@dataclass
+class _SlotPlan:
+    """A slot's mixture for one epoch: each stream's first pass, the samples
+    of each of its passes, its count and the order."""
+
+    base: list[int]
+    passes: list[list[int]]
+    counts: list[int]
+    order: bytes
+    first: list[SampleStream] = field(repr=False)
+
+
+class Mix(IterableDataset[Any]):
+    """A weighted mixture of ``StreamingDataset`` streams.
+
+    Each stream keeps its own plan (its shards split across ranks and
+    workers before any byte is read, each sample once per stream epoch);
+    the order in which a slot takes samples from the streams is computed in
+    Rust from ``(seed, epoch, slot)``. Every data-parallel rank takes the
+    same number of samples, so DDP never waits on a rank that ran out.
+
+    Args:
+        datasets: the streams, ``StreamingDataset`` objects with the same
+            layout arguments (``rank``, ``world_size``, ``model_parallel_size``,
+            ...) and sample counts (local tar shards are counted, others need a
+            manifest). Their own ``seed`` and shuffle options shape their plans.
+        weights: one non-negative weight per stream (normalised; equal by
+            default).
+        policy: when a stream runs out, ``"stop"`` ends the epoch (the
+            other streams' rest is left unread), ``"restart"`` starts it again
+            with its next epoch order until the longest-lasting stream is
+            done, ``"continue"`` goes on with the others, weights
+            renormalised, until every stream is done.
+        seed: seed of the mixture order (the first stream's ``seed`` by
+            default).
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence[StreamingDataset],
+        weights: Sequence[float] | None = None,
+        *,
+        policy: str = "stop",
+        seed: int | None = None,
+    ) -> None:
+        super().__init__()
+        datasets = list(datasets)
+        if not datasets or not all(isinstance(d, StreamingDataset) for d in datasets):
+            raise TypeError("datasets must be a non-empty list of shardstream.StreamingDataset")
+        if not isinstance(policy, str):
+            raise TypeError(f"invalid option policy: expected a str, got {policy!r}")
+        if weights is None:
+            weights = [1.0] * len(datasets)
+        weights = self._check_weights(weights, len(datasets), policy)
+        if seed is None:
+            seed = int(datasets[0].options["seed"])
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**64:
+            raise ValueError(f"invalid option seed: expected an int in 0..2**64, got {seed!r}")
+        first = datasets[0]
+        for i, ds in enumerate(datasets):
+            if ds.options.batches:
+                raise ValueError(
+                    f"stream {i} hands out batches (batch_size or batch_format); a mixture "
+                    "takes samples: batch them with the DataLoader"
+                )
+            for name in ("rank", "world_size", "num_workers", "worker_id"):
+                if getattr(ds, name) != getattr(first, name):
+                    raise ValueError(
+                        f"stream {i} has {name}={getattr(ds, name)!r}, stream 0 "
+                        f"{getattr(first, name)!r}: the streams of a mixture share one layout"
+                    )
+            if ds.options["model_parallel_size"] != first.options["model_parallel_size"]:
+                raise ValueError(
+                    f"stream {i} has model_parallel_size={ds.options['model_parallel_size']}, "
+                    f"stream 0 {first.options['model_parallel_size']}: the streams of a "
+                    "mixture share one layout"
+                )
+            ds.shard_list.count_samples()
+            if ds.shard_list.sample_counts is None:
+                raise DatasetSpecError(
+                    f"stream {i} of the mixture ({' '.join(ds.shard_list.urls[:1])}...): a "
+                    "mixture needs every shard's sample count for equal ranks and exact "
+                    "proportions; local tar shards are counted, compressed and remote ones "
+                    "need a manifest (run `shardstream index SPEC -o DIR/manifest.json`)"
+                )
+        self.datasets = datasets
+        self.weights = weights
+        self.policy = policy
+        self.seed = seed
+        self._epochs = EpochTable()
+        self._resume: tuple[str, Any, list[float] | None] | None = None
+        self._resume_epoch: int | None = None
+        self._iterator: _MixIterator | None = None
+
+    @staticmethod
+    def _check_weights(weights: Any, streams: int, policy: str) -> list[float]:
+        if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
+            raise TypeError(f"invalid option weights: expected a list of numbers, got {weights!r}")
+        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+            raise TypeError(f"invalid option weights: expected a list of numbers, got {weights!r}")
+        if len(weights) != streams:
+            raise ValueError(
+                f"invalid option weights: {len(weights)} weights for {streams} streams"
+            )
+        floats = [float(w) for w in weights]
+        check_mix(policy, floats)
+        return floats
+
+    def set_weights(self, weights: Sequence[float]) -> None:
+        """Sets the weights of the next iteration's epoch and the ones after
+        it (an iteration under way keeps its own). To change them in the
+        middle of an epoch, resume with ``load_state_dict(elastic_state,
+        weights=...)``."""
+        self.weights = self._check_weights(weights, len(self.datasets), self.policy)
+
+    # -- epochs ----------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of this process's next iteration (see
+        ``StreamingDataset.epoch``)."""
+        info = get_worker_info()
+        return int(self._epochs.get(info.id if info is not None else 0))
+
+    @epoch.setter
+    def epoch(self, epoch: int) -> None:
+        self.set_epoch(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Sets the epoch of the next iteration (then ``epoch + 1``, ...):
+        pass 0 of every stream reads that stream's epoch ``epoch``. Calling
+        it with another epoch than a pending resume's drops the resume."""
+        if not 0 <= epoch < PASS_STRIDE:
+            raise ValueError(f"epoch must be in 0..2**32, got {epoch}")
+        if epoch != self.epoch:
+            self._iterator = None
+        if self._resume_epoch is not None and epoch != self._resume_epoch:
+            self._resume = self._resume_epoch = None
+        self._set_next_epoch(epoch)
+
+    def _set_next_epoch(self, epoch: int) -> None:
+        info = get_worker_info()
+        if info is None:
+            self._epochs.set_all(epoch)
+        else:
+            self._epochs.set_worker(info.id, info.num_workers, epoch)
+
+    # -- iteration -------------------------------------------------------
+
+    def _slot(self) -> _Slot:
+        rank, world_size = self.datasets[0].distributed_slot()
+        worker_id, num_workers = self.datasets[0].worker_slot()
+        return rank, world_size, worker_id, num_workers
+
+    def _open(self, s: int, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
+        return self.datasets[s].slot_stream(epoch, resume, slot)
+
+    def _slot_plan(
+        self,
+        epoch: int,
+        generation: int,
+        resumed_from: list[dict[str, Any]] | None,
+        weights: list[float],
+        slot: _Slot,
+    ) -> _SlotPlan:
+        """The slot's mixture of ``epoch``: fresh, or of the rest of the
+        epoch that ``resumed_from`` (every slot's mixture state) left."""
+        base, passes, first = [], [], []
+        for s in range(len(self.datasets)):
+            if resumed_from is None:
+                start, resume = 0, None
+            else:
+                start = int(resumed_from[0]["streams"][s]["pass"])
+                resume = json.dumps([m["streams"][s]["state"] for m in resumed_from])
+            stream = self._open(s, epoch + start * PASS_STRIDE, resume, slot)
+            base.append(start)
+            passes.append([_available(stream)])
+            first.append(stream)
+        counts = mix_counts(self.policy, weights, [p[0] for p in passes])
+        for s, stream_passes in enumerate(passes):
+            # Restarts: the stream's next epoch orders, until the count is met.
+            while sum(stream_passes) < counts[s]:
+                if len(stream_passes) >= MAX_PASSES:
+                    raise ValueError(
+                        f"invalid option weights: stream {s} would be read more than "
+                        f"{MAX_PASSES} times in one epoch under policy='restart'"
+                    )
+                p = base[s] + len(stream_passes)
+                more = _available(self._open(s, epoch + p * PASS_STRIDE, None, slot))
+                if more == 0:
+                    counts[s] = sum(stream_passes)
+                    break
+                stream_passes.append(more)
+            if self.policy == "restart":
+                stream_passes[-1] -= sum(stream_passes) - counts[s]
+        rank, _, worker_id, num_workers = slot
+        order = mix_order(
+            self.policy,
+            weights,
+            counts,
+            seed=self.seed,
+            epoch=epoch,
+            slot=rank * num_workers + worker_id,
+            generation=generation,
+        )
+        return _SlotPlan(base, passes, counts, order, first)
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = self._open_iterator(self.epoch)
+        self._set_next_epoch(iterator.epoch + 1)
+        self._resume = self._resume_epoch = None
+        self._iterator = iterator
+        return iterator
+
+    def _open_iterator(self, epoch: int) -> _MixIterator:
+        slot = self._slot()
+        if self._resume is None:
+            plan = self._slot_plan(epoch, 0, None, self.weights, slot)
+            return _MixIterator(self, slot, epoch, 0, None, self.weights, plan)
+        kind, state, weights = self._resume
+        if kind == "exact":
+            return self._exact(state, slot)
+        return self._elastic(state, weights, slot)
+
+    # -- state -----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of this process's mixture as of the last sample it
+        handed out: the mixture's position and each stream's state."""
+        iterator = self._iterator
+        if iterator is None:
+            iterator = self._open_iterator(self.epoch)
+        return iterator.state()
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], *, weights: Sequence[float] | None = None
+    ) -> None:
+        """Resumes from a state at the next ``__iter__``.
+
+        ``state_dict`` is one slot's mixture state (``StatefulDataLoader``,
+        same layout: the rest of the epoch comes exactly as it would have),
+        or ``shardstream.elastic_state(...)`` of every slot of a job (any
+        new world size and ``num_workers``: each stream's samples not yet
+        handed out come at most once, and all of them under
+        ``policy="continue"``). ``weights`` changes the weights from here on
+        (with an elastic state: the rest of each stream is split anew, so
+        ranks stay equal); without it the state's weights are kept, and
+        must be this mixture's.
+        """
+        new_weights = (
+            None
+            if weights is None
+            else self._check_weights(weights, len(self.datasets), self.policy)
+        )
+        if not isinstance(state_dict, Mapping):
+            raise StateMismatchError(
+                f"not a shardstream.Mix state: expected a dict, got {type(state_dict).__name__}"
+            )
+        if state_dict.get("format") == "shardstream.elastic":
+            slots = state_dict.get("slots")
+            if not isinstance(slots, list) or not slots:
+                raise StateMismatchError("state field slots: expected every slot's state")
+            states = [self._check_form(s, f"slots[{i}].") for i, s in enumerate(slots)]
+            kind = "elastic"
+            epoch = int(states[0]["epoch"])
+            finished = False
+            resume: Any = states
+        else:
+            state = self._check_form(state_dict, "")
+            if new_weights is not None and new_weights != state["weights"]:
+                raise StateMismatchError(
+                    "state field weights: changing the weights at a resume splits each "
+                    "stream's rest anew, which needs every slot's state: pass "
+                    "shardstream.elastic_state(...) of the whole job"
+                )
+            kind, epoch, finished, resume = "exact", int(state["epoch"]), state["finished"], state
+        if new_weights is None:
+            saved = [s["weights"] for s in (resume if kind == "elastic" else [resume])]
+            if any(w != self.weights for w in saved):
+                raise StateMismatchError(
+                    f"state field weights: the state's weights {saved[0]} are not this "
+                    f"mixture's {self.weights}; pass weights= to change them"
+                )
+        else:
+            self.weights = new_weights
+        self._resume = (kind, resume, new_weights)
+        self._resume_epoch = epoch
+        self._iterator = None
+        self._set_next_epoch(epoch + 1 if finished else epoch)
+
+    def _check_form(self, state: Any, prefix: str) -> dict[str, Any]:
+        """Checks the mixture fields of a state (the streams' own states are
+        checked by the core when opened)."""
+
+        def bad(name: str, reason: str) -> StateMismatchError:
+            return StateMismatchError(f"state field {prefix}{name}: {reason}")
+
+        if not isinstance(state, Mapping) or state.get("format") != MIX_FORMAT:
+            raise bad("format", f"expected {MIX_FORMAT!r} (a shardstream.Mix state)")
+        if state.get("version") != MIX_VERSION:
+            raise bad("version", f"this build reads version {MIX_VERSION}")
+        ints = ("epoch", "generation", "world_size", "rank", "num_workers", "worker_id")
+        for name in (*ints, "position"):
+            value = state.get(name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise bad(name, f"expected a non-negative int, got {value!r}")
+        if state["epoch"] >= PASS_STRIDE or state["generation"] >= PASS_STRIDE:
+            raise bad("epoch", "out of range")
+        if state.get("policy") != self.policy:
+            raise bad("policy", f"{state.get('policy')!r}, this mixture's is {self.policy!r}")
+        if state.get("seed") != self.seed:
+            raise bad("seed", f"{state.get('seed')!r}, this mixture's is {self.seed}")
+        if not isinstance(state.get("finished"), bool):
+            raise bad("finished", "expected true or false")
+        weights = state.get("weights")
+        try:
+            self._check_weights(weights, len(self.datasets), self.policy)
+        except (TypeError, ValueError) as e:
+            raise bad("weights", str(e)) from None
+        streams = state.get("streams")
+        if not isinstance(streams, list) or len(streams) != len(self.datasets):
+            raise bad("streams", f"expected one entry per stream ({len(self.datasets)})")
+        for i, entry in enumerate(streams):
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("state"), Mapping):
+                raise bad(f"streams[{i}]", "expected {pass, short, state}")
+            for name in ("pass", "short"):
+                value = entry.get(name)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise bad(f"streams[{i}].{name}", f"expected a non-negative int, got {value!r}")
+            if entry["pass"] >= MAX_PASSES:
+                raise bad(f"streams[{i}].pass", f"{entry['pass']} is not below {MAX_PASSES}")
+        resumed_from = state.get("resumed_from")
+        if resumed_from is not None:
+            if not isinstance(resumed_from, list) or not resumed_from:
+                raise bad("resumed_from", "expected null or every slot's state")
+            for i, inner in enumerate(resumed_from):
+                self._check_form(inner, f"{prefix}resumed_from[{i}].")
+        return dict(state)
+
+    def _exact(self, state: dict[str, Any], slot: _Slot) -> _MixIterator:
+        """The rest of this slot's epoch from its own state."""
+        saved = (state["rank"], state["world_size"], state["worker_id"], state["num_workers"])
+        if saved != slot:
+            raise StateMismatchError(
+                f"state field rank: the state is for rank {saved[0]} worker {saved[2]} of "
+                f"{saved[1]} x {saved[3]} slots, this mixture is rank {slot[0]} worker "
+                f"{slot[2]} of {slot[1]} x {slot[3]}; load shardstream.elastic_state(...) "
+                "of every slot to resume onto another layout"
+            )
+        epoch, generation = state["epoch"], state["generation"]
+        plan = self._slot_plan(epoch, generation, state["resumed_from"], state["weights"], slot)
+        position = state["position"]
+        if position > len(plan.order):
+            raise StateMismatchError(
+                f"state field position: {position} is past the slot's {len(plan.order)} samples"
+            )
+        if state["finished"] != (position == len(plan.order)):
+            raise StateMismatchError(
+                f"state field finished: {state['finished']}, but the position is {position} of "
+                f"the slot's {len(plan.order)} samples"
+            )
+        it = _MixIterator(
+            self, slot, epoch, generation, state["resumed_from"], state["weights"], plan
+        )
+        it.position = position
+        for s, entry in enumerate(state["streams"]):
+            k = entry["pass"] - plan.base[s]
+            if not 0 <= k < len(plan.passes[s]):
+                raise StateMismatchError(
+                    f"state field streams[{s}].pass: {entry['pass']} is not a pass of the "
+                    "stream in this slot's plan"
+                )
+            produced = entry["state"].get("produced")
+            if not isinstance(produced, int) or isinstance(produced, bool):
+                raise StateMismatchError(f"state field streams[{s}].state.produced: not an int")
+            taken = plan.order.count(bytes([s]), 0, position)
+            if taken != sum(plan.passes[s][:k]) + produced + entry["short"]:
+                raise StateMismatchError(
+                    f"state field streams[{s}].state.produced: {produced}, but the mixture "
+                    f"took {taken} samples of stream {s} before position {position}"
+                )
+            stream_epoch = epoch + entry["pass"] * PASS_STRIDE
+            stream = self._open(s, stream_epoch, json.dumps(entry["state"]), slot)
+            if stream.epoch != stream_epoch:
+                raise StateMismatchError(
+                    f"state field streams[{s}].state.epoch: {stream.epoch}, expected {stream_epoch}"
+                )
+            it.passes[s], it.taken[s], it.short[s] = k, produced + entry["short"], entry["short"]
+            it.streams[s] = stream
+        return it
+
+    def _elastic(
+        self, states: list[dict[str, Any]], weights: list[float] | None, slot: _Slot
+    ) -> _MixIterator:
+        """The rest of the saved job's epoch, split anew for this layout."""
+        by_slot: dict[tuple[int, int], dict[str, Any]] = {}
+        first = states[0]
+        for i, state in enumerate(states):
+            for name in ("epoch", "generation", "world_size", "num_workers", "resumed_from"):
+                if state[name] != first[name]:
+                    raise StateMismatchError(
+                        f"state field slots[{i}].{name}: differs from slots[0]'s: the slot "
+                        "states are of different epochs, layouts or resumes"
+                    )
+            if state["weights"] != first["weights"] and weights is None:
+                raise StateMismatchError(f"state field slots[{i}].weights: differs from slots[0]'s")
+            for s, entry in enumerate(state["streams"]):
+                if entry["pass"] != first["streams"][s]["pass"]:
+                    raise StateMismatchError(
+                        f"state field slots[{i}].streams[{s}].pass: slots are in different "
+                        "passes over the stream; an elastic resume of policy='restart' needs "
+                        "every slot in the same pass (resume exactly, or save elsewhere)"
+                    )
+            key = (state["rank"], state["worker_id"])
+            if key in by_slot and by_slot[key] != state:
+                raise StateMismatchError(
+                    f"state field slots[{i}].rank: a second, different state of rank {key[0]} "
+                    f"worker {key[1]}"
+                )
+            by_slot[key] = state
+        world_size, num_workers = first["world_size"], first["num_workers"]
+        for rank in range(world_size):
+            for worker in range(num_workers):
+                if (rank, worker) not in by_slot:
+                    raise StateMismatchError(
+                        f"state field slots: elastic resume needs every one of the "
+                        f"{world_size} x {num_workers} slots (rank {rank} worker {worker} is "
+                        "missing)"
+                    )
+        if len(by_slot) != world_size * num_workers:
+            raise StateMismatchError("state field slots: a slot outside the saved layout")
+        ordered = [by_slot[key] for key in sorted(by_slot)]
+        epoch, generation = first["epoch"], first["generation"] + 1
+        if generation >= PASS_STRIDE:
+            raise StateMismatchError("state field generation: out of range")
+        mix_weights = weights if weights is not None else first["weights"]
+        plan = self._slot_plan(epoch, generation, ordered, mix_weights, slot)
+        it = _MixIterator(self, slot, epoch, generation, ordered, mix_weights, plan)
+        return it
+
+    def num_samples(self, num_workers: int | None = None) -> int:
+        """Samples this rank takes in the next epoch from ``num_workers``
+        DataLoader workers (default: the ``num_workers`` argument of the
+        streams, else 1); the same on every data-parallel rank. Under
+        ``"stop"`` it may depend on ``num_workers`` by a few samples
+        (rounding per worker)."""
+        rank, world_size, _, workers = self._slot()
+        if num_workers is not None:
+            if not isinstance(num_workers, int) or isinstance(num_workers, bool):
+                raise TypeError(f"num_workers must be an int, got {num_workers!r}")
+            if num_workers < 1:
+                raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+            workers = num_workers
+        epoch = self.epoch
+        return sum(
+            len(self._slot_plan(epoch, 0, None, self.weights, (rank, world_size, w, workers)).order)
+            for w in range(workers)
+        )
+
+    def stats(self) -> list[dict[str, int]]:
+        """Each stream's counters (see ``StreamingDataset.stats``)."""
+        return [ds.stats() for ds in self.datasets]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_iterator"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"Mix({len(self.datasets)} streams, weights={self.weights}, "
+            f"policy={self.policy!r}, seed={self.seed}, epoch={self.epoch})"
+        )
+
+
+class _MixIterator:
+    """One slot's mixture for one epoch. It holds the streams, not the
+    ``Mix`` (which holds it): no reference cycle keeps the streams' threads
+    alive once the iterator is dropped."""
+
+    def __init__(
+        self,
+        mix: Mix,
+        slot: _Slot,
+        epoch: int,
+        generation: int,
+        resumed_from: list[dict[str, Any]] | None,
+        weights: list[float],
+        plan: _SlotPlan,
+    ) -> None:
+        self.datasets = list(mix.datasets)
+        self.policy = mix.policy
+        self.seed = mix.seed
+        self.slot = slot
+        self.epoch = epoch
+        self.generation = generation
+        self.resumed_from = resumed_from
+        self.weights = weights
+        self.plan = plan
+        self.position = 0
+        n = len(plan.counts)
+        self.passes = [0] * n  # index into plan.passes[s]
+        self.taken = [0] * n  # samples taken (or short) of the current pass
+        self.short = [0] * n  # of those, missing: the pass ended early
+        self.streams: list[SampleStream] = list(plan.first)
+        plan.first.clear()
+        # The state at the end of the slot's order, once it is reached: the
+        # streams (with threads reading ahead under "stop") are let go.
+        self.final: dict[str, Any] | None = None
+
+    def __iter__(self) -> _MixIterator:
+        return self
+
+    def _next_pass(self, s: int) -> None:
+        self.passes[s] += 1
+        self.taken[s] = self.short[s] = 0
+        p = self.plan.base[s] + self.passes[s]
+        self.streams[s] = self.datasets[s].slot_stream(
+            self.epoch + p * PASS_STRIDE, None, self.slot
+        )
+
+    def __next__(self) -> Any:
+        order, taken, streams = self.plan.order, self.taken, self.streams
+        while self.position < len(order):
+            s = order[self.position]
+            if taken[s] >= self.plan.passes[s][self.passes[s]]:
+                self._next_pass(s)
+            try:
+                sample = next(streams[s])
+            except StopIteration:
+                # Fewer samples than planned: a shard was skipped under
+                # on_error="warn". The slot goes on without them.
+                self.short[s] += 1
+                sample = None
+            # Counted once the stream gave its sample (or ended): an error
+            # leaves the position where it was.
+            taken[s] += 1
+            self.position += 1
+            if sample is not None:
+                return sample
+        if self.final is None:
+            self.final = self.state()
+            self.streams = []
+        raise StopIteration
+
+    def state(self) -> dict[str, Any]:
+        if self.final is not None:
+            return copy.deepcopy(self.final)
+        rank, world_size, worker_id, num_workers = self.slot
+        return {
+            "format": MIX_FORMAT,
+            "version": MIX_VERSION,
+            "epoch": self.epoch,
+            "generation": self.generation,
+            "policy": self.policy,
+            "seed": self.seed,
+            "weights": list(self.weights),
+            "world_size": world_size,
+            "rank": rank,
+            "num_workers": num_workers,
+            "worker_id": worker_id,
+            "position": self.position,
+            "finished": self.position >= len(self.plan.order),
+            "streams": [
+                {
+                    "pass": self.plan.base[s] + self.passes[s],
+                    "short": self.short[s],
+                    "state": json.loads(stream.state()),
+                }
+                for s, stream in enumerate(self.streams)
+            ],
+            "resumed_from": self.resumed_from,
+        }

@@ -1,0 +1,422 @@
+//! Mixtures: how many samples each stream gives one slot, and the order in
+//! which a slot takes them. Pure functions of the weights, the samples each
+//! stream's own plan gives the slot, and `(seed, epoch, slot, generation)`.
+//!
+//! A slot's counts depend only on what the streams give that slot; every
+//! stream's plan gives worker `w` of each rank the same number of samples
+//! (equal runs per rank, cut the same way per worker), so every rank takes
+//! the same number of samples from the mixture.
+
+use std::str::FromStr;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::order;
+use crate::error::{Error, Result};
+
+/// The most streams a mixture takes (a slot's order holds one byte per sample).
+pub const MAX_STREAMS: usize = 255;
+
+/// The most samples one slot takes from a mixture in one epoch.
+pub const MAX_SLOT_SAMPLES: u64 = 1 << 32;
+
+/// What a mixture does when a stream runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// The epoch ends where the first stream (relative to its weight) runs
+    /// out: every stream gives `weight * length` samples, the rest of the
+    /// other streams' epochs is left unread.
+    Stop,
+    /// Streams that run out start again with their next epoch order until
+    /// the stream that lasts longest (relative to its weight) has given all
+    /// its samples: proportions are the weights throughout.
+    Restart,
+    /// When a stream runs out, the others go on with their weights
+    /// renormalised, until every stream has given all its samples.
+    Continue,
+}
+
+impl FromStr for Policy {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "stop" => Ok(Policy::Stop),
+            "restart" => Ok(Policy::Restart),
+            "continue" => Ok(Policy::Continue),
+            other => Err(Error::Config {
+                name: "policy",
+                reason: format!("expected \"stop\", \"restart\" or \"continue\", got {other:?}"),
+            }),
+        }
+    }
+}
+
+/// Checks mixture weights: one per stream (1 to [`MAX_STREAMS`]), each
+/// finite and non-negative, at least one above 0.
+pub fn check_weights(weights: &[f64]) -> Result<()> {
+    let error = |reason: String| Error::Config {
+        name: "weights",
+        reason,
+    };
+    if weights.is_empty() || weights.len() > MAX_STREAMS {
+        return Err(error(format!(
+            "expected 1 to {MAX_STREAMS} weights, got {}",
+            weights.len()
+        )));
+    }
+    if let Some((i, w)) = weights
+        .iter()
+        .enumerate()
+        .find(|(_, w)| !w.is_finite() || **w < 0.0)
+    {
+        return Err(error(format!(
+            "weight {i} is {w}; expected a finite number of at least 0"
+        )));
+    }
+    if !weights.iter().any(|&w| w > 0.0) {
+        return Err(error(
+            "every weight is 0; at least one must be above 0".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The stream whose samples last `available / weight` the least
+/// (`longest == false`) or the most, among streams of weight above 0
+/// (lowest index on ties).
+fn limiting(weights: &[f64], available: &[u64], longest: bool) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (s, (&w, &a)) in weights.iter().zip(available).enumerate() {
+        if w <= 0.0 {
+            continue;
+        }
+        let span = a as f64 / w;
+        let better = match best {
+            None => true,
+            Some((_, b)) if longest => span > b,
+            Some((_, b)) => span < b,
+        };
+        if better {
+            best = Some((s, span));
+        }
+    }
+    best.map(|(s, _)| s)
+}
+
+/// How many samples each stream gives a slot to which the streams' plans
+/// give `available[s]` samples (see [`Policy`]). Streams of weight 0 give
+/// none. Under [`Policy::Restart`] a count may exceed what the stream has:
+/// the rest comes from its next epoch orders.
+pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result<Vec<u64>> {
+    check_weights(weights)?;
+    if weights.len() != available.len() {
+        return Err(Error::Config {
+            name: "weights",
+            reason: format!("{} weights for {} streams", weights.len(), available.len()),
+        });
+    }
+    let scaled = |m: usize| -> Vec<u64> {
+        weights
+            .iter()
+            .enumerate()
+            .map(|(s, &w)| {
+                if s == m {
+                    available[m]
+                } else if w <= 0.0 {
+                    0
+                } else {
+                    // A relative nudge of 1e-12 keeps a product that is
+                    // an integer in exact arithmetic (6 * 0.7 / 0.3) from
+                    // rounding below it; the conversion saturates.
+                    let exact = available[m] as f64 * w / weights[m];
+                    (exact + exact * 1e-12).floor() as u64
+                }
+            })
+            .collect()
+    };
+    let counts: Vec<u64> = match policy {
+        Policy::Continue => weights
+            .iter()
+            .zip(available)
+            .map(|(&w, &a)| if w > 0.0 { a } else { 0 })
+            .collect(),
+        Policy::Stop => {
+            let m = limiting(weights, available, false).expect("a weight above 0");
+            scaled(m)
+                .into_iter()
+                .zip(available)
+                .map(|(n, &a)| n.min(a))
+                .collect()
+        }
+        // At least what the stream has: its span is at most the longest.
+        Policy::Restart => scaled(limiting(weights, available, true).expect("a weight above 0"))
+            .into_iter()
+            .zip(weights.iter().zip(available))
+            .map(|(n, (&w, &a))| if w > 0.0 { n.max(a) } else { 0 })
+            .collect(),
+    };
+    let total = counts.iter().try_fold(0u64, |sum, &n| sum.checked_add(n));
+    if total.is_none_or(|n| n > MAX_SLOT_SAMPLES) {
+        return Err(Error::Config {
+            name: "weights",
+            reason: format!(
+                "with weights {weights:?} a slot would take {counts:?} samples of streams that give \
+                 it {available:?}, more than {MAX_SLOT_SAMPLES} in one epoch: the weights are too far apart"
+            ),
+        });
+    }
+    Ok(counts)
+}
+
+/// The random stream of a slot's mixture order.
+fn rng_for(seed: u64, epoch: u64, slot: u32, generation: u32) -> ChaCha8Rng {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&epoch.to_le_bytes());
+    key[16..32].copy_from_slice(b"shardstream/mix1");
+    let mut rng = ChaCha8Rng::from_seed(key);
+    rng.set_stream((u64::from(generation) << 32) | u64::from(slot));
+    rng
+}
+
+/// A uniform draw from `[0, 1)` with 53 random bits.
+fn unit(rng: &mut ChaCha8Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// The order in which a slot takes its samples: the stream index of each,
+/// stream `s` appearing exactly `counts[s]` times.
+///
+/// Under [`Policy::Stop`] and [`Policy::Restart`] it is a uniformly random
+/// arrangement of that multiset (so every stretch of it holds the streams in
+/// about their weights); under [`Policy::Continue`] each sample's stream is
+/// drawn with the weights of the streams that have samples left. Randomness
+/// comes from ChaCha keyed by `(seed, epoch)` on stream `(generation, slot)`:
+/// `generation` counts the resumes that recomputed the order mid-epoch.
+pub fn slot_order(
+    policy: Policy,
+    weights: &[f64],
+    counts: &[u64],
+    (seed, epoch): (u64, u64),
+    slot: u32,
+    generation: u32,
+) -> Result<Vec<u8>> {
+    check_weights(weights)?;
+    if weights.len() != counts.len() {
+        return Err(Error::Config {
+            name: "weights",
+            reason: format!("{} weights for {} streams", weights.len(), counts.len()),
+        });
+    }
+    let total = counts
+        .iter()
+        .try_fold(0u64, |sum, &n| sum.checked_add(n))
+        .filter(|&n| n <= MAX_SLOT_SAMPLES)
+        .ok_or_else(|| Error::Config {
+            name: "weights",
+            reason: format!(
+                "a slot would take {counts:?} samples from the streams, more than {MAX_SLOT_SAMPLES} in one epoch"
+            ),
+        })? as usize;
+    let mut rng = rng_for(seed, epoch, slot, generation);
+    let mut out = Vec::with_capacity(total);
+    match policy {
+        Policy::Stop | Policy::Restart => {
+            for (s, &n) in counts.iter().enumerate() {
+                out.extend(std::iter::repeat_n(s as u8, n as usize));
+            }
+            order::shuffle(&mut rng, &mut out);
+        }
+        Policy::Continue => {
+            let mut left: Vec<u64> = counts.to_vec();
+            // Streams with samples left but weight 0 come last, in order.
+            let weighted = |left: &[u64]| -> f64 {
+                weights
+                    .iter()
+                    .zip(left)
+                    .filter(|(_, &n)| n > 0)
+                    .map(|(&w, _)| w)
+                    .sum()
+            };
+            let mut sum = weighted(&left);
+            while sum > 0.0 {
+                let mut target = unit(&mut rng) * sum;
+                let mut pick = None;
+                for (s, (&w, &n)) in weights.iter().zip(&left).enumerate() {
+                    if n == 0 || w <= 0.0 {
+                        continue;
+                    }
+                    pick = Some(s);
+                    if target < w {
+                        break;
+                    }
+                    target -= w;
+                }
+                let s = pick.expect("a stream with samples left");
+                out.push(s as u8);
+                left[s] -= 1;
+                if left[s] == 0 {
+                    sum = weighted(&left);
+                }
+            }
+            for (s, &n) in left.iter().enumerate() {
+                out.extend(std::iter::repeat_n(s as u8, n as usize));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const POLICIES: [Policy; 3] = [Policy::Stop, Policy::Restart, Policy::Continue];
+
+    fn tally(order: &[u8], streams: usize) -> Vec<u64> {
+        let mut n = vec![0u64; streams];
+        for &s in order {
+            n[s as usize] += 1;
+        }
+        n
+    }
+
+    proptest! {
+        #[test]
+        fn orders_hold_each_stream_exactly_its_count(
+            weights in prop::collection::vec(0.0f64..10.0, 1..6),
+            available in prop::collection::vec(0u64..400, 6),
+            policy in 0usize..3,
+            seed in any::<u64>(), epoch in 0u64..100, slot in 0u32..16, generation in 0u32..4,
+        ) {
+            prop_assume!(weights.iter().any(|&w| w > 0.0));
+            let policy = POLICIES[policy];
+            let available = &available[..weights.len()];
+            let counts = slot_counts(policy, &weights, available).unwrap();
+            let order = slot_order(policy, &weights, &counts, (seed, epoch), slot, generation).unwrap();
+            prop_assert_eq!(tally(&order, weights.len()), counts.clone());
+            for (s, (&n, &a)) in counts.iter().zip(available).enumerate() {
+                if weights[s] == 0.0 { prop_assert_eq!(n, 0); }
+                match policy {
+                    Policy::Stop => prop_assert!(n <= a),
+                    Policy::Continue => prop_assert!(weights[s] == 0.0 || n == a),
+                    Policy::Restart => prop_assert!(weights[s] == 0.0 || n >= a),
+                }
+            }
+            // Determinism: the same inputs, the same order.
+            let again = slot_order(policy, &weights, &counts, (seed, epoch), slot, generation).unwrap();
+            prop_assert_eq!(&order, &again);
+        }
+
+        #[test]
+        fn stop_and_restart_counts_follow_the_weights(
+            weights in prop::collection::vec(0.05f64..10.0, 2..5),
+            available in prop::collection::vec(1u64..5000, 5),
+            restart in any::<bool>(),
+        ) {
+            let policy = if restart { Policy::Restart } else { Policy::Stop };
+            let available = &available[..weights.len()];
+            let counts = slot_counts(policy, &weights, available).unwrap();
+            let total: f64 = weights.iter().sum();
+            let length: u64 = counts.iter().sum();
+            // Each count is weight * length, up to one per stream of rounding.
+            for (s, &n) in counts.iter().enumerate() {
+                let expected = weights[s] / total * length as f64;
+                prop_assert!((n as f64 - expected).abs() <= weights.len() as f64, "{counts:?} {weights:?}");
+            }
+        }
+    }
+
+    /// Over many seeds, the first half of a slot's order holds each stream
+    /// within 5 standard deviations of its weight (hypergeometric for
+    /// stop/restart, binomial before any stream runs out for continue).
+    #[test]
+    fn proportions_within_five_sigma_over_many_seeds() {
+        let weights = [0.7, 0.2, 0.1];
+        let available = [700u64, 400, 300];
+        for policy in POLICIES {
+            let counts = slot_counts(policy, &weights, &available).unwrap();
+            let length: u64 = counts.iter().sum();
+            for seed in 0..200u64 {
+                let order = slot_order(policy, &weights, &counts, (seed, 1), 3, 0).unwrap();
+                let k = match policy {
+                    Policy::Continue => 400, // before the first stream can run out
+                    _ => length as usize / 2,
+                };
+                let got = tally(&order[..k], 3);
+                for s in 0..3 {
+                    let p = match policy {
+                        Policy::Continue => weights[s],
+                        _ => counts[s] as f64 / length as f64,
+                    };
+                    let mean = k as f64 * p;
+                    let sigma = (k as f64 * p * (1.0 - p)).sqrt();
+                    assert!(
+                        (got[s] as f64 - mean).abs() <= 5.0 * sigma + 1.0,
+                        "{policy:?} seed {seed} stream {s}: {} of {k}, expected {mean}",
+                        got[s]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slots_epochs_and_generations_differ() {
+        let counts = [50u64, 50];
+        let w = [0.5, 0.5];
+        let base = slot_order(Policy::Stop, &w, &counts, (1, 1), 0, 0).unwrap();
+        for other in [
+            slot_order(Policy::Stop, &w, &counts, (1, 2), 0, 0).unwrap(),
+            slot_order(Policy::Stop, &w, &counts, (1, 1), 1, 0).unwrap(),
+            slot_order(Policy::Stop, &w, &counts, (1, 1), 0, 1).unwrap(),
+            slot_order(Policy::Stop, &w, &counts, (2, 1), 0, 0).unwrap(),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+
+    #[test]
+    fn policies_count_as_documented() {
+        let w = [0.75, 0.25];
+        assert_eq!(
+            slot_counts(Policy::Stop, &w, &[30, 100]).unwrap(),
+            vec![30, 10]
+        );
+        assert_eq!(
+            slot_counts(Policy::Restart, &w, &[30, 100]).unwrap(),
+            vec![300, 100]
+        );
+        assert_eq!(
+            slot_counts(Policy::Continue, &w, &[30, 100]).unwrap(),
+            vec![30, 100]
+        );
+        assert_eq!(
+            slot_counts(Policy::Stop, &[0.7, 0.3], &[16, 6]).unwrap(),
+            vec![14, 6]
+        );
+        assert_eq!(
+            slot_counts(Policy::Stop, &[1.0, 0.0], &[5, 9]).unwrap(),
+            vec![5, 0]
+        );
+    }
+
+    #[test]
+    fn bad_weights_are_refused() {
+        for w in [
+            &[][..],
+            &[0.0, 0.0][..],
+            &[-1.0, 2.0][..],
+            &[f64::NAN][..],
+            &[f64::INFINITY][..],
+        ] {
+            assert!(check_weights(w).is_err(), "{w:?}");
+        }
+        assert!(check_weights(&vec![1.0; MAX_STREAMS + 1]).is_err());
+        assert!("shuffle".parse::<Policy>().is_err());
+        assert!(slot_counts(Policy::Restart, &[1e-131, 1.0], &[1, 0]).is_err());
+    }
+}

@@ -1,0 +1,187 @@
+//! `ShardWriter`: sample dicts from Python, their values turned into
+//! [`FieldValue`]s (JSON text made by Python's own `json.dumps`, so it is
+//! byte for byte what webdataset writes), written by the Rust writer with
+//! the GIL released.
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
+};
+
+use super::blocking::blocking;
+use super::errors::to_py;
+use super::options::writer_options;
+use crate::error::Error;
+use crate::write::{self, FieldValue};
+
+/// Writes WebDataset shards (see `shardstream.ShardWriter`).
+#[pyclass(module = "shardstream._core")]
+pub struct ShardWriter {
+    inner: write::ShardWriter,
+}
+
+/// A refused value of field `field` of sample `key`.
+fn wrong_type(key: &str, field: &str, reason: String) -> PyErr {
+    to_py(Error::InvalidSample {
+        key: Some(key.to_owned()),
+        field: Some(field.to_owned()),
+        reason,
+        wrong_type: true,
+    })
+}
+
+/// `value` of field `field` as the writer takes it.
+fn field_value(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<FieldValue> {
+    let py = value.py();
+    let type_name = || {
+        value
+            .get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_else(|_| "?".into())
+    };
+    let json_dumps = |value: &Bound<'_, PyAny>| -> PyResult<String> {
+        py.import("json")?
+            .call_method1("dumps", (value,))
+            .and_then(|text| text.extract())
+            .map_err(|e| wrong_type(key, field, format!("cannot be written as JSON: {e}")))
+    };
+    if let Ok(bytes) = value.cast::<PyBytes>() {
+        return Ok(FieldValue::Bytes(bytes.as_bytes().to_vec()));
+    }
+    if let Ok(bytes) = value.cast::<PyByteArray>() {
+        return Ok(FieldValue::Bytes(bytes.to_vec()));
+    }
+    if value.is_instance_of::<PyMemoryView>() {
+        let bytes = value.call_method0("tobytes")?;
+        let bytes = bytes.cast::<PyBytes>()?;
+        return Ok(FieldValue::Bytes(bytes.as_bytes().to_vec()));
+    }
+    if let Ok(text) = value.cast::<PyString>() {
+        return Ok(FieldValue::Text(text.to_str()?.to_owned()));
+    }
+    let is_number = value.is_instance_of::<PyBool>()
+        || value.is_instance_of::<PyInt>()
+        || value.is_instance_of::<PyFloat>();
+    if is_number {
+        return Ok(FieldValue::Number {
+            kind: type_name(),
+            text: value.str()?.to_str()?.to_owned(),
+            json: json_dumps(value)?,
+        });
+    }
+    let is_json = value.is_instance_of::<PyDict>()
+        || value.is_instance_of::<PyList>()
+        || value.is_instance_of::<PyTuple>();
+    if is_json {
+        return Ok(FieldValue::Json {
+            kind: type_name(),
+            json: json_dumps(value)?,
+        });
+    }
+    Err(wrong_type(
+        key,
+        field,
+        format!(
+            "values of type {} cannot be written: give bytes, str, int, float, bool, dict or list (encode other values to bytes first)",
+            type_name()
+        ),
+    ))
+}
+
+#[pymethods]
+impl ShardWriter {
+    /// A writer of shards named by `pattern`; options are checked here.
+    #[new]
+    #[pyo3(signature = (pattern, **options))]
+    fn new(py: Python<'_>, pattern: String, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let options = writer_options(options)?;
+        let inner = blocking(py, move || write::ShardWriter::new(&pattern, options))?;
+        Ok(ShardWriter { inner })
+    }
+
+    /// Writes one sample: a dict with `__key__` (str) and its fields.
+    fn write(&mut self, py: Python<'_>, sample: &Bound<'_, PyAny>) -> PyResult<()> {
+        let Ok(sample) = sample.cast::<PyDict>() else {
+            return Err(PyTypeError::new_err(format!(
+                "write() takes a dict of field name to value, got {}",
+                sample.get_type().name()?
+            )));
+        };
+        let key = match sample.get_item("__key__")? {
+            None => {
+                return Err(PyValueError::new_err(
+                    "the sample has no __key__ (every sample needs a str key)",
+                ))
+            }
+            Some(key) => match key.cast::<PyString>() {
+                Ok(key) => key.to_str()?.to_owned(),
+                Err(_) => {
+                    return Err(PyTypeError::new_err(format!(
+                        "__key__ must be a str, got {} ({})",
+                        key.repr()?,
+                        key.get_type().name()?
+                    )))
+                }
+            },
+        };
+        let mut fields = Vec::with_capacity(sample.len());
+        for (name, value) in sample.iter() {
+            let Ok(name) = name.cast::<PyString>() else {
+                return Err(to_py(Error::InvalidSample {
+                    key: Some(key),
+                    field: None,
+                    reason: format!("field names must be str, got {}", name.repr()?),
+                    wrong_type: true,
+                }));
+            };
+            let name = name.to_str()?;
+            // `__url__` is what the reader adds; it is not data.
+            if name == "__key__" || name == "__url__" {
+                continue;
+            }
+            fields.push((name.to_owned(), field_value(&key, name, &value)?));
+        }
+        let inner = &mut self.inner;
+        blocking(py, move || inner.write(&key, fields))
+    }
+
+    /// Completes the open shard and the manifest.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        blocking(py, move || inner.close())
+    }
+
+    /// Abandons the open shard; completed shards and their manifest stay.
+    fn abort(&mut self, py: Python<'_>) -> PyResult<()> {
+        let inner = &mut self.inner;
+        blocking(py, move || {
+            inner.abort();
+            Ok(())
+        })
+    }
+
+    /// Samples written.
+    fn __len__(&self) -> usize {
+        self.inner.samples() as usize
+    }
+
+    /// Shards completed.
+    #[getter]
+    fn shards(&self) -> usize {
+        self.inner.shards()
+    }
+
+    /// URLs (or paths) of the completed shards.
+    #[getter]
+    fn shard_urls(&self) -> Vec<String> {
+        self.inner.shard_urls()
+    }
+
+    /// Where the manifest is written.
+    #[getter]
+    fn manifest_url(&self) -> String {
+        self.inner.manifest_url()
+    }
+}

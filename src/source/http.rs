@@ -1,0 +1,670 @@
+//! Shards at `http://` and `https://` URLs, through hyper's client over
+//! rustls: streaming GETs (or parallel ranged GETs for large resources,
+//! see [`read_ranged`]) with the retries, backoff and timeouts of S3 reads.
+//! A broken body is resumed with a `Range` request pinned to the first
+//! answer's validator (`If-Match` with a strong ETag, else
+//! `If-Unmodified-Since` with its Last-Modified date), so a resource that
+//! changed is an error, never a mix of two versions. A server that ignores
+//! `Range` (a whole `200` to a resume) is read past the bytes already
+//! delivered; every answer must carry the bytes its `Content-Length`
+//! announces. Redirects are followed (at most [`MAX_REDIRECTS`]); headers
+//! from the `http_headers` option go to the shard's own origin only, and
+//! the Hugging Face token (`HF_TOKEN`, or the file huggingface_hub writes)
+//! to the Hub's endpoint only. No header value appears in an error.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::ranged::{
+    check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries, Target,
+};
+use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use crate::config::S3Options;
+use crate::error::Error;
+use crate::stats::{Counter, Counters};
+
+/// The most redirects one request follows.
+pub const MAX_REDIRECTS: usize = 10;
+
+/// The Hugging Face Hub's endpoint: `HF_ENDPOINT`, else huggingface.co.
+pub fn hub_endpoint() -> String {
+    std::env::var("HF_ENDPOINT")
+        .ok()
+        .filter(|e| !e.trim().is_empty())
+        .map_or_else(
+            || "https://huggingface.co".to_owned(),
+            |e| e.trim().trim_end_matches('/').to_owned(),
+        )
+}
+
+/// The Hugging Face token, as huggingface_hub finds it: `HF_TOKEN`, else
+/// the file at `HF_TOKEN_PATH`, else `$HF_HOME/token` (`HF_HOME` defaulting
+/// to `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`).
+pub fn hub_token() -> Option<String> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    if let Some(token) = env("HF_TOKEN") {
+        return Some(token.trim().to_owned());
+    }
+    let path = env("HF_TOKEN_PATH")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            let home = env("HF_HOME").map(std::path::PathBuf::from).or_else(|| {
+                let cache = env("XDG_CACHE_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| env("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+                Some(cache.join("huggingface"))
+            })?;
+            Some(home.join("token"))
+        })?;
+    let token = std::fs::read_to_string(path).ok()?;
+    let token = token.trim();
+    (!token.is_empty()).then(|| token.to_owned())
+}
+
+/// `scheme://host:port` of a URL, lower-cased, with the default port.
+fn origin(url: &url::Url) -> (String, String, Option<u16>) {
+    (
+        url.scheme().to_owned(),
+        url.host_str().unwrap_or("").to_ascii_lowercase(),
+        url.port_or_known_default(),
+    )
+}
+
+/// A client for one stream's HTTP(S) requests, made in the process that
+/// reads (after fork).
+pub struct HttpClient {
+    client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    options: S3Options,
+    /// The `http_headers` option, parsed.
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// The Hub's endpoint and `Bearer` token, when a token is found.
+    hub: Option<(url::Url, HeaderValue)>,
+}
+
+/// An answer to a request: status, headers and body.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Incoming,
+}
+
+impl HttpClient {
+    /// A client with `options`' timeouts, retries and headers; the Hub's
+    /// token from the environment. Fails only when no TLS setup can be made.
+    pub fn new(options: &S3Options) -> Result<Self, String> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(options.connect_timeout));
+        http.set_nodelay(true);
+        // The crypto provider aws-sdk-s3 builds on too.
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let tls = match hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider.clone())
+        {
+            Ok(builder) => builder,
+            // No system roots: http:// still works, https:// fails to verify.
+            Err(_) => hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| format!("no TLS setup: {e}"))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            ),
+        };
+        let https = tls
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        let mut headers = Vec::with_capacity(options.http_headers.0.len());
+        for (name, value) in &options.http_headers.0 {
+            let name = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("invalid header name {name:?}"))?;
+            let mut value = HeaderValue::from_str(value)
+                .map_err(|_| format!("invalid value of header {name}"))?;
+            value.set_sensitive(true);
+            headers.push((name, value));
+        }
+        let hub = hub_token().and_then(|token| {
+            let endpoint = url::Url::parse(&hub_endpoint()).ok()?;
+            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+            value.set_sensitive(true);
+            Some((endpoint, value))
+        });
+        Ok(HttpClient {
+            client,
+            options: options.clone(),
+            headers,
+            hub,
+        })
+    }
+
+    /// Sends one request for `url` (at byte `offset`, for errors) with
+    /// `extra` headers, following redirects. The `http_headers` go to the
+    /// origin of `url` only, the Hub token to the Hub's endpoint only.
+    async fn send(
+        &self,
+        method: &Method,
+        url: &str,
+        offset: u64,
+        extra: &[(HeaderName, String)],
+    ) -> Result<Answer, Failure> {
+        let fatal = |reason: String| {
+            Failure::Fatal(Error::Read {
+                url: url.to_owned(),
+                offset,
+                source: std::io::Error::other(reason),
+            })
+        };
+        let first = url::Url::parse(url).map_err(|e| fatal(format!("not a valid URL: {e}")))?;
+        let mut current = first.clone();
+        for _ in 0..=MAX_REDIRECTS {
+            let mut request = Request::builder()
+                .method(method.clone())
+                .uri(current.as_str())
+                .header(
+                    header::USER_AGENT,
+                    concat!("shardstream/", env!("CARGO_PKG_VERSION")),
+                );
+            for (name, value) in extra {
+                request = request.header(name, value.as_str());
+            }
+            let mut authorized = false;
+            if origin(&current) == origin(&first) {
+                for (name, value) in &self.headers {
+                    authorized |= name == header::AUTHORIZATION;
+                    request = request.header(name, value.clone());
+                }
+            }
+            if let Some((endpoint, token)) = &self.hub {
+                if !authorized && origin(&current) == origin(endpoint) {
+                    request = request.header(header::AUTHORIZATION, token.clone());
+                }
+            }
+            let request = request
+                .body(Empty::new())
+                .map_err(|e| fatal(format!("the request cannot be made: {e}")))?;
+            let timeout = self.options.first_byte_timeout;
+            let response = match tokio::time::timeout(timeout, self.client.request(request)).await {
+                Err(_) => return Err(Failure::Retry(format!("no response within {timeout:?}"))),
+                Ok(Err(e)) => {
+                    return Err(Failure::Retry(format!(
+                        "connection failed: {}",
+                        error_chain(&e)
+                    )))
+                }
+                Ok(Ok(response)) => response,
+            };
+            let status = response.status();
+            let location = response
+                .headers()
+                .get(header::LOCATION)
+                .and_then(|l| l.to_str().ok());
+            match (status.is_redirection(), location) {
+                (true, Some(location)) if status != StatusCode::NOT_MODIFIED => {
+                    // The target is never named in an error: a CDN's may be signed.
+                    current = current
+                        .join(location)
+                        .map_err(|_| fatal(format!("HTTP {status} to a URL that is not valid")))?;
+                    if !matches!(current.scheme(), "http" | "https") {
+                        return Err(fatal(format!(
+                            "HTTP {status} to a URL that is not http:// or https://"
+                        )));
+                    }
+                }
+                _ => {
+                    let (parts, body) = response.into_parts();
+                    return Ok(Answer {
+                        status,
+                        headers: parts.headers,
+                        body,
+                    });
+                }
+            }
+        }
+        Err(fatal(format!("more than {MAX_REDIRECTS} redirects")))
+    }
+
+    /// The whole body of a small resource (an API answer), at most `limit`
+    /// bytes, with its headers: retried like reads; other statuses than
+    /// 200 are errors naming `url`.
+    pub async fn get_small(&self, url: &str, limit: usize) -> Result<(HeaderMap, Vec<u8>), Error> {
+        let mut retries = Retries::new(&self.options, url, 0);
+        loop {
+            let reason = match self.send(&Method::GET, url, 0, &[]).await {
+                Ok(answer) if answer.status == StatusCode::OK => {
+                    match read_small(answer.body, limit, self.options.idle_timeout).await {
+                        Ok(body) => return Ok((answer.headers, body)),
+                        Err(Ok(reason)) => reason,
+                        Err(Err(reason)) => {
+                            return Err(Error::Read {
+                                url: url.to_owned(),
+                                offset: 0,
+                                source: std::io::Error::other(reason),
+                            })
+                        }
+                    }
+                }
+                Ok(answer) => match status_failure(url, 0, answer.status) {
+                    Failure::Fatal(error) => return Err(error),
+                    Failure::Retry(reason) => reason,
+                },
+                Err(Failure::Fatal(error)) => return Err(error),
+                Err(Failure::Retry(reason)) => reason,
+            };
+            retries.wait(url, 0, reason).await?;
+        }
+    }
+
+    /// The size and ETag of a resource (a GET of its first byte).
+    pub async fn describe(&self, url: &str) -> Result<(u64, Option<String>), Error> {
+        let mut retries = Retries::new(&self.options, url, 0);
+        let range = vec![(header::RANGE, "bytes=0-0".to_owned())];
+        loop {
+            let reason = match self.send(&Method::GET, url, 0, &range).await {
+                Ok(answer) if matches!(answer.status.as_u16(), 200 | 206) => {
+                    let text = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
+                    let length = text(header::CONTENT_LENGTH).and_then(|l| l.parse().ok());
+                    match check_response(0, Some(1), text(header::CONTENT_RANGE), length) {
+                        Ok(served) => {
+                            return Ok((served.size, text(header::ETAG).map(str::to_owned)))
+                        }
+                        Err(reason) => reason,
+                    }
+                }
+                // An empty resource has no first byte.
+                Ok(answer) if answer.status == StatusCode::RANGE_NOT_SATISFIABLE => {
+                    return Ok((0, None))
+                }
+                Ok(answer) => match status_failure(url, 0, answer.status) {
+                    Failure::Fatal(error) => return Err(error),
+                    Failure::Retry(reason) => reason,
+                },
+                Err(Failure::Fatal(error)) => return Err(error),
+                Err(Failure::Retry(reason)) => reason,
+            };
+            retries.wait(url, 0, reason).await?;
+        }
+    }
+}
+
+/// Reads a body of at most `limit` bytes; `Err(Ok(reason))` for a failure
+/// worth another attempt, `Err(Err(reason))` for one that is final.
+async fn read_small(
+    mut body: Incoming,
+    limit: usize,
+    idle: Duration,
+) -> Result<Vec<u8>, Result<String, String>> {
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => return Err(Ok(format!("no body bytes for {idle:?}"))),
+            Ok(None) => return Ok(out),
+            Ok(Some(Err(e))) => return Err(Ok(format!("the body broke: {}", error_chain(&e)))),
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    if out.len() + data.len() > limit {
+                        return Err(Err(format!("the answer is longer than {limit} bytes")));
+                    }
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+}
+
+/// What an answer's status means for a read of `url` at `offset`.
+fn status_failure(url: &str, offset: u64, status: StatusCode) -> Failure {
+    let text = match status.canonical_reason() {
+        Some(reason) => format!("HTTP {} {reason}", status.as_u16()),
+        None => format!("HTTP {}", status.as_u16()),
+    };
+    let io = |kind: std::io::ErrorKind, text: String| std::io::Error::new(kind, text);
+    match status.as_u16() {
+        408 | 425 | 429 | 500 | 502 | 503 | 504 => Failure::Retry(text),
+        404 | 410 => Failure::Fatal(Error::NotFound {
+            url: url.to_owned(),
+            source: io(std::io::ErrorKind::NotFound, text),
+        }),
+        401 | 403 => Failure::Fatal(Error::AccessDenied {
+            url: url.to_owned(),
+            source: io(std::io::ErrorKind::PermissionDenied, text),
+        }),
+        412 => Failure::Fatal(Error::Changed {
+            url: url.to_owned(),
+            offset,
+        }),
+        416 => Failure::Fatal(Error::Read {
+            url: url.to_owned(),
+            offset,
+            source: io(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{text}: the resource holds no bytes from byte offset {offset} (it is shorter than announced)"),
+            ),
+        }),
+        _ => Failure::Fatal(Error::Read {
+            url: url.to_owned(),
+            offset,
+            source: io(std::io::ErrorKind::Other, text),
+        }),
+    }
+}
+
+/// Whether an ETag is strong (a weak one cannot pin a range).
+fn is_strong(etag: &str) -> bool {
+    !etag.starts_with("W/")
+}
+
+/// The headers of a GET from byte `from` to `end` (exclusive; `None`: the
+/// end), pinned to what `pinned` knows.
+fn range_headers(from: u64, end: Option<u64>, pinned: &Pinned) -> Vec<(HeaderName, String)> {
+    let mut headers = Vec::new();
+    match (from, end) {
+        (0, None) => {}
+        (from, None) => headers.push((header::RANGE, format!("bytes={from}-"))),
+        (from, Some(end)) => headers.push((
+            header::RANGE,
+            format!("bytes={from}-{}", end.saturating_sub(1)),
+        )),
+    }
+    match (&pinned.etag, &pinned.last_modified) {
+        (Some(etag), _) if is_strong(etag) => headers.push((header::IF_MATCH, etag.clone())),
+        (_, Some(date)) => headers.push((header::IF_UNMODIFIED_SINCE, date.clone())),
+        _ => {}
+    }
+    headers
+}
+
+/// Takes an answer for the read of `url` at `position` (to `end`; with
+/// `clamp`, or without `end`, the resource may end first) if it carries the
+/// bytes asked for and fits what is known of the resource; gives where the
+/// read stops and how many leading body bytes to skip (those of a whole
+/// answer, `200`, to a request from `position`).
+fn accept(
+    url: &str,
+    position: u64,
+    (end, clamp): (Option<u64>, bool),
+    answer: &Answer,
+    pinned: &mut Pinned,
+) -> Result<(u64, u64), Failure> {
+    if !matches!(answer.status.as_u16(), 200 | 206) {
+        return Err(status_failure(url, position, answer.status));
+    }
+    let text = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
+    let (etag, last_modified) = (text(header::ETAG), text(header::LAST_MODIFIED));
+    let changed = match (&pinned.etag, &pinned.last_modified) {
+        (Some(pinned), _) => etag != Some(pinned.as_str()),
+        (None, Some(pinned)) => last_modified != Some(pinned.as_str()),
+        (None, None) => false,
+    };
+    if changed {
+        return Err(Failure::Fatal(Error::Changed {
+            url: url.to_owned(),
+            offset: position,
+        }));
+    }
+    let length = text(header::CONTENT_LENGTH).and_then(|l| l.parse::<i64>().ok());
+    let ignored_range = answer.status == StatusCode::OK && position > 0;
+    let (size, skip) = if ignored_range {
+        // The server ignored Range: the whole resource, the same version
+        // (its validator matched), read past the bytes already delivered.
+        let size = length.and_then(|l| u64::try_from(l).ok()).ok_or_else(|| {
+            Failure::Retry("a whole answer to a resume has no Content-Length".into())
+        })?;
+        if size < position {
+            return Err(Failure::Retry(format!(
+                "a whole answer of {size} bytes to a resume from byte offset {position}"
+            )));
+        }
+        (size, position)
+    } else {
+        let served = check_response(position, end, text(header::CONTENT_RANGE), length)
+            .map_err(Failure::Retry)?;
+        (served.size, 0)
+    };
+    let invalid = |reason: String| {
+        Failure::Fatal(Error::Read {
+            url: url.to_owned(),
+            offset: position,
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+        })
+    };
+    match pinned.size {
+        Some(listed) if listed != size && !pinned.confirmed => {
+            return Err(invalid(format!(
+                "the resource is {size} bytes, not the {listed} bytes it was listed with (it \
+                 changed since)"
+            )))
+        }
+        Some(known) if known != size => {
+            return Err(Failure::Retry(format!(
+                "the answer gives the resource's size as {size} bytes, an earlier one as {known}"
+            )))
+        }
+        _ => {}
+    }
+    pinned.size = Some(size);
+    pinned.confirmed = true;
+    if pinned.etag.is_none() && pinned.last_modified.is_none() {
+        pinned.etag = etag.map(str::to_owned);
+        pinned.last_modified = last_modified.map(str::to_owned);
+    }
+    match end {
+        None => Ok((size, skip)),
+        Some(end) if end <= size => Ok((end, skip)),
+        Some(_) if clamp => Ok((size, skip)),
+        Some(end) => Err(invalid(format!(
+            "bytes up to byte offset {end} were asked for, the resource holds {size}"
+        ))),
+    }
+}
+
+/// One resource being read.
+struct Resource {
+    client: Arc<HttpClient>,
+    counters: Arc<Counters>,
+    url: String,
+}
+
+impl RangedObject for Resource {
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn options(&self) -> &S3Options {
+        &self.client.options
+    }
+
+    async fn stream_range(
+        &self,
+        range: Range<u64>,
+        clamp: bool,
+        pinned: &mut Pinned,
+        target: &mut Target<'_>,
+    ) -> Result<Result<(), Error>, ConsumerGone> {
+        let (client, counters, url) = (&self.client, &self.counters, self.url.as_str());
+        let options = &client.options;
+        let mut end = (range.end != u64::MAX).then_some(range.end);
+        let mut position = range.start;
+        let mut retries = Retries::new(options, url, range.start);
+        loop {
+            if end.is_some_and(|e| position >= e) {
+                return Ok(Ok(()));
+            }
+            counters.add(Counter::Requests, 1);
+            let headers = range_headers(position, end, pinned);
+            let answer = match client.send(&Method::GET, url, position, &headers).await {
+                Ok(answer)
+                    if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
+                        && position == 0
+                        && clamp
+                        && pinned.size.is_none() =>
+                {
+                    // A range from the first byte is unsatisfiable only in
+                    // an empty resource.
+                    pinned.size = Some(0);
+                    pinned.confirmed = true;
+                    return Ok(Ok(()));
+                }
+                Ok(answer) => accept(url, position, (end, clamp), &answer, pinned)
+                    .map(|(stop, skip)| (stop, skip, answer.body)),
+                Err(failure) => Err(failure),
+            };
+            let reason = match answer {
+                Ok((stop, mut skip, mut body)) => {
+                    end = Some(stop);
+                    let broke = loop {
+                        match tokio::time::timeout(options.idle_timeout, body.frame()).await {
+                            Ok(Some(Ok(frame))) => {
+                                let Ok(mut bytes) = frame.into_data() else {
+                                    continue;
+                                };
+                                counters.add(Counter::BytesRead, bytes.len() as u64);
+                                let skipped = skip.min(bytes.len() as u64);
+                                let _ = bytes.split_to(skipped as usize);
+                                skip -= skipped;
+                                // Past `stop` only when the whole resource
+                                // was sent for a range.
+                                let room = stop - position;
+                                let cut = bytes.len() as u64 > room;
+                                if cut {
+                                    bytes.truncate(room as usize);
+                                }
+                                position += bytes.len() as u64;
+                                target.push(bytes).await?;
+                                if cut || (position == stop && skip == 0) {
+                                    break None;
+                                }
+                            }
+                            Ok(Some(Err(e))) => {
+                                break Some(format!("the body broke: {}", error_chain(&e)))
+                            }
+                            Ok(None) if position < stop => {
+                                break Some(format!(
+                                    "the body ended early, at byte offset {position}"
+                                ))
+                            }
+                            Ok(None) => break None,
+                            Err(_) => {
+                                break Some(format!("no body bytes for {:?}", options.idle_timeout))
+                            }
+                        }
+                    };
+                    let Some(reason) = broke else {
+                        return Ok(Ok(()));
+                    };
+                    counters.add(Counter::Resumes, 1);
+                    reason
+                }
+                Err(Failure::Fatal(error)) => return Ok(Err(error)),
+                Err(Failure::Retry(reason)) => reason,
+            };
+            if let Err(error) = retries.wait(url, position, reason).await {
+                return Ok(Err(error));
+            }
+            counters.add(Counter::Retries, 1);
+        }
+    }
+}
+
+/// Reads the unit's resource (or byte range of it) into budgeted chunks
+/// sent to `tx` (see [`read_ranged`]).
+pub(super) async fn read_resource(
+    fetcher: &Fetcher,
+    client: &Arc<HttpClient>,
+    unit: &FetchUnit,
+    tx: &ChunkSender,
+) -> Result<(), ConsumerGone> {
+    let resource = Resource {
+        client: client.clone(),
+        counters: fetcher.counters.clone(),
+        url: unit.url.clone(),
+    };
+    read_ranged(fetcher, Arc::new(resource), unit, tx).await
+}
+
+/// Runs `work` with a fresh HTTP client on a runtime made for it and shut
+/// down before returning, so no thread outlives the call (DataLoader
+/// workers may fork next).
+pub fn with_http_client<T>(
+    options: &S3Options,
+    work: impl AsyncFnOnce(&HttpClient) -> Result<T, Error>,
+) -> Result<T, Error> {
+    options.validate()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
+    let result = runtime.block_on(async {
+        let client = HttpClient::new(options).map_err(Error::Stopped)?;
+        work(&client).await
+    });
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resumes_are_pinned_to_a_strong_etag_else_the_date() {
+        let pinned = Pinned {
+            etag: Some("\"abc\"".into()),
+            last_modified: Some("Tue, 24 Nov 2026 10:00:00 GMT".into()),
+            ..Pinned::default()
+        };
+        let headers = range_headers(100, Some(200), &pinned);
+        assert_eq!(
+            headers,
+            vec![
+                (header::RANGE, "bytes=100-199".to_owned()),
+                (header::IF_MATCH, "\"abc\"".to_owned())
+            ]
+        );
+        let weak = Pinned {
+            etag: Some("W/\"abc\"".into()),
+            ..pinned.clone()
+        };
+        assert_eq!(
+            range_headers(5, None, &weak)[1].0,
+            header::IF_UNMODIFIED_SINCE
+        );
+        assert!(range_headers(0, None, &Pinned::default()).is_empty());
+    }
+
+    #[test]
+    fn statuses_are_retried_or_final_by_meaning() {
+        let url = "https://h/x.tar";
+        for retried in [429, 500, 502, 503, 504, 408] {
+            let status = StatusCode::from_u16(retried).unwrap();
+            assert!(matches!(status_failure(url, 0, status), Failure::Retry(_)));
+        }
+        let final_error = |code| match status_failure(url, 7, StatusCode::from_u16(code).unwrap()) {
+            Failure::Fatal(error) => error,
+            Failure::Retry(reason) => panic!("retried: {reason}"),
+        };
+        assert!(matches!(final_error(404), Error::NotFound { .. }));
+        assert!(matches!(final_error(401), Error::AccessDenied { .. }));
+        assert!(matches!(final_error(403), Error::AccessDenied { .. }));
+        assert!(matches!(final_error(412), Error::Changed { offset: 7, .. }));
+        assert_eq!(
+            final_error(404).to_string(),
+            "https://h/x.tar: shard not found (HTTP 404 Not Found)"
+        );
+    }
+}

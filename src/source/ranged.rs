@@ -1,0 +1,617 @@
+//! What every source read by byte ranges shares (S3, HTTP(S)): bounded
+//! retries with backoff and jitter, the check that an answer holds exactly
+//! the bytes asked for, the validator a resume is pinned to, budgeted
+//! chunks, and parallel ranged reads of large objects delivered in order.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use crate::config::S3Options;
+use crate::error::Error;
+use crate::stats::Counter;
+
+/// What a failed request or body means for the read.
+pub(super) enum Failure {
+    /// Worth another attempt (throttling, 5xx, timeouts, resets).
+    Retry(String),
+    /// Final.
+    Fatal(Error),
+}
+
+/// The most errors of a source chain looked at.
+pub(super) const MAX_CHAIN: usize = 16;
+
+/// The messages of `error` and its sources, joined by ": " on one line,
+/// leaving out a message that the one before already holds (wrappers often
+/// repeat their source's). Display messages only, never a `Debug` dump.
+pub(super) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    for _ in 0..MAX_CHAIN {
+        let Some(current) = next else { break };
+        let text = current
+            .to_string()
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        if !text.is_empty() && !parts.last().is_some_and(|last| last.contains(&text)) {
+            parts.push(text);
+        }
+        next = current.source();
+    }
+    parts.join(": ")
+}
+
+/// The messages of what caused `error` (its sources), or its own message
+/// when it has no source: the generic words of a wrapper ("io error",
+/// "dispatch failure") left out.
+pub(super) fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    match error.source() {
+        Some(source) => error_chain(source),
+        None => error_chain(error),
+    }
+}
+
+/// Bounded retries with exponential backoff and full jitter.
+pub(super) struct Retries<'a> {
+    options: &'a S3Options,
+    attempt: u32,
+    started: Instant,
+    seed: u64,
+}
+
+impl<'a> Retries<'a> {
+    pub(super) fn new(options: &'a S3Options, url: &str, offset: u64) -> Self {
+        let seed = url.bytes().fold(offset ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        Retries {
+            options,
+            attempt: 0,
+            started: Instant::now(),
+            seed,
+        }
+    }
+
+    /// Waits before the next attempt, or gives the error when out of attempts or time.
+    pub(super) async fn wait(
+        &mut self,
+        url: &str,
+        offset: u64,
+        reason: String,
+    ) -> Result<(), Error> {
+        self.attempt += 1;
+        if self.attempt >= self.options.max_attempts
+            || self.started.elapsed() >= self.options.max_retry_time
+        {
+            return Err(Error::Read {
+                url: url.to_owned(),
+                offset,
+                source: std::io::Error::other(format!(
+                    "gave up after {} attempts: {reason}",
+                    self.attempt
+                )),
+            });
+        }
+        let cap = self
+            .options
+            .backoff_base
+            .saturating_mul(1 << self.attempt.min(16))
+            .min(self.options.backoff_max);
+        // Full jitter: a uniform draw from [0, cap) (splitmix64 of our own seed).
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let fraction = (z >> 11) as f64 / (1u64 << 53) as f64;
+        tokio::time::sleep(cap.mul_f64(fraction)).await;
+        Ok(())
+    }
+}
+
+/// What is known of an object being read: its validator (every request
+/// after the first is pinned to it: the ETag, else, over HTTP, the
+/// Last-Modified date) and its size.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Pinned {
+    /// The first answer's ETag.
+    pub(super) etag: Option<String>,
+    /// The first answer's Last-Modified date (HTTP), used when it has no ETag.
+    pub(super) last_modified: Option<String>,
+    /// The object's size.
+    pub(super) size: Option<u64>,
+    /// Whether an answer gave `size`; else it is the size the object was
+    /// listed with, which the first answer must confirm.
+    pub(super) confirmed: bool,
+}
+
+impl Pinned {
+    /// Nothing known but the size the object was listed with, if any.
+    pub(super) fn listed(size: Option<u64>) -> Self {
+        Pinned {
+            size,
+            ..Pinned::default()
+        }
+    }
+}
+
+/// Where the body of an answer lies in the object.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Served {
+    /// The object's size.
+    pub(super) size: u64,
+    /// Where the body's bytes end in the object (exclusive).
+    pub(super) body_end: u64,
+}
+
+/// `bytes FIRST-LAST/TOTAL` (`TOTAL` may be `*`, unknown).
+pub(super) fn parse_content_range(text: &str) -> Option<(u64, u64, Option<u64>)> {
+    let rest = text.trim().strip_prefix("bytes")?.trim_start();
+    let (span, total) = rest.split_once('/')?;
+    let (first, last) = span.trim().split_once('-')?;
+    let total = match total.trim() {
+        "*" => None,
+        digits => Some(digits.parse().ok()?),
+    };
+    Some((first.trim().parse().ok()?, last.trim().parse().ok()?, total))
+}
+
+/// Checks that an answer to a GET from byte `from` (to `end`, exclusive;
+/// `None`: to the object's end) carries exactly those bytes: a partial
+/// answer (206) whose Content-Range starts at `from` and ends at `end` (or
+/// at the object's end, when it ends first), its Content-Length the same;
+/// or, for a GET from the first byte, the whole object (200) with its
+/// length. Anything else (a whole object for a resume, a range starting
+/// elsewhere) is refused, with the reason.
+pub(super) fn check_response(
+    from: u64,
+    end: Option<u64>,
+    content_range: Option<&str>,
+    content_length: Option<i64>,
+) -> Result<Served, String> {
+    let length = match content_length.map(u64::try_from) {
+        Some(Ok(length)) => Some(length),
+        Some(Err(_)) => return Err("the answer has a negative Content-Length".into()),
+        None => None,
+    };
+    let Some(text) = content_range else {
+        if from > 0 {
+            return Err(format!(
+                "asked for the bytes from byte offset {from}, the answer holds the whole object \
+                 (no Content-Range)"
+            ));
+        }
+        let size = length.ok_or("the answer has neither Content-Range nor Content-Length")?;
+        return Ok(Served {
+            size,
+            body_end: size,
+        });
+    };
+    let (first, last, total) = parse_content_range(text)
+        .ok_or_else(|| format!("the answer has an unreadable Content-Range {text:?}"))?;
+    let total = total.ok_or_else(|| {
+        format!("the answer's Content-Range {text:?} does not give the object's size")
+    })?;
+    if first != from || last < first || last >= total {
+        return Err(format!(
+            "asked for the bytes from byte offset {from}, the answer holds bytes {first} to \
+             {last} of {total}"
+        ));
+    }
+    let body_end = last + 1;
+    let wanted_end = end.unwrap_or(total).min(total);
+    if body_end != wanted_end {
+        return Err(format!(
+            "asked for bytes {from} to {}, the answer holds bytes {first} to {last} of {total}",
+            wanted_end.saturating_sub(1)
+        ));
+    }
+    if length.is_some_and(|n| n != body_end - first) {
+        return Err(format!(
+            "the answer's Content-Length {} does not match its Content-Range {text:?}",
+            length.unwrap_or(0)
+        ));
+    }
+    Ok(Served {
+        size: total,
+        body_end,
+    })
+}
+
+/// Where body bytes go.
+pub(super) enum Target<'a> {
+    /// Budgeted chunks of `chunk_bytes`, sent to a shard reader.
+    Chunks {
+        tx: &'a ChunkSender,
+        budget: &'a Arc<Semaphore>,
+        chunk_bytes: usize,
+        chunk: Vec<u8>,
+        permit: Option<OwnedSemaphorePermit>,
+    },
+    /// One buffer, for a part whose budget is already held.
+    Buffer(Vec<u8>),
+}
+
+impl Target<'_> {
+    pub(super) async fn push(&mut self, mut bytes: Bytes) -> Result<(), ConsumerGone> {
+        match self {
+            Target::Buffer(buffer) => {
+                buffer.extend_from_slice(&bytes);
+                Ok(())
+            }
+            Target::Chunks {
+                tx,
+                budget,
+                chunk_bytes,
+                chunk,
+                permit,
+            } => {
+                while !bytes.is_empty() {
+                    if permit.is_none() {
+                        let n = u32::try_from(*chunk_bytes).expect("chunk_bytes fits u32");
+                        *permit = Some(
+                            budget
+                                .clone()
+                                .acquire_many_owned(n)
+                                .await
+                                .map_err(|_| ConsumerGone)?,
+                        );
+                        chunk.reserve_exact(*chunk_bytes);
+                    }
+                    let take = bytes.len().min(*chunk_bytes - chunk.len());
+                    chunk.extend_from_slice(&bytes.split_to(take));
+                    if chunk.len() == *chunk_bytes {
+                        let held = permit.take().expect("reserved above");
+                        tx.send(Ok(Chunk::read(std::mem::take(chunk), held)))?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Sends a partly filled chunk, giving back the budget it does not use.
+    pub(super) fn flush(&mut self) -> Result<(), ConsumerGone> {
+        if let Target::Chunks {
+            tx,
+            chunk_bytes,
+            chunk,
+            permit,
+            ..
+        } = self
+        {
+            if let Some(mut held) = permit.take() {
+                if chunk.is_empty() {
+                    return Ok(());
+                }
+                drop(held.split(*chunk_bytes - chunk.len()));
+                let partial = Chunk::read(std::mem::take(chunk), held);
+                tx.send(Ok(partial))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An object read by byte ranges (an S3 object, an HTTP(S) resource): how
+/// to stream a range of it, retried and resumed. [`read_ranged`] reads a
+/// unit of any such object within the read-ahead budget, as one streaming
+/// request or as parallel ranged requests.
+pub(super) trait RangedObject: Send + Sync + 'static {
+    /// The object's URL, for errors.
+    fn url(&self) -> &str;
+
+    /// Timeouts, retries, part size and concurrency.
+    fn options(&self) -> &S3Options;
+
+    /// Streams the bytes `range` (end `u64::MAX`: to the object's end; with
+    /// `clamp`, to the range's end or the object's, whichever comes first)
+    /// into `target`, retrying failed requests and resuming a broken body
+    /// from the last byte received, pinned to `pinned`'s validator. Every
+    /// answer is checked to hold exactly the bytes asked for, and the read
+    /// ends only where the range (or the object) does.
+    fn stream_range(
+        &self,
+        range: Range<u64>,
+        clamp: bool,
+        pinned: &mut Pinned,
+        target: &mut Target<'_>,
+    ) -> impl std::future::Future<Output = Result<Result<(), Error>, ConsumerGone>> + Send;
+}
+
+/// Reads the unit's object (or byte range of it) into budgeted chunks sent
+/// to `tx`; a range larger than `part_size` goes as parallel ranged
+/// requests, delivered in order.
+pub(super) async fn read_ranged<O: RangedObject>(
+    fetcher: &Fetcher,
+    object: Arc<O>,
+    unit: &FetchUnit,
+    tx: &ChunkSender,
+) -> Result<(), ConsumerGone> {
+    fetcher.count(Counter::ShardsOpened, 1);
+    let range = unit
+        .range
+        .clone()
+        .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
+    let known_len = (range.end != u64::MAX).then(|| range.end - range.start);
+    let options = object.options();
+    let part = part_bytes(fetcher, options);
+    // A unit of a byte range may give the range's size, not the object's.
+    let mut pinned = Pinned::listed(unit.size.filter(|_| unit.range.is_none()));
+    if options.max_concurrency > 1 && known_len.is_none_or(|len| len > part) {
+        return read_parts(fetcher, &object, range, part, pinned, tx).await;
+    }
+    let mut target = Target::Chunks {
+        tx,
+        budget: &fetcher.budget,
+        chunk_bytes: fetcher.chunk_bytes,
+        chunk: Vec::new(),
+        permit: None,
+    };
+    let result = match object
+        .stream_range(range, false, &mut pinned, &mut target)
+        .await
+    {
+        Err(ConsumerGone) => return Ok(()),
+        Ok(result) => result,
+    };
+    if target.flush().is_err() {
+        return Ok(());
+    }
+    if let Err(error) = result {
+        let _ = tx.send(Err(error));
+    }
+    Ok(())
+}
+
+/// The size of one ranged GET: `part_size`, or less, so that
+/// `max_concurrency` parts fit in this unit's share of the read-ahead budget
+/// and can be in flight together (with the defaults, 32 MiB shared by 4
+/// objects, 2 MiB parts).
+fn part_bytes(fetcher: &Fetcher, options: &S3Options) -> u64 {
+    let fitting = fetcher.budget_bytes() / options.max_concurrency.max(1);
+    options.part_size.min(fitting).max(1) as u64
+}
+
+/// The error of a part of `url` (bytes `part`) that ended after `got` bytes.
+fn short_part(url: &str, part: &Range<u64>, got: u64) -> Error {
+    Error::Read {
+        url: url.to_owned(),
+        offset: part.start + got,
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "the part of bytes {} to {} ended after {got} bytes",
+                part.start,
+                part.end.saturating_sub(1)
+            ),
+        ),
+    }
+}
+
+/// A part's fetch task in flight, its budget and its bytes.
+type PartTask = (
+    tokio::task::JoinHandle<Result<Vec<u8>, Error>>,
+    OwnedSemaphorePermit,
+    Range<u64>,
+);
+
+/// Parallel ranged GETs of `part` bytes, at most `max_concurrency` at once,
+/// each holding its share of the read-ahead budget, sent in order. The first
+/// part goes alone, to learn the ETag every other part is pinned to and, for
+/// a whole object of unknown size, the size. Every part must bring every
+/// byte it asked for.
+async fn read_parts<O: RangedObject>(
+    fetcher: &Fetcher,
+    object: &Arc<O>,
+    range: Range<u64>,
+    part: u64,
+    mut pinned: Pinned,
+    tx: &ChunkSender,
+) -> Result<(), ConsumerGone> {
+    // Of unknown size, the object may end within the first part.
+    let clamp = range.end == u64::MAX;
+    let first = range.start..range.start.saturating_add(part).min(range.end);
+    let Some(permit) = fetcher.reserve((first.end - first.start) as usize).await else {
+        return Err(ConsumerGone);
+    };
+    let url = object.url();
+    let mut buffer = Target::Buffer(Vec::new());
+    let first_result = object
+        .stream_range(first.clone(), clamp, &mut pinned, &mut buffer)
+        .await?;
+    let end = match (range.end, pinned.size) {
+        (u64::MAX, Some(size)) => size,
+        (u64::MAX, None) => first.end,
+        (end, _) => end,
+    };
+    match first_result {
+        Ok(()) => {
+            let Target::Buffer(bytes) = buffer else {
+                unreachable!("a buffer target")
+            };
+            let wanted = first.end.min(end) - first.start;
+            if bytes.len() as u64 != wanted {
+                let _ = tx.send(Err(short_part(url, &first, bytes.len() as u64)));
+                return Ok(());
+            }
+            let mut permit = permit;
+            let unused = (first.end - first.start) as usize - bytes.len();
+            if unused > 0 {
+                drop(permit.split(unused));
+            }
+            if !send_part(tx, Ok(bytes), permit) {
+                return Ok(());
+            }
+        }
+        Err(error) => {
+            let _ = tx.send(Err(error));
+            return Ok(());
+        }
+    }
+    let mut parts = (first.end..end)
+        .step_by(usize::try_from(part).unwrap_or(usize::MAX))
+        .map(|start| start..(start + part).min(end))
+        .peekable();
+    let mut in_flight: VecDeque<PartTask> = VecDeque::new();
+    let stop = |in_flight: VecDeque<PartTask>| {
+        for (task, _, _) in in_flight {
+            task.abort();
+        }
+    };
+    loop {
+        while in_flight.len() < object.options().max_concurrency {
+            let Some(next) = parts.peek().cloned() else {
+                break;
+            };
+            let len = (next.end - next.start) as usize;
+            // Wait for budget only with nothing in flight: otherwise the
+            // budget may be held by the parts in flight, which are delivered
+            // (and their budget freed) only after this loop.
+            let permit = if in_flight.is_empty() {
+                let Some(permit) = fetcher.reserve(len).await else {
+                    return Err(ConsumerGone);
+                };
+                permit
+            } else {
+                let Some(permit) = fetcher.try_reserve(len) else {
+                    break;
+                };
+                permit
+            };
+            parts.next();
+            let task = tokio::spawn(fetch_part(object.clone(), next.clone(), pinned.clone()));
+            in_flight.push_back((task, permit, next));
+        }
+        let Some((task, permit, next)) = in_flight.pop_front() else {
+            return Ok(());
+        };
+        let result = task.await.unwrap_or_else(|join| {
+            let reason = if join.is_panic() {
+                "the part's fetch task panicked"
+            } else {
+                "the part's fetch task was cancelled"
+            };
+            Err(Error::Read {
+                url: url.to_owned(),
+                offset: next.start,
+                source: std::io::Error::other(reason),
+            })
+        });
+        if !send_part(tx, result, permit) {
+            stop(in_flight);
+            return Ok(());
+        }
+    }
+}
+
+/// Sends a part (or its error); `false` when reading must stop.
+fn send_part(tx: &ChunkSender, part: Result<Vec<u8>, Error>, permit: OwnedSemaphorePermit) -> bool {
+    match part {
+        Ok(bytes) => tx.send(Ok(Chunk::read(bytes, permit))).is_ok(),
+        Err(error) => {
+            let _ = tx.send(Err(error));
+            false
+        }
+    }
+}
+
+/// One part of a parallel read, into memory: every byte of `range`, or an error.
+async fn fetch_part<O: RangedObject>(
+    object: Arc<O>,
+    range: Range<u64>,
+    mut pinned: Pinned,
+) -> Result<Vec<u8>, Error> {
+    let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
+    let result = object
+        .stream_range(range.clone(), false, &mut pinned, &mut buffer)
+        .await;
+    match result {
+        Ok(Ok(())) => match buffer {
+            Target::Buffer(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
+            Target::Buffer(bytes) => Err(short_part(object.url(), &range, bytes.len() as u64)),
+            Target::Chunks { .. } => unreachable!("a part reads into a buffer"),
+        },
+        Ok(Err(error)) => Err(error),
+        Err(ConsumerGone) => Err(Error::Stopped("stream cancelled".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(size: u64, body_end: u64) -> Result<Served, String> {
+        Ok(Served { size, body_end })
+    }
+
+    #[test]
+    fn a_resume_is_taken_only_as_the_range_asked_for() {
+        let range = Some("bytes 1000-4999/5000");
+        assert_eq!(
+            check_response(1000, None, range, Some(4000)),
+            served(5000, 5000)
+        );
+        assert_eq!(
+            check_response(1000, Some(5000), range, None),
+            served(5000, 5000)
+        );
+        // The object ends before the range asked for: the caller decides.
+        assert_eq!(
+            check_response(1000, Some(9000), range, Some(4000)),
+            served(5000, 5000)
+        );
+        let refused = [
+            // The whole object (200) for a resume.
+            check_response(1000, None, None, Some(5000)),
+            // Bytes from another offset.
+            check_response(1000, None, Some("bytes 0-4999/5000"), Some(5000)),
+            check_response(1000, None, Some("bytes 1500-4999/5000"), Some(3500)),
+            // Fewer bytes than asked for, however consistently told.
+            check_response(1000, None, Some("bytes 1000-2999/5000"), Some(2000)),
+            check_response(1000, Some(4000), Some("bytes 1000-2999/5000"), Some(2000)),
+            // A length that is not the range's.
+            check_response(1000, None, range, Some(100)),
+            // No size, or no sense.
+            check_response(1000, None, Some("bytes 1000-4999/*"), Some(4000)),
+            check_response(1000, None, Some("bytes 1000-999/5000"), Some(0)),
+            check_response(1000, None, Some("bytes 1000-5000/5000"), Some(4001)),
+            check_response(1000, None, Some("1000-4999/5000"), Some(4000)),
+            check_response(1000, None, range, Some(-1)),
+        ];
+        for (i, answer) in refused.iter().enumerate() {
+            let reason = answer.as_ref().expect_err(&format!("answer {i} refused"));
+            assert!(!reason.contains('{'), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_read_from_the_first_byte_takes_the_whole_object() {
+        assert_eq!(
+            check_response(0, None, None, Some(5000)),
+            served(5000, 5000)
+        );
+        // A ranged GET from the first byte answered with the whole object:
+        // its first bytes are the ones asked for (the rest is left unread).
+        assert_eq!(
+            check_response(0, Some(100), None, Some(5000)),
+            served(5000, 5000)
+        );
+        assert!(check_response(0, None, None, None).is_err());
+    }
+
+    #[test]
+    fn content_ranges_are_parsed() {
+        assert_eq!(parse_content_range("bytes 0-9/10"), Some((0, 9, Some(10))));
+        assert_eq!(parse_content_range("bytes 5-9/*"), Some((5, 9, None)));
+        assert_eq!(parse_content_range("bytes */10"), None);
+        assert_eq!(parse_content_range("bytes 5-x/10"), None);
+    }
+}

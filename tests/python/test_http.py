@@ -1,0 +1,301 @@
+"""HTTP(S) shards against a real HTTP server on 127.0.0.1 (http_server.py):
+brace specs, exactly-once through ranks and DataLoader workers, output
+byte-identical to the local read, read amplification 1.00, parallel ranged
+GETs, retries, resumes pinned to the validator, a server that ignores Range,
+an object replaced mid-read, a server that never answers, a short body,
+redirects, headers (never shown), ``shardstream index`` and resume."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _shardtest import (
+    DatasetInfo,
+    assert_exactly_once,
+    collect,
+    key_batch,
+    loader,
+    sample_digest,
+    shardstream_cli,
+)
+from fault_proxy import Faults as ProxyFaults
+from fault_proxy import running_fault_proxy
+from http_server import Faults, HttpServer, running_http_server
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import StreamingDataset
+
+pytestmark = pytest.mark.timeout(120)
+
+# Quick retries, so that the error tests end within seconds.
+FAST = {"max_attempts": 3, "max_retry_time": 10.0, "first_byte_timeout": 2.0, "idle_timeout": 2.0}
+
+
+@pytest.fixture(scope="module")
+def server(dataset: DatasetInfo) -> Iterator[HttpServer]:
+    with running_http_server(dataset.root) as running:
+        yield running
+
+
+@pytest.fixture
+def http(server: HttpServer) -> HttpServer:
+    server.reset()
+    return server
+
+
+def http_spec(server: HttpServer, dataset: DatasetInfo) -> str:
+    last = len(dataset.paths) - 1
+    return server.url(f"shard-{{000000..{last:06d}}}.tar")
+
+
+def local_digests(dataset: DatasetInfo) -> dict[str, dict[str, str]]:
+    """Every sample's digest as the local read of the same shards gives it."""
+    return {s["__key__"]: sample_digest(s) for s in collect(StreamingDataset(dataset.spec))}
+
+
+def assert_identical_to_local(samples: list[dict[str, Any]], dataset: DatasetInfo) -> None:
+    assert_exactly_once([s["__key__"] for s in samples], dataset.keys)
+    local = local_digests(dataset)
+    for sample in samples:
+        assert sample_digest(sample) == local[sample["__key__"]], sample["__key__"]
+        assert sample["__url__"].startswith("http://127.0.0.1:")
+
+
+def shard_bytes(dataset: DatasetInfo) -> int:
+    return sum(p.stat().st_size for p in dataset.paths)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_every_sample_once_byte_identical_with_amplification_one(http, dataset, num_workers):
+    ds = StreamingDataset(http_spec(http, dataset), shuffle_buffer=8)
+    assert [u for u, _ in ds.shards] == [http.url(p.name) for p in dataset.paths]
+    samples = collect(loader(ds, num_workers))
+    assert_identical_to_local(samples, dataset)
+    assert http.served.body_bytes == shard_bytes(dataset)  # read amplification 1.00
+
+
+def test_parallel_ranged_gets_reassemble_in_order(http, dataset):
+    ds = StreamingDataset(
+        http_spec(http, dataset), s3={"part_size": 4096, "max_concurrency": 4}, shuffle_buffer=0
+    )
+    assert_identical_to_local(collect(ds), dataset)
+    assert http.served.body_bytes == shard_bytes(dataset)
+    ranged = [h for h in http.served.headers if "range" in h]
+    assert len(ranged) > 2 * len(dataset.paths)
+    # Every part after the first is pinned to the first answer's ETag.
+    assert all("if-match" in h for h in ranged if not h["range"].startswith("bytes=0-"))
+
+
+def test_503s_are_retried(http, dataset):
+    http.reset(Faults(fail_first=4))
+    ds = StreamingDataset(http_spec(http, dataset), s3={"max_attempts": 8})
+    assert_identical_to_local(collect(ds), dataset)
+    assert http.served.faults["fail"] == 4
+    assert ds.stats()["retries"] >= 4
+
+
+@pytest.mark.parametrize("wrong", ["shifted", "short"])
+def test_resets_slowdowns_and_wrong_ranges_from_a_proxy_are_retried(http, dataset, wrong):
+    """Behind the fault-injecting proxy: 503s, connections reset before an
+    answer, and ranged answers from the wrong offset or too short; every
+    sample still comes once, byte-identical."""
+    faults = ProxyFaults(slowdown_every=4, reset_every=7, **{f"{wrong}_on_range": 2})
+    with running_fault_proxy(http.base_url, faults) as proxy:
+        spec = proxy.endpoint_url + "/" + http_spec(http, dataset).split("/", 3)[3]
+        options = {"part_size": 32768, "max_attempts": 12}
+        ds = StreamingDataset(spec, s3=options, shuffle_buffer=0)
+        assert_identical_to_local(collect(loader(ds, 2)), dataset)
+    injected = proxy.injected
+    assert injected.slowdowns and injected.resets
+    assert getattr(injected, f"{wrong}_answers") == 2
+
+
+def test_a_cut_body_resumes_from_its_offset_pinned_to_the_etag(http, dataset):
+    http.reset(Faults(cut_first=3, cut_after=5000))
+    ds = StreamingDataset(http_spec(http, dataset), s3={"max_concurrency": 1})
+    assert_identical_to_local(collect(ds), dataset)
+    assert http.served.faults["cut"] == 3
+    assert ds.stats()["resumed_bodies"] == 3
+    assert http.served.body_bytes == shard_bytes(dataset)  # no byte fetched twice
+    # The first body is cut three times: resumed from bytes 5000, 10000, 15000.
+    resumes = [h["range"] for h in http.served.headers if "if-match" in h]
+    last = dataset.paths[0].stat().st_size - 1
+    assert resumes == [f"bytes={5000 * i}-{last}" for i in (1, 2, 3)]
+
+
+def test_without_an_etag_a_resume_is_pinned_to_last_modified(http, dataset):
+    http.reset(Faults(cut_first=1, no_etag=True))
+    ds = StreamingDataset(http_spec(http, dataset), s3={"max_concurrency": 1})
+    assert_identical_to_local(collect(ds), dataset)
+    resume = [h for h in http.served.headers if h.get("range", "").startswith("bytes=1000-")]
+    assert len(resume) == 1 and "if-unmodified-since" in resume[0]
+
+
+def test_a_server_that_ignores_range_is_read_past_what_was_delivered(http, dataset):
+    http.reset(Faults(cut_first=2, ignore_range=True))
+    ds = StreamingDataset(http_spec(http, dataset), s3={"max_concurrency": 1})
+    samples = collect(ds)
+    assert_identical_to_local(samples, dataset)  # no byte twice, none lost
+    assert ds.stats()["resumed_bodies"] == 2
+
+
+def test_an_object_changed_mid_read_is_an_error(http, dataset, tmp_path):
+    root = tmp_path / "changing"
+    root.mkdir()
+    (root / "shard.tar").write_bytes(dataset.paths[0].read_bytes())
+    with running_http_server(root) as server:
+        server.reset(Faults(cut_first=1, cut_after=3000, change_on_cut=True))
+        url = server.url("shard.tar")
+        ds = StreamingDataset(url, s3={"max_concurrency": 1})
+        with pytest.raises(shardstream.ObjectChangedError) as raised:
+            collect(ds)
+    message = str(raised.value)
+    assert url in message and "3000" in message, message
+
+
+def test_a_server_that_never_answers_is_an_error_within_a_bound(http, dataset):
+    http.reset(Faults(hang=True))
+    url = http.url(dataset.paths[0].name)
+    ds = StreamingDataset(url, s3={**FAST, "max_attempts": 2})
+    started = time.monotonic()
+    with pytest.raises(shardstream.ShardReadError) as raised:
+        collect(ds)
+    assert time.monotonic() - started < 20
+    message = str(raised.value)
+    assert url in message and "no response within" in message, message
+
+
+def test_a_body_shorter_than_its_content_length_is_an_error_not_a_shorter_shard(http, dataset):
+    http.reset(Faults(short_by=100))
+    url = http.url(dataset.paths[0].name)
+    size = dataset.paths[0].stat().st_size
+    ds = StreamingDataset(url, s3={**FAST, "max_concurrency": 1})
+    with pytest.raises(shardstream.ShardReadError) as raised:
+        collect(ds)
+    message = str(raised.value)
+    assert url in message and f"byte offset {size}" in message, message
+
+
+@pytest.mark.parametrize(
+    ("faults", "error", "words"),
+    [
+        (Faults(), shardstream.ShardNotFoundError, "HTTP 404"),
+        (Faults(forbidden=True), shardstream.StorageAuthError, "HTTP 403"),
+        (Faults(require=("Authorization", "Bearer x")), shardstream.StorageAuthError, "HTTP 401"),
+    ],
+)
+def test_refusals_name_the_url(http, dataset, faults, error, words):
+    http.reset(faults)
+    name = "missing.tar" if words == "HTTP 404" else dataset.paths[0].name
+    url = http.url(name)
+    with pytest.raises(error) as raised:
+        collect(StreamingDataset(url, s3=FAST))
+    assert url in str(raised.value) and words in str(raised.value)
+
+
+def test_headers_are_sent_and_never_shown(http, dataset):
+    secret = "Bearer s3cr3t-t0ken"
+    http.reset(Faults(require=("Authorization", secret)))
+    spec = http_spec(http, dataset)
+    ds = StreamingDataset(spec, http_headers={"Authorization": secret})
+    assert_identical_to_local(collect(loader(ds, 2)), dataset)
+    assert secret not in repr(ds) and secret not in repr(ds.options)
+    assert "Authorization" in repr(ds.options)
+    missing = StreamingDataset(http.url("nothing-here.tar"), http_headers={"Authorization": secret})
+    http.reset()
+    with pytest.raises(shardstream.ShardNotFoundError) as raised:
+        collect(missing)
+    assert secret not in str(raised.value)
+    with pytest.raises(ValueError, match="http_headers") as bad:
+        StreamingDataset(spec, http_headers={"Authorization": secret + "\n"})
+    assert secret not in str(bad.value)
+    with pytest.raises(TypeError, match="http_headers"):
+        StreamingDataset(spec, http_headers={"X-Count": 3})
+
+
+def test_redirects_are_followed_within_a_bound(http, dataset, tmp_path):
+    name = dataset.paths[0].name
+    keys = dataset.keys_of([str(dataset.paths[0])])
+    samples = collect(StreamingDataset(http.url(f"redirect/3/{name}")))
+    assert Counter(s["__key__"] for s in samples) == Counter(keys)
+    # The headers go to the shard's own host only: not across a redirect
+    # to another one.
+    with running_http_server(dataset.root) as cdn:
+        http.redirect_to = cdn.base_url
+        try:
+            ds = StreamingDataset(http.url(name), http_headers={"X-Secret": "abc"})
+            assert len(collect(ds)) == len(keys)
+        finally:
+            http.redirect_to = None
+        assert cdn.served.headers and all("x-secret" not in h for h in cdn.served.headers)
+    with pytest.raises(shardstream.ShardReadError, match="more than 10 redirects"):
+        collect(StreamingDataset(http.url(f"redirect/11/{name}"), s3=FAST))
+
+
+def test_unknown_schemes_list_the_supported_ones():
+    with pytest.raises(shardstream.DatasetSpecError) as raised:
+        StreamingDataset("ftp://example.com/shard.tar")
+    message = str(raised.value)
+    for scheme in ("s3://", "http://", "https://", "hf://"):
+        assert scheme in message, message
+
+
+def test_index_over_http_gives_ranks_equal_lengths_exactly_once(http, dataset, tmp_path):
+    manifest = tmp_path / "manifest.json"
+    spec = http_spec(http, dataset)
+    proc = shardstream_cli("index", spec, "-o", manifest)
+    assert proc.returncode == 0, proc.stderr
+    entries = json.loads(manifest.read_text())["shards"]
+    assert [e["url"] for e in entries] == [http.url(p.name) for p in dataset.paths]
+    assert [e["size"] for e in entries] == [p.stat().st_size for p in dataset.paths]
+    assert all(e["etag"] for e in entries)
+    # Two ranks of two DataLoader workers each: every sample exactly once,
+    # the same number per rank (96 samples: none dropped).
+    total = len(dataset.keys)
+    assert total % 2 == 0
+    http.reset()
+    keys = []
+    for rank in range(2):
+        ds = StreamingDataset(spec, manifest=str(manifest), rank=rank, world_size=2, seed=3)
+        assert len(ds) == total // 2
+        got = [s["__key__"] for s in collect(loader(ds, 2))]
+        assert len(got) == total // 2
+        keys += got
+    assert_exactly_once(keys, dataset.keys)
+    # The samples' spans only (not the tar's closing blocks), each once.
+    assert http.served.body_bytes <= shard_bytes(dataset)
+    assert all(n == 1 for n in http.served.gets_by_path.values())
+
+
+def resumable(spec: str) -> StatefulDataLoader:
+    ds = StreamingDataset(spec, seed=5, shuffle_buffer=7)
+    return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=key_batch, timeout=120)
+
+
+def test_exact_resume_mid_epoch(http, dataset):
+    spec = http_spec(http, dataset)
+    full = collect(resumable(spec))
+    assert_exactly_once([k for batch in full for k in batch], dataset.keys)
+    k = len(full) // 2
+    first = resumable(spec)
+    iterator = iter(first)
+    prefix = [next(iterator) for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator, first
+    resumed = resumable(spec)
+    resumed.load_state_dict(state)
+    assert prefix + collect(resumed) == full
+
+
+def test_raw_objects_over_http_are_keyed_by_their_path(http, dataset, tmp_path: Path):
+    ds = StreamingDataset(http.url(dataset.paths[0].name), format="raw")
+    (sample,) = collect(ds)
+    assert sample["__key__"] == "/" + dataset.paths[0].stem
+    assert sample["tar"] == dataset.paths[0].read_bytes()

@@ -1,0 +1,619 @@
+"""``shardstream.Mix``: weighted mixtures of streams. Property tests over
+layouts, weights and policies (equal ranks, each stream's samples at most
+once, all of them under ``continue``), determinism, exact resume through
+``StatefulDataLoader``, elastic resume onto other layouts, weights changed at
+a resume, and model-parallel groups of a plain dataset."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+from _shardtest import (
+    DatasetInfo,
+    collect,
+    index_manifest,
+    load_schema,
+    member_offsets,
+    write_uneven_dataset,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import (
+    Mix,
+    ShardSkippedWarning,
+    StateMismatchError,
+    StreamingDataset,
+    _core,
+    elastic_state,
+)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+    pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning"),
+]
+
+# Even totals (66 and 24): with 2 ranks, no stream drops a remainder.
+COUNTS_A = (10, 20, 30, 6)
+COUNTS_B = (7, 8, 9)
+MIX_STATE = jsonschema.Draft202012Validator(load_schema("mix_state"))
+STREAM_STATE = jsonschema.Draft202012Validator(load_schema("state"))
+
+
+@pytest.fixture(scope="module")
+def streams(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetInfo, DatasetInfo]:
+    root = tmp_path_factory.mktemp("mix")
+    a = write_uneven_dataset(root / "a", COUNTS_A, prefix="a", seed=1)
+    b = write_uneven_dataset(root / "b", COUNTS_B, prefix="b", seed=2)
+    return a, b
+
+
+def ident(sample: dict) -> str:
+    """A sample's stream (its shard's directory) and key."""
+    return f"{Path(sample['__url__']).parent.name}/{sample['__key__']}"
+
+
+def stream_keys(info: DatasetInfo) -> set[str]:
+    name = Path(info.paths[0]).parent.name
+    return {f"{name}/{key}" for key in info.keys}
+
+
+def make_mix(streams, weights=(0.7, 0.3), policy="continue", **slot) -> Mix:
+    datasets = [StreamingDataset(info.spec, seed=3, shuffle_buffer=5, **slot) for info in streams]
+    return Mix(datasets, list(weights), policy=policy, seed=11)
+
+
+def slot_keys(streams, weights, policy, rank, world_size, worker_id, num_workers, epoch=0):
+    mix = make_mix(
+        streams,
+        weights,
+        policy,
+        rank=rank,
+        world_size=world_size,
+        worker_id=worker_id,
+        num_workers=num_workers,
+    )
+    mix.set_epoch(epoch)
+    return [ident(s) for s in collect(mix)]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    world_size=st.integers(1, 3),
+    num_workers=st.integers(1, 3),
+    weights=st.lists(st.floats(0.05, 5.0), min_size=2, max_size=2),
+    policy=st.sampled_from(["stop", "restart", "continue"]),
+    epoch=st.integers(0, 3),
+)
+def test_equal_ranks_and_each_stream_once_over_any_layout(
+    streams, world_size, num_workers, weights, policy, epoch
+):
+    """Every rank takes the same number of samples; each stream's samples
+    come at most once per pass (once under ``continue``: every one of the
+    stream's epoch); ``stop`` ends where a stream runs out, ``restart``
+    reads every sample of every stream at least once."""
+    per_rank: list[list[str]] = []
+    for rank in range(world_size):
+        keys: list[str] = []
+        for worker in range(num_workers):
+            keys += slot_keys(
+                streams, weights, policy, rank, world_size, worker, num_workers, epoch
+            )
+        per_rank.append(keys)
+    assert len({len(k) for k in per_rank}) == 1, [len(k) for k in per_rank]
+    got = Counter(k for keys in per_rank for k in keys)
+    for info in streams:
+        expected = stream_keys(info)
+        # Each stream's plan drops its total % world_size (remainder="drop").
+        planned = len(expected) - len(expected) % world_size
+        mine = {k: n for k, n in got.items() if k in expected}
+        assert set(got) <= set().union(*(stream_keys(i) for i in streams))
+        if policy == "continue":
+            assert all(n == 1 for n in mine.values())
+            assert len(mine) == planned
+        elif policy == "stop":
+            assert all(n == 1 for n in mine.values())
+        else:
+            assert len(mine) == planned
+    if policy == "stop":
+        # One stream is read to its end (per slot: up to rounding).
+        shares = [
+            sum(n for k, n in got.items() if k in stream_keys(info))
+            / (len(stream_keys(info)) - len(stream_keys(info)) % world_size)
+            for info in streams
+        ]
+        assert max(shares) >= 1 - 2 * world_size * num_workers / 24
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    shard_counts=st.lists(
+        st.lists(st.integers(0, 40), min_size=1, max_size=12), min_size=1, max_size=4
+    ),
+    world_size=st.integers(1, 8),
+    num_workers=st.integers(1, 8),
+    weights=st.lists(st.just(0.0) | st.floats(0.01, 10.0), min_size=4, max_size=4),
+    policy=st.sampled_from(["stop", "restart", "continue"]),
+    seed=st.integers(0, 2**64 - 1),
+    epoch=st.integers(0, 2**32 - 1),
+)
+def test_pure_mixture_plans_give_every_rank_the_same_count(
+    shard_counts, world_size, num_workers, weights, policy, seed, epoch
+):
+    """Over any layout (no I/O): each slot's order holds each stream exactly
+    its count, the counts follow the policy, and every rank's total is the
+    same, since a stream's plan gives worker ``w`` of every rank as many
+    samples."""
+    weights = weights[: len(shard_counts)]
+    if not any(w > 0 for w in weights):
+        weights[0] = 1.0
+    plans = [
+        shardstream.plan_samples(
+            counts, seed=seed, epoch=epoch, world_size=world_size, num_workers=num_workers
+        )
+        for counts in shard_counts
+    ]
+    totals = []
+    for rank in range(world_size):
+        total = 0
+        for worker in range(num_workers):
+            slot = rank * num_workers + worker
+            available = [sum(end - start for _, start, end in plan[slot]) for plan in plans]
+            counts = _core.mix_counts(policy, weights, available)
+            order = _core.mix_order(
+                policy, weights, counts, seed=seed, epoch=epoch, slot=slot, generation=1
+            )
+            assert [order.count(bytes([s])) for s in range(len(counts))] == counts
+            for s, (n, a) in enumerate(zip(counts, available, strict=True)):
+                if weights[s] == 0:
+                    assert n == 0
+                elif policy == "continue":
+                    assert n == a
+                elif policy == "stop":
+                    assert n <= a
+                else:
+                    assert n >= a
+            total += len(order)
+        totals.append(total)
+    assert len(set(totals)) == 1, totals
+
+
+def test_the_mixture_order_is_deterministic_and_follows_seed_and_epoch(streams):
+    first = slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
+    assert first == slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1)
+    assert first != slot_keys(streams, (0.5, 0.5), "stop", 0, 1, 0, 1, epoch=1)
+
+
+def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
+    mix = make_mix(streams)
+    loader = StatefulDataLoader(
+        mix,
+        batch_size=None,
+        num_workers=2,
+        persistent_workers=True,
+        collate_fn=ident,
+        timeout=120,
+    )
+    epochs = [list(loader) for _ in range(2)]
+    everything = stream_keys(streams[0]) | stream_keys(streams[1])
+    for keys in epochs:
+        assert sorted(keys) == sorted(everything)
+    assert epochs[0] != epochs[1]
+    mix.set_epoch(0)
+    fresh = StatefulDataLoader(mix, batch_size=None, num_workers=2, collate_fn=ident, timeout=120)
+    assert list(fresh) == epochs[0]
+
+
+def test_stop_takes_the_weights_exactly(streams):
+    weights = (0.75, 0.25)
+    keys = slot_keys(streams, weights, "stop", 0, 1, 0, 1)
+    took = [sum(k in stream_keys(info) for k in keys) for info in streams]
+    available = [sum(COUNTS_A), sum(COUNTS_B)]
+    # The stream that runs out first (relative to its weight) is read to
+    # its end; the other gives weight-proportionally many, rounded down.
+    m = min(range(2), key=lambda s: available[s] / weights[s])
+    expected = [int(available[m] * weights[s] / weights[m] + 1e-9) for s in range(2)]
+    assert took == expected
+
+
+def test_set_weights_applies_from_the_next_epoch(streams):
+    mix = make_mix(streams, (0.5, 0.5), "stop")
+    first = [ident(s) for s in collect(mix)]
+    assert sum(k.startswith("a/") for k in first) == sum(k.startswith("b/") for k in first)
+    mix.set_weights([0.25, 0.75])
+    second = [ident(s) for s in collect(mix)]
+    # b (24 samples) is the limit: a gives a third as many.
+    assert sum(k.startswith("b/") for k in second) == sum(COUNTS_B)
+    assert sum(k.startswith("a/") for k in second) == sum(COUNTS_B) // 3
+    with pytest.raises(ValueError, match="invalid option weights"):
+        mix.set_weights([1.0, -1.0])
+
+
+def test_model_parallel_ranks_get_identical_samples(streams):
+    info = streams[0]
+
+    def keys(rank: int) -> list[str]:
+        ds = StreamingDataset(
+            info.spec, seed=3, rank=rank, world_size=4, model_parallel_size=2, shuffle_buffer=5
+        )
+        assert ds.distributed_slot() == (rank // 2, 2)
+        return [s["__key__"] for s in collect(ds)]
+
+    ranks = [keys(r) for r in range(4)]
+    assert ranks[0] == ranks[1] and ranks[2] == ranks[3]
+    assert not set(ranks[0]) & set(ranks[2])
+    assert sorted(ranks[0] + ranks[2]) == sorted(info.keys)
+
+
+def test_model_parallel_dataset_states_resume_elastically(streams):
+    """A group's ranks save identical states; gathered, they count once."""
+    info = streams[0]
+    read, states = {}, []
+    for rank in range(4):
+        ds = StreamingDataset(
+            info.spec, seed=3, rank=rank, world_size=4, model_parallel_size=2, shuffle_buffer=5
+        )
+        it = iter(ds)
+        read[rank] = [next(it)["__key__"] for _ in range(7)]
+        states.append(ds.state_dict())
+        del it
+    assert read[0] == read[1] and states[0] == states[1]
+    resumed = StreamingDataset(info.spec, seed=3, shuffle_buffer=5)
+    resumed.load_state_dict(elastic_state(*states))
+    rest = [s["__key__"] for s in collect(resumed)]
+    assert sorted(read[0] + read[2] + rest) == sorted(info.keys)
+
+
+def test_model_parallel_size_is_checked_at_construction(streams):
+    spec = streams[0].spec
+    with pytest.raises(ValueError, match="model_parallel_size"):
+        StreamingDataset(spec, model_parallel_size=0)
+    with pytest.raises(TypeError, match="model_parallel_size"):
+        StreamingDataset(spec, model_parallel_size="2")  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match="model_parallel_size: 2 does not divide world_size 3"):
+        StreamingDataset(spec, rank=0, world_size=3, model_parallel_size=2)
+
+
+def test_bad_mixtures_are_refused_at_construction(streams):
+    a, b = streams
+    ds = [StreamingDataset(a.spec), StreamingDataset(b.spec)]
+    with pytest.raises(ValueError, match="invalid option weights"):
+        Mix(ds, [0.0, 0.0])
+    with pytest.raises(ValueError, match="invalid option weights"):
+        Mix(ds, [1.0, float("nan")])
+    with pytest.raises(ValueError, match="invalid option weights: 1 weights for 2"):
+        Mix(ds, [1.0])
+    with pytest.raises(ValueError, match="invalid option policy"):
+        Mix(ds, policy="cycle")
+    with pytest.raises(ValueError, match="share one layout"):
+        Mix([StreamingDataset(a.spec, rank=0, world_size=2), ds[1]])
+    with pytest.raises(ValueError, match="batches"):
+        Mix([StreamingDataset(a.spec, batch_size=4), ds[1]])
+    with pytest.raises(shardstream.DatasetSpecError, match="shardstream index"):
+        Mix([StreamingDataset(a.spec, count_samples=False), ds[1]])
+
+
+# --------------------------------------------------------------------------
+# Exact resume through StatefulDataLoader
+# --------------------------------------------------------------------------
+
+
+def collate_idents(samples: list[dict]) -> list[str]:
+    return [ident(s) for s in samples]
+
+
+def mix_loader(streams, num_workers, policy, **slot) -> StatefulDataLoader:
+    mix = make_mix(streams, policy=policy, **slot)
+    mix.set_epoch(2)
+    return StatefulDataLoader(
+        mix,
+        batch_size=4,
+        num_workers=num_workers,
+        collate_fn=collate_idents,
+        timeout=120 if num_workers else 0,
+    )
+
+
+def mix_states(obj) -> list[dict]:
+    found: list[dict] = []
+    if isinstance(obj, dict):
+        if obj.get("format") == "shardstream.mix":
+            return [obj]
+        for value in obj.values():
+            found += mix_states(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            found += mix_states(value)
+    return found
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
+def test_exact_resume_at_several_points(streams, num_workers, policy):
+    reference = list(mix_loader(streams, num_workers, policy))
+    assert len(reference) > 8
+    for stop in (1, 4, len(reference) - 2):
+        loader = mix_loader(streams, num_workers, policy)
+        it = iter(loader)
+        before = [next(it) for _ in range(stop)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        for slot in mix_states(state):
+            MIX_STATE.validate(slot)
+            for entry in slot["streams"]:
+                STREAM_STATE.validate(entry["state"])
+        resumed = mix_loader(streams, num_workers, policy)
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert before + rest == reference, f"stop {stop}"
+
+
+def test_an_exact_state_of_another_slot_or_weights_is_refused(streams):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = mix.state_dict()
+    other = make_mix(streams, rank=1, world_size=2)
+    other.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="state field rank"):
+        iter(other)
+    with pytest.raises(StateMismatchError, match="weights"):
+        make_mix(streams, weights=(0.5, 0.5)).load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="elastic_state"):
+        make_mix(streams).load_state_dict(state, weights=[0.5, 0.5])
+    bad = json.loads(json.dumps(state))
+    bad["position"] += 1
+    mix = make_mix(streams)
+    mix.load_state_dict(bad)
+    with pytest.raises(StateMismatchError, match="produced"):
+        iter(mix)
+
+
+# --------------------------------------------------------------------------
+# Elastic resume and weights changed at a resume
+# --------------------------------------------------------------------------
+
+
+def save_two_by_two(streams, batches: int):
+    """Two ranks of two workers each read ``batches`` batches; returns what
+    they read and the elastic state of the job."""
+    read: list[str] = []
+    states = []
+    for rank in range(2):
+        loader = mix_loader(streams, 2, "continue", rank=rank, world_size=2)
+        it = iter(loader)
+        for _ in range(batches):
+            read += next(it)
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+    gathered = elastic_state(*states)
+    MIX_STATE.validate(gathered)
+    return read, gathered
+
+
+def resume_onto(streams, state, world_size, num_workers, weights=None) -> list[list[str]]:
+    per_rank = []
+    for rank in range(world_size):
+        mix = make_mix(streams, rank=rank, world_size=world_size)
+        mix.load_state_dict(state, weights=weights)
+        loader = StatefulDataLoader(
+            mix,
+            batch_size=4,
+            num_workers=num_workers,
+            collate_fn=collate_idents,
+            timeout=120 if num_workers else 0,
+        )
+        per_rank.append([k for batch in loader for k in batch])
+    return per_rank
+
+
+@pytest.mark.parametrize(("world_size", "num_workers"), [(1, 3), (2, 3)])
+def test_elastic_resume_gives_every_stream_sample_once(streams, world_size, num_workers):
+    read, state = save_two_by_two(streams, 3)
+    per_rank = resume_onto(streams, state, world_size, num_workers)
+    assert len({len(keys) for keys in per_rank}) == 1
+    got = Counter(read + [k for keys in per_rank for k in keys])
+    assert all(n == 1 for n in got.values()), [k for k, n in got.items() if n > 1]
+    for info in streams:
+        expected = stream_keys(info)
+        mine = expected & set(got)
+        assert set(got) - set().union(*(stream_keys(i) for i in streams)) == set()
+        # The rest of each stream is cut in equal runs per rank: what does
+        # not divide is dropped (remainder="drop"), nothing else.
+        remaining = len(expected) - len(expected & set(read))
+        assert len(expected) - len(mine) == remaining % world_size
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exact_resume_after_an_elastic_resume(streams, num_workers):
+    """The epoch split anew by an elastic resume (with new weights) resumes
+    exactly: its plan is recomputed from the states it was split from."""
+    _, state = save_two_by_two(streams, 2)
+
+    def loader() -> StatefulDataLoader:
+        mix = make_mix(streams)
+        mix.load_state_dict(state, weights=[0.4, 0.6])
+        return StatefulDataLoader(
+            mix,
+            batch_size=4,
+            num_workers=num_workers,
+            collate_fn=collate_idents,
+            timeout=120 if num_workers else 0,
+        )
+
+    reference = list(loader())
+    first = loader()
+    it = iter(first)
+    before = [next(it) for _ in range(5)]
+    saved = json.loads(json.dumps(first.state_dict()))
+    del it
+    assert all(s["generation"] == 1 and s["resumed_from"] for s in mix_states(saved))
+    again = StatefulDataLoader(
+        make_mix(streams, weights=(0.4, 0.6)),
+        batch_size=4,
+        num_workers=num_workers,
+        collate_fn=collate_idents,
+        timeout=120 if num_workers else 0,
+    )
+    again.load_state_dict(saved)
+    assert before + list(again) == reference
+
+
+def test_weights_changed_at_an_elastic_resume(streams):
+    read, state = save_two_by_two(streams, 2)
+    (after,) = resume_onto(streams, state, 1, 2, weights=[0.1, 0.9])
+    got = Counter(read + after)
+    assert all(n == 1 for n in got.values())
+    assert set(got) == stream_keys(streams[0]) | stream_keys(streams[1])
+    # The new weights lead: stream b comes first in most of the rest.
+    head = after[: len(after) // 4]
+    assert sum(k.startswith("b/") for k in head) > len(head) // 2
+
+
+def test_an_elastic_state_missing_a_slot_is_refused(streams):
+    _, state = save_two_by_two(streams, 1)
+    state["slots"] = state["slots"][1:]
+    mix = make_mix(streams)
+    mix.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="every one of the 2 x 2 slots"):
+        iter(mix)
+
+
+def test_model_parallel_mixture_states_resume_elastically(streams):
+    """4 ranks as 2 data-parallel groups of 2: the ranks of a group take the
+    same samples and save the same states, which count once when gathered;
+    the job resumes on one rank with every stream sample once."""
+    read: dict[int, list[str]] = {}
+    states = []
+    for rank in range(4):
+        datasets = [
+            StreamingDataset(
+                info.spec, seed=3, shuffle_buffer=5, rank=rank, world_size=4, model_parallel_size=2
+            )
+            for info in streams
+        ]
+        mix = Mix(datasets, [0.7, 0.3], policy="continue", seed=11)
+        it = iter(mix)
+        read[rank] = [ident(next(it)) for _ in range(9)]
+        states.append(mix.state_dict())
+        del it
+    assert read[0] == read[1] and read[2] == read[3]
+    assert not set(read[0]) & set(read[2])
+    assert states[0] == states[1] and states[0]["world_size"] == 2
+    (after,) = resume_onto(streams, elastic_state(*states), 1, 0)
+    got = Counter(read[0] + read[2] + after)
+    assert all(n == 1 for n in got.values())
+    assert set(got) == stream_keys(streams[0]) | stream_keys(streams[1])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("format", "shardstream.state"),
+        ("version", 2),
+        ("epoch", -1),
+        ("epoch", 2**40),
+        ("generation", "1"),
+        ("position", 10**9),
+        ("position", None),
+        ("finished", True),
+        ("policy", "stop"),
+        ("seed", 12),
+        ("weights", [1.0]),
+        ("weights", [-1.0, 2.0]),
+        ("streams", []),
+        ("streams", [{"pass": 0}, {"pass": 0}]),
+        ("resumed_from", []),
+        ("resumed_from", [{"format": "shardstream.mix"}]),
+        ("rank", 1),
+    ],
+)
+def test_a_damaged_mixture_state_is_refused_naming_its_field(streams, field, value):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(mix.state_dict()))
+    del it
+    state[field] = value
+    resumed = make_mix(streams)
+    with pytest.raises(StateMismatchError, match=f"state field {field}"):
+        resumed.load_state_dict(state)
+        iter(resumed)
+
+
+def test_a_state_of_another_kind_is_refused(streams):
+    plain = StreamingDataset(streams[0].spec)
+    for state in (plain.state_dict(), [1, 2], {"format": "shardstream.elastic", "slots": []}):
+        with pytest.raises(StateMismatchError):
+            make_mix(streams).load_state_dict(state)  # type: ignore[arg-type]
+
+
+def test_a_damaged_stream_state_inside_a_mixture_is_refused(streams):
+    mix = make_mix(streams)
+    it = iter(mix)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(mix.state_dict()))
+    del it
+    state["streams"][1]["state"]["produced"] += 1
+    resumed = make_mix(streams)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="produced"):
+        iter(resumed)
+
+
+def test_num_samples_is_what_each_rank_takes(streams):
+    for num_workers in (1, 3):
+        mix = make_mix(streams, policy="stop", rank=1, world_size=2)
+        expected = sum(
+            len(slot_keys(streams, (0.7, 0.3), "stop", 1, 2, w, num_workers))
+            for w in range(num_workers)
+        )
+        assert mix.num_samples(num_workers) == expected
+
+
+def test_a_shard_skipped_under_warn_leaves_a_gap_counted_in_the_state(tmp_path, streams):
+    """A stream that gives fewer samples than its plan (the rest of a bad
+    shard skipped under on_error="warn") leaves its places in the order
+    empty: the others' samples all come, once, and the state counts the gap."""
+    root = tmp_path / "c"
+    info = write_uneven_dataset(root, (12, 12), prefix="c", seed=3)
+    index_manifest([info.spec], root / "manifest.json")
+    path = Path(info.paths[1])
+    data = bytearray(path.read_bytes())
+    offsets = member_offsets(bytes(data))
+    header = sorted(offset for offset, _ in offsets.values())[10] - 512
+    data[header : header + 100] = b"\xff" * 100  # a header whose checksum fails
+    path.write_bytes(bytes(data))
+    datasets = [
+        StreamingDataset(info.spec, seed=3, shuffle_buffer=0, on_error="warn"),
+        StreamingDataset(streams[1].spec, seed=3, shuffle_buffer=5),
+    ]
+    mix = Mix(datasets, [0.5, 0.5], policy="continue", seed=11)
+    with pytest.warns(ShardSkippedWarning):
+        keys = [ident(s) for s in collect(mix)]
+    assert len(keys) == len(set(keys))
+    assert {k for k in keys if k.startswith("b/")} == stream_keys(streams[1])
+    got_c = [k for k in keys if k.startswith("c/")]
+    assert 12 <= len(got_c) < 24
+    state = mix.state_dict()
+    assert state["finished"] and state["streams"][0]["short"] == 24 - len(got_c)
+    assert state["streams"][1]["short"] == 0
+
+
+def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(streams):
+    mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
+    with pytest.raises(ValueError, match="more than 1024 times"):
+        iter(mix)
