@@ -82,6 +82,9 @@ create_exception!(
     TransformError,
     ShardStreamError,
     "The dataset's transform raised on a sample (the original exception is its __cause__)."
+);
+create_exception!(
+    shardstream._core,
     ShardWriteError,
     ShardStreamError,
     "Writing a shard or its manifest failed; the shard was not left behind half-written."

@@ -11,8 +11,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
-use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::compression::Compression;
+use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
@@ -20,7 +20,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 21] = [
+pub const OPTION_NAMES: [&str; 22] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
