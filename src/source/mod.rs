@@ -8,6 +8,7 @@
 //! paid in parallel. A new remote source implements
 //! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
+pub mod gcs_auth;
 pub mod http;
 mod local;
 mod ranged;
