@@ -85,6 +85,7 @@ class StreamProcessError(ShardStreamError):
 
 class TransformError(ShardStreamError):
     """The dataset's transform raised on a sample (the original exception is its __cause__)."""
+
 class ShardWriteError(ShardStreamError):
     """Writing a shard or its manifest failed; the shard was not left behind half-written."""
 
