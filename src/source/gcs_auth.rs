@@ -2,13 +2,12 @@
 //! find Application Default Credentials: the JSON key file named by
 //! `GOOGLE_APPLICATION_CREDENTIALS` (a service account's key, whose signed
 //! JWT is exchanged for an access token at the key's `token_uri`, or a
-//! gcloud user's refresh token), else gcloud's
-//! `application_default_credentials.json`, else the metadata server of a
-//! Google Cloud machine (`GCE_METADATA_HOST` overrides its address; it is
-//! asked only when that is set or the machine says it is a Google one),
-//! else none: public buckets are read anonymously. With
-//! `STORAGE_EMULATOR_HOST` (an emulator's address) only an explicit
-//! `GOOGLE_APPLICATION_CREDENTIALS` is used. Tokens are kept until five
+//! gcloud user's refresh token), else the metadata server named by
+//! `GCE_METADATA_HOST`, else gcloud's `application_default_credentials.json`,
+//! else the metadata server of a Google Cloud machine (asked only when the
+//! machine says it is a Google one), else none: public buckets are read
+//! anonymously. With `STORAGE_EMULATOR_HOST` (an emulator's address) only
+//! the explicit ones (the two variables) are used. Tokens are kept until five
 //! minutes before they expire. No token or key appears in an error.
 
 use std::path::{Path, PathBuf};
@@ -174,6 +173,11 @@ fn find_credentials() -> Result<Credentials, String> {
     if let Some(path) = env("GOOGLE_APPLICATION_CREDENTIALS") {
         return load_key_file(Path::new(&path), "GOOGLE_APPLICATION_CREDENTIALS");
     }
+    if let Some(host) = env("GCE_METADATA_HOST") {
+        return Ok(Credentials::Metadata {
+            host: host.trim().to_owned(),
+        });
+    }
     if env("STORAGE_EMULATOR_HOST").is_some() {
         return Ok(Credentials::Anonymous);
     }
@@ -184,11 +188,6 @@ fn find_credentials() -> Result<Credentials, String> {
         if file.is_file() {
             return load_key_file(&file, "gcloud's application default credentials");
         }
-    }
-    if let Some(host) = env("GCE_METADATA_HOST") {
-        return Ok(Credentials::Metadata {
-            host: host.trim().to_owned(),
-        });
     }
     if on_google_cloud() {
         return Ok(Credentials::Metadata {

@@ -7,8 +7,9 @@ API shardstream uses itself, the way GCS does: object listings in pages of
 ``page_size`` (``pageToken``/``nextPageToken``), object resources with
 their ``generation``, media downloads with ``Range`` (pinned to
 ``generation``), ``Authorization: Bearer`` checked when a token is
-required, and an OAuth2 token endpoint (``/token``) that verifies the
-RS256 signature of a service account's JWT with the account's public key.
+required, an OAuth2 token endpoint (``/token``) that verifies the RS256
+signature of a service account's JWT with the account's public key, and the
+token endpoint of a metadata server.
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ def _handler(api: GcsApi) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
             query = urllib.parse.parse_qs(url.query)
+            if url.path == "/computeMetadata/v1/instance/service-accounts/default/token":
+                # The metadata server of a Google Cloud machine.
+                if self.headers.get("Metadata-Flavor") != "Google":
+                    return self.error(403, "Missing Metadata-Flavor header")
+                with api.lock:
+                    api.token_requests += 1
+                body = {"access_token": api.token, "expires_in": 3600, "token_type": "Bearer"}
+                return self.send(200, json.dumps(body).encode())
             authorization = self.headers.get("Authorization")
             with api.lock:
                 api.authorizations.append(authorization)

@@ -50,6 +50,7 @@ def emulator(dataset: DatasetInfo) -> Iterator[str]:
 def gcs(emulator: str, monkeypatch) -> str:
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", emulator)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
     return emulator
 
 
@@ -118,6 +119,7 @@ def api(dataset: DatasetInfo, monkeypatch) -> Iterator[GcsApi]:
     with running_gcs_api({BUCKET: {f"train/{k}": v for k, v in objects.items()}}) as api:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", api.endpoint)
         monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+        monkeypatch.delenv("GCE_METADATA_HOST", raising=False)
         yield api
 
 
@@ -199,3 +201,14 @@ def test_the_bearer_never_appears_in_a_read_error(api, dataset, tmp_path, monkey
     assert "generation=" in message, message
     assert api.token not in message and api.token not in repr(raised.value)
     assert f"Bearer {api.token}" in api.authorizations
+
+
+def test_the_metadata_servers_token_is_sent(api, dataset, monkeypatch):
+    api.required = True
+    monkeypatch.setenv("GCE_METADATA_HOST", api.endpoint.removeprefix("http://"))
+    samples = collect(StreamingDataset(f"gs://{BUCKET}/train/shard-000000.tar", shuffle_buffer=0))
+    local = collect(StreamingDataset(str(dataset.paths[0]), shuffle_buffer=0))
+    assert [sample_digest(s) for s in samples] == [sample_digest(s) for s in local]
+    assert local
+    assert 1 <= api.token_requests <= 2
+    assert set(api.authorizations) == {f"Bearer {api.token}"}
