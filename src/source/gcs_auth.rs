@@ -86,6 +86,15 @@ fn endpoint_of(emulator: Option<&str>) -> String {
     }
 }
 
+/// Whether a request for `url` (at the GCS endpoint) may carry the access
+/// token: not when it is a signed URL, which carries its own authorization
+/// (GCS refuses a request with two).
+pub fn takes_token(url: &url::Url) -> bool {
+    !url.query_pairs().any(|(name, _)| {
+        name.eq_ignore_ascii_case("x-goog-signature") || name.eq_ignore_ascii_case("signature")
+    })
+}
+
 /// How access tokens are obtained.
 enum Credentials {
     /// A service account's key: a signed JWT exchanged at `token_uri`.
@@ -436,6 +445,20 @@ mod tests {
         assert_eq!(endpoint_of(Some("localhost:9023")), "http://localhost:9023");
         assert_eq!(endpoint_of(Some("https://gcs.test/ ")), "https://gcs.test");
         assert_eq!(form_encode("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn signed_urls_carry_no_token() {
+        let url = |u: &str| url::Url::parse(u).unwrap();
+        assert!(takes_token(&url(
+            "https://storage.googleapis.com/download/storage/v1/b/b/o/k?alt=media"
+        )));
+        assert!(!takes_token(&url(
+            "https://storage.googleapis.com/b/k?X-Goog-Signature=ab&X-Goog-Date=1"
+        )));
+        assert!(!takes_token(&url(
+            "https://storage.googleapis.com/b/k?GoogleAccessId=a&Signature=ab"
+        )));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::gcs_auth::{gcs_endpoint, GoogleAuth, NO_TOKEN};
+use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::ranged::{
     check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries, Target,
 };
@@ -205,7 +205,7 @@ impl HttpClient {
                 }
             }
             if let Some((endpoint, auth)) = &self.gcs {
-                if !authorized && origin(&current) == origin(endpoint) {
+                if !authorized && origin(&current) == origin(endpoint) && takes_token(&current) {
                     match auth.bearer().await {
                         Ok(Some(token)) => request = request.header(header::AUTHORIZATION, token),
                         Ok(None) => {}
