@@ -37,6 +37,7 @@ wheel: $(STAMP) ## Build the wheel (dist/shardstream-*.whl) for `pip install`
 	maturin build $(CARGO_PROFILE) -i $(PY) --out $(WHEEL_BUILD)
 	$(PY) -m wheel unpack --dest $(WHEEL_BUILD)/tree $(WHEEL_BUILD)/shardstream-*.whl
 	strip --strip-debug $(WHEEL_BUILD)/tree/shardstream-*/shardstream/_core*.so
+	mkdir -p dist
 	$(PY) -m wheel pack --dest-dir dist $(WHEEL_BUILD)/tree/shardstream-*
 	@ls dist/shardstream-*.whl
 

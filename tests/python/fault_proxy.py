@@ -182,7 +182,8 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
 
         def _decide(self) -> tuple[Faults, int, int]:
             """The faults, this GET's number, and its number among the GETs
-            whose Range starts after byte 0 (0 for the others)."""
+            whose Range starts after byte 0 and that are neither reset nor
+            slowed down (0 for the others)."""
             proxy = proxy_ref[0]
             with proxy.lock:
                 if self.command in ("PUT", "POST"):
@@ -193,11 +194,20 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 if self.command not in ("GET", "HEAD"):
                     return Faults(bandwidth=proxy.faults.bandwidth), 0, 0
                 proxy.injected.gets += 1
+                n = proxy.injected.gets
+                faults = proxy.faults
+                # A GET that is reset or slowed down gets no wrong range
+                # either, so the first k wrong ranges are all given.
+                failed = (
+                    _every(faults.reset_every, n)
+                    or _every(faults.slowdown_every, n)
+                    or n <= faults.slowdown_first
+                )
                 later = 0
                 if "Range" in self.headers:
                     ranged = (self.headers["Range"], self.headers.get("If-Match"))
                     proxy.injected.ranged_gets.append(ranged)
-                    if _range_start(self.headers["Range"]) > 0:
+                    if _range_start(self.headers["Range"]) > 0 and not failed:
                         proxy.injected.later_ranges += 1
                         later = proxy.injected.later_ranges
                 return proxy.faults, proxy.injected.gets, later
