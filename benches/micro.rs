@@ -151,7 +151,10 @@ fn bench_shuffle(c: &mut Criterion) {
                 let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
                 let start = Instant::now();
                 for sample in pool.drain(..) {
-                    buffer.push(sample, |_, evicted| out.push(evicted));
+                    let _ = buffer.push(sample, |evicted| {
+                        out.push(evicted.item);
+                        ControlFlow::Continue(())
+                    });
                 }
                 while let Some((_, sample)) = buffer.pop_random() {
                     out.push(sample);

@@ -5,6 +5,8 @@
 //! `max_items`, so the first samples leave early instead of after a full fill.
 //! Deterministic given its RNG and the number of items emitted so far.
 
+use std::ops::ControlFlow;
+
 use rand_chacha::ChaCha8Rng;
 
 use crate::byte_size::ByteSize;
@@ -19,6 +21,17 @@ pub struct ShuffleBounds {
     pub max_bytes: usize,
     /// Items held before the first is emitted (at least 1, at most `max_items`).
     pub initial: usize,
+}
+
+/// An item a buffer let out to make room for a new one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Evicted<T> {
+    /// Where the item was held (it was swap-removed from there).
+    pub index: usize,
+    /// The RNG's word position once the item was chosen, for resuming.
+    pub rng_word_pos: u128,
+    /// The item.
+    pub item: T,
 }
 
 /// A bounded, seeded shuffle buffer.
@@ -67,26 +80,32 @@ impl<T: ByteSize> ShuffleBuffer<T> {
     }
 
     /// Whether `size` more bytes need a held item out first.
-    pub fn is_full_for(&self, size: usize) -> bool {
+    fn is_full_for(&self, size: usize) -> bool {
         !self.items.is_empty()
             && (self.items.len() >= self.capacity() || self.bytes + size > self.bounds.max_bytes)
     }
 
-    /// Adds `item`, first emitting random held items (with the index they
-    /// were swap-removed from) into `out` until it fits.
-    pub fn push(&mut self, item: T, mut out: impl FnMut(usize, T)) {
+    /// Adds `item`, first letting random held items out into `out` until
+    /// it fits. When `out` breaks (its consumer is gone) the push stops
+    /// there and `item` is dropped, not held.
+    pub fn push(
+        &mut self,
+        item: T,
+        mut out: impl FnMut(Evicted<T>) -> ControlFlow<()>,
+    ) -> ControlFlow<()> {
         while self.is_full_for(item.byte_size()) {
-            if let Some((index, evicted)) = self.pop_random() {
-                out(index, evicted);
-            }
+            let Some((index, evicted)) = self.pop_random() else {
+                break;
+            };
+            out(Evicted {
+                index,
+                rng_word_pos: self.rng_word_pos(),
+                item: evicted,
+            })?;
         }
-        self.insert(item);
-    }
-
-    /// Adds `item` without making room (see [`ShuffleBuffer::is_full_for`]).
-    pub fn insert(&mut self, item: T) {
         self.bytes += item.byte_size();
         self.items.push(item);
+        ControlFlow::Continue(())
     }
 
     /// Removes a uniformly chosen held item (swap-remove) and returns its
@@ -168,7 +187,10 @@ mod tests {
         let mut emitted_per_push = Vec::new();
         for item in items {
             let before = out.len();
-            buffer.push(item.clone(), |_, x| out.push(x));
+            let _ = buffer.push(item.clone(), |e| {
+                out.push(e.item);
+                ControlFlow::Continue(())
+            });
             emitted_per_push.push(out.len() - before);
             let max_items = bounds.max_items.max(1);
             let allowed = max_items.min(bounds.initial.clamp(1, max_items) + out.len());
@@ -179,6 +201,40 @@ mod tests {
             out.push(x);
         }
         (out, within_bounds, emitted_per_push)
+    }
+
+    /// Each item let out comes with where it was held and the RNG position
+    /// after it was chosen, as popping it by hand gives; a push that
+    /// `out` breaks holds nothing new.
+    #[test]
+    fn evictions_match_pops_and_a_break_stops_the_push() {
+        let b = bounds(3, 1 << 20, 3);
+        let (mut pushed, mut popped) = (buffer(b, 9), buffer(b, 9));
+        for item in items(3) {
+            let _ = pushed.push(item.clone(), |_| panic!("room was left"));
+            let _ = popped.push(item, |_| panic!("room was left"));
+        }
+        for item in items(20).into_iter().skip(3) {
+            let mut seen = Vec::new();
+            let flow = pushed.push(item.clone(), |e| {
+                seen.push(e);
+                ControlFlow::Continue(())
+            });
+            assert!(flow.is_continue());
+            let (index, by_hand) = popped.pop_random().unwrap();
+            let expected = Evicted {
+                index,
+                rng_word_pos: popped.rng_word_pos(),
+                item: by_hand,
+            };
+            assert_eq!(seen, [expected]);
+            let _ = popped.push(item, |_| panic!("room was made"));
+        }
+        let held = pushed.len();
+        let flow = pushed.push(Item(99, 1), |_| ControlFlow::Break(()));
+        assert!(flow.is_break());
+        assert_eq!(pushed.len(), held - 1);
+        assert!(pushed.items.iter().all(|item| item.0 != 99));
     }
 
     proptest! {
@@ -221,7 +277,10 @@ mod tests {
             let mut emitted = 0;
             for (pushed, item) in items(n).into_iter().enumerate() {
                 let before = emitted;
-                buffer.push(item, |_, _| emitted += 1);
+                let _ = buffer.push(item, |_| {
+                    emitted += 1;
+                    ControlFlow::Continue(())
+                });
                 // Silent until `initial` items are held, then at most one
                 // out per item in.
                 prop_assert_eq!(emitted == 0, pushed < initial);
@@ -244,7 +303,10 @@ mod tests {
             let mut a = buffer(b, seed);
             let mut emitted = 0u64;
             for item in &all[..split] {
-                a.push(item.clone(), |_, _| emitted += 1);
+                let _ = a.push(item.clone(), |_| {
+                    emitted += 1;
+                    ControlFlow::Continue(())
+                });
             }
             let mut rng = rng_for(seed, 0, Purpose::ShuffleBuffer { slot: 0 });
             rng.set_word_pos(a.rng_word_pos());
@@ -252,8 +314,14 @@ mod tests {
             resumed.refill(a.items.clone());
             let (mut rest_a, mut rest_b) = (Vec::new(), Vec::new());
             for item in &all[split..] {
-                a.push(item.clone(), |_, x| rest_a.push(x));
-                resumed.push(item.clone(), |_, x| rest_b.push(x));
+                let _ = a.push(item.clone(), |e| {
+                    rest_a.push(e.item);
+                    ControlFlow::Continue(())
+                });
+                let _ = resumed.push(item.clone(), |e| {
+                    rest_b.push(e.item);
+                    ControlFlow::Continue(())
+                });
             }
             while let (Some((_, x)), Some((_, y))) = (a.pop_random(), resumed.pop_random()) {
                 rest_a.push(x);

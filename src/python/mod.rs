@@ -3,11 +3,15 @@
 
 mod blocking;
 pub mod convert;
+mod counters;
+mod epoch_table;
 mod errors;
+mod functions;
 mod malloc;
 mod mix;
 mod options;
-mod stream;
+mod sample_stream;
+mod shard_list;
 mod writer;
 
 use pyo3::prelude::*;
@@ -24,6 +28,10 @@ mod _core {
     #[pymodule_export]
     use super::convert::ArrowExport;
     #[pymodule_export]
+    use super::counters::Counters;
+    #[pymodule_export]
+    use super::epoch_table::EpochTable;
+    #[pymodule_export]
     use super::errors::{
         DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
         ManifestMismatchError, ObjectChangedError, SampleSkippedWarning, ShardFormatError,
@@ -31,16 +39,17 @@ mod _core {
         StateMismatchError, StorageAuthError, StreamProcessError, TransformError,
     };
     #[pymodule_export]
+    use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
+    #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
     use super::mix::{check_mix, mix_counts, mix_order};
     #[pymodule_export]
     use super::options::{default_options, default_s3_options, default_writer_options, Options};
     #[pymodule_export]
-    use super::stream::{
-        _rebuild_shard_list, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
-        Counters, EpochTable, SampleStream, ShardList,
-    };
+    use super::sample_stream::SampleStream;
+    #[pymodule_export]
+    use super::shard_list::{_rebuild_shard_list, ShardList};
 
     #[pymodule_export]
     use super::writer::ShardWriter;

@@ -1,0 +1,293 @@
+//! Decoding of sample fields: one sample at a time, or a batch spread over
+//! a pool of threads that lives as long as the stream's pipeline thread.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use crate::byte_size::ByteSize;
+use crate::config::FieldDecoders;
+use crate::error::{Error, Result};
+use crate::format::{Sample, Value};
+
+/// Samples decoded together.
+pub(super) const DECODE_BATCH: usize = 32;
+
+/// Bytes a batch of pending samples must hold to be decoded on several threads.
+const PARALLEL_DECODE_BYTES: usize = 256 << 10;
+
+/// Samples, each with its unit position.
+type Batch = Vec<(usize, Sample)>;
+
+/// Decoded samples (or the error of each), each with its unit position.
+type Decoded = Vec<(usize, Result<Sample>)>;
+
+/// A part of a batch for a helper thread: its place in the batch, and
+/// where to send it decoded.
+struct Job {
+    part: usize,
+    samples: Batch,
+    done: Sender<(usize, Decoded)>,
+}
+
+/// The field decoders of a stream and the threads that run them. The
+/// calling thread decodes a part of every parallel batch itself; helper
+/// threads (one fewer than `threads`) start with the first batch large
+/// enough to share, and end when the pool is dropped.
+pub(super) struct DecodePool {
+    decoders: Arc<FieldDecoders>,
+    threads: usize,
+    jobs: Option<Sender<Job>>,
+    helpers: Vec<JoinHandle<()>>,
+}
+
+impl DecodePool {
+    /// A pool for `decoders` that decodes on up to `threads` threads (the
+    /// caller's included); no thread starts here.
+    pub(super) fn new(decoders: FieldDecoders, threads: usize) -> Self {
+        DecodePool {
+            decoders: Arc::new(decoders),
+            threads: threads.max(1),
+            jobs: None,
+            helpers: Vec::new(),
+        }
+    }
+
+    /// Whether no field is decoded.
+    pub(super) fn is_empty(&self) -> bool {
+        self.decoders.is_empty()
+    }
+
+    /// Decodes one sample on the calling thread.
+    pub(super) fn decode(&self, sample: Sample) -> Result<Sample> {
+        decode_sample(&self.decoders, sample)
+    }
+
+    /// Decodes `samples`, keeping their order: spread over the pool when
+    /// they hold enough bytes to be worth it. Each result is the one
+    /// decoding that sample alone gives.
+    pub(super) fn decode_all(&mut self, mut samples: Batch) -> Decoded {
+        let bytes: usize = samples.iter().map(|(_, s)| s.byte_size()).sum();
+        let threads = self.threads.min(samples.len());
+        if threads <= 1 || bytes < PARALLEL_DECODE_BYTES {
+            return decode_part(&self.decoders, samples);
+        }
+        let per_thread = samples.len().div_ceil(threads);
+        let mut parts = Vec::with_capacity(threads);
+        while samples.len() > per_thread {
+            let rest = samples.split_off(per_thread);
+            parts.push(std::mem::replace(&mut samples, rest));
+        }
+        parts.push(samples);
+        let mut parts = parts.into_iter();
+        let own = parts.next().expect("at least one part");
+        let (done, results) = mpsc::channel();
+        let mut decoded: Vec<Option<Decoded>> = vec![None];
+        for (part, samples) in parts.enumerate().map(|(i, p)| (i + 1, p)) {
+            decoded.push(None);
+            let job = Job {
+                part,
+                samples,
+                done: done.clone(),
+            };
+            if let Err(mpsc::SendError(job)) = self.send(job) {
+                decoded[part] = Some(decode_part(&self.decoders, job.samples));
+            }
+        }
+        drop(done);
+        decoded[0] = Some(decode_part(&self.decoders, own));
+        while decoded.iter().any(Option::is_none) {
+            match results.recv() {
+                Ok((part, out)) => decoded[part] = Some(out),
+                Err(_) => break,
+            }
+        }
+        let lost = || {
+            vec![(
+                0,
+                Err(Error::Stopped(
+                    "a decode thread ended before its samples".into(),
+                )),
+            )]
+        };
+        // A part a helper never sent back ends the batch there, as an error.
+        let mut out = Vec::new();
+        for part in decoded {
+            match part {
+                Some(part) => out.extend(part),
+                None => {
+                    out.extend(lost());
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Hands `job` to a helper, starting the helpers first if need be.
+    fn send(&mut self, job: Job) -> std::result::Result<(), mpsc::SendError<Job>> {
+        if self.jobs.is_none() {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let queue = Arc::new(Mutex::new(queue));
+            for _ in 1..self.threads {
+                let (queue, decoders) = (queue.clone(), self.decoders.clone());
+                let started = std::thread::Builder::new()
+                    .name("shardstream-decode".into())
+                    .spawn(move || help(&queue, &decoders));
+                // Without a helper, its share is decoded on the caller.
+                if let Ok(handle) = started {
+                    self.helpers.push(handle);
+                }
+            }
+            self.jobs = Some(jobs);
+        }
+        self.jobs.as_ref().expect("started above").send(job)
+    }
+}
+
+impl Drop for DecodePool {
+    fn drop(&mut self) {
+        self.jobs = None;
+        for helper in self.helpers.drain(..) {
+            let _ = helper.join();
+        }
+    }
+}
+
+/// A helper thread: decodes the jobs of `queue` until the pool is dropped.
+fn help(queue: &Mutex<Receiver<Job>>, decoders: &FieldDecoders) {
+    loop {
+        let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok(job) = job else { return };
+        let _ = job
+            .done
+            .send((job.part, decode_part(decoders, job.samples)));
+    }
+}
+
+/// Decodes `samples` one by one, in order.
+fn decode_part(decoders: &FieldDecoders, samples: Batch) -> Decoded {
+    samples
+        .into_iter()
+        .map(|(position, sample)| (position, decode_sample(decoders, sample)))
+        .collect()
+}
+
+/// Runs each field of `sample` through its decoder, if it has one.
+fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample> {
+    if decoders.is_empty() {
+        return Ok(sample);
+    }
+    for (field, value) in &mut sample.fields {
+        let Some(decoder) = decoders.decoder_for(field) else {
+            continue;
+        };
+        // Table columns may already be typed: nulls stay null, a text
+        // column goes to a decoder named for it, and the defaults by
+        // extension leave other typed values alone.
+        let named = decoders.by_field.iter().any(|(name, _)| name == field);
+        let bytes = match std::mem::replace(value, Value::Null) {
+            Value::Bytes(bytes) => bytes,
+            Value::Null => continue,
+            Value::Str(text) if named => text.into_bytes().into(),
+            other if !named => {
+                *value = other;
+                continue;
+            }
+            _ => {
+                return Err(Error::Decode {
+                    url: sample.url.to_string(),
+                    key: sample.key.clone(),
+                    field: field.clone(),
+                    decoder: decoder.name(),
+                    reason: "the value is neither bytes nor text".into(),
+                })
+            }
+        };
+        // A view of a mapped local shard is checked after it is decoded:
+        // pages lost to the file being cut short read as zeros.
+        let view = crate::source::MappedView::of(&bytes);
+        let decoded = decoder.decode(bytes);
+        if let Some(view) = view {
+            view.verify()?;
+        }
+        *value = decoded.map_err(|e| Error::Decode {
+            url: sample.url.to_string(),
+            key: sample.key.clone(),
+            field: field.clone(),
+            decoder: decoder.name(),
+            reason: e.reason,
+        })?;
+    }
+    Ok(sample)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::Decoder;
+    use crate::format::SampleId;
+
+    fn sample(index: u64, text: &str) -> (usize, Sample) {
+        let mut padded = text.as_bytes().to_vec();
+        padded.resize(16 << 10, b' ');
+        let sample = Sample {
+            id: SampleId { shard: 0, index },
+            key: index.to_string(),
+            url: Arc::from("mem://a.tar"),
+            fields: vec![("json".into(), Value::Bytes(padded.into()))],
+            offset: 0,
+            length: 0,
+        };
+        (index as usize * 10, sample)
+    }
+
+    fn pool(threads: usize) -> DecodePool {
+        let decoders = FieldDecoders {
+            by_field: vec![("json".into(), Decoder::Json)],
+            defaults: false,
+        };
+        DecodePool::new(decoders, threads)
+    }
+
+    /// A batch large enough to share gives, in order, what decoding each
+    /// sample alone gives, errors included, on any number of threads and
+    /// batch after batch on the same helpers.
+    #[test]
+    fn parallel_batches_keep_order_and_results() {
+        let texts: Vec<String> = (0..40)
+            .map(|i| match i % 7 {
+                3 => "{not json".to_owned(),
+                _ => format!("{{\"n\": {i}}}"),
+            })
+            .collect();
+        let batch = || -> Batch { (0..40u64).map(|i| sample(i, &texts[i as usize])).collect() };
+        let alone = pool(1).decode_all(batch());
+        let show = |d: &Decoded| -> Vec<String> {
+            d.iter()
+                .map(|(p, r)| match r {
+                    Ok(s) => format!("{p} {:?}", s.fields),
+                    Err(e) => format!("{p} {e}"),
+                })
+                .collect()
+        };
+        assert_eq!(alone.len(), 40);
+        assert!(alone.iter().any(|(_, r)| r.is_err()));
+        for threads in [2, 3, 4, 8] {
+            let mut pool = pool(threads);
+            for _ in 0..3 {
+                assert_eq!(show(&pool.decode_all(batch())), show(&alone), "{threads}");
+            }
+            assert_eq!(pool.helpers.len(), threads - 1);
+        }
+    }
+
+    /// Small batches are decoded on the caller: no helper starts.
+    #[test]
+    fn small_batches_start_no_thread() {
+        let mut pool = pool(4);
+        let out = pool.decode_all(vec![sample(0, "1"), sample(1, "2")]);
+        assert_eq!(out.len(), 2);
+        assert!(pool.helpers.is_empty() && pool.jobs.is_none());
+    }
+}

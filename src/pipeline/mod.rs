@@ -1,0 +1,344 @@
+//! Wires plan -> source -> format -> decode -> shuffle for one slot, on a
+//! pipeline thread, and hands samples to the consumer through a bounded
+//! queue. A shard is a tar archive, a raw object (one sample) or one row
+//! group of a Parquet file (one sample per row, or Arrow batches). The
+//! consumer keeps a [`Mirror`] of the pipeline's position, so a stream can
+//! report its state after any sample and resume from it.
+//!
+//! A read that starts at a shard's first byte tells its compression by the
+//! magic bytes ([`TarStream`]). A compressed shard cannot be entered
+//! mid-way, so every read of one, a piece of it included, starts at its
+//! first byte and skips the samples before the piece.
+
+mod decode_pool;
+mod outbox;
+mod reads;
+mod worker;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_array::RecordBatch;
+
+use self::decode_pool::DecodePool;
+use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
+use self::reads::{read_list, Read};
+use self::worker::Worker;
+use crate::compression::Compression;
+use crate::config::StreamOptions;
+use crate::error::{Error, Result};
+use crate::format::Sample;
+use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
+use crate::shard::Shard;
+use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
+use crate::source::{ReadAhead, ReadAheadOptions};
+use crate::state::{self, Mirror, Resume, SlotState};
+use crate::stats::Counters;
+
+/// Rows of one row group as an Arrow record batch.
+#[derive(Debug)]
+pub struct TableBatch {
+    /// The Parquet file's URL.
+    pub url: Arc<str>,
+    /// Index in the file of the batch's first row.
+    pub first_row: u64,
+    /// The rows.
+    pub batch: RecordBatch,
+}
+
+/// What the stream yields besides samples.
+#[derive(Debug)]
+pub enum Event {
+    /// The next sample.
+    Sample(Sample),
+    /// The next rows of a table, with `TableOutput::Arrow`.
+    Batch(TableBatch),
+    /// A bad shard was skipped under `on_error="warn"`; the rest goes on.
+    Skipped(Error),
+}
+
+/// The result of waiting a bounded time for the next event.
+#[derive(Debug)]
+pub enum Poll {
+    /// An event arrived.
+    Ready(Event),
+    /// Nothing arrived within the wait; ask again.
+    Pending,
+    /// The stream has ended.
+    End,
+}
+
+/// The samples of one slot for one epoch, produced on a background thread.
+/// The threads start at the first [`SampleStream::poll`] (so a stream can
+/// be made, and its state read, in a process that is about to fork);
+/// dropping the stream stops them.
+pub struct SampleStream {
+    launch: Option<Launch>,
+    messages: Option<Receiver<Message>>,
+    /// Events received and not yet handed out, in order.
+    ready: VecDeque<Delivery>,
+    cancelled: Arc<AtomicBool>,
+    units: Vec<WorkUnit>,
+    mirror: Mirror,
+    identity: StateIdentity,
+    compressed: CompressedShards,
+    done: bool,
+    finished: bool,
+}
+
+/// The compression of each compressed shard read so far, by shard index.
+pub(super) type CompressedShards = Arc<Mutex<HashMap<usize, Compression>>>;
+
+/// What the pipeline thread needs, kept until the stream starts.
+struct Launch {
+    reads: Vec<Read>,
+    options: StreamOptions,
+    rng: rand_chacha::ChaCha8Rng,
+    counters: Arc<Counters>,
+}
+
+/// The parts of a state that do not change while streaming.
+#[derive(Debug, Clone)]
+struct StateIdentity {
+    fingerprint: String,
+    epoch: u64,
+    slot: SlotSpec,
+    resumed_from: Option<Vec<SlotState>>,
+}
+
+impl SampleStream {
+    /// Plans the epoch for `slot`, from the epoch's start or from `resume`
+    /// (a resumed stream takes its epoch from the state). No thread starts
+    /// before the first [`SampleStream::poll`].
+    pub fn new(
+        shards: &[Shard],
+        options: &StreamOptions,
+        epoch: u64,
+        slot: SlotSpec,
+        counters: Arc<Counters>,
+        resume: Option<Resume>,
+    ) -> Result<Self> {
+        let fingerprint = state::fingerprint(shards, options);
+        // Every field of a resumed state is checked here, before any read.
+        let state::Start {
+            epoch,
+            resumed_from,
+            units,
+            mirror,
+            finished,
+        } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
+        let reads = if finished {
+            Vec::new()
+        } else {
+            read_list(shards, &units, &mirror)?
+        };
+        let mut rng = order::rng_for(
+            options.seed,
+            epoch,
+            Purpose::ShuffleBuffer { slot: slot.slot() },
+        );
+        rng.set_word_pos(mirror.rng_word_pos);
+        Ok(SampleStream {
+            launch: Some(Launch {
+                reads,
+                options: options.clone(),
+                rng,
+                counters,
+            }),
+            messages: None,
+            ready: VecDeque::new(),
+            cancelled: Arc::new(AtomicBool::new(false)),
+            units,
+            mirror,
+            identity: StateIdentity {
+                fingerprint,
+                epoch,
+                slot,
+                resumed_from,
+            },
+            compressed: CompressedShards::default(),
+            done: false,
+            finished,
+        })
+    }
+
+    /// Starts the I/O runtime and the pipeline thread.
+    fn launch(&mut self, launch: Launch) -> Result<Receiver<Message>> {
+        let Launch {
+            reads,
+            options,
+            rng,
+            counters,
+        } = launch;
+        let fetches = reads.iter().filter_map(|r| r.fetch.clone()).collect();
+        let mut read_ahead = ReadAhead::start(
+            fetches,
+            ReadAheadOptions {
+                budget_bytes: options.read_ahead_bytes,
+                chunk_bytes: options.chunk_bytes,
+                io_timeout: options.io_timeout,
+                s3: options.s3.clone(),
+            },
+            counters.clone(),
+        )?;
+        let group_size = (options.output_queue / 4).clamp(1, MAX_DELIVERY_GROUP);
+        let (outbox, rx) = Outbox::new(options.output_queue, group_size);
+        let hook = outbox.clone();
+        read_ahead.before_wait(Arc::new(move || {
+            let _ = hook.flush();
+        }));
+        let worker = Worker {
+            read_ahead,
+            reads,
+            restore: self.mirror.buffer.clone(),
+            shuffle: (options.shuffle_buffer > 0).then(|| {
+                let bounds = ShuffleBounds {
+                    max_items: options.shuffle_buffer,
+                    max_bytes: options.shuffle_buffer_bytes,
+                    initial: options.shuffle_initial,
+                };
+                ShuffleBuffer::new(bounds, rng, self.mirror.produced)
+            }),
+            on_error: options.on_error,
+            verify_bytes: options.read_ahead_bytes as u64,
+            counters,
+            outbox,
+            cancelled: self.cancelled.clone(),
+            ops: Vec::new(),
+            finished: self.finished,
+            compressed: self.compressed.clone(),
+            decode: DecodePool::new(
+                options.decode.clone(),
+                std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            ),
+            pending: Vec::new(),
+            columns: options.columns.clone(),
+            table_output: options.table_output,
+            batch_rows: options.batch_rows,
+        };
+        std::thread::Builder::new()
+            .name("shardstream-pipeline".into())
+            .spawn(move || worker.run())
+            .map_err(|e| Error::Stopped(format!("cannot start the pipeline thread: {e}")))?;
+        Ok(rx)
+    }
+
+    /// The work units this slot reads in the epoch, in order.
+    pub fn units(&self) -> &[WorkUnit] {
+        &self.units
+    }
+
+    /// The epoch being streamed.
+    pub fn epoch(&self) -> u64 {
+        self.identity.epoch
+    }
+
+    /// The compression of every compressed shard opened so far, by shard
+    /// index (known before any of the shard's samples is handed out).
+    pub fn compressed_shards(&self) -> HashMap<usize, Compression> {
+        self.compressed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The state as of the last sample handed out: resuming from it gives
+    /// exactly the samples that would have followed.
+    pub fn state(&self) -> SlotState {
+        let (identity, mirror) = (&self.identity, &self.mirror);
+        SlotState {
+            format: state::STATE_FORMAT.into(),
+            version: state::STATE_VERSION,
+            fingerprint: identity.fingerprint.clone(),
+            epoch: identity.epoch,
+            world_size: identity.slot.world_size,
+            rank: identity.slot.rank,
+            num_workers: identity.slot.num_workers,
+            worker_id: identity.slot.worker_id,
+            produced: mirror.produced,
+            skipped: mirror.skipped,
+            cursor: mirror.cursor,
+            buffer: mirror
+                .buffer
+                .iter()
+                .map(|id| [id.shard as u64, id.index])
+                .collect(),
+            rng_word_pos: mirror.rng_word_pos.to_string(),
+            digest: state::format_digest(mirror.digest),
+            finished: self.finished,
+            resumed_from: identity.resumed_from.clone(),
+        }
+    }
+
+    /// Waits at most `wait` for the next event (starting the threads on
+    /// the first call).
+    pub fn poll(&mut self, wait: Duration) -> Result<Poll> {
+        if self.done {
+            return Ok(Poll::End);
+        }
+        if let Some(launch) = self.launch.take() {
+            match self.launch(launch) {
+                Ok(rx) => self.messages = Some(rx),
+                Err(error) => {
+                    self.done = true;
+                    return Err(error);
+                }
+            }
+        }
+        if self.ready.is_empty() {
+            let messages = self.messages.as_ref().expect("launched above");
+            let message = match messages.recv_timeout(wait) {
+                Ok(message) => message,
+                Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
+                Err(RecvTimeoutError::Disconnected) => {
+                    self.done = true;
+                    return Err(Error::Stopped(
+                        "the pipeline thread ended without finishing".into(),
+                    ));
+                }
+            };
+            match message {
+                Message::Events(group) => self.ready.extend(group),
+                Message::Failed(error) => {
+                    self.done = true;
+                    return Err(error);
+                }
+                Message::End => {
+                    self.done = true;
+                    self.finished = true;
+                    return Ok(Poll::End);
+                }
+            }
+        }
+        let Some(Delivery { ops, event }) = self.ready.pop_front() else {
+            return Ok(Poll::Pending);
+        };
+        self.mirror.apply(&ops, &self.units);
+        Ok(Poll::Ready(event))
+    }
+}
+
+impl Iterator for SampleStream {
+    type Item = Result<Event>;
+
+    /// Blocks until the next event (the pipeline bounds every wait on storage).
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            match self.poll(Duration::from_secs(1)) {
+                Ok(Poll::Ready(event)) => return Some(Ok(event)),
+                Ok(Poll::Pending) => continue,
+                Ok(Poll::End) => return None,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+impl Drop for SampleStream {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+}

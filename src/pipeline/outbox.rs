@@ -1,0 +1,171 @@
+//! The pipeline's end of the channel to the consumer.
+
+use std::ops::ControlFlow;
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+
+use super::Event;
+use crate::error::Error;
+use crate::state::Op;
+
+/// Events per message to the consumer, at most.
+pub(super) const MAX_DELIVERY_GROUP: usize = 16;
+
+/// What the pipeline thread sends the consumer.
+pub(super) enum Message {
+    /// Events in order, each with the ops that lead to it.
+    Events(Vec<Delivery>),
+    /// The stream failed.
+    Failed(Error),
+    /// The stream ended.
+    End,
+}
+
+/// One event and the state ops that lead to it.
+pub(super) struct Delivery {
+    pub(super) ops: Vec<Op>,
+    pub(super) event: Event,
+}
+
+/// The pipeline's end of the channel to the consumer. Events go in groups,
+/// so the consumer wakes once per group rather than once per sample: a
+/// group is sent when it is full, and before the pipeline waits for bytes
+/// that have not arrived, so nothing ready waits behind storage.
+#[derive(Clone)]
+pub(super) struct Outbox(Arc<Mutex<OutboxState>>);
+
+struct OutboxState {
+    tx: SyncSender<Message>,
+    group: Vec<Delivery>,
+    group_size: usize,
+    /// A send failed: the consumer is gone.
+    gone: bool,
+}
+
+impl Outbox {
+    /// An outbox of groups of `group_size` events, and the consumer's end.
+    pub(super) fn new(queued: usize, group_size: usize) -> (Self, Receiver<Message>) {
+        let group_size = group_size.max(1);
+        let (tx, rx) = mpsc::sync_channel(queued.div_ceil(group_size).max(1));
+        let state = OutboxState {
+            tx,
+            group: Vec::with_capacity(group_size),
+            group_size,
+            gone: false,
+        };
+        (Outbox(Arc::new(Mutex::new(state))), rx)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, OutboxState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `event` with the ops gathered so far (taken from `ops`);
+    /// `Break` once the consumer is gone.
+    pub(super) fn send(&self, ops: &mut Vec<Op>, event: Event) -> ControlFlow<()> {
+        let mut state = self.lock();
+        if state.gone {
+            return ControlFlow::Break(());
+        }
+        state.group.push(Delivery {
+            ops: std::mem::take(ops),
+            event,
+        });
+        if state.group.len() >= state.group_size {
+            state.flush()
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// Sends the queued events now; `Break` once the consumer is gone.
+    pub(super) fn flush(&self) -> ControlFlow<()> {
+        self.lock().flush()
+    }
+
+    /// Sends the queued events, then `last`.
+    pub(super) fn finish(&self, last: Message) {
+        let mut state = self.lock();
+        if state.flush().is_continue() {
+            let _ = state.tx.send(last);
+        }
+    }
+}
+
+impl OutboxState {
+    fn flush(&mut self) -> ControlFlow<()> {
+        if self.gone {
+            return ControlFlow::Break(());
+        }
+        if self.group.is_empty() {
+            return ControlFlow::Continue(());
+        }
+        let group = std::mem::replace(&mut self.group, Vec::with_capacity(self.group_size));
+        if self.tx.send(Message::Events(group)).is_err() {
+            self.gone = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Sample, SampleId};
+
+    fn event(index: u64) -> Event {
+        Event::Sample(Sample {
+            id: SampleId { shard: 0, index },
+            key: index.to_string(),
+            url: Arc::from("mem://a.tar"),
+            fields: Vec::new(),
+            offset: 0,
+            length: 0,
+        })
+    }
+
+    fn indices(message: Message) -> Vec<u64> {
+        match message {
+            Message::Events(group) => group
+                .into_iter()
+                .map(|d| match d.event {
+                    Event::Sample(s) => s.id.index,
+                    _ => panic!("not a sample"),
+                })
+                .collect(),
+            _ => panic!("not events"),
+        }
+    }
+
+    /// Events go out in order, in full groups, the rest on a flush, with
+    /// the ops gathered before each.
+    #[test]
+    fn events_go_in_groups_in_order() {
+        let (outbox, rx) = Outbox::new(16, 3);
+        let mut ops = Vec::new();
+        for i in 0..4 {
+            ops.push(Op::UnitDone { unit: i as usize });
+            assert!(outbox.send(&mut ops, event(i)).is_continue());
+            assert!(ops.is_empty());
+        }
+        assert_eq!(indices(rx.try_recv().unwrap()), [0, 1, 2]);
+        assert!(
+            rx.try_recv().is_err(),
+            "a group went out before it was full"
+        );
+        outbox.finish(Message::End);
+        assert_eq!(indices(rx.try_recv().unwrap()), [3]);
+        assert!(matches!(rx.try_recv().unwrap(), Message::End));
+    }
+
+    /// Once the consumer is gone, every send says so.
+    #[test]
+    fn a_gone_consumer_breaks_sends() {
+        let (outbox, rx) = Outbox::new(1, 1);
+        drop(rx);
+        assert!(outbox.send(&mut Vec::new(), event(0)).is_break());
+        assert!(outbox.send(&mut Vec::new(), event(1)).is_break());
+        assert!(outbox.flush().is_break());
+    }
+}

@@ -1,0 +1,111 @@
+//! The epoch table that DataLoader workers read their next epoch from.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+use crate::stats;
+
+/// The epoch of each DataLoader worker's next iteration, by worker id (see
+/// [`stats::Epochs`]): shared with workers forked after its creation, and,
+/// through its descriptor, with workers started by `spawn` or `forkserver`.
+#[pyclass(module = "shardstream._core")]
+pub struct EpochTable {
+    inner: stats::Epochs,
+}
+
+impl EpochTable {
+    fn check_worker(worker: usize) -> PyResult<()> {
+        if worker >= stats::EPOCH_TABLE_LEN {
+            return Err(PyValueError::new_err(format!(
+                "DataLoader worker {worker}: epochs are kept for at most {} workers",
+                stats::EPOCH_TABLE_LEN
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl EpochTable {
+    /// A new table, every entry 0.
+    #[new]
+    fn new() -> Self {
+        EpochTable {
+            inner: stats::Epochs::new(),
+        }
+    }
+
+    /// The number of entries: DataLoader worker ids the table serves.
+    #[classattr]
+    fn capacity() -> usize {
+        stats::EPOCH_TABLE_LEN
+    }
+
+    /// The epoch of worker `worker`'s next iteration.
+    fn get(&self, worker: usize) -> PyResult<u64> {
+        Self::check_worker(worker)?;
+        Ok(self.inner.get(worker))
+    }
+
+    /// Sets every entry to `epoch`.
+    fn set_all(&self, epoch: u64) {
+        self.inner.set_all(epoch);
+    }
+
+    /// Sets entry `worker` of a DataLoader of `num_workers` workers, and
+    /// every entry from `num_workers` on, to `epoch`.
+    fn set_worker(&self, worker: usize, num_workers: usize, epoch: u64) -> PyResult<()> {
+        Self::check_worker(worker)?;
+        if worker >= num_workers {
+            return Err(PyValueError::new_err(format!(
+                "worker {worker} of a DataLoader of {num_workers} workers"
+            )));
+        }
+        self.inner.set_worker(worker, num_workers, epoch);
+        Ok(())
+    }
+
+    /// Every entry, in worker id order.
+    fn values(&self) -> Vec<u64> {
+        self.inner.values()
+    }
+
+    /// The descriptor of the table's memory, to hand to a process started
+    /// by `spawn` or `forkserver`; `None` where the table can only be
+    /// shared with forked processes.
+    fn fd(&self) -> Option<i32> {
+        self.inner.fd().map(|fd| fd.as_raw_fd())
+    }
+
+    /// The table whose memory is the descriptor `fd` (which the table takes
+    /// over and closes), as [`EpochTable::fd`] gave it in another process.
+    #[staticmethod]
+    fn _attach(fd: i32) -> PyResult<Self> {
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
+        }
+        // SAFETY: the caller hands the descriptor over (documented above).
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let inner = stats::Epochs::attach(file).map_err(|e| {
+            PyValueError::new_err(format!("descriptor {fd} is not an epoch table: {e}"))
+        })?;
+        Ok(EpochTable { inner })
+    }
+
+    /// A new, unshared table holding `values`.
+    #[staticmethod]
+    fn _from_values(values: Vec<u64>) -> PyResult<Self> {
+        let inner = stats::Epochs::from_values(&values).map_err(PyValueError::new_err)?;
+        Ok(EpochTable { inner })
+    }
+
+    /// Plain pickling gives an unshared copy of the entries (the DataLoader
+    /// hands workers the shared table through `multiprocessing`'s own
+    /// pickler, see `shardstream.dataset`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Vec<u64>,))> {
+        let rebuild = slf.get_type().getattr("_from_values")?;
+        Ok((rebuild, (slf.borrow().inner.values(),)))
+    }
+}

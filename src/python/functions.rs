@@ -1,0 +1,126 @@
+//! The pure helpers exposed to Python: state checks, spec resolution,
+//! plans and the command line.
+
+use std::str::FromStr;
+
+use pyo3::prelude::*;
+
+use super::errors::to_py;
+use super::sample_stream::parse_resume;
+use crate::plan::{self, PlanParams, Remainder, SlotSpec};
+use crate::resolve;
+
+/// Checks that `state` (JSON) is a shardstream state or list of them.
+#[pyfunction]
+pub fn check_state(state: &str) -> PyResult<()> {
+    parse_resume(state).map(|_| ()).map_err(to_py)
+}
+
+/// Resolves dataset specs to `(url, size or None)` pairs, in order.
+#[pyfunction]
+pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(String, Option<u64>)>> {
+    let shards = py.detach(|| resolve::resolve(&specs)).map_err(to_py)?;
+    Ok(shards.into_iter().map(|s| (s.url, s.size)).collect())
+}
+
+/// Validates the layout and plans one epoch of `shards`.
+fn plan_slots(
+    shards: Vec<plan::ShardInfo>,
+    seed: u64,
+    epoch: u64,
+    (world_size, num_workers): (usize, usize),
+    shuffle_shards: bool,
+    remainder: Remainder,
+) -> PyResult<Vec<Vec<plan::WorkUnit>>> {
+    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
+    let params = PlanParams {
+        seed,
+        epoch,
+        shuffle_shards,
+        world_size,
+        num_workers,
+        remainder,
+    };
+    Ok(plan::plan_epoch(&shards, &params).slots)
+}
+
+/// The shard indices of every slot (`rank * num_workers + worker`) for one
+/// epoch without a manifest (balanced by bytes).
+#[pyfunction]
+#[pyo3(signature = (sizes, *, seed, epoch, world_size, num_workers, shuffle_shards = true))]
+pub fn plan_epoch(
+    sizes: Vec<Option<u64>>,
+    seed: u64,
+    epoch: u64,
+    world_size: usize,
+    num_workers: usize,
+    shuffle_shards: bool,
+) -> PyResult<Vec<Vec<usize>>> {
+    let shards = sizes
+        .into_iter()
+        .map(|size| plan::ShardInfo {
+            size,
+            samples: None,
+        })
+        .collect();
+    let slots = plan_slots(
+        shards,
+        seed,
+        epoch,
+        (world_size, num_workers),
+        shuffle_shards,
+        Remainder::Drop,
+    )?;
+    Ok(slots
+        .into_iter()
+        .map(|slot| slot.into_iter().map(|u| u.shard).collect())
+        .collect())
+}
+
+/// The sample runs `(shard, start, end)` of every slot for one epoch when
+/// every shard's sample count is known (equal samples per rank).
+#[pyfunction]
+#[pyo3(signature = (counts, *, seed, epoch, world_size, num_workers, shuffle_shards = true, remainder = "drop"))]
+pub fn plan_samples(
+    counts: Vec<u64>,
+    seed: u64,
+    epoch: u64,
+    world_size: usize,
+    num_workers: usize,
+    shuffle_shards: bool,
+    remainder: &str,
+) -> PyResult<Vec<Vec<(usize, u64, u64)>>> {
+    let remainder = Remainder::from_str(remainder).map_err(to_py)?;
+    let shards = counts
+        .into_iter()
+        .map(|n| plan::ShardInfo {
+            size: None,
+            samples: Some(n),
+        })
+        .collect();
+    let slots = plan_slots(
+        shards,
+        seed,
+        epoch,
+        (world_size, num_workers),
+        shuffle_shards,
+        remainder,
+    )?;
+    Ok(slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_iter()
+                .map(|u| {
+                    let r = u.samples.unwrap_or(0..0);
+                    (u.shard, r.start, r.end)
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// Runs the `shardstream` command line with `argv` (program name first).
+#[pyfunction]
+pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| crate::cli::run(argv))
+}

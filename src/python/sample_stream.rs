@@ -1,0 +1,324 @@
+//! The sample iterator of one `(rank, worker)` slot.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+
+use super::blocking::blocking;
+use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
+use super::counters::Counters;
+use super::errors::{
+    panic_to_py, to_py, ShardSkippedWarning, ShardStreamError, StreamProcessError,
+};
+use super::shard_list::{check_counts, ShardList};
+use crate::collate::collate;
+use crate::format::Sample;
+use crate::pipeline::{Event, Poll, SampleStream as Stream};
+use crate::plan::SlotSpec;
+use crate::state::{Resume, SlotState};
+use crate::stats;
+
+/// How long one wait for a sample lasts before Python signals are checked.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The samples of one `(rank, worker)` slot for one epoch, as dicts with
+/// `__key__`, `__url__` and one value per field (`bytes` unless decoded),
+/// or collated batches of them, or `pyarrow.RecordBatch` objects. Its
+/// threads start at the first `next()`.
+#[pyclass(module = "shardstream._core")]
+pub struct SampleStream {
+    inner: Mutex<Stream>,
+    epoch: u64,
+    batch_size: Option<usize>,
+    /// An error met after part of a batch was collected, raised next time.
+    pending_error: Mutex<Option<crate::Error>>,
+    /// Samples taken from the stream and not yet handed out: kept across
+    /// calls, so an exception (a signal, a warning turned error) between
+    /// taking and handing out loses none.
+    held: Mutex<Vec<Sample>>,
+    /// Shards skipped while samples were collected, warned of after the wait.
+    skipped: Mutex<Vec<crate::Error>>,
+    /// What makes the `bytes` that local shards' long members are handed out
+    /// as (in a DataLoader worker), if any: see [`BytesOut::LocalReferences`].
+    local_bytes: Option<Py<PyAny>>,
+    /// Set while a `next()` runs: a second thread's `next()` is refused.
+    busy: AtomicBool,
+    /// The process that started the stream's threads (0: not started). A
+    /// forked child has none of them: it must not wait on their channel.
+    started_in: AtomicU32,
+}
+
+/// The right to run `next()`, held for the length of one call.
+struct NextTurn<'a>(&'a AtomicBool);
+
+impl<'a> NextTurn<'a> {
+    /// Takes the turn, unless another thread holds it.
+    fn take(busy: &'a AtomicBool) -> Option<Self> {
+        busy.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| NextTurn(busy))
+    }
+}
+
+impl Drop for NextTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// What one wait with the GIL released brought.
+enum Collected {
+    /// The held samples make a batch (or one sample).
+    Full,
+    /// Rows of a table, as Arrow.
+    Table(crate::pipeline::TableBatch),
+    /// Nothing more yet: check for signals and wait again.
+    Pending,
+    /// The stream ended.
+    End,
+    /// The stream failed.
+    Failed(crate::Error),
+}
+
+#[pymethods]
+impl SampleStream {
+    /// The stream of one slot: `shards` with their options, for `epoch`
+    /// (or the epoch of `resume`, a state JSON), at slot `(rank, worker_id)`
+    /// of `world_size` ranks of `num_workers` workers. `local_bytes` makes
+    /// the `bytes` of local shards' long members (see `LocalBytes`).
+    #[new]
+    #[pyo3(signature = (
+        shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
+        resume = None, counters = None, local_bytes = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        shards: PyRef<'_, ShardList>,
+        epoch: u64,
+        world_size: usize,
+        rank: usize,
+        num_workers: usize,
+        worker_id: usize,
+        resume: Option<&str>,
+        counters: Option<PyRef<'_, Counters>>,
+        local_bytes: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let options = shards.options.bind(py).get();
+        let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
+        check_counts(&shards.shards, world_size).map_err(to_py)?;
+        let resume = resume.map(parse_resume).transpose().map_err(to_py)?;
+        let counters =
+            counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
+        let stream = Stream::new(
+            &shards.shards,
+            &options.stream,
+            epoch,
+            slot,
+            counters,
+            resume,
+        )
+        .map_err(to_py)?;
+        Ok(SampleStream {
+            epoch: stream.epoch(),
+            inner: Mutex::new(stream),
+            batch_size: options.batch_size,
+            pending_error: Mutex::new(None),
+            held: Mutex::new(Vec::new()),
+            skipped: Mutex::new(Vec::new()),
+            local_bytes,
+            busy: AtomicBool::new(false),
+            started_in: AtomicU32::new(0),
+        })
+    }
+
+    /// The epoch streamed (a resumed stream takes it from the state).
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// This slot's work units in order: `(shard, first_sample, end_sample)`,
+    /// the sample bounds `None` for a whole shard.
+    #[getter]
+    fn units(&self) -> Vec<(usize, Option<u64>, Option<u64>)> {
+        let stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        stream
+            .units()
+            .iter()
+            .map(|u| {
+                let (start, end) = u
+                    .samples
+                    .as_ref()
+                    .map_or((None, None), |r| (Some(r.start), Some(r.end)));
+                (u.shard, start, end)
+            })
+            .collect()
+    }
+
+    /// The state (JSON) as of the last sample handed out.
+    fn state(&self) -> String {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state()
+            .to_json()
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next sample (a dict), batch (a dict of columns) or record batch.
+    /// Raises `StreamProcessError` in a process other than the one whose
+    /// `next()` started the stream (a forked child: the threads that feed
+    /// the stream stayed in the parent).
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        // First: a parent's `next()` running in another thread at the fork
+        // leaves the child's copy busy (and its locks held) for ever.
+        let pid = std::process::id();
+        match self
+            .started_in
+            .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {}
+            Err(started) if started == pid => {}
+            Err(started) => {
+                return Err(StreamProcessError::new_err(format!(
+                    "this stream was started in process {started}; create a new iterator in this process"
+                )))
+            }
+        }
+        let Some(_turn) = NextTurn::take(&self.busy) else {
+            return Err(ShardStreamError::new_err(
+                "this stream's next() is already running in another thread; iterate a stream \
+                 from one thread at a time (like a generator)",
+            ));
+        };
+        if let Some(error) = self
+            .pending_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            return Err(to_py(error));
+        }
+        let want = self.batch_size.unwrap_or(1);
+        loop {
+            let collected = py
+                .detach(|| {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.collect(want)))
+                })
+                .map_err(|panic| panic_to_py(panic.as_ref()))?;
+            let skipped =
+                std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
+            for error in skipped {
+                warn_skipped(py, &error)?;
+            }
+            let held = || std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
+            match collected {
+                Collected::Full => return self.hand_out(py, held()).map(Some),
+                Collected::Table(table) => return record_batch_to_py(py, table.batch).map(Some),
+                Collected::Pending => py.check_signals()?,
+                Collected::End => {
+                    let samples = held();
+                    if samples.is_empty() {
+                        return Ok(None);
+                    }
+                    return self.hand_out(py, samples).map(Some);
+                }
+                Collected::Failed(error) => {
+                    let samples = held();
+                    if samples.is_empty() {
+                        return Err(to_py(error));
+                    }
+                    // The samples are already counted as produced: hand them
+                    // out, and raise at the next call.
+                    *self.pending_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+                    return self.hand_out(py, samples).map(Some);
+                }
+            }
+        }
+    }
+}
+
+impl SampleStream {
+    /// Waits (GIL released) until `want` samples are held or something
+    /// else happens.
+    fn collect(&self, want: usize) -> Collected {
+        let mut stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if held.len() >= want {
+            return Collected::Full;
+        }
+        loop {
+            match stream.poll(POLL_INTERVAL) {
+                Ok(Poll::Ready(Event::Sample(sample))) => {
+                    held.push(sample);
+                    if held.len() >= want {
+                        return Collected::Full;
+                    }
+                }
+                Ok(Poll::Ready(Event::Batch(table))) => return Collected::Table(table),
+                Ok(Poll::Ready(Event::Skipped(error))) => {
+                    self.skipped
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(error);
+                    if held.is_empty() {
+                        return Collected::Pending;
+                    }
+                }
+                Ok(Poll::Pending) => return Collected::Pending,
+                Ok(Poll::End) => return Collected::End,
+                Err(error) => return Collected::Failed(error),
+            }
+        }
+    }
+
+    /// One sample as a dict, or a batch collated (GIL released) as columns.
+    fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
+        let class = self.local_bytes.as_ref().map(|c| c.bind(py));
+        let out = class.map_or(BytesOut::Plain, BytesOut::LocalReferences);
+        if self.batch_size.is_none() {
+            let Some(sample) = samples.into_iter().next() else {
+                return Err(panic_to_py(&"a sample to hand out went missing"));
+            };
+            return sample_to_dict(py, sample, out).map(Bound::into_any);
+        }
+        let batch = blocking(py, || Ok(collate(samples)))?;
+        batch_to_dict(py, batch, out).map(Bound::into_any)
+    }
+}
+
+/// Warns that the rest of a bad shard was skipped.
+fn warn_skipped(py: Python<'_>, error: &crate::Error) -> PyResult<()> {
+    let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
+        .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());
+    PyErr::warn(
+        py,
+        py.get_type::<ShardSkippedWarning>().as_any(),
+        &message,
+        1,
+    )
+}
+
+/// A state JSON: one slot's state (exact resume) or a list of every slot's
+/// state of a layout (elastic resume).
+pub(super) fn parse_resume(json: &str) -> crate::Result<Resume> {
+    if json.trim_start().starts_with('[') {
+        let values: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| {
+            crate::Error::StateMismatch(format!("not a list of shardstream states: {e}"))
+        })?;
+        let states = values
+            .iter()
+            .map(|v| SlotState::from_json(&v.to_string()))
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok(Resume::Elastic(states))
+    } else {
+        Ok(Resume::Exact(SlotState::from_json(json)?))
+    }
+}

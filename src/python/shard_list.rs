@@ -1,0 +1,234 @@
+//! The resolved shard list of a dataset.
+
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyTuple};
+
+use super::blocking::interruptible;
+use super::errors::{to_py, ManifestIgnoredWarning};
+use super::options::Options;
+use crate::config::OnError;
+use crate::plan::{cut, Remainder, SlotSpec};
+use crate::resolve;
+use crate::shard::{Shard, ShardKind};
+
+/// The resolved shards of a dataset, with their sample counts (from a
+/// manifest, Parquet footers, or the headers of local tar shards), and the
+/// options they were resolved with.
+#[pyclass(module = "shardstream._core")]
+pub struct ShardList {
+    pub(super) shards: Arc<Vec<Shard>>,
+    specs: Vec<String>,
+    manifest: Option<PathBuf>,
+    pub(super) options: Py<Options>,
+    /// Whether the local tar shards were counted from their headers.
+    counted: bool,
+}
+
+#[pymethods]
+impl ShardList {
+    /// Resolves `specs` with the dataset's `options` (`manifest`, `format`,
+    /// `s3`, `on_error`): lists directories and prefixes, reads Parquet
+    /// footers and the manifest, and counts the samples of local tar
+    /// shards that no manifest describes when `count_samples=True`. With
+    /// `on_error="raise"` a local shard that is missing, or malformed when
+    /// counted, is an error here.
+    #[new]
+    fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
+        let o = options.get();
+        let strict = o.stream.on_error == OnError::Raise;
+        let (s3, format, choice) = (o.stream.s3.clone(), o.format, o.manifest.clone());
+        let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
+        let count = o.count_samples == Some(true);
+        let owned_specs = specs.clone();
+        let (shards, attached) = interruptible(py, move || {
+            let (mut shards, attached) =
+                resolve::resolve_indexed(&owned_specs, &s3, format, &choice, strict)?;
+            if count {
+                crate::count::count_local_tar(&mut shards, strict)?;
+            }
+            if arrow {
+                if let Some(shard) = shards
+                    .iter()
+                    .find(|s| !matches!(s.kind, ShardKind::Parquet(_)))
+                {
+                    return Err(crate::Error::Config {
+                        name: "batch_format",
+                        reason: format!(
+                            "\"arrow\" hands out Parquet record batches, and {} is not a Parquet file",
+                            shard.url
+                        ),
+                    });
+                }
+            }
+            Ok((shards, attached))
+        })?;
+        if let Some(reason) = &attached.ignored {
+            let message = CString::new(format!("{reason} (manifest=False stops looking for one)"))
+                .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
+            let category = py.get_type::<ManifestIgnoredWarning>();
+            PyErr::warn(py, category.as_any(), &message, 2)?;
+        }
+        let manifest = attached.used;
+        Ok(ShardList {
+            shards: Arc::new(shards),
+            specs,
+            manifest,
+            options,
+            counted: count,
+        })
+    }
+
+    /// Counts the samples of the local tar shards that have no counts yet
+    /// (unless `count_samples=False`): a job of several ranks needs them.
+    /// With `on_error="raise"` a malformed shard is an error here.
+    fn count_samples(&mut self, py: Python<'_>) -> PyResult<()> {
+        let o = self.options.get();
+        if self.counted || o.count_samples == Some(false) {
+            return Ok(());
+        }
+        let strict = o.stream.on_error == OnError::Raise;
+        let mut shards = (*self.shards).clone();
+        let shards = interruptible(py, move || {
+            crate::count::count_local_tar(&mut shards, strict)?;
+            Ok(shards)
+        })?;
+        self.shards = Arc::new(shards);
+        self.counted = true;
+        Ok(())
+    }
+
+    /// Whether the local tar shards were counted from their headers.
+    #[getter]
+    fn counted(&self) -> bool {
+        self.counted
+    }
+
+    /// Raises if a job of `world_size` ranks cannot give every rank the
+    /// same number of samples (a shard's sample count is unknown).
+    fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
+        check_counts(&self.shards, world_size).map_err(to_py)
+    }
+
+    /// What each shard holds: `"tar"`, `"raw"` or `"parquet"` (one row group).
+    #[getter]
+    fn kinds(&self) -> Vec<&'static str> {
+        self.shards
+            .iter()
+            .map(|s| match s.kind {
+                ShardKind::Tar => "tar",
+                ShardKind::Raw => "raw",
+                ShardKind::Parquet(_) => "parquet",
+            })
+            .collect()
+    }
+
+    /// Shard URLs, in order.
+    #[getter]
+    fn urls(&self) -> Vec<String> {
+        self.shards.iter().map(|s| s.url.clone()).collect()
+    }
+
+    /// Shard sizes in bytes (`None` when unknown), in order.
+    #[getter]
+    fn sizes(&self) -> Vec<Option<u64>> {
+        self.shards.iter().map(|s| s.size).collect()
+    }
+
+    /// Sample counts per shard from the manifest, or `None` without one.
+    #[getter]
+    fn sample_counts(&self) -> Option<Vec<u64>> {
+        self.shards.iter().map(|s| s.info().samples).collect()
+    }
+
+    /// The manifest in use, if any.
+    #[getter]
+    fn manifest_path(&self) -> Option<PathBuf> {
+        self.manifest.clone()
+    }
+
+    /// Samples each rank gets per epoch (with a manifest), else `None`.
+    #[pyo3(signature = (world_size, remainder = "drop"))]
+    fn samples_per_rank(&self, world_size: usize, remainder: &str) -> PyResult<Option<u64>> {
+        SlotSpec::new(world_size, 0, 1, 0).map_err(to_py)?;
+        let remainder = Remainder::from_str(remainder).map_err(to_py)?;
+        Ok(self
+            .sample_counts()
+            .map(|counts| cut::samples_per_rank(counts.iter().sum(), world_size, remainder)))
+    }
+
+    fn __len__(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Pickling keeps the resolved shards (with their sample indices and
+    /// Parquet footers): the copy plans over exactly these shards, without
+    /// listing or reading anything again.
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+        let py = slf.py();
+        let this = slf.borrow();
+        let manifest = match &this.manifest {
+            Some(path) => path.clone().into_pyobject(py)?.into_any(),
+            None => py.None().into_bound(py),
+        };
+        let specs = this.specs.clone().into_pyobject(py)?.into_any();
+        let options = this.options.bind(py).clone().into_any();
+        let counted = pyo3::types::PyBool::new(py, this.counted)
+            .to_owned()
+            .into_any();
+        let encoded = crate::resolved::encode(&this.shards).map_err(|reason| {
+            to_py(crate::Error::Spec {
+                spec: this.specs.join(" "),
+                reason,
+            })
+        })?;
+        let shards = PyBytes::new(py, &encoded).into_any();
+        let args = PyTuple::new(py, [specs, options, manifest, counted, shards])?;
+        let rebuild = py
+            .import("shardstream._core")?
+            .getattr("_rebuild_shard_list")?;
+        Ok((rebuild, args))
+    }
+}
+
+/// Unpickles a [`ShardList`]: `shards` as `ShardList.__reduce__` encoded
+/// them, the manifest the original used (if any), whether it was counted,
+/// and its specs and options.
+#[pyfunction]
+pub fn _rebuild_shard_list(
+    specs: Vec<String>,
+    options: Py<Options>,
+    manifest: Option<PathBuf>,
+    counted: bool,
+    shards: &[u8],
+) -> PyResult<ShardList> {
+    let shards = crate::resolved::decode(shards).map_err(|reason| {
+        to_py(crate::Error::Spec {
+            spec: specs.join(" "),
+            reason: format!("its pickled shard list {reason}"),
+        })
+    })?;
+    Ok(ShardList {
+        shards: Arc::new(shards),
+        specs,
+        manifest,
+        options,
+        counted,
+    })
+}
+
+/// An error when `world_size > 1` and a shard's sample count is unknown.
+pub(super) fn check_counts(shards: &[Shard], world_size: usize) -> crate::Result<()> {
+    if world_size > 1 {
+        if let Some(uncounted) = crate::count::first_uncounted(shards) {
+            return Err(crate::count::counts_needed(uncounted, world_size));
+        }
+    }
+    Ok(())
+}
