@@ -9,6 +9,7 @@
 //! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
 pub mod cache;
+pub mod gcs_auth;
 pub mod http;
 mod local;
 mod ranged;
