@@ -371,7 +371,7 @@ impl Fetcher {
                 .ok()
                 .flatten();
             if let Some(hit) = hit {
-                local::read_file(self, &hit.unit, &hit.path, chunk_tx).await?;
+                local::read_file(self, &hit.unit, (&hit.path, false), chunk_tx).await?;
                 chunk_tx.finish();
                 return Ok(());
             }
@@ -380,7 +380,7 @@ impl Fetcher {
             }
         }
         match &unit.location {
-            Location::Local(path) => local::read_file(self, unit, path, chunk_tx).await?,
+            Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
             Location::S3 { bucket, key } => {
                 let client = self
                     .s3

@@ -242,3 +242,47 @@ def test_an_epoch_stopped_early_leaves_only_complete_copies(http, dataset, tmp_p
     assert not list(cache.glob(".tmp-*"))
     if cached_files(cache):
         assert_copies_of(cache, dataset)
+
+
+def _kind_in_worker(sample: dict[str, Any]) -> tuple[str, str, bytes]:
+    """What a DataLoader worker hands on for the long member."""
+    return sample["__key__"], type(sample["bin"]).__name__, bytes(sample["bin"])
+
+
+def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path):
+    """A local shard's long members leave DataLoader workers by reference to
+    the file; a cached copy's must not (eviction may delete the copy before
+    the main process reads it), and their bytes are the same."""
+    import io
+    import tarfile
+
+    from torch.utils.data import DataLoader
+
+    root = tmp_path / "shards"
+    root.mkdir()
+    blobs = {f"{i:04d}": bytes([i]) * (64 << 10) for i in range(4)}
+    with tarfile.open(root / "shard-000000.tar", "w") as tar:
+        for key, blob in blobs.items():
+            info = tarfile.TarInfo(f"{key}.bin")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+
+    def kinds(spec: str, **options: Any) -> dict[str, tuple[str, bytes]]:
+        ds = StreamingDataset(spec, shuffle_buffer=0, **options)
+        dl = DataLoader(ds, batch_size=None, num_workers=1, collate_fn=_kind_in_worker)
+        return {key: (kind, blob) for key, kind, blob in dl}
+
+    local_kinds = kinds(str(root / "shard-000000.tar"))
+    assert {kind for kind, _ in local_kinds.values()} == {"LocalBytes"}
+
+    cache = tmp_path / "cache"
+    with running_http_server(root) as server:
+        spec = server.url("shard-000000.tar")
+        first = kinds(spec, cache_dir=str(cache))
+        server.reset()
+        second = kinds(spec, cache_dir=str(cache))
+        assert server.served.gets == 0
+    assert len(cached_files(cache)) == 1
+    for got in (first, second):
+        assert {kind for kind, _ in got.values()} == {"bytes"}
+        assert {key: blob for key, (_, blob) in got.items()} == blobs
