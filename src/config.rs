@@ -300,6 +300,17 @@ pub struct StreamOptions {
     pub table_output: TableOutput,
     /// Rows per decoded table batch.
     pub batch_rows: usize,
+    /// Where remote shards are cached, if anywhere.
+    pub cache: Option<CacheOptions>,
+}
+
+/// A node-local cache of remote shards: where, and how large it may grow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// The cache directory, shared by every process of the node.
+    pub dir: std::path::PathBuf,
+    /// Bytes of cached shards kept at most; `None`: no limit.
+    pub limit_bytes: Option<u64>,
 }
 
 impl Default for StreamOptions {
@@ -321,6 +332,7 @@ impl Default for StreamOptions {
             columns: None,
             table_output: TableOutput::Rows,
             batch_rows: 8192,
+            cache: None,
         }
     }
 }
@@ -423,6 +435,12 @@ impl StreamOptionsBuilder {
     /// Sets the headers of HTTP(S) requests.
     pub fn with_http_headers(mut self, headers: HttpHeaders) -> Self {
         self.options.s3.http_headers = headers;
+        self
+    }
+
+    /// Sets the cache of remote shards.
+    pub fn with_cache(mut self, cache: Option<CacheOptions>) -> Self {
+        self.options.cache = cache;
         self
     }
 

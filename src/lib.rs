@@ -18,6 +18,7 @@ pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
+pub mod gcs;
 pub mod hub;
 pub mod location;
 pub mod manifest;

@@ -1,5 +1,6 @@
 //! Dataset resolution: specs to shards. Lists directories and S3
-//! prefixes, resolves Hugging Face Hub specs ([`crate::hub`]), asks S3 (or
+//! prefixes, resolves Hugging Face Hub specs ([`crate::hub`]) and Google
+//! Cloud Storage URLs ([`crate::gcs`]), asks S3 (or
 //! an HTTP(S) server) the size of objects it has not listed, reads Parquet
 //! footers (each row group becomes a shard, so the plan can split one large
 //! file across ranks and workers) and attaches the manifest's sample
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::format::parquet;
+use crate::gcs;
 use crate::hub;
 use crate::location::{identity, Location};
 use crate::manifest::{self, Attached, ManifestChoice};
@@ -84,11 +86,16 @@ pub fn resolve_dataset(
     let mut shards = Vec::new();
     let mut listings = Vec::new();
     let mut hub = hub::Resolver::new(s3);
+    let gcs = gcs::Resolver::new(s3);
     for spec in specs {
         check_scheme(spec)?;
         for url in expand_braces(spec)? {
-            if hub::is_hub_url(&url) {
-                let found = hub.resolve(&url, keep)?;
+            if hub::is_hub_url(&url) || gcs::is_gcs_url(&url) {
+                let found = if gcs::is_gcs_url(&url) {
+                    gcs.resolve(&url, keep)?
+                } else {
+                    hub.resolve(&url, keep)?
+                };
                 shards.extend(
                     found
                         .into_iter()
@@ -258,10 +265,10 @@ mod tests {
 
     #[test]
     fn unsupported_schemes_are_refused() {
-        for url in ["gs://bucket/a.tar", "ftp://host/a.tar", "pipe:curl -s x"] {
+        for url in ["az://bucket/a.tar", "ftp://host/a.tar", "pipe:curl -s x"] {
             let error = resolve(&[url.to_owned()]).unwrap_err().to_string();
             assert!(error.contains("not supported"), "{error}");
-            for scheme in ["s3://", "http://", "https://", "hf://datasets/"] {
+            for scheme in ["s3://", "http://", "https://", "hf://datasets/", "gs://"] {
                 assert!(error.contains(scheme), "{error}");
             }
         }
@@ -273,6 +280,7 @@ mod tests {
             "https://host/a.tar",
             "HTTP://host/a.tar",
             "hf://datasets/org/name/a.tar",
+            "gs://bucket/a.tar",
         ] {
             check_scheme(ok).unwrap();
         }

@@ -197,10 +197,10 @@ fn numeric_range(lo: &str, hi: &str) -> Option<Vec<String>> {
 }
 
 /// The URL schemes a spec may use; anything else is refused at once.
-pub const SUPPORTED_SCHEMES: &str = "local paths, file://, s3://, http://, https:// and \
-     hf://datasets/ (the Hugging Face Hub)";
+pub const SUPPORTED_SCHEMES: &str = "local paths, file://, s3://, gs:// (Google Cloud \
+     Storage), http://, https:// and hf://datasets/ (the Hugging Face Hub)";
 
-/// Refuses a URL whose scheme shardstream cannot read (`gs://`, `ftp://`,
+/// Refuses a URL whose scheme shardstream cannot read (`az://`, `ftp://`,
 /// webdataset's `pipe:` ...), naming it and the supported ones. The form of
 /// an `hf://` URL is checked when it is resolved.
 pub fn check_scheme(url: &str) -> Result<()> {
@@ -217,7 +217,7 @@ pub fn check_scheme(url: &str) -> Result<()> {
         _ => None,
     };
     match scheme {
-        None | Some("file") | Some("s3") | Some("hf") => Ok(()),
+        None | Some("file") | Some("s3") | Some("hf") | Some("gs") => Ok(()),
         Some(http) if http.eq_ignore_ascii_case("http") || http.eq_ignore_ascii_case("https") => {
             Ok(())
         }

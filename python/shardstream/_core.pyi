@@ -167,6 +167,8 @@ class Options:
         count_samples: bool | None = None,
         transform: Callable[[Any], Any] | None = None,
         model_parallel_size: int = 1,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
     ) -> Options: ...
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""

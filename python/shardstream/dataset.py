@@ -132,6 +132,13 @@ class StreamingDataset(IterableDataset[Any]):
             form data-parallel rank ``g`` of ``world_size // size``, and
             receive the same samples in the same order; each sample is read
             once per data-parallel group. ``world_size`` must be a multiple.
+        cache_dir: a directory where remote shards (S3, HTTP(S), the Hub)
+            are kept as they stream, so that later epochs, and every rank
+            and worker of the node, read the local copy (see docs/sources.md).
+            Made if missing; one that cannot be written is refused at once.
+        cache_limit_bytes: the most bytes the cache keeps, least recently
+            used shards evicted first (never one being read); a shard
+            larger than the limit is streamed, not cached. None: no limit.
     """
 
     def __init__(

@@ -55,6 +55,8 @@ class DatasetOptions(TypedDict, total=False):
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
     model_parallel_size: int
+    cache_dir: str | os.PathLike[str] | None
+    cache_limit_bytes: int | None
 
 
 class WriterOptions(TypedDict, total=False):

@@ -181,6 +181,7 @@ impl SampleStream {
                 chunk_bytes: options.chunk_bytes,
                 io_timeout: options.io_timeout,
                 s3: options.s3.clone(),
+                cache: options.cache.clone(),
             },
             counters.clone(),
         )?;

@@ -143,6 +143,7 @@ fn make_read(
             location: shard.location(),
             range,
             size: shard.size,
+            etag: shard.etag.clone(),
         }),
         first_index,
         index,

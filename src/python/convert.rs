@@ -177,7 +177,8 @@ fn bytes_to_py<'py>(
     // the others.
     let origin = (bytes.len() >= SHARE_MIN_BYTES)
         .then(|| file_origin(bytes))
-        .flatten();
+        .flatten()
+        .filter(|origin| origin.file.by_reference);
     let Some(origin) = origin else {
         return Ok(plain.into_any());
     };

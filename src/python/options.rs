@@ -12,7 +12,9 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::to_py;
 use crate::compression::Compression;
-use crate::config::{FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput};
+use crate::config::{
+    CacheOptions, FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput,
+};
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
@@ -20,7 +22,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 22] = [
+pub const OPTION_NAMES: [&str; 24] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -43,6 +45,8 @@ pub const OPTION_NAMES: [&str; 22] = [
     "count_samples",
     "transform",
     "model_parallel_size",
+    "cache_dir",
+    "cache_limit_bytes",
 ];
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
@@ -413,6 +417,7 @@ impl Options {
         let mut table_output = TableOutput::Rows;
         let mut count_samples = None;
         let mut headers = None;
+        let (mut cache_dir, mut cache_limit) = (None, None);
         for (key, value) in given.iter() {
             let name: String = key.extract()?;
             builder = match name.as_str() {
@@ -508,6 +513,28 @@ impl Options {
                     }
                     builder
                 }
+                "cache_dir" => {
+                    if !value.is_none() {
+                        cache_dir = Some(
+                            value
+                                .extract::<PathBuf>()
+                                .map_err(|_| invalid(&name, "None or a path", &value))?,
+                        );
+                    }
+                    builder
+                }
+                "cache_limit_bytes" => {
+                    if !value.is_none() {
+                        let limit: u64 = integer(&name, &value)?;
+                        if limit == 0 {
+                            return Err(PyValueError::new_err(
+                                "invalid option cache_limit_bytes: expected None or an int of at least 1, got 0",
+                            ));
+                        }
+                        cache_limit = Some(limit);
+                    }
+                    builder
+                }
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
@@ -518,6 +545,19 @@ impl Options {
         }
         if let Some(headers) = headers {
             builder = builder.with_http_headers(headers);
+        }
+        if cache_limit.is_some() && cache_dir.is_none() {
+            return Err(PyValueError::new_err(
+                "invalid option cache_limit_bytes: it limits the cache, and cache_dir is not given",
+            ));
+        }
+        if let Some(dir) = cache_dir {
+            let cache = CacheOptions {
+                dir,
+                limit_bytes: cache_limit,
+            };
+            crate::source::cache::prepare(&cache).map_err(to_py)?;
+            builder = builder.with_cache(Some(cache));
         }
         builder = builder.with_table_output(table_output);
         if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
@@ -571,6 +611,8 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("count_samples", py.None())?;
     dict.set_item("transform", py.None())?;
     dict.set_item("model_parallel_size", 1)?;
+    dict.set_item("cache_dir", py.None())?;
+    dict.set_item("cache_limit_bytes", py.None())?;
     debug_assert_eq!(dict.len(), OPTION_NAMES.len());
     Ok(dict)
 }

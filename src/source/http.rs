@@ -10,7 +10,9 @@
 //! announces. Redirects are followed (at most [`MAX_REDIRECTS`]); headers
 //! from the `http_headers` option go to the shard's own origin only, and
 //! the Hugging Face token (`HF_TOKEN`, or the file huggingface_hub writes)
-//! to the Hub's endpoint only. No header value appears in an error.
+//! to the Hub's endpoint only; a Google Cloud Storage access token
+//! ([`GoogleAuth`]) to the GCS endpoint only. No header value appears in an
+//! error.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::ranged::{
     check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries, Target,
 };
@@ -90,6 +93,8 @@ pub struct HttpClient {
     headers: Vec<(HeaderName, HeaderValue)>,
     /// The Hub's endpoint and `Bearer` token, when a token is found.
     hub: Option<(url::Url, HeaderValue)>,
+    /// The Google Cloud Storage endpoint and its credentials.
+    gcs: Option<(url::Url, GoogleAuth)>,
 }
 
 /// An answer to a request: status, headers and body.
@@ -145,11 +150,15 @@ impl HttpClient {
             value.set_sensitive(true);
             Some((endpoint, value))
         });
+        let gcs = url::Url::parse(&gcs_endpoint())
+            .ok()
+            .map(|endpoint| (endpoint, GoogleAuth::default()));
         Ok(HttpClient {
             client,
             options: options.clone(),
             headers,
             hub,
+            gcs,
         })
     }
 
@@ -193,6 +202,23 @@ impl HttpClient {
             if let Some((endpoint, token)) = &self.hub {
                 if !authorized && origin(&current) == origin(endpoint) {
                     request = request.header(header::AUTHORIZATION, token.clone());
+                }
+            }
+            if let Some((endpoint, auth)) = &self.gcs {
+                if !authorized && origin(&current) == origin(endpoint) && takes_token(&current) {
+                    match auth.bearer().await {
+                        Ok(Some(token)) => request = request.header(header::AUTHORIZATION, token),
+                        Ok(None) => {}
+                        Err(reason) => {
+                            return Err(Failure::Fatal(Error::AccessDenied {
+                                url: url.to_owned(),
+                                source: std::io::Error::new(
+                                    std::io::ErrorKind::PermissionDenied,
+                                    format!("{NO_TOKEN}: {reason}"),
+                                ),
+                            }))
+                        }
+                    }
                 }
             }
             let request = request

@@ -29,7 +29,7 @@ use crate::stats::Counter;
 pub(super) async fn read_file(
     fetcher: &Fetcher,
     unit: &FetchUnit,
-    path: &Path,
+    (path, by_reference): (&Path, bool),
     tx: &ChunkSender,
 ) -> Result<(), ConsumerGone> {
     let url = unit.url.as_str();
@@ -77,6 +77,7 @@ pub(super) async fn read_file(
         path: std::path::absolute(path).unwrap_or_else(|_| path.to_owned()),
         identity: FileIdentity::of(&meta),
         url: url.to_owned(),
+        by_reference,
     });
     let (file, unmapped) = match map_chunks(fetcher, (file, local), offset, end, tx).await? {
         Mapped::Done => return Ok(()),
@@ -493,6 +494,10 @@ pub struct LocalFile {
     pub identity: FileIdentity,
     /// The shard's URL, as given, for errors.
     pub url: String,
+    /// Whether its members may reach another process as a reference to
+    /// their place in the file: not for a cached copy of a remote shard,
+    /// which eviction may delete before that process reads it.
+    pub by_reference: bool,
 }
 
 /// What tells one version of a file from another: device, inode, size and
@@ -1096,12 +1101,14 @@ mod tests {
             location: crate::location::Location::Local(path.to_owned()),
             range,
             size: None,
+            etag: None,
         };
         let options = super::super::ReadAheadOptions {
             budget_bytes: budget,
             chunk_bytes: chunk,
             io_timeout: Duration::from_secs(20),
             s3: crate::config::S3Options::default(),
+            cache: None,
         };
         let counters = Arc::new(crate::stats::Counters::new());
         super::super::ReadAhead::start(vec![unit], options, counters).unwrap()

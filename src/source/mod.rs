@@ -8,6 +8,8 @@
 //! paid in parallel. A new remote source implements
 //! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
+pub mod cache;
+pub mod gcs_auth;
 pub mod http;
 mod local;
 mod ranged;
@@ -25,7 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::config::S3Options;
+use crate::config::{CacheOptions, S3Options};
 use crate::error::{Error, Result};
 use crate::format::parquet::{self, FooterDecode};
 use crate::format::ByteSource;
@@ -80,6 +82,10 @@ struct ChunkSender {
     tx: Sender<Piece>,
     sent: AtomicU64,
     failed: AtomicBool,
+    /// The cache file the bytes are also written to, if any.
+    fill: std::sync::Mutex<Option<cache::Fill>>,
+    /// What the source answered with: its validator and size.
+    answered: std::sync::Mutex<ranged::Pinned>,
 }
 
 impl ChunkSender {
@@ -88,19 +94,36 @@ impl ChunkSender {
             tx,
             sent: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            fill: std::sync::Mutex::new(None),
+            answered: std::sync::Mutex::new(ranged::Pinned::default()),
         }
+    }
+
+    /// Also writes the bytes sent to `fill`, named once every byte was sent.
+    fn tee(&self, fill: cache::Fill) {
+        *self.fill.lock().unwrap_or_else(|e| e.into_inner()) = Some(fill);
+    }
+
+    /// Notes what the source answered with (its validator and size).
+    fn note_answer(&self, pinned: &ranged::Pinned) {
+        *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = pinned.clone();
     }
 
     /// Sends bytes or an error; `Err` when the reader is gone.
     fn send(&self, item: ChunkResult) -> std::result::Result<(), ConsumerGone> {
         let piece = match item {
             Ok(chunk) => {
+                if let Some(fill) = self.fill.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+                    fill.write(&chunk.bytes);
+                }
                 self.sent
                     .fetch_add(chunk.bytes.len() as u64, Ordering::SeqCst);
                 Piece::Bytes(chunk)
             }
             Err(error) => {
                 self.failed.store(true, Ordering::SeqCst);
+                // Dropped: its temporary file is removed.
+                self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
                 Piece::Failed(error)
             }
         };
@@ -115,6 +138,12 @@ impl ChunkSender {
     /// Tells the reader that every byte was sent, unless an error was.
     fn finish(&self) {
         if !self.failed.load(Ordering::SeqCst) {
+            let fill = self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(fill) = fill {
+                let answered = self.answered.lock().unwrap_or_else(|e| e.into_inner());
+                let size = answered.size.filter(|_| answered.confirmed);
+                fill.commit(answered.validator().as_deref(), size);
+            }
             let _ = self.tx.send(Piece::End { bytes: self.sent() });
         }
     }
@@ -131,6 +160,8 @@ pub struct FetchUnit {
     pub range: Option<std::ops::Range<u64>>,
     /// The shard's size, when known.
     pub size: Option<u64>,
+    /// The shard's ETag, when listed.
+    pub etag: Option<String>,
 }
 
 /// Settings of a [`ReadAhead`].
@@ -144,6 +175,8 @@ pub struct ReadAheadOptions {
     pub io_timeout: Duration,
     /// How to reach S3.
     pub s3: S3Options,
+    /// Where remote shards are cached, if anywhere.
+    pub cache: Option<CacheOptions>,
 }
 
 /// Runs on the reading thread before it waits for bytes (or a shard) that
@@ -191,6 +224,7 @@ impl ReadAhead {
             s3_options: Arc::new(options.s3),
             s3: Arc::new(tokio::sync::OnceCell::new()),
             http: Arc::new(std::sync::OnceLock::new()),
+            cache: options.cache.map(|c| Arc::new(cache::Cache::new(c))),
         };
         let urls = units.iter().map(|u| u.url.clone()).collect();
         runtime.spawn(task.run(units, shard_tx));
@@ -262,6 +296,8 @@ struct Fetcher {
     s3: Arc<tokio::sync::OnceCell<Arc<s3::S3Client>>>,
     /// Made at the first HTTP(S) unit, in the reading process.
     http: Arc<std::sync::OnceLock<std::result::Result<Arc<http::HttpClient>, String>>>,
+    /// Where remote shards are cached, if anywhere.
+    cache: Option<Arc<cache::Cache>>,
 }
 
 impl Fetcher {
@@ -326,8 +362,25 @@ impl Fetcher {
     /// Reads one unit into chunks sent to `chunk_tx`, then tells its
     /// reader the unit ended (unless an error was sent instead).
     async fn read(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
+        let remote = !matches!(unit.location, Location::Local(_));
+        if let Some(cache) = self.cache.clone().filter(|_| remote) {
+            let looked_up = unit.clone();
+            // A cached copy is read through the local source.
+            let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up))
+                .await
+                .ok()
+                .flatten();
+            if let Some(hit) = hit {
+                local::read_file(self, &hit.unit, (&hit.path, false), chunk_tx).await?;
+                chunk_tx.finish();
+                return Ok(());
+            }
+            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit)) {
+                chunk_tx.tee(fill);
+            }
+        }
         match &unit.location {
-            Location::Local(path) => local::read_file(self, unit, path, chunk_tx).await?,
+            Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
             Location::S3 { bucket, key } => {
                 let client = self
                     .s3
@@ -554,6 +607,7 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<
                 location: file.location(),
                 range: Some(size - len.min(size)..size),
                 size: file.size,
+                etag: file.etag.clone(),
             }
         })
         .collect();
@@ -565,6 +619,7 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<
             chunk_bytes: defaults.chunk_bytes,
             io_timeout: defaults.io_timeout,
             s3: s3.clone(),
+            cache: None,
         },
         Arc::new(Counters::new()),
     )?;
@@ -828,12 +883,14 @@ mod tests {
             location: Location::Local(path.to_owned()),
             range: None,
             size: None,
+            etag: None,
         };
         let options = ReadAheadOptions {
             budget_bytes: 4 * chunk_bytes,
             chunk_bytes,
             io_timeout: Duration::from_secs(20),
             s3: S3Options::default(),
+            cache: None,
         };
         ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()
     }
@@ -847,6 +904,7 @@ mod tests {
             },
             range,
             size: None,
+            etag: None,
         }
     }
 

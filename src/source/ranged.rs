@@ -133,6 +133,12 @@ pub(super) struct Pinned {
 }
 
 impl Pinned {
+    /// The validator every answer was pinned to: the ETag, else the
+    /// Last-Modified date.
+    pub(super) fn validator(&self) -> Option<String> {
+        self.etag.clone().or_else(|| self.last_modified.clone())
+    }
+
     /// Nothing known but the size the object was listed with, if any.
     pub(super) fn listed(size: Option<u64>) -> Self {
         Pinned {
@@ -362,6 +368,7 @@ pub(super) async fn read_ranged<O: RangedObject>(
         Err(ConsumerGone) => return Ok(()),
         Ok(result) => result,
     };
+    tx.note_answer(&pinned);
     if target.flush().is_err() {
         return Ok(());
     }
@@ -427,6 +434,7 @@ async fn read_parts<O: RangedObject>(
     let first_result = object
         .stream_range(first.clone(), clamp, &mut pinned, &mut buffer)
         .await?;
+    tx.note_answer(&pinned);
     let end = match (range.end, pinned.size) {
         (u64::MAX, Some(size)) => size,
         (u64::MAX, None) => first.end,

@@ -100,6 +100,10 @@ def test_options_round_trip_through_pickle():
         ({"model_parallel_size": 0}, ValueError, ["model_parallel_size", "at least 1"]),
         ({"model_parallel_size": 2.0}, TypeError, ["model_parallel_size", "an int"]),
         ({"model_parallel_size": 2, "world_size": 3}, ValueError, ["model_parallel_size", "3"]),
+        ({"cache_dir": 5}, TypeError, ["cache_dir", "a path"]),
+        ({"cache_dir": "/proc/shardstream-cache"}, ValueError, ["cache_dir", "cannot create"]),
+        ({"cache_limit_bytes": 0, "cache_dir": "/tmp"}, ValueError, ["cache_limit_bytes"]),
+        ({"cache_limit_bytes": 1 << 30}, ValueError, ["cache_limit_bytes", "cache_dir"]),
     ],
 )
 def test_bad_options_are_refused_at_construction(dataset, options, error, words):

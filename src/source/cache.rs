@@ -1,0 +1,526 @@
+//! A node-local cache of remote shards (`cache_dir=`, `cache_limit_bytes=`).
+//!
+//! A whole remote shard of known size is written to a temporary file of
+//! the cache (`.tmp-<pid>-<n>`) as its bytes stream to the reader, with no
+//! extra pass. Once every byte was sent, its size and validator are
+//! checked, a trailer (size and CRC-32 of the bytes) is appended and the
+//! file is renamed to its final name, a hash of (URL, size, ETag): only
+//! complete files ever carry a final name, and whoever renames first wins
+//! (a later copy of the same object is dropped). A later read of the shard,
+//! by any process of the node, checks the cached copy's size and CRC-32
+//! under a shared `flock` and reads it through the local source (so its
+//! members can be handed on by reference); a copy that fails the check is
+//! removed and the shard fetched again. Eviction, least recently used
+//! first (a read sets the file's access time), takes a non-blocking
+//! exclusive lock of each file and skips those being read. A write that
+//! fails (a full disk, a file size limit) stops caching that shard, with a
+//! warning; its bytes still stream to the reader.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use sha2::{Digest, Sha256};
+
+use super::FetchUnit;
+use crate::config::CacheOptions;
+use crate::error::{Error, Result};
+use crate::location::Location;
+
+/// What ends a cached file: a magic, the shard's size and its CRC-32.
+const MAGIC: &[u8; 8] = b"SSCACHE1";
+const TRAILER_LEN: u64 = 20;
+/// The final names' suffix.
+const SUFFIX: &str = ".shard";
+/// The temporary names' prefix.
+const TMP_PREFIX: &str = ".tmp-";
+/// The file locked while evicting, so that one process evicts at a time.
+const EVICT_LOCK: &str = ".evict.lock";
+
+/// Makes the cache directory if needed and checks that a file can be
+/// written in it; the error names the option.
+pub fn prepare(options: &CacheOptions) -> Result<()> {
+    let bad = |reason: String| Error::Config {
+        name: "cache_dir",
+        reason,
+    };
+    let dir = &options.dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| bad(format!("cannot create {}: {e}", dir.display())))?;
+    let probe = dir.join(format!("{TMP_PREFIX}{}-probe", std::process::id()));
+    let written = File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
+    let _ = std::fs::remove_file(&probe);
+    written.map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))
+}
+
+/// A cache directory in use.
+#[derive(Debug)]
+pub(super) struct Cache {
+    options: CacheOptions,
+}
+
+/// A cached copy being read: its shared lock is held while this lives.
+pub(super) struct Hit {
+    /// The cached file.
+    pub(super) path: PathBuf,
+    /// The unit to read from it: the same bytes, from the local file.
+    pub(super) unit: FetchUnit,
+    _locked: File,
+}
+
+/// Numbers temporary files of this process.
+static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
+
+fn warn(message: &str) {
+    eprintln!("shardstream: warning: {message}");
+}
+
+/// Locks `file` (`LOCK_SH` or `LOCK_EX`) without waiting; `false` when
+/// another process holds a lock in the way.
+fn try_lock(file: &File, how: libc::c_int) -> bool {
+    // SAFETY: flock on a file descriptor this `File` owns.
+    unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) == 0 }
+}
+
+impl Cache {
+    /// A cache in the (prepared) directory of `options`.
+    pub(super) fn new(options: CacheOptions) -> Self {
+        Cache { options }
+    }
+
+    /// The final name of `unit`'s shard, when it can be cached (a remote
+    /// shard): a hash of its URL and of the size and ETag the plan knows.
+    fn path_of(&self, unit: &FetchUnit) -> Option<PathBuf> {
+        if matches!(unit.location, Location::Local(_)) {
+            return None;
+        }
+        let mut hash = Sha256::new();
+        hash.update(unit.url.as_bytes());
+        hash.update([0]);
+        hash.update(format!("{:?}", unit.size).as_bytes());
+        hash.update([0]);
+        hash.update(unit.etag.as_deref().unwrap_or("").as_bytes());
+        let name: String = hash.finalize()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(self.options.dir.join(format!("{name}{SUFFIX}")))
+    }
+
+    /// The cached copy of `unit`'s shard, checked and locked for reading;
+    /// `None` when there is none (a copy that fails its check is removed).
+    /// Blocking: it reads the whole copy once.
+    pub(super) fn lookup(&self, unit: &FetchUnit) -> Option<Hit> {
+        let path = self.path_of(unit)?;
+        let mut file = File::open(&path).ok()?;
+        if !try_lock(&file, libc::LOCK_SH) {
+            return None;
+        }
+        // Evicted (or replaced) between the open and the lock: not this one.
+        let (Ok(held), Ok(named)) = (file.metadata(), std::fs::metadata(&path)) else {
+            return None;
+        };
+        if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
+            return None;
+        }
+        let size = match check(&mut file, held.len(), unit.size) {
+            Ok(size) => size,
+            Err(reason) => {
+                warn(&format!(
+                "{}: the cached copy {} is damaged ({reason}); removed, fetching the shard again",
+                unit.url,
+                path.display()
+            ));
+                let _ = std::fs::remove_file(&path);
+                return None;
+            }
+        };
+        // The time of last use, for eviction: the access time, as the
+        // modification time is part of the identity by-reference members
+        // are checked against.
+        let _ = file.set_times(std::fs::FileTimes::new().set_accessed(SystemTime::now()));
+        let range = unit.range.clone().unwrap_or(0..size);
+        Some(Hit {
+            unit: FetchUnit {
+                url: unit.url.clone(),
+                location: Location::Local(path.clone()),
+                range: Some(range),
+                size: Some(size),
+                etag: unit.etag.clone(),
+            },
+            path,
+            _locked: file,
+        })
+    }
+
+    /// A temporary file to write `unit`'s shard into as it streams:
+    /// `None` for a byte range, a shard larger than the limit (with a
+    /// warning), or when the file cannot be made.
+    pub(super) fn fill(&self, unit: &FetchUnit) -> Option<Fill> {
+        if unit.range.is_some() {
+            return None;
+        }
+        let target = self.path_of(unit)?;
+        if unit.size.is_some_and(|size| self.over_limit(size)) {
+            over_limit(&unit.url);
+            return None;
+        }
+        let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .options
+            .dir
+            .join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(file) => Some(Fill {
+                file: Some(file),
+                tmp,
+                target,
+                url: unit.url.clone(),
+                size: unit.size,
+                etag: unit.etag.clone(),
+                crc: crc32fast::Hasher::new(),
+                written: 0,
+                limit: self.options.limit_bytes,
+                dir: self.options.dir.clone(),
+            }),
+            Err(e) => {
+                warn(&format!(
+                    "{}: cannot write in the cache ({e}); streamed, not cached",
+                    unit.url
+                ));
+                None
+            }
+        }
+    }
+
+    /// Whether a copy of a `size`-byte shard would not fit under the limit.
+    fn over_limit(&self, size: u64) -> bool {
+        self.options
+            .limit_bytes
+            .is_some_and(|limit| size + TRAILER_LEN > limit)
+    }
+}
+
+fn over_limit(url: &str) {
+    warn(&format!(
+        "{url}: more than cache_limit_bytes; streamed, not cached"
+    ));
+}
+
+/// Checks a cached file of `len` bytes holding a shard (of `planned`
+/// bytes, when the plan knows): its length, trailer and the CRC-32 of its
+/// bytes. The shard's size, when all is well.
+fn check(file: &mut File, len: u64, planned: Option<u64>) -> std::result::Result<u64, String> {
+    let size = planned.unwrap_or(len.saturating_sub(TRAILER_LEN));
+    if len != size + TRAILER_LEN {
+        return Err(format!(
+            "{len} bytes, a copy of {size} bytes takes {}",
+            size + TRAILER_LEN
+        ));
+    }
+    let mut crc = crc32fast::Hasher::new();
+    let mut buffer = vec![0; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let want = left.min(buffer.len() as u64) as usize;
+        file.read_exact(&mut buffer[..want])
+            .map_err(|e| e.to_string())?;
+        crc.update(&buffer[..want]);
+        left -= want as u64;
+    }
+    let mut trailer = [0; TRAILER_LEN as usize];
+    file.read_exact(&mut trailer).map_err(|e| e.to_string())?;
+    if &trailer[..8] != MAGIC || trailer[8..16] != size.to_le_bytes() {
+        return Err("its trailer is not shardstream's".into());
+    }
+    if trailer[16..] != crc.finalize().to_le_bytes() {
+        return Err("its CRC-32 does not match its bytes".into());
+    }
+    Ok(size)
+}
+
+/// A shard being written to the cache as it streams. Dropped before
+/// [`Fill::commit`], its temporary file is removed.
+pub(super) struct Fill {
+    /// `None` once a write failed: the shard is not cached.
+    file: Option<File>,
+    tmp: PathBuf,
+    target: PathBuf,
+    url: String,
+    /// The size the plan knows, if any.
+    size: Option<u64>,
+    etag: Option<String>,
+    crc: crc32fast::Hasher,
+    written: u64,
+    limit: Option<u64>,
+    dir: PathBuf,
+}
+
+impl Fill {
+    /// Writes the next bytes of the shard; a failure (a full disk) stops
+    /// caching the shard, with a warning, and never the read.
+    pub(super) fn write(&mut self, bytes: &[u8]) {
+        let Some(file) = self.file.as_mut() else {
+            return;
+        };
+        let after = self.written + bytes.len() as u64;
+        if self.limit.is_some_and(|limit| after + TRAILER_LEN > limit) {
+            over_limit(&self.url);
+            self.file = None;
+            let _ = std::fs::remove_file(&self.tmp);
+            return;
+        }
+        match file.write_all(bytes) {
+            Ok(()) => {
+                self.crc.update(bytes);
+                self.written += bytes.len() as u64;
+            }
+            Err(e) => {
+                warn(&format!(
+                    "{}: cannot write to the cache ({e}); streamed, not cached",
+                    self.url
+                ));
+                self.file = None;
+                let _ = std::fs::remove_file(&self.tmp);
+            }
+        }
+    }
+
+    /// Every byte was sent, and the source answered with `validator` and
+    /// `size`: checks the sizes (the plan's, the answer's, the bytes
+    /// written) and the validator, then names the file.
+    pub(super) fn commit(mut self, validator: Option<&str>, size: Option<u64>) {
+        let Some(mut file) = self.file.take() else {
+            return;
+        };
+        let written = Some(self.written);
+        if size != written || self.size.is_some_and(|planned| Some(planned) != written) {
+            return;
+        }
+        if let (Some(planned), Some(seen)) = (self.etag.as_deref(), validator) {
+            if planned.trim_matches('"') != seen.trim_matches('"') {
+                return;
+            }
+        }
+        let mut trailer = Vec::with_capacity(TRAILER_LEN as usize);
+        trailer.extend_from_slice(MAGIC);
+        trailer.extend_from_slice(&self.written.to_le_bytes());
+        trailer.extend_from_slice(&self.crc.clone().finalize().to_le_bytes());
+        if let Err(e) = file.write_all(&trailer) {
+            warn(&format!(
+                "{}: cannot write to the cache ({e}); streamed, not cached",
+                self.url
+            ));
+            return;
+        }
+        drop(file);
+        // Whoever renames first wins; a later copy is the same bytes.
+        if self.target.exists() || std::fs::rename(&self.tmp, &self.target).is_err() {
+            return;
+        }
+        if let Some(limit) = self.limit {
+            evict(&self.dir, limit);
+        }
+    }
+}
+
+impl Drop for Fill {
+    fn drop(&mut self) {
+        // A no-op after a rename.
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+/// Removes cached files, least recently used first, until those left
+/// take at most `limit` bytes; files being read (locked) are skipped.
+/// Temporary files of processes that no longer run are removed too.
+fn evict(dir: &Path, limit: u64) {
+    let Ok(guard) = File::create(dir.join(EVICT_LOCK)) else {
+        return;
+    };
+    // SAFETY: flock on a file descriptor this `File` owns; released when it closes.
+    if unsafe { libc::flock(guard.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files = Vec::new();
+    let mut total = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(meta) = entry.metadata() else { continue };
+        if name.ends_with(SUFFIX) {
+            total += meta.len();
+            let used = meta.accessed().unwrap_or(SystemTime::UNIX_EPOCH);
+            files.push((used, meta.len(), entry.path()));
+        } else if let Some(rest) = name.strip_prefix(TMP_PREFIX) {
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            let gone = pid.is_some_and(|p| {
+                // SAFETY: signal 0 only checks that the process exists.
+                let sent = unsafe { libc::kill(p, 0) };
+                sent != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            });
+            if gone {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    files.sort();
+    for (_, len, path) in files {
+        if total <= limit {
+            break;
+        }
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if try_lock(&file, libc::LOCK_EX) && std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(url: &str, size: u64) -> FetchUnit {
+        FetchUnit {
+            url: url.into(),
+            location: Location::Http(url.into()),
+            range: None,
+            size: Some(size),
+            etag: Some("\"e1\"".into()),
+        }
+    }
+
+    fn cache(dir: &Path, limit: Option<u64>) -> Cache {
+        let options = CacheOptions {
+            dir: dir.to_owned(),
+            limit_bytes: limit,
+        };
+        prepare(&options).unwrap();
+        Cache::new(options)
+    }
+
+    fn fill(cache: &Cache, unit: &FetchUnit, bytes: &[u8]) {
+        let mut fill = cache.fill(unit).expect("cacheable");
+        for part in bytes.chunks(7) {
+            fill.write(part);
+        }
+        fill.commit(Some("e1"), Some(bytes.len() as u64));
+    }
+
+    #[test]
+    fn a_complete_shard_is_found_and_a_partial_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let a = unit("http://h/a.tar", 100);
+        assert!(cache.lookup(&a).is_none());
+        let mut partial = cache.fill(&a).unwrap();
+        partial.write(&[1; 60]);
+        assert!(cache.lookup(&a).is_none(), "half-written");
+        drop(partial);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        fill(&cache, &a, &[2; 100]);
+        let hit = cache.lookup(&a).expect("cached");
+        assert_eq!(hit.unit.range, Some(0..100));
+        assert_eq!(std::fs::read(&hit.path).unwrap()[..100], [2; 100]);
+        // Another ETag or size is another object.
+        let changed = FetchUnit {
+            etag: Some("\"e2\"".into()),
+            ..a.clone()
+        };
+        assert!(cache.lookup(&changed).is_none());
+    }
+
+    #[test]
+    fn a_validator_other_than_the_planned_one_is_not_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let a = unit("http://h/a.tar", 10);
+        let mut fill = cache.fill(&a).unwrap();
+        fill.write(&[1; 10]);
+        fill.commit(Some("\"other\""), Some(10));
+        assert!(cache.lookup(&a).is_none());
+    }
+
+    #[test]
+    fn a_damaged_copy_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let a = unit("http://h/a.tar", 100);
+        fill(&cache, &a, &[2; 100]);
+        let path = cache.lookup(&a).unwrap().path;
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[50] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(cache.lookup(&a).is_none());
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn eviction_keeps_the_limit_and_skips_files_being_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), Some(250));
+        let units: Vec<_> = (0..4)
+            .map(|i| unit(&format!("http://h/{i}.tar"), 100))
+            .collect();
+        fill(&cache, &units[0], &[0; 100]);
+        let reading = cache.lookup(&units[0]).unwrap();
+        for u in &units[1..] {
+            fill(&cache, u, &[1; 100]);
+        }
+        assert!(reading.path.exists(), "a file being read is never evicted");
+        let total: u64 = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(SUFFIX))
+            .map(|e| e.metadata().unwrap().len())
+            .sum();
+        assert!(total <= 250, "{total}");
+        assert!(cache.lookup(&units[3]).is_some(), "the newest stays");
+    }
+
+    #[test]
+    fn a_shard_larger_than_the_limit_is_not_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), Some(50));
+        assert!(cache.fill(&unit("http://h/a.tar", 100)).is_none());
+        // Of unknown size: found out while it streams.
+        let unknown = FetchUnit {
+            size: None,
+            ..unit("http://h/a.tar", 100)
+        };
+        let mut fill = cache.fill(&unknown).unwrap();
+        fill.write(&[1; 40]);
+        fill.write(&[1; 40]);
+        fill.commit(Some("e1"), Some(80));
+        assert!(cache.lookup(&unknown).is_none());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_shard_of_unknown_size_is_cached_with_the_size_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let unknown = FetchUnit {
+            size: None,
+            etag: None,
+            ..unit("http://h/a.tar", 0)
+        };
+        let mut fill = cache.fill(&unknown).unwrap();
+        fill.write(&[1; 30]);
+        // An answer of another size than the bytes written: not cached.
+        fill.commit(None, Some(31));
+        assert!(cache.lookup(&unknown).is_none());
+        let mut fill = cache.fill(&unknown).unwrap();
+        fill.write(&[1; 30]);
+        fill.commit(None, Some(30));
+        assert_eq!(cache.lookup(&unknown).unwrap().unit.range, Some(0..30));
+    }
+}

@@ -1,0 +1,288 @@
+"""The local cache of remote shards (``cache_dir=``, ``cache_limit_bytes=``)
+against a real HTTP server on 127.0.0.1 that counts its GETs: epoch 2 makes
+none, output is byte-identical with and without the cache, two processes
+fill one cache at once, eviction keeps the limit and spares a file being
+read, a damaged copy is fetched again, and a cache that cannot be written
+(a file size limit, a shard over the limit) falls back to streaming."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _shardtest import DatasetInfo, assert_exactly_once, collect, loader, sample_digest
+from http_server import HttpServer, running_http_server
+from s3_server import BUCKET
+from s3_server import s3_config as config
+
+from shardstream import StreamingDataset
+
+pytestmark = pytest.mark.timeout(120)
+
+TRAILER = 20
+
+
+@pytest.fixture(scope="module")
+def server(dataset: DatasetInfo) -> Iterator[HttpServer]:
+    with running_http_server(dataset.root) as running:
+        yield running
+
+
+@pytest.fixture
+def http(server: HttpServer) -> HttpServer:
+    server.reset()
+    return server
+
+
+def http_spec(server: HttpServer, dataset: DatasetInfo) -> str:
+    return server.url(f"shard-{{000000..{len(dataset.paths) - 1:06d}}}.tar")
+
+
+def digests(samples: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {s["__key__"]: sample_digest(s) for s in samples}
+
+
+@pytest.fixture(scope="module")
+def local(dataset: DatasetInfo) -> dict[str, dict[str, str]]:
+    return digests(collect(StreamingDataset(dataset.spec)))
+
+
+def cached_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.shard"))
+
+
+def assert_copies_of(cache: Path, dataset: DatasetInfo) -> None:
+    """Every cached file is a shard's bytes followed by the trailer."""
+    originals = {p.read_bytes() for p in dataset.paths}
+    files = cached_files(cache)
+    assert files
+    for file in files:
+        assert file.read_bytes()[:-TRAILER] in originals, file
+    assert not list(cache.glob(".tmp-*")), "no temporary file is left behind"
+
+
+def test_epoch_two_makes_no_get_and_output_is_identical(http, dataset, local, tmp_path):
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache), shuffle_buffer=8)
+    http.reset()
+    first = collect(ds)
+    assert http.served.gets >= len(dataset.paths)
+    assert_exactly_once([s["__key__"] for s in first], dataset.keys)
+    assert digests(first) == local
+    assert len(cached_files(cache)) == len(dataset.paths)
+    assert_copies_of(cache, dataset)
+
+    http.reset()
+    second = collect(ds)
+    assert http.served.gets == 0, http.served.gets_by_path
+    assert digests(second) == local
+    assert all(s["__url__"].startswith("http://127.0.0.1:") for s in second)
+
+    # Other processes of the node (DataLoader workers) read the same copies.
+    http.reset()
+    again = collect(loader(ds, 2))
+    assert http.served.gets == 0, http.served.gets_by_path
+    assert_exactly_once([s["__key__"] for s in again], dataset.keys)
+    assert digests(again) == local
+
+
+FILL = textwrap.dedent(
+    """
+    import hashlib, json, sys
+    sys.path[:0] = sys.argv[3:]
+    from _shardtest import sample_digest
+    from shardstream import StreamingDataset
+    ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], shuffle_buffer=4)
+    print(json.dumps({s["__key__"]: sample_digest(s) for s in ds}))
+    """
+)
+
+
+def fill_process(spec: str, cache: Path, **kwargs: Any) -> subprocess.Popen[str]:
+    here = Path(__file__).parent
+    return subprocess.Popen(
+        [sys.executable, "-c", FILL, spec, str(cache), str(here), *sys.path],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_two_processes_fill_one_cache_at_once(http, dataset, local, tmp_path):
+    cache = tmp_path / "cache"
+    spec = http_spec(http, dataset)
+    running = [fill_process(spec, cache) for _ in range(2)]
+    for process in running:
+        out, err = process.communicate(timeout=90)
+        assert process.returncode == 0, err
+        assert json.loads(out) == local
+    assert len(cached_files(cache)) == len(dataset.paths)
+    assert_copies_of(cache, dataset)
+    ds = StreamingDataset(spec, cache_dir=str(cache))
+    http.reset()
+    assert digests(collect(ds)) == local
+    assert http.served.gets == 0
+
+
+def test_eviction_keeps_the_limit_and_spares_a_file_being_read(http, dataset, local, tmp_path):
+    cache = tmp_path / "cache"
+    largest = max(p.stat().st_size for p in dataset.paths) + TRAILER
+    limit = 3 * largest
+    spec = http_spec(http, dataset)
+    ds = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, shuffle_shards=False)
+    assert digests(collect(ds)) == local
+    files = cached_files(cache)
+    assert 1 <= len(files) <= 3
+    assert sum(f.stat().st_size for f in files) <= limit
+    # A file being read (its shared lock held) is never evicted, even when
+    # it is the least recently used.
+    oldest = min(files, key=lambda f: f.stat().st_atime_ns)
+    with oldest.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        reshuffled = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, seed=99)
+        assert digests(collect(reshuffled)) == local
+        assert oldest.exists()
+    files = cached_files(cache)
+    assert sum(f.stat().st_size for f in files) <= limit + largest
+    assert_copies_of(cache, dataset)
+
+
+def test_a_damaged_copy_is_removed_and_fetched_again(http, dataset, local, tmp_path):
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache))
+    collect(ds)
+    flipped, cut = cached_files(cache)[:2]
+    data = bytearray(flipped.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    with cut.open("r+b") as f:
+        f.truncate(cut.stat().st_size - 100)
+    http.reset()
+    assert digests(collect(ds)) == local
+    assert 2 <= http.served.gets <= 2 * 2, http.served.gets_by_path
+    assert len(http.served.gets_by_path) == 2
+    assert len(cached_files(cache)) == len(dataset.paths)
+    assert_copies_of(cache, dataset)
+    http.reset()
+    assert digests(collect(ds)) == local
+    assert http.served.gets == 0
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_s3_shards_are_cached_under_their_listed_etag(s3, s3_dataset, tmp_path):
+    cache = tmp_path / "cache"
+    spec = f"s3://{BUCKET}/audio/"
+    expected = {key: digest for key, (_, digest) in s3_dataset["expected"].items()}
+    first = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache))
+    assert digests(collect(first)) == expected
+    assert first.stats()["requests"] >= len(s3_dataset["urls"])
+    assert len(cached_files(cache)) == len(s3_dataset["urls"])
+    second = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache))
+    assert digests(collect(second)) == expected
+    assert second.stats()["requests"] == 0
+
+
+def test_a_cache_dir_that_cannot_be_made_is_refused_at_construction(dataset, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with pytest.raises(ValueError) as raised:
+        StreamingDataset(dataset.spec, cache_dir=str(blocker / "cache"))
+    message = str(raised.value)
+    assert "cache_dir" in message and str(blocker) in message, message
+
+
+def test_a_shard_over_the_limit_is_streamed_not_cached(http, dataset, local, tmp_path, capfd):
+    cache = tmp_path / "cache"
+    smallest = min(p.stat().st_size for p in dataset.paths)
+    ds = StreamingDataset(
+        http_spec(http, dataset), cache_dir=str(cache), cache_limit_bytes=smallest // 2
+    )
+    assert digests(collect(ds)) == local
+    assert cached_files(cache) == []
+    assert not list(cache.glob(".tmp-*"))
+    assert "more than cache_limit_bytes; streamed, not cached" in capfd.readouterr().err
+
+
+def test_a_write_that_fails_falls_back_to_streaming(http, dataset, local, tmp_path):
+    # A file size limit makes every write past it fail (EFBIG), as a full
+    # disk would (ENOSPC): the shards still stream, whole.
+    cache = tmp_path / "cache"
+    smallest = min(p.stat().st_size for p in dataset.paths)
+
+    def limit_file_size() -> None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (smallest // 2, smallest // 2))
+
+    process = fill_process(http_spec(http, dataset), cache, preexec_fn=limit_file_size)
+    out, err = process.communicate(timeout=90)
+    assert process.returncode == 0, err
+    assert json.loads(out) == local
+    assert "cannot write to the cache" in err
+    assert cached_files(cache) == []
+    assert not list(cache.glob(".tmp-*"))
+
+
+def test_an_epoch_stopped_early_leaves_only_complete_copies(http, dataset, tmp_path):
+    cache = tmp_path / "cache"
+    ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache), read_ahead_bytes=4096)
+    iterator = iter(ds)
+    next(iterator)
+    del iterator
+    assert not list(cache.glob(".tmp-*"))
+    if cached_files(cache):
+        assert_copies_of(cache, dataset)
+
+
+def _kind_in_worker(sample: dict[str, Any]) -> tuple[str, str, bytes]:
+    """What a DataLoader worker hands on for the long member."""
+    return sample["__key__"], type(sample["bin"]).__name__, bytes(sample["bin"])
+
+
+def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path):
+    """A local shard's long members leave DataLoader workers by reference to
+    the file; a cached copy's must not (eviction may delete the copy before
+    the main process reads it), and their bytes are the same."""
+    import io
+    import tarfile
+
+    from torch.utils.data import DataLoader
+
+    root = tmp_path / "shards"
+    root.mkdir()
+    blobs = {f"{i:04d}": bytes([i]) * (64 << 10) for i in range(4)}
+    with tarfile.open(root / "shard-000000.tar", "w") as tar:
+        for key, blob in blobs.items():
+            info = tarfile.TarInfo(f"{key}.bin")
+            info.size = len(blob)
+            tar.addfile(info, io.BytesIO(blob))
+
+    def kinds(spec: str, **options: Any) -> dict[str, tuple[str, bytes]]:
+        ds = StreamingDataset(spec, shuffle_buffer=0, **options)
+        dl = DataLoader(ds, batch_size=None, num_workers=1, collate_fn=_kind_in_worker)
+        return {key: (kind, blob) for key, kind, blob in dl}
+
+    local_kinds = kinds(str(root / "shard-000000.tar"))
+    assert {kind for kind, _ in local_kinds.values()} == {"LocalBytes"}
+
+    cache = tmp_path / "cache"
+    with running_http_server(root) as server:
+        spec = server.url("shard-000000.tar")
+        first = kinds(spec, cache_dir=str(cache))
+        server.reset()
+        second = kinds(spec, cache_dir=str(cache))
+        assert server.served.gets == 0
+    assert len(cached_files(cache)) == 1
+    for got in (first, second):
+        assert {kind for kind, _ in got.values()} == {"bytes"}
+        assert {key: blob for key, (_, blob) in got.items()} == blobs
