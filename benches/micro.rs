@@ -44,7 +44,7 @@ use shardstream::format::tar::{read_samples, Outcome};
 use shardstream::format::ShardRef;
 use shardstream::plan::order::rng_for;
 use shardstream::plan::{plan_epoch, PlanParams, Purpose, Remainder, ShardInfo};
-use shardstream::python::convert::{batch_to_dict, sample_to_dict, BytesOut};
+use shardstream::python::convert::{batch_to_dict, sample_to_dict, BytesOut, NameCache};
 use shardstream::shuffle::{ShuffleBounds, ShuffleBuffer};
 use shardstream::{Array, ArrayData, Sample, SampleId, Value};
 
@@ -318,6 +318,8 @@ fn bench_handoff(c: &mut Criterion) {
     let audio = [("wav", noise(80 * 1024, 4)), ("json", noise(200, 5))];
     let small = [("txt", noise(200, 6)), ("cls", b"7".to_vec())];
     Python::initialize();
+    // One cache for the run, as one stream keeps one.
+    let mut names = NameCache::default();
     let mut group = c.benchmark_group("python_handoff");
     for (name, fields) in [("wav80k_json200", &audio[..]), ("txt200_cls", &small[..])] {
         let one = bytes_sample(0, &url, fields);
@@ -326,7 +328,10 @@ fn bench_handoff(c: &mut Criterion) {
             Python::attach(|py| {
                 b.iter_batched(
                     || one.clone(),
-                    |sample| sample_to_dict(py, sample, BytesOut::Plain).map(|dict| dict.len()),
+                    |sample| {
+                        sample_to_dict(py, sample, BytesOut::Plain, &mut names)
+                            .map(|dict| dict.len())
+                    },
                     BatchSize::SmallInput,
                 )
             })
@@ -338,7 +343,8 @@ fn bench_handoff(c: &mut Criterion) {
                 b.iter_batched(
                     || batch.clone(),
                     |samples| {
-                        batch_to_dict(py, collate(samples), BytesOut::Plain).map(|dict| dict.len())
+                        batch_to_dict(py, collate(samples), BytesOut::Plain, &mut names)
+                            .map(|dict| dict.len())
                     },
                     BatchSize::SmallInput,
                 )

@@ -1,6 +1,6 @@
 //! Samples, values, batches and Arrow record batches into Python objects.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use arrow_array::ffi::{FFI_ArrowArray, FFI_ArrowSchema};
 use arrow_array::{Array as _, RecordBatch, StructArray};
@@ -8,7 +8,7 @@ use numpy::{IntoPyArray, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
-use pyo3::IntoPyObjectExt;
+use pyo3::{intern, IntoPyObjectExt};
 
 use crate::collate::{Batch, Column};
 use crate::format::{Sample, Value};
@@ -30,32 +30,77 @@ pub enum BytesOut<'a, 'py> {
     LocalReferences(&'a Bound<'py, PyAny>),
 }
 
-/// A sample as a dict: `__key__`, `__url__`, then its fields in order.
+/// How many distinct field names a [`NameCache`] keeps (a dataset has a
+/// few; one with more makes the rest afresh for each sample).
+const MAX_CACHED_FIELDS: usize = 64;
+
+/// The `str` objects that repeat from sample to sample, made once and
+/// shared by every dict handed out: the field names (interned, so that
+/// `sample["jpg"]` finds them by identity) and the URL of the shard being
+/// read.
+#[derive(Default)]
+pub struct NameCache {
+    url: Option<(Arc<str>, Py<PyString>)>,
+    fields: Vec<(String, Py<PyString>)>,
+}
+
+impl NameCache {
+    /// The `str` of a shard's URL: the one made for the previous sample when
+    /// it came from the same shard.
+    fn url<'py>(&mut self, py: Python<'py>, url: &Arc<str>) -> Bound<'py, PyString> {
+        if let Some((cached, object)) = &self.url {
+            if Arc::ptr_eq(cached, url) || **cached == **url {
+                return object.bind(py).clone();
+            }
+        }
+        let object = PyString::new(py, url);
+        self.url = Some((url.clone(), object.clone().unbind()));
+        object
+    }
+
+    /// The interned `str` of a field name.
+    fn field<'py>(&mut self, py: Python<'py>, name: &str) -> Bound<'py, PyString> {
+        if let Some((_, object)) = self.fields.iter().find(|(cached, _)| cached == name) {
+            return object.bind(py).clone();
+        }
+        let object = PyString::intern(py, name);
+        if self.fields.len() < MAX_CACHED_FIELDS {
+            self.fields.push((name.to_owned(), object.clone().unbind()));
+        }
+        object
+    }
+}
+
+/// A sample as a dict: `__key__`, `__url__`, then its fields in order. The
+/// URL and field names come from `names`.
 pub fn sample_to_dict<'py>(
     py: Python<'py>,
     sample: Sample,
     out: BytesOut<'_, 'py>,
+    names: &mut NameCache,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    dict.set_item("__key__", PyString::new(py, &sample.key))?;
-    dict.set_item("__url__", PyString::new(py, &sample.url))?;
+    dict.set_item(intern!(py, "__key__"), PyString::new(py, &sample.key))?;
+    dict.set_item(intern!(py, "__url__"), names.url(py, &sample.url))?;
     for (field, value) in sample.fields {
-        dict.set_item(field, value_to_py(py, value, out)?)?;
+        dict.set_item(names.field(py, &field), value_to_py(py, value, out)?)?;
     }
     Ok(dict)
 }
 
 /// A collated batch as a dict: `__key__` and `__url__` lists, then each
-/// field as a numpy array (stacked) or a list.
+/// field as a numpy array (stacked) or a list. The URLs and field names
+/// come from `names`.
 pub fn batch_to_dict<'py>(
     py: Python<'py>,
     batch: Batch,
     out: BytesOut<'_, 'py>,
+    names: &mut NameCache,
 ) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    dict.set_item("__key__", PyList::new(py, &batch.keys)?)?;
-    let urls = batch.urls.iter().map(|u| PyString::new(py, u));
-    dict.set_item("__url__", PyList::new(py, urls)?)?;
+    dict.set_item(intern!(py, "__key__"), PyList::new(py, &batch.keys)?)?;
+    let urls = batch.urls.iter().map(|u| names.url(py, u));
+    dict.set_item(intern!(py, "__url__"), PyList::new(py, urls)?)?;
     for (field, column) in batch.fields {
         let value = match column {
             Column::Stacked(array) => array_to_py(py, array)?,
@@ -67,7 +112,7 @@ pub fn batch_to_dict<'py>(
                 list.into_any()
             }
         };
-        dict.set_item(field, value)?;
+        dict.set_item(names.field(py, &field), value)?;
     }
     Ok(dict)
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 use super::blocking::blocking;
-use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut};
+use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut, NameCache};
 use super::counters::Counters;
 use super::errors::{
     panic_to_py, to_py, ShardSkippedWarning, ShardStreamError, StreamProcessError,
@@ -44,6 +44,8 @@ pub struct SampleStream {
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::LocalReferences`].
     local_bytes: Option<Py<PyAny>>,
+    /// The URL and field-name `str` objects shared by the dicts handed out.
+    names: Mutex<NameCache>,
     /// Set while a `next()` runs: a second thread's `next()` is refused.
     busy: AtomicBool,
     /// The process that started the stream's threads (0: not started). A
@@ -130,6 +132,7 @@ impl SampleStream {
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
             local_bytes,
+            names: Mutex::new(NameCache::default()),
             busy: AtomicBool::new(false),
             started_in: AtomicU32::new(0),
         })
@@ -179,13 +182,17 @@ impl SampleStream {
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         // First: a parent's `next()` running in another thread at the fork
         // leaves the child's copy busy (and its locks held) for ever.
-        let pid = std::process::id();
+        let pid = process_id();
+        // The first call starts the stream's threads: it waits with the GIL
+        // released from the outset. Later calls first take what is already
+        // received without releasing it (most calls find a sample there).
+        let mut wait = POLL_INTERVAL;
         match self
             .started_in
             .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
         {
             Ok(_) => {}
-            Err(started) if started == pid => {}
+            Err(started) if started == pid => wait = Duration::ZERO,
             Err(started) => {
                 return Err(StreamProcessError::new_err(format!(
                     "this stream was started in process {started}; create a new iterator in this process"
@@ -208,11 +215,15 @@ impl SampleStream {
         }
         let want = self.batch_size.unwrap_or(1);
         loop {
-            let collected = py
-                .detach(|| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.collect(want)))
-                })
-                .map_err(|panic| panic_to_py(panic.as_ref()))?;
+            let collect = || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.collect(want, wait)))
+            };
+            let collected = if wait.is_zero() {
+                collect()
+            } else {
+                py.detach(collect)
+            }
+            .map_err(|panic| panic_to_py(panic.as_ref()))?;
             let skipped =
                 std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
             for error in skipped {
@@ -222,6 +233,7 @@ impl SampleStream {
             match collected {
                 Collected::Full => return self.hand_out(py, held()).map(Some),
                 Collected::Table(table) => return record_batch_to_py(py, table.batch).map(Some),
+                Collected::Pending if wait.is_zero() => wait = POLL_INTERVAL,
                 Collected::Pending => py.check_signals()?,
                 Collected::End => {
                     let samples = held();
@@ -246,16 +258,17 @@ impl SampleStream {
 }
 
 impl SampleStream {
-    /// Waits (GIL released) until `want` samples are held or something
-    /// else happens.
-    fn collect(&self, want: usize) -> Collected {
+    /// Waits at most `wait` for each event (with the GIL released unless
+    /// `wait` is zero) until `want` samples are held or something else
+    /// happens.
+    fn collect(&self, want: usize, wait: Duration) -> Collected {
         let mut stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         if held.len() >= want {
             return Collected::Full;
         }
         loop {
-            match stream.poll(POLL_INTERVAL) {
+            match stream.poll(wait) {
                 Ok(Poll::Ready(Event::Sample(sample))) => {
                     held.push(sample);
                     if held.len() >= want {
@@ -287,11 +300,44 @@ impl SampleStream {
             let Some(sample) = samples.into_iter().next() else {
                 return Err(panic_to_py(&"a sample to hand out went missing"));
             };
-            return sample_to_dict(py, sample, out).map(Bound::into_any);
+            let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+            return sample_to_dict(py, sample, out, &mut names).map(Bound::into_any);
         }
         let batch = blocking(py, || Ok(collate(samples)))?;
-        batch_to_dict(py, batch, out).map(Bound::into_any)
+        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
+        batch_to_dict(py, batch, out, &mut names).map(Bound::into_any)
     }
+}
+
+/// This process's id, asked of the system once per process rather than at
+/// every `next()` (a system call): a fork's child forgets the parent's.
+fn process_id() -> u32 {
+    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+    // Registered before the first id is kept, so no fork can copy a kept id
+    // into a child without clearing it there.
+    FORK_HANDLER.call_once(|| {
+        // SAFETY: registers an `extern "C"` function that only stores to an
+        // atomic in the child.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(forget_process_id));
+        }
+    });
+    match PROCESS_ID.load(Ordering::SeqCst) {
+        0 => {
+            let pid = std::process::id();
+            PROCESS_ID.store(pid, Ordering::SeqCst);
+            pid
+        }
+        pid => pid,
+    }
+}
+
+/// This process's id once asked for (0: not yet, or forgotten at a fork).
+static PROCESS_ID: AtomicU32 = AtomicU32::new(0);
+
+/// In a fork's child: the parent's id is not this process's.
+extern "C" fn forget_process_id() {
+    PROCESS_ID.store(0, Ordering::SeqCst);
 }
 
 /// Warns that the rest of a bad shard was skipped.
