@@ -66,11 +66,12 @@ fuzz: develop ## Mutation-fuzz the tar, gzip, zstd and Parquet readers (FUZZ_CAS
 	SHARDSTREAM_FUZZ_CASES=$(FUZZ_CASES) SHARDSTREAM_FUZZ_SEED=$(FUZZ_SEED) \
 		$(PY) -m pytest -q tests/python/test_fuzz.py
 
-lint: $(STAMP) ## rustfmt, clippy, ruff and stubtest
+lint: $(STAMP) ## rustfmt, clippy, ruff, mypy and stubtest
 	cargo fmt --check
 	cargo clippy $(CARGO_PROFILE) --all-targets --features python -- -D warnings
 	ruff check python tests examples benches
 	ruff format --check python tests examples benches
+	$(PY) -m mypy python/shardstream
 	$(PY) -m mypy.stubtest shardstream._core
 
 fmt: $(STAMP) ## Format Rust and Python code

@@ -180,8 +180,9 @@ class StreamingDataset(IterableDataset[Any]):
                 raise ValueError(
                     f"invalid option {name}: expected an int of at least {low}{bound}, got {value}"
                 )
-        if isinstance(options.get("manifest"), os.PathLike):
-            options["manifest"] = os.fspath(options["manifest"])  # type: ignore[typeddict-item]
+        manifest = options.get("manifest")
+        if isinstance(manifest, os.PathLike):
+            options["manifest"] = os.fspath(manifest)
         # Every option is parsed and checked here, in Rust, once.
         self.options = Options(**options)
         self.rank = rank

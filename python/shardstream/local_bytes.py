@@ -33,7 +33,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 from ._core import ObjectChangedError, ShardNotFoundError, ShardReadError
 from ._core import raise_malloc_thresholds as _raise_malloc_thresholds
@@ -81,7 +83,7 @@ class LocalBytes(bytes):
         return (bytes, (bytes(self),))
 
 
-def _reduce_by_reference(value: LocalBytes) -> tuple[object, tuple[object, ...]]:
+def _reduce_by_reference(value: LocalBytes) -> tuple[Callable[..., bytes], tuple[Any, ...]]:
     """``ForkingPickler``'s reduction of a ``LocalBytes``: its place in the shard."""
     return (read_local, value._origin)
 
@@ -120,7 +122,7 @@ def read_local(
 
 def _descriptor(path: str, identity: tuple[int, int, int, int]) -> int:
     """An open descriptor of ``path`` as of ``identity`` (cached; the lock is held)."""
-    key = (path, tuple(identity))
+    key = (path, (identity[0], identity[1], identity[2], identity[3]))
     fd = _OPEN.get(key)
     if fd is not None:
         _OPEN.move_to_end(key)
