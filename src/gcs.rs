@@ -19,7 +19,7 @@
 
 use crate::config::S3Options;
 use crate::error::{Error, Result};
-use crate::source::gcs_auth::{gcs_endpoint, NO_TOKEN};
+use crate::source::gcs_auth::{gcs_endpoint, percent_encode, NO_TOKEN};
 use crate::source::http::{with_http_client, HttpClient};
 
 /// The most pages of one listing (a bound on a server that never stops
@@ -61,19 +61,6 @@ fn parse(url: &str) -> std::result::Result<(&str, &str), String> {
 /// Checks the form of a GCS URL (nothing is fetched): the reason if it is not one.
 pub fn check_url(url: &str) -> std::result::Result<(), String> {
     parse(url).map(|_| ())
-}
-
-/// `text` percent-encoded as one URL path segment or query value.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// An error of an API request, told about the `gs://` URL the user gave.
@@ -168,7 +155,7 @@ impl<'a> Resolver<'a> {
                     let media = format!(
                         "{}/download/storage/v1/b/{bucket}/o/{}?alt=media&generation={generation}",
                         self.endpoint,
-                        encode(&key)
+                        percent_encode(&key)
                     );
                     (media, size)
                 })
@@ -218,7 +205,7 @@ impl<'a> Resolver<'a> {
         let api = format!(
             "{}/storage/v1/b/{bucket}/o/{}?fields=name,size,generation",
             self.endpoint,
-            encode(key)
+            percent_encode(key)
         );
         let what = format!("object {key:?} of bucket {bucket}");
         match self.get_json(client, url, &api, &what).await {
@@ -247,10 +234,10 @@ impl<'a> Resolver<'a> {
                 "{}/storage/v1/b/{bucket}/o?prefix={}&fields=items(name,size,generation),\
                  nextPageToken",
                 self.endpoint,
-                encode(prefix)
+                percent_encode(prefix)
             );
             if let Some(token) = &token {
-                api.push_str(&format!("&pageToken={}", encode(token)));
+                api.push_str(&format!("&pageToken={}", percent_encode(token)));
             }
             let json = match self.get_json(client, url, &api, &what).await {
                 Err(Error::NotFound { .. }) => return Err(no_bucket(url, bucket)),
@@ -324,7 +311,7 @@ mod tests {
         for bad in ["gs://", "gs://Upper/x", "gs://ab/x", "gs://a b/x"] {
             assert!(parse(bad).unwrap_err().contains("bucket name"), "{bad}");
         }
-        assert_eq!(encode("a/b c.tar"), "a%2Fb%20c.tar");
+        assert_eq!(percent_encode("a/b c.tar"), "a%2Fb%20c.tar");
     }
 
     #[test]

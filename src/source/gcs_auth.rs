@@ -11,7 +11,6 @@
 //! minutes before they expire. No token or key appears in an error.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use aws_lc_rs::rand::SystemRandom;
@@ -111,8 +110,10 @@ enum Credentials {
     Anonymous,
 }
 
-/// `text` encoded for an `application/x-www-form-urlencoded` body.
-fn form_encode(text: &str) -> String {
+/// `text` percent-encoded but for RFC 3986's unreserved characters: a URL
+/// path segment, a query value or an `application/x-www-form-urlencoded`
+/// value.
+pub(crate) fn percent_encode(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
@@ -157,9 +158,9 @@ fn load_key_file(path: &Path, what: &str) -> Result<Credentials, String> {
         Some("authorized_user") => {
             let form = format!(
                 "grant_type=refresh_token&client_id={}&client_secret={}&refresh_token={}",
-                form_encode(field("client_id")?),
-                form_encode(field("client_secret")?),
-                form_encode(field("refresh_token")?)
+                percent_encode(field("client_id")?),
+                percent_encode(field("client_secret")?),
+                percent_encode(field("refresh_token")?)
             );
             Ok(Credentials::AuthorizedUser { form, token_uri })
         }
@@ -235,19 +236,7 @@ fn token_client() -> Result<TokenClient, String> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(METADATA_TIMEOUT));
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let tls = match hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider.clone())
-    {
-        Ok(builder) => builder,
-        Err(_) => hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
-            rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("no TLS setup: {e}"))?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-        ),
-    };
+    let tls = super::tls::connector_builder()?;
     let https = tls.https_or_http().enable_http1().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }
@@ -358,7 +347,7 @@ impl Credentials {
                     let uri = format!(
                         "http://{host}/computeMetadata/v1/instance/service-accounts/default/token\
                          ?scopes={}",
-                        form_encode(SCOPE)
+                        percent_encode(SCOPE)
                     );
                     let request = Request::builder()
                         .method(Method::GET)
@@ -444,7 +433,7 @@ mod tests {
         assert_eq!(endpoint_of(None), "https://storage.googleapis.com");
         assert_eq!(endpoint_of(Some("localhost:9023")), "http://localhost:9023");
         assert_eq!(endpoint_of(Some("https://gcs.test/ ")), "https://gcs.test");
-        assert_eq!(form_encode("a b/c"), "a%20b%2Fc");
+        assert_eq!(percent_encode("a b/c"), "a%20b%2Fc");
     }
 
     #[test]

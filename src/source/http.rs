@@ -112,21 +112,7 @@ impl HttpClient {
         http.enforce_http(false);
         http.set_connect_timeout(Some(options.connect_timeout));
         http.set_nodelay(true);
-        // The crypto provider aws-sdk-s3 builds on too.
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let tls = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(builder) => builder,
-            // No system roots: http:// still works, https:// fails to verify.
-            Err(_) => hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(
-                rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| format!("no TLS setup: {e}"))?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth(),
-            ),
-        };
+        let tls = super::tls::connector_builder()?;
         let https = tls
             .https_or_http()
             .enable_http1()

@@ -14,6 +14,7 @@ pub mod http;
 mod local;
 mod ranged;
 pub(crate) mod s3;
+mod tls;
 
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
 

@@ -18,6 +18,7 @@ from _shardtest import (
     write_tar,
     write_uneven_dataset,
 )
+from http_server import HttpServer, running_http_server
 from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, S3Server, running_s3_server
 
 SHARDS = 8
@@ -137,3 +138,17 @@ def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", TEST_SECRET)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def dataset_http_server(dataset: DatasetInfo) -> Iterator[HttpServer]:
+    """A local HTTP server (tests/python/http_server.py) serving `dataset`'s shards."""
+    with running_http_server(dataset.root) as running:
+        yield running
+
+
+@pytest.fixture
+def http(dataset_http_server: HttpServer) -> HttpServer:
+    """The dataset's HTTP server, its faults and counters reset."""
+    dataset_http_server.reset()
+    return dataset_http_server

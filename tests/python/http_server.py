@@ -97,6 +97,10 @@ class HttpServer:
             self.faults = faults or Faults()
             self.served = Served()
 
+    def shard_spec(self, shards: int) -> str:
+        """The brace spec of `shards` shards named `shard-000000.tar` on."""
+        return self.url(f"shard-{{000000..{shards - 1:06d}}}.tar")
+
     def url(self, path: str) -> str:
         return f"{self.base_url}/{path.lstrip('/')}"
 

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 TRAILER = 20
 
 
-@pytest.fixture(scope="module")
-def server(dataset: DatasetInfo) -> Iterator[HttpServer]:
-    with running_http_server(dataset.root) as running:
-        yield running
-
-
-@pytest.fixture
-def http(server: HttpServer) -> HttpServer:
-    server.reset()
-    return server
-
-
 def http_spec(server: HttpServer, dataset: DatasetInfo) -> str:
-    return server.url(f"shard-{{000000..{len(dataset.paths) - 1:06d}}}.tar")
+    return server.shard_spec(len(dataset.paths))
 
 
 def digests(samples: list[dict[str, Any]]) -> dict[str, dict[str, str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,21 +37,8 @@ pytestmark = pytest.mark.timeout(120)
 FAST = {"max_attempts": 3, "max_retry_time": 10.0, "first_byte_timeout": 2.0, "idle_timeout": 2.0}
 
 
-@pytest.fixture(scope="module")
-def server(dataset: DatasetInfo) -> Iterator[HttpServer]:
-    with running_http_server(dataset.root) as running:
-        yield running
-
-
-@pytest.fixture
-def http(server: HttpServer) -> HttpServer:
-    server.reset()
-    return server
-
-
 def http_spec(server: HttpServer, dataset: DatasetInfo) -> str:
-    last = len(dataset.paths) - 1
-    return server.url(f"shard-{{000000..{last:06d}}}.tar")
+    return server.shard_spec(len(dataset.paths))
 
 
 def local_digests(dataset: DatasetInfo) -> dict[str, dict[str, str]]:
