@@ -149,13 +149,14 @@ pub struct S3Options {
     pub backoff_base: Duration,
     /// Largest backoff step.
     pub backoff_max: Duration,
-    /// The largest ranged GET: objects (or ranges) larger than a part are
-    /// fetched as parallel ranged GETs, a part being this size or less, so
-    /// that `max_concurrency` parts fit in an object's share of the
+    /// The largest ranged GET. Remote objects are read as parts: an
+    /// object's first part is at most 256 KiB, each next one twice the one
+    /// before, up to this size, or less so that 32 parts fit in the
     /// read-ahead budget.
     pub part_size: usize,
-    /// Objects fetched at once per worker, and ranged GETs in flight per
-    /// object, at most.
+    /// Ranged GETs in flight at once per reading process (per DataLoader
+    /// worker), across objects, at most. 1 reads one object at a time, as
+    /// one streaming GET.
     pub max_concurrency: usize,
     /// Headers of HTTP(S) requests (not sent to S3).
     pub http_headers: HttpHeaders,
@@ -165,7 +166,7 @@ impl S3Options {
     /// The largest part: the read-ahead budget is taken a part at a time,
     /// in permits counted in `u32`.
     pub const MAX_PART_SIZE: usize = u32::MAX as usize;
-    /// The most objects (and parts of one object) in flight at once.
+    /// The most ranged GETs in flight at once.
     pub const MAX_CONCURRENCY: usize = 256;
     /// The most attempts per request.
     pub const MAX_ATTEMPTS: u32 = 1000;
@@ -249,7 +250,7 @@ impl Default for S3Options {
             backoff_base: Duration::from_millis(50),
             backoff_max: Duration::from_secs(5),
             part_size: 8 << 20,
-            max_concurrency: 4,
+            max_concurrency: 64,
             http_headers: HttpHeaders::default(),
         }
     }

@@ -27,11 +27,15 @@ pub enum Counter {
     Retries,
     /// Bodies resumed mid-way with a Range request.
     Resumes,
+    /// The most bytes of one read-ahead's budget held at once by ranged
+    /// parts (being fetched, or fetched and not yet parsed): a high-water
+    /// mark, not a sum.
+    ReadAheadPeakBytes,
 }
 
 impl Counter {
     /// Every counter, in [`Stats`] order.
-    pub const ALL: [Counter; 8] = [
+    pub const ALL: [Counter; 9] = [
         Counter::ShardsOpened,
         Counter::ShardsCompleted,
         Counter::Samples,
@@ -40,6 +44,7 @@ impl Counter {
         Counter::Requests,
         Counter::Retries,
         Counter::Resumes,
+        Counter::ReadAheadPeakBytes,
     ];
 
     /// The counter's name in `stats()`.
@@ -53,6 +58,7 @@ impl Counter {
             Counter::Requests => "requests",
             Counter::Retries => "retries",
             Counter::Resumes => "resumed_bodies",
+            Counter::ReadAheadPeakBytes => "read_ahead_peak_bytes",
         }
     }
 }
@@ -128,6 +134,11 @@ impl Counters {
     /// Adds `n` to `counter`.
     pub fn add(&self, counter: Counter, n: u64) {
         self.cell(counter).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Raises `counter` to `value` if it is lower (a high-water mark).
+    pub fn raise(&self, counter: Counter, value: u64) {
+        self.cell(counter).fetch_max(value, Ordering::Relaxed);
     }
 
     /// Reads every counter.

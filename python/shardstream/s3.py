@@ -31,12 +31,14 @@ class S3Config:
             Credentials that cannot be found, or that the store rejects,
             are not retried: they raise ``StorageAuthError`` at once.
         max_retry_time: seconds spent retrying one request at most.
-        part_size: the largest ranged GET, in bytes. An object (or range)
-            larger than a part is fetched as parallel ranged GETs; a part is
-            this size, or less, so that ``max_concurrency`` parts fit in the
-            object's share of ``read_ahead_bytes``. At most 4 GiB - 1.
-        max_concurrency: objects fetched at once per worker, and ranged
-            GETs in flight per object, at most (1 to 256).
+        part_size: the largest ranged GET, in bytes. Objects are read as
+            parts issued in reading order over all of ``read_ahead_bytes``:
+            an object's first part is at most 256 KiB, each next one twice
+            the one before, up to this size, or less so that 32 parts fit in
+            ``read_ahead_bytes``. At most 4 GiB - 1.
+        max_concurrency: ranged GETs in flight at once per worker, across
+            objects, at most (1 to 256); 1 reads one object at a time as one
+            streaming GET.
 
     Timeouts are above 0 and every duration at most a year; a value out of
     range raises ``ValueError`` naming the option when a dataset is made.
@@ -53,7 +55,7 @@ class S3Config:
     max_attempts: int = 10
     max_retry_time: float = 120.0
     part_size: int = 8 << 20
-    max_concurrency: int = 4
+    max_concurrency: int = 64
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict."""

@@ -497,9 +497,6 @@ impl RangedObject for Resource {
         &self.url
     }
 
-    fn options(&self) -> &S3Options {
-        &self.client.options
-    }
 
     async fn stream_range(
         &self,
@@ -601,12 +598,20 @@ pub(super) async fn read_resource(
     unit: &FetchUnit,
     tx: &ChunkSender,
 ) -> Result<(), ConsumerGone> {
-    let resource = Resource {
+    read_ranged(fetcher, resource(fetcher, client, unit), unit, tx).await
+}
+
+/// The resource of `unit`, to be read by ranges.
+pub(super) fn resource(
+    fetcher: &Fetcher,
+    client: &Arc<HttpClient>,
+    unit: &FetchUnit,
+) -> Arc<impl RangedObject> {
+    Arc::new(Resource {
         client: client.clone(),
         counters: fetcher.counters.clone(),
         url: unit.url.clone(),
-    };
-    read_ranged(fetcher, Arc::new(resource), unit, tx).await
+    })
 }
 
 /// Runs `work` with a fresh HTTP client on a runtime made for it and shut

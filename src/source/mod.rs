@@ -12,6 +12,7 @@ pub mod cache;
 pub mod gcs_auth;
 pub mod http;
 mod local;
+mod queue;
 mod ranged;
 pub(crate) mod s3;
 mod tls;
@@ -302,23 +303,17 @@ struct Fetcher {
 }
 
 impl Fetcher {
-    /// Reads `units`, handing their readers over in order, with up to
-    /// `max_concurrency` S3 units (one local unit) in flight.
+    /// Reads `units`, handing their readers over in order. Remote units go
+    /// through one [`queue::PartQueue`] as parts issued in plan order over
+    /// the whole budget (with `max_concurrency` 1, each is one streaming
+    /// GET, one unit at a time). A local unit, or a cached copy, is read
+    /// alone: after every unit before it was fetched, and before any unit
+    /// after it is begun, so that every read takes the budget in order.
     async fn run(self, units: Vec<FetchUnit>, shard_tx: Sender<ShardReader>) {
+        let ahead = self.s3_options.max_concurrency.max(1);
+        let mut queue = (ahead > 1).then(|| queue::PartQueue::new(&self));
         let mut in_flight = VecDeque::new();
         for unit in units {
-            let ahead = match unit.location {
-                Location::S3 { .. } | Location::Http(_) => self.s3_options.max_concurrency.max(1),
-                Location::Local(_) => 1,
-            };
-            while in_flight.len() >= ahead {
-                let Some(task) = in_flight.pop_front() else {
-                    break;
-                };
-                if !settle(task).await {
-                    return;
-                }
-            }
             if self.cancelled.load(Ordering::SeqCst) {
                 return;
             }
@@ -327,84 +322,176 @@ impl Fetcher {
             if shard_tx.send(reader).is_err() {
                 return;
             }
-            let share = self.share(ahead);
             let sender = Arc::new(ChunkSender::new(chunk_tx));
-            let (task_sender, url) = (sender.clone(), unit.url.clone());
-            let start = unit.range.as_ref().map_or(0, |r| r.start);
-            let task = tokio::spawn(async move { share.read(&unit, &task_sender).await });
+            let (url, start) = (unit.url.clone(), unit.range.as_ref().map_or(0, |r| r.start));
+            let remote = !matches!(unit.location, Location::Local(_));
+            let hit = match &queue {
+                Some(_) if remote => self.cache_hit(&unit, &sender).await,
+                _ => None,
+            };
+            let task = match queue.as_mut() {
+                Some(queue) if remote && hit.is_none() => {
+                    match self.queue_unit(queue, &unit, sender.clone()).await {
+                        Ok(task) => task,
+                        Err(ConsumerGone) => return,
+                    }
+                }
+                _ => {
+                    // Read alone, after every part before it was issued
+                    // and fetched, and before any part after it.
+                    if let Some(queue) = queue.as_mut() {
+                        if queue.drain(&self).await.is_err() {
+                            return;
+                        }
+                    }
+                    if !settle_all(&mut in_flight).await {
+                        return;
+                    }
+                    let task = self.spawn_read(unit, sender.clone(), hit);
+                    let alone = UnitTask {
+                        task,
+                        sender,
+                        url,
+                        start,
+                    };
+                    if !settle(alone).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
             in_flight.push_back(UnitTask {
                 task,
                 sender,
                 url,
                 start,
             });
+            while in_flight.len() > ahead {
+                let Some(task) = in_flight.pop_front() else {
+                    break;
+                };
+                if !settle(task).await {
+                    return;
+                }
+            }
         }
-        for task in in_flight {
-            if !settle(task).await {
+        if let Some(queue) = queue.as_mut() {
+            if queue.drain(&self).await.is_err() {
                 return;
             }
         }
+        settle_all(&mut in_flight).await;
     }
 
-    /// A fetcher for one of `ways` units in flight, with that share of the budget.
-    fn share(&self, ways: usize) -> Fetcher {
-        let bytes = (self.budget_total / ways).max(self.chunk_bytes);
-        Fetcher {
-            budget: if ways == 1 {
-                self.budget.clone()
-            } else {
-                Arc::new(Semaphore::new(bytes))
+    /// Reads `unit` (from its cached copy `hit`, if given) on a task of its own.
+    fn spawn_read(
+        &self,
+        unit: FetchUnit,
+        sender: Arc<ChunkSender>,
+        hit: Option<cache::Hit>,
+    ) -> tokio::task::JoinHandle<Result<(), ConsumerGone>> {
+        let fetcher = self.clone();
+        tokio::spawn(async move {
+            match hit {
+                Some(hit) => {
+                    local::read_file(&fetcher, &hit.unit, (&hit.path, false), &sender).await?;
+                    sender.finish();
+                    Ok(())
+                }
+                None => fetcher.read(&unit, &sender).await,
+            }
+        })
+    }
+
+    /// Issues the parts of the remote unit `unit` on `queue`; gives the task
+    /// delivering them. A client that cannot be made is an error of the unit.
+    async fn queue_unit(
+        &self,
+        queue: &mut queue::PartQueue,
+        unit: &FetchUnit,
+        sender: Arc<ChunkSender>,
+    ) -> Result<tokio::task::JoinHandle<Result<(), ConsumerGone>>, ConsumerGone> {
+        match &unit.location {
+            Location::S3 { bucket, key } => {
+                let client = self.s3_client().await;
+                let object = s3::object(self, &client, unit, (bucket, key));
+                queue.push(self, object, unit, sender).await
+            }
+            Location::Http(_) => match self.http_client() {
+                Ok(client) => {
+                    let resource = http::resource(self, &client, unit);
+                    queue.push(self, resource, unit, sender).await
+                }
+                Err(reason) => {
+                    let error = client_error(unit, reason);
+                    Ok(tokio::spawn(async move {
+                        let _ = sender.send(Err(error));
+                        Ok(())
+                    }))
+                }
             },
-            budget_total: bytes,
-            ..self.clone()
+            Location::Local(_) => Ok(self.spawn_read(unit.clone(), sender, None)),
         }
+    }
+
+    /// The S3 client, made at the first S3 unit, in the reading process.
+    async fn s3_client(&self) -> Arc<s3::S3Client> {
+        self.s3
+            .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
+            .await
+            .clone()
+    }
+
+    /// The HTTP(S) client, made at the first HTTP(S) unit, in the reading
+    /// process; why it cannot be made.
+    fn http_client(&self) -> std::result::Result<Arc<http::HttpClient>, String> {
+        self.http
+            .get_or_init(|| http::HttpClient::new(&self.s3_options).map(Arc::new))
+            .clone()
+    }
+
+    /// The cached copy of a remote `unit`, if there is one; on a miss, the
+    /// bytes sent to `chunk_tx` are also written to the cache.
+    async fn cache_hit(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Option<cache::Hit> {
+        let cache = self.cache.clone()?;
+        let looked_up = unit.clone();
+        // A cached copy is read through the local source.
+        let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up))
+            .await
+            .ok()
+            .flatten();
+        if hit.is_none() {
+            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit)) {
+                chunk_tx.tee(fill);
+            }
+        }
+        hit
     }
 
     /// Reads one unit into chunks sent to `chunk_tx`, then tells its
     /// reader the unit ended (unless an error was sent instead).
     async fn read(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
         let remote = !matches!(unit.location, Location::Local(_));
-        if let Some(cache) = self.cache.clone().filter(|_| remote) {
-            let looked_up = unit.clone();
-            // A cached copy is read through the local source.
-            let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up))
-                .await
-                .ok()
-                .flatten();
-            if let Some(hit) = hit {
+        if remote {
+            if let Some(hit) = self.cache_hit(unit, chunk_tx).await {
                 local::read_file(self, &hit.unit, (&hit.path, false), chunk_tx).await?;
                 chunk_tx.finish();
                 return Ok(());
-            }
-            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit)) {
-                chunk_tx.tee(fill);
             }
         }
         match &unit.location {
             Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
             Location::S3 { bucket, key } => {
-                let client = self
-                    .s3
-                    .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
-                    .await;
-                s3::read_object(self, client, unit, (bucket, key), chunk_tx).await?
+                let client = self.s3_client().await;
+                s3::read_object(self, &client, unit, (bucket, key), chunk_tx).await?
             }
-            Location::Http(_) => {
-                let client = self
-                    .http
-                    .get_or_init(|| http::HttpClient::new(&self.s3_options).map(Arc::new));
-                match client {
-                    Ok(client) => http::read_resource(self, client, unit, chunk_tx).await?,
-                    Err(reason) => {
-                        let _ = chunk_tx.send(Err(Error::Read {
-                            url: unit.url.clone(),
-                            offset: unit.range.as_ref().map_or(0, |r| r.start),
-                            source: std::io::Error::other(reason.clone()),
-                        }));
-                        return Ok(());
-                    }
+            Location::Http(_) => match self.http_client() {
+                Ok(client) => http::read_resource(self, &client, unit, chunk_tx).await?,
+                Err(reason) => {
+                    let _ = chunk_tx.send(Err(client_error(unit, reason)));
+                    return Ok(());
                 }
-            }
+            },
         }
         chunk_tx.finish();
         Ok(())
@@ -416,14 +503,14 @@ impl Fetcher {
         self.budget.clone().acquire_many_owned(permits).await.ok()
     }
 
-    /// Budget for `len` bytes if it is free now.
-    fn try_reserve(&self, len: usize) -> Option<OwnedSemaphorePermit> {
-        let permits = u32::try_from(len).expect("chunk_bytes fits u32");
-        self.budget.clone().try_acquire_many_owned(permits).ok()
-    }
-
     fn count(&self, counter: Counter, n: u64) {
         self.counters.add(counter, n);
+    }
+
+    /// Records the bytes of the budget held now, if the most so far.
+    fn note_budget_held(&self) {
+        let held = self.budget_total - self.budget.available_permits();
+        self.counters.raise(Counter::ReadAheadPeakBytes, held as u64);
     }
 
     /// The read-ahead budget in bytes.
@@ -461,6 +548,25 @@ async fn settle(unit: UnitTask) -> bool {
             }));
             true
         }
+    }
+}
+
+/// Waits for every unit in flight, in order; `false` when fetching must stop.
+async fn settle_all(in_flight: &mut VecDeque<UnitTask>) -> bool {
+    while let Some(task) = in_flight.pop_front() {
+        if !settle(task).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// The error of a remote unit whose client cannot be made.
+fn client_error(unit: &FetchUnit, reason: String) -> Error {
+    Error::Read {
+        url: unit.url.clone(),
+        offset: unit.range.as_ref().map_or(0, |r| r.start),
+        source: std::io::Error::other(reason),
     }
 }
 

@@ -1,9 +1,9 @@
 //! What every source read by byte ranges shares (S3, HTTP(S)): bounded
 //! retries with backoff and jitter, the check that an answer holds exactly
 //! the bytes asked for, the validator a resume is pinned to, budgeted
-//! chunks, and parallel ranged reads of large objects delivered in order.
+//! chunks, and one streaming read of a unit (parallel parts are
+//! [`super::queue`]'s).
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -314,9 +314,6 @@ pub(super) trait RangedObject: Send + Sync + 'static {
     /// The object's URL, for errors.
     fn url(&self) -> &str;
 
-    /// Timeouts, retries, part size and concurrency.
-    fn options(&self) -> &S3Options;
-
     /// Streams the bytes `range` (end `u64::MAX`: to the object's end; with
     /// `clamp`, to the range's end or the object's, whichever comes first)
     /// into `target`, retrying failed requests and resuming a broken body
@@ -332,9 +329,10 @@ pub(super) trait RangedObject: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Result<Result<(), Error>, ConsumerGone>> + Send;
 }
 
-/// Reads the unit's object (or byte range of it) into budgeted chunks sent
-/// to `tx`; a range larger than `part_size` goes as parallel ranged
-/// requests, delivered in order.
+/// Reads the unit's object (or byte range of it) as one streaming GET
+/// (resumed where it breaks) into budgeted chunks sent to `tx`, so that
+/// parsing starts with its first bytes. Used with `max_concurrency` 1;
+/// otherwise [`super::queue::PartQueue`] reads remote units as parts.
 pub(super) async fn read_ranged<O: RangedObject>(
     fetcher: &Fetcher,
     object: Arc<O>,
@@ -346,14 +344,8 @@ pub(super) async fn read_ranged<O: RangedObject>(
         .range
         .clone()
         .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
-    let known_len = (range.end != u64::MAX).then(|| range.end - range.start);
-    let options = object.options();
-    let part = part_bytes(fetcher, options);
     // A unit of a byte range may give the range's size, not the object's.
     let mut pinned = Pinned::listed(unit.size.filter(|_| unit.range.is_none()));
-    if options.max_concurrency > 1 && known_len.is_none_or(|len| len > part) {
-        return read_parts(fetcher, &object, range, part, pinned, tx).await;
-    }
     let mut target = Target::Chunks {
         tx,
         budget: &fetcher.budget,
@@ -378,17 +370,8 @@ pub(super) async fn read_ranged<O: RangedObject>(
     Ok(())
 }
 
-/// The size of one ranged GET: `part_size`, or less, so that
-/// `max_concurrency` parts fit in this unit's share of the read-ahead budget
-/// and can be in flight together (with the defaults, 32 MiB shared by 4
-/// objects, 2 MiB parts).
-fn part_bytes(fetcher: &Fetcher, options: &S3Options) -> u64 {
-    let fitting = fetcher.budget_bytes() / options.max_concurrency.max(1);
-    options.part_size.min(fitting).max(1) as u64
-}
-
 /// The error of a part of `url` (bytes `part`) that ended after `got` bytes.
-fn short_part(url: &str, part: &Range<u64>, got: u64) -> Error {
+pub(super) fn short_part(url: &str, part: &Range<u64>, got: u64) -> Error {
     Error::Read {
         url: url.to_owned(),
         offset: part.start + got,
@@ -400,155 +383,6 @@ fn short_part(url: &str, part: &Range<u64>, got: u64) -> Error {
                 part.end.saturating_sub(1)
             ),
         ),
-    }
-}
-
-/// A part's fetch task in flight, its budget and its bytes.
-type PartTask = (
-    tokio::task::JoinHandle<Result<Vec<u8>, Error>>,
-    OwnedSemaphorePermit,
-    Range<u64>,
-);
-
-/// Parallel ranged GETs of `part` bytes, at most `max_concurrency` at once,
-/// each holding its share of the read-ahead budget, sent in order. The first
-/// part goes alone, to learn the ETag every other part is pinned to and, for
-/// a whole object of unknown size, the size. Every part must bring every
-/// byte it asked for.
-async fn read_parts<O: RangedObject>(
-    fetcher: &Fetcher,
-    object: &Arc<O>,
-    range: Range<u64>,
-    part: u64,
-    mut pinned: Pinned,
-    tx: &ChunkSender,
-) -> Result<(), ConsumerGone> {
-    // Of unknown size, the object may end within the first part.
-    let clamp = range.end == u64::MAX;
-    let first = range.start..range.start.saturating_add(part).min(range.end);
-    let Some(permit) = fetcher.reserve((first.end - first.start) as usize).await else {
-        return Err(ConsumerGone);
-    };
-    let url = object.url();
-    let mut buffer = Target::Buffer(Vec::new());
-    let first_result = object
-        .stream_range(first.clone(), clamp, &mut pinned, &mut buffer)
-        .await?;
-    tx.note_answer(&pinned);
-    let end = match (range.end, pinned.size) {
-        (u64::MAX, Some(size)) => size,
-        (u64::MAX, None) => first.end,
-        (end, _) => end,
-    };
-    match first_result {
-        Ok(()) => {
-            let Target::Buffer(bytes) = buffer else {
-                unreachable!("a buffer target")
-            };
-            let wanted = first.end.min(end) - first.start;
-            if bytes.len() as u64 != wanted {
-                let _ = tx.send(Err(short_part(url, &first, bytes.len() as u64)));
-                return Ok(());
-            }
-            let mut permit = permit;
-            let unused = (first.end - first.start) as usize - bytes.len();
-            if unused > 0 {
-                drop(permit.split(unused));
-            }
-            if !send_part(tx, Ok(bytes), permit) {
-                return Ok(());
-            }
-        }
-        Err(error) => {
-            let _ = tx.send(Err(error));
-            return Ok(());
-        }
-    }
-    let mut parts = (first.end..end)
-        .step_by(usize::try_from(part).unwrap_or(usize::MAX))
-        .map(|start| start..(start + part).min(end))
-        .peekable();
-    let mut in_flight: VecDeque<PartTask> = VecDeque::new();
-    let stop = |in_flight: VecDeque<PartTask>| {
-        for (task, _, _) in in_flight {
-            task.abort();
-        }
-    };
-    loop {
-        while in_flight.len() < object.options().max_concurrency {
-            let Some(next) = parts.peek().cloned() else {
-                break;
-            };
-            let len = (next.end - next.start) as usize;
-            // Wait for budget only with nothing in flight: otherwise the
-            // budget may be held by the parts in flight, which are delivered
-            // (and their budget freed) only after this loop.
-            let permit = if in_flight.is_empty() {
-                let Some(permit) = fetcher.reserve(len).await else {
-                    return Err(ConsumerGone);
-                };
-                permit
-            } else {
-                let Some(permit) = fetcher.try_reserve(len) else {
-                    break;
-                };
-                permit
-            };
-            parts.next();
-            let task = tokio::spawn(fetch_part(object.clone(), next.clone(), pinned.clone()));
-            in_flight.push_back((task, permit, next));
-        }
-        let Some((task, permit, next)) = in_flight.pop_front() else {
-            return Ok(());
-        };
-        let result = task.await.unwrap_or_else(|join| {
-            let reason = if join.is_panic() {
-                "the part's fetch task panicked"
-            } else {
-                "the part's fetch task was cancelled"
-            };
-            Err(Error::Read {
-                url: url.to_owned(),
-                offset: next.start,
-                source: std::io::Error::other(reason),
-            })
-        });
-        if !send_part(tx, result, permit) {
-            stop(in_flight);
-            return Ok(());
-        }
-    }
-}
-
-/// Sends a part (or its error); `false` when reading must stop.
-fn send_part(tx: &ChunkSender, part: Result<Vec<u8>, Error>, permit: OwnedSemaphorePermit) -> bool {
-    match part {
-        Ok(bytes) => tx.send(Ok(Chunk::read(bytes, permit))).is_ok(),
-        Err(error) => {
-            let _ = tx.send(Err(error));
-            false
-        }
-    }
-}
-
-/// One part of a parallel read, into memory: every byte of `range`, or an error.
-async fn fetch_part<O: RangedObject>(
-    object: Arc<O>,
-    range: Range<u64>,
-    mut pinned: Pinned,
-) -> Result<Vec<u8>, Error> {
-    let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
-    let result = object
-        .stream_range(range.clone(), false, &mut pinned, &mut buffer)
-        .await;
-    match result {
-        Ok(Ok(())) => match buffer {
-            Target::Buffer(bytes) if bytes.len() as u64 == range.end - range.start => Ok(bytes),
-            Target::Buffer(bytes) => Err(short_part(object.url(), &range, bytes.len() as u64)),
-            Target::Chunks { .. } => unreachable!("a part reads into a buffer"),
-        },
-        Ok(Err(error)) => Err(error),
-        Err(ConsumerGone) => Err(Error::Stopped("stream cancelled".into())),
     }
 }
 

@@ -481,9 +481,6 @@ impl RangedObject for S3Object {
         &self.url
     }
 
-    fn options(&self) -> &S3Options {
-        &self.s3.options
-    }
 
     /// Streams `range` with GETs pinned to the first ETag seen (If-Match).
     async fn stream_range(
@@ -601,14 +598,23 @@ pub(super) async fn read_object(
     (bucket, key): (&str, &str),
     tx: &ChunkSender,
 ) -> Result<(), ConsumerGone> {
-    let object = S3Object {
+    read_ranged(fetcher, object(fetcher, s3, unit, (bucket, key)), unit, tx).await
+}
+
+/// The object of `unit`, to be read by ranges.
+pub(super) fn object(
+    fetcher: &Fetcher,
+    s3: &Arc<S3Client>,
+    unit: &FetchUnit,
+    (bucket, key): (&str, &str),
+) -> Arc<impl RangedObject> {
+    Arc::new(S3Object {
         s3: s3.clone(),
         counters: fetcher.counters.clone(),
         url: unit.url.clone(),
         bucket: bucket.to_owned(),
         key: key.to_owned(),
-    };
-    read_ranged(fetcher, Arc::new(object), unit, tx).await
+    })
 }
 
 #[cfg(test)]

@@ -249,6 +249,7 @@ def test_stats_in_process(dataset):
         "requests": 0,
         "retries": 0,
         "resumed_bodies": 0,
+        "read_ahead_peak_bytes": 0,
     }
     assert_exactly_once(keys_of(ds), dataset.keys)
     stats = ds.stats()

@@ -1,0 +1,512 @@
+//! One queue of ranged parts over a read-ahead's whole byte budget. The
+//! remote units of a slot (S3 objects, HTTP(S) resources) are cut into
+//! parts in the order the parser reads them, and the parts are issued
+//! strictly in that order, each once its bytes fit in the budget and a
+//! request slot is free. So the part the parser needs next is always the
+//! earliest issued one not yet delivered: a later part never holds budget
+//! an earlier one waits for (the queue cannot deadlock), and the bytes of
+//! parts (fetched or being fetched, not yet parsed) never exceed the budget.
+//! An object's first part is small, so that parsing starts early and the
+//! validator every later part is pinned to is known soon; part sizes then
+//! double up to a cap that lets [`PARTS_PER_BUDGET`] parts share the budget.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::ranged::{short_part, Pinned, RangedObject, Target};
+use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use crate::error::Error;
+use crate::stats::Counter;
+
+/// The first part of an object, at most: small, so that parsing starts
+/// after one short request.
+pub(super) const FIRST_PART_BYTES: u64 = 256 << 10;
+
+/// Parts of the largest size that fit in the budget at once, at least
+/// (unless that would make parts smaller than [`MIN_PART_CAP`]): enough
+/// requests in flight to cover a first-byte latency, each short enough that
+/// a per-connection bandwidth limit does not hold its budget long.
+pub(super) const PARTS_PER_BUDGET: u64 = 32;
+
+/// The smallest cap the budget sets on parts (a smaller `part_size`, or
+/// budget, still applies).
+const MIN_PART_CAP: u64 = 64 << 10;
+
+/// The largest part: `part_size`, or less so that [`PARTS_PER_BUDGET`]
+/// parts fit in `budget`; never more than the budget, never 0.
+pub(super) fn part_cap(budget: u64, part_size: u64) -> u64 {
+    (budget / PARTS_PER_BUDGET)
+        .max(MIN_PART_CAP)
+        .min(part_size)
+        .min(budget)
+        .max(1)
+}
+
+/// The parts of a byte range, in order: the first of at most
+/// [`FIRST_PART_BYTES`], each next one twice the one before, up to `cap`.
+#[derive(Debug, Clone)]
+pub(super) struct PartPlan {
+    next: u64,
+    end: u64,
+    size: u64,
+    cap: u64,
+}
+
+impl PartPlan {
+    /// The plan of `range` (end `u64::MAX`: to the object's end, set later
+    /// with [`PartPlan::end_at`]).
+    pub(super) fn new(range: Range<u64>, cap: u64) -> Self {
+        let cap = cap.max(1);
+        PartPlan {
+            next: range.start,
+            end: range.end,
+            size: FIRST_PART_BYTES.min(cap),
+            cap,
+        }
+    }
+
+    /// Ends the plan at `end` (an object's size, once known), or where the
+    /// parts planned so far end, whichever comes last.
+    pub(super) fn end_at(&mut self, end: u64) {
+        self.end = end.max(self.next);
+    }
+}
+
+impl Iterator for PartPlan {
+    type Item = Range<u64>;
+
+    fn next(&mut self) -> Option<Range<u64>> {
+        if self.next >= self.end {
+            return None;
+        }
+        let start = self.next;
+        let end = start.saturating_add(self.size).min(self.end);
+        self.next = end;
+        self.size = self.size.saturating_mul(2).min(self.cap);
+        Some(start..end)
+    }
+}
+
+/// What an object's first part tells the later ones: the validator and
+/// size they are pinned to (`Err`: the first part failed; its error is
+/// delivered first).
+type FirstAnswer = Option<Result<Pinned, ()>>;
+
+/// The result of a part's fetch: its bytes and what the answer told.
+type PartResult = Result<(Vec<u8>, Pinned), Error>;
+
+/// Starts the fetch of a part of one object (the object's type erased).
+type SpawnPart =
+    Box<dyn Fn(Range<u64>, Role, OwnedSemaphorePermit) -> JoinHandle<PartResult> + Send + Sync>;
+
+/// A part's fetch task, its budget and its bytes.
+struct PartTask {
+    task: JoinHandle<PartResult>,
+    permit: OwnedSemaphorePermit,
+    range: Range<u64>,
+}
+
+/// A unit whose first part was issued, the rest of its parts not yet.
+struct Opened {
+    /// Its parts after the first.
+    plan: PartPlan,
+    /// Whether its size is learnt from the first part.
+    clamp: bool,
+    /// The budget its first part holds.
+    first_bytes: u64,
+    answer: watch::Receiver<FirstAnswer>,
+    parts: mpsc::UnboundedSender<PartTask>,
+    stopped: Arc<AtomicBool>,
+    spawn: SpawnPart,
+}
+
+/// The parts of every remote unit of a read-ahead, issued in plan order
+/// within the read-ahead's budget, at most `max_concurrency` requests at
+/// once. The first part of the next units may go ahead of the rest of the
+/// unit before them (the look-ahead), so that their validator (and, for an
+/// object of unknown size, size) is known when their later parts are
+/// issued; the look-ahead holds at most the budget less two of the largest
+/// parts, so the part the parser needs next always finds budget once the
+/// parts before it are parsed.
+pub(super) struct PartQueue {
+    slots: Arc<Semaphore>,
+    cap: u64,
+    /// Budget the look-ahead may hold.
+    allowance: u64,
+    /// Units opened ahead of the oldest open one, at most.
+    window: usize,
+    /// Units whose later parts are not issued yet, oldest first.
+    opened: VecDeque<Opened>,
+}
+
+impl PartQueue {
+    /// A queue over `fetcher`'s budget.
+    pub(super) fn new(fetcher: &Fetcher) -> Self {
+        let options = &fetcher.s3_options;
+        let budget = fetcher.budget_bytes() as u64;
+        let cap = part_cap(budget, options.part_size as u64);
+        PartQueue {
+            slots: Arc::new(Semaphore::new(options.max_concurrency.max(1))),
+            cap,
+            allowance: budget.saturating_sub(2 * cap),
+            window: look_ahead_units(options.max_concurrency),
+            opened: VecDeque::new(),
+        }
+    }
+
+    /// Adds `unit` (read from `object`) to the queue: issues its first
+    /// part, after the later parts of the units before it unless the
+    /// look-ahead has room; gives the task that delivers its parts to `tx`,
+    /// in order, and ends the unit. `Err` once the read-ahead is cancelled.
+    pub(super) async fn push<O: RangedObject>(
+        &mut self,
+        fetcher: &Fetcher,
+        object: Arc<O>,
+        unit: &FetchUnit,
+        tx: Arc<ChunkSender>,
+    ) -> Result<JoinHandle<Result<(), ConsumerGone>>, ConsumerGone> {
+        fetcher.count(Counter::ShardsOpened, 1);
+        let range = unit
+            .range
+            .clone()
+            .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
+        // Of unknown size, the object may end within the first part.
+        let clamp = range.end == u64::MAX;
+        let mut plan = PartPlan::new(range, self.cap);
+        let first = plan.next();
+        let first_bytes = first.as_ref().map_or(0, |p| p.end - p.start);
+        while let Some(oldest) = self.opened.front() {
+            let waiting = oldest.clamp && !oldest.answer.borrow().is_some();
+            let ahead = self.opened.len();
+            let room = ahead <= self.window
+                && self.look_ahead_bytes() + first_bytes <= self.allowance
+                && (ahead == 1 || waiting);
+            if room {
+                break;
+            }
+            self.issue_oldest(fetcher).await?;
+        }
+        let (parts_tx, parts_rx) = mpsc::unbounded_channel();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let deliverer = tokio::spawn(deliver(parts_rx, tx, stopped.clone(), unit.url.clone()));
+        let Some(first) = first else {
+            return Ok(deliverer);
+        };
+        let (answer_tx, answer) = watch::channel(None);
+        let spawn: SpawnPart = Box::new(move |part, role, slot| {
+            tokio::spawn(fetch_part(object.clone(), part, role, slot))
+        });
+        // A unit of a byte range may give the range's size, not the object's.
+        let role = Role::First {
+            pinned: Pinned::listed(unit.size.filter(|_| unit.range.is_none())),
+            clamp,
+            answer: answer_tx,
+        };
+        let (permit, slot) = self.reserve(fetcher, first_bytes).await?;
+        let task = spawn(first.clone(), role, slot);
+        let _ = parts_tx.send(PartTask {
+            task,
+            permit,
+            range: first,
+        });
+        self.opened.push_back(Opened {
+            plan,
+            clamp,
+            first_bytes,
+            answer,
+            parts: parts_tx,
+            stopped,
+            spawn,
+        });
+        Ok(deliverer)
+    }
+
+    /// Issues the later parts of every open unit, oldest first.
+    pub(super) async fn drain(&mut self, fetcher: &Fetcher) -> Result<(), ConsumerGone> {
+        while !self.opened.is_empty() {
+            self.issue_oldest(fetcher).await?;
+        }
+        Ok(())
+    }
+
+    /// Budget held by the first parts of the units opened after the oldest.
+    fn look_ahead_bytes(&self) -> u64 {
+        self.opened.iter().skip(1).map(|o| o.first_bytes).sum()
+    }
+
+    /// Waits for budget for `len` bytes and a request slot.
+    async fn reserve(
+        &self,
+        fetcher: &Fetcher,
+        len: u64,
+    ) -> Result<(OwnedSemaphorePermit, OwnedSemaphorePermit), ConsumerGone> {
+        let permit = fetcher.reserve(len as usize).await.ok_or(ConsumerGone)?;
+        fetcher.note_budget_held();
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| ConsumerGone)?;
+        Ok((permit, slot))
+    }
+
+    /// Issues the later parts of the oldest open unit, in order, each once
+    /// budget and a request slot are free (of an object of unknown size,
+    /// once its first part told the size).
+    async fn issue_oldest(&mut self, fetcher: &Fetcher) -> Result<(), ConsumerGone> {
+        let Some(mut unit) = self.opened.pop_front() else {
+            return Ok(());
+        };
+        if unit.clamp {
+            match first_answer(unit.answer.clone()).await {
+                Some(pinned) => unit.plan.end_at(pinned.size.unwrap_or(0)),
+                // The first part's error is delivered; nothing follows it.
+                None => return Ok(()),
+            }
+        }
+        for part in unit.plan {
+            if unit.stopped.load(Ordering::SeqCst) {
+                break;
+            }
+            let (permit, slot) = self.reserve(fetcher, part.end - part.start).await?;
+            let task = (unit.spawn)(part.clone(), Role::Later(unit.answer.clone()), slot);
+            let sent = unit.parts.send(PartTask {
+                task,
+                permit,
+                range: part,
+            });
+            if let Err(mpsc::error::SendError(refused)) = sent {
+                refused.task.abort();
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Units opened ahead of the oldest open one, at most, with
+/// `max_concurrency` requests: fewer than the units a read-ahead keeps in
+/// flight (`max_concurrency`), so that the oldest unit in flight never
+/// waits for parts not issued yet.
+pub(super) fn look_ahead_units(max_concurrency: usize) -> usize {
+    max_concurrency.saturating_sub(2)
+}
+
+/// What the object's first part learnt, once it is done; `None` if it failed.
+async fn first_answer(mut answer: watch::Receiver<FirstAnswer>) -> Option<Pinned> {
+    let done = answer.wait_for(Option::is_some).await.ok()?;
+    done.clone()?.ok()
+}
+
+/// A part's place in its object's read.
+enum Role {
+    /// The first part: it learns the validator (and, with `clamp`, the
+    /// size) and tells the later parts through `answer`.
+    First {
+        pinned: Pinned,
+        clamp: bool,
+        answer: watch::Sender<FirstAnswer>,
+    },
+    /// A later part, pinned to what the first one learnt.
+    Later(watch::Receiver<FirstAnswer>),
+}
+
+/// One part into memory: every byte of `range` (with a first part of an
+/// object of unknown size, up to the object's end), or an error. Holds its
+/// request slot until done.
+async fn fetch_part<O: RangedObject>(
+    object: Arc<O>,
+    range: Range<u64>,
+    role: Role,
+    _slot: OwnedSemaphorePermit,
+) -> PartResult {
+    let (mut pinned, clamp, answer) = match role {
+        Role::First {
+            pinned,
+            clamp,
+            answer,
+        } => (pinned, clamp, Some(answer)),
+        Role::Later(first) => match first_answer(first).await {
+            Some(pinned) => (pinned, false, None),
+            None => {
+                return Err(Error::Stopped(format!(
+                    "{}: the object's first part failed",
+                    object.url()
+                )))
+            }
+        },
+    };
+    let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
+    let result = object
+        .stream_range(range.clone(), clamp, &mut pinned, &mut buffer)
+        .await;
+    let outcome = match (result, buffer) {
+        (Ok(Ok(())), Target::Buffer(bytes)) => {
+            let end = match pinned.size {
+                Some(size) if clamp => range.end.min(size).max(range.start),
+                _ => range.end,
+            };
+            if bytes.len() as u64 == end - range.start {
+                Ok((bytes, pinned))
+            } else {
+                Err(short_part(object.url(), &range, bytes.len() as u64))
+            }
+        }
+        (Ok(Err(error)), _) => Err(error),
+        (Err(ConsumerGone), _) | (_, Target::Chunks { .. }) => {
+            Err(Error::Stopped("stream cancelled".into()))
+        }
+    };
+    if let Some(answer) = answer {
+        answer.send_replace(Some(outcome.as_ref().map(|(_, p)| p.clone()).map_err(|_| ())));
+    }
+    outcome
+}
+
+/// Delivers a unit's parts to its reader in order as they arrive, then
+/// ends the unit; at the first error (sent on) or once the reader is gone,
+/// stops: the parts still in flight are aborted and no more are issued.
+async fn deliver(
+    mut parts: mpsc::UnboundedReceiver<PartTask>,
+    tx: Arc<ChunkSender>,
+    stopped: Arc<AtomicBool>,
+    url: String,
+) -> Result<(), ConsumerGone> {
+    let mut first = true;
+    while let Some(PartTask {
+        task,
+        mut permit,
+        range,
+    }) = parts.recv().await
+    {
+        let result = task.await.unwrap_or_else(|join| {
+            let reason = if join.is_panic() {
+                "the part's fetch task panicked"
+            } else {
+                "the part's fetch task was cancelled"
+            };
+            Err(Error::Read {
+                url: url.clone(),
+                offset: range.start,
+                source: std::io::Error::other(reason),
+            })
+        });
+        let sent = match result {
+            Ok((bytes, pinned)) => {
+                if first {
+                    tx.note_answer(&pinned);
+                    first = false;
+                }
+                // A first part cut short by the object's end gives back
+                // the budget it does not use.
+                let unused = permit.num_permits() - bytes.len();
+                if unused > 0 {
+                    drop(permit.split(unused));
+                }
+                bytes.is_empty() || tx.send(Ok(Chunk::read(bytes, permit))).is_ok()
+            }
+            Err(error) => {
+                let _ = tx.send(Err(error));
+                false
+            }
+        };
+        if !sent {
+            stopped.store(true, Ordering::SeqCst);
+            parts.close();
+            while let Ok(part) = parts.try_recv() {
+                part.task.abort();
+            }
+            return Ok(());
+        }
+    }
+    tx.finish();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn plan(range: Range<u64>, cap: u64) -> Vec<Range<u64>> {
+        PartPlan::new(range, cap).collect()
+    }
+
+    #[test]
+    fn parts_start_small_and_double_up_to_the_cap() {
+        let mib = 1 << 20;
+        let parts = plan(0..5 * mib, mib);
+        let sizes: Vec<u64> = parts.iter().map(|p| p.end - p.start).collect();
+        assert_eq!(
+            sizes,
+            [256 << 10, 512 << 10, mib, mib, mib, mib, 256 << 10]
+        );
+        assert_eq!(plan(100..100, mib), []);
+        assert_eq!(plan(7..9, mib), [7..9]);
+        // A cap below the first part's size.
+        assert_eq!(plan(0..10, 4), [0..4, 4..8, 8..10]);
+    }
+
+    #[test]
+    fn a_plan_of_unknown_end_ends_at_the_size_learnt() {
+        let mut parts = PartPlan::new(0..u64::MAX, 1 << 20);
+        assert_eq!(parts.next(), Some(0..FIRST_PART_BYTES));
+        parts.end_at(FIRST_PART_BYTES + 10);
+        assert_eq!(parts.next(), Some(FIRST_PART_BYTES..FIRST_PART_BYTES + 10));
+        assert_eq!(parts.next(), None);
+        // An object that ended within the first part.
+        let mut parts = PartPlan::new(0..u64::MAX, 1 << 20);
+        parts.next();
+        parts.end_at(5);
+        assert_eq!(parts.next(), None);
+    }
+
+    #[test]
+    fn the_cap_lets_many_parts_share_the_budget() {
+        let mib = 1 << 20;
+        // The defaults: 32 MiB, 8 MiB parts.
+        assert_eq!(part_cap(32 * mib, 8 * mib), mib);
+        assert_eq!(part_cap(1 << 30, 8 * mib), 8 * mib);
+        assert_eq!(part_cap(256 << 10, 128 << 10), 64 << 10);
+        assert_eq!(part_cap(16 << 10, 8 * mib), 16 << 10);
+        assert_eq!(part_cap(32 * mib, 1), 1);
+        assert_eq!(part_cap(0, 0), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn parts_cover_the_range_once_in_order_within_the_cap(
+            start in 0u64..1 << 40,
+            len in 0u64..64 << 20,
+            budget in 1u64..1 << 30,
+            part_size in 1u64..1 << 32,
+        ) {
+            let cap = part_cap(budget, part_size);
+            prop_assert!(cap >= 1 && cap <= budget.max(1) && cap <= part_size);
+            let parts = plan(start..start + len, cap);
+            let mut next = start;
+            let mut previous = 0;
+            for (i, part) in parts.iter().enumerate() {
+                prop_assert_eq!(part.start, next);
+                let size = part.end - part.start;
+                prop_assert!(size >= 1 && size <= cap);
+                if i == 0 {
+                    prop_assert!(size <= FIRST_PART_BYTES);
+                } else if part.end < start + len {
+                    // Sizes never shrink but at the end.
+                    prop_assert!(size >= previous);
+                }
+                previous = size;
+                next = part.end;
+            }
+            prop_assert_eq!(next, start + len);
+        }
+    }
+}
