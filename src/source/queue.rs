@@ -142,6 +142,9 @@ pub(super) struct PartQueue {
     window: usize,
     /// Units whose later parts are not issued yet, oldest first.
     opened: VecDeque<Opened>,
+    /// Every part issued, in order (tests check the order).
+    #[cfg(test)]
+    issued: Arc<std::sync::Mutex<Vec<(String, Range<u64>)>>>,
 }
 
 impl PartQueue {
@@ -156,6 +159,8 @@ impl PartQueue {
             allowance: budget.saturating_sub(2 * cap),
             window: look_ahead_units(options.max_concurrency),
             opened: VecDeque::new(),
+            #[cfg(test)]
+            issued: Arc::default(),
         }
     }
 
@@ -198,7 +203,14 @@ impl PartQueue {
             return Ok(deliverer);
         };
         let (answer_tx, answer) = watch::channel(None);
+        #[cfg(test)]
+        let issued = self.issued.clone();
         let spawn: SpawnPart = Box::new(move |part, role, slot| {
+            #[cfg(test)]
+            issued
+                .lock()
+                .unwrap()
+                .push((object.url().to_owned(), part.clone()));
             tokio::spawn(fetch_part(object.clone(), part, role, slot))
         });
         // A unit of a byte range may give the range's size, not the object's.
@@ -431,9 +443,223 @@ async fn deliver(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashSet;
+    use std::io::Read;
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use bytes::Bytes;
     use proptest::prelude::*;
 
+    use super::super::ShardReader;
     use super::*;
+    use crate::config::S3Options;
+    use crate::format::ByteSource;
+    use crate::location::Location;
+    use crate::stats::Counters;
+
+    /// An object in memory: it logs every request, answers after a few
+    /// scheduler turns, and fails the request of the part at `fail_at`.
+    struct MemoryObject {
+        url: String,
+        bytes: Vec<u8>,
+        log: Arc<Mutex<Vec<(String, Range<u64>)>>>,
+        fail_at: Option<u64>,
+    }
+
+    impl RangedObject for MemoryObject {
+        fn url(&self) -> &str {
+            &self.url
+        }
+
+        async fn stream_range(
+            &self,
+            range: Range<u64>,
+            clamp: bool,
+            pinned: &mut Pinned,
+            target: &mut Target<'_>,
+        ) -> Result<Result<(), Error>, ConsumerGone> {
+            self.log
+                .lock()
+                .unwrap()
+                .push((self.url.clone(), range.clone()));
+            let size = self.bytes.len() as u64;
+            let turns = (range.start / 997 + size) % 7;
+            for _ in 0..turns {
+                tokio::task::yield_now().await;
+            }
+            if self.fail_at == Some(range.start) {
+                return Ok(Err(Error::Read {
+                    url: self.url.clone(),
+                    offset: range.start,
+                    source: std::io::Error::other("gave up"),
+                }));
+            }
+            // Every request after an object's first is pinned to its ETag.
+            let first = pinned.etag.is_none();
+            assert!(
+                first == (range.start == 0),
+                "{}: part {range:?} pinned to {:?}",
+                self.url,
+                pinned.etag
+            );
+            pinned.etag = Some(format!("etag-{}", self.url));
+            pinned.size = Some(size);
+            pinned.confirmed = true;
+            let end = if clamp { range.end.min(size) } else { range.end };
+            assert!(end <= size, "{}: {range:?} past {size}", self.url);
+            let bytes = Bytes::copy_from_slice(&self.bytes[range.start as usize..end as usize]);
+            target.push(bytes).await?;
+            Ok(Ok(()))
+        }
+    }
+
+    fn fetcher(budget: usize, part_size: usize, max_concurrency: usize) -> Fetcher {
+        Fetcher {
+            budget: Arc::new(Semaphore::new(budget)),
+            cancelled: Arc::new(AtomicBool::new(false)),
+            chunk_bytes: 1 << 20,
+            io_timeout: Duration::from_secs(20),
+            counters: Arc::new(Counters::new()),
+            budget_total: budget,
+            s3_options: Arc::new(S3Options {
+                part_size,
+                max_concurrency,
+                ..S3Options::default()
+            }),
+            s3: Arc::new(tokio::sync::OnceCell::new()),
+            http: Arc::new(std::sync::OnceLock::new()),
+            cache: None,
+        }
+    }
+
+    fn content(seed: usize, len: usize) -> Vec<u8> {
+        (0..len).map(|i| ((i * 31 + seed * 7) % 251) as u8).collect()
+    }
+
+    /// What a read of objects through one queue saw: each object's bytes
+    /// (or its error's offset), the parts in the order issued, the
+    /// budget's peak.
+    struct Run {
+        read: Vec<Result<Vec<u8>, u64>>,
+        log: Vec<(String, Range<u64>)>,
+        peak: u64,
+    }
+
+    /// Reads objects of `sizes` (`listed`: with their sizes known) through
+    /// one queue, the way a read-ahead does, by a reader that takes
+    /// `read_len` bytes at a time.
+    fn read_through_queue(
+        sizes: &[usize],
+        listed: bool,
+        (budget, part_size, max_concurrency): (usize, usize, usize),
+        fail: Option<(usize, u64)>,
+        read_len: usize,
+    ) -> Run {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fetcher = fetcher(budget, part_size, max_concurrency);
+        let counters = fetcher.counters.clone();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let objects: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let object = MemoryObject {
+                    url: format!("mem://{i}"),
+                    bytes: content(i, len),
+                    log: log.clone(),
+                    fail_at: fail.filter(|f| f.0 == i).map(|f| f.1),
+                };
+                let unit = FetchUnit {
+                    url: object.url.clone(),
+                    location: Location::Http(object.url.clone()),
+                    range: None,
+                    size: listed.then_some(len as u64),
+                    etag: None,
+                };
+                (Arc::new(object), unit)
+            })
+            .collect();
+        let (shard_tx, shards) = std::sync::mpsc::channel();
+        let count = objects.len();
+        let mut queue = PartQueue::new(&fetcher);
+        let issued = queue.issued.clone();
+        runtime.spawn(async move {
+            let mut in_flight = VecDeque::new();
+            for (object, unit) in objects {
+                let (tx, rx) = std::sync::mpsc::channel();
+                shard_tx
+                    .send(ShardReader::new(&unit, rx, fetcher.io_timeout))
+                    .ok();
+                let sender = Arc::new(ChunkSender::new(tx));
+                let Ok(task) = queue.push(&fetcher, object, &unit, sender).await else {
+                    return;
+                };
+                in_flight.push_back(task);
+                while in_flight.len() > max_concurrency {
+                    let _ = in_flight.pop_front().unwrap().await;
+                }
+            }
+            let _ = queue.drain(&fetcher).await;
+            for task in in_flight {
+                let _ = task.await;
+            }
+        });
+        let mut read = Vec::new();
+        for _ in 0..count {
+            let mut reader = shards.recv_timeout(Duration::from_secs(20)).unwrap();
+            let mut bytes = Vec::new();
+            let mut buffer = vec![0; read_len];
+            let outcome = loop {
+                match reader.read(&mut buffer) {
+                    Ok(0) => break Ok(bytes),
+                    Ok(n) => bytes.extend_from_slice(&buffer[..n]),
+                    Err(_) => match reader.take_failure() {
+                        Some(Error::Read { offset, .. }) => break Err(offset),
+                        other => panic!("unexpected {other:?}"),
+                    },
+                }
+            };
+            read.push(outcome);
+        }
+        runtime.shutdown_timeout(Duration::from_secs(2));
+        let requested = log.lock().unwrap().len();
+        let issued = issued.lock().unwrap().clone();
+        assert!(requested >= issued.len().min(1), "parts were requested");
+        Run {
+            read,
+            log: issued,
+            peak: counters.snapshot().get(Counter::ReadAheadPeakBytes),
+        }
+    }
+
+    /// Checks the order parts were issued in: each object's parts in order and
+    /// once; a part of a later object before a part of an earlier one only
+    /// if it is that later object's first part (the look-ahead).
+    fn check_order(log: &[(String, Range<u64>)]) {
+        let mut seen = HashSet::new();
+        let mut next: std::collections::HashMap<&str, u64> = Default::default();
+        for (i, (url, range)) in log.iter().enumerate() {
+            assert!(seen.insert((url, range.start)), "{url} {range:?} twice");
+            let at = next.entry(url).or_insert(0);
+            assert_eq!(range.start, *at, "{url}: parts out of order");
+            *at = range.end;
+            if range.start > 0 {
+                let index: usize = url[6..].parse().unwrap();
+                for (other, earlier) in &log[..i] {
+                    let other_index: usize = other[6..].parse().unwrap();
+                    assert!(
+                        other_index <= index || earlier.start == 0,
+                        "{other} {earlier:?} went before {url} {range:?}"
+                    );
+                }
+            }
+        }
+    }
 
     fn plan(range: Range<u64>, cap: u64) -> Vec<Range<u64>> {
         PartPlan::new(range, cap).collect()
@@ -478,6 +704,69 @@ mod tests {
         assert_eq!(part_cap(16 << 10, 8 * mib), 16 << 10);
         assert_eq!(part_cap(32 * mib, 1), 1);
         assert_eq!(part_cap(0, 0), 1);
+    }
+
+    #[test]
+    fn every_object_arrives_whole_within_the_budget_in_order() {
+        let sizes = [700_000, 0, 5, 300_000, 1_000_000, 64 << 10, 123_457];
+        for listed in [true, false] {
+            let budget = 256 << 10;
+            let run = read_through_queue(&sizes, listed, (budget, 8 << 20, 8), None, 4096);
+            for (i, read) in run.read.iter().enumerate() {
+                assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]), "object {i}");
+            }
+            assert!(run.peak <= budget as u64 && run.peak > 0, "{}", run.peak);
+            check_order(&run.log);
+            // Parts of 64 KiB (the cap the budget sets) at most.
+            assert!(run.log.iter().all(|(_, r)| r.end - r.start <= 64 << 10));
+        }
+    }
+
+    #[test]
+    fn a_failed_part_mid_queue_is_its_objects_error_and_the_next_objects_arrive() {
+        let sizes = [200_000, 500_000, 300_000];
+        let fail_at = 256 << 10;
+        let run = read_through_queue(&sizes, true, (1 << 20, 32 << 10, 6), Some((1, fail_at)), 1000);
+        assert_eq!(run.read[0].as_ref().unwrap(), &content(0, sizes[0]));
+        assert_eq!(run.read[1], Err(fail_at));
+        assert_eq!(run.read[2].as_ref().unwrap(), &content(2, sizes[2]));
+    }
+
+    #[test]
+    fn a_budget_of_one_part_does_not_deadlock() {
+        let sizes = [100_000, 90_000, 250_000];
+        // One part of the budget's size at a time; no look-ahead room.
+        let run = read_through_queue(&sizes, true, (32 << 10, 32 << 10, 4), None, 333);
+        for (i, read) in run.read.iter().enumerate() {
+            assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]));
+        }
+        assert!(run.peak <= 32 << 10);
+        check_order(&run.log);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        #[test]
+        fn any_objects_arrive_whole_within_any_budget(
+            sizes in proptest::collection::vec(0usize..400_000, 1..6),
+            listed in any::<bool>(),
+            budget in 1usize..600_000,
+            part_size in 1usize..300_000,
+            max_concurrency in 2usize..12,
+            read_len in 1usize..70_000,
+        ) {
+            // Parts are at least 1 KiB here, to keep each case short.
+            let part_size = part_size.max(1024);
+            let budget = budget.max(part_size.min(64 << 10));
+            let run = read_through_queue(
+                &sizes, listed, (budget, part_size, max_concurrency), None, read_len,
+            );
+            for (i, read) in run.read.iter().enumerate() {
+                prop_assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]));
+            }
+            prop_assert!(run.peak <= budget as u64);
+            check_order(&run.log);
+        }
     }
 
     proptest! {
