@@ -1,0 +1,138 @@
+"""Remote objects read as one queue of ranged parts over the read-ahead
+budget, through the fault-injecting proxy in front of moto's server: with
+many parts of several objects in flight, slow, throttled and cut parts
+among them, every sample arrives once and byte-identical, a resume is exact,
+a part that fails for good is an error naming its object, and the bytes held
+never exceed the budget."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from _shardtest import tar_bytes
+from fault_proxy import FaultProxy, Faults, running_fault_proxy
+from s3_server import BUCKET, S3Server, s3_config
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import shardstream
+from shardstream import StreamingDataset
+
+pytestmark = [pytest.mark.usefixtures("s3_credentials"), pytest.mark.timeout(120)]
+
+FAST_RETRIES = {"max_attempts": 12, "max_retry_time": 60.0}
+BUDGET = 256 << 10
+PART = 16 << 10
+SHARDS = 6
+
+
+@pytest.fixture
+def proxy(s3: S3Server) -> Iterator[FaultProxy]:
+    with running_fault_proxy(s3.endpoint_url) as running:
+        yield running
+
+
+@pytest.fixture
+def payloads(s3: S3Server) -> dict[str, bytes]:
+    """Six shards of 48 members of 8 KiB (about 400 KB, 25 parts each)
+    under ``s3://train/parts/``; every member's bytes by key."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    payloads = {}
+    for shard in range(SHARDS):
+        members = []
+        for i in range(48):
+            key = f"s{shard}_{i:03d}"
+            payloads[key] = hashlib.sha256(key.encode()).digest() * 256
+            members.append((f"{key}.bin", payloads[key]))
+        client.put_object(Bucket=BUCKET, Key=f"parts/shard-{shard}.tar", Body=tar_bytes(members))
+    return payloads
+
+
+def many_parts(endpoint: str, **options: Any) -> dict[str, Any]:
+    """Options that cut each object into 16 KiB parts, 16 requests at once,
+    within a 256 KiB budget."""
+    s3 = s3_config(endpoint, part_size=PART, max_concurrency=16, **{**FAST_RETRIES, **options})
+    return {"s3": s3, "read_ahead_bytes": BUDGET}
+
+
+def read_all(ds: StreamingDataset, num_workers: int = 0) -> list[dict[str, Any]]:
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=num_workers)
+    return list(loader)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_many_parts_in_flight_with_slow_throttled_and_cut_parts_deliver_each_sample_once(
+    proxy, payloads, num_workers
+):
+    proxy.reset(
+        Faults(first_byte_delay=0.05, delay_every=5, slowdown_every=7, cut_every=11, cut_after=4000)
+    )
+    ds = StreamingDataset(f"s3://{BUCKET}/parts/", shuffle_buffer=0, **many_parts(proxy.endpoint_url))
+    samples = read_all(ds, num_workers)
+    assert Counter(s["__key__"] for s in samples) == Counter(list(payloads))
+    assert all(s["bin"] == payloads[s["__key__"]] for s in samples)
+    stats, injected = ds.stats(), proxy.injected
+    assert injected.delays and injected.slowdowns and injected.cuts
+    # Many parts of several objects were awaited at once, each holding its
+    # budget: the most held at once is within the budget, and not a trifle.
+    assert 4 < injected.max_active <= 16 * max(num_workers, 1)
+    assert 4 * PART <= stats["read_ahead_peak_bytes"] <= BUDGET
+    sizes = sum(size for _, size in ds.shards)
+    assert stats["bytes_read"] <= sizes  # no byte fetched twice
+    # Every GET after an object's first part, and every resume, is pinned
+    # to the ETag the first part saw.
+    later = [m for r, m in injected.ranged_gets if not r.startswith("bytes=0-")]
+    assert len(later) > SHARDS * 10 and all(m and m.startswith('"') for m in later)
+    assert stats["resumed_bodies"] == injected.cuts
+
+
+def key_batch(batch: list[dict[str, Any]]) -> list[str]:
+    return [s["__key__"] for s in batch]
+
+
+def test_exact_resume_mid_epoch_with_many_parts_in_flight(proxy, payloads):
+    proxy.reset(Faults(first_byte_delay=0.02, delay_every=3, slowdown_every=9))
+
+    def resumable() -> StatefulDataLoader:
+        ds = StreamingDataset(
+            f"s3://{BUCKET}/parts/", seed=5, shuffle_buffer=7, **many_parts(proxy.endpoint_url)
+        )
+        return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=key_batch, timeout=60)
+
+    full = list(resumable())
+    assert Counter(k for batch in full for k in batch) == Counter(list(payloads))
+    k = len(full) // 2
+    first = resumable()
+    iterator = iter(first)
+    prefix = [next(iterator) for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator, first
+    resumed = resumable()
+    resumed.load_state_dict(state)
+    assert prefix + list(resumed) == full
+
+
+def test_a_part_that_fails_for_good_mid_queue_is_an_error_naming_its_object(proxy, payloads):
+    # The first GET of a later part is answered with bytes from another
+    # offset; with one attempt, that part gives up.
+    proxy.reset(Faults(shifted_on_range=1, first_byte_delay=0.02))
+    options = many_parts(proxy.endpoint_url, max_attempts=1)
+    ds = StreamingDataset(f"s3://{BUCKET}/parts/", shuffle_buffer=0, shuffle_shards=False, **options)
+    got = []
+    with pytest.raises(shardstream.ShardReadError) as raised:
+        for sample in ds:
+            got.append(sample)
+    message = str(raised.value)
+    assert f"s3://{BUCKET}/parts/shard-" in message and "byte offset" in message, message
+    assert "gave up after 1 attempts" in message, message
+    assert proxy.injected.shifted_answers == 1
+    # What came before the error is whole and once, in shard order.
+    keys = [s["__key__"] for s in got]
+    assert keys == sorted(payloads)[: len(keys)]
+    assert all(s["bin"] == payloads[s["__key__"]] for s in got)
