@@ -497,7 +497,6 @@ impl RangedObject for Resource {
         &self.url
     }
 
-
     async fn stream_range(
         &self,
         range: Range<u64>,

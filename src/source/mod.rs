@@ -510,7 +510,8 @@ impl Fetcher {
     /// Records the bytes of the budget held now, if the most so far.
     fn note_budget_held(&self) {
         let held = self.budget_total - self.budget.available_permits();
-        self.counters.raise(Counter::ReadAheadPeakBytes, held as u64);
+        self.counters
+            .raise(Counter::ReadAheadPeakBytes, held as u64);
     }
 
     /// The read-ahead budget in bytes.

@@ -376,7 +376,9 @@ async fn fetch_part<O: RangedObject>(
         }
     };
     if let Some(answer) = answer {
-        answer.send_replace(Some(outcome.as_ref().map(|(_, p)| p.clone()).map_err(|_| ())));
+        answer.send_replace(Some(
+            outcome.as_ref().map(|(_, p)| p.clone()).map_err(|_| ()),
+        ));
     }
     outcome
 }
@@ -506,7 +508,11 @@ mod tests {
             pinned.etag = Some(format!("etag-{}", self.url));
             pinned.size = Some(size);
             pinned.confirmed = true;
-            let end = if clamp { range.end.min(size) } else { range.end };
+            let end = if clamp {
+                range.end.min(size)
+            } else {
+                range.end
+            };
             assert!(end <= size, "{}: {range:?} past {size}", self.url);
             let bytes = Bytes::copy_from_slice(&self.bytes[range.start as usize..end as usize]);
             target.push(bytes).await?;
@@ -534,7 +540,9 @@ mod tests {
     }
 
     fn content(seed: usize, len: usize) -> Vec<u8> {
-        (0..len).map(|i| ((i * 31 + seed * 7) % 251) as u8).collect()
+        (0..len)
+            .map(|i| ((i * 31 + seed * 7) % 251) as u8)
+            .collect()
     }
 
     /// What a read of objects through one queue saw: each object's bytes
@@ -670,10 +678,7 @@ mod tests {
         let mib = 1 << 20;
         let parts = plan(0..5 * mib, mib);
         let sizes: Vec<u64> = parts.iter().map(|p| p.end - p.start).collect();
-        assert_eq!(
-            sizes,
-            [256 << 10, 512 << 10, mib, mib, mib, mib, 256 << 10]
-        );
+        assert_eq!(sizes, [256 << 10, 512 << 10, mib, mib, mib, mib, 256 << 10]);
         assert_eq!(plan(100..100, mib), []);
         assert_eq!(plan(7..9, mib), [7..9]);
         // A cap below the first part's size.
@@ -726,7 +731,13 @@ mod tests {
     fn a_failed_part_mid_queue_is_its_objects_error_and_the_next_objects_arrive() {
         let sizes = [200_000, 500_000, 300_000];
         let fail_at = 256 << 10;
-        let run = read_through_queue(&sizes, true, (1 << 20, 32 << 10, 6), Some((1, fail_at)), 1000);
+        let run = read_through_queue(
+            &sizes,
+            true,
+            (1 << 20, 32 << 10, 6),
+            Some((1, fail_at)),
+            1000,
+        );
         assert_eq!(run.read[0].as_ref().unwrap(), &content(0, sizes[0]));
         assert_eq!(run.read[1], Err(fail_at));
         assert_eq!(run.read[2].as_ref().unwrap(), &content(2, sizes[2]));

@@ -481,7 +481,6 @@ impl RangedObject for S3Object {
         &self.url
     }
 
-
     /// Streams `range` with GETs pinned to the first ETag seen (If-Match).
     async fn stream_range(
         &self,

@@ -73,7 +73,9 @@ def test_many_parts_in_flight_with_slow_throttled_and_cut_parts_deliver_each_sam
     proxy.reset(
         Faults(first_byte_delay=0.05, delay_every=5, slowdown_every=7, cut_every=11, cut_after=4000)
     )
-    ds = StreamingDataset(f"s3://{BUCKET}/parts/", shuffle_buffer=0, **many_parts(proxy.endpoint_url))
+    ds = StreamingDataset(
+        f"s3://{BUCKET}/parts/", shuffle_buffer=0, **many_parts(proxy.endpoint_url)
+    )
     samples = read_all(ds, num_workers)
     assert Counter(s["__key__"] for s in samples) == Counter(list(payloads))
     assert all(s["bin"] == payloads[s["__key__"]] for s in samples)
@@ -123,7 +125,9 @@ def test_a_part_that_fails_for_good_mid_queue_is_an_error_naming_its_object(prox
     # offset; with one attempt, that part gives up.
     proxy.reset(Faults(shifted_on_range=1, first_byte_delay=0.02))
     options = many_parts(proxy.endpoint_url, max_attempts=1)
-    ds = StreamingDataset(f"s3://{BUCKET}/parts/", shuffle_buffer=0, shuffle_shards=False, **options)
+    ds = StreamingDataset(
+        f"s3://{BUCKET}/parts/", shuffle_buffer=0, shuffle_shards=False, **options
+    )
     got = []
     with pytest.raises(shardstream.ShardReadError) as raised:
         for sample in ds:
