@@ -27,6 +27,8 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .local_bytes import LocalBytes
+from .shared_bytes import SharedBytes
+from .shared_bytes import configure as configure_shared_bytes
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -110,6 +112,19 @@ class StreamingDataset(IterableDataset[Any]):
             pipe, and gets plain ``bytes``. Shards must not change while
             they are read (a changed one raises ``ObjectChangedError``).
             ``False`` sends every byte through the pipe.
+        worker_shared_memory_bytes: in DataLoader workers, hand out the
+            other members of 16 KiB or more (of S3, HTTP(S), Hub, GCS,
+            compressed and cached shards) as
+            ``shardstream.shared_bytes.SharedBytes``, a ``bytes`` that
+            pickles as its place in a shared-memory segment (``/dev/shm``)
+            the worker writes it to: the main process reads it from there
+            instead of receiving it through the worker's pipe, and gets plain
+            ``bytes``. At most this many bytes of segments are alive per
+            worker (64 MiB by default); members past the bound, or when
+            ``/dev/shm`` is full, go through the pipe. Segments are removed
+            as the main process opens them, when a worker exits, when the
+            main process sees a worker is gone, and at its exit. ``0`` sends
+            them through the pipe.
         raise_malloc_thresholds: raise glibc's malloc thresholds (mmap
             32 MiB, trim 64 MiB: where glibc's own adaptive rule puts them
             after a 32 MiB block is freed) in each DataLoader worker, and,
@@ -402,6 +417,9 @@ class StreamingDataset(IterableDataset[Any]):
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:
             raise_malloc_thresholds()
+        shared_limit = self.options["worker_shared_memory_bytes"] if in_worker else 0
+        if shared_limit:
+            configure_shared_bytes(shared_limit)
         return SampleStream(
             self.shard_list,
             epoch=epoch,
@@ -416,6 +434,7 @@ class StreamingDataset(IterableDataset[Any]):
                 if self.options["local_bytes_by_reference"] and in_worker
                 else None
             ),
+            shared_bytes=SharedBytes if shared_limit else None,
         )
 
     def stats(self) -> dict[str, int]:

@@ -21,13 +21,21 @@ use crate::with_array_data;
 pub enum BytesOut<'a, 'py> {
     /// As `bytes`.
     Plain,
-    /// Views of mapped local shards (members of at least
-    /// [`SHARE_MIN_BYTES`]) as what this callable makes of the bytes, path,
-    /// offset and file identity: a `bytes` subclass
-    /// (`shardstream.local_bytes.LocalBytes`) that pickles as the bytes'
-    /// place in their file. In a DataLoader worker, so that the main process
-    /// reads them from the file rather than through the worker's pipe.
-    LocalReferences(&'a Bound<'py, PyAny>),
+    /// In a DataLoader worker: members of at least [`SHARE_MIN_BYTES`] as
+    /// `bytes` subclasses that cross to the main process without their bytes
+    /// going through the worker's pipe.
+    Worker {
+        /// Views of mapped local shards as what this callable makes of the
+        /// bytes, path, offset and file identity: a `bytes` subclass
+        /// (`shardstream.local_bytes.LocalBytes`) that pickles as the bytes'
+        /// place in their file, read there by the main process.
+        local: Option<&'a Bound<'py, PyAny>>,
+        /// Every other member (remote, decompressed, cached) as what this
+        /// callable makes of the bytes: a `bytes` subclass
+        /// (`shardstream.shared_bytes.SharedBytes`) that pickles as its place
+        /// in a shared-memory segment the worker writes it to.
+        shared: Option<&'a Bound<'py, PyAny>>,
+    },
 }
 
 /// How many distinct field names a [`NameCache`] keeps (a dataset has a
@@ -157,8 +165,9 @@ pub fn value_to_py<'py>(
     }
 }
 
-/// Bytes as `bytes`, or as a local reference (see [`BytesOut`]) when they
-/// are a long enough view of a mapped local shard whose path is UTF-8.
+/// Bytes as `bytes`, or, when they are long enough, as a local reference
+/// (see [`BytesOut`]) when they are a view of a mapped local shard whose
+/// path is UTF-8, else as shared bytes.
 fn bytes_to_py<'py>(
     py: Python<'py>,
     bytes: &[u8],
@@ -170,17 +179,21 @@ fn bytes_to_py<'py>(
     if bytes.len() >= SHARE_MIN_BYTES {
         verify_view(bytes).map_err(crate::python::errors::to_py)?;
     }
-    let BytesOut::LocalReferences(class) = out else {
+    let BytesOut::Worker { local, shared } = out else {
         return Ok(plain.into_any());
     };
-    // Only members this long are views of a mapping: skip the lookup for
-    // the others.
-    let origin = (bytes.len() >= SHARE_MIN_BYTES)
-        .then(|| file_origin(bytes))
-        .flatten()
-        .filter(|origin| origin.file.by_reference);
-    let Some(origin) = origin else {
+    // Shorter members cost less through the pipe than by reference.
+    if bytes.len() < SHARE_MIN_BYTES {
         return Ok(plain.into_any());
+    }
+    let origin = local
+        .and_then(|class| Some((class, file_origin(bytes)?)))
+        .filter(|(_, origin)| origin.file.by_reference && origin.file.path.to_str().is_some());
+    let Some((class, origin)) = origin else {
+        return match shared {
+            Some(class) => class.call1((plain,)),
+            None => Ok(plain.into_any()),
+        };
     };
     let Some(path) = origin.file.path.to_str() else {
         return Ok(plain.into_any());
