@@ -39,7 +39,7 @@ reads a segment it removes those named after main processes that are gone.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import os
 import secrets
 import threading
@@ -185,7 +185,7 @@ class _Writer:
 def _remove_paths(segments: list[_Segment]) -> None:
     """Removes the named segments of a worker that exits."""
     for segment in segments:
-        with _suppress_missing():
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(segment.path)
 
 
@@ -233,15 +233,13 @@ def read_shared(path: str, offset: int, length: int) -> bytes:
                     f"{path}: the shared-memory segment a DataLoader worker handed a sample "
                     f"through is gone (was the worker stopped, or /dev/shm cleared?): {error}"
                 ) from error
-            with _suppress_missing():
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             if held is not None:
                 os.close(held[1])
             _OPEN[owner] = (number, fd)
             if _REAPER is None or not _REAPER.is_alive():
-                _REAPER = threading.Thread(
-                    target=_reap, name="shardstream-shm-reaper", daemon=True
-                )
+                _REAPER = threading.Thread(target=_reap, name="shardstream-shm-reaper", daemon=True)
                 _REAPER.start()
         else:
             fd = held[1]
@@ -281,7 +279,7 @@ def _release_gone_workers() -> bool:
     for path in SHM_DIR.glob(f"{PREFIX}{me}-*"):
         worker = _worker_of(path.name)
         if worker is not None and not _alive(worker):
-            with _suppress_missing():
+            with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         else:
             remain = True
@@ -296,7 +294,7 @@ def release_all() -> None:
             os.close(fd)
         _OPEN.clear()
         for path in SHM_DIR.glob(f"{PREFIX}{os.getpid()}-*"):
-            with _suppress_missing():
+            with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
 
@@ -310,7 +308,7 @@ def _sweep_gone_mains() -> None:
     for path in SHM_DIR.glob(f"{PREFIX}*"):
         main = _number(path.name[len(PREFIX) :].split("-", 1)[0])
         if main is not None and not _alive(main):
-            with _suppress_missing():
+            with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
 
@@ -339,24 +337,12 @@ def _alive(pid: int | None) -> bool:
     return state not in (b"Z", b"X", b"x")
 
 
-class _suppress_missing:
-    """Ignores a file that is already gone."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, error: object, trace: object) -> bool:
-        return isinstance(error, OSError) and error.errno == errno.ENOENT
-
-
 def _after_fork_in_child() -> None:
     """A forked child holds none of its parent's segments."""
     global _REAPER, _SWEPT, _READ_LOCK
     for _, fd in _OPEN.values():
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _OPEN.clear()
     _READ_LOCK = threading.Lock()
     _REAPER = None

@@ -17,7 +17,6 @@ import signal
 import time
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,7 +141,9 @@ def test_long_members_cross_through_shared_memory_and_equal_the_pipe(
     wait_until_released()
     # The same epoch through the pipe: every byte equal, in the same order.
     calls.clear()
-    piped = open_dataset(kind, shards, s3, s3_shards, shuffle_buffer=5, worker_shared_memory_bytes=0)
+    piped = open_dataset(
+        kind, shards, s3, s3_shards, shuffle_buffer=5, worker_shared_memory_bytes=0
+    )
     through_pipe = collect(loader(piped, 2))
     assert calls == []
     assert through_pipe == through_shm
@@ -287,7 +288,7 @@ def test_a_worker_writes_no_more_than_its_bound_then_uses_the_pipe(
     assert not os.path.exists(paths[0]) and not os.path.exists(paths[2])
     function, args = reduce(data)
     assert function is shared_bytes.read_shared
-    for _, place in places[3:] + [(function, args)]:
+    for _, place in [*places[3:], (function, args)]:
         assert shared_bytes.read_shared(*place) == data
     shared_bytes.release_all()
     shared_bytes._remove_paths(shared_bytes._writer().segments)
