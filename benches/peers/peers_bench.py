@@ -623,6 +623,9 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
         "payload_bytes": meta["payload_bytes"],
         "seconds": elapsed,
         "cpu_seconds": cpu,
+        # The main process alone (with workers: what it spends receiving
+        # batches, the part that does not scale with workers).
+        "cpu_main_seconds": usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime,
         "rss_main_mb": usage1.ru_maxrss / 1024,
         "rss_worker_mb": children1.ru_maxrss / 1024 if num_workers else 0.0,
         "duplicates": sum(n - 1 for n in seen.values() if n > 1),

@@ -111,10 +111,12 @@ class StreamingDataset(IterableDataset[Any]):
             file (page cache) instead of receiving it through the worker's
             pipe, and gets plain ``bytes``. Shards must not change while
             they are read (a changed one raises ``ObjectChangedError``).
-            ``False`` sends every byte through the pipe.
+            ``False`` hands them over as other members are (see
+            ``worker_shared_memory_bytes``).
         worker_shared_memory_bytes: in DataLoader workers, hand out the
             other members of 16 KiB or more (of S3, HTTP(S), Hub, GCS,
-            compressed and cached shards) as
+            compressed and cached shards, and of local ones not handed out
+            by reference) as
             ``shardstream.shared_bytes.SharedBytes``, a ``bytes`` that
             pickles as its place in a shared-memory segment (``/dev/shm``)
             the worker writes it to: the main process reads it from there

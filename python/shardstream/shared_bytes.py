@@ -27,8 +27,9 @@ Freed: a segment's memory goes back to the system when both processes have
 closed it. Members handed to the consumer are plain ``bytes`` copies, so the
 consumer keeps them as long as it likes, after the epoch too.
 
-Crash-safe: a segment's name carries the main process's id, the worker's id
-and a random token (``shardstream-<main>-<worker>-<token>-<n>``). A worker
+Crash-safe: a segment's name carries the pid namespace, the main process's
+id, the worker's id and a random token
+(``shardstream-<namespace>-<main>-<worker>-<token>-<n>``). A worker
 removes its segments that remain when it exits (the DataLoader stops
 reading from a worker only when it shuts the workers down). The main process
 checks, twice a second while it holds segments of workers, which of those
@@ -56,6 +57,24 @@ from ._core import ShardReadError
 SHM_DIR = Path("/dev/shm")
 # Every segment's name starts with this.
 PREFIX = "shardstream-"
+
+
+def _pid_namespace() -> str:
+    """This process's pid namespace (its inode), so that processes of another
+    namespace sharing /dev/shm (containers) are never taken for gone."""
+    try:
+        return os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]") or "0"
+    except OSError:
+        return "0"
+
+
+def main_prefix(main: int | None = None) -> str:
+    """The start of the names of segments handed to process ``main`` (this
+    one by default): ``shardstream-<pid namespace>-<main>-``."""
+    return f"{PREFIX}{_NAMESPACE}-{os.getpid() if main is None else main}-"
+
+
+_NAMESPACE = _pid_namespace()
 # Size of a segment (a longer member gets one of its own size).
 SEGMENT_BYTES = 4 << 20
 # How often the main process looks for workers that are gone, in seconds.
@@ -109,7 +128,8 @@ class _Writer:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.limit = 0
-        self.owner = f"{PREFIX}{os.getppid()}-{self.pid}-{secrets.token_hex(4)}"
+        # The DataLoader's main process is the worker's parent.
+        self.owner = f"{main_prefix(os.getppid())}{self.pid}-{secrets.token_hex(4)}"
         self.count = 0
         self.current: _Segment | None = None
         # Made and not yet known to be freed, oldest first (the current one last).
@@ -185,7 +205,7 @@ class _Writer:
 def _remove_paths(segments: list[_Segment]) -> None:
     """Removes the named segments of a worker that exits."""
     for segment in segments:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(segment.path)
 
 
@@ -233,7 +253,7 @@ def read_shared(path: str, offset: int, length: int) -> bytes:
                     f"{path}: the shared-memory segment a DataLoader worker handed a sample "
                     f"through is gone (was the worker stopped, or /dev/shm cleared?): {error}"
                 ) from error
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
             if held is not None:
                 os.close(held[1])
@@ -271,15 +291,14 @@ def _release_gone_workers() -> bool:
     """Closes the segments held of workers that are gone and removes every
     segment named after this process and such a worker (the lock is held).
     Whether segments of workers that run remain, open or named."""
-    me = os.getpid()
     for owner in list(_OPEN):
         if not _alive(_worker_of(owner)):
             os.close(_OPEN.pop(owner)[1])
     remain = bool(_OPEN)
-    for path in SHM_DIR.glob(f"{PREFIX}{me}-*"):
+    for path in SHM_DIR.glob(f"{main_prefix()}*"):
         worker = _worker_of(path.name)
         if worker is not None and not _alive(worker):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
         else:
             remain = True
@@ -293,8 +312,8 @@ def release_all() -> None:
         for _, fd in _OPEN.values():
             os.close(fd)
         _OPEN.clear()
-        for path in SHM_DIR.glob(f"{PREFIX}{os.getpid()}-*"):
-            with contextlib.suppress(FileNotFoundError):
+        for path in SHM_DIR.glob(f"{main_prefix()}*"):
+            with contextlib.suppress(OSError):
                 path.unlink()
 
 
@@ -305,17 +324,17 @@ def _sweep_gone_mains() -> None:
     if _SWEPT:
         return
     _SWEPT = True
-    for path in SHM_DIR.glob(f"{PREFIX}*"):
-        main = _number(path.name[len(PREFIX) :].split("-", 1)[0])
+    for path in SHM_DIR.glob(f"{PREFIX}{_NAMESPACE}-*"):
+        main = _number(path.name[len(PREFIX) :].split("-")[1])
         if main is not None and not _alive(main):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
 
 
 def _worker_of(name: str) -> int | None:
     """The worker's process id in a segment's name or path (or owner)."""
     parts = os.path.basename(name)[len(PREFIX) :].split("-")
-    return _number(parts[1]) if len(parts) > 1 else None
+    return _number(parts[2]) if len(parts) > 2 else None
 
 
 def _number(text: str) -> int | None:

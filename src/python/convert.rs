@@ -165,49 +165,76 @@ pub fn value_to_py<'py>(
     }
 }
 
-/// Bytes as `bytes`, or, when they are long enough, as a local reference
-/// (see [`BytesOut`]) when they are a view of a mapped local shard whose
-/// path is UTF-8, else as shared bytes.
+/// Bytes as `bytes`, or, when they are long enough and `out` says so, as a
+/// local reference (see [`BytesOut`]) when they are a view of a mapped local
+/// shard whose path is UTF-8, else as shared bytes.
 fn bytes_to_py<'py>(
     py: Python<'py>,
     bytes: &[u8],
     out: BytesOut<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let plain = PyBytes::new(py, bytes);
-    // A view of a mapped local shard is checked once copied: pages lost to
-    // the file being cut short read as zeros.
-    if bytes.len() >= SHARE_MIN_BYTES {
-        verify_view(bytes).map_err(crate::python::errors::to_py)?;
-    }
-    let BytesOut::Worker { local, shared } = out else {
-        return Ok(plain.into_any());
-    };
     // Shorter members cost less through the pipe than by reference.
-    if bytes.len() < SHARE_MIN_BYTES {
-        return Ok(plain.into_any());
-    }
+    let long = bytes.len() >= SHARE_MIN_BYTES;
+    let (local, shared) = match out {
+        BytesOut::Worker { local, shared } if long => (local, shared),
+        _ => (None, None),
+    };
     let origin = local
         .and_then(|class| Some((class, file_origin(bytes)?)))
-        .filter(|(_, origin)| origin.file.by_reference && origin.file.path.to_str().is_some());
-    let Some((class, origin)) = origin else {
-        return match shared {
-            Some(class) => class.call1((plain,)),
-            None => Ok(plain.into_any()),
-        };
+        .filter(|(_, origin)| origin.file.by_reference);
+    let object = match (origin, shared) {
+        (Some((class, origin)), _) if origin.file.path.to_str().is_some() => {
+            let id = origin.file.identity;
+            class.call1((
+                PyBytes::new(py, bytes),
+                origin.file.path.to_str(),
+                origin.offset,
+                id.dev,
+                id.ino,
+                id.size,
+                id.mtime_ns,
+            ))?
+        }
+        (_, Some(class)) => copied_by(py, class, bytes)?,
+        _ => PyBytes::new(py, bytes).into_any(),
     };
-    let Some(path) = origin.file.path.to_str() else {
-        return Ok(plain.into_any());
+    // A view of a mapped local shard is checked once copied: pages lost to
+    // the file being cut short read as zeros.
+    if long {
+        verify_view(bytes).map_err(crate::python::errors::to_py)?;
+    }
+    Ok(object)
+}
+
+/// CPython's `PyBUF_READ` (part of the stable ABI; pyo3's limited-API
+/// bindings leave the buffer constants out).
+const PYBUF_READ: std::os::raw::c_int = 0x100;
+
+/// What `class` (a `bytes` subclass) makes of `bytes`, given a read-only
+/// `memoryview` of them (one copy, not two), released before returning.
+fn copied_by<'py>(
+    py: Python<'py>,
+    class: &Bound<'py, PyAny>,
+    bytes: &[u8],
+) -> PyResult<Bound<'py, PyAny>> {
+    let len = pyo3::ffi::Py_ssize_t::try_from(bytes.len())
+        .map_err(|_| PyValueError::new_err("a member too long for a memoryview"))?;
+    // SAFETY: a read-only view of `bytes`, which outlive it: it is released
+    // below, after which any reference to it that `class` kept raises
+    // instead of reading.
+    let view = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyMemoryView_FromMemory(
+                bytes.as_ptr().cast_mut().cast(),
+                len,
+                PYBUF_READ,
+            ),
+        )?
     };
-    let id = origin.file.identity;
-    class.call1((
-        plain,
-        path,
-        origin.offset,
-        id.dev,
-        id.ino,
-        id.size,
-        id.mtime_ns,
-    ))
+    let made = class.call1((&view,));
+    view.call_method0(pyo3::intern!(py, "release"))?;
+    made
 }
 
 /// An array as a numpy array of its shape.

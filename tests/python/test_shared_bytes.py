@@ -14,6 +14,8 @@ import os
 import pickle
 import random
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from multiprocessing.reduction import ForkingPickler
@@ -43,7 +45,7 @@ BIG = 5 << 20
 
 def ours() -> list[str]:
     """Segments in /dev/shm named after this process."""
-    return sorted(p.name for p in shared_bytes.SHM_DIR.glob(f"shardstream-{os.getpid()}-*"))
+    return sorted(p.name for p in shared_bytes.SHM_DIR.glob(f"{shared_bytes.main_prefix()}*"))
 
 
 def wait_until_released(limit: float = 10.0) -> None:
@@ -241,12 +243,12 @@ def test_shared_memory_per_worker_is_bounded(shards: dict[str, Any]) -> None:
         samples.append(sample)
         time.sleep(0.01)
         by_worker: dict[str, int] = {}
-        for path in shared_bytes.SHM_DIR.glob(f"shardstream-{os.getpid()}-*"):
+        for path in shared_bytes.SHM_DIR.glob(f"{shared_bytes.main_prefix()}*"):
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
                 continue
-            worker = path.name.split("-")[2]
+            worker = path.name.split("-")[3]
             by_worker[worker] = by_worker.get(worker, 0) + size
         seen = seen or bool(by_worker)
         assert all(total <= bound for total in by_worker.values()), by_worker
@@ -317,3 +319,22 @@ def test_a_segment_gone_before_it_is_read_raises_naming_it(monkeypatch: pytest.M
     os.unlink(path)
     with pytest.raises(shardstream.ShardReadError, match="shared-memory segment"):
         shared_bytes.read_shared(path, offset, length)
+
+
+def test_segments_of_gone_main_processes_are_swept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A main process killed before it could remove its segments leaves them
+    to the next process that reads one; those of a running main are kept."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=60)
+    leftover = shared_bytes.SHM_DIR / f"{shared_bytes.main_prefix(gone.pid)}1-ab-0"
+    running = shared_bytes.SHM_DIR / f"{shared_bytes.main_prefix(os.getppid())}1-ab-0"
+    for path in (leftover, running):
+        path.write_bytes(b"x")
+    try:
+        monkeypatch.setattr(shared_bytes, "_SWEPT", False)
+        shared_bytes._sweep_gone_mains()
+        assert not leftover.exists()
+        assert running.exists()
+    finally:
+        for path in (leftover, running):
+            path.unlink(missing_ok=True)
