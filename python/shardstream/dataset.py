@@ -130,7 +130,8 @@ class StreamingDataset(IterableDataset[Any]):
         raise_malloc_thresholds: raise glibc's malloc thresholds (mmap
             32 MiB, trim 64 MiB: where glibc's own adaptive rule puts them
             after a 32 MiB block is freed) in each DataLoader worker, and,
-            with ``local_bytes_by_reference``, in the main process on its
+            with ``local_bytes_by_reference`` or
+            ``worker_shared_memory_bytes``, in the main process on its
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
@@ -421,7 +422,7 @@ class StreamingDataset(IterableDataset[Any]):
             raise_malloc_thresholds()
         shared_limit = self.options["worker_shared_memory_bytes"] if in_worker else 0
         if shared_limit:
-            configure_shared_bytes(shared_limit)
+            configure_shared_bytes(shared_limit, raise_thresholds)
         return SampleStream(
             self.shard_list,
             epoch=epoch,

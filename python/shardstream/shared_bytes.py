@@ -2,45 +2,52 @@
 DataLoader worker to the main process through shared memory rather than
 through the worker's pipe.
 
-In a DataLoader worker, a member of 16 KiB or more that is not a view of a
-local shard (``shardstream.local_bytes``) is handed out as ``SharedBytes``:
-``bytes`` in every way, but ``multiprocessing``'s pickler
+In a DataLoader worker, a member of 16 KiB or more that is not handed out by
+reference to a local shard (``shardstream.local_bytes``) is a
+``SharedBytes``: ``bytes`` in every way, but ``multiprocessing``'s pickler
 (``ForkingPickler``, which the DataLoader's worker result queue pickles
-batches with) writes its bytes into a shared-memory segment of the worker (a
-file in ``/dev/shm``) and pickles their place there (segment, offset,
-length). The DataLoader's main process opens each segment once, unlinks it
-at once (its name is gone from ``/dev/shm`` as soon as it is opened), and
-reads each member from it into a plain ``bytes``: one copy in each process
-instead of a pickle, a pipe write, a pipe read and an unpickle of every byte.
-Plain ``pickle`` (and ``copy``) gives the bytes themselves.
+batches with) copies it into a shared-memory segment of the worker (a file in
+``/dev/shm``, mapped) and pickles its place there (segment, use, offset,
+length). The main process maps each segment once, unlinks it at once (its
+name is gone from ``/dev/shm`` as soon as it is mapped) and copies each
+member out of the mapping into a plain ``bytes``: one copy in each process,
+no system call per member, instead of a pickle, a pipe write, a pipe read
+and an unpickle of every byte. Plain ``pickle`` (and ``copy``) gives the
+bytes themselves.
 
-Bounded: a worker keeps at most ``worker_shared_memory_bytes`` (a dataset
-option, 64 MiB by default) in segments that are alive (named and not yet
-opened by the main process, or still open there); a member that would pass
-the bound, or that the shared-memory file system has no room for, goes
-through the pipe as before. Segments are 4 MiB, or a quarter of the bound if
-that is less (a longer member gets one of its own size); the main process
-keeps one segment of each worker open, the one it reads from, and closes it
-when it reaches the worker's next one.
+Reused: a worker fills one segment after another; when the main process
+reaches a member of the worker's next segment, it has read every member of
+the previous one (a worker's batches arrive in the order it pickled them)
+and marks it done (a byte of its header), and the worker fills it again.
+Pages are allocated once per segment, not once per member.
 
-Freed: a segment's memory goes back to the system when both processes have
-closed it. Members handed to the consumer are plain ``bytes`` copies, so the
-consumer keeps them as long as it likes, after the epoch too.
+Bounded: segments are 4 MiB (a quarter of ``worker_shared_memory_bytes`` if
+that is less); a worker makes them as needed up to
+``worker_shared_memory_bytes`` in all (64 MiB by default), its space reserved
+at creation (``posix_fallocate``: a full ``/dev/shm`` is an error there,
+never a ``SIGBUS`` later). A member longer than a segment gets a segment of
+its own, unmapped by both processes once read. A member that finds no room
+(every segment still being read, or ``/dev/shm`` full) goes through the pipe
+as before: nothing waits. The consumer's ``bytes`` are its own copies, so
+samples kept after the epoch hold no shared memory.
 
 Crash-safe: a segment's name carries the pid namespace, the main process's
 id, the worker's id and a random token
-(``shardstream-<namespace>-<main>-<worker>-<token>-<n>``). A worker
-removes its segments that remain when it exits (the DataLoader stops
-reading from a worker only when it shuts the workers down). The main process
-checks, twice a second while it holds segments of workers, which of those
-workers are gone, and removes their segments (a worker killed mid-epoch);
-at exit it removes every segment named after it; and the first time it
-reads a segment it removes those named after main processes that are gone.
+(``shardstream-<namespace>-<main>-<worker>-<token>-<n>``). A worker removes
+its segments not yet mapped when it exits (the DataLoader stops reading from
+a worker only when it shuts the workers down). The main process checks, twice
+a second while it holds segments of workers, which of those workers are
+gone, unmaps their segments and removes those still named (a worker killed
+mid-epoch); at exit it removes every segment named after it; and the first
+time it maps a segment it removes those named after main processes (of its
+pid namespace) that are gone. Memory is freed when both processes have
+unmapped a segment: when the worker exits and the main process sees it gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import secrets
 import threading
@@ -52,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from ._core import ShardReadError
+from ._core import raise_malloc_thresholds as _raise_malloc_thresholds
 
 # Where segments are made: a tmpfs on Linux.
 SHM_DIR = Path("/dev/shm")
@@ -92,10 +100,12 @@ class SharedBytes(bytes):
         return (bytes, (bytes(self),))
 
 
-def configure(limit: int) -> None:
-    """Sets this process's bound on live shared memory (bytes; 0: every
-    member goes through the pipe)."""
-    _writer().limit = limit
+def configure(limit: int, raise_thresholds: bool = False) -> None:
+    """Sets this process's bound on shared memory (bytes; 0: every member
+    goes through the pipe), and whether the main process raises its malloc
+    thresholds on its first read (see ``local_bytes``)."""
+    writer = _writer()
+    writer.limit, writer.raise_thresholds = limit, raise_thresholds
 
 
 def _reduce_shared(value: SharedBytes) -> tuple[Callable[..., bytes], tuple[Any, ...]]:
@@ -111,103 +121,129 @@ def _reduce_shared(value: SharedBytes) -> tuple[Callable[..., bytes], tuple[Any,
 ForkingPickler.register(SharedBytes, _reduce_shared)
 
 
+# Each segment starts with a header: its first byte is set to DONE by the main
+# process once it has read every member of that use of the segment; its
+# second is ONE_OFF for a segment made for one member longer than the others
+# (unmapped by both processes once done, not reused).
+HEADER_BYTES = 64
+DONE = 1
+ONE_OFF = 1
+
+
 class _Segment:
-    """One segment a worker made: its path, size, and the descriptor it
-    writes through while it is the current one."""
+    """One segment of a worker: its path, its mapping, the number of its
+    current use (the worker's count of segment uses when it was taken) and
+    the bytes used in it."""
 
-    __slots__ = ("fd", "path", "size", "used")
+    __slots__ = ("map", "path", "use", "used")
 
-    def __init__(self, path: str, size: int, fd: int) -> None:
-        self.path, self.size, self.fd, self.used = path, size, fd, 0
+    def __init__(self, path: str, mapping: mmap.mmap) -> None:
+        self.path, self.map = path, mapping
+        self.use, self.used = 0, HEADER_BYTES
 
 
 class _Writer:
-    """A worker process's segments: the current one, and those made before
-    that may still be alive."""
+    """A worker process's segments, made up to the bound and reused once the
+    main process has read them."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.limit = 0
+        self.raise_thresholds = False
         # The DataLoader's main process is the worker's parent.
         self.owner = f"{main_prefix(os.getppid())}{self.pid}-{secrets.token_hex(4)}"
-        self.count = 0
+        self.uses = 0
+        self.made = 0
         self.current: _Segment | None = None
-        # Made and not yet known to be freed, oldest first (the current one last).
         self.segments: list[_Segment] = []
         self.lock = threading.Lock()
         self.finalizer: util.Finalize | None = None
 
-    def write(self, data: bytes) -> tuple[str, int, int] | None:
-        """Writes ``data`` into the current segment (or a new one) and gives
-        its place, or ``None`` when it must go through the pipe."""
+    def segment_bytes(self) -> int:
+        """The size of each segment: 4 MiB, or a quarter of the bound."""
+        return min(SEGMENT_BYTES, self.limit // 4)
+
+    def write(self, data: bytes) -> tuple[str, int, int, int, bool] | None:
+        """Writes ``data`` into the current segment (or the next one) and
+        gives its place (path, use, offset, length) and whether to raise the
+        malloc thresholds, or ``None`` when it must go through the pipe."""
         n = len(data)
         with self.lock:
             segment = self.current
-            if segment is None or segment.used + n > segment.size:
+            if segment is None or segment.used + n > len(segment.map):
                 segment = self._next_segment(n)
                 if segment is None:
                     return None
-            try:
-                written = os.pwrite(segment.fd, data, segment.used)
-            except OSError:
-                written = -1
-            if written != n:
-                # No room left in the file system: this member, and the
-                # rest of this segment, go through the pipe.
-                self._close_current()
-                return None
-            place = (segment.path, segment.used, n)
+            start = segment.used
+            segment.map[start : start + n] = data
             segment.used += n
-            return place
+            return (segment.path, segment.use, start, n, self.raise_thresholds)
 
     def _next_segment(self, n: int) -> _Segment | None:
-        """Closes the current segment and makes the next one, big enough for
-        ``n`` bytes, if the bound leaves room for it."""
-        self._close_current()
-        size = max(min(SEGMENT_BYTES, self.limit // 4), n)
-        if self._alive_bytes() + size > self.limit:
-            return None
-        path = str(SHM_DIR / f"{self.owner}-{self.count}")
+        """A segment with room for ``n`` bytes for the next members: one the
+        main process is done with, or a new one within the bound; ``None``
+        if there is none."""
+        self.current = None
+        for done in [s for s in self.segments if s.map[0] == DONE and s.map[1] == ONE_OFF]:
+            done.map.close()
+            self.segments.remove(done)
+        size = self.segment_bytes()
+        segment = None
+        if HEADER_BYTES + n > size:
+            size = HEADER_BYTES + n
+        else:
+            segment = next((s for s in self.segments if s.map[0] == DONE), None)
+        if segment is None:
+            if sum(len(s.map) for s in self.segments) + size > self.limit:
+                return None
+            segment = self._new_segment(size)
+            if segment is None:
+                return None
+            if size > self.segment_bytes():
+                segment.map[1] = ONE_OFF
+        segment.map[0] = 0
+        self.uses += 1
+        segment.use, segment.used = self.uses, HEADER_BYTES
+        self.current = segment
+        return segment
+
+    def _new_segment(self, size: int) -> _Segment | None:
+        """A new segment of ``size`` bytes, its memory reserved (so that a
+        full /dev/shm is an error here, never a ``SIGBUS`` later) and mapped."""
+        path = str(SHM_DIR / f"{self.owner}-{self.made}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError:
             return None
-        self.count += 1
+        try:
+            os.posix_fallocate(fd, 0, size)
+            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            return None
+        finally:
+            os.close(fd)
         if self.finalizer is None:
             # Runs when the worker process exits normally (multiprocessing
             # calls its finalizers then), fork or spawn.
             self.finalizer = util.Finalize(self, _remove_paths, (self.segments,), exitpriority=10)
-        segment = _Segment(path, size, fd)
-        self.current = segment
+        segment = _Segment(path, mapping)
+        self.made += 1
         self.segments.append(segment)
         return segment
 
-    def _close_current(self) -> None:
-        if self.current is not None:
-            os.close(self.current.fd)
-            self.current.fd = -1
-            self.current = None
-
-    def _alive_bytes(self) -> int:
-        """Bytes of segments that may still hold memory: those still named
-        (the main process has not opened them), the last one it has opened
-        (it may still hold it open) and the current one; older ones are
-        forgotten."""
-        newest_opened = -1
-        for i, segment in enumerate(self.segments):
-            if segment is not self.current and not os.path.exists(segment.path):
-                newest_opened = i
-        if newest_opened > 0:
-            del self.segments[:newest_opened]
-        return sum(segment.size for segment in self.segments)
-
 
 def _remove_paths(segments: list[_Segment]) -> None:
-    """Removes the named segments of a worker that exits."""
+    """Removes the segments of a worker that exits that the main process has
+    not opened."""
     for segment in segments:
         with contextlib.suppress(OSError):
             os.unlink(segment.path)
 
+
+# Pages mapped at once rather than faulted in one by one (Linux).
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 _WRITER: _Writer | None = None
 
@@ -222,59 +258,101 @@ def _writer() -> _Writer:
 
 # --- the main process ---------------------------------------------------------
 
-# Open segments by owner (the name up to the segment number): (number, fd).
-_OPEN: dict[str, tuple[int, int]] = {}
+
+class _Received:
+    """The segments of one worker mapped here, and the use being read."""
+
+    __slots__ = ("current", "maps")
+
+    def __init__(self) -> None:
+        self.maps: dict[str, mmap.mmap] = {}
+        # (path, use) of the segment use read last.
+        self.current: tuple[str, int] | None = None
+
+
+# By owner (a segment's path up to its number).
+_OPEN: dict[str, _Received] = {}
 _READ_LOCK = threading.Lock()
 _REAPER: threading.Thread | None = None
 _SWEPT = False
+# Whether this process has raised glibc's malloc thresholds (once is enough).
+_THRESHOLDS_RAISED = False
 
 
-def read_shared(path: str, offset: int, length: int) -> bytes:
-    """The ``length`` bytes at ``offset`` of the segment at ``path``, which a
-    DataLoader worker wrote: the segment is opened (and unlinked) the first
-    time, and kept open until the same worker's next segment is read."""
-    global _REAPER
-    owner, _, number_text = path.rpartition("-")
-    number = int(number_text)
+def read_shared(
+    path: str, use: int, offset: int, length: int, raise_thresholds: bool = False
+) -> bytes:
+    """The ``length`` bytes at ``offset`` of use ``use`` of the segment at
+    ``path``, which a DataLoader worker wrote. A segment is mapped (and
+    unlinked) the first time; when the worker's next segment use is reached,
+    the previous one is marked done, for the worker to reuse.
+    ``raise_thresholds``: raise glibc's malloc thresholds in this process
+    first, if not done yet."""
+    global _REAPER, _THRESHOLDS_RAISED
+    owner = path.rpartition("-")[0]
     with _READ_LOCK:
-        held = _OPEN.get(owner)
-        if held is None or held[0] != number:
-            if held is not None and number < held[0]:
+        if raise_thresholds and not _THRESHOLDS_RAISED:
+            _raise_malloc_thresholds()
+            _THRESHOLDS_RAISED = True
+        received = _OPEN.get(owner)
+        if received is None:
+            received = _OPEN[owner] = _Received()
+        current = received.current
+        if current is None or current != (path, use):
+            if current is not None and use < current[1]:
                 raise ShardReadError(
-                    f"{path}: shared-memory segment {number} of a DataLoader worker read after "
-                    f"its segment {held[0]} (only the DataLoader's own result queue may carry "
+                    f"{path}: shared-memory segment use {use} of a DataLoader worker read after "
+                    f"its use {current[1]} (only the DataLoader's own result queue may carry "
                     "its samples by reference)"
                 )
-            _sweep_gone_mains()
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as error:
-                raise ShardReadError(
-                    f"{path}: the shared-memory segment a DataLoader worker handed a sample "
-                    f"through is gone (was the worker stopped, or /dev/shm cleared?): {error}"
-                ) from error
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-            if held is not None:
-                os.close(held[1])
-            _OPEN[owner] = (number, fd)
-            if _REAPER is None or not _REAPER.is_alive():
-                _REAPER = threading.Thread(target=_reap, name="shardstream-shm-reaper", daemon=True)
-                _REAPER.start()
+            mapping = received.maps.get(path)
+            if mapping is None:
+                mapping = received.maps[path] = _map_segment(path)
+                if _REAPER is None or not _REAPER.is_alive():
+                    _REAPER = threading.Thread(
+                        target=_reap, name="shardstream-shm-reaper", daemon=True
+                    )
+                    _REAPER.start()
+            if current is not None:
+                done = received.maps[current[0]]
+                done[0] = DONE
+                if done[1] == ONE_OFF:
+                    done.close()
+                    del received.maps[current[0]]
+            received.current = (path, use)
         else:
-            fd = held[1]
-        try:
-            data = os.pread(fd, length, offset)
-        except OSError as error:
+            mapping = received.maps[path]
+        if offset < HEADER_BYTES or offset + length > len(mapping):
             raise ShardReadError(
-                f"{path}: read failed at byte offset {offset} of a shared-memory segment: {error}"
-            ) from error
-    if len(data) != length:
+                f"{path}: read failed at byte offset {offset} of a shared-memory segment: "
+                f"it ends at {len(mapping)}, before the {length} bytes a DataLoader worker "
+                "wrote there"
+            )
+        return mapping[offset : offset + length]
+
+
+def _map_segment(path: str) -> mmap.mmap:
+    """Maps the segment at ``path`` and unlinks it (the lock is held)."""
+    _sweep_gone_mains()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError as error:
         raise ShardReadError(
-            f"{path}: read failed at byte offset {offset + len(data)} of a shared-memory "
-            f"segment: it ends before the {length} bytes a DataLoader worker wrote there"
-        )
-    return data
+            f"{path}: the shared-memory segment a DataLoader worker handed a sample "
+            f"through is gone (was the worker stopped, or /dev/shm cleared?): {error}"
+        ) from error
+    try:
+        size = os.fstat(fd).st_size
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+    except (OSError, ValueError) as error:
+        raise ShardReadError(
+            f"{path}: cannot map the shared-memory segment a DataLoader worker handed a "
+            f"sample through: {error}"
+        ) from error
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _reap() -> None:
@@ -293,7 +371,7 @@ def _release_gone_workers() -> bool:
     Whether segments of workers that run remain, open or named."""
     for owner in list(_OPEN):
         if not _alive(_worker_of(owner)):
-            os.close(_OPEN.pop(owner)[1])
+            _close(_OPEN.pop(owner))
     remain = bool(_OPEN)
     for path in SHM_DIR.glob(f"{main_prefix()}*"):
         worker = _worker_of(path.name)
@@ -309,12 +387,20 @@ def release_all() -> None:
     """Closes every segment held here and removes every segment named after
     this process (at exit, or when this process has no more workers)."""
     with _READ_LOCK:
-        for _, fd in _OPEN.values():
-            os.close(fd)
+        for received in _OPEN.values():
+            _close(received)
         _OPEN.clear()
         for path in SHM_DIR.glob(f"{main_prefix()}*"):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def _close(received: _Received) -> None:
+    """Unmaps a worker's segments (their memory is freed once the worker has
+    unmapped them too, or exited)."""
+    for mapping in received.maps.values():
+        mapping.close()
+    received.maps.clear()
 
 
 def _sweep_gone_mains() -> None:
@@ -359,9 +445,8 @@ def _alive(pid: int | None) -> bool:
 def _after_fork_in_child() -> None:
     """A forked child holds none of its parent's segments."""
     global _REAPER, _SWEPT, _READ_LOCK
-    for _, fd in _OPEN.values():
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    for received in _OPEN.values():
+        _close(received)
     _OPEN.clear()
     _READ_LOCK = threading.Lock()
     _REAPER = None

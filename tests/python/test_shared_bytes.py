@@ -63,9 +63,9 @@ def counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     original = shared_bytes.read_shared
 
     @functools.wraps(original)
-    def read_shared(path: str, offset: int, length: int) -> bytes:
+    def read_shared(path: str, use: int, offset: int, length: int, raise_: bool) -> bytes:
         calls.append(length)
-        return original(path, offset, length)
+        return original(path, use, offset, length, raise_)
 
     monkeypatch.setattr(shared_bytes, "read_shared", read_shared)
     return calls
@@ -273,25 +273,30 @@ def test_a_worker_writes_no_more_than_its_bound_then_uses_the_pipe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reduce = writer_in_this_process(monkeypatch, 8 << 20)
-    data = random.Random(1).randbytes(1 << 20)
-    places = [reduce(data) for _ in range(8)]
+    data = random.Random(1).randbytes(512 << 10)
+    places = [reduce(data) for _ in range(12)]
     assert all(function is shared_bytes.read_shared for function, _ in places)
-    # Four 2 MiB segments (a quarter of the bound each), named until read:
-    # the bound is reached, and the next member goes through the pipe.
+    # Four 2 MiB segments (a quarter of the bound each) of three members,
+    # none read yet: the bound is reached, the next member goes through the
+    # pipe.
     paths = [args[0] for _, args in places]
     assert len(set(paths)) == 4
     assert sum(os.stat(p).st_size for p in set(paths)) == 8 << 20
     function, args = reduce(data)
     assert function is bytes and args == (data,)
-    # The main process reading the first two segments (it holds the second
-    # open) makes room for one more.
-    for _, place in places[:3]:
+    # The main process reading into the second segment marks the first one
+    # done: the worker writes into it again.
+    for _, place in places[:4]:
         assert shared_bytes.read_shared(*place) == data
-    assert not os.path.exists(paths[0]) and not os.path.exists(paths[2])
+    assert not os.path.exists(paths[0]) and not os.path.exists(paths[3])
     function, args = reduce(data)
-    assert function is shared_bytes.read_shared
-    for _, place in [*places[3:], (function, args)]:
+    assert function is shared_bytes.read_shared and args[0] == paths[0]
+    # Read in the order they were written, every member is intact.
+    for _, place in [*places[4:], (function, args)]:
         assert shared_bytes.read_shared(*place) == data
+    # Out of order is refused (only the DataLoader's queue carries them).
+    with pytest.raises(shardstream.ShardReadError, match="read after"):
+        shared_bytes.read_shared(*places[4][1])
     shared_bytes.release_all()
     shared_bytes._remove_paths(shared_bytes._writer().segments)
     assert not any(os.path.exists(p) for p in paths)
@@ -315,10 +320,10 @@ def test_shared_bytes_pickle_plainly_and_load_as_plain_bytes(
 
 def test_a_segment_gone_before_it_is_read_raises_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     reduce = writer_in_this_process(monkeypatch, 64 << 20)
-    _, (path, offset, length) = reduce(b"x" * 20_000)
+    _, (path, use, offset, length, _) = reduce(b"x" * 20_000)
     os.unlink(path)
     with pytest.raises(shardstream.ShardReadError, match="shared-memory segment"):
-        shared_bytes.read_shared(path, offset, length)
+        shared_bytes.read_shared(path, use, offset, length)
 
 
 def test_segments_of_gone_main_processes_are_swept(monkeypatch: pytest.MonkeyPatch) -> None:
