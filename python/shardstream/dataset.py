@@ -27,7 +27,7 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .local_bytes import LocalBytes
-from .shared_bytes import SharedBytes
+from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
 
 if TYPE_CHECKING:
@@ -421,8 +421,9 @@ class StreamingDataset(IterableDataset[Any]):
         if in_worker and raise_thresholds:
             raise_malloc_thresholds()
         shared_limit = self.options["worker_shared_memory_bytes"] if in_worker else 0
+        shared_limit = shared_limit if SHARED_MEMORY_AVAILABLE else 0
         if shared_limit:
-            configure_shared_bytes(shared_limit, raise_thresholds)
+            configure_shared_bytes(shared_limit, raise_thresholds, self._main_process())
         return SampleStream(
             self.shard_list,
             epoch=epoch,
@@ -464,7 +465,23 @@ class StreamingDataset(IterableDataset[Any]):
                 ) from error
         state = self.__dict__.copy()
         state["_stream"] = None
+        # A DataLoader starting spawn or forkserver workers pickles the
+        # dataset in its main process, which is then not the workers' parent.
+        state["_pickled_by"] = os.getpid()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled_in = os.getpid()
+
+    def _main_process(self) -> int:
+        """The process a DataLoader worker hands its batches to: the one that
+        pickled the dataset for this worker (spawn, forkserver), else the
+        worker's parent (fork)."""
+        pickled_by = self.__dict__.get("_pickled_by")
+        if pickled_by is not None and self.__dict__.get("_unpickled_in") == os.getpid():
+            return int(pickled_by)
+        return os.getppid()
 
     def __repr__(self) -> str:
         manifest = f", manifest={self.manifest_path!r}" if self.manifest_path else ""

@@ -85,6 +85,9 @@ def main_prefix(main: int | None = None) -> str:
 _NAMESPACE = _pid_namespace()
 # Size of a segment (a longer member gets one of its own size).
 SEGMENT_BYTES = 4 << 20
+# Whether shared memory can be used here (Linux: a /dev/shm and
+# posix_fallocate); elsewhere members go through the pipe.
+SHARED_MEMORY_AVAILABLE = hasattr(os, "posix_fallocate") and SHM_DIR.is_dir()
 # How often the main process looks for workers that are gone, in seconds.
 REAP_INTERVAL = 0.5
 
@@ -100,12 +103,15 @@ class SharedBytes(bytes):
         return (bytes, (bytes(self),))
 
 
-def configure(limit: int, raise_thresholds: bool = False) -> None:
+def configure(limit: int, raise_thresholds: bool = False, main: int | None = None) -> None:
     """Sets this process's bound on shared memory (bytes; 0: every member
-    goes through the pipe), and whether the main process raises its malloc
-    thresholds on its first read (see ``local_bytes``)."""
+    goes through the pipe), whether the main process raises its malloc
+    thresholds on its first read (see ``local_bytes``), and the main
+    process's id (the parent's by default), named in the segments."""
     writer = _writer()
     writer.limit, writer.raise_thresholds = limit, raise_thresholds
+    if main is not None and not writer.segments:
+        writer.owner = writer.owner_for(main)
 
 
 def _reduce_shared(value: SharedBytes) -> tuple[Callable[..., bytes], tuple[Any, ...]]:
@@ -150,14 +156,17 @@ class _Writer:
         self.pid = os.getpid()
         self.limit = 0
         self.raise_thresholds = False
-        # The DataLoader's main process is the worker's parent.
-        self.owner = f"{main_prefix(os.getppid())}{self.pid}-{secrets.token_hex(4)}"
+        self.owner = self.owner_for(os.getppid())
         self.uses = 0
         self.made = 0
         self.current: _Segment | None = None
         self.segments: list[_Segment] = []
         self.lock = threading.Lock()
         self.finalizer: util.Finalize | None = None
+
+    def owner_for(self, main: int) -> str:
+        """The start of this worker's segment names, handing to ``main``."""
+        return f"{main_prefix(main)}{self.pid}-{secrets.token_hex(4)}"
 
     def segment_bytes(self) -> int:
         """The size of each segment: 4 MiB, or a quarter of the bound."""

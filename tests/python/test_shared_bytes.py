@@ -64,6 +64,8 @@ def counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     @functools.wraps(original)
     def read_shared(path: str, use: int, offset: int, length: int, raise_: bool) -> bytes:
+        # Named after this process, the one the worker hands its batches to.
+        assert os.path.basename(path).startswith(shared_bytes.main_prefix()), path
         calls.append(length)
         return original(path, use, offset, length, raise_)
 
@@ -124,7 +126,8 @@ def assert_samples(samples: list[dict[str, Any]], expected: dict[str, dict[str, 
 
 @pytest.mark.usefixtures("s3_credentials")
 @pytest.mark.parametrize(
-    ("kind", "context"), [("s3", "fork"), ("gz", "fork"), ("zst", "fork"), ("s3", "spawn")]
+    ("kind", "context"),
+    [("s3", "fork"), ("gz", "fork"), ("zst", "fork"), ("s3", "spawn"), ("gz", "forkserver")],
 )
 def test_long_members_cross_through_shared_memory_and_equal_the_pipe(
     kind: str,
