@@ -225,11 +225,7 @@ fn copied_by<'py>(
     let view = unsafe {
         Bound::from_owned_ptr_or_err(
             py,
-            pyo3::ffi::PyMemoryView_FromMemory(
-                bytes.as_ptr().cast_mut().cast(),
-                len,
-                PYBUF_READ,
-            ),
+            pyo3::ffi::PyMemoryView_FromMemory(bytes.as_ptr().cast_mut().cast(), len, PYBUF_READ),
         )?
     };
     let made = class.call1((&view,));
