@@ -40,7 +40,7 @@ def proxy(s3: S3Server) -> Iterator[FaultProxy]:
 @pytest.fixture
 def payloads(s3: S3Server) -> dict[str, bytes]:
     """Six shards of 48 members of 8 KiB (about 400 KB, 25 parts each)
-    under ``s3://train/parts/``; every member's bytes by key."""
+    under ``s3://train/queue/``; every member's bytes by key."""
     client = s3.client()
     client.create_bucket(Bucket=BUCKET)
     payloads = {}
@@ -50,7 +50,7 @@ def payloads(s3: S3Server) -> dict[str, bytes]:
             key = f"s{shard}_{i:03d}"
             payloads[key] = hashlib.sha256(key.encode()).digest() * 256
             members.append((f"{key}.bin", payloads[key]))
-        client.put_object(Bucket=BUCKET, Key=f"parts/shard-{shard}.tar", Body=tar_bytes(members))
+        client.put_object(Bucket=BUCKET, Key=f"queue/shard-{shard}.tar", Body=tar_bytes(members))
     return payloads
 
 
@@ -74,7 +74,7 @@ def test_many_parts_in_flight_with_slow_throttled_and_cut_parts_deliver_each_sam
         Faults(first_byte_delay=0.05, delay_every=5, slowdown_every=7, cut_every=11, cut_after=4000)
     )
     ds = StreamingDataset(
-        f"s3://{BUCKET}/parts/", shuffle_buffer=0, **many_parts(proxy.endpoint_url)
+        f"s3://{BUCKET}/queue/", shuffle_buffer=0, **many_parts(proxy.endpoint_url)
     )
     samples = read_all(ds, num_workers)
     assert Counter(s["__key__"] for s in samples) == Counter(list(payloads))
@@ -103,7 +103,7 @@ def test_exact_resume_mid_epoch_with_many_parts_in_flight(proxy, payloads):
 
     def resumable() -> StatefulDataLoader:
         ds = StreamingDataset(
-            f"s3://{BUCKET}/parts/", seed=5, shuffle_buffer=7, **many_parts(proxy.endpoint_url)
+            f"s3://{BUCKET}/queue/", seed=5, shuffle_buffer=7, **many_parts(proxy.endpoint_url)
         )
         return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=key_batch, timeout=60)
 
@@ -126,14 +126,14 @@ def test_a_part_that_fails_for_good_mid_queue_is_an_error_naming_its_object(prox
     proxy.reset(Faults(shifted_on_range=1, first_byte_delay=0.02))
     options = many_parts(proxy.endpoint_url, max_attempts=1)
     ds = StreamingDataset(
-        f"s3://{BUCKET}/parts/", shuffle_buffer=0, shuffle_shards=False, **options
+        f"s3://{BUCKET}/queue/", shuffle_buffer=0, shuffle_shards=False, **options
     )
     got = []
     with pytest.raises(shardstream.ShardReadError) as raised:
         for sample in ds:
             got.append(sample)
     message = str(raised.value)
-    assert f"s3://{BUCKET}/parts/shard-" in message and "byte offset" in message, message
+    assert f"s3://{BUCKET}/queue/shard-" in message and "byte offset" in message, message
     assert "gave up after 1 attempts" in message, message
     assert proxy.injected.shifted_answers == 1
     # What came before the error is whole and once, in shard order.
