@@ -198,7 +198,7 @@ class Options:
         s3: Any = None,
         http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
-        decode: bool | Mapping[str, str] | None = None,
+        decode: bool | Mapping[str, str | Image] | None = None,
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,

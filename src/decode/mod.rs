@@ -451,9 +451,7 @@ mod tests {
                 let _ = decoder.decode(bytes.clone());
             }
             let image = ImageSpec::new(Some((8, 8)), Some("random_resized"), None, None, None, Some(0.5), None);
-            for decoder in [Decoder::Image(Arc::new(image.unwrap()))] {
-                let _ = decoder.decode(bytes.clone());
-            }
+            let _ = Decoder::Image(Arc::new(image.unwrap())).decode(bytes.clone());
         }
     }
 }
