@@ -33,7 +33,8 @@ use crate::value::{Array, ArrayData};
 pub const MAX_SIZE: u32 = 16384;
 
 /// Decoded pixels a source image may have (as the image crate's default
-/// limit): larger images are refused before they are decoded.
+/// limit): larger images are refused before they are decoded, and larger
+/// outputs when the transform is built.
 const MAX_DECODED_BYTES: u64 = 512 << 20;
 
 const JPEG_MAGIC: &[u8] = b"\xff\xd8\xff";
@@ -125,6 +126,15 @@ impl ImageSpec {
                 return Err(invalid(
                     "size",
                     format!("each side must be from 1 to {MAX_SIZE}, got ({h}, {w})"),
+                ));
+            }
+            if u64::from(h) * u64::from(w) * 3 > MAX_DECODED_BYTES {
+                return Err(invalid(
+                    "size",
+                    format!(
+                        "({h}, {w}) is over {} MiB of RGB pixels per image",
+                        MAX_DECODED_BYTES >> 20
+                    ),
                 ));
             }
         }

@@ -248,6 +248,8 @@ def test_corrupt_image_names_shard_key_and_field(tmp_path):
     [
         ({"size": 0}, ValueError, "size"),
         ({"size": (224, 0)}, ValueError, "size"),
+        ({"size": 16385}, ValueError, "size"),
+        ({"size": (16384, 16384)}, ValueError, "size"),
         ({"size": "224"}, TypeError, "size"),
         ({"size": (1, 2, 3)}, TypeError, "size"),
         ({"size": True}, TypeError, "size"),
