@@ -23,7 +23,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from decode_bench import measure  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
 BATCH = 64
@@ -118,18 +118,6 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
     return {"images": images, "seconds": elapsed, "cpu_seconds": cpu_seconds() - start_cpu}
 
 
-def measure(spec: str, reader: str, num_workers: int) -> dict[str, float]:
-    """Runs `run_epoch` in a fresh subprocess."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", spec, reader, str(num_workers)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def make_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
     """Shards of 500x375 JPEGs of about 45 KB (smooth waves plus noise, at
     quality 85) and labels."""
@@ -195,7 +183,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {r: [] for r in READERS}
         for _ in range(args.repeats):
             for reader in READERS:
-                runs[reader].append(measure(spec, reader, workers))
+                runs[reader].append(measure(spec, reader, workers, __file__))
         for reader in READERS:
             result = runs[reader]
             images = result[0]["images"]

@@ -709,30 +709,25 @@ mod tests {
             .collect()
     }
 
-    fn jpeg(width: u32, height: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        JpegEncoder::new_with_quality(&mut out, 95)
-            .write_image(
-                &picture(width, height),
-                width,
-                height,
-                ExtendedColorType::Rgb8,
-            )
-            .unwrap();
+    /// The test picture as a PNG or a JPEG (quality 95).
+    fn encoded(width: u32, height: u32, as_png: bool) -> Vec<u8> {
+        let (mut out, pixels) = (Vec::new(), picture(width, height));
+        let color = ExtendedColorType::Rgb8;
+        let written = if as_png {
+            PngEncoder::new(&mut out).write_image(&pixels, width, height, color)
+        } else {
+            JpegEncoder::new_with_quality(&mut out, 95).write_image(&pixels, width, height, color)
+        };
+        written.unwrap();
         out
     }
 
+    fn jpeg(width: u32, height: u32) -> Vec<u8> {
+        encoded(width, height, false)
+    }
+
     fn png(width: u32, height: u32) -> Vec<u8> {
-        let mut out = Vec::new();
-        PngEncoder::new(&mut out)
-            .write_image(
-                &picture(width, height),
-                width,
-                height,
-                ExtendedColorType::Rgb8,
-            )
-            .unwrap();
-        out
+        encoded(width, height, true)
     }
 
     #[test]
@@ -843,145 +838,38 @@ mod tests {
         assert!(pixels[72 * 96 * 3..].iter().all(|&v| v == 0));
     }
 
+    /// Every parameter is checked (tests/python/test_augment.py goes
+    /// through each case from Python); the defaults are filled in.
     #[test]
-    fn bad_parameters_name_themselves() {
-        let err = |r: Result<ImageSpec, InvalidParameter>| r.unwrap_err().parameter;
-        let some = Some((224, 224));
-        assert_eq!(
-            err(ImageSpec::new(
-                Some((0, 4)),
-                Some("center"),
-                None,
-                None,
-                None,
-                None,
-                None
-            )),
-            "size"
+    fn parameters_are_checked_and_defaulted() {
+        let size = Some((224, 224));
+        let bad = ImageSpec::new(
+            size,
+            Some("random_resized"),
+            None,
+            None,
+            None,
+            Some(2.0),
+            None,
         );
-        assert_eq!(
-            err(ImageSpec::new(
-                None,
-                Some("center"),
-                None,
-                None,
-                None,
-                None,
-                None
-            )),
-            "size"
-        );
-        assert_eq!(
-            err(ImageSpec::new(some, None, None, None, None, None, None)),
-            "size"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                Some("random"),
-                None,
-                None,
-                None,
-                None,
-                None
-            )),
-            "crop"
-        );
-        let rrc = Some("random_resized");
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                rrc,
-                Some((0.5, 0.2)),
-                None,
-                None,
-                None,
-                None
-            )),
-            "scale"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                rrc,
-                Some((0.0, 1.0)),
-                None,
-                None,
-                None,
-                None
-            )),
-            "scale"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                rrc,
-                None,
-                Some((1.0, f64::NAN)),
-                None,
-                None,
-                None
-            )),
-            "ratio"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                Some("center"),
-                Some((0.1, 1.0)),
-                None,
-                None,
-                None,
-                None
-            )),
-            "scale"
-        );
-        assert_eq!(
-            err(ImageSpec::new(some, rrc, None, None, Some(256), None, None)),
-            "resize"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                Some("center"),
-                None,
-                None,
-                Some(0),
-                None,
-                None
-            )),
-            "resize"
-        );
-        assert_eq!(
-            err(ImageSpec::new(some, rrc, None, None, None, Some(1.5), None)),
-            "flip"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                rrc,
-                None,
-                None,
-                None,
-                Some(f64::NAN),
-                None
-            )),
-            "flip"
-        );
-        assert_eq!(
-            err(ImageSpec::new(
-                some,
-                rrc,
-                None,
-                None,
-                None,
-                None,
-                Some("chw")
-            )),
-            "layout"
-        );
-        let center = ImageSpec::new(some, Some("center"), None, None, None, None, None).unwrap();
+        assert_eq!(bad.unwrap_err().parameter, "flip");
+        let bad = ImageSpec::new(None, Some("center"), None, None, None, None, None);
+        assert_eq!(bad.unwrap_err().parameter, "size");
+        let center = ImageSpec::new(size, Some("center"), None, None, None, None, None).unwrap();
         assert_eq!(center.crop, Crop::Center { resize: 256 });
+        let random = spec(224, Some("random_resized"));
+        let ratio = (3.0 / 4.0, 4.0 / 3.0);
+        assert_eq!(
+            (random.crop, random.flip, random.layout),
+            (
+                Crop::RandomResized {
+                    scale: (0.08, 1.0),
+                    ratio
+                },
+                0.0,
+                Layout::Chw
+            )
+        );
     }
 
     #[test]
