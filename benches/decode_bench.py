@@ -93,10 +93,11 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
     }
 
 
-def measure(spec: str, reader: str, num_workers: int) -> dict[str, float]:
-    """Runs `run_epoch` in a fresh subprocess."""
+def measure(spec: str, reader: str, num_workers: int, script: str = __file__) -> dict[str, float]:
+    """Runs `run_epoch` of `script` (this benchmark or another with the same
+    `--child SPEC READER WORKERS` mode) in a fresh subprocess."""
     out = subprocess.run(
-        [sys.executable, __file__, "--child", spec, reader, str(num_workers)],
+        [sys.executable, script, "--child", spec, reader, str(num_workers)],
         check=True,
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._core import (
     DatasetSpecError,
     FieldDecodeError,
+    Image,
     ManifestError,
     ManifestIgnoredWarning,
     ManifestMismatchError,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DatasetSpecError",
     "FieldDecodeError",
+    "Image",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",

@@ -10,6 +10,7 @@ __all__ = [
     "DatasetSpecError",
     "EpochTable",
     "FieldDecodeError",
+    "Image",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
@@ -136,6 +137,45 @@ class EpochTable:
         """A new, unshared table holding ``values``."""
 
 @final
+class Image:
+    """Decode a JPEG or PNG field and crop, resize and flip it to one fixed shape, on the
+    decode threads: ``decode={"jpg": Image(224, flip=0.5)}`` (see docs/augment.md)."""
+
+    def __new__(
+        cls,
+        size: int | tuple[int, int] | None = None,
+        *,
+        crop: Literal["random_resized", "center", "resize"] | None = ...,
+        scale: tuple[float, float] | None = None,
+        ratio: tuple[float, float] | None = None,
+        resize: int | None = None,
+        flip: float | None = None,
+        layout: Literal["CHW", "HWC"] | None = None,
+    ) -> Image: ...
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """Output ``(height, width)``, or ``None`` with ``crop=None``."""
+    @property
+    def crop(self) -> Literal["random_resized", "center", "resize"] | None:
+        """How the box is chosen."""
+    @property
+    def scale(self) -> tuple[float, float] | None:
+        """The area range of ``random_resized`` boxes, else ``None``."""
+    @property
+    def ratio(self) -> tuple[float, float] | None:
+        """The aspect ratio range of ``random_resized`` boxes, else ``None``."""
+    @property
+    def resize(self) -> int | None:
+        """The shorter side before a ``center`` crop, else ``None``."""
+    @property
+    def flip(self) -> float:
+        """The probability of a horizontal flip."""
+    @property
+    def layout(self) -> Literal["CHW", "HWC"]:
+        """``"CHW"`` or ``"HWC"``."""
+    def __getnewargs_ex__(self) -> tuple[tuple[tuple[int, int] | None], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
 @final
 class Options:
     """Every dataset option, parsed and validated once; the others take their defaults.
@@ -158,7 +198,7 @@ class Options:
         s3: Any = None,
         http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
-        decode: bool | Mapping[str, str] | None = None,
+        decode: bool | Mapping[str, str | Image] | None = None,
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,

@@ -11,9 +11,12 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::augment::image::ImageSpec;
+use crate::augment::SampleContext;
 use crate::value::Value;
 
 mod audio;
@@ -21,9 +24,10 @@ mod json;
 mod npy;
 mod rgb8;
 
-/// A per-field decoder, named by [`Decoder::name`] and parsed by
-/// [`FromStr`] from that same name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A per-field decoder: a plain decoder, named by [`Decoder::name`] and
+/// parsed by [`FromStr`] from that same name, or a transform with
+/// parameters (built from its Python object, never from a name).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decoder {
     /// `"bytes"`: the bytes unchanged, as [`Value::Bytes`].
     Bytes,
@@ -65,10 +69,15 @@ pub enum Decoder {
     /// which differs from PIL's handling of 16-bit modes. A JPEG truncated
     /// before its end-of-image marker is an error, as in PIL.
     Rgb8,
+    /// `shardstream.Image(...)`: a JPEG or PNG decoded, cropped, resized
+    /// and flipped to a uint8 array of one shape (see
+    /// [`crate::augment::image`]); its random draws come from the sample's
+    /// own stream ([`SampleContext::rng`]).
+    Image(Arc<ImageSpec>),
 }
 
 impl Decoder {
-    /// Every decoder, in the order their names are listed in errors.
+    /// Every plain decoder, in the order their names are listed in errors.
     pub const ALL: [Decoder; 7] = [
         Decoder::Bytes,
         Decoder::Str,
@@ -89,15 +98,39 @@ impl Decoder {
             Decoder::Numpy => "numpy",
             Decoder::Audio => "audio",
             Decoder::Rgb8 => "rgb8",
+            Decoder::Image(_) => "Image",
         }
     }
 
-    /// Decodes one field's bytes.
+    /// The decoder with its parameters, as the state's fingerprint takes
+    /// it: the name of a plain decoder, a transform as Python would build
+    /// it (`Image(size=(224, 224), ...)`).
+    pub fn describe(&self) -> String {
+        match self {
+            Decoder::Image(spec) => spec.to_string(),
+            plain => plain.name().to_owned(),
+        }
+    }
+
+    /// Decodes one field's bytes as the field of the first sample of the
+    /// first shard in epoch 0 of seed 0 (what a transform draws does not
+    /// matter, or the caller has no sample): [`Decoder::decode_field`].
+    pub fn decode(&self, bytes: impl Into<Bytes>) -> Result<Value, DecodeError> {
+        self.decode_field(bytes, &SampleContext::default(), "")
+    }
+
+    /// Decodes the bytes of field `field` of the sample `context` names;
+    /// a transform draws from that field's stream ([`SampleContext::rng`]).
     ///
     /// Takes ownership so that [`Decoder::Bytes`] keeps the shared bytes
     /// and [`Decoder::Str`] (and `uint8` `.npy` arrays) reuse the buffer
     /// when it is not shared, instead of copying it.
-    pub fn decode(&self, bytes: impl Into<Bytes>) -> Result<Value, DecodeError> {
+    pub fn decode_field(
+        &self,
+        bytes: impl Into<Bytes>,
+        context: &SampleContext,
+        field: &str,
+    ) -> Result<Value, DecodeError> {
         let bytes: Bytes = bytes.into();
         let name = self.name();
         let fail = |reason: String| DecodeError {
@@ -114,6 +147,9 @@ impl Decoder {
             Decoder::Numpy => npy::decode(bytes.into()).map(Value::Array),
             Decoder::Audio => audio::decode(&bytes),
             Decoder::Rgb8 => rgb8::decode(&bytes).map(Value::Array),
+            Decoder::Image(spec) => spec
+                .apply(&bytes, &mut context.rng(field))
+                .map(Value::Array),
         })
         .map_err(fail)
     }
@@ -273,7 +309,7 @@ mod tests {
     #[test]
     fn names_round_trip_and_unknown_lists_valid_names() {
         for decoder in Decoder::ALL {
-            assert_eq!(decoder.name().parse::<Decoder>(), Ok(decoder));
+            assert_eq!(decoder.name().parse::<Decoder>(), Ok(decoder.clone()));
             assert_eq!(decoder.to_string(), decoder.name());
         }
         let unknown = "png".parse::<Decoder>().unwrap_err();
@@ -414,6 +450,8 @@ mod tests {
             for decoder in Decoder::ALL {
                 let _ = decoder.decode(bytes.clone());
             }
+            let image = ImageSpec::new(Some((8, 8)), Some("random_resized"), None, None, None, Some(0.5), None);
+            let _ = Decoder::Image(Arc::new(image.unwrap())).decode(bytes.clone());
         }
     }
 }

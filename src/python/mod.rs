@@ -7,6 +7,7 @@ mod counters;
 mod epoch_table;
 mod errors;
 mod functions;
+mod image;
 mod malloc;
 mod mix;
 mod options;
@@ -40,6 +41,8 @@ mod _core {
     };
     #[pymodule_export]
     use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
+    #[pymodule_export]
+    use super::image::Image;
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
