@@ -9,6 +9,7 @@
 //! [`pipeline`] wires the stages together for one slot.
 #![warn(missing_docs)]
 
+pub mod augment;
 pub mod byte_size;
 pub mod cli;
 pub mod collate;
