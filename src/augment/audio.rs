@@ -246,6 +246,25 @@ impl AudioSpec {
     }
 }
 
+impl std::fmt::Display for AudioSpec {
+    /// The spec as Python builds it:
+    /// `AudioClip(sample_rate=16000, channels="mono", frames=64000, crop="random", pad=0.0)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let channels = match &self.channels {
+            Channels::Mono => "\"mono\"".to_owned(),
+            Channels::Pick(list) => format!("{list:?}"),
+        };
+        write!(
+            f,
+            "AudioClip(sample_rate={}, channels={channels}, frames={}, crop=\"{}\", pad={:?})",
+            self.sample_rate,
+            self.frames,
+            self.crop.name(),
+            self.pad
+        )
+    }
+}
+
 /// One clip: `spec.shape()` float32 samples, channel after channel.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Clip {
@@ -546,6 +565,11 @@ mod tests {
         let seconds = AudioSpec::new(16000, Channels::Mono, None, Some(4.0), Crop::Start, 0.0);
         assert_eq!(seconds.unwrap().frames(), 64000);
         assert_eq!(Crop::parse("center"), Some(Crop::Center));
+        let picked = AudioSpec::new(8000, Channels::Pick(vec![1, 0]), Some(10), None, Crop::Center, -0.5);
+        assert_eq!(
+            picked.unwrap().to_string(),
+            "AudioClip(sample_rate=8000, channels=[1, 0], frames=10, crop=\"center\", pad=-0.5)"
+        );
         assert_eq!(Crop::parse("middle"), None);
     }
 
