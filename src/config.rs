@@ -31,7 +31,7 @@ impl std::str::FromStr for OnError {
 }
 
 /// Which decoder each field goes through; fields without one stay bytes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldDecoders {
     /// Decoders chosen by field name.
     pub by_field: Vec<(String, Decoder)>,
@@ -52,7 +52,7 @@ impl FieldDecoders {
     /// The decoder of `field`, if any.
     pub fn decoder_for(&self, field: &str) -> Option<Decoder> {
         match self.by_field.iter().find(|(name, _)| name == field) {
-            Some((_, decoder)) => Some(*decoder),
+            Some((_, decoder)) => Some(decoder.clone()),
             None if self.defaults => crate::decode::default_for(field),
             None => None,
         }
@@ -264,7 +264,7 @@ pub const MAX_BUDGET_BYTES: u64 = 1 << 40;
 pub const MAX_ITEMS: u64 = 1 << 32;
 
 /// Options of one stream. Build with [`StreamOptions::builder`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamOptions {
     /// Seed for shard order and shuffle buffer.
     pub seed: u64,

@@ -354,7 +354,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
     }
     for (field, decoder) in &options.decode.by_field {
         h.u64(field.len() as u64).bytes(field.as_bytes());
-        h.bytes(decoder.name().as_bytes());
+        h.bytes(decoder.describe().as_bytes());
     }
     h.u64(u64::from(options.decode.defaults));
     for column in options.columns.iter().flatten() {

@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._core import (
+    AudioClip,
     DatasetSpecError,
     FieldDecodeError,
+    Image,
     ManifestError,
     ManifestIgnoredWarning,
     ManifestMismatchError,
@@ -41,8 +43,10 @@ if TYPE_CHECKING:
     from .mix import Mix
 
 __all__ = [
+    "AudioClip",
     "DatasetSpecError",
     "FieldDecodeError",
+    "Image",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",

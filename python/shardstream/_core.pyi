@@ -6,10 +6,12 @@ from typing import Any, Literal, final
 
 __all__ = [
     "ArrowExport",
+    "AudioClip",
     "Counters",
     "DatasetSpecError",
     "EpochTable",
     "FieldDecodeError",
+    "Image",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
@@ -136,6 +138,83 @@ class EpochTable:
         """A new, unshared table holding ``values``."""
 
 @final
+class AudioClip:
+    """Decode a WAV or FLAC field to a float32 clip of one fixed shape, on the decode
+    threads: mixed to mono or picked channels, resampled to ``sample_rate``, cropped or
+    padded to ``frames`` (or ``seconds``). The real frame count comes as the field
+    ``<field>_frames``: ``decode={"wav": AudioClip(seconds=4.0)}`` (see docs/augment.md)."""
+
+    def __new__(
+        cls,
+        *,
+        sample_rate: int | None = None,
+        channels: Literal["mono"] | Sequence[int] | None = None,
+        frames: int | None = None,
+        seconds: float | None = None,
+        crop: Literal["random", "start", "center"] | None = None,
+        pad: float | None = None,
+    ) -> AudioClip: ...
+    @property
+    def sample_rate(self) -> int:
+        """The output sample rate."""
+    @property
+    def channels(self) -> Literal["mono"] | list[int]:
+        """``"mono"`` or the list of channel indices."""
+    @property
+    def frames(self) -> int:
+        """Frames per clip."""
+    @property
+    def crop(self) -> Literal["random", "start", "center"]:
+        """Where a longer clip is cut."""
+    @property
+    def pad(self) -> float:
+        """The value of padded frames."""
+    @property
+    def shape(self) -> tuple[int] | tuple[int, int]:
+        """``(frames,)`` for one channel, ``(channels, frames)`` for several."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class Image:
+    """Decode a JPEG or PNG field and crop, resize and flip it to one fixed shape, on the
+    decode threads: ``decode={"jpg": Image(224, flip=0.5)}`` (see docs/augment.md)."""
+
+    def __new__(
+        cls,
+        size: int | tuple[int, int] | None = None,
+        *,
+        crop: Literal["random_resized", "center", "resize"] | None = ...,
+        scale: tuple[float, float] | None = None,
+        ratio: tuple[float, float] | None = None,
+        resize: int | None = None,
+        flip: float | None = None,
+        layout: Literal["CHW", "HWC"] | None = None,
+    ) -> Image: ...
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """Output ``(height, width)``, or ``None`` with ``crop=None``."""
+    @property
+    def crop(self) -> Literal["random_resized", "center", "resize"] | None:
+        """How the box is chosen."""
+    @property
+    def scale(self) -> tuple[float, float] | None:
+        """The area range of ``random_resized`` boxes, else ``None``."""
+    @property
+    def ratio(self) -> tuple[float, float] | None:
+        """The aspect ratio range of ``random_resized`` boxes, else ``None``."""
+    @property
+    def resize(self) -> int | None:
+        """The shorter side before a ``center`` crop, else ``None``."""
+    @property
+    def flip(self) -> float:
+        """The probability of a horizontal flip."""
+    @property
+    def layout(self) -> Literal["CHW", "HWC"]:
+        """``"CHW"`` or ``"HWC"``."""
+    def __getnewargs_ex__(self) -> tuple[tuple[tuple[int, int] | None], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
 @final
 class Options:
     """Every dataset option, parsed and validated once; the others take their defaults.
@@ -158,7 +237,7 @@ class Options:
         s3: Any = None,
         http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
-        decode: bool | Mapping[str, str] | None = None,
+        decode: bool | Mapping[str, str | Image | AudioClip] | None = None,
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from .s3 import S3Config
+
+if TYPE_CHECKING:
+    from ._core import AudioClip, Image
 
 __all__ = [
     "BatchFormat",
@@ -46,7 +49,7 @@ class DatasetOptions(TypedDict, total=False):
     s3: S3Config | Mapping[str, Any] | None
     http_headers: Mapping[str, str] | None
     format: Format
-    decode: bool | Mapping[str, Decoder] | None
+    decode: bool | Mapping[str, Decoder | Image | AudioClip] | None
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None

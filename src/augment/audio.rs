@@ -565,7 +565,14 @@ mod tests {
         let seconds = AudioSpec::new(16000, Channels::Mono, None, Some(4.0), Crop::Start, 0.0);
         assert_eq!(seconds.unwrap().frames(), 64000);
         assert_eq!(Crop::parse("center"), Some(Crop::Center));
-        let picked = AudioSpec::new(8000, Channels::Pick(vec![1, 0]), Some(10), None, Crop::Center, -0.5);
+        let picked = AudioSpec::new(
+            8000,
+            Channels::Pick(vec![1, 0]),
+            Some(10),
+            None,
+            Crop::Center,
+            -0.5,
+        );
         assert_eq!(
             picked.unwrap().to_string(),
             "AudioClip(sample_rate=8000, channels=[1, 0], frames=10, crop=\"center\", pad=-0.5)"

@@ -11,9 +11,13 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::augment::audio::AudioSpec;
+use crate::augment::image::ImageSpec;
+use crate::augment::SampleContext;
 use crate::value::Value;
 
 mod audio;
@@ -21,9 +25,10 @@ mod json;
 mod npy;
 mod rgb8;
 
-/// A per-field decoder, named by [`Decoder::name`] and parsed by
-/// [`FromStr`] from that same name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A per-field decoder: a plain decoder, named by [`Decoder::name`] and
+/// parsed by [`FromStr`] from that same name, or a transform with
+/// parameters (built from its Python object, never from a name).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decoder {
     /// `"bytes"`: the bytes unchanged, as [`Value::Bytes`].
     Bytes,
@@ -65,10 +70,23 @@ pub enum Decoder {
     /// which differs from PIL's handling of 16-bit modes. A JPEG truncated
     /// before its end-of-image marker is an error, as in PIL.
     Rgb8,
+    /// `shardstream.Image(...)`: a JPEG or PNG decoded, cropped, resized
+    /// and flipped to a uint8 array of one shape (see
+    /// [`crate::augment::image`]); its random draws come from the sample's
+    /// own stream ([`SampleContext::rng`]).
+    Image(Arc<ImageSpec>),
+    /// `shardstream.AudioClip(...)`: a WAV or FLAC file mixed to mono or
+    /// picked channels, resampled, cropped and padded to a float32 clip of
+    /// one shape (see [`crate::augment::audio`]); a random crop draws from
+    /// the sample's own stream ([`SampleContext::rng`]). Gives
+    /// `Value::Tuple([clip, Value::Int(real_frames)])`; the decode stage
+    /// puts the real frame count in its own field,
+    /// [`Decoder::companion_field`].
+    AudioClip(Arc<AudioSpec>),
 }
 
 impl Decoder {
-    /// Every decoder, in the order their names are listed in errors.
+    /// Every plain decoder, in the order their names are listed in errors.
     pub const ALL: [Decoder; 7] = [
         Decoder::Bytes,
         Decoder::Str,
@@ -89,15 +107,51 @@ impl Decoder {
             Decoder::Numpy => "numpy",
             Decoder::Audio => "audio",
             Decoder::Rgb8 => "rgb8",
+            Decoder::Image(_) => "Image",
+            Decoder::AudioClip(_) => "AudioClip",
         }
     }
 
-    /// Decodes one field's bytes.
+    /// The decoder with its parameters, as the state's fingerprint takes
+    /// it: the name of a plain decoder, a transform as Python would build
+    /// it (`Image(size=(224, 224), ...)`).
+    pub fn describe(&self) -> String {
+        match self {
+            Decoder::Image(spec) => spec.to_string(),
+            Decoder::AudioClip(spec) => spec.to_string(),
+            plain => plain.name().to_owned(),
+        }
+    }
+
+    /// The field a decoder adds beside `field`, if any: `<field>_frames`,
+    /// the real (unpadded) frames of an [`Decoder::AudioClip`], which then
+    /// gives `Value::Tuple([clip, frames])` for the two fields.
+    pub fn companion_field(&self, field: &str) -> Option<String> {
+        match self {
+            Decoder::AudioClip(_) => Some(format!("{field}_frames")),
+            _ => None,
+        }
+    }
+
+    /// Decodes one field's bytes as the field of the first sample of the
+    /// first shard in epoch 0 of seed 0 (what a transform draws does not
+    /// matter, or the caller has no sample): [`Decoder::decode_field`].
+    pub fn decode(&self, bytes: impl Into<Bytes>) -> Result<Value, DecodeError> {
+        self.decode_field(bytes, &SampleContext::default(), "")
+    }
+
+    /// Decodes the bytes of field `field` of the sample `context` names;
+    /// a transform draws from that field's stream ([`SampleContext::rng`]).
     ///
     /// Takes ownership so that [`Decoder::Bytes`] keeps the shared bytes
     /// and [`Decoder::Str`] (and `uint8` `.npy` arrays) reuse the buffer
     /// when it is not shared, instead of copying it.
-    pub fn decode(&self, bytes: impl Into<Bytes>) -> Result<Value, DecodeError> {
+    pub fn decode_field(
+        &self,
+        bytes: impl Into<Bytes>,
+        context: &SampleContext,
+        field: &str,
+    ) -> Result<Value, DecodeError> {
         let bytes: Bytes = bytes.into();
         let name = self.name();
         let fail = |reason: String| DecodeError {
@@ -114,6 +168,11 @@ impl Decoder {
             Decoder::Numpy => npy::decode(bytes.into()).map(Value::Array),
             Decoder::Audio => audio::decode(&bytes),
             Decoder::Rgb8 => rgb8::decode(&bytes).map(Value::Array),
+            Decoder::Image(spec) => spec
+                .apply(&bytes, &mut context.rng(field))
+                .map(Value::Array),
+            Decoder::AudioClip(spec) => audio::clip(&bytes, spec, &mut context.rng(field))
+                .map(|(clip, frames)| Value::Tuple(vec![clip, Value::Int(frames)])),
         })
         .map_err(fail)
     }
@@ -273,7 +332,7 @@ mod tests {
     #[test]
     fn names_round_trip_and_unknown_lists_valid_names() {
         for decoder in Decoder::ALL {
-            assert_eq!(decoder.name().parse::<Decoder>(), Ok(decoder));
+            assert_eq!(decoder.name().parse::<Decoder>(), Ok(decoder.clone()));
             assert_eq!(decoder.to_string(), decoder.name());
         }
         let unknown = "png".parse::<Decoder>().unwrap_err();
@@ -412,6 +471,21 @@ mod tests {
         #[test]
         fn no_decoder_panics_on_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             for decoder in Decoder::ALL {
+                let _ = decoder.decode(bytes.clone());
+            }
+            let image = ImageSpec::new(Some((8, 8)), Some("random_resized"), None, None, None, Some(0.5), None);
+            let clip = AudioSpec::new(
+                8000,
+                crate::augment::audio::Channels::Mono,
+                Some(64),
+                None,
+                crate::augment::audio::Crop::Random,
+                0.0,
+            );
+            for decoder in [
+                Decoder::Image(Arc::new(image.unwrap())),
+                Decoder::AudioClip(Arc::new(clip.unwrap())),
+            ] {
                 let _ = decoder.decode(bytes.clone());
             }
         }

@@ -12,69 +12,18 @@
 //! does with 16-bit modes. EXIF orientation is not applied (PIL does not
 //! apply it either unless asked).
 
-use image::{DynamicImage, ImageError, ImageFormat};
-
+use crate::augment::image::{decode_rgb, sniff};
 use crate::value::{Array, ArrayData};
-
-const JPEG_MAGIC: &[u8] = b"\xff\xd8\xff";
-const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
 /// Decodes a JPEG or PNG image into RGB pixels.
 pub(super) fn decode(bytes: &[u8]) -> Result<Array, String> {
-    let format = if bytes.starts_with(JPEG_MAGIC) {
-        ImageFormat::Jpeg
-    } else if bytes.starts_with(PNG_MAGIC) {
-        ImageFormat::Png
-    } else {
-        return Err(format!(
-            "not a JPEG or PNG image (starts with {})",
-            hex_prefix(bytes)
-        ));
-    };
-    let name = match format {
-        ImageFormat::Jpeg => "JPEG",
-        _ => "PNG",
-    };
-    if format == ImageFormat::Jpeg && is_truncated_jpeg(bytes) {
-        // zune-jpeg (run leniently by the image crate) would fill the
-        // missing part with gray; PIL refuses such files, and so do we.
-        return Err("truncated JPEG image (no end-of-image marker after the last scan)".to_owned());
-    }
-    let image = image::load_from_memory_with_format(bytes, format).map_err(|e| match e {
-        ImageError::Limits(limit) => format!("{name} image too large to decode: {limit}"),
-        ImageError::Unsupported(what) => format!("unsupported {name} image: {what}"),
-        other => format!("corrupt {name} image: {other}"),
-    })?;
-    let (width, height) = (image.width() as usize, image.height() as usize);
-    let pixels = match image {
-        DynamicImage::ImageRgb8(rgb) => rgb.into_raw(),
-        other => other.into_rgb8().into_raw(),
-    };
-    Array::new(vec![height, width, 3], ArrayData::U8(pixels))
-        .ok_or_else(|| format!("{name} decoder returned a wrong number of pixels"))
-}
-
-/// Whether a JPEG has a scan (`FF DA`) but no end-of-image marker
-/// (`FF D9`) after its last scan. Inside entropy-coded data every `FF` is
-/// followed by `00` or a restart marker, so neither pair can occur there;
-/// an embedded thumbnail's scan and end marker come before the main
-/// image's scan. Files without any scan are left for the decoder to reject.
-fn is_truncated_jpeg(bytes: &[u8]) -> bool {
-    let last_marker = |marker: u8| bytes.windows(2).rposition(|pair| pair == [0xff, marker]);
-    match (last_marker(0xda), last_marker(0xd9)) {
-        (Some(scan), Some(end)) => end < scan,
-        (Some(_), None) => true,
-        (None, _) => false,
-    }
-}
-
-/// The first bytes in hex, for "not an image" errors.
-fn hex_prefix(bytes: &[u8]) -> String {
-    if bytes.is_empty() {
-        return "nothing: the field is empty".to_owned();
-    }
-    let hex: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    hex.join(" ")
+    let format = sniff(bytes)?;
+    let (width, height, pixels) = decode_rgb(bytes, format)?;
+    Array::new(
+        vec![height as usize, width as usize, 3],
+        ArrayData::U8(pixels),
+    )
+    .ok_or_else(|| "the image decoder returned a wrong number of pixels".to_owned())
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use crate::augment::SampleContext;
 use crate::byte_size::ByteSize;
 use crate::config::FieldDecoders;
 use crate::error::{Error, Result};
@@ -30,12 +31,20 @@ struct Job {
     done: Sender<(usize, Decoded)>,
 }
 
+/// The field decoders of a stream, with the seed and epoch their random
+/// draws are keyed on.
+struct Decoding {
+    decoders: FieldDecoders,
+    seed: u64,
+    epoch: u64,
+}
+
 /// The field decoders of a stream and the threads that run them. The
 /// calling thread decodes a part of every parallel batch itself; helper
 /// threads (one fewer than `threads`) start with the first batch large
 /// enough to share, and end when the pool is dropped.
 pub(super) struct DecodePool {
-    decoders: Arc<FieldDecoders>,
+    decoders: Arc<Decoding>,
     threads: usize,
     jobs: Option<Sender<Job>>,
     helpers: Vec<JoinHandle<()>>,
@@ -43,10 +52,15 @@ pub(super) struct DecodePool {
 
 impl DecodePool {
     /// A pool for `decoders` that decodes on up to `threads` threads (the
-    /// caller's included); no thread starts here.
-    pub(super) fn new(decoders: FieldDecoders, threads: usize) -> Self {
+    /// caller's included), for epoch `epoch` of seed `seed` (the keys of
+    /// the transforms' random streams); no thread starts here.
+    pub(super) fn new(decoders: FieldDecoders, threads: usize, seed: u64, epoch: u64) -> Self {
         DecodePool {
-            decoders: Arc::new(decoders),
+            decoders: Arc::new(Decoding {
+                decoders,
+                seed,
+                epoch,
+            }),
             threads: threads.max(1),
             jobs: None,
             helpers: Vec::new(),
@@ -55,7 +69,7 @@ impl DecodePool {
 
     /// Whether no field is decoded.
     pub(super) fn is_empty(&self) -> bool {
-        self.decoders.is_empty()
+        self.decoders.decoders.is_empty()
     }
 
     /// Decodes one sample on the calling thread.
@@ -155,7 +169,7 @@ impl Drop for DecodePool {
 }
 
 /// A helper thread: decodes the jobs of `queue` until the pool is dropped.
-fn help(queue: &Mutex<Receiver<Job>>, decoders: &FieldDecoders) {
+fn help(queue: &Mutex<Receiver<Job>>, decoders: &Decoding) {
     loop {
         let job = queue.lock().unwrap_or_else(|e| e.into_inner()).recv();
         let Ok(job) = job else { return };
@@ -166,7 +180,7 @@ fn help(queue: &Mutex<Receiver<Job>>, decoders: &FieldDecoders) {
 }
 
 /// Decodes `samples` one by one, in order.
-fn decode_part(decoders: &FieldDecoders, samples: Batch) -> Decoded {
+fn decode_part(decoders: &Decoding, samples: Batch) -> Decoded {
     samples
         .into_iter()
         .map(|(position, sample)| (position, decode_sample(decoders, sample)))
@@ -174,10 +188,20 @@ fn decode_part(decoders: &FieldDecoders, samples: Batch) -> Decoded {
 }
 
 /// Runs each field of `sample` through its decoder, if it has one.
-fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample> {
+fn decode_sample(decoding: &Decoding, mut sample: Sample) -> Result<Sample> {
+    let decoders = &decoding.decoders;
     if decoders.is_empty() {
         return Ok(sample);
     }
+    let context = SampleContext {
+        seed: decoding.seed,
+        epoch: decoding.epoch,
+        shard: sample.id.shard,
+        index: sample.id.index,
+    };
+    // Fields a decoder adds (`<field>_frames`), with the field and decoder
+    // they come from.
+    let mut companions = Vec::new();
     for (field, value) in &mut sample.fields {
         let Some(decoder) = decoders.decoder_for(field) else {
             continue;
@@ -207,17 +231,37 @@ fn decode_sample(decoders: &FieldDecoders, mut sample: Sample) -> Result<Sample>
         // A view of a mapped local shard is checked after it is decoded:
         // pages lost to the file being cut short read as zeros.
         let view = crate::source::MappedView::of(&bytes);
-        let decoded = decoder.decode(bytes);
+        let decoded = decoder.decode_field(bytes, &context, field);
         if let Some(view) = view {
             view.verify()?;
         }
-        *value = decoded.map_err(|e| Error::Decode {
+        let decoded = decoded.map_err(|e| Error::Decode {
             url: sample.url.to_string(),
             key: sample.key.clone(),
             field: field.clone(),
             decoder: decoder.name(),
             reason: e.reason,
         })?;
+        *value = match (decoder.companion_field(field), decoded) {
+            (Some(name), Value::Tuple(mut items)) if items.len() == 2 => {
+                let companion = items.pop().expect("two items");
+                companions.push((field.clone(), name, companion, decoder.name()));
+                items.pop().expect("two items")
+            }
+            (_, decoded) => decoded,
+        };
+    }
+    for (field, name, companion, decoder) in companions {
+        if sample.fields.iter().any(|(existing, _)| *existing == name) {
+            return Err(Error::Decode {
+                url: sample.url.to_string(),
+                key: sample.key.clone(),
+                field,
+                decoder,
+                reason: format!("the sample already has a field {name:?}, where the clip's real frame count goes"),
+            });
+        }
+        sample.fields.push((name, companion));
     }
     Ok(sample)
 }
@@ -247,7 +291,7 @@ mod tests {
             by_field: vec![("json".into(), Decoder::Json)],
             defaults: false,
         };
-        DecodePool::new(decoders, threads)
+        DecodePool::new(decoders, threads, 0, 0)
     }
 
     /// A batch large enough to share gives, in order, what decoding each

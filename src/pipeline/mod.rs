@@ -214,6 +214,8 @@ impl SampleStream {
             decode: DecodePool::new(
                 options.decode.clone(),
                 std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+                options.seed,
+                self.identity.epoch,
             ),
             pending: Vec::new(),
             columns: options.columns.clone(),

@@ -32,9 +32,7 @@ fn wrong_type(parameter: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyEr
 
 /// A `ValueError` naming the parameter.
 fn out_of_range(parameter: &str, reason: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(format!(
-        "invalid AudioClip parameter {parameter}: {reason}"
-    ))
+    PyValueError::new_err(format!("invalid AudioClip parameter {parameter}: {reason}"))
 }
 
 /// An int (not a bool) in `0..=max`.
@@ -178,10 +176,7 @@ impl AudioClip {
     }
 
     /// Pickling rebuilds it from its parameters.
-    fn __getnewargs_ex__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<((), Bound<'py, PyDict>)> {
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<((), Bound<'py, PyDict>)> {
         let keywords = PyDict::new(py);
         keywords.set_item("sample_rate", self.sample_rate())?;
         keywords.set_item("channels", self.channels(py)?)?;

@@ -1,12 +1,14 @@
 //! Python bindings: the only module that names pyo3. It converts errors,
 //! releases the GIL around every blocking wait, and stays thin.
 
+mod audio;
 mod blocking;
 pub mod convert;
 mod counters;
 mod epoch_table;
 mod errors;
 mod functions;
+mod image;
 mod malloc;
 mod mix;
 mod options;
@@ -26,6 +28,8 @@ mod _core {
     use super::*;
 
     #[pymodule_export]
+    use super::audio::AudioClip;
+    #[pymodule_export]
     use super::convert::ArrowExport;
     #[pymodule_export]
     use super::counters::Counters;
@@ -40,6 +44,8 @@ mod _core {
     };
     #[pymodule_export]
     use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
+    #[pymodule_export]
+    use super::image::Image;
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]

@@ -305,8 +305,20 @@ fn shown(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
     }
 }
 
+/// The decoder of a transform object (`shardstream.Image`,
+/// `shardstream.AudioClip`), or `None` for anything else.
+fn transform(value: &Bound<'_, PyAny>) -> Option<Decoder> {
+    if let Ok(image) = value.cast::<super::image::Image>() {
+        return Some(Decoder::Image(image.get().spec.clone()));
+    }
+    if let Ok(clip) = value.cast::<super::audio::AudioClip>() {
+        return Some(Decoder::AudioClip(clip.get().spec.clone()));
+    }
+    None
+}
+
 /// `decode=`: `True` (defaults by extension), a dict of field name to
-/// decoder name, or `None`/`False` (none).
+/// decoder name or transform object, or `None`/`False` (none).
 fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
     if value.is_none() {
         return Ok(FieldDecoders::default());
@@ -318,7 +330,8 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
             FieldDecoders::default()
         });
     }
-    let expected = "True, False, None or a dict of field name to decoder name";
+    let expected =
+        "True, False, None or a dict of field name to decoder name or transform (shardstream.Image, shardstream.AudioClip)";
     let dict = value
         .cast::<PyDict>()
         .map_err(|_| invalid("decode", expected, value))?;
@@ -326,8 +339,17 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
     for (field, name) in dict.iter() {
         let field = string("decode", &field)?;
         let option = format!("decode[{field:?}]");
-        let decoder = Decoder::from_str(&string(&option, &name)?)
-            .map_err(|e| PyValueError::new_err(format!("invalid option {option}: {e}")))?;
+        let decoder = match transform(&name) {
+            Some(decoder) => decoder,
+            None => Decoder::from_str(&string(&option, &name).map_err(|_| {
+                invalid(
+                    &option,
+                    "a decoder name or a transform (shardstream.Image, shardstream.AudioClip)",
+                    &name,
+                )
+            })?)
+            .map_err(|e| PyValueError::new_err(format!("invalid option {option}: {e}")))?,
+        };
         by_field.push((field, decoder));
     }
     Ok(FieldDecoders {

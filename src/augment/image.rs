@@ -1,0 +1,1027 @@
+//! The image transform (`shardstream.Image`): a JPEG or PNG decoded,
+//! cropped, resized and flipped in one pass, to a uint8 array of one fixed
+//! shape, `[3, H, W]` or `[H, W, 3]`.
+//!
+//! The crops follow torchvision's transforms of the same names:
+//! `random_resized` is `RandomResizedCrop(size, scale, ratio)` (ten tries
+//! at a box of random area and aspect ratio, then the centre fallback),
+//! `center` is `Resize(resize)` then `CenterCrop(size)`, `resize` is
+//! `Resize((h, w))`; the flip is `RandomHorizontalFlip(p=flip)`. The box is
+//! resampled straight to the output size with an antialiased bilinear
+//! filter (Pillow's algorithm, as torchvision uses on PIL images and on
+//! tensors with `antialias=True`), by fast_image_resize.
+//!
+//! A JPEG whose crop box, scaled down by 1/2, 1/4 or 1/8, still covers
+//! the output size is decoded at that scale in the DCT domain (by
+//! jpeg-decoder), the way libjpeg's scaled decode and PIL's `draft` mode
+//! do: most of the decode and resize work of a large image is skipped.
+//! Other JPEGs (and JPEGs that jpeg-decoder cannot give as RGB or gray)
+//! are decoded in full by zune-jpeg, PNGs by the png crate, both through
+//! the image crate as the `rgb8` decoder does.
+
+use std::fmt;
+
+use fast_image_resize::images::Image as Pixels;
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use image::{DynamicImage, ImageError, ImageFormat};
+use rand_chacha::ChaCha8Rng;
+
+use super::uniform;
+use crate::value::{Array, ArrayData};
+
+/// The largest output side, in pixels.
+pub const MAX_SIZE: u32 = 16384;
+
+/// Decoded pixels a source image may have (as the image crate's default
+/// limit): larger images are refused before they are decoded.
+const MAX_DECODED_BYTES: u64 = 512 << 20;
+
+const JPEG_MAGIC: &[u8] = b"\xff\xd8\xff";
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// How the output box is taken from the image.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Crop {
+    /// torchvision's `RandomResizedCrop(size, scale, ratio)`.
+    RandomResized {
+        /// Range of the box's area, as a fraction of the image's.
+        scale: (f64, f64),
+        /// Range of the box's aspect ratio (width / height).
+        ratio: (f64, f64),
+    },
+    /// `Resize(resize)` (the shorter side to `resize`), then
+    /// `CenterCrop(size)` (zero-padded where the image is smaller).
+    Center {
+        /// The shorter side's length before the crop.
+        resize: u32,
+    },
+    /// `Resize((h, w))`: the whole image, stretched to the output size.
+    Resize,
+    /// No crop and no resize: the decoded image as it is (its shape
+    /// varies, so such samples do not collate into batches).
+    Full,
+}
+
+/// Where the channels go in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// `[3, height, width]` (what torchvision models take).
+    Chw,
+    /// `[height, width, 3]` (what PIL and numpy images are).
+    Hwc,
+}
+
+/// The parameters of one image transform, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageSpec {
+    /// Output `(height, width)`; `None` only with [`Crop::Full`].
+    pub size: Option<(u32, u32)>,
+    /// How the box is chosen.
+    pub crop: Crop,
+    /// Probability of a horizontal flip.
+    pub flip: f64,
+    /// Channel layout of the output.
+    pub layout: Layout,
+}
+
+/// A parameter that [`ImageSpec::new`] refuses: its name and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid Image parameter {parameter}: {reason}")]
+pub struct InvalidParameter {
+    /// The parameter's name, as the Python keyword.
+    pub parameter: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+fn invalid(parameter: &'static str, reason: impl Into<String>) -> InvalidParameter {
+    InvalidParameter {
+        parameter,
+        reason: reason.into(),
+    }
+}
+
+/// The names `crop=` accepts, in the order errors list them.
+pub const CROP_NAMES: [&str; 3] = ["random_resized", "center", "resize"];
+
+impl ImageSpec {
+    /// Checks the parameters as `shardstream.Image` takes them (`None` for
+    /// one not given) and builds the spec: `scale` and `ratio` only with
+    /// `random_resized`, `resize` only with `center`, `size` with every
+    /// crop but none. The defaults: `scale` `(0.08, 1.0)`, `ratio`
+    /// `(3/4, 4/3)`, `resize` the shorter output side / 0.875 (256 for
+    /// 224), `flip` 0, `layout` `"CHW"`.
+    pub fn new(
+        size: Option<(u32, u32)>,
+        crop: Option<&str>,
+        scale: Option<(f64, f64)>,
+        ratio: Option<(f64, f64)>,
+        resize: Option<u32>,
+        flip: Option<f64>,
+        layout: Option<&str>,
+    ) -> Result<ImageSpec, InvalidParameter> {
+        if let Some((h, w)) = size {
+            if !(1..=MAX_SIZE).contains(&h) || !(1..=MAX_SIZE).contains(&w) {
+                return Err(invalid(
+                    "size",
+                    format!("each side must be from 1 to {MAX_SIZE}, got ({h}, {w})"),
+                ));
+            }
+        }
+        let crop_name = crop;
+        if scale.is_some() && crop_name != Some("random_resized") {
+            return Err(invalid("scale", "only applies to crop=\"random_resized\""));
+        }
+        if ratio.is_some() && crop_name != Some("random_resized") {
+            return Err(invalid("ratio", "only applies to crop=\"random_resized\""));
+        }
+        if resize.is_some() && crop_name != Some("center") {
+            return Err(invalid("resize", "only applies to crop=\"center\""));
+        }
+        let crop = match crop_name {
+            None => Crop::Full,
+            Some("random_resized") => {
+                let scale = scale.unwrap_or((0.08, 1.0));
+                let ratio = ratio.unwrap_or((3.0 / 4.0, 4.0 / 3.0));
+                let (lo, hi) = scale;
+                if !(lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi && hi <= 1.0) {
+                    return Err(invalid(
+                        "scale",
+                        format!("expected 0 < min <= max <= 1, got ({lo}, {hi})"),
+                    ));
+                }
+                let (lo, hi) = ratio;
+                if !(lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi) {
+                    return Err(invalid(
+                        "ratio",
+                        format!("expected finite 0 < min <= max, got ({lo}, {hi})"),
+                    ));
+                }
+                Crop::RandomResized { scale, ratio }
+            }
+            Some("center") => {
+                let shorter = size.map_or(1, |(h, w)| h.min(w));
+                let resize = match resize {
+                    Some(resize) => resize,
+                    None => (f64::from(shorter) / 0.875).floor() as u32,
+                };
+                if !(1..=MAX_SIZE).contains(&resize) {
+                    return Err(invalid(
+                        "resize",
+                        format!("must be from 1 to {MAX_SIZE}, got {resize}"),
+                    ));
+                }
+                Crop::Center { resize }
+            }
+            Some("resize") => Crop::Resize,
+            Some(other) => {
+                return Err(invalid(
+                    "crop",
+                    format!(
+                        "expected None or one of {}, got {other:?}",
+                        CROP_NAMES.map(|n| format!("{n:?}")).join(", ")
+                    ),
+                ))
+            }
+        };
+        match (size, crop) {
+            (None, Crop::Full) | (Some(_), _) => {}
+            (None, _) => return Err(invalid("size", "is required unless crop=None")),
+        }
+        if size.is_some() && crop == Crop::Full {
+            return Err(invalid(
+                "size",
+                "needs a crop (crop=None keeps the image's own size)",
+            ));
+        }
+        let flip = flip.unwrap_or(0.0);
+        if !(0.0..=1.0).contains(&flip) {
+            return Err(invalid(
+                "flip",
+                format!("expected a probability from 0 to 1, got {flip}"),
+            ));
+        }
+        let layout = match layout.unwrap_or("CHW") {
+            "CHW" => Layout::Chw,
+            "HWC" => Layout::Hwc,
+            other => {
+                return Err(invalid(
+                    "layout",
+                    format!("expected \"CHW\" or \"HWC\", got {other:?}"),
+                ))
+            }
+        };
+        Ok(ImageSpec {
+            size,
+            crop,
+            flip,
+            layout,
+        })
+    }
+
+    /// Decodes and transforms one image, drawing the crop box and then the
+    /// flip from `rng`.
+    pub fn apply(&self, bytes: &[u8], rng: &mut ChaCha8Rng) -> Result<Array, String> {
+        let format = sniff(bytes)?;
+        let (width, height) = match format {
+            ImageFormat::Jpeg => jpeg_dimensions(bytes)?,
+            _ => png_dimensions(bytes)?,
+        };
+        if width == 0 || height == 0 {
+            return Err("the image is empty (0 pixels wide or high)".into());
+        }
+        if u64::from(width) * u64::from(height) * 3 > MAX_DECODED_BYTES {
+            return Err(format!(
+                "image too large to decode: {width}x{height} pixels (limit {} MiB of RGB)",
+                MAX_DECODED_BYTES >> 20
+            ));
+        }
+        let plan = self.plan(width, height, rng);
+        let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
+        let source = decode(bytes, format, &plan)?;
+        let resized = plan.resample(&source)?;
+        Ok(self.lay_out(&resized, flip))
+    }
+
+    /// The source box and output of one image of `width` x `height`.
+    fn plan(&self, width: u32, height: u32, rng: &mut ChaCha8Rng) -> Plan {
+        let (w, h) = (f64::from(width), f64::from(height));
+        let whole = Plan {
+            width,
+            height,
+            source: Rect {
+                x: 0.0,
+                y: 0.0,
+                w,
+                h,
+            },
+            out: (width, height),
+            inner: (0, 0, width, height),
+        };
+        let Some((out_h, out_w)) = self.size else {
+            return whole;
+        };
+        match self.crop {
+            Crop::Full => whole,
+            Crop::Resize => Plan {
+                out: (out_w, out_h),
+                inner: (0, 0, out_w, out_h),
+                ..whole
+            },
+            Crop::RandomResized { scale, ratio } => {
+                let (x, y, bw, bh) = random_resized_box(width, height, scale, ratio, rng);
+                Plan {
+                    source: Rect {
+                        x: f64::from(x),
+                        y: f64::from(y),
+                        w: f64::from(bw),
+                        h: f64::from(bh),
+                    },
+                    out: (out_w, out_h),
+                    inner: (0, 0, out_w, out_h),
+                    ..whole
+                }
+            }
+            Crop::Center { resize } => center_plan(width, height, resize, (out_w, out_h)),
+        }
+    }
+
+    /// The output array of `pixels` (RGB, row-major), flipped if asked.
+    fn lay_out(&self, pixels: &Pixels<'_>, flip: bool) -> Array {
+        let (w, h) = (pixels.width() as usize, pixels.height() as usize);
+        let rgb = pixels.buffer();
+        let column = |x: usize| if flip { w - 1 - x } else { x };
+        let data = match self.layout {
+            Layout::Hwc if !flip => rgb.to_vec(),
+            Layout::Hwc => {
+                let mut out = Vec::with_capacity(rgb.len());
+                for row in rgb.chunks_exact(w * 3) {
+                    for pixel in row.chunks_exact(3).rev() {
+                        out.extend_from_slice(pixel);
+                    }
+                }
+                out
+            }
+            Layout::Chw => {
+                let mut out = vec![0u8; rgb.len()];
+                let (red, rest) = out.split_at_mut(w * h);
+                let (green, blue) = rest.split_at_mut(w * h);
+                for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
+                    for (x, pixel) in row.chunks_exact(3).enumerate() {
+                        let at = y * w + column(x);
+                        red[at] = pixel[0];
+                        green[at] = pixel[1];
+                        blue[at] = pixel[2];
+                    }
+                }
+                out
+            }
+        };
+        let shape = match self.layout {
+            Layout::Chw => vec![3, h, w],
+            Layout::Hwc => vec![h, w, 3],
+        };
+        Array::new(shape, ArrayData::U8(data)).expect("the shape matches the pixels")
+    }
+}
+
+impl fmt::Display for ImageSpec {
+    /// The spec as Python would construct it, e.g.
+    /// `Image(size=(224, 224), crop="random_resized", scale=(0.08, 1),
+    /// ratio=(0.75, 1.3333333333333333), flip=0.5, layout="CHW")`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Image(")?;
+        if let Some((h, w)) = self.size {
+            write!(f, "size=({h}, {w}), ")?;
+        }
+        match self.crop {
+            Crop::RandomResized { scale, ratio } => write!(
+                f,
+                "crop=\"random_resized\", scale=({}, {}), ratio=({}, {}), ",
+                scale.0, scale.1, ratio.0, ratio.1
+            )?,
+            Crop::Center { resize } => write!(f, "crop=\"center\", resize={resize}, ")?,
+            Crop::Resize => f.write_str("crop=\"resize\", ")?,
+            Crop::Full => f.write_str("crop=None, ")?,
+        }
+        let layout = match self.layout {
+            Layout::Chw => "CHW",
+            Layout::Hwc => "HWC",
+        };
+        write!(f, "flip={}, layout=\"{layout}\")", self.flip)
+    }
+}
+
+/// A box in source pixel coordinates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Rect {
+    x: f64,
+    y: f64,
+    w: f64,
+    h: f64,
+}
+
+/// What one image becomes: its `source` box resampled to the `inner`
+/// rectangle `(x, y, w, h)` of an output of `out` `(w, h)` pixels (the
+/// rest, if any, is zero padding).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Plan {
+    width: u32,
+    height: u32,
+    source: Rect,
+    out: (u32, u32),
+    inner: (u32, u32, u32, u32),
+}
+
+impl Plan {
+    /// The scale (1, 1/2, 1/4 or 1/8, as eighths) at which the source box
+    /// still covers the inner output rectangle: the smallest such.
+    fn dct_eighths(&self) -> u32 {
+        let (_, _, inner_w, inner_h) = self.inner;
+        [1u32, 2, 4]
+            .into_iter()
+            .find(|&eighths| {
+                let (sw, sh) = scaled_size(self.width, self.height, eighths);
+                let box_w = self.source.w * f64::from(sw) / f64::from(self.width);
+                let box_h = self.source.h * f64::from(sh) / f64::from(self.height);
+                box_w >= f64::from(inner_w) && box_h >= f64::from(inner_h)
+            })
+            .unwrap_or(8)
+    }
+
+    /// The source box resampled into the output (RGB, row-major).
+    fn resample(&self, source: &Pixels<'_>) -> Result<Pixels<'static>, String> {
+        let (out_w, out_h) = self.out;
+        let (fx, fy) = (
+            f64::from(source.width()) / f64::from(self.width),
+            f64::from(source.height()) / f64::from(self.height),
+        );
+        let rect = Rect {
+            x: self.source.x * fx,
+            y: self.source.y * fy,
+            w: self.source.w * fx,
+            h: self.source.h * fy,
+        };
+        let (ix, iy, iw, ih) = self.inner;
+        let whole = rect.x == 0.0
+            && rect.y == 0.0
+            && rect.w == f64::from(source.width())
+            && rect.h == f64::from(source.height());
+        let mut inner = Pixels::new(iw, ih, PixelType::U8x3);
+        if whole && (iw, ih) == (source.width(), source.height()) {
+            inner.buffer_mut().copy_from_slice(source.buffer());
+        } else {
+            let options = ResizeOptions::new()
+                .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
+                .crop(rect.x, rect.y, rect.w, rect.h);
+            Resizer::new()
+                .resize(source, &mut inner, &options)
+                .map_err(|e| format!("cannot resize the image: {e}"))?;
+        }
+        if (iw, ih) == (out_w, out_h) {
+            return Ok(inner);
+        }
+        let mut out = Pixels::new(out_w, out_h, PixelType::U8x3);
+        let (row, inner_row) = (out_w as usize * 3, iw as usize * 3);
+        for (y, line) in inner.buffer().chunks_exact(inner_row).enumerate() {
+            let at = (iy as usize + y) * row + ix as usize * 3;
+            out.buffer_mut()[at..at + inner_row].copy_from_slice(line);
+        }
+        Ok(out)
+    }
+}
+
+/// The size of a `width` x `height` JPEG decoded at `eighths`/8 scale
+/// (libjpeg's rounding up, as jpeg-decoder does).
+fn scaled_size(width: u32, height: u32, eighths: u32) -> (u32, u32) {
+    (
+        (width * eighths).div_ceil(8),
+        (height * eighths).div_ceil(8),
+    )
+}
+
+/// torchvision's `RandomResizedCrop.get_params`: up to ten boxes of random
+/// area (a `scale` fraction of the image's) and log-uniform aspect ratio,
+/// the first that fits; else the whole image cut to the nearest allowed
+/// ratio, centred. Returns `(x, y, w, h)`.
+pub fn random_resized_box(
+    width: u32,
+    height: u32,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+    rng: &mut ChaCha8Rng,
+) -> (u32, u32, u32, u32) {
+    let area = f64::from(width) * f64::from(height);
+    let (log_lo, log_hi) = (ratio.0.ln(), ratio.1.ln());
+    for _ in 0..10 {
+        let target_area = area * uniform(rng, scale.0, scale.1);
+        let aspect = uniform(rng, log_lo, log_hi).exp();
+        let w = (target_area * aspect).sqrt().round_ties_even();
+        let h = (target_area / aspect).sqrt().round_ties_even();
+        if 0.0 < w && w <= f64::from(width) && 0.0 < h && h <= f64::from(height) {
+            let (w, h) = (w as u32, h as u32);
+            let y = crate::plan::order::below(rng, (height - h + 1) as usize) as u32;
+            let x = crate::plan::order::below(rng, (width - w + 1) as usize) as u32;
+            return (x, y, w, h);
+        }
+    }
+    let in_ratio = f64::from(width) / f64::from(height);
+    let (w, h) = if in_ratio < ratio.0 {
+        let h = (f64::from(width) / ratio.0).round_ties_even() as u32;
+        (width, h.clamp(1, height))
+    } else if in_ratio > ratio.1 {
+        let w = (f64::from(height) * ratio.1).round_ties_even() as u32;
+        (w.clamp(1, width), height)
+    } else {
+        (width, height)
+    };
+    ((width - w) / 2, (height - h) / 2, w, h)
+}
+
+/// torchvision's `Resize(resize)` then `CenterCrop((out_h, out_w))`, as
+/// one resampling of the source box that the crop sees.
+fn center_plan(width: u32, height: u32, resize: u32, (out_w, out_h): (u32, u32)) -> Plan {
+    // Resize: the shorter side to `resize`, the longer in proportion
+    // (truncated, as torchvision does).
+    let (rw, rh) = if width <= height {
+        let long = (f64::from(resize) * f64::from(height) / f64::from(width)) as u32;
+        (resize, long.max(1))
+    } else {
+        let long = (f64::from(resize) * f64::from(width) / f64::from(height)) as u32;
+        (long.max(1), resize)
+    };
+    // CenterCrop: zero padding where the crop is larger, else an offset
+    // of round((resized - crop) / 2).
+    let axis = |resized: u32, crop: u32| -> (u32, u32, u32) {
+        if crop > resized {
+            ((crop - resized) / 2, 0, resized)
+        } else {
+            let offset = (f64::from(resized - crop) / 2.0).round_ties_even() as u32;
+            (0, offset, crop)
+        }
+    };
+    let (pad_x, crop_x, inner_w) = axis(rw, out_w);
+    let (pad_y, crop_y, inner_h) = axis(rh, out_h);
+    let (kx, ky) = (
+        f64::from(width) / f64::from(rw),
+        f64::from(height) / f64::from(rh),
+    );
+    Plan {
+        width,
+        height,
+        source: Rect {
+            x: f64::from(crop_x) * kx,
+            y: f64::from(crop_y) * ky,
+            w: f64::from(inner_w) * kx,
+            h: f64::from(inner_h) * ky,
+        },
+        out: (out_w, out_h),
+        inner: (pad_x, pad_y, inner_w, inner_h),
+    }
+}
+
+/// The format, from the magic bytes; a JPEG cut short is refused.
+pub fn sniff(bytes: &[u8]) -> Result<ImageFormat, String> {
+    if bytes.starts_with(JPEG_MAGIC) {
+        if is_truncated_jpeg(bytes) {
+            // zune-jpeg (run leniently by the image crate) would fill the
+            // missing part with gray; PIL refuses such files, and so do we.
+            return Err(
+                "truncated JPEG image (no end-of-image marker after the last scan)".to_owned(),
+            );
+        }
+        Ok(ImageFormat::Jpeg)
+    } else if bytes.starts_with(PNG_MAGIC) {
+        Ok(ImageFormat::Png)
+    } else {
+        Err(format!(
+            "not a JPEG or PNG image (starts with {})",
+            hex_prefix(bytes)
+        ))
+    }
+}
+
+/// Whether a JPEG has a scan (`FF DA`) but no end-of-image marker
+/// (`FF D9`) after its last scan. Inside entropy-coded data every `FF` is
+/// followed by `00` or a restart marker, so neither pair can occur there;
+/// an embedded thumbnail's scan and end marker come before the main
+/// image's scan. Files without any scan are left for the decoder to reject.
+fn is_truncated_jpeg(bytes: &[u8]) -> bool {
+    let last_marker = |marker: u8| bytes.windows(2).rposition(|pair| pair == [0xff, marker]);
+    match (last_marker(0xda), last_marker(0xd9)) {
+        (Some(scan), Some(end)) => end < scan,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
+/// The first bytes in hex, for "not an image" errors.
+fn hex_prefix(bytes: &[u8]) -> String {
+    if bytes.is_empty() {
+        return "nothing: the field is empty".to_owned();
+    }
+    let hex: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
+}
+
+/// A whole JPEG or PNG decoded by the image crate into RGB pixels, with
+/// its errors worded for users.
+pub fn decode_rgb(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32, Vec<u8>), String> {
+    let name = format_name(format);
+    let image = image::load_from_memory_with_format(bytes, format).map_err(|e| match e {
+        ImageError::Limits(limit) => format!("{name} image too large to decode: {limit}"),
+        ImageError::Unsupported(what) => format!("unsupported {name} image: {what}"),
+        other => format!("corrupt {name} image: {other}"),
+    })?;
+    let (width, height) = (image.width(), image.height());
+    let pixels = match image {
+        DynamicImage::ImageRgb8(rgb) => rgb.into_raw(),
+        other => other.into_rgb8().into_raw(),
+    };
+    Ok((width, height, pixels))
+}
+
+fn format_name(format: ImageFormat) -> &'static str {
+    match format {
+        ImageFormat::Jpeg => "JPEG",
+        _ => "PNG",
+    }
+}
+
+/// A JPEG's `(width, height)` from its frame header.
+fn jpeg_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
+    let mut decoder = jpeg_decoder::Decoder::new(bytes);
+    decoder
+        .read_info()
+        .map_err(|e| format!("corrupt JPEG image: {e}"))?;
+    let info = decoder
+        .info()
+        .ok_or("corrupt JPEG image: no frame header")?;
+    Ok((u32::from(info.width), u32::from(info.height)))
+}
+
+/// A PNG's `(width, height)` from its header.
+fn png_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
+    let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), ImageFormat::Png);
+    reader
+        .into_dimensions()
+        .map_err(|e| format!("corrupt PNG image: {e}"))
+}
+
+/// The image's RGB pixels, at the smallest DCT scale `plan` allows for a
+/// JPEG, in full otherwise.
+fn decode(bytes: &[u8], format: ImageFormat, plan: &Plan) -> Result<Pixels<'static>, String> {
+    let eighths = match format {
+        ImageFormat::Jpeg => plan.dct_eighths(),
+        _ => 8,
+    };
+    let scaled = if eighths < 8 {
+        decode_jpeg_scaled(bytes, plan, eighths)?
+    } else {
+        None
+    };
+    let (width, height, pixels) = match scaled {
+        Some(scaled) => scaled,
+        None => decode_rgb(bytes, format)?,
+    };
+    Pixels::from_vec_u8(width, height, pixels, PixelType::U8x3)
+        .map_err(|e| format!("decoder returned a wrong number of pixels: {e}"))
+}
+
+/// A JPEG decoded at `eighths`/8 scale by jpeg-decoder, as RGB; `None`
+/// for a colour model it does not give as RGB or gray (CMYK), which is
+/// then decoded in full.
+fn decode_jpeg_scaled(
+    bytes: &[u8],
+    plan: &Plan,
+    eighths: u32,
+) -> Result<Option<(u32, u32, Vec<u8>)>, String> {
+    let (sw, sh) = scaled_size(plan.width, plan.height, eighths);
+    let mut decoder = jpeg_decoder::Decoder::new(bytes);
+    decoder.set_max_decoding_buffer_size(MAX_DECODED_BYTES as usize);
+    let corrupt = |e: jpeg_decoder::Error| format!("corrupt JPEG image: {e}");
+    let (w, h) = decoder.scale(sw as u16, sh as u16).map_err(corrupt)?;
+    let pixels = decoder.decode().map_err(corrupt)?;
+    let info = decoder
+        .info()
+        .ok_or("corrupt JPEG image: no frame header")?;
+    let (w, h) = (u32::from(w), u32::from(h));
+    let count = w as usize * h as usize;
+    let rgb = match info.pixel_format {
+        jpeg_decoder::PixelFormat::RGB24 => pixels,
+        jpeg_decoder::PixelFormat::L8 => pixels.iter().flat_map(|&v| [v, v, v]).collect(),
+        _ => return Ok(None),
+    };
+    if rgb.len() != count * 3 {
+        return Err("JPEG decoder returned a wrong number of pixels".into());
+    }
+    Ok(Some((w, h, rgb)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::augment::SampleContext;
+    use image::codecs::jpeg::JpegEncoder;
+    use image::codecs::png::PngEncoder;
+    use image::{ExtendedColorType, ImageEncoder};
+    use proptest::prelude::*;
+
+    fn spec(size: u32, crop: Option<&str>) -> ImageSpec {
+        ImageSpec::new(Some((size, size)), crop, None, None, None, None, None).unwrap()
+    }
+
+    fn rng(index: u64) -> ChaCha8Rng {
+        SampleContext {
+            seed: 1,
+            epoch: 0,
+            shard: 0,
+            index,
+        }
+        .rng("jpg")
+    }
+
+    /// A smooth test picture: gradients in each channel.
+    fn picture(width: u32, height: u32) -> Vec<u8> {
+        (0..height)
+            .flat_map(|y| {
+                (0..width).flat_map(move |x| {
+                    [
+                        (x * 255 / width.max(2)) as u8,
+                        (y * 255 / height.max(2)) as u8,
+                        ((x + y) % 256) as u8,
+                    ]
+                })
+            })
+            .collect()
+    }
+
+    fn jpeg(width: u32, height: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        JpegEncoder::new_with_quality(&mut out, 95)
+            .write_image(
+                &picture(width, height),
+                width,
+                height,
+                ExtendedColorType::Rgb8,
+            )
+            .unwrap();
+        out
+    }
+
+    fn png(width: u32, height: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        PngEncoder::new(&mut out)
+            .write_image(
+                &picture(width, height),
+                width,
+                height,
+                ExtendedColorType::Rgb8,
+            )
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn shapes_follow_size_and_layout() {
+        for bytes in [jpeg(200, 150), png(200, 150)] {
+            for crop in [Some("random_resized"), Some("center"), Some("resize")] {
+                let chw = spec(64, crop).apply(&bytes, &mut rng(0)).unwrap();
+                assert_eq!(chw.shape, vec![3, 64, 64], "{crop:?}");
+                let hwc = ImageSpec::new(Some((32, 48)), crop, None, None, None, None, Some("HWC"))
+                    .unwrap()
+                    .apply(&bytes, &mut rng(0))
+                    .unwrap();
+                assert_eq!(hwc.shape, vec![32, 48, 3], "{crop:?}");
+            }
+            let full = ImageSpec::new(None, None, None, None, None, None, Some("HWC"))
+                .unwrap()
+                .apply(&bytes, &mut rng(0))
+                .unwrap();
+            assert_eq!(full.shape, vec![150, 200, 3]);
+        }
+    }
+
+    #[test]
+    fn full_png_is_the_decoded_image_and_flip_mirrors_it() {
+        let bytes = png(5, 3);
+        let hwc = |flip, layout| {
+            let spec =
+                ImageSpec::new(None, None, None, None, None, Some(flip), Some(layout)).unwrap();
+            match spec.apply(&bytes, &mut rng(0)).unwrap().data {
+                ArrayData::U8(pixels) => pixels,
+                _ => unreachable!(),
+            }
+        };
+        let plain = picture(5, 3);
+        assert_eq!(hwc(0.0, "HWC"), plain);
+        let mirrored: Vec<u8> = plain
+            .chunks(15)
+            .flat_map(|row| row.chunks(3).rev().flatten().copied().collect::<Vec<_>>())
+            .collect();
+        assert_eq!(hwc(1.0, "HWC"), mirrored);
+        let planes: Vec<u8> = (0..3)
+            .flat_map(|c| mirrored.chunks(3).map(move |p| p[c]))
+            .collect();
+        assert_eq!(hwc(1.0, "CHW"), planes);
+    }
+
+    #[test]
+    fn same_stream_same_pixels_other_stream_other_crop() {
+        let bytes = jpeg(320, 240);
+        let spec = spec(48, Some("random_resized"));
+        let a = spec.apply(&bytes, &mut rng(3)).unwrap();
+        assert_eq!(a, spec.apply(&bytes, &mut rng(3)).unwrap());
+        let others = (4..10).filter(|&i| spec.apply(&bytes, &mut rng(i)).unwrap() != a);
+        assert!(others.count() >= 5);
+    }
+
+    #[test]
+    fn dct_scaling_is_used_only_when_the_box_covers_the_output() {
+        let plan = center_plan(2000, 1600, 256, (224, 224));
+        assert_eq!(plan.dct_eighths(), 1);
+        let plan = center_plan(500, 375, 256, (224, 224));
+        assert_eq!(plan.dct_eighths(), 8);
+        let plan = center_plan(1000, 750, 256, (224, 224));
+        assert_eq!(plan.dct_eighths(), 4);
+        // A scaled decode gives what a full decode gives, closely.
+        let bytes = jpeg(1000, 750);
+        let spec = spec(224, Some("center"));
+        let scaled = spec.apply(&bytes, &mut rng(0)).unwrap();
+        let (w, h, full) = decode_rgb(&bytes, ImageFormat::Jpeg).unwrap();
+        let full = Pixels::from_vec_u8(w, h, full, PixelType::U8x3).unwrap();
+        let reference = spec.lay_out(&plan.resample(&full).unwrap(), false);
+        let (ArrayData::U8(a), ArrayData::U8(b)) = (scaled.data, reference.data) else {
+            unreachable!()
+        };
+        let mean = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| f64::from(x.abs_diff(y)))
+            .sum::<f64>()
+            / a.len() as f64;
+        assert!(mean < 2.0, "mean difference {mean}");
+    }
+
+    #[test]
+    fn center_crop_pads_where_the_image_is_smaller() {
+        // 100x50 resized to 64 high is 128x64; a 96x80 crop pads 8 rows
+        // above and below.
+        let plan = center_plan(100, 50, 64, (96, 80));
+        assert_eq!(plan.out, (96, 80));
+        assert_eq!(plan.inner, (0, 8, 96, 64));
+        let out = ImageSpec::new(
+            Some((80, 96)),
+            Some("center"),
+            None,
+            None,
+            Some(64),
+            None,
+            Some("HWC"),
+        )
+        .unwrap()
+        .apply(&png(100, 50), &mut rng(0))
+        .unwrap();
+        let ArrayData::U8(pixels) = out.data else {
+            unreachable!()
+        };
+        assert!(pixels[..8 * 96 * 3].iter().all(|&v| v == 0));
+        assert!(pixels[72 * 96 * 3..].iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn bad_parameters_name_themselves() {
+        let err = |r: Result<ImageSpec, InvalidParameter>| r.unwrap_err().parameter;
+        let some = Some((224, 224));
+        assert_eq!(
+            err(ImageSpec::new(
+                Some((0, 4)),
+                Some("center"),
+                None,
+                None,
+                None,
+                None,
+                None
+            )),
+            "size"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                None,
+                Some("center"),
+                None,
+                None,
+                None,
+                None,
+                None
+            )),
+            "size"
+        );
+        assert_eq!(
+            err(ImageSpec::new(some, None, None, None, None, None, None)),
+            "size"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                Some("random"),
+                None,
+                None,
+                None,
+                None,
+                None
+            )),
+            "crop"
+        );
+        let rrc = Some("random_resized");
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                rrc,
+                Some((0.5, 0.2)),
+                None,
+                None,
+                None,
+                None
+            )),
+            "scale"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                rrc,
+                Some((0.0, 1.0)),
+                None,
+                None,
+                None,
+                None
+            )),
+            "scale"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                rrc,
+                None,
+                Some((1.0, f64::NAN)),
+                None,
+                None,
+                None
+            )),
+            "ratio"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                Some("center"),
+                Some((0.1, 1.0)),
+                None,
+                None,
+                None,
+                None
+            )),
+            "scale"
+        );
+        assert_eq!(
+            err(ImageSpec::new(some, rrc, None, None, Some(256), None, None)),
+            "resize"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                Some("center"),
+                None,
+                None,
+                Some(0),
+                None,
+                None
+            )),
+            "resize"
+        );
+        assert_eq!(
+            err(ImageSpec::new(some, rrc, None, None, None, Some(1.5), None)),
+            "flip"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                rrc,
+                None,
+                None,
+                None,
+                Some(f64::NAN),
+                None
+            )),
+            "flip"
+        );
+        assert_eq!(
+            err(ImageSpec::new(
+                some,
+                rrc,
+                None,
+                None,
+                None,
+                None,
+                Some("chw")
+            )),
+            "layout"
+        );
+        let center = ImageSpec::new(some, Some("center"), None, None, None, None, None).unwrap();
+        assert_eq!(center.crop, Crop::Center { resize: 256 });
+    }
+
+    #[test]
+    fn corrupt_and_odd_inputs_are_errors_not_panics() {
+        let bytes = jpeg(64, 48);
+        let spec = spec(16, Some("random_resized"));
+        assert!(spec
+            .apply(b"GIF89a", &mut rng(0))
+            .unwrap_err()
+            .starts_with("not a JPEG or PNG"));
+        assert!(spec
+            .apply(&bytes[..bytes.len() - 30], &mut rng(0))
+            .unwrap_err()
+            .contains("truncated"));
+        for end in (0..bytes.len()).step_by(7) {
+            let _ = crate::error::guard(|| spec.apply(&bytes[..end], &mut rng(0)));
+        }
+        for at in (0..bytes.len()).step_by(3) {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x55;
+            let _ = crate::error::guard(|| spec.apply(&flipped, &mut rng(0)));
+        }
+        // One-pixel images and outputs larger than the image work.
+        let tiny = spec.apply(&png(1, 1), &mut rng(0)).unwrap();
+        assert_eq!(tiny.shape, vec![3, 16, 16]);
+    }
+
+    proptest! {
+        /// Every box lies inside the image; one of the ten tries has area
+        /// and ratio in range (up to rounding), or it is the fallback.
+        #[test]
+        fn random_resized_boxes_are_inside_and_in_range(
+            width in 1u32..3000, height in 1u32..3000,
+            lo in 0.01f64..1.0, span in 0.0f64..1.0,
+            rlo in 0.2f64..2.0, rspan in 0.0f64..3.0, index: u64,
+        ) {
+            let scale = (lo, (lo + span).min(1.0));
+            let ratio = (rlo, rlo + rspan);
+            let (x, y, w, h) = random_resized_box(width, height, scale, ratio, &mut rng(index));
+            prop_assert!(w >= 1 && h >= 1);
+            prop_assert!(x + w <= width && y + h <= height);
+            let area = f64::from(width) * f64::from(height);
+            let fraction = f64::from(w) * f64::from(h) / area;
+            // Rounding each side to whole pixels moves area and ratio by
+            // at most half a pixel on each side.
+            let (wf, hf) = (f64::from(w), f64::from(h));
+            let slack = ((wf + 0.5) * (hf + 0.5) - wf * hf).max(wf * hf - (wf - 0.5) * (hf - 0.5)) / area;
+            let in_range = fraction >= scale.0 - slack
+                && fraction <= scale.1 + slack
+                && (wf + 0.5) / (hf - 0.5).max(0.5) >= ratio.0
+                && (wf - 0.5) / (hf + 0.5) <= ratio.1;
+            let fallback = (x, y) == ((width - w) / 2, (height - h) / 2)
+                && (w == width || h == height);
+            prop_assert!(in_range || fallback, "box {:?}", (x, y, w, h));
+        }
+    }
+}
