@@ -67,7 +67,10 @@ def make_wav_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
                     w.setframerate(RATE_IN)
                     w.writeframes(pcm.tobytes())
                 key = f"clip{shard:03d}-{i:05d}"
-                for name, data in ((f"{key}.wav", buf.getvalue()), (f"{key}.cls", b"%d" % (i % 10))):
+                for name, data in (
+                    (f"{key}.wav", buf.getvalue()),
+                    (f"{key}.cls", b"%d" % (i % 10)),
+                ):
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -172,7 +175,9 @@ def main() -> None:
                 "reader": reader,
                 "num_workers": args.workers,
                 "clips": samples,
-                "cpu_ms_per_clip": statistics.median(1000 * r["cpu_seconds"] / samples for r in result),
+                "cpu_ms_per_clip": statistics.median(
+                    1000 * r["cpu_seconds"] / samples for r in result
+                ),
                 "clips_per_s": statistics.median(samples / r["seconds"] for r in result),
             }
         )
