@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
+from ._core import AudioClip, Image
 from .s3 import S3Config
-
-if TYPE_CHECKING:
-    from ._core import AudioClip, Image
 
 __all__ = [
     "BatchFormat",

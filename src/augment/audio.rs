@@ -424,9 +424,12 @@ fn resample_window(
     Ok(())
 }
 
+/// A one-channel resampler and its `(rate_in, rate_out)`.
+type CachedResampler = ((usize, usize), Fft<f32>);
+
 thread_local! {
     /// This thread's resamplers, most recently used last.
-    static RESAMPLERS: RefCell<Vec<((usize, usize), Fft<f32>)>> = const { RefCell::new(Vec::new()) };
+    static RESAMPLERS: RefCell<Vec<CachedResampler>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f` with this thread's one-channel resampler from `rate_in` to
