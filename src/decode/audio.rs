@@ -259,6 +259,7 @@ mod tests {
     use crate::decode::Decoder;
     use hound::{WavSpec, WavWriter};
     use rand_core::SeedableRng;
+    use std::sync::Arc;
 
     fn wav<S: hound::Sample + Copy>(
         channels: u16,
@@ -532,6 +533,37 @@ mod tests {
             clip(b"junk", &stereo, &mut rng).unwrap_err(),
             "not a WAV file (no RIFF header)"
         );
+    }
+
+    proptest::proptest! {
+        /// Damaged WAV and FLAC files (a few bytes changed, the end cut)
+        /// give a clip or an error, never a panic (which the decoder's
+        /// guard would report as "decoder panicked").
+        #[test]
+        fn damaged_files_never_panic(
+            flac: bool,
+            changes in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..4),
+            keep in 0.5f64..=1.0,
+        ) {
+            let mut bytes = if flac {
+                FLAC.to_vec()
+            } else {
+                let samples: Vec<i16> = (0..600).map(|i| (i * 37 % 2000 - 1000) as i16).collect();
+                wav(2, 44100, 16, SampleFormat::Int, &samples)
+            };
+            for (at, value) in changes {
+                let at = at % bytes.len();
+                bytes[at] = value;
+            }
+            bytes.truncate((bytes.len() as f64 * keep) as usize);
+            let spec = Arc::new(spec(Channels::Pick(vec![1, 0]), 100, Crop::Random));
+            let context = crate::augment::SampleContext::default();
+            match Decoder::AudioClip(spec).decode_field(bytes, &context, "wav") {
+                Ok(Value::Tuple(items)) => proptest::prop_assert_eq!(items.len(), 2),
+                Ok(other) => proptest::prop_assert!(false, "unexpected {other:?}"),
+                Err(error) => proptest::prop_assert!(!error.reason.contains("panicked"), "{error}"),
+            }
+        }
     }
 
     #[test]
