@@ -90,6 +90,7 @@ bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decod
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/http_bench.py --out bench-results
 	$(PY) benches/decode_bench.py --out bench-results
+	$(PY) benches/augment_bench.py --out bench-results
 	$(PY) benches/audio_bench.py --out bench-results
 
 # `cargo bench` builds with the bench profile, which inherits the release

@@ -396,17 +396,20 @@ impl Plan {
             f64::from(source.width()) / f64::from(self.width),
             f64::from(source.height()) / f64::from(self.height),
         );
+        // Scaling may round a box edge past the image by a hair: clamp.
+        let (src_w, src_h) = (f64::from(source.width()), f64::from(source.height()));
+        let (x, y) = (
+            (self.source.x * fx).min(src_w),
+            (self.source.y * fy).min(src_h),
+        );
         let rect = Rect {
-            x: self.source.x * fx,
-            y: self.source.y * fy,
-            w: self.source.w * fx,
-            h: self.source.h * fy,
+            x,
+            y,
+            w: (self.source.w * fx).min(src_w - x),
+            h: (self.source.h * fy).min(src_h - y),
         };
         let (ix, iy, iw, ih) = self.inner;
-        let whole = rect.x == 0.0
-            && rect.y == 0.0
-            && rect.w == f64::from(source.width())
-            && rect.h == f64::from(source.height());
+        let whole = rect.x == 0.0 && rect.y == 0.0 && rect.w == src_w && rect.h == src_h;
         let mut inner = Pixels::new(iw, ih, PixelType::U8x3);
         if whole && (iw, ih) == (source.width(), source.height()) {
             inner.buffer_mut().copy_from_slice(source.buffer());
@@ -778,8 +781,9 @@ mod tests {
 
     #[test]
     fn dct_scaling_is_used_only_when_the_box_covers_the_output() {
+        // The box of 2000x1600 is 1750x1400: 219x175 at 1/8, 438x350 at 1/4.
         let plan = center_plan(2000, 1600, 256, (224, 224));
-        assert_eq!(plan.dct_eighths(), 1);
+        assert_eq!(plan.dct_eighths(), 2);
         let plan = center_plan(500, 375, 256, (224, 224));
         assert_eq!(plan.dct_eighths(), 8);
         let plan = center_plan(1000, 750, 256, (224, 224));

@@ -16,6 +16,9 @@ pub struct Image {
     pub(crate) spec: Arc<ImageSpec>,
 }
 
+/// What `Image.__getnewargs_ex__` returns: `(size,)` and the keywords.
+type NewArgs<'py> = ((Option<(u32, u32)>,), Bound<'py, PyDict>);
+
 /// A `TypeError` naming the parameter, the expected type and the value.
 fn wrong_type(parameter: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
     let shown = value.repr().map_or_else(|_| "?".into(), |r| r.to_string());
@@ -188,10 +191,7 @@ impl Image {
     }
 
     /// Pickling rebuilds it from its parameters.
-    fn __getnewargs_ex__<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<((Option<(u32, u32)>,), Bound<'py, PyDict>)> {
+    fn __getnewargs_ex__<'py>(&self, py: Python<'py>) -> PyResult<NewArgs<'py>> {
         let keywords = PyDict::new(py);
         keywords.set_item("crop", self.crop())?;
         keywords.set_item("scale", self.scale())?;
