@@ -85,7 +85,7 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@touch $@
 
-bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding and audio clips (samples/s, MB/s, CPU, peak RSS) against peers
+bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation (samples/s, MB/s, CPU, peak RSS) against peers
 	$(PY) benches/loader_bench.py --out bench-results
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/http_bench.py --out bench-results
