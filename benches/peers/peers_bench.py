@@ -6,9 +6,14 @@ Streaming and Hugging Face `datasets` streaming.
         [--profiles audio small] [--repeats 3] [--mds-python .venv-peers-mds/bin/python]
         [--storage s3 [--first-byte-ms 20 --mbps 100]]
 
-Two profiles, generated here deterministically: "audio" (16 kHz WAV of 1-4 s
-plus JSON, ~80 KB per sample, 16 tar shards; `examples/make_dataset.py`) and
-"small" (200-byte `.txt` plus `.cls`, 200k samples, 8 tar shards). LitData and
+Three profiles, generated here deterministically: "audio" (16 kHz WAV of 1-4 s
+plus JSON, ~80 KB per sample, 16 tar shards; `examples/make_dataset.py`),
+"small" (200-byte `.txt` plus `.cls`, 200k samples, 8 tar shards) and "jpeg"
+(real 320x240 JPEGs of ~45 KB made with PIL from gradients and seeded noise,
+plus `.cls`, 4,096 samples, 16 tar shards). On the "jpeg" profile the consumer
+touches every byte it is given (a numpy sum over each bytes field, the same
+for every library, checked against the sum of the generated payload), so
+bytes mapped lazily are not counted as delivered without being read. LitData and
 MosaicML Streaming read their own formats, converted from the same samples
 into as many chunks as there are tar shards. Each run is one epoch in a fresh
 subprocess; runs are interleaved (A B C A B C ...) and medians are reported.
@@ -73,8 +78,16 @@ LIBRARIES = (
 PROFILES = {
     "audio": {"full": (16, 256), "quick": (4, 8)},
     "small": {"full": (8, 25_000), "quick": (4, 500)},
+    "jpeg": {"full": (16, 256), "quick": (4, 8)},
 }
 SMALL_TEXT_BYTES = 200
+# The JPEG profile: image size, JPEG quality, and the range of the noise's
+# standard deviation (about 40-50 KB per image at these settings).
+JPEG_SIZE = (320, 240)
+JPEG_QUALITY = 90
+JPEG_NOISE = (20.0, 32.0)
+# Profiles whose consumer sums every byte of every bytes field it is given.
+TOUCHED_PROFILES = {"jpeg"}
 # S3 mode: the bucket, the credentials of the local server, and the
 # environment variable that hands its endpoint to the runs.
 S3_BUCKET = "bench"
@@ -91,6 +104,9 @@ How it is measured:
   Page cache warm. Every library shuffles its own way: a 1000-sample buffer (shardstream,
   webdataset `.shuffle(1000)`, HF `.shuffle(buffer_size=1000)`), LitData and MosaicML
   `shuffle=True`.
+- The consumer keeps each batch's keys; on the "jpeg" profile it also sums every byte of
+  every bytes field (`numpy.frombuffer(...).sum()`, the same for every library), and a
+  run whose sum differs from the generated payload's fails.
 - MB/s and CPU s/GB count the samples' payload (the fields' bytes, the same for every
   library). CPU is user+sys of the run and its DataLoader workers (`getrusage` SELF
   once the iterator is dropped + CHILDREN once the workers are joined, less the CPU
@@ -157,6 +173,58 @@ def make_small(out: Path, shards: int, per_shard: int, seed: int = SEED) -> list
     return paths
 
 
+def make_jpeg(out: Path, shards: int, per_shard: int, seed: int = SEED) -> list[Path]:
+    """Tar shards of samples with a `.jpg` (a real JPEG, PIL-encoded from a
+    gradient plus seeded Gaussian noise: ~45 KB) and a `.cls` label."""
+    import numpy as np
+    from PIL import Image
+
+    out.mkdir(parents=True, exist_ok=True)
+    width, height = JPEG_SIZE
+    y, x = np.mgrid[0:height, 0:width]
+    paths = []
+    for shard in range(shards):
+
+        def members(shard: int = shard) -> Iterator[tuple[str, bytes]]:
+            for i in range(per_shard):
+                rng = np.random.default_rng([seed, shard, i])
+                phase = rng.integers(0, 256, 3)
+                base = np.stack(
+                    [
+                        (x * 255 // width + phase[0]) % 256,
+                        (y * 255 // height + phase[1]) % 256,
+                        ((x + y) * 255 // (width + height) + phase[2]) % 256,
+                    ],
+                    axis=-1,
+                )
+                noise = rng.normal(0.0, rng.uniform(*JPEG_NOISE), (height, width, 3))
+                pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+                encoded = io.BytesIO()
+                Image.fromarray(pixels).save(encoded, format="JPEG", quality=JPEG_QUALITY)
+                key = f"jpeg-{shard:06d}-{i:06d}"
+                yield f"{key}.jpg", encoded.getvalue()
+                yield f"{key}.cls", b"%d" % int(rng.integers(1000))
+
+        path = out / f"shard-{shard:06d}.tar"
+        write_tar(path, members())
+        paths.append(path)
+    return paths
+
+
+def byte_sum(sample: dict[str, Any]) -> int:
+    """The sum of every byte of the sample's bytes fields (numpy, reading each
+    byte once): what the consumer of a touched profile computes."""
+    import numpy as np
+
+    total = 0
+    for name, value in sample.items():
+        if name.startswith("__"):
+            continue
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            total += int(np.frombuffer(value, dtype=np.uint8).sum(dtype=np.uint64))
+    return total
+
+
 def read_tar_samples(path: Path) -> Iterator[dict[str, Any]]:
     """Samples of a tar shard by the WebDataset rule, fields as bytes."""
     sample: dict[str, Any] = {}
@@ -195,17 +263,22 @@ def generate(profile: str, root: Path, quick: bool) -> Path:
     tars = data / "tar"
     if profile == "audio":
         paths = make_dataset(tars, shards=shards, samples_per_shard=per_shard, seed=SEED)
+    elif profile == "jpeg":
+        paths = make_jpeg(tars, shards, per_shard)
     else:
         paths = make_small(tars, shards, per_shard)
-    keys, payload = [], 0
+    keys, payload, total = [], 0, 0
     for path in paths:
         for sample in read_tar_samples(path):
             keys.append(sample["__key__"])
             payload += sum(len(v) for k, v in sample.items() if k != "__key__")
+            if profile in TOUCHED_PROFILES:
+                total += byte_sum(sample)
     meta = {
         "params": params,
         "keys": keys,
         "payload_bytes": payload,
+        "byte_sum": total if profile in TOUCHED_PROFILES else None,
         "fields": sorted(k for k in next(read_tar_samples(paths[0])) if k != "__key__"),
     }
     meta_path.write_text(json.dumps(meta))
@@ -335,7 +408,7 @@ def import_library(library: str) -> None:
 
 def library_version(library: str) -> str:
     """The version of the package behind a reader."""
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     package = {
         "litdata": "litdata",
@@ -343,7 +416,15 @@ def library_version(library: str) -> str:
         "hf-datasets": "datasets",
         "webdataset": "webdataset",
     }.get(library, "shardstream")
-    return version(package)
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        if package != "shardstream":
+            raise
+        # A source tree on PYTHONPATH rather than an installed wheel.
+        import shardstream
+
+        return f"{shardstream.__version__} (source tree)"
 
 
 def s3_endpoint() -> str | None:
@@ -481,6 +562,8 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
     loader = DataLoader(_measured_dataset(inner), num_workers=num_workers, **batching)
     keys: list[str] = []
     iteration_io: list[tuple[int, int]] = []
+    touch = data.name in TOUCHED_PROFILES
+    touched = 0
     batches = iter(loader)
     for batch in batches:
         if isinstance(batch, dict):
@@ -488,10 +571,17 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
                 iteration_io.append(batch["__io__"])
             else:
                 keys.extend(batch["__key__"])
+                if touch:
+                    # Rust batches: each field a list of values.
+                    for name, column in batch.items():
+                        if not name.startswith("__"):
+                            touched += sum(byte_sum({name: value}) for value in column)
             continue
         if batch and "__io__" in batch[-1]:
             iteration_io.append(batch.pop()["__io__"])
         keys.extend(sample["__key__"] for sample in batch)
+        if touch:
+            touched += sum(byte_sum(sample) for sample in batch)
     elapsed = time.perf_counter() - start
     # Dropping the iterator ends the library's threads and joins the
     # DataLoader's workers; this process's CPU is taken before the
@@ -518,6 +608,12 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
     expected = set(meta["keys"])
     seen = Counter(keys)
     stats = inner.stats() if library.startswith("shardstream") else {}
+    exact = len(keys) == len(expected) == len(seen)
+    if touch and exact and touched != meta["byte_sum"]:
+        raise RuntimeError(
+            f"{library}: the bytes delivered sum to {touched}, the generated ones to "
+            f"{meta['byte_sum']}: some bytes were altered"
+        )
     return {
         "library": library,
         "version": library_version(library),
@@ -527,6 +623,9 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
         "payload_bytes": meta["payload_bytes"],
         "seconds": elapsed,
         "cpu_seconds": cpu,
+        # The main process alone (with workers: what it spends receiving
+        # batches, the part that does not scale with workers).
+        "cpu_main_seconds": usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime,
         "rss_main_mb": usage1.ru_maxrss / 1024,
         "rss_worker_mb": children1.ru_maxrss / 1024 if num_workers else 0.0,
         "duplicates": sum(n - 1 for n in seen.values() if n > 1),
@@ -540,6 +639,7 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
         "device_read_bytes": construct_io[1] + sum(io[1] for io in iteration_io),
         "disk_bytes": sum(p.stat().st_size for p in library_files(library, data)),
         "shardstream_bytes_read": stats.get("bytes_read"),
+        "byte_sum": touched if touch else None,
     }
 
 

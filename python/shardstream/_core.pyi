@@ -242,6 +242,7 @@ class Options:
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,
         local_bytes_by_reference: bool = True,
+        worker_shared_memory_bytes: int = 67108864,
         raise_malloc_thresholds: bool = True,
         count_samples: bool | None = None,
         transform: Callable[[Any], Any] | None = None,
@@ -326,6 +327,7 @@ class SampleStream(Iterator[Any]):
         resume: str | None = None,
         counters: Counters | None = None,
         local_bytes: Callable[..., bytes] | None = None,
+        shared_bytes: Callable[..., bytes] | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:

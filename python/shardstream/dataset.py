@@ -27,6 +27,8 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .local_bytes import LocalBytes
+from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
+from .shared_bytes import configure as configure_shared_bytes
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -109,11 +111,27 @@ class StreamingDataset(IterableDataset[Any]):
             file (page cache) instead of receiving it through the worker's
             pipe, and gets plain ``bytes``. Shards must not change while
             they are read (a changed one raises ``ObjectChangedError``).
-            ``False`` sends every byte through the pipe.
+            ``False`` hands them over as other members are (see
+            ``worker_shared_memory_bytes``).
+        worker_shared_memory_bytes: in DataLoader workers, hand out the
+            other members of 16 KiB or more (of S3, HTTP(S), Hub, GCS,
+            compressed and cached shards, and of local ones not handed out
+            by reference) as
+            ``shardstream.shared_bytes.SharedBytes``, a ``bytes`` that
+            pickles as its place in a shared-memory segment (``/dev/shm``)
+            the worker writes it to: the main process reads it from there
+            instead of receiving it through the worker's pipe, and gets plain
+            ``bytes``. At most this many bytes of segments are alive per
+            worker (64 MiB by default); members past the bound, or when
+            ``/dev/shm`` is full, go through the pipe. Segments are removed
+            as the main process opens them, when a worker exits, when the
+            main process sees a worker is gone, and at its exit. ``0`` sends
+            them through the pipe.
         raise_malloc_thresholds: raise glibc's malloc thresholds (mmap
             32 MiB, trim 64 MiB: where glibc's own adaptive rule puts them
             after a 32 MiB block is freed) in each DataLoader worker, and,
-            with ``local_bytes_by_reference``, in the main process on its
+            with ``local_bytes_by_reference`` or
+            ``worker_shared_memory_bytes``, in the main process on its
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
@@ -402,6 +420,10 @@ class StreamingDataset(IterableDataset[Any]):
         raise_thresholds = self.options["raise_malloc_thresholds"]
         if in_worker and raise_thresholds:
             raise_malloc_thresholds()
+        shared_limit = self.options["worker_shared_memory_bytes"] if in_worker else 0
+        shared_limit = shared_limit if SHARED_MEMORY_AVAILABLE else 0
+        if shared_limit:
+            configure_shared_bytes(shared_limit, raise_thresholds, self._main_process())
         return SampleStream(
             self.shard_list,
             epoch=epoch,
@@ -416,6 +438,7 @@ class StreamingDataset(IterableDataset[Any]):
                 if self.options["local_bytes_by_reference"] and in_worker
                 else None
             ),
+            shared_bytes=SharedBytes if shared_limit else None,
         )
 
     def stats(self) -> dict[str, int]:
@@ -442,7 +465,23 @@ class StreamingDataset(IterableDataset[Any]):
                 ) from error
         state = self.__dict__.copy()
         state["_stream"] = None
+        # A DataLoader starting spawn or forkserver workers pickles the
+        # dataset in its main process, which is then not the workers' parent.
+        state["_pickled_by"] = os.getpid()
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unpickled_in = os.getpid()
+
+    def _main_process(self) -> int:
+        """The process a DataLoader worker hands its batches to: the one that
+        pickled the dataset for this worker (spawn, forkserver), else the
+        worker's parent (fork)."""
+        pickled_by = self.__dict__.get("_pickled_by")
+        if pickled_by is not None and self.__dict__.get("_unpickled_in") == os.getpid():
+            return int(pickled_by)
+        return os.getppid()
 
     def __repr__(self) -> str:
         manifest = f", manifest={self.manifest_path!r}" if self.manifest_path else ""

@@ -52,6 +52,7 @@ class DatasetOptions(TypedDict, total=False):
     batch_format: BatchFormat
     batch_size: int | None
     local_bytes_by_reference: bool
+    worker_shared_memory_bytes: int
     raise_malloc_thresholds: bool
     count_samples: bool | None
     transform: Callable[[Any], Any] | None

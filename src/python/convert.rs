@@ -21,13 +21,21 @@ use crate::with_array_data;
 pub enum BytesOut<'a, 'py> {
     /// As `bytes`.
     Plain,
-    /// Views of mapped local shards (members of at least
-    /// [`SHARE_MIN_BYTES`]) as what this callable makes of the bytes, path,
-    /// offset and file identity: a `bytes` subclass
-    /// (`shardstream.local_bytes.LocalBytes`) that pickles as the bytes'
-    /// place in their file. In a DataLoader worker, so that the main process
-    /// reads them from the file rather than through the worker's pipe.
-    LocalReferences(&'a Bound<'py, PyAny>),
+    /// In a DataLoader worker: members of at least [`SHARE_MIN_BYTES`] as
+    /// `bytes` subclasses that cross to the main process without their bytes
+    /// going through the worker's pipe.
+    Worker {
+        /// Views of mapped local shards as what this callable makes of the
+        /// bytes, path, offset and file identity: a `bytes` subclass
+        /// (`shardstream.local_bytes.LocalBytes`) that pickles as the bytes'
+        /// place in their file, read there by the main process.
+        local: Option<&'a Bound<'py, PyAny>>,
+        /// Every other member (remote, decompressed, cached) as what this
+        /// callable makes of the bytes: a `bytes` subclass
+        /// (`shardstream.shared_bytes.SharedBytes`) that pickles as its place
+        /// in a shared-memory segment the worker writes it to.
+        shared: Option<&'a Bound<'py, PyAny>>,
+    },
 }
 
 /// How many distinct field names a [`NameCache`] keeps (a dataset has a
@@ -157,44 +165,72 @@ pub fn value_to_py<'py>(
     }
 }
 
-/// Bytes as `bytes`, or as a local reference (see [`BytesOut`]) when they
-/// are a long enough view of a mapped local shard whose path is UTF-8.
+/// Bytes as `bytes`, or, when they are long enough and `out` says so, as a
+/// local reference (see [`BytesOut`]) when they are a view of a mapped local
+/// shard whose path is UTF-8, else as shared bytes.
 fn bytes_to_py<'py>(
     py: Python<'py>,
     bytes: &[u8],
     out: BytesOut<'_, 'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let plain = PyBytes::new(py, bytes);
+    // Shorter members cost less through the pipe than by reference.
+    let long = bytes.len() >= SHARE_MIN_BYTES;
+    let (local, shared) = match out {
+        BytesOut::Worker { local, shared } if long => (local, shared),
+        _ => (None, None),
+    };
+    let origin = local
+        .and_then(|class| Some((class, file_origin(bytes)?)))
+        .filter(|(_, origin)| origin.file.by_reference);
+    let object = match (origin, shared) {
+        (Some((class, origin)), _) if origin.file.path.to_str().is_some() => {
+            let id = origin.file.identity;
+            class.call1((
+                PyBytes::new(py, bytes),
+                origin.file.path.to_str(),
+                origin.offset,
+                id.dev,
+                id.ino,
+                id.size,
+                id.mtime_ns,
+            ))?
+        }
+        (_, Some(class)) => copied_by(py, class, bytes)?,
+        _ => PyBytes::new(py, bytes).into_any(),
+    };
     // A view of a mapped local shard is checked once copied: pages lost to
     // the file being cut short read as zeros.
-    if bytes.len() >= SHARE_MIN_BYTES {
+    if long {
         verify_view(bytes).map_err(crate::python::errors::to_py)?;
     }
-    let BytesOut::LocalReferences(class) = out else {
-        return Ok(plain.into_any());
+    Ok(object)
+}
+
+/// CPython's `PyBUF_READ` (part of the stable ABI; pyo3's limited-API
+/// bindings leave the buffer constants out).
+const PYBUF_READ: std::os::raw::c_int = 0x100;
+
+/// What `class` (a `bytes` subclass) makes of `bytes`, given a read-only
+/// `memoryview` of them (one copy, not two), released before returning.
+fn copied_by<'py>(
+    py: Python<'py>,
+    class: &Bound<'py, PyAny>,
+    bytes: &[u8],
+) -> PyResult<Bound<'py, PyAny>> {
+    let len = pyo3::ffi::Py_ssize_t::try_from(bytes.len())
+        .map_err(|_| PyValueError::new_err("a member too long for a memoryview"))?;
+    // SAFETY: a read-only view of `bytes`, which outlive it: it is released
+    // below, after which any reference to it that `class` kept raises
+    // instead of reading.
+    let view = unsafe {
+        Bound::from_owned_ptr_or_err(
+            py,
+            pyo3::ffi::PyMemoryView_FromMemory(bytes.as_ptr().cast_mut().cast(), len, PYBUF_READ),
+        )?
     };
-    // Only members this long are views of a mapping: skip the lookup for
-    // the others.
-    let origin = (bytes.len() >= SHARE_MIN_BYTES)
-        .then(|| file_origin(bytes))
-        .flatten()
-        .filter(|origin| origin.file.by_reference);
-    let Some(origin) = origin else {
-        return Ok(plain.into_any());
-    };
-    let Some(path) = origin.file.path.to_str() else {
-        return Ok(plain.into_any());
-    };
-    let id = origin.file.identity;
-    class.call1((
-        plain,
-        path,
-        origin.offset,
-        id.dev,
-        id.ino,
-        id.size,
-        id.mtime_ns,
-    ))
+    let made = class.call1((&view,));
+    view.call_method0(pyo3::intern!(py, "release"))?;
+    made
 }
 
 /// An array as a numpy array of its shape.

@@ -22,7 +22,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 24] = [
+pub const OPTION_NAMES: [&str; 25] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -41,6 +41,7 @@ pub const OPTION_NAMES: [&str; 24] = [
     "batch_format",
     "batch_size",
     "local_bytes_by_reference",
+    "worker_shared_memory_bytes",
     "raise_malloc_thresholds",
     "count_samples",
     "transform",
@@ -48,6 +49,10 @@ pub const OPTION_NAMES: [&str; 24] = [
     "cache_dir",
     "cache_limit_bytes",
 ];
+
+/// The default bound on the shared memory each DataLoader worker hands
+/// long members out through (`worker_shared_memory_bytes`): 64 MiB.
+const WORKER_SHARED_MEMORY_BYTES: u64 = 64 << 20;
 
 /// The names of the `s3=` options (`shardstream.S3Config` fields).
 const S3_OPTION_NAMES: [&str; 12] = [
@@ -511,6 +516,11 @@ impl Options {
                     boolean(&name, &value)?;
                     builder
                 }
+                // Read by the Python side (DataLoader workers); checked here.
+                "worker_shared_memory_bytes" => {
+                    integer::<u64>(&name, &value)?;
+                    builder
+                }
                 "count_samples" => {
                     if !value.is_none() {
                         count_samples = Some(boolean(&name, &value)?);
@@ -629,6 +639,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("batch_format", "dict")?;
     dict.set_item("batch_size", py.None())?;
     dict.set_item("local_bytes_by_reference", true)?;
+    dict.set_item("worker_shared_memory_bytes", WORKER_SHARED_MEMORY_BYTES)?;
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
     dict.set_item("transform", py.None())?;

@@ -42,8 +42,11 @@ pub struct SampleStream {
     /// Shards skipped while samples were collected, warned of after the wait.
     skipped: Mutex<Vec<crate::Error>>,
     /// What makes the `bytes` that local shards' long members are handed out
-    /// as (in a DataLoader worker), if any: see [`BytesOut::LocalReferences`].
+    /// as (in a DataLoader worker), if any: see [`BytesOut::Worker`].
     local_bytes: Option<Py<PyAny>>,
+    /// What makes the `bytes` that other long members are handed out as (in
+    /// a DataLoader worker), if any: see [`BytesOut::Worker`].
+    shared_bytes: Option<Py<PyAny>>,
     /// The URL and field-name `str` objects shared by the dicts handed out.
     names: Mutex<NameCache>,
     /// Set while a `next()` runs: a second thread's `next()` is refused.
@@ -90,11 +93,12 @@ impl SampleStream {
     /// The stream of one slot: `shards` with their options, for `epoch`
     /// (or the epoch of `resume`, a state JSON), at slot `(rank, worker_id)`
     /// of `world_size` ranks of `num_workers` workers. `local_bytes` makes
-    /// the `bytes` of local shards' long members (see `LocalBytes`).
+    /// the `bytes` of local shards' long members (see `LocalBytes`),
+    /// `shared_bytes` those of the other long members (see `SharedBytes`).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
-        resume = None, counters = None, local_bytes = None,
+        resume = None, counters = None, local_bytes = None, shared_bytes = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -108,6 +112,7 @@ impl SampleStream {
         resume: Option<&str>,
         counters: Option<PyRef<'_, Counters>>,
         local_bytes: Option<Py<PyAny>>,
+        shared_bytes: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let options = shards.options.bind(py).get();
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
@@ -132,6 +137,7 @@ impl SampleStream {
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
             local_bytes,
+            shared_bytes,
             names: Mutex::new(NameCache::default()),
             busy: AtomicBool::new(false),
             started_in: AtomicU32::new(0),
@@ -294,8 +300,13 @@ impl SampleStream {
 
     /// One sample as a dict, or a batch collated (GIL released) as columns.
     fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
-        let class = self.local_bytes.as_ref().map(|c| c.bind(py));
-        let out = class.map_or(BytesOut::Plain, BytesOut::LocalReferences);
+        let local = self.local_bytes.as_ref().map(|c| c.bind(py));
+        let shared = self.shared_bytes.as_ref().map(|c| c.bind(py));
+        let out = if local.is_none() && shared.is_none() {
+            BytesOut::Plain
+        } else {
+            BytesOut::Worker { local, shared }
+        };
         if self.batch_size.is_none() {
             let Some(sample) = samples.into_iter().next() else {
                 return Err(panic_to_py(&"a sample to hand out went missing"));

@@ -239,7 +239,8 @@ def _kind_in_worker(sample: dict[str, Any]) -> tuple[str, str, bytes]:
 def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path):
     """A local shard's long members leave DataLoader workers by reference to
     the file; a cached copy's must not (eviction may delete the copy before
-    the main process reads it), and their bytes are the same."""
+    the main process reads it): they leave through shared memory, like a
+    streamed shard's, and their bytes are the same."""
     import io
     import tarfile
 
@@ -271,5 +272,5 @@ def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path
         assert server.served.gets == 0
     assert len(cached_files(cache)) == 1
     for got in (first, second):
-        assert {kind for kind, _ in got.values()} == {"bytes"}
+        assert {kind for kind, _ in got.values()} == {"SharedBytes"}
         assert {key: blob for key, (_, blob) in got.items()} == blobs

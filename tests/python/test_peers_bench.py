@@ -4,6 +4,7 @@ its generators, its epoch runner's accounting and its report, on tiny data."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import pytest
 from s3_server import S3Server
 
 BENCH = Path(__file__).resolve().parents[2] / "benches" / "peers" / "peers_bench.py"
-PROFILES = ("audio", "small")
+PROFILES = ("audio", "small", "jpeg")
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def bench() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def profiles(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Both profiles at their --quick size, made by the benchmark's generator."""
+    """Every profile at its --quick size, made by the benchmark's generator."""
     root = tmp_path_factory.mktemp("peers")
     return {name: bench.generate(name, root, quick=True) for name in PROFILES}
 
@@ -58,9 +59,53 @@ def test_generator_is_deterministic_and_meta_matches_the_tars(
         assert meta["fields"] == ["cls", "txt"]
         assert {len(s["txt"]) for s in samples} == {bench.SMALL_TEXT_BYTES}
         assert {int(s["cls"]) for s in samples} <= set(range(10))
+    elif profile == "jpeg":
+        from PIL import Image
+
+        assert meta["fields"] == ["cls", "jpg"]
+        assert all(30_000 < len(s["jpg"]) < 60_000 for s in samples)
+        for sample in samples:
+            with Image.open(io.BytesIO(sample["jpg"])) as image:
+                assert (image.format, image.size) == ("JPEG", bench.JPEG_SIZE)
+        assert meta["byte_sum"] == sum(total for s in samples for _, total in _bytes_of(s))
     else:
         assert meta["fields"] == ["json", "wav"]
         assert all(s["wav"][:4] == b"RIFF" and s["wav"][8:12] == b"WAVE" for s in samples)
+
+
+def _bytes_of(sample: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    """Each bytes field's name and the sum of its bytes."""
+    for name, value in sample.items():
+        if isinstance(value, bytes):
+            yield name, sum(value)
+
+
+def test_a_touched_profile_refuses_altered_bytes(
+    bench: ModuleType, profiles: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The jpeg profile's consumer sums every byte: a reader handing out one
+    altered byte fails the run."""
+    from torch.utils.data import IterableDataset
+
+    data = profiles["jpeg"]
+    tars = bench.tar_paths(data)
+
+    class Altering(IterableDataset):
+        def __iter__(self) -> Iterator[dict[str, Any]]:
+            for i, sample in enumerate(s for path in tars for s in bench.read_tar_samples(path)):
+                if i == 3:
+                    sample["jpg"] = sample["jpg"][:-1] + bytes([(sample["jpg"][-1] + 1) % 256])
+                yield sample
+
+    monkeypatch.setattr(bench, "import_library", lambda library: None)
+    monkeypatch.setattr(bench, "library_version", lambda library: "0")
+    monkeypatch.setattr(
+        bench,
+        "make_dataset_for",
+        lambda library, data, cache: (Altering(), {"batch_size": 32, "collate_fn": list}),
+    )
+    with pytest.raises(RuntimeError, match="altered"):
+        bench.run_epoch(data, "altering", 0)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
