@@ -85,12 +85,13 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@touch $@
 
-bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading and field decoding (samples/s, MB/s, CPU, peak RSS) against peers
+bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation (samples/s, MB/s, CPU, peak RSS) against peers
 	$(PY) benches/loader_bench.py --out bench-results
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/http_bench.py --out bench-results
 	$(PY) benches/decode_bench.py --out bench-results
 	$(PY) benches/augment_bench.py --out bench-results
+	$(PY) benches/audio_bench.py --out bench-results
 
 # `cargo bench` builds with the bench profile, which inherits the release
 # profile, and the `python` feature keeps dependency features as in

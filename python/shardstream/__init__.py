@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._core import (
+    AudioClip,
     DatasetSpecError,
     FieldDecodeError,
     Image,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from .mix import Mix
 
 __all__ = [
+    "AudioClip",
     "DatasetSpecError",
     "FieldDecodeError",
     "Image",

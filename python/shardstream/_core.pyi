@@ -6,6 +6,7 @@ from typing import Any, Literal, final
 
 __all__ = [
     "ArrowExport",
+    "AudioClip",
     "Counters",
     "DatasetSpecError",
     "EpochTable",
@@ -137,6 +138,44 @@ class EpochTable:
         """A new, unshared table holding ``values``."""
 
 @final
+class AudioClip:
+    """Decode a WAV or FLAC field to a float32 clip of one fixed shape, on the decode
+    threads: mixed to mono or picked channels, resampled to ``sample_rate``, cropped or
+    padded to ``frames`` (or ``seconds``). The real frame count comes as the field
+    ``<field>_frames``: ``decode={"wav": AudioClip(seconds=4.0)}`` (see docs/augment.md)."""
+
+    def __new__(
+        cls,
+        *,
+        sample_rate: int | None = None,
+        channels: Literal["mono"] | Sequence[int] | None = None,
+        frames: int | None = None,
+        seconds: float | None = None,
+        crop: Literal["random", "start", "center"] | None = None,
+        pad: float | None = None,
+    ) -> AudioClip: ...
+    @property
+    def sample_rate(self) -> int:
+        """The output sample rate."""
+    @property
+    def channels(self) -> Literal["mono"] | list[int]:
+        """``"mono"`` or the list of channel indices."""
+    @property
+    def frames(self) -> int:
+        """Frames per clip."""
+    @property
+    def crop(self) -> Literal["random", "start", "center"]:
+        """Where a longer clip is cut."""
+    @property
+    def pad(self) -> float:
+        """The value of padded frames."""
+    @property
+    def shape(self) -> tuple[int] | tuple[int, int]:
+        """``(frames,)`` for one channel, ``(channels, frames)`` for several."""
+    def __getnewargs_ex__(self) -> tuple[tuple[()], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
 class Image:
     """Decode a JPEG or PNG field and crop, resize and flip it to one fixed shape, on the
     decode threads: ``decode={"jpg": Image(224, flip=0.5)}`` (see docs/augment.md)."""
@@ -198,7 +237,7 @@ class Options:
         s3: Any = None,
         http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
-        decode: bool | Mapping[str, str | Image] | None = None,
+        decode: bool | Mapping[str, str | Image | AudioClip] | None = None,
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,

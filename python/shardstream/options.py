@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from ._core import Image
+from ._core import AudioClip, Image
 from .s3 import S3Config
 
 __all__ = [
@@ -47,7 +47,7 @@ class DatasetOptions(TypedDict, total=False):
     s3: S3Config | Mapping[str, Any] | None
     http_headers: Mapping[str, str] | None
     format: Format
-    decode: bool | Mapping[str, Decoder | Image] | None
+    decode: bool | Mapping[str, Decoder | Image | AudioClip] | None
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None

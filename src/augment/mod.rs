@@ -12,6 +12,7 @@
 //! elastic resume (another world size or worker count) both give the same
 //! pixels for the same sample, and another epoch gives other draws.
 
+pub mod audio;
 pub mod image;
 
 use rand_chacha::ChaCha8Rng;

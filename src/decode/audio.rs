@@ -8,7 +8,9 @@
 //!
 //! Supported encodings, read with `hound`: integer PCM of 8, 16, 24 or 32
 //! bits (24-bit samples may sit in 3- or 4-byte containers), and 32-bit
-//! IEEE float; both plain and `WAVE_FORMAT_EXTENSIBLE` headers.
+//! IEEE float; both plain and `WAVE_FORMAT_EXTENSIBLE` headers. FLAC
+//! streams (told apart by their `fLaC` magic) are read with `claxon`, their
+//! integer samples scaled by the same rule.
 //!
 //! Scaling: an integer sample `x` of `b` bits becomes `x / 2^(b-1)`, so
 //! the range is `[-1, 1)`: 16-bit `-32768` is `-1.0` and `32767` is
@@ -21,11 +23,119 @@
 use std::io::Cursor;
 
 use hound::{SampleFormat, WavReader};
+use rand_chacha::ChaCha8Rng;
 
+use crate::augment::audio::{make_clip, AudioSpec};
 use crate::value::{Array, ArrayData, Value};
 
-/// Decodes a WAV file.
+/// The most samples (all channels) a FLAC stream may decode to: 2^27, 512
+/// MiB of float32 (50 minutes of 44.1 kHz stereo). A WAV file holds at
+/// least a byte per sample, but a FLAC file of silence can declare hours in
+/// a few kilobytes.
+const MAX_FLAC_SAMPLES: usize = 1 << 27;
+
+/// Decoded audio: float32 samples, channels interleaved.
+struct Pcm {
+    samples: Vec<f32>,
+    channels: usize,
+    sample_rate: u32,
+}
+
+/// Decodes a WAV or FLAC file.
 pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
+    let pcm = read(bytes)?;
+    pcm_value(pcm.samples, pcm.channels, pcm.sample_rate)
+}
+
+/// Decodes a WAV or FLAC file into one clip of `spec` (random crops draw
+/// from `rng`): the clip and its number of real frames.
+pub(super) fn clip(
+    bytes: &[u8],
+    spec: &AudioSpec,
+    rng: &mut ChaCha8Rng,
+) -> Result<(Value, i64), String> {
+    let pcm = read(bytes)?;
+    let clip = make_clip(&pcm.samples, pcm.channels, pcm.sample_rate, spec, rng)?;
+    let array = Array::new(spec.shape(), ArrayData::F32(clip.samples))
+        .ok_or_else(|| "the clip does not have the shape of its spec".to_owned())?;
+    Ok((Value::Array(array), clip.valid_frames as i64))
+}
+
+/// The samples of a WAV or FLAC file.
+fn read(bytes: &[u8]) -> Result<Pcm, String> {
+    if bytes.starts_with(b"fLaC") {
+        read_flac(bytes)
+    } else {
+        read_wav(bytes)
+    }
+}
+
+/// The samples of a FLAC stream.
+fn read_flac(bytes: &[u8]) -> Result<Pcm, String> {
+    let mut reader = claxon::FlacReader::new(Cursor::new(bytes)).map_err(describe_flac)?;
+    let info = reader.streaminfo();
+    let channels = info.channels as usize;
+    if channels == 0 || !(1..=32).contains(&info.bits_per_sample) {
+        return Err(format!(
+            "malformed FLAC: {channels} channels of {} bits",
+            info.bits_per_sample
+        ));
+    }
+    let scale = 1.0 / (1u64 << (info.bits_per_sample - 1)) as f32;
+    let declared = info
+        .samples
+        .map(|frames| frames.saturating_mul(channels as u64));
+    let capacity = declared.unwrap_or(0).min(MAX_FLAC_SAMPLES as u64) as usize;
+    let mut samples: Vec<f32> = Vec::with_capacity(capacity);
+    let mut blocks = reader.blocks();
+    let mut buffer = Vec::new();
+    while let Some(block) = blocks.read_next_or_eof(buffer).map_err(describe_flac)? {
+        if block.channels() as usize != channels {
+            return Err(format!(
+                "malformed FLAC: a frame has {} channels, the stream {channels}",
+                block.channels()
+            ));
+        }
+        let frames = block.duration() as usize;
+        if samples.len() + frames * channels > MAX_FLAC_SAMPLES {
+            return Err(format!(
+                "the FLAC stream holds more than {MAX_FLAC_SAMPLES} samples"
+            ));
+        }
+        let planes: Vec<&[i32]> = (0..channels as u32).map(|c| block.channel(c)).collect();
+        for frame in 0..frames {
+            samples.extend(planes.iter().map(|plane| plane[frame] as f32 * scale));
+        }
+        buffer = block.into_buffer();
+    }
+    if let Some(declared) = declared {
+        if (samples.len() as u64) < declared {
+            return Err(format!(
+                "truncated FLAC data: the header declares {declared} samples, only {} are present",
+                samples.len()
+            ));
+        }
+    }
+    Ok(Pcm {
+        samples,
+        channels,
+        sample_rate: info.sample_rate,
+    })
+}
+
+/// A claxon error as a reason.
+fn describe_flac(error: claxon::Error) -> String {
+    match error {
+        // Reading from memory, an I/O error can only mean running out of
+        // bytes.
+        claxon::Error::IoError(_) => "truncated FLAC data".to_owned(),
+        claxon::Error::FormatError(reason) => format!("malformed FLAC: {reason}"),
+        claxon::Error::Unsupported(what) => format!("unsupported FLAC: {what}"),
+    }
+}
+
+/// The samples of a WAV file.
+fn read_wav(bytes: &[u8]) -> Result<Pcm, String> {
     match bytes.get(..4) {
         Some(b"RIFF") => {}
         Some(b"RF64") => return Err("RF64 WAV files are not supported".to_owned()),
@@ -56,7 +166,11 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
             .chunks_exact(2)
             .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) * (1.0 / 32768.0))
             .collect();
-        return pcm_value(samples, channels, spec.sample_rate);
+        return Ok(Pcm {
+            samples,
+            channels,
+            sample_rate: spec.sample_rate,
+        });
     }
     // Never trust the header for the allocation: every sample takes at
     // least one byte of the input.
@@ -91,7 +205,11 @@ pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
             other => describe(other),
         });
     }
-    pcm_value(samples, channels, spec.sample_rate)
+    Ok(Pcm {
+        samples,
+        channels,
+        sample_rate: spec.sample_rate,
+    })
 }
 
 /// The decoded value: the samples as a `(frames, channels)` array and the rate.
@@ -137,8 +255,11 @@ fn describe(error: hound::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::augment::audio::{Channels, Crop};
     use crate::decode::Decoder;
     use hound::{WavSpec, WavWriter};
+    use rand_core::SeedableRng;
+    use std::sync::Arc;
 
     fn wav<S: hound::Sample + Copy>(
         channels: u16,
@@ -333,6 +454,115 @@ mod tests {
                 Decoder::Audio.decode(bytes[..end].to_vec()).is_err(),
                 "prefix {end}"
             );
+        }
+    }
+
+    /// `tests/data/stereo_8k_16bit.flac`: 300 frames at 8 kHz, left a
+    /// 440 Hz tone `round(20000 sin(2 pi 440 t / 8000))`, right
+    /// `(97 t) mod 65536 - 32768` (written with libsndfile).
+    const FLAC: &[u8] = include_bytes!("../../tests/data/stereo_8k_16bit.flac");
+
+    #[test]
+    fn flac_is_scaled_like_wav() {
+        let (samples, shape, rate) = audio(FLAC.to_vec());
+        assert_eq!((shape, rate), (vec![300, 2], 8000));
+        for t in 0..300 {
+            let left =
+                (20000.0 * (2.0 * std::f64::consts::PI * 440.0 * t as f64 / 8000.0).sin()) as i16;
+            let right = ((97 * t) % 65536 - 32768) as i16;
+            assert_eq!(samples[2 * t], f32::from(left) / 32768.0, "left {t}");
+            assert_eq!(samples[2 * t + 1], f32::from(right) / 32768.0, "right {t}");
+        }
+    }
+
+    #[test]
+    fn broken_flac_fails_cleanly() {
+        for end in 4..FLAC.len() {
+            let error = audio_err(&FLAC[..end]);
+            assert!(error.contains("FLAC"), "prefix {end}: {error}");
+        }
+        let mut flipped = FLAC.to_vec();
+        let last = flipped.len() - 20;
+        flipped[last] ^= 0x55;
+        assert!(audio_err(&flipped).contains("FLAC"));
+    }
+
+    fn spec(channels: Channels, frames: u64, crop: Crop) -> AudioSpec {
+        AudioSpec::new(16000, channels, Some(frames), None, crop, 0.0).unwrap()
+    }
+
+    #[test]
+    fn clips_of_wav_and_flac() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        // 300 frames at 8 kHz are 600 at 16 kHz.
+        let (value, valid) =
+            clip(FLAC, &spec(Channels::Mono, 1000, Crop::Random), &mut rng).unwrap();
+        assert_eq!(valid, 600);
+        let Value::Array(array) = value else {
+            panic!("not an array")
+        };
+        assert_eq!(array.shape, vec![1000]);
+        let stereo = spec(Channels::Pick(vec![1, 0]), 100, Crop::Start);
+        let (value, valid) = clip(FLAC, &stereo, &mut rng).unwrap();
+        assert_eq!(valid, 100);
+        let Value::Array(array) = value else {
+            panic!("not an array")
+        };
+        assert_eq!(array.shape, vec![2, 100]);
+        let bytes = wav(1, 16000, 16, SampleFormat::Int, &[1000i16; 50]);
+        let (value, valid) = clip(
+            &bytes,
+            &spec(Channels::Pick(vec![0]), 64, Crop::Center),
+            &mut rng,
+        )
+        .unwrap();
+        assert_eq!(valid, 50);
+        let Value::Array(array) = value else {
+            panic!("not an array")
+        };
+        let ArrayData::F32(samples) = array.data else {
+            panic!("not float32")
+        };
+        assert_eq!(samples[..50], [1000.0 / 32768.0; 50]);
+        assert_eq!(samples[50..], [0.0; 14]);
+        assert_eq!(
+            clip(&bytes, &stereo, &mut rng).unwrap_err(),
+            "channel 1 was asked for, the audio has 1 channel"
+        );
+        assert_eq!(
+            clip(b"junk", &stereo, &mut rng).unwrap_err(),
+            "not a WAV file (no RIFF header)"
+        );
+    }
+
+    proptest::proptest! {
+        /// Damaged WAV and FLAC files (a few bytes changed, the end cut)
+        /// give a clip or an error, never a panic (which the decoder's
+        /// guard would report as "decoder panicked").
+        #[test]
+        fn damaged_files_never_panic(
+            flac: bool,
+            changes in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 1..4),
+            keep in 0.5f64..=1.0,
+        ) {
+            let mut bytes = if flac {
+                FLAC.to_vec()
+            } else {
+                let samples: Vec<i16> = (0..600).map(|i| (i * 37 % 2000 - 1000) as i16).collect();
+                wav(2, 44100, 16, SampleFormat::Int, &samples)
+            };
+            for (at, value) in changes {
+                let at = at % bytes.len();
+                bytes[at] = value;
+            }
+            bytes.truncate((bytes.len() as f64 * keep) as usize);
+            let spec = Arc::new(spec(Channels::Pick(vec![1, 0]), 100, Crop::Random));
+            let context = crate::augment::SampleContext::default();
+            match Decoder::AudioClip(spec).decode_field(bytes, &context, "wav") {
+                Ok(Value::Tuple(items)) => proptest::prop_assert_eq!(items.len(), 2),
+                Ok(other) => proptest::prop_assert!(false, "unexpected {other:?}"),
+                Err(error) => proptest::prop_assert!(!error.reason.contains("panicked"), "{error}"),
+            }
         }
     }
 

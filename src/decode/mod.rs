@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::augment::audio::AudioSpec;
 use crate::augment::image::ImageSpec;
 use crate::augment::SampleContext;
 use crate::value::Value;
@@ -74,6 +75,14 @@ pub enum Decoder {
     /// [`crate::augment::image`]); its random draws come from the sample's
     /// own stream ([`SampleContext::rng`]).
     Image(Arc<ImageSpec>),
+    /// `shardstream.AudioClip(...)`: a WAV or FLAC file mixed to mono or
+    /// picked channels, resampled, cropped and padded to a float32 clip of
+    /// one shape (see [`crate::augment::audio`]); a random crop draws from
+    /// the sample's own stream ([`SampleContext::rng`]). Gives
+    /// `Value::Tuple([clip, Value::Int(real_frames)])`; the decode stage
+    /// puts the real frame count in its own field,
+    /// [`Decoder::companion_field`].
+    AudioClip(Arc<AudioSpec>),
 }
 
 impl Decoder {
@@ -99,6 +108,7 @@ impl Decoder {
             Decoder::Audio => "audio",
             Decoder::Rgb8 => "rgb8",
             Decoder::Image(_) => "Image",
+            Decoder::AudioClip(_) => "AudioClip",
         }
     }
 
@@ -108,7 +118,18 @@ impl Decoder {
     pub fn describe(&self) -> String {
         match self {
             Decoder::Image(spec) => spec.to_string(),
+            Decoder::AudioClip(spec) => spec.to_string(),
             plain => plain.name().to_owned(),
+        }
+    }
+
+    /// The field a decoder adds beside `field`, if any: `<field>_frames`,
+    /// the real (unpadded) frames of an [`Decoder::AudioClip`], which then
+    /// gives `Value::Tuple([clip, frames])` for the two fields.
+    pub fn companion_field(&self, field: &str) -> Option<String> {
+        match self {
+            Decoder::AudioClip(_) => Some(format!("{field}_frames")),
+            _ => None,
         }
     }
 
@@ -150,6 +171,8 @@ impl Decoder {
             Decoder::Image(spec) => spec
                 .apply(&bytes, &mut context.rng(field))
                 .map(Value::Array),
+            Decoder::AudioClip(spec) => audio::clip(&bytes, spec, &mut context.rng(field))
+                .map(|(clip, frames)| Value::Tuple(vec![clip, Value::Int(frames)])),
         })
         .map_err(fail)
     }
@@ -451,7 +474,20 @@ mod tests {
                 let _ = decoder.decode(bytes.clone());
             }
             let image = ImageSpec::new(Some((8, 8)), Some("random_resized"), None, None, None, Some(0.5), None);
-            let _ = Decoder::Image(Arc::new(image.unwrap())).decode(bytes.clone());
+            let clip = AudioSpec::new(
+                8000,
+                crate::augment::audio::Channels::Mono,
+                Some(64),
+                None,
+                crate::augment::audio::Crop::Random,
+                0.0,
+            );
+            for decoder in [
+                Decoder::Image(Arc::new(image.unwrap())),
+                Decoder::AudioClip(Arc::new(clip.unwrap())),
+            ] {
+                let _ = decoder.decode(bytes.clone());
+            }
         }
     }
 }

@@ -199,6 +199,9 @@ fn decode_sample(decoding: &Decoding, mut sample: Sample) -> Result<Sample> {
         shard: sample.id.shard,
         index: sample.id.index,
     };
+    // Fields a decoder adds (`<field>_frames`), with the field and decoder
+    // they come from.
+    let mut companions = Vec::new();
     for (field, value) in &mut sample.fields {
         let Some(decoder) = decoders.decoder_for(field) else {
             continue;
@@ -232,13 +235,33 @@ fn decode_sample(decoding: &Decoding, mut sample: Sample) -> Result<Sample> {
         if let Some(view) = view {
             view.verify()?;
         }
-        *value = decoded.map_err(|e| Error::Decode {
+        let decoded = decoded.map_err(|e| Error::Decode {
             url: sample.url.to_string(),
             key: sample.key.clone(),
             field: field.clone(),
             decoder: decoder.name(),
             reason: e.reason,
         })?;
+        *value = match (decoder.companion_field(field), decoded) {
+            (Some(name), Value::Tuple(mut items)) if items.len() == 2 => {
+                let companion = items.pop().expect("two items");
+                companions.push((field.clone(), name, companion, decoder.name()));
+                items.pop().expect("two items")
+            }
+            (_, decoded) => decoded,
+        };
+    }
+    for (field, name, companion, decoder) in companions {
+        if sample.fields.iter().any(|(existing, _)| *existing == name) {
+            return Err(Error::Decode {
+                url: sample.url.to_string(),
+                key: sample.key.clone(),
+                field,
+                decoder,
+                reason: format!("the sample already has a field {name:?}, where the clip's real frame count goes"),
+            });
+        }
+        sample.fields.push((name, companion));
     }
     Ok(sample)
 }
@@ -310,5 +333,56 @@ mod tests {
         let out = pool.decode_all(vec![sample(0, "1"), sample(1, "2")]);
         assert_eq!(out.len(), 2);
         assert!(pool.helpers.is_empty() && pool.jobs.is_none());
+    }
+
+    /// An `AudioClip` field's real frame count comes as `<field>_frames`
+    /// after the other fields; a sample that already has that field fails
+    /// with an error naming the clip's field.
+    #[test]
+    fn audio_clips_add_their_frame_count() {
+        use crate::augment::audio::{AudioSpec, Channels, Crop};
+        let mut wav = std::io::Cursor::new(Vec::new());
+        let spec = hound::WavSpec {
+            channels: 1,
+            sample_rate: 8000,
+            bits_per_sample: 16,
+            sample_format: hound::SampleFormat::Int,
+        };
+        let mut writer = hound::WavWriter::new(&mut wav, spec).unwrap();
+        for i in 0..30i16 {
+            writer.write_sample(i).unwrap();
+        }
+        writer.finalize().unwrap();
+        let clip = AudioSpec::new(8000, Channels::Mono, Some(50), None, Crop::Random, 0.0);
+        let decoders = FieldDecoders {
+            by_field: vec![("wav".into(), Decoder::AudioClip(Arc::new(clip.unwrap())))],
+            defaults: false,
+        };
+        let pool = DecodePool::new(decoders, 1, 0, 0);
+        let (_, mut sample) = sample(0, "{}");
+        sample.fields = vec![
+            ("wav".into(), Value::Bytes(wav.into_inner().into())),
+            ("txt".into(), Value::Bytes(b"hi".to_vec().into())),
+        ];
+        let decoded = pool.decode(sample.clone()).unwrap();
+        let names: Vec<&str> = decoded.fields.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["wav", "txt", "wav_frames"]);
+        assert_eq!(decoded.fields[2].1, Value::Int(30));
+        let Value::Array(array) = &decoded.fields[0].1 else {
+            panic!("not an array")
+        };
+        assert_eq!(array.shape, vec![50]);
+        sample
+            .fields
+            .push(("wav_frames".into(), Value::Bytes(b"7".to_vec().into())));
+        let error = pool.decode(sample).unwrap_err().to_string();
+        assert!(
+            error.contains("already has a field \"wav_frames\""),
+            "{error}"
+        );
+        assert!(
+            error.contains("wav") && error.contains("mem://a.tar"),
+            "{error}"
+        );
     }
 }

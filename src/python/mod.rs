@@ -1,6 +1,7 @@
 //! Python bindings: the only module that names pyo3. It converts errors,
 //! releases the GIL around every blocking wait, and stays thin.
 
+mod audio;
 mod blocking;
 pub mod convert;
 mod counters;
@@ -26,6 +27,8 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 mod _core {
     use super::*;
 
+    #[pymodule_export]
+    use super::audio::AudioClip;
     #[pymodule_export]
     use super::convert::ArrowExport;
     #[pymodule_export]
