@@ -22,6 +22,7 @@ from _shardtest import (
     loader,
     sample_digest,
     shardstream_cli,
+    write_tar,
 )
 from fault_proxy import Faults as ProxyFaults
 from fault_proxy import running_fault_proxy
@@ -130,6 +131,21 @@ def test_a_server_that_ignores_range_is_read_past_what_was_delivered(http, datas
     samples = collect(ds)
     assert_identical_to_local(samples, dataset)  # no byte twice, none lost
     assert ds.stats()["resumed_bodies"] == 2
+
+
+def test_a_server_that_ignores_range_is_read_whole_with_many_parts(tmp_path):
+    # An object far larger than the first part (256 KiB): every ranged part
+    # gets the whole resource, read past the bytes before the part.
+    root = tmp_path / "whole"
+    root.mkdir()
+    members = {f"{i:04d}.bin": bytes([i % 251]) * 40_000 + i.to_bytes(4, "big") for i in range(60)}
+    write_tar(root / "shard.tar", members.items())
+    with running_http_server(root) as server:
+        server.reset(Faults(ignore_range=True, cut_first=1))
+        ds = StreamingDataset(server.url("shard.tar"))
+        got = {s["__key__"]: s["bin"] for s in ds}
+        assert ds.stats()["requests"] > 2
+    assert got == {key.removesuffix(".bin"): value for key, value in members.items()}
 
 
 def test_an_object_changed_mid_read_is_an_error(http, dataset, tmp_path):
