@@ -166,7 +166,9 @@ def test_samples_kept_after_the_epoch_still_read_right(shards: dict[str, Any]) -
 
 
 def test_dropping_the_loader_mid_epoch_leaves_nothing(shards: dict[str, Any]) -> None:
-    ds = open_dataset("gz", shards, None, "", shuffle_buffer=0)  # type: ignore[arg-type]
+    # 256 KiB segments (a quarter of the bound): each worker's 300 kB member
+    # gets a one-off segment within the samples it pickles ahead.
+    ds = open_dataset("gz", shards, None, "", shuffle_buffer=0, worker_shared_memory_bytes=1 << 20)  # type: ignore[arg-type]
     dl = loader(ds, 2, prefetch_factor=4)
     iterator = iter(dl)
     first = [next(iterator) for _ in range(3)]
@@ -183,7 +185,8 @@ def test_dropping_the_loader_mid_epoch_leaves_nothing(shards: dict[str, Any]) ->
 
 
 def test_a_killed_worker_leaves_nothing_once_the_loader_is_gone(shards: dict[str, Any]) -> None:
-    ds = open_dataset("gz", shards, None, "", shuffle_buffer=0)  # type: ignore[arg-type]
+    # Small segments, as above: the worker has named ones still unopened.
+    ds = open_dataset("gz", shards, None, "", shuffle_buffer=0, worker_shared_memory_bytes=1 << 20)  # type: ignore[arg-type]
     dl = loader(ds, 2, prefetch_factor=4, timeout=0)
     iterator = iter(dl)
     next(iterator)
