@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use super::errors;
 use crate::augment::audio::{AudioSpec, Channels, Crop};
 
 /// Decode a WAV or FLAC field to a float32 clip of one fixed shape: mixed
@@ -20,14 +21,7 @@ pub struct AudioClip {
 
 /// A `TypeError` naming the parameter, the expected type and the value.
 fn wrong_type(parameter: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
-    let shown = value.repr().map_or_else(|_| "?".into(), |r| r.to_string());
-    let type_name = value
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
-    PyTypeError::new_err(format!(
-        "invalid AudioClip parameter {parameter}: expected {expected}, got {shown} ({type_name})"
-    ))
+    errors::wrong_type(&format!("AudioClip parameter {parameter}"), expected, value)
 }
 
 /// A `ValueError` naming the parameter.

@@ -1,6 +1,7 @@
 //! Python exception classes and the one conversion from [`Error`] to them.
 
 use pyo3::exceptions::{PyException, PyTypeError, PyUserWarning, PyValueError};
+use pyo3::prelude::*;
 use pyo3::{create_exception, PyErr};
 
 use crate::error::Error;
@@ -151,4 +152,17 @@ pub fn to_py(error: Error) -> PyErr {
         Error::InvalidSample { .. } => PyValueError::new_err(message),
         Error::Write { .. } => ShardWriteError::new_err(message),
     }
+}
+
+/// A `TypeError` saying that `what` (`"option seed"`, `"Image parameter
+/// size"`) expected `expected` and naming the value given and its type.
+pub(super) fn wrong_type(what: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
+    let shown = value.repr().map_or_else(|_| "?".into(), |r| r.to_string());
+    let type_name = value
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string());
+    PyTypeError::new_err(format!(
+        "invalid {what}: expected {expected}, got {shown} ({type_name})"
+    ))
 }

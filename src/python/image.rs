@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString, PyTuple};
 
+use super::errors;
 use crate::augment::image::{Crop, ImageSpec, Layout};
 
 /// Decode a JPEG or PNG field and crop, resize and flip it to one fixed
@@ -21,14 +22,7 @@ type NewArgs<'py> = ((Option<(u32, u32)>,), Bound<'py, PyDict>);
 
 /// A `TypeError` naming the parameter, the expected type and the value.
 fn wrong_type(parameter: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
-    let shown = value.repr().map_or_else(|_| "?".into(), |r| r.to_string());
-    let type_name = value
-        .get_type()
-        .name()
-        .map_or_else(|_| "?".into(), |n| n.to_string());
-    PyTypeError::new_err(format!(
-        "invalid Image parameter {parameter}: expected {expected}, got {shown} ({type_name})"
-    ))
+    errors::wrong_type(&format!("Image parameter {parameter}"), expected, value)
 }
 
 fn is_int(value: &Bound<'_, PyAny>) -> bool {

@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
-use super::errors::to_py;
+use super::errors::{to_py, wrong_type};
 use crate::compression::Compression;
 use crate::config::{
     CacheOptions, FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput,
@@ -144,18 +144,7 @@ pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<Writ
 
 /// An option's value of the wrong type or out of range.
 fn invalid(name: &str, expected: &str, value: &Bound<'_, PyAny>) -> PyErr {
-    let shown = value
-        .repr()
-        .map(|r| r.to_string())
-        .unwrap_or_else(|_| "?".into());
-    let type_name = value
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    PyTypeError::new_err(format!(
-        "invalid option {name}: expected {expected}, got {shown} ({type_name})"
-    ))
+    wrong_type(&format!("option {name}"), expected, value)
 }
 
 /// A non-negative integer (not a bool).
