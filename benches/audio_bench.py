@@ -22,9 +22,7 @@ import argparse
 import io
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from decode_bench import add_members, cpu_seconds, measure  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
 BATCH = 32
@@ -67,13 +66,7 @@ def make_wav_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
                     w.setframerate(RATE_IN)
                     w.writeframes(pcm.tobytes())
                 key = f"clip{shard:03d}-{i:05d}"
-                for name, data in (
-                    (f"{key}.wav", buf.getvalue()),
-                    (f"{key}.cls", b"%d" % (i % 10)),
-                ):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                add_members(tar, ((f"{key}.wav", buf.getvalue()), (f"{key}.cls", b"%d" % (i % 10))))
     return paths
 
 
@@ -121,28 +114,13 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
                 return (python_clip(sample, rng) for sample in raw)
 
         loader = DataLoader(Clips(), batch_size=BATCH, num_workers=num_workers)
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.perf_counter()
+    start_cpu, start = cpu_seconds(), time.perf_counter()
     samples = 0
     for batch in loader:
         assert tuple(batch["wav"].shape) == (len(batch["wav_frames"]), RATE_OUT * CLIP_SECONDS)
         samples += len(batch["wav_frames"])
     elapsed = time.perf_counter() - start
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    cpu = sum(u.ru_utime + u.ru_stime for u in usage) - (before.ru_utime + before.ru_stime)
-    return {"samples": samples, "seconds": elapsed, "cpu_seconds": cpu}
-
-
-def measure(spec: str, reader: str, num_workers: int) -> dict[str, float]:
-    """Runs `run_epoch` in a fresh subprocess."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", spec, reader, str(num_workers)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return {"samples": samples, "seconds": elapsed, "cpu_seconds": cpu_seconds() - start_cpu}
 
 
 def main() -> None:
@@ -165,7 +143,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {r: [] for r in READERS}
     for _ in range(args.repeats):
         for reader in READERS:
-            runs[reader].append(measure(spec, reader, args.workers))
+            runs[reader].append(measure(spec, reader, args.workers, __file__))
     rows = []
     for reader in READERS:
         result = runs[reader]

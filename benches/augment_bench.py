@@ -21,7 +21,6 @@ import argparse
 import io
 import json
 import os
-import resource
 import statistics
 import sys
 import tarfile
@@ -31,17 +30,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from decode_bench import measure  # noqa: E402
+from decode_bench import add_members, cpu_seconds, measure  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
 BATCH = 64
 SIZE = 224
 READERS = ("shardstream Image", "PIL + torchvision in workers", "read only (bytes)")
-
-
-def cpu_seconds() -> float:
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(u.ru_utime + u.ru_stime for u in usage)
 
 
 def pil_pipeline():
@@ -145,10 +139,7 @@ def make_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
                 buf = io.BytesIO()
                 Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=85)
                 key = f"photo{shard:03d}-{i:05d}"
-                for name, data in ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % i)):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                add_members(tar, ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % i)))
     return paths
 
 

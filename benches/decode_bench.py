@@ -25,6 +25,7 @@ import sys
 import tarfile
 import time
 import wave
+from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +36,21 @@ from make_dataset import make_dataset  # noqa: E402
 
 BATCH = 32
 READERS = ("shardstream-rust-decode", "python-decode-in-workers")
+
+
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and its waited-for
+    children (DataLoader workers) so far."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def add_members(tar: tarfile.TarFile, members: Iterable[tuple[str, bytes]]) -> None:
+    """Appends regular-file members `(name, data)` to `tar`."""
+    for name, data in members:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
 
 
 def python_decode(sample: dict) -> dict:
@@ -85,12 +101,7 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
     start = time.perf_counter()
     samples = sum(count(batch) for batch in loader)
     elapsed = time.perf_counter() - start
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return {
-        "samples": samples,
-        "seconds": elapsed,
-        "cpu_seconds": sum(u.ru_utime + u.ru_stime for u in usage),
-    }
+    return {"samples": samples, "seconds": elapsed, "cpu_seconds": cpu_seconds()}
 
 
 def measure(spec: str, reader: str, num_workers: int, script: str = __file__) -> dict[str, float]:
@@ -128,13 +139,13 @@ def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
                 buf = io.BytesIO()
                 Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
                 key = f"img{shard:03d}-{i:05d}"
-                for name, data in (
-                    (f"{key}.jpg", buf.getvalue()),
-                    (f"{key}.cls", b"%d" % (i % 10)),
-                ):
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+                add_members(
+                    tar,
+                    (
+                        (f"{key}.jpg", buf.getvalue()),
+                        (f"{key}.cls", b"%d" % (i % 10)),
+                    ),
+                )
     return paths
 
 
