@@ -14,7 +14,6 @@
 //! ([`GoogleAuth`]) to the GCS endpoint only. No header value appears in an
 //! error.
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,12 +29,13 @@ use hyper_util::rt::TokioExecutor;
 
 use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::ranged::{
-    check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries, Target,
+    self, check_response, error_chain, read_ranged, Body, Failure, NextBytes, Pinned, RangedObject,
+    Retries,
 };
 use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
-use crate::stats::{Counter, Counters};
+use crate::stats::Counters;
 
 /// The most redirects one request follows.
 pub const MAX_REDIRECTS: usize = 10;
@@ -492,100 +492,73 @@ struct Resource {
     url: String,
 }
 
+impl Body for Incoming {
+    fn next_bytes(&mut self) -> NextBytes<'_> {
+        Box::pin(async move {
+            loop {
+                match self.frame().await? {
+                    Ok(frame) => {
+                        if let Ok(bytes) = frame.into_data() {
+                            return Some(Ok(bytes));
+                        }
+                    }
+                    Err(e) => return Some(Err(error_chain(&e))),
+                }
+            }
+        })
+    }
+}
+
 impl RangedObject for Resource {
     fn url(&self) -> &str {
         &self.url
     }
 
-    async fn stream_range(
+    fn options(&self) -> &S3Options {
+        &self.client.options
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    async fn get(
         &self,
-        range: Range<u64>,
+        position: u64,
+        end: Option<u64>,
         clamp: bool,
         pinned: &mut Pinned,
-        target: &mut Target<'_>,
-    ) -> Result<Result<(), Error>, ConsumerGone> {
-        let (client, counters, url) = (&self.client, &self.counters, self.url.as_str());
-        let options = &client.options;
-        let mut end = (range.end != u64::MAX).then_some(range.end);
-        let mut position = range.start;
-        let mut retries = Retries::new(options, url, range.start);
-        loop {
-            if end.is_some_and(|e| position >= e) {
-                return Ok(Ok(()));
-            }
-            counters.add(Counter::Requests, 1);
-            let headers = range_headers(position, end, pinned);
-            let answer = match client.send(&Method::GET, url, position, &headers).await {
-                Ok(answer)
-                    if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
-                        && position == 0
-                        && clamp
-                        && pinned.size.is_none() =>
-                {
-                    // A range from the first byte is unsatisfiable only in
-                    // an empty resource.
-                    pinned.size = Some(0);
-                    pinned.confirmed = true;
-                    return Ok(Ok(()));
-                }
-                Ok(answer) => accept(url, position, (end, clamp), &answer, pinned)
-                    .map(|(stop, skip)| (stop, skip, answer.body)),
-                Err(failure) => Err(failure),
-            };
-            let reason = match answer {
-                Ok((stop, mut skip, mut body)) => {
-                    end = Some(stop);
-                    let broke = loop {
-                        match tokio::time::timeout(options.idle_timeout, body.frame()).await {
-                            Ok(Some(Ok(frame))) => {
-                                let Ok(mut bytes) = frame.into_data() else {
-                                    continue;
-                                };
-                                counters.add(Counter::BytesRead, bytes.len() as u64);
-                                let skipped = skip.min(bytes.len() as u64);
-                                let _ = bytes.split_to(skipped as usize);
-                                skip -= skipped;
-                                // Past `stop` only when the whole resource
-                                // was sent for a range.
-                                let room = stop - position;
-                                let cut = bytes.len() as u64 > room;
-                                if cut {
-                                    bytes.truncate(room as usize);
-                                }
-                                position += bytes.len() as u64;
-                                target.push(bytes).await?;
-                                if cut || (position == stop && skip == 0) {
-                                    break None;
-                                }
-                            }
-                            Ok(Some(Err(e))) => {
-                                break Some(format!("the body broke: {}", error_chain(&e)))
-                            }
-                            Ok(None) if position < stop => {
-                                break Some(format!(
-                                    "the body ended early, at byte offset {position}"
-                                ))
-                            }
-                            Ok(None) => break None,
-                            Err(_) => {
-                                break Some(format!("no body bytes for {:?}", options.idle_timeout))
-                            }
-                        }
-                    };
-                    let Some(reason) = broke else {
-                        return Ok(Ok(()));
-                    };
-                    counters.add(Counter::Resumes, 1);
-                    reason
-                }
-                Err(Failure::Fatal(error)) => return Ok(Err(error)),
-                Err(Failure::Retry(reason)) => reason,
-            };
-            if let Err(error) = retries.wait(url, position, reason).await {
-                return Ok(Err(error));
-            }
-            counters.add(Counter::Retries, 1);
+    ) -> Result<Option<ranged::Answer>, Failure> {
+        let url = self.url.as_str();
+        let headers = range_headers(position, end, pinned);
+        let answer = self
+            .client
+            .send(&Method::GET, url, position, &headers)
+            .await?;
+        if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
+            && position == 0
+            && clamp
+            && pinned.size.is_none()
+        {
+            // A range from the first byte is unsatisfiable only in an
+            // empty resource.
+            pinned.size = Some(0);
+            pinned.confirmed = true;
+            return Ok(None);
         }
+        let (stop, skip) = accept(url, position, (end, clamp), &answer, pinned)?;
+        // A whole answer (200) holds the resource to its end.
+        let body_end = if answer.status == StatusCode::OK {
+            pinned.size.unwrap_or(stop)
+        } else {
+            stop
+        };
+        Ok(Some(ranged::Answer {
+            stop,
+            skip,
+            body_end,
+            body: Box::new(answer.body),
+        }))
     }
 }
 

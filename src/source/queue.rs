@@ -8,17 +8,19 @@
 //! parts (fetched or being fetched, not yet parsed) never exceed the budget.
 //! An object's first part is small, so that parsing starts early and the
 //! validator every later part is pinned to is known soon; part sizes then
-//! double up to a cap that lets [`PARTS_PER_BUDGET`] parts share the budget.
+//! double up to the size [`PartSizes`] sets from what the GETs so far
+//! took. A server that answers a ranged GET with the whole object (it
+//! ignores `Range`) is read by that one answer: each later part of the
+//! object takes its bytes from the same body, in turn, within its budget.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::ranged::{short_part, Pinned, RangedObject, Target};
+use super::ranged::{short_part, stream_range, Pinned, RangedObject, Sample, Tap, Target};
 use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::error::Error;
 use crate::stats::Counter;
@@ -27,18 +29,28 @@ use crate::stats::Counter;
 /// after one short request.
 pub(super) const FIRST_PART_BYTES: u64 = 256 << 10;
 
-/// Parts of the largest size that fit in the budget at once, at least
+/// Parts of the smallest size that fit in the budget at once, at least
 /// (unless that would make parts smaller than [`MIN_PART_CAP`]): enough
 /// requests in flight to cover a first-byte latency, each short enough that
 /// a per-connection bandwidth limit does not hold its budget long.
 pub(super) const PARTS_PER_BUDGET: u64 = 32;
 
-/// The smallest cap the budget sets on parts (a smaller `part_size`, or
-/// budget, still applies).
+/// The smallest floor the budget sets on part sizes (a smaller
+/// `part_size`, or budget, still applies).
 const MIN_PART_CAP: u64 = 64 << 10;
 
-/// The largest part: `part_size`, or less so that [`PARTS_PER_BUDGET`]
-/// parts fit in `budget`; never more than the budget, never 0.
+/// Parts streamed at once that the budget is sized for, at most (and no
+/// more than `max_concurrency`): each holds one part plus the bytes a
+/// connection receives in one first-byte latency.
+pub(super) const STREAMS: u64 = 8;
+
+/// The weight of the newest GET in the running estimates of latency and
+/// bandwidth.
+const NEWEST_WEIGHT: f64 = 0.25;
+
+/// The size parts never need to go below: `part_size`, or less so that
+/// [`PARTS_PER_BUDGET`] parts fit in `budget`; never more than the budget,
+/// never 0. Part sizes start there before any GET is measured.
 pub(super) fn part_cap(budget: u64, part_size: u64) -> u64 {
     (budget / PARTS_PER_BUDGET)
         .max(MIN_PART_CAP)
@@ -47,26 +59,117 @@ pub(super) fn part_cap(budget: u64, part_size: u64) -> u64 {
         .max(1)
 }
 
+/// The largest part: `part_size`, or less so that `budget` holds one part
+/// per stream of [`streams`]; never below [`part_cap`].
+pub(super) fn part_ceiling(budget: u64, part_size: u64, max_concurrency: usize) -> u64 {
+    (budget / streams(max_concurrency))
+        .min(part_size)
+        .max(part_cap(budget, part_size))
+}
+
+/// Streams the budget is sized for with `max_concurrency` requests.
+fn streams(max_concurrency: usize) -> u64 {
+    (max_concurrency as u64).clamp(1, STREAMS)
+}
+
+/// The size of the parts of every object of a queue, set from what its
+/// GETs took: with latency `L` (time to the answer) and bandwidth `bw`
+/// (bytes per second of a body after it), each of `m` = [`streams`]
+/// streams needs one part plus the `L·bw` bytes that arrive in one latency,
+/// so parts are `budget/m − L·bw`, within [`part_cap`] and
+/// [`part_ceiling`]. On a low-latency server parts grow to the ceiling
+/// (fewer GETs); on a high-latency one they stay small, so that many GETs
+/// are in flight to cover the latency. `L` and `bw` are running estimates,
+/// each GET weighing [`NEWEST_WEIGHT`]; before the first, parts are
+/// [`part_cap`]. Which bytes a part holds never changes what is read.
+#[derive(Debug)]
+pub(super) struct PartSizes {
+    budget: u64,
+    floor: u64,
+    ceiling: u64,
+    streams: u64,
+    /// Latency (seconds) and bandwidth (bytes per second), once measured.
+    estimate: Mutex<Option<(f64, f64)>>,
+}
+
+impl PartSizes {
+    /// The sizes of parts over `budget`, at most `part_size`, with
+    /// `max_concurrency` requests.
+    pub(super) fn new(budget: u64, part_size: u64, max_concurrency: usize) -> Self {
+        PartSizes {
+            budget,
+            floor: part_cap(budget, part_size),
+            ceiling: part_ceiling(budget, part_size, max_concurrency),
+            streams: streams(max_concurrency),
+            estimate: Mutex::new(None),
+        }
+    }
+
+    /// Takes a GET's timing into the estimates (a body too short to time
+    /// gives its latency only).
+    pub(super) fn record(&self, sample: Sample) {
+        let latency = sample.first_byte.as_secs_f64();
+        let transfer = sample.transfer.as_secs_f64();
+        let rate = (transfer > 0.0 && sample.bytes > 0).then(|| sample.bytes as f64 / transfer);
+        let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        *estimate = Some(match *estimate {
+            None => (latency, rate.unwrap_or(0.0)),
+            Some((l, bw)) => (
+                l + NEWEST_WEIGHT * (latency - l),
+                rate.map_or(bw, |r| {
+                    if bw > 0.0 {
+                        bw + NEWEST_WEIGHT * (r - bw)
+                    } else {
+                        r
+                    }
+                }),
+            ),
+        });
+    }
+
+    /// The size of the next parts, from the estimates so far.
+    pub(super) fn target(&self) -> u64 {
+        let estimate = *self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        match estimate {
+            None => self.floor,
+            Some((latency, rate)) => self.size_for(latency, rate),
+        }
+    }
+
+    /// The part size for `latency` seconds and `rate` bytes per second.
+    fn size_for(&self, latency: f64, rate: f64) -> u64 {
+        let in_latency = (latency * rate).clamp(0.0, self.budget as f64) as u64;
+        (self.budget / self.streams)
+            .saturating_sub(in_latency)
+            .clamp(self.floor, self.ceiling)
+    }
+
+    /// The largest part.
+    pub(super) fn ceiling(&self) -> u64 {
+        self.ceiling
+    }
+}
+
 /// The parts of a byte range, in order: the first of at most
-/// [`FIRST_PART_BYTES`], each next one twice the one before, up to `cap`.
+/// [`FIRST_PART_BYTES`], each next one twice the one before, up to the
+/// size [`PartSizes`] sets when it is cut.
 #[derive(Debug, Clone)]
 pub(super) struct PartPlan {
     next: u64,
     end: u64,
     size: u64,
-    cap: u64,
+    sizes: Arc<PartSizes>,
 }
 
 impl PartPlan {
     /// The plan of `range` (end `u64::MAX`: to the object's end, set later
     /// with [`PartPlan::end_at`]).
-    pub(super) fn new(range: Range<u64>, cap: u64) -> Self {
-        let cap = cap.max(1);
+    pub(super) fn new(range: Range<u64>, sizes: Arc<PartSizes>) -> Self {
         PartPlan {
             next: range.start,
             end: range.end,
-            size: FIRST_PART_BYTES.min(cap),
-            cap,
+            size: FIRST_PART_BYTES.min(sizes.target()).max(1),
+            sizes,
         }
     }
 
@@ -87,7 +190,7 @@ impl Iterator for PartPlan {
         let start = self.next;
         let end = start.saturating_add(self.size).min(self.end);
         self.next = end;
-        self.size = self.size.saturating_mul(2).min(self.cap);
+        self.size = self.size.saturating_mul(2).min(self.sizes.target()).max(1);
         Some(start..end)
     }
 }
@@ -139,7 +242,7 @@ struct Opened {
 /// parts before it are parsed.
 pub(super) struct PartQueue {
     slots: Arc<Semaphore>,
-    cap: u64,
+    sizes: Arc<PartSizes>,
     /// Budget the look-ahead may hold.
     allowance: u64,
     /// Units opened ahead of the oldest open one, at most.
@@ -156,11 +259,11 @@ impl PartQueue {
     pub(super) fn new(fetcher: &Fetcher) -> Self {
         let options = &fetcher.s3_options;
         let budget = fetcher.budget_bytes() as u64;
-        let cap = part_cap(budget, options.part_size as u64);
+        let sizes = PartSizes::new(budget, options.part_size as u64, options.max_concurrency);
         PartQueue {
             slots: Arc::new(Semaphore::new(options.max_concurrency.max(1))),
-            cap,
-            allowance: budget.saturating_sub(2 * cap),
+            allowance: budget.saturating_sub(2 * sizes.ceiling()),
+            sizes: Arc::new(sizes),
             window: look_ahead_units(options.max_concurrency),
             opened: VecDeque::new(),
             #[cfg(test)]
@@ -186,7 +289,7 @@ impl PartQueue {
             .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
         // Of unknown size, the object may end within the first part.
         let clamp = range.end == u64::MAX;
-        let mut plan = PartPlan::new(range, self.cap);
+        let mut plan = PartPlan::new(range, self.sizes.clone());
         let first = plan.next();
         let first_bytes = first.as_ref().map_or(0, |p| p.end - p.start);
         while let Some(oldest) = self.opened.front() {
@@ -209,13 +312,18 @@ impl PartQueue {
         let (answer_tx, answer) = watch::channel(None);
         #[cfg(test)]
         let issued = self.issued.clone();
+        let shared = Arc::new(Shared {
+            tap: Tap::default(),
+            turn: watch::Sender::new(first.start),
+            sizes: self.sizes.clone(),
+        });
         let spawn: SpawnPart = Box::new(move |part, role, slot| {
             #[cfg(test)]
             issued
                 .lock()
                 .unwrap()
                 .push((object.url().to_owned(), part.clone()));
-            tokio::spawn(fetch_part(object.clone(), part, role, slot))
+            tokio::spawn(fetch_part(object.clone(), part, role, slot, shared.clone()))
         });
         // A unit of a byte range may give the range's size, not the object's.
         let role = Role::First {
@@ -333,14 +441,25 @@ enum Role {
     Later(watch::Receiver<FirstAnswer>),
 }
 
+/// What the parts of one object share: the body of a whole answer kept
+/// for the next part, whose turn it is to read it (the offset it is kept
+/// at), and the queue's part sizes.
+struct Shared {
+    tap: Tap,
+    turn: watch::Sender<u64>,
+    sizes: Arc<PartSizes>,
+}
+
 /// One part into memory: every byte of `range` (with a first part of an
 /// object of unknown size, up to the object's end), or an error. Holds its
-/// request slot until done.
+/// request slot until done. Of a server that ignores `Range`, a later part
+/// waits for the part before it and reads on from its answer's body.
 async fn fetch_part<O: RangedObject>(
     object: Arc<O>,
     range: Range<u64>,
     role: Role,
     _slot: OwnedSemaphorePermit,
+    shared: Arc<Shared>,
 ) -> PartResult {
     let (mut pinned, clamp, answer) = match role {
         Role::First {
@@ -358,10 +477,26 @@ async fn fetch_part<O: RangedObject>(
             }
         },
     };
+    if pinned.ignores_range {
+        // The part before this one ends where this one starts; it passes
+        // the turn on however it ends.
+        let mut turn = shared.turn.subscribe();
+        if turn.wait_for(|at| *at == range.start).await.is_err() {
+            return Err(Error::Stopped("stream cancelled".into()));
+        }
+    }
     let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
-    let result = object
-        .stream_range(range.clone(), clamp, &mut pinned, &mut buffer)
-        .await;
+    let sizes = &shared.sizes;
+    let result = stream_range(
+        &*object,
+        range.clone(),
+        clamp,
+        &mut pinned,
+        &mut buffer,
+        (Some(&shared.tap), &|sample| sizes.record(sample)),
+    )
+    .await;
+    shared.turn.send_replace(range.end);
     let outcome = match (result, buffer) {
         (Ok(Ok(())), Target::Buffer(bytes)) => {
             let end = match pinned.size {
@@ -451,12 +586,12 @@ async fn deliver(
 mod tests {
     use std::collections::HashSet;
     use std::io::Read;
-    use std::sync::Mutex;
     use std::time::Duration;
 
     use bytes::Bytes;
     use proptest::prelude::*;
 
+    use super::super::ranged::{Answer, Failure, NextBytes};
     use super::super::ShardReader;
     use super::*;
     use crate::config::S3Options;
@@ -466,11 +601,48 @@ mod tests {
 
     /// An object in memory: it logs every request, answers after a few
     /// scheduler turns, and fails the request of the part at `fail_at`.
+    /// With `ignore_range`, it answers every GET with the whole object
+    /// (as a web server that ignores `Range` does), its body breaking once
+    /// at `break_at`.
     struct MemoryObject {
         url: String,
-        bytes: Vec<u8>,
+        bytes: Arc<Vec<u8>>,
         log: PartLog,
         fail_at: Option<u64>,
+        ignore_range: bool,
+        break_at: Mutex<Option<u64>>,
+        options: S3Options,
+        counters: Counters,
+    }
+
+    /// A body of `bytes[at..end]`, sent in pieces of 10,000 bytes, that
+    /// breaks at `break_at`.
+    struct MemoryBody {
+        bytes: Arc<Vec<u8>>,
+        at: usize,
+        end: usize,
+        break_at: Option<usize>,
+    }
+
+    impl super::super::ranged::Body for MemoryBody {
+        fn next_bytes(&mut self) -> NextBytes<'_> {
+            Box::pin(async move {
+                tokio::task::yield_now().await;
+                if self.break_at == Some(self.at) {
+                    return Some(Err("connection reset".into()));
+                }
+                if self.at >= self.end {
+                    return None;
+                }
+                let mut to = (self.at + 10_000).min(self.end);
+                if let Some(cut) = self.break_at.filter(|&b| b > self.at) {
+                    to = to.min(cut);
+                }
+                let piece = Bytes::copy_from_slice(&self.bytes[self.at..to]);
+                self.at = to;
+                Some(Ok(piece))
+            })
+        }
     }
 
     impl RangedObject for MemoryObject {
@@ -478,13 +650,22 @@ mod tests {
             &self.url
         }
 
-        async fn stream_range(
+        fn options(&self) -> &S3Options {
+            &self.options
+        }
+
+        fn counters(&self) -> &Counters {
+            &self.counters
+        }
+
+        async fn get(
             &self,
-            range: Range<u64>,
+            position: u64,
+            end: Option<u64>,
             clamp: bool,
             pinned: &mut Pinned,
-            target: &mut Target<'_>,
-        ) -> Result<Result<(), Error>, ConsumerGone> {
+        ) -> Result<Option<Answer>, Failure> {
+            let range = position..end.unwrap_or(u64::MAX);
             self.log
                 .lock()
                 .unwrap()
@@ -495,32 +676,44 @@ mod tests {
                 tokio::task::yield_now().await;
             }
             if self.fail_at == Some(range.start) {
-                return Ok(Err(Error::Read {
+                return Err(Failure::Fatal(Error::Read {
                     url: self.url.clone(),
                     offset: range.start,
                     source: std::io::Error::other("gave up"),
                 }));
             }
             // Every request after an object's first is pinned to its ETag.
-            let first = pinned.etag.is_none();
             assert!(
-                first == (range.start == 0),
-                "{}: part {range:?} pinned to {:?}",
+                pinned.etag.is_some() || range.start == 0,
+                "{}: part {range:?} not pinned",
                 self.url,
-                pinned.etag
             );
             pinned.etag = Some(format!("etag-{}", self.url));
             pinned.size = Some(size);
             pinned.confirmed = true;
-            let end = if clamp {
+            let stop = if clamp || end.is_none() {
                 range.end.min(size)
             } else {
                 range.end
             };
-            assert!(end <= size, "{}: {range:?} past {size}", self.url);
-            let bytes = Bytes::copy_from_slice(&self.bytes[range.start as usize..end as usize]);
-            target.push(bytes).await?;
-            Ok(Ok(()))
+            assert!(stop <= size, "{}: {range:?} past {size}", self.url);
+            let (from, skip, body_end) = if self.ignore_range {
+                (0, position, size)
+            } else {
+                (position, 0, stop)
+            };
+            let break_at = self.break_at.lock().unwrap().take();
+            Ok(Some(Answer {
+                stop,
+                skip,
+                body_end,
+                body: Box::new(MemoryBody {
+                    bytes: self.bytes.clone(),
+                    at: from as usize,
+                    end: body_end as usize,
+                    break_at: break_at.map(|b| b as usize),
+                }),
+            }))
         }
     }
 
@@ -555,7 +748,18 @@ mod tests {
     struct Run {
         read: Vec<Result<Vec<u8>, u64>>,
         log: Vec<(String, Range<u64>)>,
+        requests: Vec<(String, Range<u64>)>,
         peak: u64,
+    }
+
+    /// What the server of the objects does wrong: fails the request of
+    /// object `fail.0`'s part at `fail.1`; ignores `Range`, each object's
+    /// first body breaking at `break_at`.
+    #[derive(Default, Clone, Copy)]
+    struct Faults {
+        fail: Option<(usize, u64)>,
+        ignore_range: bool,
+        break_at: Option<u64>,
     }
 
     /// Reads objects of `sizes` (`listed`: with their sizes known) through
@@ -565,7 +769,7 @@ mod tests {
         sizes: &[usize],
         listed: bool,
         (budget, part_size, max_concurrency): (usize, usize, usize),
-        fail: Option<(usize, u64)>,
+        faults: Faults,
         read_len: usize,
     ) -> Run {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -582,9 +786,17 @@ mod tests {
             .map(|(i, &len)| {
                 let object = MemoryObject {
                     url: format!("mem://{i}"),
-                    bytes: content(i, len),
+                    bytes: Arc::new(content(i, len)),
                     log: log.clone(),
-                    fail_at: fail.filter(|f| f.0 == i).map(|f| f.1),
+                    fail_at: faults.fail.filter(|f| f.0 == i).map(|f| f.1),
+                    ignore_range: faults.ignore_range,
+                    break_at: Mutex::new(faults.break_at),
+                    options: S3Options {
+                        backoff_base: Duration::from_millis(1),
+                        backoff_max: Duration::from_millis(2),
+                        ..S3Options::default()
+                    },
+                    counters: Counters::new(),
                 };
                 let unit = FetchUnit {
                     url: object.url.clone(),
@@ -639,12 +851,16 @@ mod tests {
             read.push(outcome);
         }
         runtime.shutdown_timeout(Duration::from_secs(2));
-        let requested = log.lock().unwrap().len();
+        let requests = log.lock().unwrap().clone();
         let issued = issued.lock().unwrap().clone();
-        assert!(requested >= issued.len().min(1), "parts were requested");
+        assert!(
+            requests.len() >= issued.len().min(1),
+            "parts were requested"
+        );
         Run {
             read,
             log: issued,
+            requests,
             peak: counters.snapshot().get(Counter::ReadAheadPeakBytes),
         }
     }
@@ -673,8 +889,78 @@ mod tests {
         }
     }
 
+    /// Part sizes fixed at `cap`.
+    fn fixed(cap: u64) -> Arc<PartSizes> {
+        Arc::new(PartSizes::new(1 << 62, cap, 1))
+    }
+
     fn plan(range: Range<u64>, cap: u64) -> Vec<Range<u64>> {
-        PartPlan::new(range, cap).collect()
+        PartPlan::new(range, fixed(cap)).collect()
+    }
+
+    fn sample(first_byte_ms: u64, bytes: u64, transfer_ms: u64) -> Sample {
+        Sample {
+            first_byte: Duration::from_millis(first_byte_ms),
+            bytes,
+            transfer: Duration::from_millis(transfer_ms),
+        }
+    }
+
+    #[test]
+    fn parts_grow_on_a_low_latency_server_and_stay_small_on_a_high_latency_one() {
+        let mib = 1 << 20;
+        // The defaults: 32 MiB, 8 MiB parts, 64 requests: 8 streams of 4 MiB.
+        let sizes = PartSizes::new(32 * mib, 8 * mib, 64);
+        assert_eq!((sizes.target(), sizes.ceiling()), (mib, 4 * mib));
+        // 1 ms to the answer, 100 MB/s: 100 KB arrive in a latency.
+        sizes.record(sample(1, 100_000_000, 1000));
+        assert_eq!(sizes.target(), 4 * mib - 100_000);
+        // 20 ms, 100 MB/s (the next GETs weigh a quarter each).
+        let slow = PartSizes::new(32 * mib, 8 * mib, 64);
+        slow.record(sample(20, 100_000_000, 1000));
+        assert_eq!(slow.target(), 4 * mib - 2_000_000);
+        // Latency x bandwidth past a stream's share: the floor.
+        slow.record(sample(500, 100_000_000, 1000));
+        assert_eq!(slow.target(), mib);
+        // Time to the answer moves the estimate by a quarter.
+        let moving = PartSizes::new(32 * mib, 8 * mib, 64);
+        moving.record(sample(0, 1000, 1000));
+        moving.record(sample(40, 1000, 1000));
+        assert_eq!(moving.size_for(0.010, 1e6), 4 * mib - 10_000);
+        assert_eq!(moving.target(), 4 * mib - 10);
+        // Fewer requests than streams: larger parts, never past part_size.
+        assert_eq!(part_ceiling(32 * mib, 8 * mib, 2), 8 * mib);
+        assert_eq!(part_ceiling(32 * mib, 2 * mib, 64), 2 * mib);
+        // A small budget: the floor.
+        assert_eq!(part_ceiling(256 << 10, 8 * mib, 64), 64 << 10);
+    }
+
+    #[test]
+    fn a_server_that_ignores_range_is_read_by_one_answer_per_object() {
+        let sizes = [3_000_000, 700_000, 0, 250_000];
+        let budget = 512 << 10;
+        for (break_at, gets) in [(None, [1, 1, 1, 1]), (Some(1_000_003), [2, 1, 1, 1])] {
+            let faults = Faults {
+                ignore_range: true,
+                break_at,
+                ..Faults::default()
+            };
+            for listed in [true, false] {
+                let run = read_through_queue(&sizes, listed, (budget, 64 << 10, 8), faults, 5000);
+                for (i, read) in run.read.iter().enumerate() {
+                    assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]), "object {i}");
+                    let url = format!("mem://{i}");
+                    let requests = run.requests.iter().filter(|(u, _)| *u == url).count();
+                    // An empty object listed as such is not asked for.
+                    let expected = if listed && sizes[i] == 0 { 0 } else { gets[i] };
+                    assert_eq!(requests, expected, "GETs of object {i}");
+                }
+                // Many parts, each within the budget, read from one body.
+                assert!(run.log.len() > 40, "{}", run.log.len());
+                assert!(run.peak <= budget as u64, "{}", run.peak);
+                check_order(&run.log);
+            }
+        }
     }
 
     #[test]
@@ -691,13 +977,13 @@ mod tests {
 
     #[test]
     fn a_plan_of_unknown_end_ends_at_the_size_learnt() {
-        let mut parts = PartPlan::new(0..u64::MAX, 1 << 20);
+        let mut parts = PartPlan::new(0..u64::MAX, fixed(1 << 20));
         assert_eq!(parts.next(), Some(0..FIRST_PART_BYTES));
         parts.end_at(FIRST_PART_BYTES + 10);
         assert_eq!(parts.next(), Some(FIRST_PART_BYTES..FIRST_PART_BYTES + 10));
         assert_eq!(parts.next(), None);
         // An object that ended within the first part.
-        let mut parts = PartPlan::new(0..u64::MAX, 1 << 20);
+        let mut parts = PartPlan::new(0..u64::MAX, fixed(1 << 20));
         parts.next();
         parts.end_at(5);
         assert_eq!(parts.next(), None);
@@ -720,7 +1006,13 @@ mod tests {
         let sizes = [700_000, 0, 5, 300_000, 1_000_000, 64 << 10, 123_457];
         for listed in [true, false] {
             let budget = 256 << 10;
-            let run = read_through_queue(&sizes, listed, (budget, 8 << 20, 8), None, 4096);
+            let run = read_through_queue(
+                &sizes,
+                listed,
+                (budget, 8 << 20, 8),
+                Faults::default(),
+                4096,
+            );
             for (i, read) in run.read.iter().enumerate() {
                 assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]), "object {i}");
             }
@@ -739,7 +1031,10 @@ mod tests {
             &sizes,
             true,
             (1 << 20, 32 << 10, 6),
-            Some((1, fail_at)),
+            Faults {
+                fail: Some((1, fail_at)),
+                ..Faults::default()
+            },
             1000,
         );
         assert_eq!(run.read[0].as_ref().unwrap(), &content(0, sizes[0]));
@@ -751,7 +1046,13 @@ mod tests {
     fn a_budget_of_one_part_does_not_deadlock() {
         let sizes = [100_000, 90_000, 250_000];
         // One part of the budget's size at a time; no look-ahead room.
-        let run = read_through_queue(&sizes, true, (32 << 10, 32 << 10, 4), None, 333);
+        let run = read_through_queue(
+            &sizes,
+            true,
+            (32 << 10, 32 << 10, 4),
+            Faults::default(),
+            333,
+        );
         for (i, read) in run.read.iter().enumerate() {
             assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]));
         }
@@ -765,48 +1066,69 @@ mod tests {
         fn any_objects_arrive_whole_within_any_budget(
             sizes in proptest::collection::vec(0usize..400_000, 1..6),
             listed in any::<bool>(),
-            budget in 1usize..600_000,
+            budget in 1usize..2_000_000,
             part_size in 1usize..300_000,
             max_concurrency in 2usize..12,
             read_len in 1usize..70_000,
+            ignore_range in any::<bool>(),
+            break_at in proptest::option::of(0u64..400_000),
         ) {
             // Parts are at least 1 KiB here, to keep each case short.
             let part_size = part_size.max(1024);
             let budget = budget.max(part_size.min(64 << 10));
+            let faults = Faults { ignore_range, break_at, ..Faults::default() };
             let run = read_through_queue(
-                &sizes, listed, (budget, part_size, max_concurrency), None, read_len,
+                &sizes, listed, (budget, part_size, max_concurrency), faults, read_len,
             );
             for (i, read) in run.read.iter().enumerate() {
                 prop_assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]));
             }
             prop_assert!(run.peak <= budget as u64);
             check_order(&run.log);
+            let ceiling = part_ceiling(budget as u64, part_size as u64, max_concurrency);
+            prop_assert!(run.log.iter().all(|(_, r)| r.end - r.start <= ceiling));
+            if ignore_range {
+                // One GET per object, two where its body broke.
+                prop_assert!(run.requests.len() <= 2 * sizes.len());
+            }
         }
     }
 
     proptest! {
         #[test]
-        fn parts_cover_the_range_once_in_order_within_the_cap(
+        fn parts_cover_the_range_once_in_order_within_the_sizes_set(
             start in 0u64..1 << 40,
             len in 0u64..64 << 20,
             budget in 1u64..1 << 30,
             part_size in 1u64..1 << 32,
+            max_concurrency in 1usize..100,
+            samples in proptest::collection::vec((0u64..200, 0u64..1 << 26, 0u64..500), 0..40),
         ) {
-            let cap = part_cap(budget, part_size);
-            prop_assert!(cap >= 1 && cap <= budget.max(1) && cap <= part_size);
-            let parts = plan(start..start + len, cap);
+            let floor = part_cap(budget, part_size);
+            let ceiling = part_ceiling(budget, part_size, max_concurrency);
+            prop_assert!(floor >= 1 && floor <= budget.max(1) && floor <= part_size);
+            prop_assert!(ceiling >= floor && ceiling <= part_size.max(floor));
+            let sizes = Arc::new(PartSizes::new(budget, part_size, max_concurrency));
+            let parts = PartPlan::new(start..start + len, sizes.clone());
+            let mut samples = samples.into_iter();
             let mut next = start;
             let mut previous = 0;
-            for (i, part) in parts.iter().enumerate() {
+            for (i, part) in parts.enumerate() {
                 prop_assert_eq!(part.start, next);
                 let size = part.end - part.start;
-                prop_assert!(size >= 1 && size <= cap);
+                prop_assert!(size >= 1 && size <= ceiling);
                 if i == 0 {
                     prop_assert!(size <= FIRST_PART_BYTES);
-                } else if part.end < start + len {
-                    // Sizes never shrink but at the end.
-                    prop_assert!(size >= previous);
+                } else {
+                    // At most twice the part before.
+                    prop_assert!(size <= 2 * previous);
                 }
+                // GETs measured between parts change the sizes after.
+                if let Some((first_byte, bytes, transfer)) = samples.next() {
+                    sizes.record(sample(first_byte, bytes, transfer));
+                }
+                let target = sizes.target();
+                prop_assert!(target >= floor && target <= ceiling);
                 previous = size;
                 next = part.end;
             }

@@ -1,12 +1,15 @@
 //! What every source read by byte ranges shares (S3, HTTP(S)): bounded
 //! retries with backoff and jitter, the check that an answer holds exactly
 //! the bytes asked for, the validator a resume is pinned to, budgeted
-//! chunks, and one streaming read of a unit (parallel parts are
-//! [`super::queue`]'s).
+//! chunks, the body-streaming loop every read of a range goes through
+//! ([`stream_range`]), and one streaming read of a unit (parallel parts
+//! are [`super::queue`]'s).
 
+use std::future::Future;
 use std::ops::Range;
-use std::sync::Arc;
-use std::time::Instant;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -14,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
-use crate::stats::Counter;
+use crate::stats::{Counter, Counters};
 
 /// What a failed request or body means for the read.
 pub(super) enum Failure {
@@ -130,6 +133,10 @@ pub(super) struct Pinned {
     /// Whether an answer gave `size`; else it is the size the object was
     /// listed with, which the first answer must confirm.
     pub(super) confirmed: bool,
+    /// Whether the server answered a ranged GET with the whole object (it
+    /// ignores `Range`): the rest of that answer's body is read on rather
+    /// than asked for again.
+    pub(super) ignores_range: bool,
 }
 
 impl Pinned {
@@ -306,27 +313,240 @@ impl Target<'_> {
     }
 }
 
+/// The next bytes of a body: `None` at its end, `Err` with the reason
+/// when it breaks.
+pub(super) type NextBytes<'a> =
+    Pin<Box<dyn Future<Output = Option<Result<Bytes, String>>> + Send + 'a>>;
+
+/// The body of an answer, read a piece at a time (an HTTP body, an S3
+/// object's byte stream).
+pub(super) trait Body: Send {
+    /// The next bytes of the body.
+    fn next_bytes(&mut self) -> NextBytes<'_>;
+}
+
+/// An answer taken for a read from some byte offset: where the read of it
+/// stops, the leading body bytes to skip (those of a whole answer to a
+/// request from a later offset), where its body ends in the object, and
+/// the body.
+pub(super) struct Answer {
+    /// Where the read stops in the object (exclusive).
+    pub(super) stop: u64,
+    /// Body bytes before the offset asked for.
+    pub(super) skip: u64,
+    /// Where the body ends in the object: past `stop` when the server sent
+    /// the whole object for a range.
+    pub(super) body_end: u64,
+    /// The body.
+    pub(super) body: Box<dyn Body>,
+}
+
 /// An object read by byte ranges (an S3 object, an HTTP(S) resource): how
-/// to stream a range of it, retried and resumed. [`read_ranged`] reads a
-/// unit of any such object within the read-ahead budget, as one streaming
-/// request or as parallel ranged requests.
+/// to send one GET of a range of it and check its answer. [`stream_range`]
+/// streams a range with such GETs, retried and resumed; [`read_ranged`]
+/// reads a unit of any such object within the read-ahead budget as one
+/// streaming request, [`super::queue`] as parallel ranged requests.
 pub(super) trait RangedObject: Send + Sync + 'static {
     /// The object's URL, for errors.
     fn url(&self) -> &str;
 
-    /// Streams the bytes `range` (end `u64::MAX`: to the object's end; with
-    /// `clamp`, to the range's end or the object's, whichever comes first)
-    /// into `target`, retrying failed requests and resuming a broken body
-    /// from the last byte received, pinned to `pinned`'s validator. Every
-    /// answer is checked to hold exactly the bytes asked for, and the read
-    /// ends only where the range (or the object) does.
-    fn stream_range(
+    /// The retries, backoff and timeouts of its reads.
+    fn options(&self) -> &S3Options;
+
+    /// Where requests, bytes, resumes and retries are counted.
+    fn counters(&self) -> &Counters;
+
+    /// Sends one GET of the bytes from `position` to `end` (exclusive;
+    /// `None`: the object's end; with `clamp`, the object may end first),
+    /// pinned to `pinned`'s validator, and takes its answer if it carries
+    /// those bytes and fits what `pinned` knows (which it then learns).
+    /// `Ok(None)`: the object is empty (a first read of unknown size).
+    fn get(
         &self,
-        range: Range<u64>,
+        position: u64,
+        end: Option<u64>,
         clamp: bool,
         pinned: &mut Pinned,
-        target: &mut Target<'_>,
-    ) -> impl std::future::Future<Output = Result<Result<(), Error>, ConsumerGone>> + Send;
+    ) -> impl Future<Output = Result<Option<Answer>, Failure>> + Send;
+}
+
+/// What one GET of a part took: the time to its answer, then the bytes of
+/// its body read and the time they took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Sample {
+    /// From sending the request to its answer.
+    pub(super) first_byte: Duration,
+    /// Body bytes read after it.
+    pub(super) bytes: u64,
+    /// The time those bytes took.
+    pub(super) transfer: Duration,
+}
+
+/// The body of a whole answer to a range (a server that ignores `Range`),
+/// kept where the read of one part stopped for the part after it.
+#[derive(Default)]
+pub(super) struct Tap {
+    kept: Mutex<Option<Kept>>,
+}
+
+/// A body kept: the offset of its next bytes, and those of them already
+/// received.
+struct Kept {
+    at: u64,
+    pending: Bytes,
+    body: Box<dyn Body>,
+}
+
+impl Tap {
+    /// The body kept at byte offset `at`, with the bytes of it already
+    /// received, if any.
+    fn take(&self, at: u64) -> Option<(Bytes, Box<dyn Body>)> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        match kept.take() {
+            Some(Kept {
+                at: offset,
+                pending,
+                body,
+            }) if offset == at => Some((pending, body)),
+            other => {
+                *kept = other;
+                None
+            }
+        }
+    }
+
+    /// Keeps `body`, whose next bytes (after `pending`) are at `at`.
+    fn keep(&self, at: u64, pending: Bytes, body: Box<dyn Body>) {
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(Kept { at, pending, body });
+    }
+}
+
+/// Streams the bytes `range` of `object` (end `u64::MAX`: to the object's
+/// end; with `clamp`, to the range's end or the object's, whichever comes
+/// first) into `target`, retrying failed requests and resuming a broken
+/// body from the last byte received, pinned to `pinned`'s validator; the
+/// read ends only where the range (or the object) does. A whole answer to
+/// a range (its body runs past the range) is kept in `tap`, if given, for
+/// the read of the bytes after the range, which takes it from there rather
+/// than send another GET. Each GET's timing goes to `on_get`.
+pub(super) async fn stream_range<O: RangedObject>(
+    object: &O,
+    range: Range<u64>,
+    clamp: bool,
+    pinned: &mut Pinned,
+    target: &mut Target<'_>,
+    (tap, on_get): (Option<&Tap>, &(dyn Fn(Sample) + Sync)),
+) -> Result<Result<(), Error>, ConsumerGone> {
+    let (options, counters, url) = (object.options(), object.counters(), object.url());
+    let mut end = (range.end != u64::MAX).then_some(range.end);
+    let mut position = range.start;
+    let mut retries = Retries::new(options, url, range.start);
+    loop {
+        if end.is_some_and(|e| position >= e) {
+            return Ok(Ok(()));
+        }
+        let kept = tap.and_then(|tap| tap.take(position));
+        let (answer, mut pending, first_byte) = match kept {
+            Some((pending, body)) => {
+                let body_end = pinned.size.unwrap_or(u64::MAX);
+                let stop = end.unwrap_or(body_end).min(body_end);
+                let answer = Answer {
+                    stop,
+                    skip: 0,
+                    body_end,
+                    body,
+                };
+                (Ok(Some(answer)), pending, None)
+            }
+            None => {
+                counters.add(Counter::Requests, 1);
+                let sent = Instant::now();
+                let answer = object.get(position, end, clamp, pinned).await;
+                (answer, Bytes::new(), Some(sent.elapsed()))
+            }
+        };
+        let reason = match answer {
+            Ok(None) => return Ok(Ok(())),
+            Ok(Some(Answer {
+                stop,
+                mut skip,
+                body_end,
+                mut body,
+            })) => {
+                end = Some(stop);
+                let runs_on = body_end > stop;
+                pinned.ignores_range |= runs_on;
+                let (from, started) = (position, Instant::now());
+                let broke = loop {
+                    if position == stop && skip == 0 && runs_on {
+                        if let Some(tap) = tap {
+                            tap.keep(position, std::mem::take(&mut pending), body);
+                        }
+                        break None;
+                    }
+                    let next = if pending.is_empty() {
+                        match tokio::time::timeout(options.idle_timeout, body.next_bytes()).await {
+                            Ok(Some(Ok(bytes))) => {
+                                counters.add(Counter::BytesRead, bytes.len() as u64);
+                                bytes
+                            }
+                            Ok(Some(Err(reason))) => {
+                                break Some(format!("the body broke: {reason}"))
+                            }
+                            Ok(None) if position < stop => {
+                                break Some(format!(
+                                    "the body ended early, at byte offset {position}"
+                                ))
+                            }
+                            Ok(None) => break None,
+                            Err(_) => {
+                                break Some(format!("no body bytes for {:?}", options.idle_timeout))
+                            }
+                        }
+                    } else {
+                        std::mem::take(&mut pending)
+                    };
+                    let mut bytes = next;
+                    let skipped = skip.min(bytes.len() as u64);
+                    let _ = bytes.split_to(skipped as usize);
+                    skip -= skipped;
+                    // Past `stop` only when the whole object was sent for
+                    // a range: the rest is kept for the next read, or left.
+                    let room = stop - position;
+                    if bytes.len() as u64 > room {
+                        pending = bytes.split_off(room as usize);
+                        if !runs_on {
+                            position += bytes.len() as u64;
+                            target.push(bytes).await?;
+                            break None;
+                        }
+                    }
+                    position += bytes.len() as u64;
+                    if !bytes.is_empty() {
+                        target.push(bytes).await?;
+                    }
+                };
+                if let (Some(first_byte), None) = (first_byte, &broke) {
+                    on_get(Sample {
+                        first_byte,
+                        bytes: position - from,
+                        transfer: started.elapsed(),
+                    });
+                }
+                let Some(reason) = broke else {
+                    return Ok(Ok(()));
+                };
+                counters.add(Counter::Resumes, 1);
+                reason
+            }
+            Err(Failure::Fatal(error)) => return Ok(Err(error)),
+            Err(Failure::Retry(reason)) => reason,
+        };
+        if let Err(error) = retries.wait(url, position, reason).await {
+            return Ok(Err(error));
+        }
+        counters.add(Counter::Retries, 1);
+    }
 }
 
 /// Reads the unit's object (or byte range of it) as one streaming GET
@@ -353,9 +573,15 @@ pub(super) async fn read_ranged<O: RangedObject>(
         chunk: Vec::new(),
         permit: None,
     };
-    let result = match object
-        .stream_range(range, false, &mut pinned, &mut target)
-        .await
+    let result = match stream_range(
+        &*object,
+        range,
+        false,
+        &mut pinned,
+        &mut target,
+        (None, &|_| {}),
+    )
+    .await
     {
         Err(ConsumerGone) => return Ok(()),
         Ok(result) => result,

@@ -9,20 +9,20 @@
 //! Credentials that cannot be loaded, or that the store rejects, are final:
 //! not retried, said in a sentence that tells how to provide them.
 
-use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
+use aws_sdk_s3::primitives::ByteStream;
 
 use super::ranged::{
-    cause_chain, check_response, error_chain, read_ranged, Failure, Pinned, RangedObject, Retries,
-    Target, MAX_CHAIN,
+    cause_chain, check_response, error_chain, read_ranged, Answer, Body, Failure, NextBytes,
+    Pinned, RangedObject, Retries, MAX_CHAIN,
 };
 use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
-use crate::stats::{Counter, Counters};
+use crate::stats::Counters;
 
 /// A client for one stream, made in the process that reads (after fork).
 pub struct S3Client {
@@ -405,14 +405,14 @@ async fn get(
 /// Takes an answer for the read of `url` at `position` (to `end`; with
 /// `clamp`, or without `end`, the object may end first) if it carries the
 /// bytes asked for and fits what is known of the object; gives where the
-/// read stops.
+/// read stops and where the answer's body ends.
 fn accept(
     url: &str,
     position: u64,
     (end, clamp): (Option<u64>, bool),
     output: &GetObjectOutput,
     pinned: &mut Pinned,
-) -> Result<u64, Failure> {
+) -> Result<(u64, u64), Failure> {
     let served = check_response(
         position,
         end,
@@ -456,15 +456,18 @@ fn accept(
     if pinned.etag.is_none() {
         pinned.etag = output.e_tag().map(str::to_owned);
     }
-    match end {
-        None => Ok(served.size),
-        Some(end) if end <= served.size => Ok(end),
-        Some(_) if clamp => Ok(served.size),
-        Some(end) => Err(invalid(format!(
-            "bytes up to byte offset {end} were asked for, the object holds {}",
-            served.size
-        ))),
-    }
+    let stop = match end {
+        None => served.size,
+        Some(end) if end <= served.size => end,
+        Some(_) if clamp => served.size,
+        Some(end) => {
+            return Err(invalid(format!(
+                "bytes up to byte offset {end} were asked for, the object holds {}",
+                served.size
+            )))
+        }
+    };
+    Ok((stop, served.body_end))
 }
 
 /// One object being read: its client, counters, URL, bucket and key.
@@ -476,55 +479,57 @@ struct S3Object {
     key: String,
 }
 
+impl Body for ByteStream {
+    fn next_bytes(&mut self) -> NextBytes<'_> {
+        Box::pin(async move {
+            self.next()
+                .await
+                .map(|result| result.map_err(|e| error_chain(&e)))
+        })
+    }
+}
+
 impl RangedObject for S3Object {
     fn url(&self) -> &str {
         &self.url
     }
 
-    /// Streams `range` with GETs pinned to the first ETag seen (If-Match).
-    async fn stream_range(
+    fn options(&self) -> &S3Options {
+        &self.s3.options
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// One GET pinned to the first ETag seen (If-Match), its answer checked
+    /// with [`check_response`].
+    async fn get(
         &self,
-        range: Range<u64>,
+        position: u64,
+        end: Option<u64>,
         clamp: bool,
         pinned: &mut Pinned,
-        target: &mut Target<'_>,
-    ) -> Result<Result<(), Error>, ConsumerGone> {
-        stream_range(self, range, clamp, pinned, target).await
-    }
-}
-
-/// Streams the bytes `range` of an S3 object into `target` (see
-/// [`RangedObject::stream_range`]); every answer is checked with
-/// [`check_response`].
-async fn stream_range(
-    object: &S3Object,
-    range: Range<u64>,
-    clamp: bool,
-    pinned: &mut Pinned,
-    target: &mut Target<'_>,
-) -> Result<Result<(), Error>, ConsumerGone> {
-    let S3Object {
-        s3,
-        counters,
-        url,
-        bucket,
-        key,
-    } = object;
-    let mut end = (range.end != u64::MAX).then_some(range.end);
-    let mut position = range.start;
-    let mut retries = Retries::new(&s3.options, url, range.start);
-    loop {
-        if end.is_some_and(|e| position >= e) {
-            return Ok(Ok(()));
-        }
+    ) -> Result<Option<Answer>, Failure> {
+        let S3Object {
+            s3,
+            url,
+            bucket,
+            key,
+            ..
+        } = self;
         if let Some(error) = s3.known_credentials_failure(url) {
-            return Ok(Err(error));
+            return Err(Failure::Fatal(error));
         }
-        counters.add(Counter::Requests, 1);
-        let request = get(s3, bucket, key, position, end, pinned.etag.as_deref());
-        let answer = match request.await {
+        match get(s3, bucket, key, position, end, pinned.etag.as_deref()).await {
             Ok(output) => {
-                accept(url, position, (end, clamp), &output, pinned).map(|stop| (stop, output.body))
+                let (stop, body_end) = accept(url, position, (end, clamp), &output, pinned)?;
+                Ok(Some(Answer {
+                    stop,
+                    skip: 0,
+                    body_end,
+                    body: Box::new(output.body),
+                }))
             }
             Err(error)
                 if position == 0
@@ -536,55 +541,10 @@ async fn stream_range(
                 // empty object.
                 pinned.size = Some(0);
                 pinned.confirmed = true;
-                return Ok(Ok(()));
+                Ok(None)
             }
             Err(error) => Err(s3.classify(url, position, &error)),
-        };
-        let reason = match answer {
-            Ok((stop, mut body)) => {
-                end = Some(stop);
-                let broke = loop {
-                    match tokio::time::timeout(s3.options.idle_timeout, body.next()).await {
-                        Ok(Some(Ok(mut bytes))) => {
-                            // Past `stop` only when the whole object was
-                            // sent for a range from its first byte.
-                            let room = stop - position;
-                            let cut = bytes.len() as u64 > room;
-                            if cut {
-                                bytes.truncate(room as usize);
-                            }
-                            position += bytes.len() as u64;
-                            counters.add(Counter::BytesRead, bytes.len() as u64);
-                            target.push(bytes).await?;
-                            if cut {
-                                break None;
-                            }
-                        }
-                        Ok(None) if position < stop => {
-                            break Some(format!("the body ended early, at byte offset {position}"))
-                        }
-                        Ok(None) => break None,
-                        Ok(Some(Err(e))) => {
-                            break Some(format!("the body broke: {}", error_chain(&e)))
-                        }
-                        Err(_) => {
-                            break Some(format!("no body bytes for {:?}", s3.options.idle_timeout))
-                        }
-                    }
-                };
-                let Some(reason) = broke else {
-                    return Ok(Ok(()));
-                };
-                counters.add(Counter::Resumes, 1);
-                reason
-            }
-            Err(Failure::Fatal(error)) => return Ok(Err(error)),
-            Err(Failure::Retry(reason)) => reason,
-        };
-        if let Err(error) = retries.wait(url, position, reason).await {
-            return Ok(Err(error));
         }
-        counters.add(Counter::Retries, 1);
     }
 }
 
@@ -631,7 +591,7 @@ mod tests {
         output: GetObjectOutput,
         pinned: &mut Pinned,
         end: Option<u64>,
-    ) -> Result<u64, Failure> {
+    ) -> Result<(u64, u64), Failure> {
         accept(URL, 0, (end, false), &output, pinned)
     }
 
@@ -656,7 +616,10 @@ mod tests {
             _ => panic!("a listed size that the object does not have is an error"),
         }
         let mut pinned = Pinned::listed(None);
-        assert!(matches!(take_answer(whole(), &mut pinned, None), Ok(900)));
+        assert!(matches!(
+            take_answer(whole(), &mut pinned, None),
+            Ok((900, 900))
+        ));
         assert_eq!(
             (pinned.size, pinned.etag.as_deref()),
             (Some(900), Some("\"a\""))
