@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -39,14 +40,19 @@ pub(super) const PARTS_PER_BUDGET: u64 = 32;
 /// `part_size`, or budget, still applies).
 const MIN_PART_CAP: u64 = 64 << 10;
 
-/// Parts streamed at once that the budget is sized for, at most (and no
-/// more than `max_concurrency`): each holds one part plus the bytes a
-/// connection receives in one first-byte latency.
+/// Parts of the largest size that fit in the budget at once, at least
+/// (and no fewer than `max_concurrency` allows).
 pub(super) const STREAMS: u64 = 8;
 
 /// The weight of the newest GET in the running estimates of latency and
 /// bandwidth.
 const NEWEST_WEIGHT: f64 = 0.25;
+
+/// The rate parts are sized to sustain, over the rate they are fetched at.
+const HEADROOM: f64 = 1.5;
+
+/// The GETs over which the rate parts are fetched at is measured.
+const RATE_WINDOW: usize = 32;
 
 /// The size parts never need to go below: `part_size`, or less so that
 /// [`PARTS_PER_BUDGET`] parts fit in `budget`; never more than the budget,
@@ -59,37 +65,52 @@ pub(super) fn part_cap(budget: u64, part_size: u64) -> u64 {
         .max(1)
 }
 
-/// The largest part: `part_size`, or less so that `budget` holds one part
-/// per stream of [`streams`]; never below [`part_cap`].
+/// The largest part: `part_size`, or less so that `budget` holds
+/// min([`STREAMS`], `max_concurrency`) parts; never below [`part_cap`].
 pub(super) fn part_ceiling(budget: u64, part_size: u64, max_concurrency: usize) -> u64 {
-    (budget / streams(max_concurrency))
+    (budget / (max_concurrency as u64).clamp(1, STREAMS))
         .min(part_size)
         .max(part_cap(budget, part_size))
 }
 
-/// Streams the budget is sized for with `max_concurrency` requests.
-fn streams(max_concurrency: usize) -> u64 {
-    (max_concurrency as u64).clamp(1, STREAMS)
-}
-
 /// The size of the parts of every object of a queue, set from what its
-/// GETs took: with latency `L` (time to the answer) and bandwidth `bw`
-/// (bytes per second of a body after it), each of `m` = [`streams`]
-/// streams needs one part plus the `L·bw` bytes that arrive in one latency,
-/// so parts are `budget/m − L·bw`, within [`part_cap`] and
-/// [`part_ceiling`]. On a low-latency server parts grow to the ceiling
-/// (fewer GETs); on a high-latency one they stay small, so that many GETs
-/// are in flight to cover the latency. `L` and `bw` are running estimates,
-/// each GET weighing [`NEWEST_WEIGHT`]; before the first, parts are
-/// [`part_cap`]. Which bytes a part holds never changes what is read.
+/// GETs took. With budget `B`, parts of size `S` each taking the latency
+/// `L` (time to the answer) and then `S/bw` (`bw`: bytes per second of a
+/// body), the budget sustains `B / (L + S/bw)`; parts are the largest that
+/// still sustain [`HEADROOM`] times the rate `R` parts are fetched at:
+/// `S = bw · (B / 1.5R − L)`, within [`part_cap`] and [`part_ceiling`]. On
+/// a server close by (`L` small, `bw` large) parts grow to the ceiling
+/// (fewer GETs, less CPU); where `L` is large against the time the budget
+/// lasts, they stay at the floor, so that many GETs are in flight to cover
+/// the latency. `L` and `bw` are running estimates, each GET weighing
+/// [`NEWEST_WEIGHT`]; `R` is the bytes of the last [`RATE_WINDOW`] GETs
+/// over the time they took to complete; until two GETs are measured, parts
+/// are [`part_cap`]. Which bytes a part holds never changes what is read.
 #[derive(Debug)]
 pub(super) struct PartSizes {
     budget: u64,
     floor: u64,
     ceiling: u64,
-    streams: u64,
+    estimate: Mutex<Estimate>,
+}
+
+/// What the GETs of a queue measured so far.
+#[derive(Debug, Default)]
+struct Estimate {
     /// Latency (seconds) and bandwidth (bytes per second), once measured.
-    estimate: Mutex<Option<(f64, f64)>>,
+    latency_bandwidth: Option<(f64, f64)>,
+    /// When each of the last GETs completed, and its bytes.
+    completed: VecDeque<(Instant, u64)>,
+}
+
+impl Estimate {
+    /// Bytes per second over the GETs in the window (those after the first).
+    fn rate(&self) -> Option<f64> {
+        let (first, last) = (self.completed.front()?, self.completed.back()?);
+        let span = last.0.duration_since(first.0).as_secs_f64();
+        let bytes: u64 = self.completed.iter().skip(1).map(|c| c.1).sum();
+        (span > 0.0).then(|| bytes as f64 / span)
+    }
 }
 
 impl PartSizes {
@@ -100,19 +121,23 @@ impl PartSizes {
             budget,
             floor: part_cap(budget, part_size),
             ceiling: part_ceiling(budget, part_size, max_concurrency),
-            streams: streams(max_concurrency),
-            estimate: Mutex::new(None),
+            estimate: Mutex::new(Estimate::default()),
         }
     }
 
-    /// Takes a GET's timing into the estimates (a body too short to time
-    /// gives its latency only).
+    /// Takes a GET's timing into the estimates, as completed now.
     pub(super) fn record(&self, sample: Sample) {
+        self.record_at(sample, Instant::now());
+    }
+
+    /// Takes a GET's timing into the estimates, as completed at `now` (a
+    /// body too short to time gives its latency only).
+    fn record_at(&self, sample: Sample, now: Instant) {
         let latency = sample.first_byte.as_secs_f64();
         let transfer = sample.transfer.as_secs_f64();
         let rate = (transfer > 0.0 && sample.bytes > 0).then(|| sample.bytes as f64 / transfer);
         let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
-        *estimate = Some(match *estimate {
+        estimate.latency_bandwidth = Some(match estimate.latency_bandwidth {
             None => (latency, rate.unwrap_or(0.0)),
             Some((l, bw)) => (
                 l + NEWEST_WEIGHT * (latency - l),
@@ -125,23 +150,29 @@ impl PartSizes {
                 }),
             ),
         });
+        if estimate.completed.len() == RATE_WINDOW {
+            estimate.completed.pop_front();
+        }
+        estimate.completed.push_back((now, sample.bytes));
     }
 
     /// The size of the next parts, from the estimates so far.
     pub(super) fn target(&self) -> u64 {
-        let estimate = *self.estimate.lock().unwrap_or_else(|e| e.into_inner());
-        match estimate {
-            None => self.floor,
-            Some((latency, rate)) => self.size_for(latency, rate),
+        let estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        match (estimate.latency_bandwidth, estimate.rate()) {
+            (Some((latency, bandwidth)), Some(rate)) => self.size_for(latency, bandwidth, rate),
+            _ => self.floor,
         }
     }
 
-    /// The part size for `latency` seconds and `rate` bytes per second.
-    fn size_for(&self, latency: f64, rate: f64) -> u64 {
-        let in_latency = (latency * rate).clamp(0.0, self.budget as f64) as u64;
-        (self.budget / self.streams)
-            .saturating_sub(in_latency)
-            .clamp(self.floor, self.ceiling)
+    /// The part size for `latency` seconds, `bandwidth` and a fetch `rate`
+    /// (bytes per second).
+    fn size_for(&self, latency: f64, bandwidth: f64, rate: f64) -> u64 {
+        let spare = self.budget as f64 / (HEADROOM * rate) - latency;
+        if spare.is_nan() || spare <= 0.0 {
+            return self.floor;
+        }
+        ((bandwidth * spare).min(self.ceiling as f64) as u64).clamp(self.floor, self.ceiling)
     }
 
     /// The largest part.
@@ -909,25 +940,32 @@ mod tests {
     #[test]
     fn parts_grow_on_a_low_latency_server_and_stay_small_on_a_high_latency_one() {
         let mib = 1 << 20;
-        // The defaults: 32 MiB, 8 MiB parts, 64 requests: 8 streams of 4 MiB.
+        // The defaults: 32 MiB, 8 MiB parts, 64 requests.
         let sizes = PartSizes::new(32 * mib, 8 * mib, 64);
         assert_eq!((sizes.target(), sizes.ceiling()), (mib, 4 * mib));
-        // 1 ms to the answer, 100 MB/s: 100 KB arrive in a latency.
-        sizes.record(sample(1, 100_000_000, 1000));
-        assert_eq!(sizes.target(), 4 * mib - 100_000);
-        // 20 ms, 100 MB/s (the next GETs weigh a quarter each).
-        let slow = PartSizes::new(32 * mib, 8 * mib, 64);
-        slow.record(sample(20, 100_000_000, 1000));
-        assert_eq!(slow.target(), 4 * mib - 2_000_000);
-        // Latency x bandwidth past a stream's share: the floor.
-        slow.record(sample(500, 100_000_000, 1000));
-        assert_eq!(slow.target(), mib);
-        // Time to the answer moves the estimate by a quarter.
-        let moving = PartSizes::new(32 * mib, 8 * mib, 64);
-        moving.record(sample(0, 1000, 1000));
-        moving.record(sample(40, 1000, 1000));
-        assert_eq!(moving.size_for(0.010, 1e6), 4 * mib - 10_000);
-        assert_eq!(moving.target(), 4 * mib - 10);
+        // 20 ms to the answer, 100 MB/s, fetched at 450 MB/s: the budget
+        // lasts 49.7 ms at 675 MB/s, 29.7 ms of it past the latency.
+        let proxied = sizes.size_for(0.020, 1e8, 4.5e8);
+        assert!((2_971_000..2_971_050).contains(&proxied), "{proxied}");
+        // 2 ms, 1 GB/s, at 700 MB/s: the ceiling.
+        assert_eq!(sizes.size_for(0.002, 1e9, 7e8), 4 * mib);
+        // 30 ms, 80 MB/s, at 1 GB/s: the latency outlasts the budget.
+        assert_eq!(sizes.size_for(0.030, 8e7, 1e9), mib);
+        assert_eq!(sizes.size_for(0.0, 1e9, 0.0), 4 * mib);
+        // Measured: 20 ms and 100 MB/s for each GET of 1 MB, one GET
+        // completing every 2.5 ms (400 MB/s).
+        let start = Instant::now();
+        for i in 0..40 {
+            let at = start + Duration::from_micros(2500 * i);
+            sizes.record_at(sample(20, 1_000_000, 10), at);
+        }
+        // B / 1.5R - L = 55.9 ms - 20 ms, at 100 MB/s.
+        let measured = sizes.target();
+        assert!((3_592_400..3_592_410).contains(&measured), "{measured}");
+        // One GET is no rate yet.
+        let one = PartSizes::new(32 * mib, 8 * mib, 64);
+        one.record(sample(1, 1000, 1));
+        assert_eq!(one.target(), mib);
         // Fewer requests than streams: larger parts, never past part_size.
         assert_eq!(part_ceiling(32 * mib, 8 * mib, 2), 8 * mib);
         assert_eq!(part_ceiling(32 * mib, 2 * mib, 64), 2 * mib);
@@ -1111,6 +1149,7 @@ mod tests {
             let sizes = Arc::new(PartSizes::new(budget, part_size, max_concurrency));
             let parts = PartPlan::new(start..start + len, sizes.clone());
             let mut samples = samples.into_iter();
+            let start_at = Instant::now();
             let mut next = start;
             let mut previous = 0;
             for (i, part) in parts.enumerate() {
@@ -1125,7 +1164,8 @@ mod tests {
                 }
                 // GETs measured between parts change the sizes after.
                 if let Some((first_byte, bytes, transfer)) = samples.next() {
-                    sizes.record(sample(first_byte, bytes, transfer));
+                    let at = start_at + Duration::from_millis(transfer * i as u64);
+                    sizes.record_at(sample(first_byte, bytes, transfer), at);
                 }
                 let target = sizes.target();
                 prop_assert!(target >= floor && target <= ceiling);
