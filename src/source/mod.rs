@@ -2,9 +2,9 @@
 //! its own runtime, running ahead of the parser across shard boundaries
 //! within a byte budget, and hands each shard over, in order, as a
 //! [`ShardReader`] (a blocking `std::io::Read` with a bounded wait). Local
-//! files are read one after another; up to `max_concurrency` S3 objects
-//! (or HTTP(S) resources) are fetched at once, each within its own share of
-//! the budget, so a slow first byte or a per-connection bandwidth limit is
+//! files are read one after another; remote objects (S3, HTTP(S)) as
+//! ranged parts of one queue over the budget, up to `max_concurrency` GETs
+//! at once, so a slow first byte or a per-connection bandwidth limit is
 //! paid in parallel. A new remote source implements
 //! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
