@@ -241,6 +241,7 @@ class Options:
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,
+        pack_bytes: bool = False,
         local_bytes_by_reference: bool = True,
         worker_shared_memory_bytes: int = 67108864,
         raise_malloc_thresholds: bool = True,

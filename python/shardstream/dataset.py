@@ -104,6 +104,13 @@ class StreamingDataset(IterableDataset[Any]):
             (numpy arrays for equal-shape arrays and numbers, lists
             otherwise); use ``DataLoader(batch_size=None)`` with it. The
             last batch of each worker may be smaller.
+        pack_bytes: with ``batch_size``, a bytes field that every sample of
+            the batch has becomes one ``uint8`` array of its members end to
+            end, plus ``<field>_offsets`` (``int64``, one more than the
+            batch's samples: member ``i`` is ``data[offsets[i]:offsets[i +
+            1]]``), instead of a list of ``bytes``: one object per field
+            instead of one per sample, ready for ``torch.from_numpy`` and
+            batched GPU decoders.
         local_bytes_by_reference: in DataLoader workers, hand out members of
             16 KiB or more of local (memory-mapped) tar shards as
             ``shardstream.local_bytes.LocalBytes``, a ``bytes`` that pickles

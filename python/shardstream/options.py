@@ -51,6 +51,7 @@ class DatasetOptions(TypedDict, total=False):
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None
+    pack_bytes: bool
     local_bytes_by_reference: bool
     worker_shared_memory_bytes: int
     raise_malloc_thresholds: bool
