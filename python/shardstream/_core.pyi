@@ -238,6 +238,7 @@ class Options:
         http_headers: Mapping[str, str] | None = None,
         format: Literal["auto", "tar", "parquet", "raw"] = "auto",
         decode: bool | Mapping[str, str | Image | AudioClip] | None = None,
+        decode_threads: int | None = None,
         columns: Sequence[str] | None = None,
         batch_format: Literal["dict", "arrow"] = "dict",
         batch_size: int | None = None,

@@ -96,6 +96,11 @@ class StreamingDataset(IterableDataset[Any]):
             ``jpeg``, ``png``: rgb8 uint8 ``(H, W, 3)`` array), or a dict of
             field name to decoder name. A field that fails to decode raises
             ``FieldDecodeError`` naming the shard, key and field.
+        decode_threads: threads that run the field decoders and transforms
+            of each stream (GIL released). ``None``: the cores this process
+            may use, shared among its DataLoader workers (and among
+            torchrun's processes on the node, ``LOCAL_WORLD_SIZE``), 1 to 16.
+            The samples do not depend on it.
         columns: Parquet columns to read (all by default).
         batch_format: ``"dict"`` (samples, or collated batches) or
             ``"arrow"`` (Parquet only: ``pyarrow.RecordBatch`` objects handed

@@ -48,6 +48,7 @@ class DatasetOptions(TypedDict, total=False):
     http_headers: Mapping[str, str] | None
     format: Format
     decode: bool | Mapping[str, Decoder | Image | AudioClip] | None
+    decode_threads: int | None
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None

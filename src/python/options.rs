@@ -22,7 +22,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 26] = [
+pub const OPTION_NAMES: [&str; 27] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -37,6 +37,7 @@ pub const OPTION_NAMES: [&str; 26] = [
     "http_headers",
     "format",
     "decode",
+    "decode_threads",
     "columns",
     "batch_format",
     "batch_size",
@@ -459,6 +460,14 @@ impl Options {
                     builder
                 }
                 "decode" => builder.with_decode(field_decoders(&value)?),
+                "decode_threads" => {
+                    let threads = if value.is_none() {
+                        None
+                    } else {
+                        Some(integer::<usize>(&name, &value)?)
+                    };
+                    builder.with_decode_threads(threads)
+                }
                 "columns" => {
                     let columns = if value.is_none() {
                         None
@@ -644,6 +653,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("http_headers", py.None())?;
     dict.set_item("format", "auto")?;
     dict.set_item("decode", py.None())?;
+    dict.set_item("decode_threads", py.None())?;
     dict.set_item("columns", py.None())?;
     dict.set_item("batch_format", "dict")?;
     dict.set_item("batch_size", py.None())?;
