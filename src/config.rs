@@ -296,7 +296,8 @@ pub struct StreamOptions {
     /// Field decoders applied to every sample.
     pub decode: FieldDecoders,
     /// Threads that decode a stream's fields (the pipeline thread
-    /// included); `None`: [`crate::pipeline::auto_decode_threads`].
+    /// included); `None`: as many as the cores allow, shared among the
+    /// processes that decode (the pipeline's `auto_decode_threads`).
     pub decode_threads: Option<usize>,
     /// Table columns to read (all when `None`).
     pub columns: Option<Vec<String>>,
@@ -456,7 +457,7 @@ impl StreamOptionsBuilder {
     }
 
     /// Sets the threads that decode a stream's fields (`None`: as many as
-    /// the cores allow, see [`crate::pipeline::auto_decode_threads`]).
+    /// the cores allow, shared among the processes that decode).
     pub fn with_decode_threads(mut self, threads: Option<usize>) -> Self {
         self.options.decode_threads = threads;
         self
