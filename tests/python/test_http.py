@@ -133,24 +133,59 @@ def test_a_server_that_ignores_range_is_read_past_what_was_delivered(http, datas
     assert ds.stats()["resumed_bodies"] == 2
 
 
-def test_a_server_that_ignores_range_is_read_by_one_answer(tmp_path):
-    # An object far larger than the first part (256 KiB), read with the
-    # default part queue: the first whole answer (200) to a ranged GET is
-    # read on to the object's end, no part asks again; a cut body is
-    # resumed once (the server's whole answer read past the bytes before).
-    root = tmp_path / "whole"
+def write_large_shard(root: Path) -> dict[str, bytes]:
+    """A 6 MB shard of 150 members (far larger than a first part, 256 KiB)."""
     root.mkdir()
     members = {f"{i:04d}.bin": bytes([i % 251]) * 40_000 + i.to_bytes(4, "big") for i in range(150)}
     write_tar(root / "shard.tar", members.items())
+    return {key.removesuffix(".bin"): value for key, value in members.items()}
+
+
+def test_a_server_that_ignores_range_is_read_by_one_answer(tmp_path):
+    # Read with the default part queue: the first whole answer (200) to a
+    # ranged GET is read on to the object's end, no part asks again; a cut
+    # body is resumed once (the server's whole answer read past the bytes
+    # before).
+    root = tmp_path / "whole"
+    expected = write_large_shard(root)
     with running_http_server(root) as server:
         server.reset(Faults(ignore_range=True, cut_first=1))
         ds = StreamingDataset(server.url("shard.tar"))
         got = {s["__key__"]: s["bin"] for s in ds}
         stats = ds.stats()
         gets = server.served.gets_by_path["/shard.tar"]
-    assert got == {key.removesuffix(".bin"): value for key, value in members.items()}
+    assert got == expected
     assert stats["requests"] == 2 and stats["resumed_bodies"] == 1, stats
     assert gets <= 3, gets  # the two reads, and at most one to learn the size
+
+
+def test_a_server_that_ignores_range_and_changes_mid_read_is_an_error(tmp_path):
+    # The cut falls in a later part, read from the first answer's body; the
+    # resume is pinned to the first ETag.
+    root = tmp_path / "whole"
+    write_large_shard(root)
+    with running_http_server(root) as server:
+        server.reset(
+            Faults(ignore_range=True, cut_first=1, cut_after=1_000_000, change_on_cut=True)
+        )
+        url = server.url("shard.tar")
+        with pytest.raises(shardstream.ObjectChangedError) as raised:
+            collect(StreamingDataset(url, s3=FAST))
+    message = str(raised.value)
+    assert url in message and "1000000" in message, message
+
+
+def test_a_server_that_ignores_range_with_a_short_body_is_an_error_at_its_end(tmp_path):
+    root = tmp_path / "whole"
+    write_large_shard(root)
+    size = (root / "shard.tar").stat().st_size
+    with running_http_server(root) as server:
+        server.reset(Faults(ignore_range=True, short_by=100))
+        url = server.url("shard.tar")
+        with pytest.raises(shardstream.ShardReadError) as raised:
+            collect(StreamingDataset(url, s3=FAST))
+    message = str(raised.value)
+    assert url in message and f"byte offset {size}" in message, message
 
 
 def test_an_object_changed_mid_read_is_an_error(http, dataset, tmp_path):
