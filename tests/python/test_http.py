@@ -336,6 +336,30 @@ def test_exact_resume_mid_epoch(http, dataset):
     assert prefix + collect(resumed) == full
 
 
+def test_exact_resume_mid_shard_from_a_server_that_ignores_range(tmp_path):
+    # Every read is one whole answer, its parts taking their bytes from it.
+    root = tmp_path / "whole"
+    expected = write_large_shard(root)
+    with running_http_server(root) as server:
+        server.reset(Faults(ignore_range=True))
+        url = server.url("shard.tar")
+        full = [s["__key__"] for s in StreamingDataset(url, seed=5, shuffle_buffer=7)]
+        first = StreamingDataset(url, seed=5, shuffle_buffer=7)
+        iterator = iter(first)
+        prefix = [next(iterator)["__key__"] for _ in range(80)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del iterator, first
+        resumed = StreamingDataset(url, seed=5, shuffle_buffer=7)
+        resumed.load_state_dict(state)
+        rest = [s["__key__"] for s in resumed]
+        requests = resumed.stats()["requests"]
+    assert sorted(full) == sorted(expected)
+    assert prefix + rest == full
+    # The resumed shuffle buffer's samples and those after the cursor: the
+    # shard is read twice, each time by one answer.
+    assert requests <= 2, requests
+
+
 def test_raw_objects_over_http_are_keyed_by_their_path(http, dataset, tmp_path: Path):
     ds = StreamingDataset(http.url(dataset.paths[0].name), format="raw")
     (sample,) = collect(ds)
