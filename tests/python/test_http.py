@@ -159,6 +159,31 @@ def test_a_server_that_ignores_range_is_read_by_one_answer(tmp_path):
     assert gets <= 3, gets  # the two reads, and at most one to learn the size
 
 
+def reading_threads() -> int:
+    """Native threads of shardstream streams in this process."""
+    names = (task / "comm" for task in Path("/proc/self/task").iterdir())
+    return sum(name.read_text().startswith("shardstream") for name in names if name.exists())
+
+
+def test_a_read_by_one_answer_ends_when_its_iterator_is_dropped(tmp_path):
+    # Parts wait their turn on the one body; dropping the iterator mid-shard
+    # ends them, the body and the stream's threads.
+    root = tmp_path / "whole"
+    write_large_shard(root)
+    with running_http_server(root) as server:
+        server.reset(Faults(ignore_range=True))
+        ds = StreamingDataset(server.url("shard.tar"), read_ahead_bytes=1 << 20)
+        iterator = iter(ds)
+        assert len([next(iterator) for _ in range(5)]) == 5
+        assert reading_threads() > 0
+        del iterator, ds
+        deadline = time.monotonic() + 10
+        while reading_threads() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reading_threads() == 0
+        assert server.served.gets == 1
+
+
 def test_a_server_that_ignores_range_and_changes_mid_read_is_an_error(tmp_path):
     # The cut falls in a later part, read from the first answer's body; the
     # resume is pinned to the first ETag.
