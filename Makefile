@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop wheel demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 clean
+.PHONY: help venv develop wheel demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -148,6 +148,11 @@ bench-peers-s3: peers-wheel $(S3_SERVER) ## The side-by-side benchmark reading f
 		--mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
 	$(PEERS_VENV)/bin/python benches/peers/peers_bench.py --out bench-results --storage s3 \
 		--first-byte-ms 20 --mbps 100 --profiles audio --mds-python $(PEERS_MDS_VENV)/bin/python $(PEERS_ARGS)
+
+# Needs a CUDA device (it refuses to run without one); the peers' virtualenv
+# has webdataset, LitData and torchvision. TRAIN_ARGS: e.g. --models resnet18.
+bench-train: peers-wheel ## ResNet-18/50 training (bf16) fed by shardstream's Rust transforms and by PIL in workers with each library, against the GPU's ceiling
+	$(PEERS_VENV)/bin/python benches/train_bench.py --out bench-results $(TRAIN_ARGS)
 
 clean: ## Remove build outputs, the virtualenv and generated data
 	rm -rf target $(VENV) $(PEERS_VENV) $(PEERS_MDS_VENV) build dist data bench-results python/shardstream/*.so

@@ -231,7 +231,11 @@ fn bench_collate(c: &mut Criterion) {
     let mut group = c.benchmark_group("collate");
     group.throughput(Throughput::Bytes(BATCH * (pixels as u64 + 8 + 200)));
     group.bench_function("32x_rgb224_int_bytes200", |b| {
-        b.iter_batched(|| samples.clone(), collate, BatchSize::LargeInput)
+        b.iter_batched(
+            || samples.clone(),
+            |samples| collate(samples, false).expect("collates"),
+            BatchSize::LargeInput,
+        )
     });
     group.finish();
 }
@@ -343,8 +347,13 @@ fn bench_handoff(c: &mut Criterion) {
                 b.iter_batched(
                     || batch.clone(),
                     |samples| {
-                        batch_to_dict(py, collate(samples), BytesOut::Plain, &mut names)
-                            .map(|dict| dict.len())
+                        batch_to_dict(
+                            py,
+                            collate(samples, false).expect("collates"),
+                            BytesOut::Plain,
+                            &mut names,
+                        )
+                        .map(|dict| dict.len())
                     },
                     BatchSize::SmallInput,
                 )

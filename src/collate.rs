@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
+use crate::error::Error;
 use crate::format::Sample;
+use crate::source::verify_view;
 use crate::value::{Array, ArrayData, Value};
 
 /// Samples collated into columns.
@@ -26,6 +28,21 @@ pub enum Column {
     /// Anything else, one value per sample (`Null` where a sample lacks
     /// the field).
     Values(Vec<Value>),
+    /// With `pack_bytes`, a field that every sample has as bytes: the
+    /// members end to end in `data`, sample `i`'s at
+    /// `data[offsets[i]..offsets[i + 1]]` (`offsets` has one more entry than
+    /// the batch has samples, the first 0).
+    Packed {
+        /// Every member's bytes, in sample order.
+        data: Vec<u8>,
+        /// Where each member starts, then where the last one ends.
+        offsets: Vec<i64>,
+    },
+}
+
+/// The name of the column that holds a packed field's offsets.
+pub fn offsets_field(field: &str) -> String {
+    format!("{field}_offsets")
 }
 
 impl Batch {
@@ -42,8 +59,13 @@ impl Batch {
 
 /// Collates `samples`: a field whose values are all arrays of one shape
 /// and element type, or all `int`, all `float` or all `bool`, becomes one
-/// stacked array; other fields become lists.
-pub fn collate(samples: Vec<Sample>) -> Batch {
+/// stacked array; with `pack_bytes`, a field whose values are all bytes
+/// becomes one [`Column::Packed`]; other fields become lists.
+///
+/// Fails when a packed field's bytes are a view of a mapped local shard
+/// that was cut short while they were copied, or when its offsets would
+/// take the name of another field ([`offsets_field`]).
+pub fn collate(samples: Vec<Sample>, pack_bytes: bool) -> Result<Batch, Error> {
     let n = samples.len();
     let mut keys = Vec::with_capacity(n);
     let mut urls = Vec::with_capacity(n);
@@ -64,14 +86,76 @@ pub fn collate(samples: Vec<Sample>) -> Batch {
             values.push(value);
         }
     }
+    if pack_bytes {
+        check_offsets_names(&columns, &keys, &urls)?;
+    }
     let fields = columns
         .into_iter()
         .map(|(name, mut values)| {
             values.resize(n, Value::Null);
-            (name, stack(values))
+            let column = match pack_bytes {
+                true => pack(values)?,
+                false => stack(values),
+            };
+            Ok((name, column))
         })
-        .collect();
-    Batch { keys, urls, fields }
+        .collect::<Result<_, Error>>()?;
+    Ok(Batch { keys, urls, fields })
+}
+
+/// Fails when a field of the batch is named as the offsets of a field that
+/// every sample has as bytes (which would be packed), naming a sample that
+/// has both.
+fn check_offsets_names(
+    columns: &[(String, Vec<Value>)],
+    keys: &[String],
+    urls: &[Arc<str>],
+) -> Result<(), Error> {
+    let n = keys.len();
+    for (field, values) in columns {
+        let packed = values.len() == n && values.iter().all(|v| v.as_bytes().is_some());
+        if !packed {
+            continue;
+        }
+        let offsets = offsets_field(field);
+        if let Some((_, taken)) = columns.iter().find(|(name, _)| *name == offsets) {
+            let row = taken
+                .iter()
+                .position(|v| !matches!(v, Value::Null))
+                .unwrap_or(0);
+            return Err(Error::Config {
+                name: "pack_bytes",
+                reason: format!(
+                    "field {field:?} would be packed with its offsets in {offsets:?}, and sample {:?} of {} already has a field {offsets:?}",
+                    keys[row], urls[row]
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One [`Column::Packed`] when every value is bytes, else as [`stack`]
+/// makes it. Each member is checked once copied: pages of a mapped local
+/// shard lost to the file being cut short read as zeros.
+fn pack(values: Vec<Value>) -> Result<Column, Error> {
+    let Some(members) = values
+        .iter()
+        .map(Value::as_bytes)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return Ok(stack(values));
+    };
+    let mut data = Vec::with_capacity(members.iter().map(|m| m.len()).sum());
+    let mut offsets = Vec::with_capacity(members.len() + 1);
+    offsets.push(0);
+    for member in members {
+        data.extend_from_slice(member);
+        verify_view(member)?;
+        // A Vec's length is at most isize::MAX.
+        offsets.push(data.len() as i64);
+    }
+    Ok(Column::Packed { data, offsets })
 }
 
 /// One stacked array when every value allows it, else the values.
@@ -170,10 +254,14 @@ mod tests {
 
     #[test]
     fn stacks_equal_arrays_and_numbers() {
-        let batch = collate(vec![
-            sample(0, vec![("jpg", image(1)), ("cls", Value::Int(3))]),
-            sample(1, vec![("jpg", image(2)), ("cls", Value::Int(5))]),
-        ]);
+        let batch = collate(
+            vec![
+                sample(0, vec![("jpg", image(1)), ("cls", Value::Int(3))]),
+                sample(1, vec![("jpg", image(2)), ("cls", Value::Int(5))]),
+            ],
+            false,
+        )
+        .unwrap();
         assert_eq!(batch.keys, ["k0", "k1"]);
         let [(jpg, Column::Stacked(images)), (cls, Column::Stacked(labels))] = &batch.fields[..]
         else {
@@ -192,17 +280,21 @@ mod tests {
     fn keeps_lists_for_mixed_shapes_bytes_and_missing_fields() {
         let short = Value::Array(Array::new(vec![1], ArrayData::F32(vec![0.5])).unwrap());
         let long = Value::Array(Array::new(vec![2], ArrayData::F32(vec![0.5, 1.0])).unwrap());
-        let batch = collate(vec![
-            sample(
-                0,
-                vec![("wav", short.clone()), ("txt", b"a".to_vec().into())],
-            ),
-            sample(1, vec![("wav", long.clone())]),
-            sample(
-                2,
-                vec![("txt", b"c".to_vec().into()), ("cls", Value::Int(1))],
-            ),
-        ]);
+        let batch = collate(
+            vec![
+                sample(
+                    0,
+                    vec![("wav", short.clone()), ("txt", b"a".to_vec().into())],
+                ),
+                sample(1, vec![("wav", long.clone())]),
+                sample(
+                    2,
+                    vec![("txt", b"c".to_vec().into()), ("cls", Value::Int(1))],
+                ),
+            ],
+            false,
+        )
+        .unwrap();
         assert_eq!(
             batch.fields,
             vec![
@@ -228,10 +320,123 @@ mod tests {
 
     #[test]
     fn mixed_number_types_stay_a_list() {
-        let batch = collate(vec![
-            sample(0, vec![("x", Value::Int(1))]),
-            sample(1, vec![("x", Value::Float(2.0))]),
-        ]);
+        let batch = collate(
+            vec![
+                sample(0, vec![("x", Value::Int(1))]),
+                sample(1, vec![("x", Value::Float(2.0))]),
+            ],
+            false,
+        )
+        .unwrap();
         assert!(matches!(batch.fields[0].1, Column::Values(_)));
+    }
+
+    #[test]
+    fn packs_bytes_fields_with_offsets_and_keeps_the_rest() {
+        let batch = collate(
+            vec![
+                sample(
+                    0,
+                    vec![("jpg", b"ab".to_vec().into()), ("cls", Value::Int(3))],
+                ),
+                sample(
+                    1,
+                    vec![("jpg", b"".to_vec().into()), ("cls", Value::Int(4))],
+                ),
+                sample(
+                    2,
+                    vec![("jpg", b"cde".to_vec().into()), ("cls", Value::Int(5))],
+                ),
+            ],
+            true,
+        )
+        .unwrap();
+        let [(jpg, Column::Packed { data, offsets }), (cls, Column::Stacked(labels))] =
+            &batch.fields[..]
+        else {
+            panic!("expected a packed and a stacked column: {:?}", batch.fields);
+        };
+        assert_eq!((jpg.as_str(), cls.as_str()), ("jpg", "cls"));
+        assert_eq!(data, b"abcde");
+        assert_eq!(offsets, &[0, 2, 2, 5]);
+        assert_eq!(labels.data, ArrayData::I64(vec![3, 4, 5]));
+    }
+
+    #[test]
+    fn a_bytes_field_some_samples_lack_stays_a_list_when_packing() {
+        let batch = collate(
+            vec![
+                sample(0, vec![("txt", b"a".to_vec().into())]),
+                sample(1, vec![("cls", Value::Int(1))]),
+            ],
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            batch.fields[0].1,
+            Column::Values(vec![b"a".to_vec().into(), Value::Null])
+        );
+    }
+
+    #[test]
+    fn offsets_that_would_take_a_fields_name_are_an_error() {
+        let error = collate(
+            vec![sample(
+                0,
+                vec![
+                    ("jpg", b"ab".to_vec().into()),
+                    ("jpg_offsets", Value::Int(1)),
+                ],
+            )],
+            true,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("invalid option pack_bytes:")
+                && error.contains("\"jpg_offsets\"")
+                && error.contains("\"k0\""),
+            "{error}"
+        );
+        // Without packing the same sample collates.
+        assert!(collate(
+            vec![sample(
+                0,
+                vec![
+                    ("jpg", b"ab".to_vec().into()),
+                    ("jpg_offsets", Value::Int(1))
+                ]
+            )],
+            false
+        )
+        .is_ok());
+    }
+
+    proptest::proptest! {
+        /// Packed members are the listed ones, end to end, in order.
+        #[test]
+        fn packed_members_are_the_listed_ones(
+            members in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 1..20)
+        ) {
+            let samples = |_: ()| members
+                .iter()
+                .enumerate()
+                .map(|(i, m)| sample(i as u64, vec![("bin", m.clone().into())]))
+                .collect::<Vec<_>>();
+            let packed = collate(samples(()), true).unwrap();
+            let listed = collate(samples(()), false).unwrap();
+            let Column::Packed { data, offsets } = &packed.fields[0].1 else {
+                panic!("not packed");
+            };
+            let Column::Values(values) = &listed.fields[0].1 else {
+                panic!("not a list");
+            };
+            proptest::prop_assert_eq!(offsets.len(), values.len() + 1);
+            for (i, value) in values.iter().enumerate() {
+                let (start, end) = (offsets[i] as usize, offsets[i + 1] as usize);
+                proptest::prop_assert_eq!(&data[start..end], value.as_bytes().unwrap());
+            }
+            proptest::prop_assert_eq!(*offsets.last().unwrap() as usize, data.len());
+        }
     }
 }

@@ -295,6 +295,10 @@ pub struct StreamOptions {
     pub s3: S3Options,
     /// Field decoders applied to every sample.
     pub decode: FieldDecoders,
+    /// Threads that decode a stream's fields (the pipeline thread
+    /// included); `None`: as many as the cores allow, shared among the
+    /// processes that decode (the pipeline's `auto_decode_threads`).
+    pub decode_threads: Option<usize>,
     /// Table columns to read (all when `None`).
     pub columns: Option<Vec<String>>,
     /// How table rows are handed out.
@@ -330,6 +334,7 @@ impl Default for StreamOptions {
             remainder: Remainder::Drop,
             s3: S3Options::default(),
             decode: FieldDecoders::default(),
+            decode_threads: None,
             columns: None,
             table_output: TableOutput::Rows,
             batch_rows: 8192,
@@ -451,6 +456,13 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Sets the threads that decode a stream's fields (`None`: as many as
+    /// the cores allow, shared among the processes that decode).
+    pub fn with_decode_threads(mut self, threads: Option<usize>) -> Self {
+        self.options.decode_threads = threads;
+        self
+    }
+
     /// Sets the table columns to read.
     pub fn with_columns(mut self, columns: Option<Vec<String>>) -> Self {
         self.options.columns = columns;
@@ -488,6 +500,9 @@ impl StreamOptionsBuilder {
         positive("chunk_bytes", o.chunk_bytes)?;
         positive("output_queue", o.output_queue)?;
         positive("batch_rows", o.batch_rows)?;
+        if let Some(threads) = o.decode_threads {
+            positive("decode_threads", threads)?;
+        }
         if o.table_output == TableOutput::Arrow && o.shuffle_buffer > 0 {
             return Err(Error::Config {
                 name: "shuffle_buffer",

@@ -66,6 +66,7 @@ BASELINE = "webdataset"
 LIBRARIES = (
     "shardstream",
     "shardstream (Rust batches)",
+    "shardstream (packed batches)",
     "webdataset",
     "litdata",
     "mosaicml-streaming",
@@ -100,7 +101,9 @@ How it is measured:
 
 - Each run is one epoch in a fresh subprocess, timed from constructing the dataset to
   the last batch, through `torch.utils.data.DataLoader` (batch 32, `collate_fn=list`;
-  "shardstream (Rust batches)": `batch_size=32` on the dataset, `DataLoader(batch_size=None)`).
+  "shardstream (Rust batches)": `batch_size=32` on the dataset, `DataLoader(batch_size=None)`;
+  "shardstream (packed batches)": the same with `pack_bytes=True`, each bytes field of a
+  batch one uint8 array plus its offsets).
   Page cache warm. Every library shuffles its own way: a 1000-sample buffer (shardstream,
   webdataset `.shuffle(1000)`, HF `.shuffle(buffer_size=1000)`), LitData and MosaicML
   `shuffle=True`.
@@ -454,13 +457,14 @@ def make_dataset_for(library: str, data: Path, cache: Path) -> tuple[Any, dict[s
     if library.startswith("shardstream"):
         from shardstream import S3Config, StreamingDataset
 
-        batched = library == "shardstream (Rust batches)"
+        batched = library in ("shardstream (Rust batches)", "shardstream (packed batches)")
         source = s3_url(data, "tar/") if endpoint else str(data / "tar")
         dataset = StreamingDataset(
             source,
             seed=SEED,
             shuffle_buffer=SHUFFLE_BUFFER,
             batch_size=BATCH if batched else None,
+            pack_bytes=library == "shardstream (packed batches)",
             s3=S3Config(endpoint_url=endpoint, path_style=True) if endpoint else None,
         )
         return dataset, {"batch_size": None, "collate_fn": _identity} if batched else batching
@@ -572,9 +576,15 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
             else:
                 keys.extend(batch["__key__"])
                 if touch:
-                    # Rust batches: each field a list of values.
+                    # Rust batches: each field a list of values; packed
+                    # batches: each bytes field one uint8 array (summed
+                    # whole), beside its offsets.
                     for name, column in batch.items():
-                        if not name.startswith("__"):
+                        if name.startswith("__") or name.endswith("_offsets"):
+                            continue
+                        if hasattr(column, "dtype"):
+                            touched += byte_sum({name: memoryview(column)})
+                        else:
                             touched += sum(byte_sum({name: value}) for value in column)
             continue
         if batch and "__io__" in batch[-1]:

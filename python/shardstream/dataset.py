@@ -96,6 +96,11 @@ class StreamingDataset(IterableDataset[Any]):
             ``jpeg``, ``png``: rgb8 uint8 ``(H, W, 3)`` array), or a dict of
             field name to decoder name. A field that fails to decode raises
             ``FieldDecodeError`` naming the shard, key and field.
+        decode_threads: threads that run the field decoders and transforms
+            of each stream (GIL released). ``None``: the cores this process
+            may use, shared among its DataLoader workers (and among
+            torchrun's processes on the node, ``LOCAL_WORLD_SIZE``), 1 to 16.
+            The samples do not depend on it.
         columns: Parquet columns to read (all by default).
         batch_format: ``"dict"`` (samples, or collated batches) or
             ``"arrow"`` (Parquet only: ``pyarrow.RecordBatch`` objects handed
@@ -104,6 +109,13 @@ class StreamingDataset(IterableDataset[Any]):
             (numpy arrays for equal-shape arrays and numbers, lists
             otherwise); use ``DataLoader(batch_size=None)`` with it. The
             last batch of each worker may be smaller.
+        pack_bytes: with ``batch_size``, a bytes field that every sample of
+            the batch has becomes one ``uint8`` array of its members end to
+            end, plus ``<field>_offsets`` (``int64``, one more than the
+            batch's samples: member ``i`` is ``data[offsets[i]:offsets[i +
+            1]]``), instead of a list of ``bytes``: one object per field
+            instead of one per sample, ready for ``torch.from_numpy`` and
+            batched GPU decoders.
         local_bytes_by_reference: in DataLoader workers, hand out members of
             16 KiB or more of local (memory-mapped) tar shards as
             ``shardstream.local_bytes.LocalBytes``, a ``bytes`` that pickles

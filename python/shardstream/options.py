@@ -48,9 +48,11 @@ class DatasetOptions(TypedDict, total=False):
     http_headers: Mapping[str, str] | None
     format: Format
     decode: bool | Mapping[str, Decoder | Image | AudioClip] | None
+    decode_threads: int | None
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None
+    pack_bytes: bool
     local_bytes_by_reference: bool
     worker_shared_memory_bytes: int
     raise_malloc_thresholds: bool

@@ -11,8 +11,8 @@ use crate::config::FieldDecoders;
 use crate::error::{Error, Result};
 use crate::format::{Sample, Value};
 
-/// Samples decoded together.
-pub(super) const DECODE_BATCH: usize = 32;
+/// Samples decoded together, at least (see [`DecodePool::batch_len`]).
+const DECODE_BATCH: usize = 32;
 
 /// Bytes a batch of pending samples must hold to be decoded on several threads.
 const PARALLEL_DECODE_BYTES: usize = 256 << 10;
@@ -65,6 +65,12 @@ impl DecodePool {
             jobs: None,
             helpers: Vec::new(),
         }
+    }
+
+    /// Samples to gather before decoding them together: enough for each
+    /// thread to have several (so uneven samples even out).
+    pub(super) fn batch_len(&self) -> usize {
+        DECODE_BATCH.max(4 * self.threads)
     }
 
     /// Whether no field is decoded.

@@ -38,6 +38,26 @@ use crate::source::{ReadAhead, ReadAheadOptions};
 use crate::state::{self, Mirror, Resume, SlotState};
 use crate::stats::Counters;
 
+/// The most decode threads a stream starts by itself (`decode_threads`
+/// given explicitly may ask for more).
+pub const MAX_AUTO_DECODE_THREADS: usize = 16;
+
+/// The decode threads of a stream when `decode_threads` is not given: the
+/// cores this process may run on, shared among its `num_workers` DataLoader
+/// workers (1 when iterating in the main process) and among the processes
+/// of the node when torchrun says how many there are (`LOCAL_WORLD_SIZE`),
+/// at least 1 and at most [`MAX_AUTO_DECODE_THREADS`].
+pub fn auto_decode_threads(num_workers: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let local_processes = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    let sharers = num_workers.max(1).saturating_mul(local_processes);
+    (cores / sharers).clamp(1, MAX_AUTO_DECODE_THREADS)
+}
+
 /// Rows of one row group as an Arrow record batch.
 #[derive(Debug)]
 pub struct TableBatch {
@@ -213,7 +233,9 @@ impl SampleStream {
             compressed: self.compressed.clone(),
             decode: DecodePool::new(
                 options.decode.clone(),
-                std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+                options
+                    .decode_threads
+                    .unwrap_or_else(|| auto_decode_threads(self.identity.slot.num_workers)),
                 options.seed,
                 self.identity.epoch,
             ),

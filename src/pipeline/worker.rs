@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::decode_pool::{DecodePool, DECODE_BATCH};
+use super::decode_pool::DecodePool;
 use super::outbox::{Message, Outbox};
 use super::reads::{read_end, Read, ReadPurpose};
 use super::{CompressedShards, Event, TableBatch};
@@ -391,7 +391,7 @@ impl Worker {
             }
         } else {
             self.pending.push((position, sample));
-            if self.pending.len() >= DECODE_BATCH {
+            if self.pending.len() >= self.decode.batch_len() {
                 if let Err(stopped) = self.flush_decoded() {
                     *stop = Some(stopped);
                     return ControlFlow::Break(());

@@ -10,7 +10,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule, PyDict, PyList, PyString, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
 
-use crate::collate::{Batch, Column};
+use crate::collate::{offsets_field, Batch, Column};
 use crate::format::{Sample, Value};
 use crate::source::{file_origin, verify_view, SHARE_MIN_BYTES};
 use crate::value::Array;
@@ -97,7 +97,8 @@ pub fn sample_to_dict<'py>(
 }
 
 /// A collated batch as a dict: `__key__` and `__url__` lists, then each
-/// field as a numpy array (stacked) or a list. The URLs and field names
+/// field as a numpy array (stacked), a list, or a packed `uint8` array
+/// followed by its `<field>_offsets` (`int64`). The URLs and field names
 /// come from `names`.
 pub fn batch_to_dict<'py>(
     py: Python<'py>,
@@ -112,6 +113,12 @@ pub fn batch_to_dict<'py>(
     for (field, column) in batch.fields {
         let value = match column {
             Column::Stacked(array) => array_to_py(py, array)?,
+            Column::Packed { data, offsets } => {
+                let offsets_name = names.field(py, &offsets_field(&field));
+                dict.set_item(names.field(py, &field), data.into_pyarray(py))?;
+                dict.set_item(offsets_name, offsets.into_pyarray(py))?;
+                continue;
+            }
             Column::Values(values) => {
                 let list = PyList::empty(py);
                 for value in values {

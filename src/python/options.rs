@@ -22,7 +22,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 25] = [
+pub const OPTION_NAMES: [&str; 27] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -37,9 +37,11 @@ pub const OPTION_NAMES: [&str; 25] = [
     "http_headers",
     "format",
     "decode",
+    "decode_threads",
     "columns",
     "batch_format",
     "batch_size",
+    "pack_bytes",
     "local_bytes_by_reference",
     "worker_shared_memory_bytes",
     "raise_malloc_thresholds",
@@ -82,6 +84,9 @@ pub struct Options {
     pub(crate) format: DatasetFormat,
     /// Samples per collated batch, if batches are handed out.
     pub(crate) batch_size: Option<usize>,
+    /// Whether each bytes field of a batch is packed into one buffer with
+    /// offsets (needs `batch_size`).
+    pub(crate) pack_bytes: bool,
     /// Count the samples of local tar shards that no manifest describes:
     /// `None` when several ranks need the counts, else always or never.
     pub(crate) count_samples: Option<bool>,
@@ -430,6 +435,7 @@ impl Options {
         let mut manifest = ManifestChoice::Auto;
         let mut format = DatasetFormat::Auto;
         let mut batch_size = None;
+        let mut pack_bytes = false;
         let mut table_output = TableOutput::Rows;
         let mut count_samples = None;
         let mut headers = None;
@@ -454,6 +460,14 @@ impl Options {
                     builder
                 }
                 "decode" => builder.with_decode(field_decoders(&value)?),
+                "decode_threads" => {
+                    let threads = if value.is_none() {
+                        None
+                    } else {
+                        Some(integer::<usize>(&name, &value)?)
+                    };
+                    builder.with_decode_threads(threads)
+                }
                 "columns" => {
                     let columns = if value.is_none() {
                         None
@@ -498,6 +512,10 @@ impl Options {
                         }
                         batch_size = Some(n);
                     }
+                    builder
+                }
+                "pack_bytes" => {
+                    pack_bytes = boolean(&name, &value)?;
                     builder
                 }
                 // Read by the Python side (DataLoader workers); checked here.
@@ -594,12 +612,23 @@ impl Options {
                 "invalid option batch_format: \"arrow\" is for Parquet datasets, and format is \"raw\"",
             ));
         }
+        if pack_bytes && table_output == TableOutput::Arrow {
+            return Err(PyValueError::new_err(
+                "invalid option pack_bytes: it packs the bytes fields of dict batches, and batch_format is \"arrow\"",
+            ));
+        }
+        if pack_bytes && batch_size.is_none() {
+            return Err(PyValueError::new_err(
+                "invalid option pack_bytes: it packs the bytes fields of the batches batch_size makes, and batch_size is not given",
+            ));
+        }
         let stream = builder.build().map_err(to_py)?;
         Ok(Options {
             stream,
             manifest,
             format,
             batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
+            pack_bytes,
             count_samples,
             given: given.clone().unbind(),
         })
@@ -624,9 +653,11 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("http_headers", py.None())?;
     dict.set_item("format", "auto")?;
     dict.set_item("decode", py.None())?;
+    dict.set_item("decode_threads", py.None())?;
     dict.set_item("columns", py.None())?;
     dict.set_item("batch_format", "dict")?;
     dict.set_item("batch_size", py.None())?;
+    dict.set_item("pack_bytes", false)?;
     dict.set_item("local_bytes_by_reference", true)?;
     dict.set_item("worker_shared_memory_bytes", WORKER_SHARED_MEMORY_BYTES)?;
     dict.set_item("raise_malloc_thresholds", true)?;

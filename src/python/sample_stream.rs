@@ -33,6 +33,8 @@ pub struct SampleStream {
     inner: Mutex<Stream>,
     epoch: u64,
     batch_size: Option<usize>,
+    /// Whether batches pack each bytes field into one buffer (`pack_bytes`).
+    pack_bytes: bool,
     /// An error met after part of a batch was collected, raised next time.
     pending_error: Mutex<Option<crate::Error>>,
     /// Samples taken from the stream and not yet handed out: kept across
@@ -133,6 +135,7 @@ impl SampleStream {
             epoch: stream.epoch(),
             inner: Mutex::new(stream),
             batch_size: options.batch_size,
+            pack_bytes: options.pack_bytes,
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
@@ -314,7 +317,8 @@ impl SampleStream {
             let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
             return sample_to_dict(py, sample, out, &mut names).map(Bound::into_any);
         }
-        let batch = blocking(py, || Ok(collate(samples)))?;
+        let pack_bytes = self.pack_bytes;
+        let batch = blocking(py, || collate(samples, pack_bytes))?;
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         batch_to_dict(py, batch, out, &mut names).map(Bound::into_any)
     }

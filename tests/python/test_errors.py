@@ -11,6 +11,7 @@ import os
 import re
 import tarfile
 import warnings
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -437,17 +438,29 @@ def test_error_does_not_poison_the_next_epoch(tmp_path, dataset):
 
 
 def _stream_and_cut(
-    results: Connection, path: str, cut: int, after: int, size: int, shuffle: int, read_ahead: int
+    results: Connection,
+    path: str,
+    cut: int,
+    after: int,
+    size: int,
+    shuffle: int,
+    read_ahead: int,
+    packed: bool = False,
 ) -> None:
     """Streams ``path`` and cuts it short (``os.truncate``) once ``after``
     samples are in; sends how many samples were intact, how many were not,
-    and the error."""
+    and the error. ``packed``: in batches of 4 with ``pack_bytes``, each
+    member cut out of its batch's buffer."""
     dataset = shardstream.StreamingDataset(
-        path, shuffle_buffer=shuffle, read_ahead_bytes=read_ahead
+        path,
+        shuffle_buffer=shuffle,
+        read_ahead_bytes=read_ahead,
+        batch_size=4 if packed else None,
+        pack_bytes=packed,
     )
     intact, altered, outcome = 0, 0, {"error": None, "message": ""}
     try:
-        for sample in dataset:
+        for sample in _unpacked(dataset) if packed else dataset:
             index = int(sample["__key__"][1:])
             if sample["bin"] == bytes([index % 251 + 1]) * size:
                 intact += 1
@@ -460,7 +473,15 @@ def _stream_and_cut(
     results.send({"intact": intact, "altered": altered, **outcome})
 
 
-def stream_and_cut(path: Path, **kwargs: int) -> dict[str, Any]:
+def _unpacked(batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The samples of ``pack_bytes`` batches of one ``bin`` field."""
+    for batch in batches:
+        data, offsets = batch["bin"], batch["bin_offsets"]
+        for i, key in enumerate(batch["__key__"]):
+            yield {"__key__": key, "bin": data[offsets[i] : offsets[i + 1]].tobytes()}
+
+
+def stream_and_cut(path: Path, **kwargs: Any) -> dict[str, Any]:
     """``_stream_and_cut`` in a forked child, so that a SIGBUS there cannot
     end the test run: the child must exit normally."""
     context = multiprocessing.get_context("fork")
@@ -492,15 +513,15 @@ def write_filled_shard(path: Path, count: int, size: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize("shuffle", [0, 32])
-def test_a_shard_cut_short_while_mapped_is_a_read_error_not_a_crash(tmp_path, shuffle):
+@pytest.mark.parametrize(("shuffle", "packed"), [(0, False), (32, False), (0, True)])
+def test_a_shard_cut_short_while_mapped_is_a_read_error_not_a_crash(tmp_path, shuffle, packed):
     # 1 MB members of a 72 MB shard: read from mapped chunks, handed out as
     # views of them; many are mapped, parsed and queued when the shard is
     # cut to 16 MiB.
     size, count, cut = 1_000_000, 72, 16 << 20
     path = write_filled_shard(tmp_path / "big.tar", count, size)
     outcome = stream_and_cut(
-        path, cut=cut, after=5, size=size, shuffle=shuffle, read_ahead=32 << 20
+        path, cut=cut, after=5, size=size, shuffle=shuffle, read_ahead=32 << 20, packed=packed
     )
     assert outcome["altered"] == 0, "a sample held bytes that were not in the file"
     assert outcome["error"] == "ShardReadError", outcome

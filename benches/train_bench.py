@@ -1,0 +1,348 @@
+"""Training benchmark behind `make bench-train`: images/s of ResNet training
+(bf16 autocast, SGD, channels-last) fed by each loader, against the
+accelerator's ceiling on batches already on it.
+
+    python benches/train_bench.py --out bench-results [--models resnet18 resnet50]
+        [--workers 4 8] [--batch 256] [--steps 40] [--warmup 10]
+
+Pipelines, over the same tar shards of 500x375 JPEGs (~45 KB, the size of
+ImageNet's; made by `augment_bench.make_dataset`) and their labels:
+
+- "shardstream Image": `decode={"jpg": shardstream.Image(224, flip=0.5),
+  "cls": "int"}`, batches collated in Rust (`batch_size`),
+  `DataLoader(batch_size=None, pin_memory=True)`;
+- "shardstream + PIL", "webdataset + PIL", "litdata + PIL": each library
+  hands out the JPEG bytes and the DataLoader workers run the usual recipe:
+  PIL decode, `RandomResizedCrop(224)`, `RandomHorizontalFlip()`,
+  `PILToTensor()`, default collate, `pin_memory=True`;
+- "ceiling": one batch of random uint8 images made on the device, trained on
+  repeatedly: what the model and device allow.
+
+Every pipeline hands uint8 `(N, 3, 224, 224)` to the same step, which
+converts and normalises on the device. `warmup` steps are not timed; images/s
+is over the next `steps` steps (synchronised with the device at both ends),
+and CPU ms per image is this process's and its DataLoader workers' user +
+system time over the same steps. Each (pipeline, model, workers) runs in a
+fresh subprocess. A pipeline whose library is not installed is reported as
+such. Without a CUDA device the benchmark refuses to run unless
+`--device cpu` is given (a smoke run: CPU figures are not training figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
+
+from augment_bench import make_dataset  # noqa: E402
+from decode_bench import cpu_seconds  # noqa: E402
+
+SIZE = 224
+SEED = 0
+SHUFFLE_BUFFER = 1000
+CHILD_TIMEOUT = 3600
+PIPELINES = (
+    "ceiling",
+    "shardstream Image",
+    "shardstream + PIL",
+    "webdataset + PIL",
+    "litdata + PIL",
+)
+# ImageNet's channel means and standard deviations, on the 0-255 scale.
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+
+
+def pil_transform(sample: dict[str, Any]) -> tuple[Any, int]:
+    """The usual torchvision recipe on a sample of JPEG and label bytes:
+    uint8 `(3, 224, 224)` and the label."""
+    from PIL import Image
+    from torchvision import transforms
+
+    global _RECIPE
+    if _RECIPE is None:
+        _RECIPE = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(SIZE),
+                transforms.RandomHorizontalFlip(),
+                transforms.PILToTensor(),
+            ]
+        )
+    image = Image.open(io.BytesIO(sample["jpg"])).convert("RGB")
+    return _RECIPE(image), int(sample["cls"])
+
+
+_RECIPE: Any = None
+
+
+def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -> Any:
+    """The pipeline's DataLoader over `data` (tar shards under `data/tar`),
+    yielding `(uint8 images, int64 labels)` or Rust batch dicts."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    tars = sorted(str(p) for p in (data / "tar").glob("*.tar"))
+    if pipeline == "shardstream Image":
+        from shardstream import Image, StreamingDataset
+
+        dataset = StreamingDataset(
+            str(data / "tar"),
+            seed=SEED,
+            shuffle_buffer=SHUFFLE_BUFFER,
+            decode={"jpg": Image(SIZE, flip=0.5), "cls": "int"},
+            batch_size=batch,
+        )
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin)
+    if pipeline == "shardstream + PIL":
+        from shardstream import StreamingDataset
+
+        raw: Any = StreamingDataset(str(data / "tar"), seed=SEED, shuffle_buffer=SHUFFLE_BUFFER)
+    elif pipeline == "webdataset + PIL":
+        import webdataset as wds
+
+        raw = wds.WebDataset(
+            tars,
+            shardshuffle=100,
+            nodesplitter=wds.split_by_node,
+            workersplitter=wds.split_by_worker,
+            seed=SEED,
+        ).shuffle(SHUFFLE_BUFFER)
+    elif pipeline == "litdata + PIL":
+        import litdata
+
+        raw = litdata.StreamingDataset(str(data / "litdata"), shuffle=True, seed=SEED)
+    else:
+        raise ValueError(f"unknown pipeline {pipeline!r}")
+
+    class Transformed(IterableDataset):
+        def __iter__(self) -> Iterator[tuple[Any, int]]:
+            return map(pil_transform, raw)
+
+    return DataLoader(Transformed(), batch_size=batch, num_workers=workers, pin_memory=pin)
+
+
+def batches(loader: Any) -> Iterator[tuple[Any, Any]]:
+    """`(images, labels)` from the loader, epoch after epoch."""
+    epoch = 0
+    while True:
+        dataset = getattr(loader, "dataset", None)
+        if hasattr(dataset, "set_epoch"):
+            dataset.set_epoch(epoch)
+        got = 0
+        for batch in loader:
+            got += 1
+            if isinstance(batch, dict):
+                yield batch["jpg"], batch["cls"]
+            else:
+                yield batch[0], batch[1]
+        if got == 0:
+            raise RuntimeError("the loader yielded no batch")
+        epoch += 1
+
+
+def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, args: Any) -> dict:
+    """One measurement in this process."""
+    import torch
+    import torchvision
+
+    device = torch.device(args.device)
+    torch.manual_seed(SEED)
+    model = getattr(torchvision.models, model_name)(num_classes=1000)
+    model = model.to(device, memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    criterion = torch.nn.CrossEntropyLoss()
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+
+    def step(images: Any, labels: Any) -> None:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIZE, SIZE)
+        x = ((images.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = criterion(model(x), labels % 1000)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    if pipeline == "ceiling":
+        images = torch.randint(0, 256, (batch, 3, SIZE, SIZE), dtype=torch.uint8, device=device)
+        labels = torch.randint(0, 1000, (batch,), device=device)
+        source: Iterator[tuple[Any, Any]] = iter(lambda: (images, labels), None)
+    else:
+        loader = loader_for(pipeline, data, batch, workers, device.type == "cuda")
+        source = batches(loader)
+    for _ in range(args.warmup):
+        step(*next(source))
+    sync()
+    start, start_cpu, seen = time.perf_counter(), cpu_seconds(), 0
+    for _ in range(args.steps):
+        images, labels = next(source)
+        seen += len(images)
+        step(images, labels)
+    sync()
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
+    return {"images": seen, "seconds": seconds, "cpu_seconds": cpu}
+
+
+def available(pipeline: str) -> bool:
+    """Whether the pipeline's library can be imported here."""
+    module = {"webdataset + PIL": "webdataset", "litdata + PIL": "litdata"}.get(pipeline)
+    if module is None:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def prepare(root: Path, shards: int, per_shard: int, pipelines: list[str]) -> Path:
+    """The shards under `root/tar`, and LitData's copy under `root/litdata`
+    when that pipeline runs."""
+    paths = make_dataset(root / "tar", shards, per_shard)
+    if "litdata + PIL" in pipelines and available("litdata + PIL"):
+        payload = sum(p.stat().st_size for p in paths)
+        (root / "meta.json").write_text(json.dumps({"payload_bytes": payload}))
+        subprocess.run(
+            [sys.executable, __file__, "--convert-litdata", str(root)],
+            check=True,
+            timeout=CHILD_TIMEOUT,
+        )
+    return root
+
+
+def child_args(args: Any) -> list[str]:
+    return [
+        "--device",
+        args.device,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+    ]
+
+
+def measure(pipeline: str, data: Path, model: str, batch: int, workers: int, args: Any) -> dict:
+    """`run` in a fresh subprocess."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            *child_args(args),
+            "--child",
+            *(pipeline, str(data), model, str(batch), str(workers)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{pipeline} {model} workers={workers} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
+    parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--shards", type=int, default=80)
+    parser.add_argument("--per-shard", type=int, default=500)
+    parser.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=PIPELINES)
+    parser.add_argument("--child", nargs=5, metavar=("PIPELINE", "DATA", "MODEL", "BATCH", "W"))
+    parser.add_argument("--convert-litdata", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.convert_litdata:
+        from peers_bench import convert_litdata
+
+        convert_litdata(args.convert_litdata)
+        return
+    import torch
+
+    if args.device is None:
+        if not torch.cuda.is_available():
+            sys.exit(
+                "train_bench: no CUDA device here; the training benchmark needs one "
+                "(`--device cpu` runs it on the CPU as a smoke run, not a measurement)"
+            )
+        args.device = "cuda"
+    if args.child:
+        pipeline, data, model, batch, workers = args.child
+        result = run(pipeline, Path(data), model, int(batch), int(workers), args)
+        print(json.dumps(result))
+        return
+
+    data = prepare(args.out / "train-data", args.shards, args.per_shard, args.pipelines)
+    rows = []
+    for model in args.models:
+        for workers in args.workers:
+            for pipeline in args.pipelines:
+                if pipeline == "ceiling" and workers != args.workers[0]:
+                    continue
+                row: dict[str, Any] = {"model": model, "workers": workers, "pipeline": pipeline}
+                if not available(pipeline):
+                    row["error"] = "not installed"
+                    rows.append(row)
+                    continue
+                runs = [
+                    measure(pipeline, data, model, args.batch, workers, args)
+                    for _ in range(args.repeats)
+                ]
+                row["images"] = runs[0]["images"]
+                row["images_per_s"] = statistics.median(r["images"] / r["seconds"] for r in runs)
+                row["cpu_ms_per_image"] = statistics.median(
+                    1000 * r["cpu_seconds"] / r["images"] for r in runs
+                )
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "train_bench.json").write_text(json.dumps(rows, indent=2))
+    device = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
+    print(
+        f"\n{device}, {os.cpu_count()} cores, batch {args.batch}, bf16, "
+        f"{args.steps} timed steps after {args.warmup}"
+    )
+    print("| model | workers | pipeline | images/s | of ceiling | CPU ms per image |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        ceiling = next(
+            (
+                r.get("images_per_s")
+                for r in rows
+                if r["model"] == row["model"] and r["pipeline"] == "ceiling"
+            ),
+            None,
+        )
+        if "error" in row:
+            print(f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} | | |")
+            continue
+        share = f"{row['images_per_s'] / ceiling:.0%}" if ceiling else "-"
+        workers = "-" if row["pipeline"] == "ceiling" else row["workers"]
+        print(
+            f"| {row['model']} | {workers} | {row['pipeline']} | {row['images_per_s']:,.0f} "
+            f"| {share} | {row['cpu_ms_per_image']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
