@@ -2,7 +2,8 @@
 (``cache_dir=``), served first by a local HTTP server on 127.0.0.1.
 Reports per epoch the wall time, the bytes the process read through
 ``read()`` (``rchar`` of ``/proc/self/io``) and those it read from storage
-(``read_bytes``), and ``stats()["bytes_read"]``.
+(``read_bytes``), and ``stats()["bytes_read"]``; it stops if a copy was
+fetched again (a check that failed).
 
     python benches/cache_bench.py --out /tmp/cache-bench [--shards 16] [--shard-mb 16] [--epochs 5]
 
@@ -84,11 +85,14 @@ def main() -> None:
         for epoch in range(args.epochs):
             if args.cold:
                 drop_from_page_cache(cache)
+            server.reset()
             before, stats_before = io_counters(), ds.stats()["bytes_read"]
             start = time.perf_counter()
             samples = sum(1 for _ in ds)
             seconds = time.perf_counter() - start
             after, stats_after = io_counters(), ds.stats()["bytes_read"]
+            if server.served.gets:
+                raise SystemExit(f"epoch {epoch} fetched {server.served.gets} shards again")
             times.append(seconds)
             print(
                 f"epoch {epoch}: {samples} samples, {seconds:.3f} s, "
