@@ -251,6 +251,7 @@ impl ShardWriter {
                 let target = S3Target {
                     runtime: Arc::new(runtime),
                     client: Arc::new(client),
+                    pid: std::process::id(),
                 };
                 if let Destination::S3 { bucket, .. } = &pattern.destination {
                     sink::check_bucket(&target, bucket)?;

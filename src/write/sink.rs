@@ -45,12 +45,44 @@ pub struct S3Target {
     pub runtime: Arc<tokio::runtime::Runtime>,
     /// The client (credentials, retries and timeouts of the `s3=` options).
     pub client: Arc<S3Client>,
+    /// The process the runtime's threads run in (`std::process::id`).
+    pub pid: u32,
 }
 
 impl S3Target {
     /// Runs one request to completion.
     fn run<T>(&self, request: impl std::future::Future<Output = T>) -> T {
         self.runtime.block_on(request)
+    }
+
+    /// Whether this is the process the runtime was made in: a forked
+    /// child has none of its threads, and a request there would wait for
+    /// them for ever.
+    fn in_its_process(&self) -> bool {
+        std::process::id() == self.pid
+    }
+
+    /// The error for a request from a forked child.
+    fn forked(&self, url: &str, offset: u64) -> Error {
+        Error::Write {
+            url: url.to_owned(),
+            offset,
+            reason: format!(
+                "the writer was made in process {}, and this process was forked from it: \
+                 a forked process cannot upload with it (make a writer in this process)",
+                self.pid
+            ),
+        }
+    }
+}
+
+impl Drop for S3Target {
+    /// In a forked child the runtime is leaked, not shut down: shutting it
+    /// down would wait for threads that do not exist there.
+    fn drop(&mut self) {
+        if !self.in_its_process() {
+            std::mem::forget(self.runtime.clone());
+        }
     }
 }
 
@@ -289,6 +321,9 @@ impl Upload {
     /// oldest part in flight while [`PARTS_IN_FLIGHT`] are; the error of
     /// any part that has ended in failure is returned here.
     fn upload_part(&mut self) -> Result<()> {
+        if !self.target.in_its_process() {
+            return Err(self.target.forked(&self.url, self.written));
+        }
         self.collect_ended()?;
         while self.in_flight.len() >= PARTS_IN_FLIGHT {
             self.wait_oldest()?;
@@ -396,6 +431,9 @@ impl Upload {
     }
 
     fn finish_upload(&mut self) -> Result<Stored> {
+        if !self.target.in_its_process() {
+            return Err(self.target.forked(&self.url, self.written));
+        }
         if self.failed {
             return Err(Error::Write {
                 url: self.url.clone(),
@@ -459,6 +497,12 @@ impl Upload {
     /// Stops the parts in flight (waiting until each has), then aborts the
     /// multipart upload, if one was started, so that no part of it is kept.
     fn abort_upload(&mut self) -> Result<()> {
+        if !self.target.in_its_process() {
+            // The parts and the upload are the parent's to finish.
+            self.in_flight.clear();
+            self.upload_id = None;
+            return Ok(());
+        }
         for task in &self.in_flight {
             task.abort();
         }
@@ -540,6 +584,9 @@ pub fn put_whole(
         }
         Some(target) => {
             let url = format!("s3://{bucket}/{name}");
+            if !target.in_its_process() {
+                return Err(target.forked(&url, 0));
+            }
             let body = Bytes::from(bytes);
             let client = target.client.clone();
             target

@@ -509,6 +509,45 @@ def test_a_failing_part_stops_the_others_and_aborts_the_upload(s3):
 
 
 @pytest.mark.usefixtures("s3_credentials")
+def test_a_forked_child_is_refused_its_parents_s3_writer_and_the_parent_goes_on(s3):
+    """The parts go up on the writer's own threads, which a forked child
+    does not have: there a write that would upload fails at once (never a
+    hang), and the parent's shard still completes."""
+    import time
+
+    client = s3.client()
+    client.create_bucket(Bucket="forked")
+    blobs = [os.urandom(3 << 20) for _ in range(3)]
+    w = ShardWriter("s3://forked/x/%d.tar", max_count=None, s3=config(s3, part_size=5 << 20))
+    w.write({"__key__": "k0", "bin": blobs[0]})
+    w.write({"__key__": "k1", "bin": blobs[1]})  # part 1 goes up
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            w.write({"__key__": "child", "bin": os.urandom(6 << 20)})
+            code = 3
+        except shardstream.ShardWriteError as e:
+            code = 0 if "forked" in str(e) else 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (ended := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended == (0, 0):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child hung on its parent's writer")
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    w.write({"__key__": "k2", "bin": blobs[2]})
+    w.close()
+    body = client.get_object(Bucket="forked", Key="x/0.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
+
+
+@pytest.mark.usefixtures("s3_credentials")
 def test_a_missing_bucket_or_no_credentials_are_refused_at_construction(s3, monkeypatch, tmp_path):
     with pytest.raises(ValueError, match=r'pattern.*"no-such-bucket" does not exist'):
         ShardWriter("s3://no-such-bucket/x/%d.tar", s3=config(s3))
