@@ -20,7 +20,7 @@ use crate::pipeline::{Event, SampleStream};
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::Shard;
-use crate::spec::DatasetFormat;
+use crate::spec::{is_parquet_name, DatasetFormat};
 use crate::stats::{Counter, Counters};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
@@ -84,7 +84,9 @@ enum Command {
     /// Scan shards and write a manifest: sizes, mtimes, sample counts and
     /// each sample's byte offset and length.
     Index {
-        /// Dataset spec: paths, file:// URLs, brace ranges, directories.
+        /// Dataset spec, as StreamingDataset takes it: paths, file:// URLs,
+        /// brace ranges, directories, s3:// URLs and prefixes, http(s)://,
+        /// hf://datasets/ and gs:// URLs.
         #[arg(required = true)]
         spec: Vec<String>,
         /// Where to write the manifest (beside the shards, `manifest.json`,
@@ -327,8 +329,21 @@ fn index(
     s3: &S3Options,
     out: &mut dyn Write,
 ) -> Result<()> {
-    // Manifests describe tar shards; Parquet footers already give counts.
-    let mut shards = resolve::resolve_dataset(specs, s3, DatasetFormat::Tar)?;
+    // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
+    // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
+    // with the same errors, a missing local shard among them, before any
+    // shard is scanned. Manifests describe tar shards: listings keep tar
+    // names, and a Parquet file named is refused (its footer gives counts).
+    let (mut shards, _) =
+        resolve::resolve_indexed(specs, s3, DatasetFormat::Tar, &ManifestChoice::Off, true)?;
+    if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
+        return Err(Error::Spec {
+            spec: parquet.url.clone(),
+            reason: "a manifest describes tar shards, and a Parquet file needs none \
+                     (its footer gives its row counts)"
+                .into(),
+        });
+    }
     crate::source::describe_remote_objects(s3, &mut shards)?;
     let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
     let compressed = scan(&shards, s3, |sample, _| {

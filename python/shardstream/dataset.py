@@ -91,7 +91,7 @@ class StreamingDataset(IterableDataset[Any]):
             sample; directories and prefixes are listed recursively).
         decode: field decoders run in Rust threads with the GIL released:
             ``True`` for the defaults by extension (``json``; ``txt``: str;
-            ``cls``: int; ``npy``: numpy; ``wav``: audio as a float32
+            ``cls``: int; ``npy``: numpy; ``wav``, ``flac``: audio as a float32
             ``(frames, channels)`` array and the sample rate; ``jpg``,
             ``jpeg``, ``png``: rgb8 uint8 ``(H, W, 3)`` array), or a dict of
             field name to decoder name. A field that fails to decode raises

@@ -221,7 +221,7 @@ fn valid_names() -> String {
 /// | `txt`, `text`          | [`Decoder::Str`]   |
 /// | `cls`, `cls2`, `index` | [`Decoder::Int`]   |
 /// | `npy`                  | [`Decoder::Numpy`] |
-/// | `wav`                  | [`Decoder::Audio`] |
+/// | `wav`, `flac`          | [`Decoder::Audio`] |
 /// | `jpg`, `jpeg`, `png`   | [`Decoder::Rgb8`]  |
 ///
 /// Anything else gives `None`: the field is left as bytes.
@@ -236,7 +236,7 @@ pub fn default_for(field: &str) -> Option<Decoder> {
         "txt" | "text" => Some(Decoder::Str),
         "cls" | "cls2" | "index" => Some(Decoder::Int),
         "npy" => Some(Decoder::Numpy),
-        "wav" => Some(Decoder::Audio),
+        "wav" | "flac" => Some(Decoder::Audio),
         "jpg" | "jpeg" | "png" => Some(Decoder::Rgb8),
         _ => None,
     }
@@ -358,6 +358,8 @@ mod tests {
             ("npy", Some(Decoder::Numpy)),
             ("depth.npy", Some(Decoder::Numpy)),
             ("wav", Some(Decoder::Audio)),
+            ("flac", Some(Decoder::Audio)),
+            ("take.FLAC", Some(Decoder::Audio)),
             ("jpg", Some(Decoder::Rgb8)),
             ("JPEG", Some(Decoder::Rgb8)),
             ("seg.png", Some(Decoder::Rgb8)),

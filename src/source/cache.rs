@@ -8,8 +8,10 @@
 //! complete files ever carry a final name, and whoever renames first wins
 //! (a later copy of the same object is dropped). A later read of the shard,
 //! by any process of the node, checks the cached copy's size and CRC-32
-//! under a shared `flock` and reads it through the local source (so its
-//! members can be handed on by reference); a copy that fails the check is
+//! under a shared `flock`, before a sample of it is handed out (the pages
+//! already in memory through mappings, no byte copied out), then reads it
+//! through the local source, which maps the pages the check brought in:
+//! the copy is read from storage once per open. A copy that fails the check is
 //! removed and the shard fetched again. Eviction, least recently used
 //! first (a read sets the file's access time), takes a non-blocking
 //! exclusive lock of each file and skips those being read. A write that
@@ -17,8 +19,8 @@
 //! warning; its bytes still stream to the reader.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::MetadataExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +28,7 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-use super::FetchUnit;
+use super::{local, FetchUnit};
 use crate::config::CacheOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
@@ -113,10 +115,10 @@ impl Cache {
 
     /// The cached copy of `unit`'s shard, checked and locked for reading;
     /// `None` when there is none (a copy that fails its check is removed).
-    /// Blocking: it reads the whole copy once.
+    /// Blocking: it reads the whole copy once (see [`check`]).
     pub(super) fn lookup(&self, unit: &FetchUnit) -> Option<Hit> {
         let path = self.path_of(unit)?;
-        let mut file = File::open(&path).ok()?;
+        let file = File::open(&path).ok()?;
         if !try_lock(&file, libc::LOCK_SH) {
             return None;
         }
@@ -127,7 +129,7 @@ impl Cache {
         if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
             return None;
         }
-        let size = match check(&mut file, held.len(), unit.size) {
+        let size = match check(&file, (&path, &unit.url), held.len(), unit.size) {
             Ok(size) => size,
             Err(reason) => {
                 warn(&format!(
@@ -213,8 +215,15 @@ fn over_limit(url: &str) {
 
 /// Checks a cached file of `len` bytes holding a shard (of `planned`
 /// bytes, when the plan knows): its length, trailer and the CRC-32 of its
-/// bytes. The shard's size, when all is well.
-fn check(file: &mut File, len: u64, planned: Option<u64>) -> std::result::Result<u64, String> {
+/// bytes. The shard's size, when all is well. The bytes are read as
+/// [`local::crc32_of_copy`] says: those already in memory through
+/// mappings, with no copy, the others from the disk, once.
+fn check(
+    file: &File,
+    (path, url): (&Path, &str),
+    len: u64,
+    planned: Option<u64>,
+) -> std::result::Result<u64, String> {
     let size = planned.unwrap_or(len.saturating_sub(TRAILER_LEN));
     if len != size + TRAILER_LEN {
         return Err(format!(
@@ -222,22 +231,14 @@ fn check(file: &mut File, len: u64, planned: Option<u64>) -> std::result::Result
             size + TRAILER_LEN
         ));
     }
-    let mut crc = crc32fast::Hasher::new();
-    let mut buffer = vec![0; 1 << 20];
-    let mut left = size;
-    while left > 0 {
-        let want = left.min(buffer.len() as u64) as usize;
-        file.read_exact(&mut buffer[..want])
-            .map_err(|e| e.to_string())?;
-        crc.update(&buffer[..want]);
-        left -= want as u64;
-    }
+    let crc = local::crc32_of_copy(file, path, url, size)?;
     let mut trailer = [0; TRAILER_LEN as usize];
-    file.read_exact(&mut trailer).map_err(|e| e.to_string())?;
+    file.read_exact_at(&mut trailer, size)
+        .map_err(|e| e.to_string())?;
     if &trailer[..8] != MAGIC || trailer[8..16] != size.to_le_bytes() {
         return Err("its trailer is not shardstream's".into());
     }
-    if trailer[16..] != crc.finalize().to_le_bytes() {
+    if trailer[16..] != crc.to_le_bytes() {
         return Err("its CRC-32 does not match its bytes".into());
     }
     Ok(size)

@@ -400,6 +400,99 @@ async fn map_chunk(
         .map_err(|_| ConsumerGone)
 }
 
+/// How much of a file [`crc32_of_copy`] looks at a time.
+const CRC_WINDOW_BYTES: usize = 16 << 20;
+/// How much of a window not in the page cache it reads at a time.
+const READ_PIECE_BYTES: usize = 1 << 20;
+
+/// The CRC-32 of the first `len` bytes of `file` (the cached copy at
+/// `path` of the shard `url`), a window at a time. A window whose pages
+/// are all in the page cache is read through a mapping of it: no byte is
+/// copied out, and the shard's chunks are then mapped from the same pages
+/// (see [`map_chunk`]). Any other window is read with `pread`, whose
+/// read-ahead takes it from the disk in large reads (faulting a mapping in
+/// takes it a few pages at a time: over 256 MiB of copies not in the page
+/// cache, 0.43 s against 0.25 s); the pages it brings in are again those
+/// the chunks are mapped from. Either way the copy is read from storage
+/// once. An error when the file was cut short while it was read.
+pub(super) fn crc32_of_copy(file: &File, path: &Path, url: &str, len: u64) -> Result<u32, String> {
+    use std::os::unix::fs::FileExt;
+    let mappable = fault_handler_installed();
+    let local = file.metadata().ok().map(|meta| {
+        Arc::new(LocalFile {
+            path: std::path::absolute(path).unwrap_or_else(|_| path.to_owned()),
+            identity: FileIdentity::of(&meta),
+            url: url.to_owned(),
+            by_reference: false,
+        })
+    });
+    let mut crc = crc32fast::Hasher::new();
+    let mut buffer = Vec::new();
+    let mut offset = 0;
+    while offset < len {
+        let want = usize::try_from(len - offset)
+            .map_or(CRC_WINDOW_BYTES, |left| left.min(CRC_WINDOW_BYTES));
+        let resident = match (&local, mappable) {
+            (Some(local), true) => map_resident(file, local, offset, want),
+            _ => None,
+        };
+        match resident {
+            Some((bytes, guard)) => {
+                crc.update(&bytes);
+                if let Err(at) = guard.check(bytes.as_ptr() as usize, bytes.len()) {
+                    return Err(format!(
+                        "it was cut short at byte {at} while it was checked"
+                    ));
+                }
+            }
+            None => {
+                // In pieces that stay in the CPU's cache between the copy
+                // and the CRC.
+                buffer.resize(READ_PIECE_BYTES.min(want), 0);
+                let mut at = offset;
+                while at < offset + want as u64 {
+                    let piece = (offset + want as u64 - at).min(buffer.len() as u64) as usize;
+                    file.read_exact_at(&mut buffer[..piece], at)
+                        .map_err(|e| e.to_string())?;
+                    crc.update(&buffer[..piece]);
+                    at += piece as u64;
+                }
+            }
+        }
+        offset += want as u64;
+    }
+    Ok(crc.finalize())
+}
+
+/// `len` bytes of `file` from `offset`, mapped and listed for the fault
+/// handler, when every page of them is in the page cache; `None` otherwise.
+fn map_resident(
+    file: &File,
+    local: &Arc<LocalFile>,
+    offset: u64,
+    len: usize,
+) -> Option<(Bytes, Guard)> {
+    // SAFETY: as in `map_chunk`: a page lost to the file being cut short
+    // reads as zeros, and the caller's guard check finds it.
+    let map = unsafe {
+        memmap2::MmapOptions::new()
+            .offset(offset)
+            .len(len)
+            .map(file)
+    }
+    .ok()?;
+    let page = page_size();
+    let mut pages = vec![0u8; len.div_ceil(page)];
+    // SAFETY: the range is the mapping's own, and `pages` has one byte per
+    // page of it, as mincore asks.
+    let asked =
+        unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, pages.as_mut_ptr()) };
+    if asked != 0 || pages.iter().any(|p| p & 1 == 0) {
+        return None;
+    }
+    MappedChunk::register(map, local.clone(), offset)
+}
+
 /// Reads `file` from `offset` to `end.end` (or, for a pipe, its end)
 /// sequentially into chunks sent to `tx`; errors are sent too, and a file
 /// that ends before `end.end` is one.

@@ -239,7 +239,11 @@ impl ShardWriter {
                 None
             }
             Destination::S3 { .. } => {
-                let runtime = tokio::runtime::Builder::new_current_thread()
+                // Worker threads carry the parts in flight while the
+                // writer's thread fills the next one.
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("shardstream-upload")
                     .enable_all()
                     .build()
                     .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
@@ -247,6 +251,7 @@ impl ShardWriter {
                 let target = S3Target {
                     runtime: Arc::new(runtime),
                     client: Arc::new(client),
+                    pid: std::process::id(),
                 };
                 if let Destination::S3 { bucket, .. } = &pattern.destination {
                     sink::check_bucket(&target, bucket)?;

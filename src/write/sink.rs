@@ -1,10 +1,12 @@
 //! Where one shard's bytes go while it is written: a temporary file beside
 //! its final name, renamed into place when the shard is complete, or an S3
-//! multipart upload whose parts go up as they fill and which is completed
-//! at the shard's end. Either is aborted (the file removed, the upload
-//! aborted) when the shard is not completed, so no half-written shard is
-//! left behind.
+//! multipart upload whose parts go up as they fill, up to
+//! [`PARTS_IN_FLIGHT`] at once while the next one fills, and which is
+//! completed at the shard's end. Either is aborted (the file removed, the
+//! parts in flight stopped and the upload aborted) when the shard is not
+//! completed, so no half-written shard is left behind.
 
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -21,6 +23,10 @@ use crate::source::s3::S3Client;
 pub const MIN_PART_BYTES: usize = 5 << 20;
 /// The most parts of one multipart upload.
 const MAX_PARTS: i32 = 10_000;
+/// The most parts of one shard uploading at once. With the part being
+/// filled, a shard holds at most `PARTS_IN_FLIGHT + 1` part buffers (of
+/// the `s3` option `part_size`, 8 MiB by default: 40 MiB).
+const PARTS_IN_FLIGHT: usize = 4;
 
 /// What is known of a shard once it is complete.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,12 +45,44 @@ pub struct S3Target {
     pub runtime: Arc<tokio::runtime::Runtime>,
     /// The client (credentials, retries and timeouts of the `s3=` options).
     pub client: Arc<S3Client>,
+    /// The process the runtime's threads run in (`std::process::id`).
+    pub pid: u32,
 }
 
 impl S3Target {
     /// Runs one request to completion.
     fn run<T>(&self, request: impl std::future::Future<Output = T>) -> T {
         self.runtime.block_on(request)
+    }
+
+    /// Whether this is the process the runtime was made in: a forked
+    /// child has none of its threads, and a request there would wait for
+    /// them for ever.
+    fn in_its_process(&self) -> bool {
+        std::process::id() == self.pid
+    }
+
+    /// The error for a request from a forked child.
+    fn forked(&self, url: &str, offset: u64) -> Error {
+        Error::Write {
+            url: url.to_owned(),
+            offset,
+            reason: format!(
+                "the writer was made in process {}, and this process was forked from it: \
+                 a forked process cannot upload with it (make a writer in this process)",
+                self.pid
+            ),
+        }
+    }
+}
+
+impl Drop for S3Target {
+    /// In a forked child the runtime is leaked, not shut down: shutting it
+    /// down would wait for threads that do not exist there.
+    fn drop(&mut self) {
+        if !self.in_its_process() {
+            std::mem::forget(self.runtime.clone());
+        }
     }
 }
 
@@ -66,8 +104,13 @@ pub struct LocalFile {
     poisoned: bool,
 }
 
+/// The upload of one part, running on the target's runtime.
+type PartTask = tokio::task::JoinHandle<Result<CompletedPart>>;
+
 /// An S3 shard: bytes gather into a part; the first full part starts a
-/// multipart upload. A shard smaller than one part is a single PUT.
+/// multipart upload, and each full part goes up on a task of its own while
+/// the next fills (at most [`PARTS_IN_FLIGHT`] at once). A shard smaller
+/// than one part is a single PUT.
 pub struct Upload {
     target: Arc<S3Target>,
     bucket: String,
@@ -76,7 +119,12 @@ pub struct Upload {
     part_bytes: usize,
     buffer: Vec<u8>,
     upload_id: Option<String>,
+    /// The parts uploaded, in order.
     parts: Vec<CompletedPart>,
+    /// The parts uploading, oldest (lowest number) first.
+    in_flight: VecDeque<PartTask>,
+    /// The number of the next part.
+    next_part: i32,
     written: u64,
     /// Whether a part failed (its error went to the writer) or the shard
     /// was abandoned: nothing more is sent.
@@ -134,6 +182,8 @@ impl Sink {
             buffer: Vec::new(),
             upload_id: None,
             parts: Vec::new(),
+            in_flight: VecDeque::new(),
+            next_part: 1,
             written: 0,
             failed: false,
         })
@@ -266,9 +316,18 @@ fn upload_error(url: &str, offset: u64, what: &str, error: Error) -> Error {
 }
 
 impl Upload {
-    /// Uploads the buffered bytes as the next part, starting the
-    /// multipart upload first if this is the first part.
+    /// Starts uploading the buffered bytes as the next part, starting the
+    /// multipart upload first if this is the first part. Waits for the
+    /// oldest part in flight while [`PARTS_IN_FLIGHT`] are; the error of
+    /// any part that has ended in failure is returned here.
     fn upload_part(&mut self) -> Result<()> {
+        if !self.target.in_its_process() {
+            return Err(self.target.forked(&self.url, self.written));
+        }
+        self.collect_ended()?;
+        while self.in_flight.len() >= PARTS_IN_FLIGHT {
+            self.wait_oldest()?;
+        }
         let offset = self.written - self.buffer.len() as u64;
         let (client, url) = (self.target.client.clone(), self.url.clone());
         let upload_id = match &self.upload_id {
@@ -297,7 +356,7 @@ impl Upload {
                 id
             }
         };
-        let number = self.parts.len() as i32 + 1;
+        let number = self.next_part;
         if number > MAX_PARTS {
             return Err(Error::Write {
                 url,
@@ -309,27 +368,57 @@ impl Upload {
             });
         }
         let body = Bytes::from(std::mem::take(&mut self.buffer));
-        let output = self
-            .target
-            .run(client.send_with_retries(&url, "UploadPart", || {
-                client
-                    .sdk()
-                    .upload_part()
-                    .bucket(&self.bucket)
-                    .key(&self.key)
-                    .upload_id(&upload_id)
-                    .part_number(number)
-                    .body(ByteStream::from(body.clone()))
-                    .send()
-            }))
-            .map_err(|e| upload_error(&url, offset, &format!("uploading part {number}"), e))?;
-        self.parts.push(
-            CompletedPart::builder()
+        let (bucket, key) = (self.bucket.clone(), self.key.clone());
+        let task = self.target.runtime.spawn(async move {
+            let output = client
+                .send_with_retries(&url, "UploadPart", || {
+                    client
+                        .sdk()
+                        .upload_part()
+                        .bucket(&bucket)
+                        .key(&key)
+                        .upload_id(&upload_id)
+                        .part_number(number)
+                        .body(ByteStream::from(body.clone()))
+                        .send()
+                })
+                .await
+                .map_err(|e| upload_error(&url, offset, &format!("uploading part {number}"), e))?;
+            Ok(CompletedPart::builder()
                 .set_e_tag(output.e_tag().map(str::to_owned))
                 .part_number(number)
-                .build(),
-        );
+                .build())
+        });
+        self.in_flight.push_back(task);
+        self.next_part += 1;
         self.buffer = Vec::with_capacity(self.part_bytes);
+        Ok(())
+    }
+
+    /// Takes in the parts at the front of the queue that have ended: the
+    /// first error among them, if any.
+    fn collect_ended(&mut self) -> Result<()> {
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|task| task.is_finished())
+        {
+            self.wait_oldest()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the oldest part in flight and lists it as uploaded.
+    fn wait_oldest(&mut self) -> Result<()> {
+        let Some(task) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        let part = self.target.run(task).map_err(|e| Error::Write {
+            url: self.url.clone(),
+            offset: self.written,
+            reason: format!("a part's upload stopped: {e}"),
+        })??;
+        self.parts.push(part);
         Ok(())
     }
 
@@ -342,6 +431,9 @@ impl Upload {
     }
 
     fn finish_upload(&mut self) -> Result<Stored> {
+        if !self.target.in_its_process() {
+            return Err(self.target.forked(&self.url, self.written));
+        }
         if self.failed {
             return Err(Error::Write {
                 url: self.url.clone(),
@@ -369,6 +461,9 @@ impl Upload {
         } else {
             if !self.buffer.is_empty() {
                 self.upload_part()?;
+            }
+            while !self.in_flight.is_empty() {
+                self.wait_oldest()?;
             }
             let upload_id = self.upload_id.clone().unwrap_or_default();
             let parts = CompletedMultipartUpload::builder()
@@ -399,8 +494,21 @@ impl Upload {
         })
     }
 
-    /// Aborts the multipart upload, if one was started.
+    /// Stops the parts in flight (waiting until each has), then aborts the
+    /// multipart upload, if one was started, so that no part of it is kept.
     fn abort_upload(&mut self) -> Result<()> {
+        if !self.target.in_its_process() {
+            // The parts and the upload are the parent's to finish.
+            self.in_flight.clear();
+            self.upload_id = None;
+            return Ok(());
+        }
+        for task in &self.in_flight {
+            task.abort();
+        }
+        for task in std::mem::take(&mut self.in_flight) {
+            let _ = self.target.run(task);
+        }
         let Some(upload_id) = self.upload_id.take() else {
             return Ok(());
         };
@@ -421,8 +529,9 @@ impl Upload {
 }
 
 impl Drop for Upload {
-    /// An upload neither completed nor aborted (a panic on the way) is
-    /// aborted, so no pending upload is left.
+    /// An upload neither completed nor aborted (a sample refused, a panic
+    /// on the way) is aborted, its parts in flight stopped first, so no
+    /// pending upload is left.
     fn drop(&mut self) {
         let _ = self.abort_upload();
     }
@@ -475,6 +584,9 @@ pub fn put_whole(
         }
         Some(target) => {
             let url = format!("s3://{bucket}/{name}");
+            if !target.in_its_process() {
+                return Err(target.forked(&url, 0));
+            }
             let body = Bytes::from(bytes);
             let client = target.client.clone();
             target

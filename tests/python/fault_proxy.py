@@ -21,11 +21,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n'
     b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+)
+INTERNAL_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n'
+    b"<Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>"
 )
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"}
 UPSTREAM_TIMEOUT = 60.0
@@ -66,6 +70,10 @@ class Faults:
             asked for, its Content-Range and Content-Length saying so.
         write_slowdown_every: answer every k-th PUT or POST (uploads,
             counted apart from GETs) with 503 SlowDown, after reading its body.
+        write_delay: seconds to wait before forwarding every PUT or POST
+            (the store's latency to answer an upload).
+        fail_part: answer every upload of the part of this number
+            (``partNumber=k``) with 500 InternalError, after reading its body.
     """
 
     slowdown_every: int = 0
@@ -85,6 +93,8 @@ class Faults:
     shift_bytes: int = 1000
     short_on_range: int = 0
     write_slowdown_every: int = 0
+    write_delay: float = 0.0
+    fail_part: int = 0
 
 
 @dataclass
@@ -110,6 +120,13 @@ class Injected:
     # PUTs and POSTs, and the ones answered with 503 SlowDown.
     writes: int = 0
     write_slowdowns: int = 0
+    # PUTs and POSTs being answered now, and the most at once.
+    writes_active: int = 0
+    max_writes_active: int = 0
+    # Every PUT, POST and DELETE as (method, path with query), in arrival
+    # order, and the uploads answered with 500 (``fail_part``).
+    write_requests: list[tuple[str, str]] = field(default_factory=list)
+    failed_parts: int = 0
 
 
 @dataclass
@@ -186,10 +203,16 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             slowed down (0 for the others)."""
             proxy = proxy_ref[0]
             with proxy.lock:
+                if self.command in ("PUT", "POST", "DELETE"):
+                    proxy.injected.write_requests.append((self.command, self.path))
                 if self.command in ("PUT", "POST"):
                     proxy.injected.writes += 1
-                    every = proxy.faults.write_slowdown_every
-                    faults = Faults(bandwidth=proxy.faults.bandwidth, write_slowdown_every=every)
+                    faults = Faults(
+                        bandwidth=proxy.faults.bandwidth,
+                        write_slowdown_every=proxy.faults.write_slowdown_every,
+                        write_delay=proxy.faults.write_delay,
+                        fail_part=proxy.faults.fail_part,
+                    )
                     return faults, proxy.injected.writes, 0
                 if self.command not in ("GET", "HEAD"):
                     return Faults(bandwidth=proxy.faults.bandwidth), 0, 0
@@ -277,17 +300,29 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 return status, reason, headers, data
             return None
 
+        def _is_failed_part(self, faults: Faults) -> bool:
+            query = parse_qs(urlsplit(self.path).query)
+            return self.command == "PUT" and query.get("partNumber") == [str(faults.fail_part)]
+
+        def _refuse_write(self, count: str, status: int, reason: str, body: bytes) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            self._count(count)
+            self.send_response_only(status, reason)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def _handle(self) -> None:
             faults, n, later = self._decide()
+            if self.command in ("PUT", "POST") and faults.write_delay > 0:
+                time.sleep(faults.write_delay)
             if self.command in ("PUT", "POST") and _every(faults.write_slowdown_every, n):
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                self._count("write_slowdowns")
-                self.send_response_only(503, "Slow Down")
-                self.send_header("Content-Type", "application/xml")
-                self.send_header("Content-Length", str(len(SLOWDOWN_BODY)))
-                self.end_headers()
-                self.wfile.write(SLOWDOWN_BODY)
+                self._refuse_write("write_slowdowns", 503, "Slow Down", SLOWDOWN_BODY)
+                return
+            if faults.fail_part > 0 and self._is_failed_part(faults):
+                self._refuse_write("failed_parts", 500, "Internal Server Error", INTERNAL_BODY)
                 return
             if _every(faults.reset_every, n):
                 self._count("resets")
@@ -299,7 +334,8 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             ):
                 self._count("delays")
                 time.sleep(faults.first_byte_delay)
-            if _every(faults.slowdown_every, n) or n <= faults.slowdown_first:
+            # n is 0 for a request that is not a GET (a DELETE): never slowed down.
+            if _every(faults.slowdown_every, n) or 0 < n <= faults.slowdown_first:
                 self._count("slowdowns")
                 status, reason, headers, data = 503, "Slow Down", [], SLOWDOWN_BODY
                 headers = [("Content-Type", "application/xml")]
@@ -321,9 +357,16 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
 
         def _safely(self) -> None:
             proxy = proxy_ref[0]
+            write = self.command in ("PUT", "POST")
             with proxy.lock:
                 proxy.injected.active += 1
                 proxy.injected.max_active = max(proxy.injected.max_active, proxy.injected.active)
+                if write:
+                    injected = proxy.injected
+                    injected.writes_active += 1
+                    injected.max_writes_active = max(
+                        injected.max_writes_active, injected.writes_active
+                    )
             try:
                 self._handle()
             except OSError:
@@ -331,6 +374,8 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             finally:
                 with proxy.lock:
                     proxy.injected.active -= 1
+                    if write:
+                        proxy.injected.writes_active -= 1
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _safely
 

@@ -2,8 +2,9 @@
 against a real HTTP server on 127.0.0.1 that counts its GETs: epoch 2 makes
 none, output is byte-identical with and without the cache, two processes
 fill one cache at once, eviction keeps the limit and spares a file being
-read, a damaged copy is fetched again, and a cache that cannot be written
-(a file size limit, a shard over the limit) falls back to streaming."""
+read, a damaged copy is fetched again, an open reads the copy once, and a
+cache that cannot be written (a file size limit, a shard over the limit)
+falls back to streaming."""
 
 from __future__ import annotations
 
@@ -161,6 +162,61 @@ def test_a_damaged_copy_is_removed_and_fetched_again(http, dataset, local, tmp_p
     http.reset()
     assert digests(collect(ds)) == local
     assert http.served.gets == 0
+
+
+READ_FROM_CACHE = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    sys.path[:0] = sys.argv[3:]
+    from shardstream import StreamingDataset
+
+    def rchar() -> int:
+        for line in Path("/proc/self/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+        raise AssertionError("no rchar in /proc/self/io")
+
+    ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], shuffle_buffer=0)
+    warm = sum(1 for _ in ds)
+    before, bytes_before = rchar(), ds.stats()["bytes_read"]
+    samples = sum(1 for _ in ds)
+    print(json.dumps({
+        "warm": warm,
+        "samples": samples,
+        "rchar": rchar() - before,
+        "bytes_read": ds.stats()["bytes_read"] - bytes_before,
+    }))
+    """
+)
+
+
+def test_an_open_from_the_cache_reads_the_copy_once(http, dataset, tmp_path):
+    """Opening a cached copy that is in the page cache (just written) checks
+    its CRC-32 over mappings of it, which the read of the shard then maps
+    again: the process reads no byte of the copies with ``read()`` (only
+    their 20-byte trailers), and delivers each shard's bytes exactly once."""
+    cache = tmp_path / "cache"
+    spec = http_spec(http, dataset)
+    collect(StreamingDataset(spec, cache_dir=str(cache)))
+    assert len(cached_files(cache)) == len(dataset.paths)
+    shard_bytes = sum(p.stat().st_size for p in dataset.paths)
+    http.reset()
+    process = subprocess.run(
+        [sys.executable, "-c", READ_FROM_CACHE, spec, str(cache), *sys.path],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert process.returncode == 0, process.stderr
+    measured = json.loads(process.stdout)
+    assert http.served.gets == 0, http.served.gets_by_path
+    assert measured["samples"] == measured["warm"] == len(dataset.keys)
+    assert measured["bytes_read"] == shard_bytes
+    # Reading the copies through read() as well would take shard_bytes.
+    slack = 64 << 10
+    assert shard_bytes > 4 * slack
+    assert measured["rchar"] < slack, (measured, shard_bytes)
 
 
 @pytest.mark.usefixtures("s3_credentials")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _shardtest import read_tar_samples
+from s3_server import BUCKET
+from s3_server import s3_config as config
 
-from shardstream import _core
+from shardstream import ShardStreamError, StreamingDataset, _core
 
 SCRIPT = Path(sys.executable).with_name("shardstream")
 LAUNCHERS = {
@@ -237,3 +241,98 @@ def test_plan_bad_spec_and_bad_world_size(dataset):
     assert proc.returncode == 1 and "error:" in proc.stderr
     proc = run("module", "plan", dataset.spec, "--world-size", "0")
     assert proc.returncode == 1 and "error:" in proc.stderr and "world_size" in proc.stderr
+
+
+# --------------------------------------------------------------------------
+# index
+# --------------------------------------------------------------------------
+
+
+def index_of(*args: str | Path) -> tuple[subprocess.CompletedProcess[str], dict | None]:
+    """Runs ``python -m shardstream ARGS`` (ending in ``-o OUT``) and reads
+    the manifest it wrote, if it succeeded."""
+    proc = run("module", *args)
+    manifest = json.loads(Path(args[-1]).read_text()) if proc.returncode == 0 else None
+    return proc, manifest
+
+
+def dataset_error(spec: str | list[str], **options: Any) -> str:
+    """The message ``StreamingDataset(spec)`` raises."""
+    with pytest.raises(ShardStreamError) as raised:
+        StreamingDataset(spec, **options)
+    return str(raised.value)
+
+
+def test_index_resolves_specs_as_datasets_do(dataset, tmp_path):
+    """A brace range, a directory, and a list of a brace list and a range
+    give every shard, in the dataset's order, each sample counted."""
+    root = dataset.paths[0].parent
+    names = [p.name for p in dataset.paths]
+    stems = ",".join(Path(n).stem for n in names[:2])
+    rest = f"{Path(names[2]).stem[:-1]}{{{Path(names[2]).stem[-1]}..{Path(names[-1]).stem[-1]}}}"
+    specs = [
+        [dataset.spec],
+        [f"{root}/"],
+        [f"{root}/{{{stems}}}.tar", f"{root}/{rest}.tar"],
+    ]
+    for i, spec in enumerate(specs):
+        proc, manifest = index_of("index", *spec, "-o", tmp_path / f"m{i}.json")
+        assert proc.returncode == 0, (spec, proc.stderr)
+        assert manifest is not None
+        assert [Path(e["url"]).name for e in manifest["shards"]] == names, spec
+        assert sum(e["samples"] for e in manifest["shards"]) == len(dataset.keys)
+        assert f"indexed {len(names)} shards" in proc.stdout
+
+
+def test_index_refuses_what_datasets_refuse_with_their_errors(dataset, tmp_path):
+    root = dataset.paths[0].parent
+    n = len(dataset.paths)
+    (tmp_path / "empty").mkdir()
+    first = str(dataset.paths[0])
+    bad: list[list[str]] = [
+        [f"{root}/shard-{{1.."],
+        ["ftp://host/a.tar"],
+        [f"{root}/shard-{{000000..{n:06d}}}.tar"],  # the last one is missing
+        [f"{tmp_path}/empty/"],
+        [first, first.replace(str(root), f"{root}/.")],  # listed twice
+    ]
+    out = tmp_path / "m.json"
+    for spec in bad:
+        proc, _ = index_of("index", *spec, "-o", out)
+        assert proc.returncode == 1, spec
+        expected = dataset_error(spec if len(spec) > 1 else spec[0])
+        assert proc.stderr.strip() == f"error: {expected}", spec
+        assert not out.exists()
+
+
+def test_index_of_a_parquet_file_says_manifests_are_for_tar_shards(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"a": [1, 2, 3]}), path)
+    proc, _ = index_of("index", path, "-o", tmp_path / "m.json")
+    assert proc.returncode == 1
+    assert str(path) in proc.stderr and "Parquet file needs none" in proc.stderr, proc.stderr
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_index_of_an_s3_prefix_and_range(s3, s3_dataset, tmp_path):
+    endpoint = ["--s3-endpoint-url", s3.endpoint_url, "--s3-path-style", "--s3-region", "us-east-1"]
+    urls = s3_dataset["urls"]
+    names = [u.rsplit("/", 1)[1] for u in urls]
+    stem = Path(names[0]).stem[:-1]
+    first, last = Path(names[0]).stem[-1], Path(names[-1]).stem[-1]
+    for i, spec in enumerate(
+        [f"s3://{BUCKET}/audio/", f"s3://{BUCKET}/audio/{stem}{{{first}..{last}}}.tar"]
+    ):
+        proc, manifest = index_of(*endpoint, "index", spec, "-o", tmp_path / f"m{i}.json")
+        assert proc.returncode == 0, proc.stderr
+        assert manifest is not None
+        assert [e["url"] for e in manifest["shards"]] == urls
+        assert [e["size"] for e in manifest["shards"]] == [s3_dataset["sizes"][u] for u in urls]
+        assert sum(e["samples"] for e in manifest["shards"]) == len(s3_dataset["expected"])
+    spec = f"s3://{BUCKET}/nothing-here/"
+    proc, _ = index_of(*endpoint, "index", spec, "-o", tmp_path / "none.json")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"error: {dataset_error(spec, s3=config(s3))}"

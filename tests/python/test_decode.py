@@ -192,6 +192,28 @@ def test_decode_error_names_shard_key_and_field(tmp_path):
     assert [s["__key__"] for s in kept] == ["a"]
 
 
+FLAC = Path(__file__).resolve().parents[1] / "data" / "stereo_8k_16bit.flac"
+
+
+def test_flac_fields_are_decoded_by_default(tmp_path):
+    """``decode=True`` reads ``flac`` (any case, as the last extension) with
+    the audio decoder, as it reads ``wav``: the same samples as the file's
+    own (16-bit PCM of a 440 Hz tone and a ramp, scaled by 2^15)."""
+    flac = FLAC.read_bytes()
+    path = write_tar(tmp_path / "a.tar", [("a.flac", flac), ("b.take.FLAC", flac)])
+    ds = StreamingDataset(str(path), decode=True, shuffle_buffer=0, shuffle_shards=False)
+    got = {s["__key__"]: s for s in collect(ds)}
+    t = np.arange(300)
+    left = np.trunc(20000 * np.sin(2 * np.pi * 440 * t / 8000)) / 32768
+    right = ((97 * t) % 65536 - 32768) / 32768
+    expected = np.stack([left, right], axis=1).astype(np.float32)
+    for key, field in (("a", "flac"), ("b", "take.flac")):  # names are lower-cased
+        samples, rate = got[key][field]
+        assert rate == 8000
+        assert samples.dtype == np.float32 and samples.shape == (300, 2)
+        np.testing.assert_array_equal(samples, expected)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_batches_collated_in_rust(shards, num_workers):
     root, raw = shards

@@ -320,9 +320,13 @@ def test_a_failure_mid_upload_leaves_no_object_and_no_pending_upload(s3):
         w.write({"__key__": f"k{i}", "bin": os.urandom(3 << 20)})
     (upload,) = client.list_multipart_uploads(Bucket="failing")["Uploads"]
     client.abort_multipart_upload(Bucket="failing", Key=upload["Key"], UploadId=upload["UploadId"])
-    with pytest.raises(shardstream.ShardWriteError, match=r"s3://failing/b/0\.tar.*part 2"):
+    # Parts go up in the background: part 1 may still be in flight, so the
+    # part that fails is 1 or 2, and its failure comes out of a later
+    # write, or of close at the latest.
+    with pytest.raises(shardstream.ShardWriteError, match=r"s3://failing/b/0\.tar.*part [12]:"):
         for i in range(2, 6):
             w.write({"__key__": f"k{i}", "bin": os.urandom(3 << 20)})
+        w.close()
     with pytest.raises(shardstream.ShardStreamError, match="earlier failure"):
         w.write({"__key__": "after", "txt": "a"})
     w.abort()
@@ -441,6 +445,103 @@ def test_uploads_are_retried_like_reads(s3):
         assert proxy.injected.writes >= 2 * proxy.injected.write_slowdowns
     assert client.list_multipart_uploads(Bucket="retried").get("Uploads", []) == []
     body = client.get_object(Bucket="retried", Key="x/0.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
+
+
+def part_uploads(requests: list[tuple[str, str]]) -> list[str]:
+    """The UploadPart requests among a proxy's writes."""
+    return [path for method, path in requests if method == "PUT" and "partNumber=" in path]
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_parts_upload_together_in_order(s3):
+    """With 0.3 s before the store answers each upload, parts overlap (at
+    most four in flight) and the object reads back byte for byte."""
+    from fault_proxy import Faults, running_fault_proxy
+
+    client = s3.client()
+    client.create_bucket(Bucket="together")
+    blobs = [os.urandom(2 << 20) for _ in range(14)]  # 28 MiB and headers: six parts
+    with running_fault_proxy(s3.endpoint_url, Faults(write_delay=0.3)) as proxy:
+        options = config(proxy.endpoint_url, part_size=5 << 20)
+        with ShardWriter("s3://together/x/%d.tar", max_count=None, s3=options) as w:
+            for i, blob in enumerate(blobs):
+                w.write({"__key__": f"k{i}", "bin": blob})
+        assert len(part_uploads(proxy.injected.write_requests)) == 6
+        assert 2 <= proxy.injected.max_writes_active <= 4, proxy.injected.max_writes_active
+    assert client.list_multipart_uploads(Bucket="together").get("Uploads", []) == []
+    head = client.head_object(Bucket="together", Key="x/0.tar")
+    assert head["ETag"].endswith('-6"'), head["ETag"]
+    body = client.get_object(Bucket="together", Key="x/0.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        names = [m.name for m in tar]
+        got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+    assert names == [f"k{i}.bin" for i in range(len(blobs))]
+    assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_a_failing_part_stops_the_others_and_aborts_the_upload(s3):
+    """Part 3 is refused (500, both attempts) while other parts are in
+    flight: the writer raises naming the part, and neither the object nor a
+    pending upload is left."""
+    from fault_proxy import Faults, running_fault_proxy
+
+    client = s3.client()
+    client.create_bucket(Bucket="refused")
+    blobs = [os.urandom(2 << 20) for _ in range(14)]
+    with running_fault_proxy(s3.endpoint_url, Faults(write_delay=0.1, fail_part=3)) as proxy:
+        options = config(proxy.endpoint_url, part_size=5 << 20, max_attempts=2)
+        w = ShardWriter("s3://refused/x/%d.tar", max_count=None, s3=options)
+        with pytest.raises(shardstream.ShardWriteError, match=r"s3://refused/x/0\.tar.*part 3"):
+            for i, blob in enumerate(blobs):
+                w.write({"__key__": f"k{i}", "bin": blob})
+            w.close()
+        assert proxy.injected.failed_parts == 2
+        requests = proxy.injected.write_requests
+        assert any(m == "DELETE" and "uploadId=" in p for m, p in requests), requests
+        assert not any(m == "POST" and "uploadId=" in p for m, p in requests), "never completed"
+    assert client.list_multipart_uploads(Bucket="refused").get("Uploads", []) == []
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket="refused").get("Contents", [])]
+    assert "x/0.tar" not in keys, keys
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_a_forked_child_is_refused_its_parents_s3_writer_and_the_parent_goes_on(s3):
+    """The parts go up on the writer's own threads, which a forked child
+    does not have: there a write that would upload fails at once (never a
+    hang), and the parent's shard still completes."""
+    import time
+
+    client = s3.client()
+    client.create_bucket(Bucket="forked")
+    blobs = [os.urandom(3 << 20) for _ in range(3)]
+    w = ShardWriter("s3://forked/x/%d.tar", max_count=None, s3=config(s3, part_size=5 << 20))
+    w.write({"__key__": "k0", "bin": blobs[0]})
+    w.write({"__key__": "k1", "bin": blobs[1]})  # part 1 goes up
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            w.write({"__key__": "child", "bin": os.urandom(6 << 20)})
+            code = 3
+        except shardstream.ShardWriteError as e:
+            code = 0 if "forked" in str(e) else 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while (ended := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended == (0, 0):
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child hung on its parent's writer")
+    assert os.waitstatus_to_exitcode(ended[1]) == 0
+    w.write({"__key__": "k2", "bin": blobs[2]})
+    w.close()
+    body = client.get_object(Bucket="forked", Key="x/0.tar")["Body"].read()
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         got = {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
     assert got == {f"k{i}.bin": blob for i, blob in enumerate(blobs)}
