@@ -103,7 +103,8 @@ How it is measured:
   the last batch, through `torch.utils.data.DataLoader` (batch 32, `collate_fn=list`;
   "shardstream (Rust batches)": `batch_size=32` on the dataset, `DataLoader(batch_size=None)`;
   "shardstream (packed batches)": the same with `pack_bytes=True`, each bytes field of a
-  batch one uint8 array plus its offsets).
+  batch one uint8 array plus its offsets, and the DataLoader's default conversion, which
+  turns them into tensors that leave workers through shared memory).
   Page cache warm. Every library shuffles its own way: a 1000-sample buffer (shardstream,
   webdataset `.shuffle(1000)`, HF `.shuffle(buffer_size=1000)`), LitData and MosaicML
   `shuffle=True`.
@@ -467,6 +468,10 @@ def make_dataset_for(library: str, data: Path, cache: Path) -> tuple[Any, dict[s
             pack_bytes=library == "shardstream (packed batches)",
             s3=S3Config(endpoint_url=endpoint, path_style=True) if endpoint else None,
         )
+        if library == "shardstream (packed batches)":
+            # The DataLoader's default conversion: the packed numpy arrays
+            # leave workers as tensors in shared memory.
+            return dataset, {"batch_size": None}
         return dataset, {"batch_size": None, "collate_fn": _identity} if batched else batching
     if library == "webdataset":
         import webdataset as wds
@@ -582,6 +587,8 @@ def run_epoch(data: Path, library: str, num_workers: int, cold: bool = False) ->
                     for name, column in batch.items():
                         if name.startswith("__") or name.endswith("_offsets"):
                             continue
+                        if hasattr(column, "numpy"):  # a tensor
+                            column = column.numpy()
                         if hasattr(column, "dtype"):
                             touched += byte_sum({name: memoryview(column)})
                         else:
