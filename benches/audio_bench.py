@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import sys
-import tarfile
 import time
 import wave
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from decode_bench import add_members, cpu_seconds, measure  # noqa: E402
+from decode_bench import cpu_seconds, measure, write_shards  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
 BATCH = 32
@@ -44,30 +43,24 @@ def make_wav_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
     """Shards of 10 s stereo 16-bit 44.1 kHz WAV clips."""
     import numpy as np
 
-    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     t = np.arange(RATE_IN * SECONDS) / RATE_IN
-    paths = []
-    for shard in range(shards):
-        path = root / f"clips-{shard:06d}.tar"
-        paths.append(path)
-        if path.exists():
-            continue
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                f1, f2 = rng.uniform(100, 4000, 2)
-                left = 0.3 * np.sin(2 * np.pi * f1 * t) + rng.normal(0, 0.05, t.size)
-                right = 0.3 * np.sin(2 * np.pi * f2 * t) + rng.normal(0, 0.05, t.size)
-                pcm = (np.stack([left, right], 1) * 32767).astype("<i2")
-                buf = io.BytesIO()
-                with wave.open(buf, "wb") as w:
-                    w.setnchannels(2)
-                    w.setsampwidth(2)
-                    w.setframerate(RATE_IN)
-                    w.writeframes(pcm.tobytes())
-                key = f"clip{shard:03d}-{i:05d}"
-                add_members(tar, ((f"{key}.wav", buf.getvalue()), (f"{key}.cls", b"%d" % (i % 10))))
-    return paths
+
+    def sample(shard: int, i: int) -> tuple[tuple[str, bytes], ...]:
+        f1, f2 = rng.uniform(100, 4000, 2)
+        left = 0.3 * np.sin(2 * np.pi * f1 * t) + rng.normal(0, 0.05, t.size)
+        right = 0.3 * np.sin(2 * np.pi * f2 * t) + rng.normal(0, 0.05, t.size)
+        pcm = (np.stack([left, right], 1) * 32767).astype("<i2")
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(2)
+            w.setsampwidth(2)
+            w.setframerate(RATE_IN)
+            w.writeframes(pcm.tobytes())
+        key = f"clip{shard:03d}-{i:05d}"
+        return ((f"{key}.wav", buf.getvalue()), (f"{key}.cls", b"%d" % (i % 10)))
+
+    return write_shards(root, "clips", shards, per_shard, sample)
 
 
 def python_clip(sample: dict, rng) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from decode_bench import add_members, cpu_seconds, measure  # noqa: E402
+from decode_bench import cpu_seconds, measure, write_shards  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
 BATCH = 64
@@ -118,29 +118,22 @@ def make_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
     import numpy as np
     from PIL import Image
 
-    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:375, 0:500]
-    paths = []
-    for shard in range(shards):
-        path = root / f"photos-{shard:06d}.tar"
-        paths.append(path)
-        if path.exists():
-            continue
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                phase = rng.uniform(0, 6.28, 3)
-                scale = rng.uniform(5, 40, 3)
-                channels = [
-                    128 + 90 * np.sin(x / s + y / (s * 1.7) + p)
-                    for s, p in zip(scale, phase, strict=True)
-                ]
-                image = np.stack(channels, -1) + rng.normal(0, 7, (375, 500, 3))
-                buf = io.BytesIO()
-                Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=85)
-                key = f"photo{shard:03d}-{i:05d}"
-                add_members(tar, ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % i)))
-    return paths
+
+    def sample(shard: int, i: int) -> tuple[tuple[str, bytes], ...]:
+        phase = rng.uniform(0, 6.28, 3)
+        scale = rng.uniform(5, 40, 3)
+        channels = [
+            128 + 90 * np.sin(x / s + y / (s * 1.7) + p) for s, p in zip(scale, phase, strict=True)
+        ]
+        image = np.stack(channels, -1) + rng.normal(0, 7, (375, 500, 3))
+        buf = io.BytesIO()
+        Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=85)
+        key = f"photo{shard:03d}-{i:05d}"
+        return ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % i))
+
+    return write_shards(root, "photos", shards, per_shard, sample)
 
 
 def mean_jpeg_kb(paths: list[Path]) -> float:

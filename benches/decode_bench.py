@@ -25,7 +25,7 @@ import sys
 import tarfile
 import time
 import wave
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -117,36 +117,49 @@ def measure(spec: str, reader: str, num_workers: int, script: str = __file__) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
-    """Shards of 256x256 JPEG images (smooth gradients plus noise) and labels."""
-    import numpy as np
-    from PIL import Image
-
+def write_shards(
+    root: Path,
+    prefix: str,
+    shards: int,
+    per_shard: int,
+    sample: Callable[[int, int], Iterable[tuple[str, bytes]]],
+) -> list[Path]:
+    """Tar shards `root/{prefix}-{shard:06d}.tar` of `per_shard` samples
+    each, sample `i` of shard `shard` being the members `sample(shard, i)`.
+    A shard already there is kept (and its samples are not made, so
+    `sample` must not carry state from one shard to the next beyond what
+    makes the same data when shards are kept)."""
     root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    y, x = np.mgrid[0:256, 0:256]
     paths = []
     for shard in range(shards):
-        path = root / f"images-{shard:06d}.tar"
+        path = root / f"{prefix}-{shard:06d}.tar"
         paths.append(path)
         if path.exists():
             continue
         with tarfile.open(path, "w") as tar:
             for i in range(per_shard):
-                phase = rng.uniform(0, 6.28, 3)
-                channels = [128 + 100 * np.sin(x / 23 + y / 31 + p) for p in phase]
-                image = np.stack(channels, -1) + rng.normal(0, 12, (256, 256, 3))
-                buf = io.BytesIO()
-                Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
-                key = f"img{shard:03d}-{i:05d}"
-                add_members(
-                    tar,
-                    (
-                        (f"{key}.jpg", buf.getvalue()),
-                        (f"{key}.cls", b"%d" % (i % 10)),
-                    ),
-                )
+                add_members(tar, sample(shard, i))
     return paths
+
+
+def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
+    """Shards of 256x256 JPEG images (smooth gradients plus noise) and labels."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:256, 0:256]
+
+    def sample(shard: int, i: int) -> tuple[tuple[str, bytes], ...]:
+        phase = rng.uniform(0, 6.28, 3)
+        channels = [128 + 100 * np.sin(x / 23 + y / 31 + p) for p in phase]
+        image = np.stack(channels, -1) + rng.normal(0, 12, (256, 256, 3))
+        buf = io.BytesIO()
+        Image.fromarray(image.clip(0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+        key = f"img{shard:03d}-{i:05d}"
+        return ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % (i % 10)))
+
+    return write_shards(root, "images", shards, per_shard, sample)
 
 
 def main() -> None:
