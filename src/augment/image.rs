@@ -233,19 +233,7 @@ impl ImageSpec {
     /// flip from `rng`.
     pub fn apply(&self, bytes: &[u8], rng: &mut ChaCha8Rng) -> Result<Array, String> {
         let format = sniff(bytes)?;
-        let (width, height) = match format {
-            ImageFormat::Jpeg => jpeg_dimensions(bytes)?,
-            _ => png_dimensions(bytes)?,
-        };
-        if width == 0 || height == 0 {
-            return Err("the image is empty (0 pixels wide or high)".into());
-        }
-        if u64::from(width) * u64::from(height) * 3 > MAX_DECODED_BYTES {
-            return Err(format!(
-                "image too large to decode: {width}x{height} pixels (limit {} MiB of RGB)",
-                MAX_DECODED_BYTES >> 20
-            ));
-        }
+        let (width, height) = checked_dimensions(bytes, format)?;
         let plan = self.plan(width, height, rng);
         let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
         let source = decode(bytes, format, &plan)?;
@@ -577,9 +565,45 @@ fn hex_prefix(bytes: &[u8]) -> String {
     hex.join(" ")
 }
 
-/// A whole JPEG or PNG decoded by the image crate into RGB pixels, with
-/// its errors worded for users.
+/// The image's `(width, height)` from its header (as the scaled decoder
+/// reads it), checked by [`check_size`].
+fn checked_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
+    let (width, height) = match format {
+        ImageFormat::Jpeg => jpeg_dimensions(bytes)?,
+        _ => png_dimensions(bytes)?,
+    };
+    check_size(width, height)?;
+    Ok((width, height))
+}
+
+/// Refuses an empty image, and one whose RGB pixels would exceed
+/// [`MAX_DECODED_BYTES`]: a small file declaring a huge image (a
+/// decompression bomb) is an error before any pixel is allocated.
+fn check_size(width: u32, height: u32) -> Result<(), String> {
+    if width == 0 || height == 0 {
+        return Err("the image is empty (0 pixels wide or high)".into());
+    }
+    if u64::from(width) * u64::from(height) * 3 > MAX_DECODED_BYTES {
+        return Err(format!(
+            "image too large to decode: {width}x{height} pixels (limit {} MiB of RGB)",
+            MAX_DECODED_BYTES >> 20
+        ));
+    }
+    Ok(())
+}
+
+/// The image's full-size RGB pixels as `(width, height, pixels)`, after
+/// checking from its header that they fit [`MAX_DECODED_BYTES`] (the RGB
+/// output, not only the decoder's own buffer: a grayscale image triples).
 pub fn decode_rgb(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32, Vec<u8>), String> {
+    let (width, height) = header_dimensions(bytes, format)?;
+    check_size(width, height)?;
+    decode_full(bytes, format)
+}
+
+/// A whole JPEG or PNG decoded by the image crate into RGB pixels, with
+/// its errors worded for users; the caller has checked their size.
+fn decode_full(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32, Vec<u8>), String> {
     let name = format_name(format);
     let image = image::load_from_memory_with_format(bytes, format).map_err(|e| match e {
         ImageError::Limits(limit) => format!("{name} image too large to decode: {limit}"),
@@ -615,10 +639,16 @@ fn jpeg_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
 
 /// A PNG's `(width, height)` from its header.
 fn png_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
-    let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), ImageFormat::Png);
+    header_dimensions(bytes, ImageFormat::Png)
+}
+
+/// An image's `(width, height)` as the image crate's decoder of `format`
+/// reads them from its header.
+fn header_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
+    let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     reader
         .into_dimensions()
-        .map_err(|e| format!("corrupt PNG image: {e}"))
+        .map_err(|e| format!("corrupt {} image: {e}", format_name(format)))
 }
 
 /// The image's RGB pixels, at the smallest DCT scale `plan` allows for a
@@ -635,7 +665,7 @@ fn decode(bytes: &[u8], format: ImageFormat, plan: &Plan) -> Result<Pixels<'stat
     };
     let (width, height, pixels) = match scaled {
         Some(scaled) => scaled,
-        None => decode_rgb(bytes, format)?,
+        None => decode_full(bytes, format)?,
     };
     Pixels::from_vec_u8(width, height, pixels, PixelType::U8x3)
         .map_err(|e| format!("decoder returned a wrong number of pixels: {e}"))

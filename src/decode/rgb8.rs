@@ -3,8 +3,9 @@
 //!
 //! The format is chosen from the magic bytes (`FF D8 FF` for JPEG,
 //! `89 50 4E 47 0D 0A 1A 0A` for PNG), not from the field name, and the
-//! image crate decodes it (JPEG through zune-jpeg) within its default
-//! limits (512 MiB of decoded pixels). The pixels are then converted with
+//! image crate decodes it (JPEG through zune-jpeg) once its header shows
+//! that the RGB output fits 512 MiB (so a small file declaring a huge image
+//! is refused before anything is allocated). The pixels are then converted with
 //! the image crate's `into_rgb8`: grayscale is replicated into the three
 //! channels and alpha is dropped (not composited), as PIL's
 //! `convert("RGB")` does for 8-bit images. 16-bit PNGs are reduced by the
@@ -163,6 +164,30 @@ mod tests {
             rgb8_err(b"\xff\xd8"),
             "not a JPEG or PNG image (starts with ff d8)"
         );
+    }
+
+    #[test]
+    fn an_image_whose_rgb_output_exceeds_the_limit_is_refused_from_its_header() {
+        // A 1x1 grayscale PNG whose header is rewritten to 23000x23000: its
+        // 8-bit pixels (529 MB) pass the image crate's 512 MiB limit, but
+        // their RGB form (1.5 GiB) must be refused before any decoding.
+        let mut bytes = png(&[0], 1, 1, ExtendedColorType::L8);
+        // IHDR: length (4), "IHDR" (4), width (4), height (4), ..., CRC.
+        bytes[16..20].copy_from_slice(&23000u32.to_be_bytes());
+        bytes[20..24].copy_from_slice(&23000u32.to_be_bytes());
+        let crc = crc32fast::hash(&bytes[12..29]);
+        bytes[29..33].copy_from_slice(&crc.to_be_bytes());
+        assert_eq!(
+            rgb8_err(&bytes),
+            "image too large to decode: 23000x23000 pixels (limit 512 MiB of RGB)"
+        );
+        // The same header at 100x100 is a corrupt image (its pixel data
+        // is missing), not a size error.
+        bytes[16..20].copy_from_slice(&100u32.to_be_bytes());
+        bytes[20..24].copy_from_slice(&100u32.to_be_bytes());
+        let crc = crc32fast::hash(&bytes[12..29]);
+        bytes[29..33].copy_from_slice(&crc.to_be_bytes());
+        assert!(rgb8_err(&bytes).starts_with("corrupt PNG image"));
     }
 
     #[test]

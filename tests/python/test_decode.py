@@ -8,7 +8,9 @@ from __future__ import annotations
 import io
 import json
 import random
+import struct
 import wave
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -190,6 +192,41 @@ def test_decode_error_names_shard_key_and_field(tmp_path):
     with pytest.warns(shardstream.ShardSkippedWarning):
         kept = collect(ds)
     assert [s["__key__"] for s in kept] == ["a"]
+
+
+def gray_png_bomb(side: int) -> bytes:
+    """A valid all-black 8-bit grayscale PNG of ``side`` x ``side`` pixels,
+    compressed row by row (a few hundred KB for a 16384-pixel side)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    compressor = zlib.compressobj(9)
+    row = bytes(side + 1)  # filter byte 0, then the row's pixels
+    idat = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", idat)
+        + chunk(b"IEND", b"")
+    )
+
+
+def test_an_image_bomb_is_a_field_decode_error(tmp_path):
+    """A grayscale PNG of 16384 x 16384 (256 MiB of pixels, within the
+    image crate's own limit) would be 768 MiB as RGB: ``rgb8`` refuses it
+    from its header, before allocating, as ``Image()`` does."""
+    bomb = gray_png_bomb(16384)
+    assert len(bomb) < 1 << 20
+    path = write_tar(tmp_path / "bomb.tar", [("a.png", bomb), ("b.json", b"[]")])
+    ds = StreamingDataset(str(path), decode={"png": "rgb8"}, shuffle_buffer=0)
+    with pytest.raises(shardstream.FieldDecodeError, match=r"16384x16384 pixels.*512 MiB"):
+        collect(ds)
+    ds = StreamingDataset(str(path), decode={"png": shardstream.Image(32)}, shuffle_buffer=0)
+    with pytest.raises(shardstream.FieldDecodeError, match=r"16384x16384 pixels.*512 MiB"):
+        collect(ds)
 
 
 FLAC = Path(__file__).resolve().parents[1] / "data" / "stereo_8k_16bit.flac"
