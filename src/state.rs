@@ -134,8 +134,31 @@ impl SlotState {
         if self.world_size == 0 {
             return Err(field_error(prefix, "world_size", "must be at least 1"));
         }
+        if self.world_size > plan::slot::MAX_WORLD_SIZE {
+            return Err(field_error(
+                prefix,
+                "world_size",
+                format!(
+                    "{} is above {}",
+                    self.world_size,
+                    plan::slot::MAX_WORLD_SIZE
+                ),
+            ));
+        }
         if self.num_workers == 0 {
             return Err(field_error(prefix, "num_workers", "must be at least 1"));
+        }
+        if self.world_size.saturating_mul(self.num_workers) > plan::slot::MAX_SLOTS {
+            return Err(field_error(
+                prefix,
+                "num_workers",
+                format!(
+                    "{} x world_size {} is above {} slots",
+                    self.num_workers,
+                    self.world_size,
+                    plan::slot::MAX_SLOTS
+                ),
+            ));
         }
         if self.rank >= self.world_size {
             return Err(field_error(
@@ -558,20 +581,19 @@ pub fn resolve(
         None => Ok(Start {
             epoch,
             resumed_from: None,
-            units: dataset.plan(epoch, slot.world_size, slot.num_workers)[slot.slot()].clone(),
+            units: dataset.slot_plan(epoch, slot),
             mirror: Mirror::start(),
             finished: false,
         }),
         Some(Resume::Exact(state)) => {
             check_exact(&state, fingerprint, slot)?;
             let units = match &state.resumed_from {
-                None => dataset.plan(state.epoch, slot.world_size, slot.num_workers),
+                None => dataset.slot_plan(state.epoch, slot),
                 Some(from) => {
                     let split = dataset.split(from, "resumed_from", Some(state.epoch))?;
-                    dataset.cut(&split.remaining, slot.world_size, slot.num_workers)
+                    dataset.slot_cut(&split.remaining, slot)
                 }
-            }
-            .swap_remove(slot.slot());
+            };
             dataset.check_slot(&state, &units, "")?;
             Ok(Start {
                 epoch: state.epoch,
@@ -585,9 +607,7 @@ pub fn resolve(
             // Always split anew, even onto the same layout: the old slots
             // may have produced different amounts.
             let split = dataset.split(&states, "slots", None)?;
-            let units = dataset
-                .cut(&split.remaining, slot.world_size, slot.num_workers)
-                .swap_remove(slot.slot());
+            let units = dataset.slot_cut(&split.remaining, slot);
             Ok(Start {
                 epoch: split.epoch,
                 resumed_from: Some(split.states),
@@ -683,18 +703,29 @@ impl<'a> Dataset<'a> {
         }
     }
 
-    /// Every slot's units of `epoch`'s plan for `world_size` x `num_workers` slots.
-    fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
-        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
-        let params = PlanParams {
+    /// The plan inputs of `epoch` for `world_size` x `num_workers` slots.
+    fn params(&self, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
+        PlanParams {
             seed: self.options.seed,
             epoch,
             shuffle_shards: self.options.shuffle_shards,
             world_size,
             num_workers,
             remainder: self.options.remainder,
-        };
-        plan::plan_epoch(&infos, &params).slots
+        }
+    }
+
+    /// Every slot's units of `epoch`'s plan for `world_size` x `num_workers` slots.
+    fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
+        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
+        plan::plan_epoch(&infos, &self.params(epoch, world_size, num_workers)).slots
+    }
+
+    /// `slot`'s units of `epoch`'s plan, planned without the other slots'.
+    fn slot_plan(&self, epoch: u64, slot: &SlotSpec) -> Vec<WorkUnit> {
+        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
+        let params = self.params(epoch, slot.world_size, slot.num_workers);
+        plan::slot_units(&infos, &params, slot)
     }
 
     /// Every slot's units when `runs` are cut anew for `world_size` x `num_workers` slots.
@@ -705,6 +736,18 @@ impl<'a> Dataset<'a> {
             num_workers,
             self.options.remainder,
         ))
+    }
+
+    /// `slot`'s units when `runs` are cut anew for its layout, cut without
+    /// the other slots'.
+    fn slot_cut(&self, runs: &[Piece], slot: &SlotSpec) -> Vec<WorkUnit> {
+        let pieces = cut::cut_runs_slot(
+            runs,
+            (slot.world_size, slot.num_workers),
+            self.options.remainder,
+            slot.slot(),
+        );
+        plan::units_of_pieces(vec![pieces]).swap_remove(0)
     }
 
     /// Checks that `states` (named `path` in errors) are every slot of one
@@ -1237,5 +1280,20 @@ mod tests {
         let err = bad_slot.slot().unwrap_err();
         assert!(matches!(err, Error::StateMismatch(_)), "{err}");
         assert!(err.to_string().contains("field rank"), "{err}");
+        // A layout past the limits is refused before anything is planned for it.
+        for (world_size, num_workers, field) in [
+            (100_000_000_000, 1, "field world_size"),
+            (1 << 20, 1 << 10, "field num_workers"),
+        ] {
+            let huge = SlotState {
+                world_size,
+                num_workers,
+                rank: 0,
+                worker_id: 0,
+                ..state.clone()
+            };
+            let err = huge.slot().unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 }

@@ -67,27 +67,35 @@ pub fn cut_epoch(
     num_workers: usize,
     remainder: Remainder,
 ) -> Vec<Vec<Piece>> {
-    let sequence: Vec<(usize, u64)> = order.iter().map(|&s| (s, counts[s])).collect();
-    cut_sequence(&sequence, world_size, num_workers, remainder)
+    cut_runs(
+        &epoch_runs(order, counts),
+        world_size,
+        num_workers,
+        remainder,
+    )
 }
 
-/// Cuts a sequence of `(shard, samples)` runs, each run standing for samples
-/// `0..samples` of its shard, like [`cut_epoch`]. Runs may start mid-shard
-/// through [`cut_runs`].
-pub fn cut_sequence(
-    sequence: &[(usize, u64)],
-    world_size: usize,
-    num_workers: usize,
+/// The pieces of one slot (`rank * num_workers + worker`) of
+/// [`cut_epoch`], computed without the other slots'.
+pub fn cut_epoch_slot(
+    order: &[usize],
+    counts: &[u64],
+    (world_size, num_workers): (usize, usize),
     remainder: Remainder,
-) -> Vec<Vec<Piece>> {
-    let runs: Vec<Piece> = sequence
+    slot: usize,
+) -> Vec<Piece> {
+    Cut::new(&epoch_runs(order, counts), world_size, remainder).slot(num_workers, slot)
+}
+
+/// The epoch's runs: samples `0..counts[shard]` of each shard in `order`.
+fn epoch_runs(order: &[usize], counts: &[u64]) -> Vec<Piece> {
+    order
         .iter()
-        .map(|&(shard, n)| Piece {
+        .map(|&shard| Piece {
             shard,
-            samples: 0..n,
+            samples: 0..counts[shard],
         })
-        .collect();
-    cut_runs(&runs, world_size, num_workers, remainder)
+        .collect()
 }
 
 /// Cuts a sequence of sample runs into equal pieces per rank, then per worker.
@@ -99,34 +107,66 @@ pub fn cut_runs(
     num_workers: usize,
     remainder: Remainder,
 ) -> Vec<Vec<Piece>> {
-    let len = |run: &Piece| u128::from(run.samples.end.saturating_sub(run.samples.start));
-    let total: u128 = runs.iter().map(len).sum();
-    let world = world_size as u128;
-    let per_rank = match remainder {
-        Remainder::Drop => total / world,
-        Remainder::Pad if total == 0 => 0,
-        Remainder::Pad => total.div_ceil(world),
-    };
-    let mut starts = Vec::with_capacity(runs.len());
-    let mut position = 0u128;
-    for run in runs {
-        starts.push(position);
-        position += len(run);
-    }
-    let mut slots = Vec::with_capacity(world_size.saturating_mul(num_workers));
-    for rank in 0..world {
-        for worker in 0..num_workers {
-            let share = worker_share(per_rank, num_workers, worker);
-            let from = rank * per_rank + share.start;
-            slots.push(pieces_between(
-                runs,
-                &starts,
-                total,
-                from..from + (share.end - share.start),
-            ));
+    let cut = Cut::new(runs, world_size, remainder);
+    (0..world_size * num_workers)
+        .map(|slot| cut.slot(num_workers, slot))
+        .collect()
+}
+
+/// The pieces of one slot of [`cut_runs`], computed without the other slots'.
+pub fn cut_runs_slot(
+    runs: &[Piece],
+    (world_size, num_workers): (usize, usize),
+    remainder: Remainder,
+    slot: usize,
+) -> Vec<Piece> {
+    Cut::new(runs, world_size, remainder).slot(num_workers, slot)
+}
+
+/// A sequence of runs laid out for cutting among `world_size` ranks.
+struct Cut<'a> {
+    runs: &'a [Piece],
+    /// The global position of each run's first sample.
+    starts: Vec<u128>,
+    total: u128,
+    per_rank: u128,
+}
+
+impl<'a> Cut<'a> {
+    fn new(runs: &'a [Piece], world_size: usize, remainder: Remainder) -> Self {
+        let len = |run: &Piece| u128::from(run.samples.end.saturating_sub(run.samples.start));
+        let mut starts = Vec::with_capacity(runs.len());
+        let mut total = 0u128;
+        for run in runs {
+            starts.push(total);
+            total += len(run);
+        }
+        let world = world_size as u128;
+        let per_rank = match remainder {
+            Remainder::Drop => total / world,
+            Remainder::Pad if total == 0 => 0,
+            Remainder::Pad => total.div_ceil(world),
+        };
+        Cut {
+            runs,
+            starts,
+            total,
+            per_rank,
         }
     }
-    slots
+
+    /// The pieces of `slot` (`rank * num_workers + worker`).
+    fn slot(&self, num_workers: usize, slot: usize) -> Vec<Piece> {
+        let (rank, worker) = ((slot / num_workers) as u128, slot % num_workers);
+        let share = worker_share(self.per_rank, num_workers, worker);
+        let from = rank * self.per_rank + share.start;
+        pieces_between(
+            self.runs,
+            &self.starts,
+            self.total,
+            from..from + (share.end - share.start),
+        )
+    }
 }
 
 /// The pieces covering global positions `range` (wrapping past `total`).
@@ -166,6 +206,33 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn one_slot_alone_is_that_slot_of_the_whole_cut(
+            counts in prop::collection::vec(0u64..50, 1..40),
+            world_size in 1usize..9,
+            num_workers in 1usize..5,
+            pad in any::<bool>(),
+            skip in 0u64..10,
+        ) {
+            let remainder = if pad { Remainder::Pad } else { Remainder::Drop };
+            let order: Vec<usize> = (0..counts.len()).rev().collect();
+            let layout = (world_size, num_workers);
+            let whole = cut_epoch(&order, &counts, world_size, num_workers, remainder);
+            prop_assert_eq!(whole.len(), world_size * num_workers);
+            for (slot, pieces) in whole.iter().enumerate() {
+                prop_assert_eq!(&cut_epoch_slot(&order, &counts, layout, remainder, slot), pieces);
+            }
+            // Runs that start mid-shard (a resume's rest of an epoch).
+            let runs: Vec<Piece> = order
+                .iter()
+                .map(|&shard| Piece { shard, samples: skip.min(counts[shard])..counts[shard] })
+                .collect();
+            let whole = cut_runs(&runs, world_size, num_workers, remainder);
+            for (slot, pieces) in whole.iter().enumerate() {
+                prop_assert_eq!(&cut_runs_slot(&runs, layout, remainder, slot), pieces);
+            }
+        }
+
         #[test]
         fn every_sample_once_equal_per_rank_contiguous(
             counts in prop::collection::vec(0u64..50, 1..40),

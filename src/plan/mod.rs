@@ -123,6 +123,28 @@ pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
     }
 }
 
+/// The work units of `slot` alone in the epoch: the same as
+/// `plan_epoch(shards, params).units_of(slot)`. With sample counts (every
+/// plan of several ranks) only this slot is cut, so a job of many slots
+/// costs each stream its own units, not a list per slot.
+pub fn slot_units(shards: &[ShardInfo], params: &PlanParams, slot: &SlotSpec) -> Vec<WorkUnit> {
+    let counts: Option<Vec<u64>> = shards.iter().map(|s| s.samples).collect();
+    match (counts, shards.is_empty()) {
+        (Some(counts), false) => {
+            let order = epoch_order(shards.len(), params);
+            let pieces = cut::cut_epoch_slot(
+                &order,
+                &counts,
+                (params.world_size, params.num_workers),
+                params.remainder,
+                slot.slot(),
+            );
+            units_of_pieces(vec![pieces]).swap_remove(0)
+        }
+        _ => plan_epoch(shards, params).slots.swap_remove(slot.slot()),
+    }
+}
+
 /// Each slot's sample runs as work units.
 pub fn units_of_pieces(pieces: Vec<Vec<cut::Piece>>) -> Vec<Vec<WorkUnit>> {
     pieces
@@ -195,6 +217,29 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn a_slot_planned_alone_gets_its_units_of_the_whole_plan(
+            shards in prop::collection::vec(
+                (prop::option::of(1u64..1_000_000), prop::option::of(0u64..40)), 0..60),
+            world_size in 1usize..7,
+            num_workers in 1usize..5,
+            seed in any::<u64>(),
+            epoch in 0u64..1000,
+        ) {
+            let infos: Vec<ShardInfo> = shards
+                .iter()
+                .map(|&(size, samples)| ShardInfo { size, samples })
+                .collect();
+            let p = params(seed, epoch, world_size, num_workers);
+            let plan = plan_epoch(&infos, &p);
+            for rank in 0..world_size {
+                for worker in 0..num_workers {
+                    let slot = SlotSpec::new(world_size, rank, num_workers, worker).unwrap();
+                    prop_assert_eq!(&slot_units(&infos, &p, &slot), plan.units_of(&slot));
+                }
+            }
+        }
+
         #[test]
         fn every_shard_in_exactly_one_slot(
             sizes in prop::collection::vec(prop::option::of(1u64..1_000_000), 0..200),

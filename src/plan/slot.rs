@@ -2,6 +2,15 @@
 
 use crate::error::{Error, Result};
 
+/// The most processes a job may have (2^20): far above any job run today,
+/// and low enough that a typo (`10**11`) is an error, not an allocation.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// The most slots (`world_size * num_workers`) a job may have (2^24): a
+/// plan of the whole job (the CLI's, an elastic resume's check of every
+/// saved slot) holds a list per slot.
+pub const MAX_SLOTS: usize = 1 << 24;
+
 /// Where a stream sits in the job: its rank and DataLoader worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotSpec {
@@ -36,6 +45,11 @@ impl SlotSpec {
             format!("must be at least 1, got {world_size}"),
         )?;
         check(
+            "world_size",
+            world_size <= MAX_WORLD_SIZE,
+            format!("must be at most {MAX_WORLD_SIZE}, got {world_size}"),
+        )?;
+        check(
             "rank",
             rank < world_size,
             format!("must be below world_size {world_size}, got {rank}"),
@@ -44,6 +58,15 @@ impl SlotSpec {
             "num_workers",
             num_workers >= 1,
             format!("must be at least 1, got {num_workers}"),
+        )?;
+        check(
+            "num_workers",
+            world_size
+                .checked_mul(num_workers)
+                .is_some_and(|slots| slots <= MAX_SLOTS),
+            format!(
+                "world_size x num_workers must be at most {MAX_SLOTS} slots, got {world_size} x {num_workers}"
+            ),
         )?;
         check(
             "worker_id",

@@ -17,6 +17,40 @@ pub fn check_state(state: &str) -> PyResult<()> {
 }
 
 /// Resolves dataset specs to `(url, size or None)` pairs, in order.
+/// Checks a job's layout as far as it is given (`None`: known only later,
+/// from `torch.distributed` or the DataLoader): each part in its range and
+/// `world_size * num_workers` within [`plan::slot::MAX_SLOTS`], so that a
+/// typo is a `ValueError` naming the option at construction.
+#[pyfunction]
+#[pyo3(signature = (*, world_size, num_workers))]
+pub fn check_layout(
+    world_size: Option<&Bound<'_, PyAny>>,
+    num_workers: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let world_size = layout_part("world_size", world_size, plan::slot::MAX_WORLD_SIZE)?;
+    let num_workers = layout_part("num_workers", num_workers, plan::slot::MAX_SLOTS)?;
+    SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
+    Ok(())
+}
+
+/// One part of a layout (1 when not given); an int too large for a
+/// `usize` is refused as above `most`.
+fn layout_part(
+    name: &'static str,
+    value: Option<&Bound<'_, PyAny>>,
+    most: usize,
+) -> PyResult<usize> {
+    let Some(value) = value else {
+        return Ok(1);
+    };
+    value.extract::<usize>().map_err(|_| {
+        to_py(crate::Error::Config {
+            name,
+            reason: format!("must be at most {most}, got {value}"),
+        })
+    })
+}
+
 #[pyfunction]
 pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(String, Option<u64>)>> {
     let shards = py.detach(|| resolve::resolve(&specs)).map_err(to_py)?;
