@@ -9,6 +9,8 @@ use pyo3::types::{
     PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple,
 };
 
+use std::sync::{Mutex, PoisonError, TryLockError};
+
 use super::blocking::blocking;
 use super::errors::to_py;
 use super::options::writer_options;
@@ -18,7 +20,70 @@ use crate::write::{self, FieldValue};
 /// Writes WebDataset shards (see `shardstream.ShardWriter`).
 #[pyclass(module = "shardstream._core")]
 pub struct ShardWriter {
-    inner: write::ShardWriter,
+    /// The writer. Calls from several threads take turns: each waits for
+    /// it with the GIL released, so a write is never refused for another
+    /// thread's write in progress.
+    inner: Mutex<write::ShardWriter>,
+    /// The process the writer was made in, checked before the lock is
+    /// taken: a forked child may have been forked while another thread
+    /// held it.
+    pid: u32,
+    /// Where the manifest goes, for the errors of a forked child.
+    manifest_url: String,
+}
+
+impl ShardWriter {
+    /// Refuses any use from a process forked from the writer's.
+    fn check_process(&self) -> PyResult<()> {
+        if std::process::id() == self.pid {
+            Ok(())
+        } else {
+            Err(self.forked_error())
+        }
+    }
+
+    /// The error of a call from a process forked from the writer's.
+    fn forked_error(&self) -> PyErr {
+        to_py(Error::Write {
+            url: self.manifest_url.clone(),
+            offset: 0,
+            reason: write::forked_reason(self.pid),
+        })
+    }
+
+    /// Runs `f` on the writer with the GIL released, once no other
+    /// thread's call holds it.
+    fn with_writer<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut write::ShardWriter) -> crate::Result<T> + Send,
+    ) -> PyResult<T> {
+        self.check_process()?;
+        let inner = &self.inner;
+        blocking(py, move || {
+            let mut writer = inner.lock().map_err(|_| {
+                Error::Stopped(
+                    "the shard writer stopped: a call from another thread failed inside it".into(),
+                )
+            })?;
+            f(&mut writer)
+        })
+    }
+
+    /// Reads from the writer (a counter or a name). In a forked child the
+    /// lock is only tried: a thread of the parent may have held it.
+    fn read<T>(&self, f: impl FnOnce(&write::ShardWriter) -> T) -> PyResult<T> {
+        let writer = if std::process::id() == self.pid {
+            self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        } else {
+            match self.inner.try_lock() {
+                Ok(writer) => writer,
+                Err(TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(TryLockError::WouldBlock) => return Err(self.forked_error()),
+            }
+        };
+        Ok(f(&writer))
+    }
 }
 
 /// A refused value of field `field` of sample `key`.
@@ -98,11 +163,15 @@ impl ShardWriter {
     fn new(py: Python<'_>, pattern: String, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let options = writer_options(options)?;
         let inner = blocking(py, move || write::ShardWriter::new(&pattern, options))?;
-        Ok(ShardWriter { inner })
+        Ok(ShardWriter {
+            manifest_url: inner.manifest_url(),
+            pid: std::process::id(),
+            inner: Mutex::new(inner),
+        })
     }
 
     /// Writes one sample: a dict with `__key__` (str) and its fields.
-    fn write(&mut self, py: Python<'_>, sample: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn write(&self, py: Python<'_>, sample: &Bound<'_, PyAny>) -> PyResult<()> {
         let Ok(sample) = sample.cast::<PyDict>() else {
             return Err(PyTypeError::new_err(format!(
                 "write() takes a dict of field name to value, got {}",
@@ -143,45 +212,42 @@ impl ShardWriter {
             }
             fields.push((name.to_owned(), field_value(&key, name, &value)?));
         }
-        let inner = &mut self.inner;
-        blocking(py, move || inner.write(&key, fields))
+        self.with_writer(py, move |writer| writer.write(&key, fields))
     }
 
     /// Completes the open shard and the manifest.
-    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
-        let inner = &mut self.inner;
-        blocking(py, move || inner.close())
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_writer(py, write::ShardWriter::close)
     }
 
     /// Abandons the open shard; completed shards and their manifest stay.
-    fn abort(&mut self, py: Python<'_>) -> PyResult<()> {
-        let inner = &mut self.inner;
-        blocking(py, move || {
-            inner.abort();
+    fn abort(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_writer(py, |writer| {
+            writer.abort();
             Ok(())
         })
     }
 
     /// Samples written.
-    fn __len__(&self) -> usize {
-        self.inner.samples() as usize
+    fn __len__(&self) -> PyResult<usize> {
+        self.read(|writer| writer.samples() as usize)
     }
 
     /// Shards completed.
     #[getter]
-    fn shards(&self) -> usize {
-        self.inner.shards()
+    fn shards(&self) -> PyResult<usize> {
+        self.read(write::ShardWriter::shards)
     }
 
     /// URLs (or paths) of the completed shards.
     #[getter]
-    fn shard_urls(&self) -> Vec<String> {
-        self.inner.shard_urls()
+    fn shard_urls(&self) -> PyResult<Vec<String>> {
+        self.read(write::ShardWriter::shard_urls)
     }
 
     /// Where the manifest is written.
     #[getter]
     fn manifest_url(&self) -> String {
-        self.inner.manifest_url()
+        self.manifest_url.clone()
     }
 }

@@ -209,6 +209,17 @@ pub struct ShardWriter {
     state: State,
     /// The modification time of every member (the writer's start).
     mtime: u64,
+    /// The process the writer was made in (`std::process::id`): a forked
+    /// child shares its open files and must neither write nor remove them.
+    pid: u32,
+}
+
+/// Why a forked child may not use a writer made in process `pid`.
+pub fn forked_reason(pid: u32) -> String {
+    format!(
+        "the writer was made in process {pid}, and this process was forked from it: \
+         a forked process cannot write with it (make a writer in this process)"
+    )
 }
 
 impl ShardWriter {
@@ -273,6 +284,7 @@ impl ShardWriter {
             samples: 0,
             state: State::Open,
             mtime,
+            pid: std::process::id(),
         })
     }
 
@@ -312,7 +324,22 @@ impl ShardWriter {
         self.pattern.compression
     }
 
+    /// Whether this process is a child forked from the writer's.
+    fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
     fn usable(&self) -> Result<()> {
+        if self.forked() {
+            return Err(Error::Write {
+                url: self
+                    .open
+                    .as_ref()
+                    .map_or_else(|| self.manifest_url(), |open| open.url.clone()),
+                offset: 0,
+                reason: forked_reason(self.pid),
+            });
+        }
         match &self.state {
             State::Open => Ok(()),
             State::Closed => Err(Error::Stopped("the shard writer is closed".into())),
@@ -527,6 +554,14 @@ impl ShardWriter {
     /// aborted), keeping the completed shards and their manifest; later
     /// writes are refused.
     pub fn abort(&mut self) {
+        if self.forked() {
+            // The open shard's file and upload are the parent's: nothing
+            // of it is flushed, removed or aborted from here.
+            if let Some(open) = self.open.take() {
+                std::mem::forget(open);
+            }
+            return;
+        }
         if let Some(open) = self.open.take() {
             open.abandon();
         }

@@ -67,11 +67,7 @@ impl S3Target {
         Error::Write {
             url: url.to_owned(),
             offset,
-            reason: format!(
-                "the writer was made in process {}, and this process was forked from it: \
-                 a forked process cannot upload with it (make a writer in this process)",
-                self.pid
-            ),
+            reason: super::forked_reason(self.pid),
         }
     }
 }

@@ -560,3 +560,93 @@ def test_a_missing_bucket_or_no_credentials_are_refused_at_construction(s3, monk
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     with pytest.raises(shardstream.StorageAuthError, match="s3://written-nocreds/"):
         ShardWriter("s3://written-nocreds/x/%d.tar", s3=config(s3))
+
+
+FORK_SCRIPT = """
+import os, sys, time
+from shardstream import ShardWriter, ShardWriteError
+
+out, child_writes = sys.argv[1], sys.argv[2] == "write"
+w = ShardWriter(os.path.join(out, "shard-%06d.tar"), max_count=None)
+w.write({"__key__": "parent0", "bin": b"p" * 1000})
+pid = os.fork()
+if pid == 0:
+    if child_writes:
+        try:
+            w.write({"__key__": "child", "bin": b"c" * 1000})
+            print("child-wrote", flush=True)
+        except ShardWriteError as e:
+            print("child-refused" if "forked" in str(e) else f"child-other {e}", flush=True)
+        try:
+            w.close()
+            print("child-closed", flush=True)
+        except ShardWriteError:
+            print("child-close-refused", flush=True)
+    # A normal exit: the interpreter finalises the writer here.
+    sys.exit(0)
+deadline = time.monotonic() + 60
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the child hung")
+    time.sleep(0.02)
+w.write({"__key__": "parent1", "bin": b"q" * 1000})
+w.close()
+print("parent-closed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("child_writes", [False, True], ids=["child-exits", "child-writes"])
+def test_a_forked_child_neither_writes_nor_removes_its_parents_local_shard(tmp_path, child_writes):
+    """A child forked from a process with an open local writer shares its
+    temporary file: at its normal exit it must not remove it (the parent's
+    ``close()`` would fail and the shard be lost), and a write or close from
+    it is a ``ShardWriteError``, never a shard mixing both processes."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT, str(tmp_path), "write" if child_writes else "exit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.split()
+    if child_writes:
+        assert lines[:2] == ["child-refused", "child-close-refused"], run.stdout
+    assert lines[-1] == "parent-closed", run.stdout
+    assert read_all(tmp_path) == {
+        "parent0": {"bin": b"p" * 1000},
+        "parent1": {"bin": b"q" * 1000},
+    }
+    assert files(tmp_path) == ["manifest.json", "shard-000000.tar"]
+
+
+def test_one_writer_shared_by_threads_writes_every_sample_once(tmp_path):
+    """Calls from several threads take turns (each waiting with the GIL
+    released), never ``RuntimeError: Already borrowed``."""
+    import threading
+
+    w = ShardWriter(str(tmp_path / "shard-%06d.tar"), max_count=50)
+    errors: list[BaseException] = []
+
+    def write(thread: int) -> None:
+        try:
+            for i in range(200):
+                w.write({"__key__": f"t{thread}-{i:03d}", "bin": os.urandom(2000)})
+                len(w), w.shards  # noqa: B018 - reads while others write
+        except BaseException as e:  # noqa: BLE001 - collected for the assert
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    w.close()
+    got = read_all(tmp_path)
+    assert sorted(got) == sorted(f"t{t}-{i:03d}" for t in range(4) for i in range(200))
+    assert len(w) == 800 and w.shards == 16
