@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use crate::config::S3Options;
 use crate::error::{Error, Result};
-use crate::source::http::{hub_endpoint, with_http_client, HttpClient};
+use crate::source::http::{hub_endpoint, origin, with_http_client, HttpClient};
 
 /// The most pages of one tree listing (a bound on a server that never
 /// stops handing out a next page).
@@ -173,6 +173,34 @@ fn next_link(link: &str) -> Option<String> {
                 .to_owned()
         })
     })
+}
+
+/// The page a listing's `next` link (on page `page`) points at, if it is
+/// on the Hub's `endpoint` origin: the user's `http_headers` and the token
+/// go there, so a page elsewhere is refused (an error naming `url`).
+fn same_origin(url: &str, endpoint: &str, page: &str, link: &str, what: &str) -> Result<String> {
+    let refused = |reason: String| Error::Read {
+        url: url.to_owned(),
+        offset: 0,
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{what}: {reason}")),
+    };
+    let base =
+        url::Url::parse(page).map_err(|e| refused(format!("a page URL is not valid: {e}")))?;
+    let next = base
+        .join(link)
+        .map_err(|_| refused("the Hub's next page link is not a valid URL".into()))?;
+    let home = url::Url::parse(endpoint)
+        .map_err(|e| refused(format!("the endpoint {endpoint:?} is not a valid URL: {e}")))?;
+    if origin(&next) != origin(&home) {
+        let (scheme, host, port) = origin(&next);
+        let port = port.map_or(String::new(), |p| format!(":{p}"));
+        return Err(refused(format!(
+            "the Hub's answer links its next page to {scheme}://{host}{port}, another origin \
+             than the endpoint {}; not followed (request headers go to the endpoint only)",
+            home.origin().ascii_serialization()
+        )));
+    }
+    Ok(next.into())
 }
 
 /// An error of an API request, told about the Hub URL `url` the user gave.
@@ -419,7 +447,10 @@ impl<'a> Resolver<'a> {
                     entries.push((path.to_owned(), size, kind == "directory"));
                 }
             }
-            next = link;
+            next = match link {
+                Some(link) => Some(same_origin(url, &self.endpoint, &page, &link, &what)?),
+                None => None,
+            };
         }
         let files = entries
             .iter()
@@ -486,6 +517,39 @@ mod tests {
             Some("https://h/api/datasets/o/n/tree/x?cursor=abc")
         );
         assert_eq!(next_link("<https://h/p>; rel=\"prev\""), None);
+    }
+
+    #[test]
+    fn next_pages_are_followed_on_the_endpoint_only() {
+        let page = "https://hub.example/api/datasets/o/n/tree/c?recursive=true";
+        let next = |link| {
+            same_origin(
+                "hf://datasets/o/n/x",
+                "https://hub.example",
+                page,
+                link,
+                "listing",
+            )
+        };
+        assert_eq!(
+            next("https://HUB.example:443/api/p?cursor=2").unwrap(),
+            "https://hub.example/api/p?cursor=2"
+        );
+        assert_eq!(
+            next("/api/p?cursor=3").unwrap(),
+            "https://hub.example/api/p?cursor=3"
+        );
+        for elsewhere in [
+            "https://other.example/api/p",
+            "http://hub.example/api/p",
+            "https://hub.example:8443/p",
+        ] {
+            let error = next(elsewhere).unwrap_err().to_string();
+            assert!(
+                error.contains("another origin") && error.contains("hf://datasets/o/n/x"),
+                "{error}"
+            );
+        }
     }
 
     #[test]

@@ -201,8 +201,9 @@ pub const SUPPORTED_SCHEMES: &str = "local paths, file://, s3://, gs:// (Google 
      Storage), http://, https:// and hf://datasets/ (the Hugging Face Hub)";
 
 /// Refuses a URL whose scheme shardstream cannot read (`az://`, `ftp://`,
-/// webdataset's `pipe:` ...), naming it and the supported ones. The form of
-/// an `hf://` URL is checked when it is resolved.
+/// webdataset's `pipe:` ...), naming it and the supported ones, and an
+/// `http(s)://` URL naming a folder (HTTP has no listing). The form of an
+/// `hf://` URL is checked when it is resolved.
 pub fn check_scheme(url: &str) -> Result<()> {
     let scheme = match url.split_once("://") {
         Some((scheme, _))
@@ -219,6 +220,17 @@ pub fn check_scheme(url: &str) -> Result<()> {
     match scheme {
         None | Some("file") | Some("s3") | Some("hf") | Some("gs") => Ok(()),
         Some(http) if http.eq_ignore_ascii_case("http") || http.eq_ignore_ascii_case("https") => {
+            let folder = url::Url::parse(url).is_ok_and(|parsed| parsed.path().ends_with('/'));
+            if folder {
+                return Err(Error::Spec {
+                    spec: url.to_owned(),
+                    reason: "an http(s):// URL ending in '/' names a folder, and HTTP has no \
+                             listing: name the shards (a brace range such as \
+                             shard-{000000..000099}.tar, or a list) or give a manifest; \
+                             folders and prefixes are listed for s3://, gs:// and hf://"
+                        .into(),
+                });
+            }
             Ok(())
         }
         Some(other) => Err(Error::Spec {

@@ -4,13 +4,19 @@
 //! A broken body is resumed with a `Range` request pinned to the first
 //! answer's validator (`If-Match` with a strong ETag, else
 //! `If-Unmodified-Since` with its Last-Modified date), so a resource that
-//! changed is an error, never a mix of two versions. A server that ignores
-//! `Range` (a whole `200` to a resume) is read past the bytes already
-//! delivered; every answer must carry the bytes its `Content-Length`
-//! announces. Redirects are followed (at most [`MAX_REDIRECTS`]); headers
-//! from the `http_headers` option go to the shard's own origin only, and
-//! the Hugging Face token (`HF_TOKEN`, or the file huggingface_hub writes)
-//! to the Hub's endpoint only; a Google Cloud Storage access token
+//! changed is an error, never a mix of two versions. A resource with
+//! neither is read by one GET (its parts take their bytes from that one
+//! body) and never resumed: a body cut short is an error. The first GET of
+//! a resource asks for the whole unit unless the last first answer from its
+//! origin had a validator (then for the first part, the later parts pinned
+//! to it). Every request asks for the resource's own bytes
+//! (`Accept-Encoding: identity`); an answer in another content coding is an
+//! error. A server that ignores `Range` (a whole `200` to a resume) is read
+//! past the bytes already delivered; every answer must carry the bytes its
+//! `Content-Length` announces. Redirects are followed (at most
+//! [`MAX_REDIRECTS`]); headers from the `http_headers` option go to the
+//! shard's own origin only, and the Hugging Face token (`HF_TOKEN`, or the
+//! file huggingface_hub writes) to the Hub's endpoint only; a Google Cloud Storage access token
 //! ([`GoogleAuth`]) to the GCS endpoint only. No header value appears in an
 //! error.
 
@@ -76,7 +82,10 @@ pub fn hub_token() -> Option<String> {
 }
 
 /// `scheme://host:port` of a URL, lower-cased, with the default port.
-fn origin(url: &url::Url) -> (String, String, Option<u16>) {
+pub(crate) type Origin = (String, String, Option<u16>);
+
+/// The origin of `url`.
+pub(crate) fn origin(url: &url::Url) -> Origin {
     (
         url.scheme().to_owned(),
         url.host_str().unwrap_or("").to_ascii_lowercase(),
@@ -95,6 +104,10 @@ pub struct HttpClient {
     hub: Option<(url::Url, HeaderValue)>,
     /// The Google Cloud Storage endpoint and its credentials.
     gcs: Option<(url::Url, GoogleAuth)>,
+    /// Origins whose last first answer carried a validator (ETag or
+    /// Last-Modified): the first GET of a resource there asks for its first
+    /// part only; elsewhere for the whole unit, read as one stream.
+    pinnable: std::sync::Mutex<std::collections::HashSet<Origin>>,
 }
 
 /// An answer to a request: status, headers and body.
@@ -145,6 +158,7 @@ impl HttpClient {
             headers,
             hub,
             gcs,
+            pinnable: std::sync::Mutex::default(),
         })
     }
 
@@ -174,7 +188,9 @@ impl HttpClient {
                 .header(
                     header::USER_AGENT,
                     concat!("shardstream/", env!("CARGO_PKG_VERSION")),
-                );
+                )
+                // The resource's own bytes, never a compressed form of them.
+                .header(header::ACCEPT_ENCODING, "identity");
             for (name, value) in extra {
                 request = request.header(name, value.as_str());
             }
@@ -259,6 +275,9 @@ impl HttpClient {
         loop {
             let reason = match self.send(&Method::GET, url, 0, &[]).await {
                 Ok(answer) if answer.status == StatusCode::OK => {
+                    if let Some(coding) = coding(&answer.headers) {
+                        return Err(coded(url, 0, &coding));
+                    }
                     match read_small(answer.body, limit, self.options.idle_timeout).await {
                         Ok(body) => return Ok((answer.headers, body)),
                         Err(Ok(reason)) => reason,
@@ -289,6 +308,9 @@ impl HttpClient {
         loop {
             let reason = match self.send(&Method::GET, url, 0, &range).await {
                 Ok(answer) if matches!(answer.status.as_u16(), 200 | 206) => {
+                    if let Some(coding) = coding(&answer.headers) {
+                        return Err(coded(url, 0, &coding));
+                    }
                     let text = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
                     let length = text(header::CONTENT_LENGTH).and_then(|l| l.parse().ok());
                     match check_response(0, Some(1), text(header::CONTENT_RANGE), length) {
@@ -376,6 +398,49 @@ fn status_failure(url: &str, offset: u64, status: StatusCode) -> Failure {
     }
 }
 
+/// The content coding of an answer, unless it is the identity (its body
+/// is then not the resource's own bytes), cut to a few printable characters.
+fn coding(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_ENCODING)?;
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let text = text.trim();
+    if text.is_empty() || text.eq_ignore_ascii_case("identity") {
+        return None;
+    }
+    let shown: String = text
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .take(40)
+        .collect();
+    Some(shown)
+}
+
+/// The error of an answer of `url` (at `offset`) in the content coding `coding`.
+fn coded(url: &str, offset: u64, coding: &str) -> Error {
+    Error::Read {
+        url: url.to_owned(),
+        offset,
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the server answered with Content-Encoding {coding:?} although only the \
+                 resource's own bytes were accepted (Accept-Encoding: identity)"
+            ),
+        ),
+    }
+}
+
+/// Whether an answer carries a validator (an ETag or a Last-Modified date).
+fn has_validator(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED)
+}
+
 /// Whether an ETag is strong (a weak one cannot pin a range).
 fn is_strong(etag: &str) -> bool {
     !etag.starts_with("W/")
@@ -402,19 +467,24 @@ fn range_headers(from: u64, end: Option<u64>, pinned: &Pinned) -> Vec<(HeaderNam
 }
 
 /// Takes an answer for the read of `url` at `position` (to `end`; with
-/// `clamp`, or without `end`, the resource may end first) if it carries the
-/// bytes asked for and fits what is known of the resource; gives where the
-/// read stops and how many leading body bytes to skip (those of a whole
-/// answer, `200`, to a request from `position`).
+/// `clamp`, or without `end`, the resource may end first), whose GET asked
+/// for the bytes to `asked` (`end`, or further: the unit's end), if it
+/// carries the bytes asked for, in no content coding, and fits what is
+/// known of the resource; gives where the read stops, how many leading body
+/// bytes to skip (those of a whole answer, `200`, to a request from
+/// `position`) and where the body ends in the resource.
 fn accept(
     url: &str,
     position: u64,
-    (end, clamp): (Option<u64>, bool),
+    (asked, end, clamp): (Option<u64>, Option<u64>, bool),
     answer: &Answer,
     pinned: &mut Pinned,
-) -> Result<(u64, u64), Failure> {
+) -> Result<(u64, u64, u64), Failure> {
     if !matches!(answer.status.as_u16(), 200 | 206) {
         return Err(status_failure(url, position, answer.status));
+    }
+    if let Some(coding) = coding(&answer.headers) {
+        return Err(Failure::Fatal(coded(url, position, &coding)));
     }
     let text = |name| answer.headers.get(name).and_then(|v| v.to_str().ok());
     let (etag, last_modified) = (text(header::ETAG), text(header::LAST_MODIFIED));
@@ -431,7 +501,7 @@ fn accept(
     }
     let length = text(header::CONTENT_LENGTH).and_then(|l| l.parse::<i64>().ok());
     let ignored_range = answer.status == StatusCode::OK && position > 0;
-    let (size, skip) = if ignored_range {
+    let (size, skip, body_end) = if ignored_range {
         // The server ignored Range: the whole resource, the same version
         // (its validator matched), read past the bytes already delivered.
         let size = length.and_then(|l| u64::try_from(l).ok()).ok_or_else(|| {
@@ -442,11 +512,11 @@ fn accept(
                 "a whole answer of {size} bytes to a resume from byte offset {position}"
             )));
         }
-        (size, position)
+        (size, position, size)
     } else {
-        let served = check_response(position, end, text(header::CONTENT_RANGE), length)
+        let served = check_response(position, asked, text(header::CONTENT_RANGE), length)
             .map_err(Failure::Retry)?;
-        (served.size, 0)
+        (served.size, 0, served.body_end)
     };
     let invalid = |reason: String| {
         Failure::Fatal(Error::Read {
@@ -476,9 +546,9 @@ fn accept(
         pinned.last_modified = last_modified.map(str::to_owned);
     }
     match end {
-        None => Ok((size, skip)),
-        Some(end) if end <= size => Ok((end, skip)),
-        Some(_) if clamp => Ok((size, skip)),
+        None => Ok((size, skip, body_end)),
+        Some(end) if end <= size => Ok((end, skip, body_end)),
+        Some(_) if clamp => Ok((size, skip, body_end)),
         Some(end) => Err(invalid(format!(
             "bytes up to byte offset {end} were asked for, the resource holds {size}"
         ))),
@@ -490,6 +560,41 @@ struct Resource {
     client: Arc<HttpClient>,
     counters: Arc<Counters>,
     url: String,
+    /// Where the unit read ends (exclusive; `None`: the resource's end).
+    end: Option<u64>,
+}
+
+impl Resource {
+    /// Whether the first GET of a resource of `url`'s origin may ask for its
+    /// first part only: the last first answer from there had a validator.
+    fn pinnable(&self) -> bool {
+        let Ok(url) = url::Url::parse(&self.url) else {
+            return false;
+        };
+        let known = self
+            .client
+            .pinnable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        known.contains(&origin(&url))
+    }
+
+    /// Notes whether the first answer for this resource had a validator.
+    fn note_pinnable(&self, pinnable: bool) {
+        let Ok(url) = url::Url::parse(&self.url) else {
+            return;
+        };
+        let mut known = self
+            .client
+            .pinnable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if pinnable {
+            known.insert(origin(&url));
+        } else {
+            known.remove(&origin(&url));
+        }
+    }
 }
 
 impl Body for Incoming {
@@ -530,11 +635,43 @@ impl RangedObject for Resource {
         pinned: &mut Pinned,
     ) -> Result<Option<ranged::Answer>, Failure> {
         let url = self.url.as_str();
-        let headers = range_headers(position, end, pinned);
-        let answer = self
-            .client
-            .send(&Method::GET, url, position, &headers)
-            .await?;
+        let first = !pinned.confirmed && pinned.validator().is_none();
+        if !first && pinned.validator().is_none() {
+            // Another request could be answered by another version.
+            let reason = format!("the read stopped at byte offset {position}");
+            return Err(Failure::Fatal(ranged::unpinned(url, position, &reason)));
+        }
+        // The first GET asks for the whole unit (its body then read on by
+        // the unit's parts, in turn), unless the resource's origin gives
+        // validators: then for the first part only, the later parts pinned
+        // to its validator.
+        let mut whole = first && !self.pinnable();
+        let answer = loop {
+            let asked = if whole { self.end } else { end };
+            let headers = range_headers(position, asked, pinned);
+            let answer = self
+                .client
+                .send(&Method::GET, url, position, &headers)
+                .await?;
+            let part_only = answer.status == StatusCode::PARTIAL_CONTENT
+                && answer
+                    .headers
+                    .get(header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(ranged::parse_content_range)
+                    .is_some_and(|(_, last, total)| {
+                        let unit_end = self.end.unwrap_or(u64::MAX).min(total.unwrap_or(u64::MAX));
+                        last.saturating_add(1) < unit_end
+                    });
+            if first && !whole && part_only && !has_validator(&answer.headers) {
+                // No validator to pin the other parts to: asked again for
+                // the whole unit, this answer left unread.
+                self.note_pinnable(false);
+                whole = true;
+                continue;
+            }
+            break answer;
+        };
         if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
             && position == 0
             && clamp
@@ -546,13 +683,11 @@ impl RangedObject for Resource {
             pinned.confirmed = true;
             return Ok(None);
         }
-        let (stop, skip) = accept(url, position, (end, clamp), &answer, pinned)?;
-        // A whole answer (200) holds the resource to its end.
-        let body_end = if answer.status == StatusCode::OK {
-            pinned.size.unwrap_or(stop)
-        } else {
-            stop
-        };
+        let asked = if whole { self.end } else { end };
+        let (stop, skip, body_end) = accept(url, position, (asked, end, clamp), &answer, pinned)?;
+        if first {
+            self.note_pinnable(pinned.validator().is_some());
+        }
         Ok(Some(ranged::Answer {
             stop,
             skip,
@@ -583,6 +718,7 @@ pub(super) fn resource(
         client: client.clone(),
         counters: fetcher.counters.clone(),
         url: unit.url.clone(),
+        end: unit.range.as_ref().map(|range| range.end),
     })
 }
 
@@ -634,6 +770,29 @@ mod tests {
             header::IF_UNMODIFIED_SINCE
         );
         assert!(range_headers(0, None, &Pinned::default()).is_empty());
+    }
+
+    #[test]
+    fn only_the_identity_coding_is_the_resources_own_bytes() {
+        let coded_as = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::CONTENT_ENCODING,
+                HeaderValue::from_str(value).unwrap(),
+            );
+            coding(&headers)
+        };
+        assert_eq!(coding(&HeaderMap::new()), None);
+        assert_eq!(coded_as("identity"), None);
+        assert_eq!(coded_as(" Identity "), None);
+        assert_eq!(coded_as("gzip").as_deref(), Some("gzip"));
+        assert_eq!(coded_as("br, gzip").as_deref(), Some("br, gzip"));
+        assert_eq!(coded_as(&"x".repeat(100)).map(|c| c.len()), Some(40));
+        let error = coded("https://h/x.json", 0, "gzip").to_string();
+        assert!(
+            error.contains("https://h/x.json") && error.contains("gzip"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -133,9 +133,10 @@ pub(super) struct Pinned {
     /// Whether an answer gave `size`; else it is the size the object was
     /// listed with, which the first answer must confirm.
     pub(super) confirmed: bool,
-    /// Whether the server answered a ranged GET with the whole object (it
-    /// ignores `Range`): the rest of that answer's body is read on rather
-    /// than asked for again.
+    /// Whether an answer's body runs past the part it was taken for (a
+    /// server that ignores `Range` sent the whole object, or the whole unit
+    /// was asked for, as of a resource that may have no validator): the
+    /// rest of that body is read on rather than asked for again.
     pub(super) ignores_range: bool,
 }
 
@@ -536,6 +537,10 @@ pub(super) async fn stream_range<O: RangedObject>(
                 let Some(reason) = broke else {
                     return Ok(Ok(()));
                 };
+                if pinned.validator().is_none() {
+                    // Nothing to pin a resume to: never spliced.
+                    return Ok(Err(unpinned(url, position, &reason)));
+                }
                 counters.add(Counter::Resumes, 1);
                 reason
             }
@@ -594,6 +599,23 @@ pub(super) async fn read_ranged<O: RangedObject>(
         let _ = tx.send(Err(error));
     }
     Ok(())
+}
+
+/// Why the read of an object without a validator is not resumed.
+const NO_VALIDATOR: &str = "the resource has neither ETag nor Last-Modified, so it is not \
+     resumed: another request could be answered with another version of it";
+
+/// The error of a read of `url` that stopped at `offset` (for `reason`)
+/// and would need another request for an object without a validator.
+pub(super) fn unpinned(url: &str, offset: u64, reason: &str) -> Error {
+    Error::Read {
+        url: url.to_owned(),
+        offset,
+        source: std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{reason}; {NO_VALIDATOR}"),
+        ),
+    }
 }
 
 /// The error of a part of `url` (bytes `part`) that ended after `got` bytes.

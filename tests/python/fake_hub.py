@@ -41,6 +41,9 @@ class FakeHub:
     token: str = "hf_test_token"
     page_size: int = 3
     base_url: str = ""
+    # Where the listing's next pages are linked to (another server, for the
+    # test that none is followed there); ``None``: this Hub.
+    next_origin: str | None = None
     requests: Counter[str] = field(default_factory=Counter)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -117,8 +120,9 @@ def make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 page = entries[cursor : cursor + hub.page_size]
                 headers = {}
                 if cursor + hub.page_size < len(entries):
+                    origin = hub.next_origin or hub.base_url
                     nxt = (
-                        f"{hub.base_url}/api/datasets/{repo}/tree/{quote(rest[0], safe='')}/"
+                        f"{origin}/api/datasets/{repo}/tree/{quote(rest[0], safe='')}/"
                         f"{quote(path)}?recursive={str(recursive).lower()}&expand=false"
                         f"&cursor={cursor + hub.page_size}"
                     )

@@ -13,6 +13,7 @@ to ``/PATH``; ``redirect_to`` sends every request to another server.
 from __future__ import annotations
 
 import email.utils
+import gzip
 import hashlib
 import os
 import re
@@ -48,6 +49,14 @@ class Faults:
         short_by: announce this many bytes more than the file holds, send
             the file and close.
         no_etag: send no ETag (Last-Modified only).
+        no_validator: send neither ETag nor Last-Modified (conditional
+            request headers are ignored, as such a server has nothing to
+            compare them with).
+        replace_after: once this many GETs were answered in full, replace
+            the file by ``replacement`` (bytes of the same size).
+        replacement: the file's bytes after ``replace_after`` GETs.
+        gzip: send the file gzip-compressed (``Content-Encoding: gzip``,
+            ranges of the compressed form), whatever the request accepts.
         require: ``(header, value)`` a request must carry, else ``401``.
         forbidden: answer every request with ``403``.
     """
@@ -61,6 +70,10 @@ class Faults:
     hang: bool = False
     short_by: int = 0
     no_etag: bool = False
+    no_validator: bool = False
+    replace_after: int = 0
+    replacement: bytes | None = None
+    gzip: bool = False
     require: tuple[str, str] | None = None
     forbidden: bool = False
 
@@ -70,6 +83,7 @@ class Served:
     """What the server did, counted as it happened."""
 
     gets: int = 0
+    whole_answers: int = 0
     bytes_by_path: Counter[str] = field(default_factory=Counter)
     gets_by_path: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
@@ -179,19 +193,25 @@ def make_handler(server: HttpServer) -> type[BaseHTTPRequestHandler]:
                 self.answer(404, b"Not Found")
                 return
             data = file.read_bytes()
+            if faults.gzip:
+                data = gzip.compress(data, mtime=0)
             size = len(data)
             etag = etag_of(data)
             mtime = file.stat().st_mtime
             last_modified = email.utils.formatdate(mtime, usegmt=True)
-            headers = {"Last-Modified": last_modified, "Accept-Ranges": "bytes"}
-            if not faults.no_etag:
+            headers = {"Accept-Ranges": "bytes"}
+            if faults.gzip:
+                headers["Content-Encoding"] = "gzip"
+            if not faults.no_validator:
+                headers["Last-Modified"] = last_modified
+            if not faults.no_etag and not faults.no_validator:
                 headers["ETag"] = etag
             if_match = self.headers.get("If-Match")
-            if if_match and if_match != "*" and if_match != etag:
+            if if_match and if_match != "*" and if_match != etag and not faults.no_validator:
                 self.answer(412, b"Precondition Failed")
                 return
             since = self.headers.get("If-Unmodified-Since")
-            if since:
+            if since and not faults.no_validator:
                 parsed = email.utils.parsedate_to_datetime(since).timestamp()
                 if int(mtime) > parsed:
                     self.answer(412, b"Precondition Failed")
@@ -228,6 +248,12 @@ def make_handler(server: HttpServer) -> type[BaseHTTPRequestHandler]:
                 sent += len(piece)
                 with server.lock:
                     served.bytes_by_path[path] += len(piece)
+            if cut is None and faults.replacement is not None:
+                with server.lock:
+                    served.whole_answers += 1
+                    replace = served.whole_answers == faults.replace_after
+                if replace:
+                    file.write_bytes(faults.replacement)
             if cut is not None or faults.short_by:
                 with server.lock:
                     served.faults["cut" if cut is not None else "short"] += 1

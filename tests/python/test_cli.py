@@ -115,6 +115,27 @@ def test_inspect_not_a_tar(tmp_path):
     assert "error:" in proc.stderr and "not a tar archive" in proc.stderr
 
 
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_inspect_of_a_remote_shard_gives_its_size(store, request, dataset):
+    # A remote shard named outright is resolved without a request: its size
+    # is asked for, not printed as 0.
+    path = dataset.paths[0]
+    if store == "http":
+        url = request.getfixturevalue("http").url(path.name)
+        options: list[str] = []
+    else:
+        s3 = request.getfixturevalue("s3")
+        request.getfixturevalue("s3_credentials")
+        url = request.getfixturevalue("s3_dataset")["urls"][0]
+        options = ["--s3-endpoint-url", s3.endpoint_url, "--s3-region", "us-east-1"]
+        options.append("--s3-path-style")
+    proc = run("module", *options, "inspect", url)
+    assert proc.returncode == 0, proc.stderr
+    rows, totals = parse_inspect(proc.stdout)
+    assert len(rows) == len(read_tar_samples(path))
+    assert f" {path.stat().st_size} bytes in the shard" in totals, totals
+
+
 def test_usage_errors_exit_nonzero():
     for args in (["inspect"], ["frobnicate"], ["plan"]):
         proc = run("module", *args)

@@ -172,6 +172,20 @@ def test_bad_local_shard_raises_at_construction(kind, tmp_path):
         assert_names_duplicate_key(info.value, bad)
 
 
+@pytest.mark.parametrize("count_samples", [True, False])
+def test_a_file_that_is_not_a_shard_is_not_quoted(tmp_path, count_samples):
+    # A text file's content (a config with a secret, say) shows in no error.
+    text = b"password=hunter2-topsecret-value;" * 40
+    path = tmp_path / "notes.tar"
+    path.write_bytes(text)
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(path, count_samples=count_samples))
+    message = str(info.value)
+    assert "not a tar archive" in message and str(path) in message, message
+    words = {text[i : i + 4].decode() for i in range(len(text) - 4)}
+    assert not [w for w in words if w in message.replace(str(path), "")], message
+
+
 def make_gone_after_construction(bad: BadShard, good: Path) -> None:
     """For a "missing" shard: it exists (a copy of ``good``) while the dataset
     is constructed, and is gone once :func:`remove` runs."""

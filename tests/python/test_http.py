@@ -133,12 +133,76 @@ def test_a_server_that_ignores_range_is_read_past_what_was_delivered(http, datas
     assert ds.stats()["resumed_bodies"] == 2
 
 
+def large_members(version: int = 0) -> dict[str, bytes]:
+    """150 members of 40 KB; another `version` has other bytes, the same sizes."""
+    return {
+        f"{i:04d}.bin": bytes([(i + version) % 251]) * 40_000 + i.to_bytes(4, "big")
+        for i in range(150)
+    }
+
+
 def write_large_shard(root: Path) -> dict[str, bytes]:
     """A 6 MB shard of 150 members (far larger than a first part, 256 KiB)."""
     root.mkdir()
-    members = {f"{i:04d}.bin": bytes([i % 251]) * 40_000 + i.to_bytes(4, "big") for i in range(150)}
+    members = large_members()
     write_tar(root / "shard.tar", members.items())
     return {key.removesuffix(".bin"): value for key, value in members.items()}
+
+
+def test_a_resource_without_validator_replaced_mid_read_is_one_version(tmp_path):
+    # Neither ETag nor Last-Modified: nothing to pin parts to, so the shard
+    # is one GET; replaced (same size) once that GET was answered, every
+    # sample is of the first version.
+    root = tmp_path / "unpinned"
+    expected = write_large_shard(root)
+    replacement = tmp_path / "v2.tar"
+    write_tar(replacement, large_members(version=7).items())
+    assert replacement.stat().st_size == (root / "shard.tar").stat().st_size
+    with running_http_server(root) as server:
+        faults = Faults(no_validator=True, replace_after=1, replacement=replacement.read_bytes())
+        server.reset(faults)
+        ds = StreamingDataset(server.url("shard.tar"), s3={"part_size": 65536})
+        got = {s["__key__"]: s["bin"] for s in ds}
+        gets = server.served.gets_by_path["/shard.tar"]
+    assert got == expected
+    assert gets == 1, gets
+
+
+@pytest.mark.parametrize("max_concurrency", [1, 64])
+def test_a_cut_body_without_validator_is_an_error_not_a_splice(tmp_path, max_concurrency):
+    root = tmp_path / "unpinned"
+    write_large_shard(root)
+    with running_http_server(root) as server:
+        server.reset(Faults(no_validator=True, cut_first=1, cut_after=1_000_000))
+        url = server.url("shard.tar")
+        ds = StreamingDataset(url, s3={**FAST, "max_concurrency": max_concurrency})
+        with pytest.raises(shardstream.ShardReadError) as raised:
+            collect(ds)
+        gets = server.served.gets_by_path["/shard.tar"]
+    message = str(raised.value)
+    assert url in message and "1000000" in message and "neither ETag" in message, message
+    assert gets == 1, gets
+
+
+def test_shards_without_validator_are_one_get_each(http, dataset):
+    http.reset(Faults(no_validator=True))
+    ds = StreamingDataset(http_spec(http, dataset), s3={"part_size": 4096}, shuffle_buffer=0)
+    assert_identical_to_local(collect(loader(ds, 2)), dataset)
+    assert http.served.body_bytes == shard_bytes(dataset)
+    assert sorted(http.served.gets_by_path.values()) == [1] * len(dataset.paths)
+    assert all("range" not in h for h in http.served.headers)
+
+
+def test_an_answer_in_a_content_coding_is_an_error_naming_it(http, dataset):
+    http.reset(Faults(gzip=True))
+    url = http.url(dataset.paths[0].name)
+    for fmt in ("raw", "tar"):
+        with pytest.raises(shardstream.ShardReadError) as raised:
+            collect(StreamingDataset(url, format=fmt, s3=FAST))
+        message = str(raised.value)
+        assert url in message and "gzip" in message, message
+    assert http.served.headers
+    assert all(h.get("accept-encoding") == "identity" for h in http.served.headers)
 
 
 def test_a_server_that_ignores_range_is_read_by_one_answer(tmp_path):
@@ -297,11 +361,13 @@ def test_redirects_are_followed_within_a_bound(http, dataset, tmp_path):
     with running_http_server(dataset.root) as cdn:
         http.redirect_to = cdn.base_url
         try:
-            ds = StreamingDataset(http.url(name), http_headers={"X-Secret": "abc"})
+            headers = {"X-Secret": "abc", "Authorization": "Bearer abc"}
+            ds = StreamingDataset(http.url(name), http_headers=headers)
             assert len(collect(ds)) == len(keys)
         finally:
             http.redirect_to = None
-        assert cdn.served.headers and all("x-secret" not in h for h in cdn.served.headers)
+        assert cdn.served.headers
+        assert all("x-secret" not in h and "authorization" not in h for h in cdn.served.headers)
     with pytest.raises(shardstream.ShardReadError, match="more than 10 redirects"):
         collect(StreamingDataset(http.url(f"redirect/11/{name}"), s3=FAST))
 
@@ -311,6 +377,19 @@ def test_unknown_schemes_list_the_supported_ones():
         StreamingDataset("ftp://example.com/shard.tar")
     message = str(raised.value)
     for scheme in ("s3://", "http://", "https://", "hf://"):
+        assert scheme in message, message
+
+
+@pytest.mark.parametrize(
+    "url", ["https://example.com/data/", "http://127.0.0.1:9/train/?page=1", "https://example.com"]
+)
+def test_a_folder_url_is_refused_at_construction(url):
+    # HTTP has no listing: a folder would fail later as "not a tar archive".
+    with pytest.raises(shardstream.DatasetSpecError) as raised:
+        StreamingDataset(url)
+    message = str(raised.value)
+    assert url in message and "folder" in message, message
+    for scheme in ("s3://", "gs://", "hf://"):
         assert scheme in message, message
 
 

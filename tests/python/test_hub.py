@@ -143,6 +143,22 @@ def test_a_private_repository_takes_the_token_which_goes_to_the_hub_only(
     assert "hf_wrong_value" not in str(raised.value)
 
 
+def test_a_next_page_on_another_origin_is_refused_and_gets_no_headers(hub, hub_root, monkeypatch):
+    # The user's headers and the token go to the Hub's endpoint (the
+    # shards' origin) only: a listing linking its next page elsewhere is an
+    # error, and nothing is sent there.
+    monkeypatch.setenv("HF_TOKEN", hub.token)
+    spec = f"hf://datasets/{REPO}/train/*.tar"
+    with running_http_server(hub_root) as elsewhere:
+        hub.next_origin = elsewhere.base_url
+        with pytest.raises(shardstream.ShardReadError) as raised:
+            StreamingDataset(spec, http_headers={"X-Secret": "s3cr3t"}, s3={"max_attempts": 2})
+        assert elsewhere.served.headers == []
+    message = str(raised.value)
+    assert spec in message and "another origin" in message and elsewhere.base_url in message
+    assert "s3cr3t" not in message and hub.token not in message
+
+
 def test_index_then_ranks_get_equal_lengths_exactly_once(hub, cdn, dataset, tmp_path):
     spec = f"hf://datasets/{REPO}/train/*.tar"
     manifest = tmp_path / "manifest.json"

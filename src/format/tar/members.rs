@@ -427,10 +427,11 @@ fn number(field: &[u8], name: &str) -> io::Result<u64> {
         return Ok(value);
     }
     let text = until_nul(field);
+    // The field's bytes are not quoted: in a file that is not a tar
+    // archive they are the file's own content.
     let not_a_number = || {
         io::Error::other(format!(
-            "numeric field {name} was not a number: {:?}",
-            String::from_utf8_lossy(text)
+            "numeric field {name} was not a number (octal digits)"
         ))
     };
     let mut value: u64 = 0;
