@@ -13,6 +13,7 @@ client's own retry and resume counters with what really happened.
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import socket
 import threading
@@ -74,6 +75,12 @@ class Faults:
             (the store's latency to answer an upload).
         fail_part: answer every upload of the part of this number
             (``partNumber=k``) with 500 InternalError, after reading its body.
+        status_first: answer the first k GETs and HEADs with ``status``
+            (an empty body), whatever the store would answer.
+        status: the status of those answers (404, 403, 401, 416, ...).
+        gzip: send every GET's body gzip-compressed with
+            ``Content-Encoding: gzip``, as a misconfigured proxy or CDN
+            might, whatever the request accepts.
     """
 
     slowdown_every: int = 0
@@ -95,6 +102,9 @@ class Faults:
     write_slowdown_every: int = 0
     write_delay: float = 0.0
     fail_part: int = 0
+    status_first: int = 0
+    status: int = 404
+    gzip: bool = False
 
 
 @dataclass
@@ -127,6 +137,9 @@ class Injected:
     # order, and the uploads answered with 500 (``fail_part``).
     write_requests: list[tuple[str, str]] = field(default_factory=list)
     failed_parts: int = 0
+    # Body bytes sent to the client in answers to GETs.
+    body_bytes: int = 0
+    statuses: int = 0
 
 
 @dataclass
@@ -253,6 +266,9 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self.wfile.write(chunk)
                 self.wfile.flush()
                 sent += len(chunk)
+                if self.command == "GET":
+                    with proxy_ref[0].lock:
+                        proxy_ref[0].injected.body_bytes += len(chunk)
                 if faults.bandwidth > 0:
                     ahead = sent / faults.bandwidth - (time.monotonic() - started)
                     if ahead > 0:
@@ -339,9 +355,19 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self._count("slowdowns")
                 status, reason, headers, data = 503, "Slow Down", [], SLOWDOWN_BODY
                 headers = [("Content-Type", "application/xml")]
+            elif 0 < n <= faults.status_first:
+                self._count("statuses")
+                status, reason, headers, data = faults.status, "Injected", [], b""
+                if status == 416:
+                    # Of a resource that is not empty (an empty one's is */0).
+                    headers = [("Content-Range", "bytes */1048576")]
             else:
                 bad = self._bad_range_answer(faults, later)
                 status, reason, headers, data = bad or self._forward()
+            if faults.gzip and self.command == "GET" and status in (200, 206):
+                data = gzip.compress(data, mtime=0)
+                headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
+                headers.append(("Content-Encoding", "gzip"))
             self.send_response_only(status, reason)
             for name, value in headers:
                 if name.lower() in HOP_BY_HOP:

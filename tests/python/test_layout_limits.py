@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from _shardtest import epoch_sequence, shardstream_cli, write_uneven_dataset
 
-import shardstream
 from shardstream import StreamingDataset
 
 MAX_WORLD_SIZE = 1 << 20
