@@ -321,7 +321,10 @@ impl HttpClient {
                     }
                 }
                 // An empty resource has no first byte.
-                Ok(answer) if answer.status == StatusCode::RANGE_NOT_SATISFIABLE => {
+                Ok(answer)
+                    if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
+                        && announces_empty(&answer.headers) =>
+                {
                     return Ok((0, None))
                 }
                 Ok(answer) => match status_failure(url, 0, answer.status) {
@@ -395,6 +398,21 @@ fn status_failure(url: &str, offset: u64, status: StatusCode) -> Failure {
             offset,
             source: io(std::io::ErrorKind::Other, text),
         }),
+    }
+}
+
+/// Whether a `416` to a range from the first byte says the resource is
+/// empty: its `Content-Range` is `bytes */0`, or absent (as some servers
+/// answer for an empty file). `bytes */N` of a larger size is no empty
+/// resource, and the `416` an error.
+fn announces_empty(headers: &HeaderMap) -> bool {
+    match headers.get(header::CONTENT_RANGE) {
+        None => true,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().strip_prefix("bytes */"))
+            .is_some_and(|size| size.trim() == "0"),
     }
 }
 
@@ -676,6 +694,7 @@ impl RangedObject for Resource {
             && position == 0
             && clamp
             && pinned.size.is_none()
+            && announces_empty(&answer.headers)
         {
             // A range from the first byte is unsatisfiable only in an
             // empty resource.

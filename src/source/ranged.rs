@@ -544,13 +544,30 @@ pub(super) async fn stream_range<O: RangedObject>(
                 counters.add(Counter::Resumes, 1);
                 reason
             }
-            Err(Failure::Fatal(error)) => return Ok(Err(error)),
+            Err(Failure::Fatal(error)) => {
+                return Ok(Err(gone_means_changed(error, pinned, url, position)))
+            }
             Err(Failure::Retry(reason)) => reason,
         };
         if let Err(error) = retries.wait(url, position, reason).await {
             return Ok(Err(error));
         }
         counters.add(Counter::Retries, 1);
+    }
+}
+
+/// `error` as the read at `position` of an object that an earlier answer
+/// pinned (`pinned`) sees it: the object gone (a GCS generation or an S3
+/// key deleted, a 404) means it changed while it was read.
+fn gone_means_changed(error: Error, pinned: &Pinned, url: &str, position: u64) -> Error {
+    match error {
+        Error::NotFound { .. } if pinned.confirmed && pinned.validator().is_some() => {
+            Error::Changed {
+                url: url.to_owned(),
+                offset: position,
+            }
+        }
+        other => other,
     }
 }
 
