@@ -1,12 +1,11 @@
 //! A node-local cache of remote shards (`cache_dir=`, `cache_limit_bytes=`).
 //!
 //! A whole remote shard of known size is written to a temporary file of
-//! the cache (`.tmp-<pid>-<n>`) as its bytes stream to the reader, with no
+//! the cache (`.tmp-<pid>-<random>`) as its bytes stream to the reader, with no
 //! extra pass. Once every byte was sent, its size and validator are
 //! checked, a trailer (size and CRC-32 of the bytes) is appended and the
 //! file is renamed to its final name, a hash of (URL, size, ETag): only
-//! complete files ever carry a final name, and whoever renames first wins
-//! (a later copy of the same object is dropped). A later read of the shard,
+//! complete files ever carry a final name. A later read of the shard,
 //! by any process of the node, checks the cached copy's size and CRC-32
 //! under a shared `flock`, before a sample of it is handed out (the pages
 //! already in memory through mappings, no byte copied out), then reads it
@@ -16,14 +15,18 @@
 //! first (a read sets the file's access time), takes a non-blocking
 //! exclusive lock of each file and skips those being read. A write that
 //! fails (a full disk, a file size limit) stops caching that shard, with a
-//! warning; its bytes still stream to the reader.
+//! warning; its bytes still stream to the reader. No file of the cache is
+//! ever opened through a symbolic link (see [`Dir`]), and a directory the
+//! cache makes is private to its user.
 
-use std::fs::{File, OpenOptions};
+use std::ffi::CString;
+use std::fs::File;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::io::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -38,31 +41,150 @@ const MAGIC: &[u8; 8] = b"SSCACHE1";
 const TRAILER_LEN: u64 = 20;
 /// The final names' suffix.
 const SUFFIX: &str = ".shard";
-/// The temporary names' prefix.
+/// The temporary names' prefix: `.tmp-<pid>-<random>`.
 const TMP_PREFIX: &str = ".tmp-";
 /// The file locked while evicting, so that one process evicts at a time.
 const EVICT_LOCK: &str = ".evict.lock";
+/// The mode of the files the cache makes (and, of a directory it makes, 0700).
+const FILE_MODE: libc::c_uint = 0o600;
 
-/// Makes the cache directory if needed and checks that a file can be
-/// written in it; the error names the option.
+/// Makes the cache directory if needed (private to its user: 0700) and
+/// checks that a file can be made in it; the error names the option.
 pub fn prepare(options: &CacheOptions) -> Result<()> {
     let bad = |reason: String| Error::Config {
         name: "cache_dir",
         reason,
     };
-    let dir = &options.dir;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| bad(format!("cannot create {}: {e}", dir.display())))?;
-    let probe = dir.join(format!("{TMP_PREFIX}{}-probe", std::process::id()));
-    let written = File::create(&probe).and_then(|mut f| f.write_all(b"probe"));
-    let _ = std::fs::remove_file(&probe);
-    written.map_err(|e| bad(format!("cannot write in {}: {e}", dir.display())))
+    let path = &options.dir;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| bad(format!("cannot create {}: {e}", path.display())))?;
+    let dir = Dir::open(path).map_err(|e| bad(format!("cannot open {}: {e}", path.display())))?;
+    let probe = tmp_name();
+    let written = dir
+        .create_new(&probe)
+        .and_then(|mut f| f.write_all(b"probe"));
+    let _ = dir.remove(&probe);
+    written.map_err(|e| bad(format!("cannot write in {}: {e}", path.display())))
+}
+
+/// The cache directory, opened. Every file of it is opened, made, renamed
+/// and removed by a plain name relative to this descriptor, never through
+/// a symbolic link: a link planted in the directory cannot make the cache
+/// write (or truncate) a file elsewhere, or read one as a cached copy.
+/// Files are only ever written when made here, with `O_EXCL`, under a name
+/// no other process can guess.
+#[derive(Debug)]
+struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// `text` as a C string (a name with a NUL byte is an error).
+fn c_string(text: &[u8]) -> std::io::Result<CString> {
+    CString::new(text).map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))
+}
+
+/// `Ok` when a libc call returned `result` 0 or more, else its error.
+fn checked(result: libc::c_int) -> std::io::Result<libc::c_int> {
+    if result < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+impl Dir {
+    /// Opens the directory at `path`.
+    fn open(path: &Path) -> std::io::Result<Dir> {
+        let name = c_string(path.as_os_str().as_bytes())?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        // SAFETY: a NUL-terminated path; the descriptor returned is owned below.
+        let fd = checked(unsafe { libc::open(name.as_ptr(), flags) })?;
+        Ok(Dir {
+            // SAFETY: `fd` was just opened and nothing else owns it.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            path: path.to_owned(),
+        })
+    }
+
+    /// Opens `name` with `flags`, never following a symbolic link (one
+    /// is `ELOOP`); a file it makes has mode 0600.
+    fn open_file(&self, name: &str, flags: libc::c_int) -> std::io::Result<File> {
+        let c_name = c_string(name.as_bytes())?;
+        let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: a NUL-terminated name relative to a directory descriptor
+        // this `Dir` owns; the descriptor returned is owned below.
+        let fd = checked(unsafe {
+            libc::openat(self.fd.as_raw_fd(), c_name.as_ptr(), flags, FILE_MODE)
+        })?;
+        // SAFETY: `fd` was just opened and nothing else owns it.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Makes `name`, which must not exist (not even as a link), for writing.
+    fn create_new(&self, name: &str) -> std::io::Result<File> {
+        self.open_file(name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+    }
+
+    /// Removes `name` (a link itself, never what it points to).
+    fn remove(&self, name: &str) -> std::io::Result<()> {
+        let c_name = c_string(name.as_bytes())?;
+        // SAFETY: a NUL-terminated name relative to a directory descriptor this `Dir` owns.
+        checked(unsafe { libc::unlinkat(self.fd.as_raw_fd(), c_name.as_ptr(), 0) }).map(|_| ())
+    }
+
+    /// Renames `from` to `to`, replacing what `to` names (a link itself).
+    fn rename(&self, from: &str, to: &str) -> std::io::Result<()> {
+        let (c_from, c_to) = (c_string(from.as_bytes())?, c_string(to.as_bytes())?);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: NUL-terminated names relative to a directory descriptor this `Dir` owns.
+        checked(unsafe { libc::renameat(fd, c_from.as_ptr(), fd, c_to.as_ptr()) }).map(|_| ())
+    }
+
+    /// The device and inode `name` is now (a link's own, not followed).
+    fn identity(&self, name: &str) -> std::io::Result<(u64, u64)> {
+        let c_name = c_string(name.as_bytes())?;
+        let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a NUL-terminated name relative to a directory descriptor
+        // this `Dir` owns, and a buffer of a `stat`'s size.
+        checked(unsafe {
+            libc::fstatat(
+                self.fd.as_raw_fd(),
+                c_name.as_ptr(),
+                stat.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        // SAFETY: `fstatat` succeeded, so it filled the buffer in.
+        let stat = unsafe { stat.assume_init() };
+        #[allow(clippy::unnecessary_cast)]
+        Ok((stat.st_dev as u64, stat.st_ino as u64))
+    }
+}
+
+/// A temporary name no other process can guess: `.tmp-<pid>-<128 random bits>`
+/// (the process id lets eviction remove those of processes that are gone).
+fn tmp_name() -> String {
+    let mut random = [0u8; 16];
+    if aws_lc_rs::rand::fill(&mut random).is_err() {
+        // The system's random source failed: still a name of its own.
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default();
+        random = (now.as_nanos() ^ u128::from(std::process::id())).to_le_bytes();
+    }
+    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TMP_PREFIX}{}-{hex}", std::process::id())
 }
 
 /// A cache directory in use.
 #[derive(Debug)]
 pub(super) struct Cache {
     options: CacheOptions,
+    dir: Arc<Dir>,
 }
 
 /// A cached copy being read: its shared lock is held while this lives.
@@ -71,11 +193,19 @@ pub(super) struct Hit {
     pub(super) path: PathBuf,
     /// The unit to read from it: the same bytes, from the local file.
     pub(super) unit: FetchUnit,
-    _locked: File,
+    /// The copy, opened (never through a link), checked and locked.
+    file: File,
 }
 
-/// Numbers temporary files of this process.
-static NEXT_TMP: AtomicU64 = AtomicU64::new(0);
+impl Hit {
+    /// Another descriptor of the checked copy, with its metadata, to read
+    /// it through (never opened again by name); the lock stays held.
+    pub(super) fn opened(&self) -> std::io::Result<(File, std::fs::Metadata)> {
+        let file = self.file.try_clone()?;
+        let meta = file.metadata()?;
+        Ok((file, meta))
+    }
+}
 
 fn warn(message: &str) {
     eprintln!("shardstream: warning: {message}");
@@ -89,14 +219,27 @@ fn try_lock(file: &File, how: libc::c_int) -> bool {
 }
 
 impl Cache {
-    /// A cache in the (prepared) directory of `options`.
-    pub(super) fn new(options: CacheOptions) -> Self {
-        Cache { options }
+    /// A cache in the (prepared) directory of `options`; `None`, with a
+    /// warning, when the directory cannot be opened (shards then stream).
+    pub(super) fn open(options: CacheOptions) -> Option<Self> {
+        match Dir::open(&options.dir) {
+            Ok(dir) => Some(Cache {
+                options,
+                dir: Arc::new(dir),
+            }),
+            Err(e) => {
+                warn(&format!(
+                    "cannot open the cache directory {} ({e}); shards are streamed, not cached",
+                    options.dir.display()
+                ));
+                None
+            }
+        }
     }
 
     /// The final name of `unit`'s shard, when it can be cached (a remote
     /// shard): a hash of its URL and of the size and ETag the plan knows.
-    fn path_of(&self, unit: &FetchUnit) -> Option<PathBuf> {
+    fn name_of(&self, unit: &FetchUnit) -> Option<String> {
         if matches!(unit.location, Location::Local(_)) {
             return None;
         }
@@ -110,34 +253,49 @@ impl Cache {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
-        Some(self.options.dir.join(format!("{name}{SUFFIX}")))
+        Some(format!("{name}{SUFFIX}"))
     }
 
     /// The cached copy of `unit`'s shard, checked and locked for reading;
-    /// `None` when there is none (a copy that fails its check is removed).
+    /// `None` when there is none (a copy that fails its check, or is not a
+    /// regular file, a link among them, is removed).
     /// Blocking: it reads the whole copy once (see [`check`]).
     pub(super) fn lookup(&self, unit: &FetchUnit) -> Option<Hit> {
-        let path = self.path_of(unit)?;
-        let file = File::open(&path).ok()?;
+        let name = self.name_of(unit)?;
+        let path = self.dir.path.join(&name);
+        let damaged = |reason: &str| {
+            warn(&format!(
+                "{}: the cached copy {} is damaged ({reason}); removed, fetching the shard again",
+                unit.url,
+                path.display()
+            ));
+            let _ = self.dir.remove(&name);
+        };
+        // Non-blocking: a FIFO planted under the name must not hang the open.
+        let file = match self.dir.open_file(&name, libc::O_RDONLY | libc::O_NONBLOCK) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                damaged("a symbolic link, not followed");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let held = file.metadata().ok()?;
+        if !held.is_file() {
+            damaged("not a regular file");
+            return None;
+        }
         if !try_lock(&file, libc::LOCK_SH) {
             return None;
         }
         // Evicted (or replaced) between the open and the lock: not this one.
-        let (Ok(held), Ok(named)) = (file.metadata(), std::fs::metadata(&path)) else {
-            return None;
-        };
-        if (held.dev(), held.ino()) != (named.dev(), named.ino()) {
+        if self.dir.identity(&name).ok()? != (held.dev(), held.ino()) {
             return None;
         }
         let size = match check(&file, (&path, &unit.url), held.len(), unit.size) {
             Ok(size) => size,
             Err(reason) => {
-                warn(&format!(
-                "{}: the cached copy {} is damaged ({reason}); removed, fetching the shard again",
-                unit.url,
-                path.display()
-            ));
-                let _ = std::fs::remove_file(&path);
+                damaged(&reason);
                 return None;
             }
         };
@@ -155,7 +313,7 @@ impl Cache {
                 etag: unit.etag.clone(),
             },
             path,
-            _locked: file,
+            file,
         })
     }
 
@@ -166,17 +324,13 @@ impl Cache {
         if unit.range.is_some() {
             return None;
         }
-        let target = self.path_of(unit)?;
+        let target = self.name_of(unit)?;
         if unit.size.is_some_and(|size| self.over_limit(size)) {
             over_limit(&unit.url);
             return None;
         }
-        let n = NEXT_TMP.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .options
-            .dir
-            .join(format!("{TMP_PREFIX}{}-{n}", std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+        let tmp = tmp_name();
+        match self.dir.create_new(&tmp) {
             Ok(file) => Some(Fill {
                 file: Some(file),
                 tmp,
@@ -187,7 +341,7 @@ impl Cache {
                 crc: crc32fast::Hasher::new(),
                 written: 0,
                 limit: self.options.limit_bytes,
-                dir: self.options.dir.clone(),
+                dir: self.dir.clone(),
             }),
             Err(e) => {
                 warn(&format!(
@@ -249,8 +403,9 @@ fn check(
 pub(super) struct Fill {
     /// `None` once a write failed: the shard is not cached.
     file: Option<File>,
-    tmp: PathBuf,
-    target: PathBuf,
+    /// The temporary file's name, and the final one.
+    tmp: String,
+    target: String,
     url: String,
     /// The size the plan knows, if any.
     size: Option<u64>,
@@ -258,7 +413,7 @@ pub(super) struct Fill {
     crc: crc32fast::Hasher,
     written: u64,
     limit: Option<u64>,
-    dir: PathBuf,
+    dir: Arc<Dir>,
 }
 
 impl Fill {
@@ -272,7 +427,7 @@ impl Fill {
         if self.limit.is_some_and(|limit| after + TRAILER_LEN > limit) {
             over_limit(&self.url);
             self.file = None;
-            let _ = std::fs::remove_file(&self.tmp);
+            let _ = self.dir.remove(&self.tmp);
             return;
         }
         match file.write_all(bytes) {
@@ -286,7 +441,7 @@ impl Fill {
                     self.url
                 ));
                 self.file = None;
-                let _ = std::fs::remove_file(&self.tmp);
+                let _ = self.dir.remove(&self.tmp);
             }
         }
     }
@@ -319,8 +474,9 @@ impl Fill {
             return;
         }
         drop(file);
-        // Whoever renames first wins; a later copy is the same bytes.
-        if self.target.exists() || std::fs::rename(&self.tmp, &self.target).is_err() {
+        // A copy already there is the same bytes, or a link planted under
+        // the name, which the rename replaces (never writes through).
+        if self.dir.rename(&self.tmp, &self.target).is_err() {
             return;
         }
         if let Some(limit) = self.limit {
@@ -332,33 +488,57 @@ impl Fill {
 impl Drop for Fill {
     fn drop(&mut self) {
         // A no-op after a rename.
-        let _ = std::fs::remove_file(&self.tmp);
+        let _ = self.dir.remove(&self.tmp);
+    }
+}
+
+/// The eviction lock, opened (made if needed; a link planted under its
+/// name is removed, never followed); `None` when it cannot be.
+fn evict_lock(dir: &Dir) -> Option<File> {
+    let open = || {
+        dir.open_file(
+            EVICT_LOCK,
+            libc::O_RDONLY | libc::O_CREAT | libc::O_NONBLOCK,
+        )
+    };
+    match open() {
+        Ok(file) => Some(file),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            warn(&format!(
+                "{}: a symbolic link named {EVICT_LOCK}, not followed; removed",
+                dir.path.display()
+            ));
+            dir.remove(EVICT_LOCK).ok()?;
+            open().ok()
+        }
+        Err(_) => None,
     }
 }
 
 /// Removes cached files, least recently used first, until those left
 /// take at most `limit` bytes; files being read (locked) are skipped.
 /// Temporary files of processes that no longer run are removed too.
-fn evict(dir: &Path, limit: u64) {
-    let Ok(guard) = File::create(dir.join(EVICT_LOCK)) else {
+fn evict(dir: &Dir, limit: u64) {
+    let Some(guard) = evict_lock(dir) else {
         return;
     };
     // SAFETY: flock on a file descriptor this `File` owns; released when it closes.
     if unsafe { libc::flock(guard.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(entries) = std::fs::read_dir(&dir.path) else {
         return;
     };
     let mut files = Vec::new();
     let mut total = 0;
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        // The entry's own metadata: a link is not followed.
         let Ok(meta) = entry.metadata() else { continue };
-        if name.ends_with(SUFFIX) {
+        if name.ends_with(SUFFIX) && meta.is_file() {
             total += meta.len();
             let used = meta.accessed().unwrap_or(SystemTime::UNIX_EPOCH);
-            files.push((used, meta.len(), entry.path()));
+            files.push((used, meta.len(), name));
         } else if let Some(rest) = name.strip_prefix(TMP_PREFIX) {
             let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
             let gone = pid.is_some_and(|p| {
@@ -367,19 +547,19 @@ fn evict(dir: &Path, limit: u64) {
                 sent != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
             });
             if gone {
-                let _ = std::fs::remove_file(entry.path());
+                let _ = dir.remove(&name);
             }
         }
     }
     files.sort();
-    for (_, len, path) in files {
+    for (_, len, name) in files {
         if total <= limit {
             break;
         }
-        let Ok(file) = File::open(&path) else {
+        let Ok(file) = dir.open_file(&name, libc::O_RDONLY | libc::O_NONBLOCK) else {
             continue;
         };
-        if try_lock(&file, libc::LOCK_EX) && std::fs::remove_file(&path).is_ok() {
+        if try_lock(&file, libc::LOCK_EX) && dir.remove(&name).is_ok() {
             total -= len;
         }
     }
@@ -405,7 +585,7 @@ mod tests {
             limit_bytes: limit,
         };
         prepare(&options).unwrap();
-        Cache::new(options)
+        Cache::open(options).unwrap()
     }
 
     fn fill(cache: &Cache, unit: &FetchUnit, bytes: &[u8]) {

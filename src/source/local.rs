@@ -42,6 +42,23 @@ pub(super) async fn read_file(
         Ok(opened) => opened,
         Err(error) => return report(error),
     };
+    read_opened(fetcher, unit, (path, by_reference), (file, meta), tx).await
+}
+
+/// As [`read_file`], of `file` (with its metadata `meta`) already opened
+/// at `path` (a cached copy, opened and checked by the cache).
+pub(super) async fn read_opened(
+    fetcher: &Fetcher,
+    unit: &FetchUnit,
+    (path, by_reference): (&Path, bool),
+    (file, meta): (File, std::fs::Metadata),
+    tx: &ChunkSender,
+) -> Result<(), ConsumerGone> {
+    let url = unit.url.as_str();
+    let report = |error: Error| {
+        let _ = tx.send(Err(error));
+        Ok(())
+    };
     if meta.is_dir() {
         let source = std::io::Error::other("is a directory");
         return report(Error::Read {

@@ -226,7 +226,7 @@ impl ReadAhead {
             s3_options: Arc::new(options.s3),
             s3: Arc::new(tokio::sync::OnceCell::new()),
             http: Arc::new(std::sync::OnceLock::new()),
-            cache: options.cache.map(|c| Arc::new(cache::Cache::new(c))),
+            cache: options.cache.and_then(cache::Cache::open).map(Arc::new),
         };
         let urls = units.iter().map(|u| u.url.clone()).collect();
         runtime.spawn(task.run(units, shard_tx));
@@ -393,11 +393,7 @@ impl Fetcher {
         let fetcher = self.clone();
         tokio::spawn(async move {
             match hit {
-                Some(hit) => {
-                    local::read_file(&fetcher, &hit.unit, (&hit.path, false), &sender).await?;
-                    sender.finish();
-                    Ok(())
-                }
+                Some(hit) => fetcher.read_hit(&hit, &sender).await,
                 None => fetcher.read(&unit, &sender).await,
             }
         })
@@ -468,15 +464,33 @@ impl Fetcher {
         hit
     }
 
+    /// Reads a cached copy through the descriptor the cache checked it
+    /// by (never opened again by name), then tells its reader the unit ended.
+    async fn read_hit(&self, hit: &cache::Hit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
+        match hit.opened() {
+            Ok(opened) => {
+                local::read_opened(self, &hit.unit, (&hit.path, false), opened, chunk_tx).await?
+            }
+            Err(source) => {
+                let _ = chunk_tx.send(Err(Error::Read {
+                    url: hit.unit.url.clone(),
+                    offset: hit.unit.range.as_ref().map_or(0, |r| r.start),
+                    source,
+                }));
+                return Ok(());
+            }
+        }
+        chunk_tx.finish();
+        Ok(())
+    }
+
     /// Reads one unit into chunks sent to `chunk_tx`, then tells its
     /// reader the unit ended (unless an error was sent instead).
     async fn read(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
         let remote = !matches!(unit.location, Location::Local(_));
         if remote {
             if let Some(hit) = self.cache_hit(unit, chunk_tx).await {
-                local::read_file(self, &hit.unit, (&hit.path, false), chunk_tx).await?;
-                chunk_tx.finish();
-                return Ok(());
+                return self.read_hit(&hit, chunk_tx).await;
             }
         }
         match &unit.location {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -330,3 +332,125 @@ def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path
     for got in (first, second):
         assert {kind for kind, _ in got.values()} == {"SharedBytes"}
         assert {key: blob for key, (_, blob) in got.items()} == blobs
+
+
+# A symbolic link planted in the cache directory (by anyone who may write
+# there, a shared /tmp) never makes shardstream write, truncate or read the
+# file it points to, and a cache directory shardstream makes is private.
+
+PRECIOUS = b"a file outside the cache that must stay as it is\n"
+
+
+def outside_file(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside" / "precious.txt"
+    outside.parent.mkdir()
+    outside.write_bytes(PRECIOUS)
+    return outside
+
+
+def test_a_link_planted_as_the_eviction_lock_is_not_followed(http, dataset, local, tmp_path):
+    outside = outside_file(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / ".evict.lock").symlink_to(outside)
+    largest = max(p.stat().st_size for p in dataset.paths)
+    ds = StreamingDataset(
+        http_spec(http, dataset), cache_dir=str(cache), cache_limit_bytes=10 * largest
+    )
+    assert digests(collect(ds)) == local
+    assert outside.read_bytes() == PRECIOUS
+    assert len(cached_files(cache)) == len(dataset.paths)
+    assert not (cache / ".evict.lock").is_symlink()
+
+
+PLANT_THEN_OPEN = textwrap.dedent(
+    """
+    import json, os, sys
+    from pathlib import Path
+    sys.path[:0] = sys.argv[4:]
+    from _shardtest import sample_digest
+    from shardstream import StreamingDataset
+    cache, outside = Path(sys.argv[2]), sys.argv[3]
+    # Links under every name a process could guess from its id.
+    pid = os.getpid()
+    for name in [f".tmp-{pid}-probe", *(f".tmp-{pid}-{n}" for n in range(64))]:
+        (cache / name).symlink_to(outside)
+    ds = StreamingDataset(sys.argv[1], cache_dir=str(cache), shuffle_buffer=0)
+    print(json.dumps({s["__key__"]: sample_digest(s) for s in ds}))
+    """
+)
+
+
+def test_links_planted_at_guessable_temporary_names_are_not_followed(
+    http, dataset, local, tmp_path
+):
+    outside = outside_file(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    process = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            PLANT_THEN_OPEN,
+            http_spec(http, dataset),
+            str(cache),
+            str(outside),
+            str(Path(__file__).parent),
+            *sys.path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert process.returncode == 0, process.stderr
+    assert json.loads(process.stdout) == local
+    assert outside.read_bytes() == PRECIOUS
+    planted = [p for p in cache.glob(".tmp-*") if p.is_symlink()]
+    assert len(planted) == 65, "the planted links are left as they are"
+    for link in planted:
+        link.unlink()
+    # The temporary files have names of their own: the shards were cached.
+    assert len(cached_files(cache)) == len(dataset.paths)
+    assert_copies_of(cache, dataset)
+
+
+def test_a_cached_copy_that_is_a_link_is_not_followed_but_fetched_again(
+    http, dataset, local, tmp_path
+):
+    cache = tmp_path / "cache"
+    spec = http_spec(http, dataset)
+    collect(StreamingDataset(spec, cache_dir=str(cache)))
+    entry = cached_files(cache)[0]
+    copied = entry.read_bytes()
+    original = next(p for p in dataset.paths if copied.startswith(p.read_bytes()))
+    # The link points at a file outside that holds a valid copy: following
+    # it would serve whatever that file holds, with no request.
+    outside = tmp_path / "outside.shard"
+    outside.write_bytes(entry.read_bytes())
+    before = outside.read_bytes()
+    entry.unlink()
+    entry.symlink_to(outside)
+    http.reset()
+    ds = StreamingDataset(spec, cache_dir=str(cache))
+    assert digests(collect(ds)) == local
+    assert outside.read_bytes() == before
+    fetched = http.served.bytes_by_path[f"/{original.name}"]
+    assert fetched >= original.stat().st_size, "the linked copy is fetched again"
+    assert not entry.is_symlink() and entry.is_file()
+    assert_copies_of(cache, dataset)
+
+
+def test_a_cache_dir_shardstream_makes_is_private(http, dataset, local, tmp_path):
+    cache = tmp_path / "made" / "cache"
+    old_umask = os.umask(0o022)
+    try:
+        ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache))
+        assert digests(collect(ds)) == local
+    finally:
+        os.umask(old_umask)
+    for made in (cache, cache.parent):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700, made
+    files = cached_files(cache)
+    assert len(files) == len(dataset.paths)
+    for file in files:
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
