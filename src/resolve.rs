@@ -172,6 +172,17 @@ pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
     for shard in shards {
         if let (Location::Local(path), None) = (shard.location(), shard.size) {
             if let Err(error) = std::fs::metadata(&path) {
+                let glob = shard.url.contains(['*', '?', '[']);
+                if glob && error.kind() == std::io::ErrorKind::NotFound {
+                    // Taken for a glob, which local specs are not.
+                    let hint = format!(
+                        "{error}; glob patterns (*, ?, [...]) are expanded for hf:// specs only: \
+                         name local shards with a brace range (shard-{{000000..000009}}.tar), \
+                         a directory or a list of paths"
+                    );
+                    let error = std::io::Error::new(error.kind(), hint);
+                    return Err(Error::from_open(&shard.url, error));
+                }
                 return Err(Error::from_open(&shard.url, error));
             }
         }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ._core import (
     AudioClip,
     DatasetSpecError,
+    DecodeFieldWarning,
     FieldDecodeError,
     Image,
     ManifestError,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AudioClip",
     "DatasetSpecError",
+    "DecodeFieldWarning",
     "FieldDecodeError",
     "Image",
     "ManifestError",

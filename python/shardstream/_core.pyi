@@ -9,6 +9,7 @@ __all__ = [
     "AudioClip",
     "Counters",
     "DatasetSpecError",
+    "DecodeFieldWarning",
     "EpochTable",
     "FieldDecodeError",
     "Image",
@@ -96,6 +97,9 @@ class ShardSkippedWarning(UserWarning):
 
 class SampleSkippedWarning(ShardSkippedWarning):
     """A sample whose transform raised was skipped under on_error="warn"."""
+
+class DecodeFieldWarning(UserWarning):
+    """A decode= key names no field of the samples (warned once per dataset and process)."""
 
 class ManifestIgnoredWarning(UserWarning):
     """A manifest.json beside the shards is not a shardstream manifest and was not used."""

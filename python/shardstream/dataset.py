@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ._core import (
     Counters,
+    DecodeFieldWarning,
     EpochTable,
     Options,
     SampleSkippedWarning,
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
     from .options import DatasetOptions
 
-__all__ = ["StreamingDataset"]
+__all__ = ["Batch", "StreamingDataset"]
 
 
 class StreamingDataset(IterableDataset[Any]):
@@ -233,6 +235,7 @@ class StreamingDataset(IterableDataset[Any]):
         self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
         self._pipe_worker: tuple[int, int] | None = None
+        self._decode_checked = False
 
     @property
     def shards(self) -> list[tuple[str, int | None]]:
@@ -363,10 +366,48 @@ class StreamingDataset(IterableDataset[Any]):
         self._set_next_epoch(stream.epoch + 1)
         self._resume = self._resume_epoch = None
         self._stream = stream
+        items: Iterator[Any] = stream
+        batches = self.options["batch_size"] is not None and self.options["batch_format"] == "dict"
+        check = not self._decode_checked and isinstance(self.options["decode"], Mapping)
+        if batches or check:
+            items = _handed_out(stream, self, batches)
         transform = self.options["transform"]
         if transform is None:
-            return stream
-        return _Transformed(stream, transform, self.options["on_error"] == "warn", self._counters)
+            return items
+        return _Transformed(items, transform, self.options["on_error"] == "warn", self._counters)
+
+    def check_decode_fields(self, item: Any) -> None:
+        """Warns with a ``DecodeFieldWarning`` if a key of the ``decode``
+        dict names no field of ``item`` (the first sample or batch this
+        process takes from the dataset): such a key decodes nothing. Once
+        per dataset and process; ``shardstream.Mix`` calls it for its
+        streams."""
+        if self._decode_checked:
+            return
+        self._decode_checked = True
+        decode = self.options["decode"]
+        if not isinstance(decode, Mapping):
+            return
+        if isinstance(item, Mapping):
+            fields = [f for f in item if not (f.startswith("__") and f.endswith("__"))]
+            url = item.get("__url__")
+            where = f" (shard {url[0] if isinstance(url, list) and url else url})" if url else ""
+        elif hasattr(item, "schema"):
+            fields, where = list(item.schema.names), ""
+        else:
+            return
+        unused = [key for key in decode if key not in fields]
+        if unused:
+            names = ", ".join(repr(key) for key in unused)
+            have = ", ".join(repr(f) for f in fields) or "none"
+            warnings.warn(
+                f"decode key {names} matches no field of the first sample{where}, whose "
+                f"fields are {have}: it decodes nothing (a tar member's field is its name "
+                "after the first dot, lower-cased: 'jpg' for 'x.jpg'; a Parquet field is "
+                "a column)",
+                DecodeFieldWarning,
+                stacklevel=3,
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's stream as of the last sample it handed
@@ -391,15 +432,25 @@ class StreamingDataset(IterableDataset[Any]):
         epoch + 1). A malformed state raises ``StateMismatchError`` here, a
         state of other data or options when iteration starts.
         """
-        if state_dict.get("format") == "shardstream.elastic":
-            resume = json.dumps(state_dict.get("slots"))
-        else:
-            resume = json.dumps(dict(state_dict))
+        if not isinstance(state_dict, Mapping):
+            raise StateMismatchError(
+                "not a shardstream.StreamingDataset state: expected a dict, got "
+                f"{type(state_dict).__name__}"
+            )
+        elastic = state_dict.get("format") == "shardstream.elastic"
+        try:
+            resume = json.dumps(state_dict.get("slots") if elastic else dict(state_dict))
+        except (TypeError, ValueError) as error:
+            raise StateMismatchError(
+                f"not a shardstream.StreamingDataset state: not JSON data ({error})"
+            ) from None
         check_state(resume)
         parsed = json.loads(resume)
         slots = parsed if isinstance(parsed, list) else [parsed]
         if not slots:
             raise StateMismatchError("an elastic state needs the state of every slot, got none")
+        if not elastic:
+            check_worker_count(parsed, self.num_workers)
         epoch = int(slots[0]["epoch"])
         if any(int(slot["world_size"]) > 1 for slot in slots):
             # Saved by several ranks, so with counted shards: count them here
@@ -514,7 +565,7 @@ class _Transformed:
 
     def __init__(
         self,
-        stream: SampleStream,
+        stream: Iterator[Any],
         transform: Callable[[Any], Any],
         skip: bool,
         counters: Counters,
@@ -529,17 +580,96 @@ class _Transformed:
 
     def __next__(self) -> Any:
         while True:
-            item = next(self._stream)
-            # Named before the call: the transform may change the item.
-            where = _where(item)
-            try:
-                return self._transform(item)
-            except Exception as error:
-                message = f"transform raised on {where}: {type(error).__name__}: {error}"
-                if not self._skip:
-                    raise TransformError(message) from error
-                self._counters.count_skipped()
-                warnings.warn(f"skipped {message}", SampleSkippedWarning, stacklevel=2)
+            item = apply_transform(self._transform, next(self._stream), self._skip, self._counters)
+            if item is not SKIPPED:
+                return item
+
+
+def check_worker_count(state: Mapping[str, Any], explicit: int | None) -> None:
+    """In a DataLoader worker, without an explicit ``num_workers``: raises
+    ``StateMismatchError`` if the slot state ``state`` was saved with another
+    number of DataLoader workers (``StatefulDataLoader`` restores each
+    worker's state in that worker, before it asserts on the count itself)."""
+    info = get_worker_info()
+    if info is None or explicit is not None:
+        return
+    saved = state.get("num_workers")
+    if saved != info.num_workers:
+        raise StateMismatchError(
+            f"state field num_workers: the state was saved by worker {state.get('worker_id')} "
+            f"of a DataLoader with num_workers={saved}, and this DataLoader has "
+            f"num_workers={info.num_workers}: resume with num_workers={saved}, or load "
+            "shardstream.elastic_state(...) of the saved states into the dataset (not the "
+            "DataLoader) to resume with another num_workers"
+        )
+
+
+class Batch(dict[str, Any]):
+    """A batch the dataset collated (``batch_size``, ``batch_format="dict"``):
+    a dict of field to array or list, one entry per sample.
+
+    ``DataLoader(dataset, batch_size=None)`` hands it over as it is. A
+    DataLoader that batches again (its default ``batch_size=1``, or any
+    other) would give ``(1, batch_size, ...)`` tensors: its default collate
+    raises ``ValueError`` instead, naming the fix."""
+
+    __slots__ = ()
+
+
+def _collate_batches(batch: Sequence[Batch], **_: Any) -> Any:
+    """``default_collate`` of a list of ``Batch``: a mistake, said so."""
+    keys = batch[0].get("__key__")
+    size = f" of {len(keys)} samples" if isinstance(keys, list) else ""
+    raise ValueError(
+        f"the DataLoader batches again the batches{size} that shardstream already "
+        f"collated (batch_size in the dataset), which would give tensors of shape "
+        f"({len(batch)}, batch_size, ...): create it with DataLoader(dataset, "
+        "batch_size=None), or give it a collate_fn of your own"
+    )
+
+
+# torch's documented extension point of default_collate.
+default_collate_fn_map[Batch] = _collate_batches
+
+
+def _handed_out(stream: SampleStream, dataset: StreamingDataset, batches: bool) -> Iterator[Any]:
+    """The stream's items as the dataset hands them out: its collated
+    batches as ``Batch``, the first item checked against ``decode``. Takes
+    from the stream only the items it yields, so the stream's state stays
+    that of the last item handed out."""
+    for item in stream:
+        dataset.check_decode_fields(item)
+        yield Batch(item) if batches else item
+        break
+    if batches:
+        for item in stream:
+            yield Batch(item)
+    else:
+        yield from stream
+
+
+SKIPPED = object()
+"""What ``apply_transform`` returns for an item skipped under ``on_error="warn"``."""
+
+
+def apply_transform(
+    transform: Callable[[Any], Any], item: Any, skip: bool, counters: Counters
+) -> Any:
+    """``transform(item)``; an exception in it raises ``TransformError``
+    naming the shard and key, or, with ``skip``, warns with a
+    ``SampleSkippedWarning``, counts the item as skipped and returns
+    ``SKIPPED``."""
+    # Named before the call: the transform may change the item.
+    where = _where(item)
+    try:
+        return transform(item)
+    except Exception as error:
+        message = f"transform raised on {where}: {type(error).__name__}: {error}"
+        if not skip:
+            raise TransformError(message) from error
+        counters.count_skipped()
+        warnings.warn(f"skipped {message}", SampleSkippedWarning, stacklevel=3)
+        return SKIPPED
 
 
 def _where(item: Any) -> str:

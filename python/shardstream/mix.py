@@ -21,7 +21,7 @@ from ._core import (
     mix_counts,
     mix_order,
 )
-from .dataset import StreamingDataset
+from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
@@ -72,9 +72,13 @@ class Mix(IterableDataset[Any]):
         datasets: the streams, ``StreamingDataset`` objects with the same
             layout arguments (``rank``, ``world_size``, ``model_parallel_size``,
             ...) and sample counts (local tar shards are counted, others need a
-            manifest). Their own ``seed`` and shuffle options shape their plans.
-        weights: one non-negative weight per stream (normalised; equal by
-            default).
+            manifest). Their own ``seed`` and shuffle options shape their
+            plans; each one's ``transform`` runs on its samples as they leave
+            the mixture (its ``on_error`` applies to an exception in it), and
+            the mixture's state and resume are the same as without it.
+        weights: one finite, non-negative weight per stream, at least one
+            above 0; only their ratios count (``[1e308, 1e308]`` mixes as
+            ``[1, 1]``); equal by default.
         policy: when a stream runs out, ``"stop"`` ends the epoch (the
             other streams' rest is left unread), ``"restart"`` starts it again
             with its next epoch order until the longest-lasting stream is
@@ -151,7 +155,12 @@ class Mix(IterableDataset[Any]):
             raise ValueError(
                 f"invalid option weights: {len(weights)} weights for {streams} streams"
             )
-        floats = [float(w) for w in weights]
+        try:
+            floats = [float(w) for w in weights]
+        except OverflowError:
+            raise ValueError(
+                f"invalid option weights: {weights!r}: a weight is too large for a float"
+            ) from None
         check_mix(policy, floats)
         return floats
 
@@ -316,6 +325,7 @@ class Mix(IterableDataset[Any]):
             resume: Any = states
         else:
             state = self._check_form(state_dict, "")
+            check_worker_count(state, self.datasets[0].num_workers)
             if new_weights is not None and new_weights != state["weights"]:
                 raise StateMismatchError(
                     "state field weights: changing the weights at a resume splits each "
@@ -553,6 +563,9 @@ class _MixIterator:
         self.short = [0] * n  # of those, missing: the pass ended early
         self.streams: list[SampleStream] = list(plan.first)
         plan.first.clear()
+        # Each stream's own transform, run on its samples as they leave the
+        # mixture: the mixture's state is the same with or without them.
+        self.transforms = [ds.options["transform"] for ds in self.datasets]
         # The state at the end of the slot's order, once it is reached: the
         # streams (with threads reading ahead under "stop") are let go.
         self.final: dict[str, Any] | None = None
@@ -585,7 +598,17 @@ class _MixIterator:
             # leaves the position where it was.
             taken[s] += 1
             self.position += 1
-            if sample is not None:
+            if sample is None:
+                continue
+            ds = self.datasets[s]
+            if not ds._decode_checked:
+                ds.check_decode_fields(sample)
+            transform = self.transforms[s]
+            if transform is None:
+                return sample
+            skip = ds.options["on_error"] == "warn"
+            sample = apply_transform(transform, sample, skip, ds._counters)
+            if sample is not SKIPPED:
                 return sample
         if self.final is None:
             self.final = self.state()

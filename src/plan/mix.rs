@@ -83,6 +83,56 @@ pub fn check_weights(weights: &[f64]) -> Result<()> {
     Ok(())
 }
 
+/// `2^k` for `k` in `-1022..=1023` (a normal `f64`, so exact).
+fn pow2(k: i32) -> f64 {
+    debug_assert!((-1022..=1023).contains(&k));
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// The weights scaled by the power of two that puts the largest in `[1, 2)`.
+///
+/// Scaling by a power of two is exact (but for weights more than 2^1022
+/// below the largest, which keep only their leading bits, and stay above 0),
+/// so every product, quotient and comparison of the mixture gives the same result as with
+/// the weights as given, when those do not overflow: weights `c * w` for any
+/// power of two `c` give the very same mixture, and sums of weights near
+/// `f64::MAX` no longer overflow to infinity. Other factors give the same
+/// mixture up to the rounding of `c * w` itself.
+fn normalised(weights: &[f64]) -> Vec<f64> {
+    let max = weights.iter().copied().fold(0.0, f64::max);
+    let bits = max.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    // `max` lies in [2^exponent, 2^(exponent + 1)).
+    let exponent = if biased == 0 {
+        // Subnormal: its highest mantissa bit gives the exponent.
+        (63 - (bits & ((1 << 52) - 1)).leading_zeros()) as i32 - 1074
+    } else {
+        biased - 1023
+    };
+    weights
+        .iter()
+        .map(|&given| {
+            // By 2^k, k in -1023..=1074, in two steps a normal power of two
+            // can take; the last rounds (if anything does), the first is exact.
+            let k = -exponent;
+            let (first, last) = if k < -1022 {
+                (k + 1022, -1022)
+            } else if k > 1023 {
+                (k - 1023, 1023)
+            } else {
+                (0, k)
+            };
+            let w = given * pow2(first) * pow2(last);
+            if w == 0.0 && given > 0.0 {
+                // A weight above 0 keeps its stream in the mixture.
+                f64::from_bits(1)
+            } else {
+                w
+            }
+        })
+        .collect()
+}
+
 /// The stream whose samples last `available / weight` the least
 /// (`longest == false`) or the most, among streams of weight above 0
 /// (lowest index on ties).
@@ -117,6 +167,8 @@ pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result
             reason: format!("{} weights for {} streams", weights.len(), available.len()),
         });
     }
+    let given = weights;
+    let weights = &normalised(weights)[..];
     let scaled = |m: usize| -> Vec<u64> {
         weights
             .iter()
@@ -162,7 +214,7 @@ pub fn slot_counts(policy: Policy, weights: &[f64], available: &[u64]) -> Result
         return Err(Error::Config {
             name: "weights",
             reason: format!(
-                "with weights {weights:?} a slot would take {counts:?} samples of streams that give \
+                "with weights {given:?} a slot would take {counts:?} samples of streams that give \
                  it {available:?}, more than {MAX_SLOT_SAMPLES} in one epoch: the weights are too far apart"
             ),
         });
@@ -210,6 +262,7 @@ pub fn slot_order(
             reason: format!("{} weights for {} streams", weights.len(), counts.len()),
         });
     }
+    let weights = &normalised(weights)[..];
     let total = counts
         .iter()
         .try_fold(0u64, |sum, &n| sum.checked_add(n))
@@ -312,6 +365,40 @@ mod tests {
         }
 
         #[test]
+        fn weights_at_any_scale_give_the_same_mixture(
+            weights in prop::collection::vec(0.0f64..10.0, 1..6),
+            available in prop::collection::vec(0u64..400, 6),
+            policy in 0usize..3,
+            power in -1000i32..1000,
+            factor in -300.0f64..307.0,
+            seed in any::<u64>(), slot in 0u32..16,
+        ) {
+            prop_assume!(weights.iter().any(|&w| w > 0.0));
+            let policy = POLICIES[policy];
+            let available = &available[..weights.len()];
+            let plan = |weights: &[f64]| {
+                let counts = slot_counts(policy, weights, available).unwrap();
+                let order = slot_order(policy, weights, &counts, (seed, 1), slot, 0).unwrap();
+                (counts, order)
+            };
+            let reference = plan(&weights);
+            // A power of two: exactly the same weights relative to each other.
+            let scale = pow2(power);
+            let scaled: Vec<f64> = weights.iter().map(|&w| w * scale).collect();
+            prop_assume!(scaled.iter().zip(&weights).all(|(&s, &w)| (s == 0.0) == (w == 0.0)));
+            prop_assume!(scaled.iter().zip(&weights).all(|(&s, &w)| s / scale == w));
+            prop_assert_eq!(&plan(&scaled), &reference);
+            // Any factor, up to where the largest weight is near f64::MAX:
+            // the same up to the rounding of each product (which moves a
+            // count or a draw only at an exact tie, never met in practice).
+            let scale = 10f64.powf(factor);
+            let scaled: Vec<f64> = weights.iter().map(|&w| w * scale).collect();
+            prop_assume!(scaled.iter().all(|w| w.is_finite()));
+            prop_assume!(scaled.iter().zip(&weights).all(|(&s, &w)| (s == 0.0) == (w == 0.0)));
+            prop_assert_eq!(&plan(&scaled), &reference);
+        }
+
+        #[test]
         fn stop_and_restart_counts_follow_the_weights(
             weights in prop::collection::vec(0.05f64..10.0, 2..5),
             available in prop::collection::vec(1u64..5000, 5),
@@ -401,6 +488,39 @@ mod tests {
         assert_eq!(
             slot_counts(Policy::Stop, &[1.0, 0.0], &[5, 9]).unwrap(),
             vec![5, 0]
+        );
+    }
+
+    /// Weights near `f64::MAX` (whose sum overflows) and near the least
+    /// positive `f64` give the mixture of the same weights near 1.
+    #[test]
+    fn weights_that_overflow_or_underflow_give_the_mixture_of_their_ratios() {
+        for policy in POLICIES {
+            for (weights, ratio) in [
+                ([1e308, 1e308], [1.0, 1.0]),
+                ([f64::MAX, f64::MAX / 4.0], [4.0, 1.0]),
+                ([5e-324, 5e-324], [1.0, 1.0]),
+                ([1e-310, 3e-310], [1.0, 3.0]),
+            ] {
+                let counts = slot_counts(policy, &weights, &[10, 30]).unwrap();
+                let expected = slot_counts(policy, &ratio, &[10, 30]).unwrap();
+                assert_eq!(counts, expected, "{policy:?} {weights:?}");
+                assert_eq!(
+                    slot_order(policy, &weights, &counts, (7, 2), 1, 0).unwrap(),
+                    slot_order(policy, &ratio, &expected, (7, 2), 1, 0).unwrap(),
+                    "{policy:?} {weights:?}"
+                );
+            }
+        }
+        assert_eq!(
+            slot_counts(Policy::Stop, &[1e308, 1e308], &[10, 30]).unwrap(),
+            vec![10, 10]
+        );
+        // A weight 2^1100 below the largest stays in the mixture.
+        let tiny = [1e300, 1e-31];
+        assert_eq!(
+            slot_counts(Policy::Continue, &tiny, &[10, 30]).unwrap(),
+            vec![10, 30]
         );
     }
 

@@ -121,6 +121,12 @@ pub fn panic_to_py(panic: &(dyn std::any::Any + Send)) -> PyErr {
 }
 create_exception!(
     shardstream._core,
+    DecodeFieldWarning,
+    PyUserWarning,
+    "A decode= key names no field of the samples (warned once per dataset and process)."
+);
+create_exception!(
+    shardstream._core,
     ManifestIgnoredWarning,
     PyUserWarning,
     "A manifest.json beside the shards is not a shardstream manifest and was not used."

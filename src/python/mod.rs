@@ -37,10 +37,11 @@ mod _core {
     use super::epoch_table::EpochTable;
     #[pymodule_export]
     use super::errors::{
-        DatasetSpecError, FieldDecodeError, ManifestError, ManifestIgnoredWarning,
-        ManifestMismatchError, ObjectChangedError, SampleSkippedWarning, ShardFormatError,
-        ShardNotFoundError, ShardReadError, ShardSkippedWarning, ShardStreamError, ShardWriteError,
-        StateMismatchError, StorageAuthError, StreamProcessError, TransformError,
+        DatasetSpecError, DecodeFieldWarning, FieldDecodeError, ManifestError,
+        ManifestIgnoredWarning, ManifestMismatchError, ObjectChangedError, SampleSkippedWarning,
+        ShardFormatError, ShardNotFoundError, ShardReadError, ShardSkippedWarning,
+        ShardStreamError, ShardWriteError, StateMismatchError, StorageAuthError,
+        StreamProcessError, TransformError,
     };
     #[pymodule_export]
     use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};

@@ -358,7 +358,7 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
 }
 
 /// `manifest=`: `None`/`True` (the `manifest.json` beside the shards, if
-/// it is shardstream's), `False` (none) or a path.
+/// it is shardstream's), `False` (none) or a path (not an empty one).
 fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
     if value.is_none() {
         return Ok(ManifestChoice::Auto);
@@ -370,10 +370,16 @@ fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
             ManifestChoice::Off
         });
     }
-    value
+    let path = value
         .extract::<PathBuf>()
-        .map(ManifestChoice::Path)
-        .map_err(|_| invalid("manifest", "None, True, False or a path", value))
+        .map_err(|_| invalid("manifest", "None, True, False or a path", value))?;
+    if path.as_os_str().is_empty() {
+        return Err(PyValueError::new_err(
+            "invalid option manifest: an empty path; give the manifest's path or URL, None \
+             for the manifest.json beside the shards (if there is one), or False for none",
+        ));
+    }
+    Ok(ManifestChoice::Path(path))
 }
 
 #[pymethods]

@@ -290,3 +290,67 @@ def test_example_generator_is_deterministic(tmp_path, make_dataset, dataset):
     for path, original in zip(again, dataset.paths[:2], strict=True):
         assert Path(path).read_bytes() == original.read_bytes()
     assert os.path.basename(again[0]) == dataset.paths[0].name
+
+
+# --------------------------------------------------------------------------
+# Silent mistakes made loud: a decode key that matches no field, a
+# DataLoader batching Rust batches again, a local glob.
+# --------------------------------------------------------------------------
+
+
+def test_a_decode_key_matching_no_field_warns_once_naming_the_fields(dataset):
+    import warnings
+
+    ds = shardstream.StreamingDataset(dataset.spec, decode={"wave": "json", "json": "json"})
+    with pytest.warns(shardstream.DecodeFieldWarning, match="decode key 'wave'") as caught:
+        first = list(ds)
+    (warning,) = [w for w in caught if issubclass(w.category, shardstream.DecodeFieldWarning)]
+    assert "'json'" not in str(warning.message).split("fields are")[0]
+    assert "fields are 'wav', 'json'" in str(warning.message) or (
+        "fields are 'json', 'wav'" in str(warning.message)
+    )
+    assert issubclass(shardstream.DecodeFieldWarning, UserWarning)
+    # Once per dataset: the next epoch, and a good key, say nothing; the
+    # samples are as without the check (the known key decoded).
+    assert isinstance(first[0]["json"], dict) and isinstance(first[0]["wav"], bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shardstream.DecodeFieldWarning)
+        assert len(list(ds)) == len(first)
+        assert len(list(shardstream.StreamingDataset(dataset.spec, decode={"json": "json"}))) > 0
+
+
+def test_a_decode_key_matching_no_field_warns_with_batches_too(dataset):
+    from torch.utils.data import DataLoader
+
+    ds = shardstream.StreamingDataset(dataset.spec, decode={"jpeg": "rgb8"}, batch_size=4)
+    with pytest.warns(shardstream.DecodeFieldWarning, match="decode key 'jpeg'"):
+        batches = list(DataLoader(ds, batch_size=None))
+    assert sum(len(b["__key__"]) for b in batches) == len(dataset.keys)
+
+
+def test_a_dataloader_batching_rust_batches_again_is_an_error_naming_the_fix(dataset):
+    from torch.utils.data import DataLoader
+
+    ds = shardstream.StreamingDataset(dataset.spec, decode=True, batch_size=4, shuffle_buffer=0)
+    for num_workers in (0, 2):
+        # The DataLoader's default batch_size=1 would give (1, 4, ...) tensors.
+        with pytest.raises(ValueError, match=r"batch_size=None"):
+            next(iter(DataLoader(ds, num_workers=num_workers, timeout=120 if num_workers else 0)))
+    good = DataLoader(ds, batch_size=None, num_workers=2, timeout=120)
+    batches = list(good)
+    assert {len(b["__key__"]) for b in batches[:-1]} == {4}
+    assert sum(len(b["__key__"]) for b in batches) == len(dataset.keys)
+    # A batch is still a dict, and a collate_fn of the user's own is theirs.
+    assert isinstance(batches[0], dict)
+    own = DataLoader(ds, batch_size=2, collate_fn=lambda items: [b["__key__"] for b in items])
+    assert [len(pair) for pair in next(iter(own))] == [4, 4]
+
+
+def test_a_local_glob_is_not_found_with_a_hint_that_globs_are_for_hf(dataset):
+    spec = str(Path(dataset.paths[0]).parent / "shard-*.tar")
+    with pytest.raises(shardstream.ShardNotFoundError, match=r"glob patterns .* hf://") as caught:
+        shardstream.StreamingDataset(spec)
+    assert "shard-*.tar" in str(caught.value)
+    with pytest.raises(shardstream.ShardNotFoundError) as plain:
+        shardstream.StreamingDataset(str(Path(dataset.paths[0]).parent / "missing.tar"))
+    assert "glob" not in str(plain.value)

@@ -7,6 +7,7 @@ a resume, and model-parallel groups of a plain dataset."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
@@ -617,3 +618,149 @@ def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(str
     mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
     with pytest.raises(ValueError, match="more than 1024 times"):
         iter(mix)
+
+
+# --------------------------------------------------------------------------
+# Each stream's transform
+# --------------------------------------------------------------------------
+
+
+def mark_a(sample: dict) -> tuple[str, str]:
+    return ("A", ident(sample))
+
+
+def mark_b(sample: dict) -> tuple[str, str]:
+    return ("B", ident(sample))
+
+
+def marked_loader(streams, num_workers: int, transforms) -> StatefulDataLoader:
+    datasets = [
+        StreamingDataset(info.spec, seed=3, shuffle_buffer=5, transform=transform)
+        for info, transform in zip(streams, transforms, strict=True)
+    ]
+    mix = Mix(datasets, [0.7, 0.3], policy="continue", seed=11)
+    mix.set_epoch(2)
+    return StatefulDataLoader(
+        mix,
+        batch_size=4,
+        num_workers=num_workers,
+        collate_fn=list,
+        timeout=120 if num_workers else 0,
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_each_stream_s_transform_applies_inside_the_mixture_and_resume_stays_exact(
+    streams, num_workers
+):
+    plain = [k for batch in mix_loader(streams, num_workers, "continue") for k in batch]
+    reference = [
+        x for batch in marked_loader(streams, num_workers, (mark_a, mark_b)) for x in batch
+    ]
+    # Each sample went through its own stream's transform, and the mixture
+    # (which samples, in which order) is the one without transforms.
+    assert [x[0] for x in reference] == [k[0].upper() for k in plain]
+    assert [x[1] for x in reference] == plain
+    # A stream without a transform gives its dicts beside a transformed one.
+    mixed = [x for batch in marked_loader(streams, num_workers, (None, mark_b)) for x in batch]
+    assert [ident(x) if isinstance(x, dict) else x for x in mixed] == [
+        k if k.startswith("a/") else ("B", k) for k in plain
+    ]
+    for stop in (1, 5):
+        loader = marked_loader(streams, num_workers, (mark_a, mark_b))
+        it = iter(loader)
+        before = [x for _ in range(stop) for x in next(it)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        resumed = marked_loader(streams, num_workers, (mark_a, mark_b))
+        resumed.load_state_dict(state)
+        assert before + [x for batch in resumed for x in batch] == reference, f"stop {stop}"
+
+
+def fails_on_first_shard(sample: dict) -> dict:
+    if Path(sample["__url__"]).name == "a-000000.tar":
+        raise KeyError("boom")
+    return sample
+
+
+def test_a_stream_s_transform_error_in_a_mixture_follows_its_on_error(streams):
+    a, b = streams
+    raising = [StreamingDataset(a.spec, transform=fails_on_first_shard), StreamingDataset(b.spec)]
+    with pytest.raises(shardstream.TransformError, match="KeyError") as caught:
+        collect(Mix(raising, policy="continue"))
+    assert isinstance(caught.value.__cause__, KeyError)
+    skipping = [
+        StreamingDataset(a.spec, transform=fails_on_first_shard, on_error="warn"),
+        StreamingDataset(b.spec),
+    ]
+    mix = Mix(skipping, policy="continue")
+    with pytest.warns(shardstream.SampleSkippedWarning, match="transform raised"):
+        keys = [ident(s) for s in collect(mix)]
+    assert len(keys) == len(stream_keys(a)) + len(stream_keys(b)) - COUNTS_A[0]
+    assert mix.stats()[0]["errors_skipped"] == COUNTS_A[0]
+
+
+@pytest.mark.parametrize("state", [[], "shardstream.mix", None, 3, {"format": "shardstream.mix"}])
+def test_a_state_that_is_not_a_mixture_state_is_a_state_mismatch(streams, state):
+    mix = make_mix(streams)
+    with pytest.raises(StateMismatchError):
+        mix.load_state_dict(state)  # type: ignore[arg-type]
+
+
+def test_a_num_workers_mismatch_through_stateful_dataloader_names_both_counts(streams):
+    loader = mix_loader(streams, 2, "stop")
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = mix_loader(streams, 3, "stop")
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"num_workers=2.*num_workers=3"):
+        list(resumed)
+
+
+# --------------------------------------------------------------------------
+# Weights at any scale
+# --------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    weights=st.lists(st.floats(0.01, 100.0), min_size=2, max_size=4),
+    available=st.lists(st.integers(0, 300), min_size=4, max_size=4),
+    policy=st.sampled_from(["stop", "restart", "continue"]),
+    exponent=st.integers(-1000, 1000),
+)
+def test_scaled_weights_give_the_same_mixture(weights, available, policy, exponent):
+    available = available[: len(weights)]
+
+    def plan(ws: list[float]) -> tuple[list[int], bytes]:
+        counts = _core.mix_counts(policy, ws, available)
+        return counts, _core.mix_order(policy, ws, counts, seed=3, epoch=1, slot=2)
+
+    reference = plan(weights)
+    # Powers of two keep the weights' ratios exactly: the same mixture,
+    # also where the largest is near f64::MAX and their sum overflows.
+    assert plan([math.ldexp(w, exponent) for w in weights]) == reference
+    top = 1023 - math.frexp(max(weights))[1]
+    assert plan([math.ldexp(w, top) for w in weights]) == reference
+
+
+@pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
+def test_weights_that_overflow_mix_as_their_ratios(streams, policy):
+    def counts(weights) -> Counter:
+        mix = make_mix(streams, weights=weights, policy=policy)
+        return Counter(ident(s).split("/")[0] for s in collect(mix))
+
+    assert counts((1e308, 1e308)) == counts((1.0, 1.0))
+    assert counts((1e308, 1e308 / 3)) == counts((3.0, 1.0))
+    assert counts((5e-324, 5e-324)) == counts((1.0, 1.0))
+
+
+def test_bad_weights_name_the_option(streams):
+    a, b = streams
+    ds = [StreamingDataset(a.spec), StreamingDataset(b.spec)]
+    for weights in ([float("inf"), 1.0], [-1.0, 2.0], [0, 0], [10**400, 1]):
+        with pytest.raises(ValueError, match="invalid option weights"):
+            Mix(ds, weights)

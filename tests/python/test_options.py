@@ -91,6 +91,7 @@ def test_options_round_trip_through_pickle():
         ({"read_ahead_bytes": 0}, ValueError, ["read_ahead_bytes"]),
         ({"columns": "a"}, TypeError, ["columns", "list"]),
         ({"manifest": 3}, TypeError, ["manifest"]),
+        ({"manifest": ""}, ValueError, ["manifest", "an empty path"]),
         ({"s3": {"part_size": "8M"}}, TypeError, ["s3.part_size"]),
         ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
         ({"s3": 5}, TypeError, ["s3", "S3Config"]),

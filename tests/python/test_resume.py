@@ -223,6 +223,18 @@ def test_state_of_another_seed_is_refused(uneven_dataset):
         collect(dl)
 
 
+def test_a_num_workers_mismatch_through_stateful_dataloader_names_both_counts(uneven_dataset):
+    """torchdata restores each worker's state in that worker, then asserts
+    on the worker count with a bare AssertionError: the dataset says why
+    first."""
+    _, state = save_after(uneven_dataset, 2, True, 3)
+    dl = make_loader(uneven_dataset, 3, True)
+    dl.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match=r"num_workers=2.*num_workers=3") as caught:
+        collect(dl)
+    assert "elastic_state" in str(caught.value)
+
+
 def one_slot_state(info, **kwargs) -> dict:
     kwargs = {"seed": SEED, "shuffle_buffer": SHUFFLE, **kwargs}
     ds = shardstream.StreamingDataset(info.spec, **kwargs)
@@ -276,6 +288,11 @@ def garbage_states(good: dict) -> dict[str, object]:
             "version": 1,
             "slots": [dict(good, version=9)],
         },
+        # Not a mapping, or not JSON data: not an AttributeError or TypeError.
+        "a-list": [good],
+        "a-string": json.dumps(good),
+        "none": None,
+        "not-json-data": dict(good, epoch=object()),
     }
 
 
@@ -291,6 +308,10 @@ GARBAGE = [
     "elastic-without-slots",
     "elastic-garbage-slot",
     "elastic-bad-slot-version",
+    "a-list",
+    "a-string",
+    "none",
+    "not-json-data",
 ]
 
 
