@@ -615,6 +615,11 @@ class Batch(dict[str, Any]):
 
     __slots__ = ()
 
+    def __copy__(self) -> Batch:
+        # What the DataLoader's default_convert and pin_memory call: as fast
+        # as dict.copy, not through the generic reduce protocol.
+        return Batch(self)
+
 
 def _collate_batches(batch: Sequence[Batch], **_: Any) -> Any:
     """``default_collate`` of a list of ``Batch``: a mistake, said so."""
