@@ -764,3 +764,22 @@ def test_bad_weights_name_the_option(streams):
     for weights in ([float("inf"), 1.0], [-1.0, 2.0], [0, 0], [10**400, 1]):
         with pytest.raises(ValueError, match="invalid option weights"):
             Mix(ds, weights)
+
+
+def test_a_decode_key_matching_no_field_warns_once_per_stream_of_a_mixture(streams):
+    import warnings
+
+    datasets = [
+        StreamingDataset(info.spec, decode={"text": "str", "cls": "int"}) for info in streams
+    ]
+    mix = Mix(datasets, policy="continue")
+    with pytest.warns(shardstream.DecodeFieldWarning) as caught:
+        first = collect(mix)
+    messages = [str(w.message) for w in caught if w.category is shardstream.DecodeFieldWarning]
+    assert len(messages) == 2
+    assert {m.split("(shard ")[1].split("/")[-2] for m in messages} == {"a", "b"}
+    assert all("decode key 'text'" in m and "'txt'" in m for m in messages)
+    assert all(isinstance(s["cls"], int) for s in first)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", shardstream.DecodeFieldWarning)
+        assert len(collect(mix)) == len(first)
