@@ -25,6 +25,7 @@ from ._core import (
     ShardList,
     StateMismatchError,
     TransformError,
+    check_layout,
     check_state,
     raise_malloc_thresholds,
 )
@@ -212,6 +213,7 @@ class StreamingDataset(IterableDataset[Any]):
                 raise ValueError(
                     f"invalid option {name}: expected an int of at least {low}{bound}, got {value}"
                 )
+        check_layout(world_size=world_size, num_workers=num_workers)
         manifest = options.get("manifest")
         if isinstance(manifest, os.PathLike):
             options["manifest"] = os.fspath(manifest)

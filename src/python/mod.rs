@@ -44,7 +44,9 @@ mod _core {
         StreamProcessError, TransformError,
     };
     #[pymodule_export]
-    use super::functions::{check_state, plan_epoch, plan_samples, resolve_shards, run_cli};
+    use super::functions::{
+        check_layout, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
+    };
     #[pymodule_export]
     use super::image::Image;
     #[pymodule_export]

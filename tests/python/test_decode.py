@@ -207,10 +207,7 @@ def gray_png_bomb(side: int) -> bytes:
     idat = b"".join(compressor.compress(row) for _ in range(side)) + compressor.flush()
     header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
     return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", idat)
-        + chunk(b"IEND", b"")
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
     )
 
 

@@ -486,7 +486,7 @@ ELASTIC_DAMAGE = {
     "epochs-differ": r"slots\[\d\]\.epoch",
     "missing-slot": r"every one of the 4 x 2 slots",
     "mixed-fingerprints": r"slots\[\d\]\.fingerprint",
-    "world-size-absurd": r"every one of the",
+    "world-size-absurd": r"slots\[\d\]\.world_size: \d+ is above 1048576",
 }
 
 
