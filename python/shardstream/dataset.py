@@ -29,6 +29,7 @@ from ._core import (
     check_state,
     raise_malloc_thresholds,
 )
+from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
@@ -223,13 +224,19 @@ class StreamingDataset(IterableDataset[Any]):
         self.world_size = world_size
         self.num_workers = num_workers
         self.worker_id = worker_id
-        self.shard_list = ShardList(specs, self.options)
         _, resolved_world = self.distributed_slot()
-        # With several ranks, every rank must get the same number of
-        # samples: count local tar shards now, or refuse now, not with a
-        # hang at the epoch's end.
-        if resolved_world > 1:
-            self.shard_list.count_samples()
+
+        def resolve() -> ShardList:
+            shard_list = ShardList(specs, self.options)
+            # With several ranks, every rank must get the same number of
+            # samples: count local tar shards now, or refuse now, not with
+            # a hang at the epoch's end.
+            if resolved_world > 1:
+                shard_list.count_samples()
+            return shard_list
+
+        # Listed, footers and manifest read, counted: once per job.
+        self.shard_list = resolve_once(specs, self.options, resolve)
         self.shard_list.check_equal_length(resolved_world)
         self._epochs = EpochTable()
         self._counters = Counters()

@@ -137,6 +137,8 @@ class Injected:
     # order, and the uploads answered with 500 (``fail_part``).
     write_requests: list[tuple[str, str]] = field(default_factory=list)
     failed_parts: int = 0
+    # Every GET and HEAD as (method, path with query), in arrival order.
+    reads: list[tuple[str, str]] = field(default_factory=list)
     # Body bytes sent to the client in answers to GETs.
     body_bytes: int = 0
     statuses: int = 0
@@ -230,6 +232,7 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 if self.command not in ("GET", "HEAD"):
                     return Faults(bandwidth=proxy.faults.bandwidth), 0, 0
                 proxy.injected.gets += 1
+                proxy.injected.reads.append((self.command, self.path))
                 n = proxy.injected.gets
                 faults = proxy.faults
                 # A GET that is reset or slowed down gets no wrong range

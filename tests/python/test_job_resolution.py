@@ -1,0 +1,149 @@
+"""One resolution per job: under torchrun with an initialised process
+group, rank 0 lists the dataset and the other ranks receive the resolved
+shard list, so a job of N ranks makes one listing's requests, not N; a
+resolution error reaches every rank as the same error. Real processes:
+torchrun with 4 ranks (gloo), moto's S3 server behind a proxy that counts
+requests, and the fake Hub, which counts its API calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from _shardtest import run_bounded, write_uneven_dataset
+from fake_hub import running_fake_hub
+from fault_proxy import running_fault_proxy
+from http_server import running_http_server
+from s3_server import TEST_KEY_ID, TEST_SECRET
+
+from shardstream import StreamingDataset
+
+pytestmark = pytest.mark.timeout(300)
+
+NPROC = 4
+BUCKET = "one-resolution"
+COUNTS = (3, 5, 2, 7, 4, 6)
+
+RANK_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from shardstream import StreamingDataset
+
+spec, options, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+try:
+    ds = StreamingDataset(spec, **options)
+    record = {"rank": rank, "shards": [u for u, _ in ds.shards]}
+except Exception as e:
+    record = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
+    json.dump(record, f)
+dist.destroy_process_group()
+"""
+
+
+def launch(tmp_path: Path, spec: str, options: dict, env: dict[str, str]) -> list[dict]:
+    """Makes ``StreamingDataset(spec, **options)`` on every rank of a
+    torchrun job; returns each rank's record."""
+    out = tmp_path / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    run_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        run_env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(NPROC), str(script), spec, json.dumps(options), str(out)]
+    proc = run_bounded(command, cwd=tmp_path, env=run_env, timeout=240)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
+
+
+@pytest.fixture
+def s3_shards(s3, tmp_path) -> tuple[str, Path]:
+    """The uneven dataset under ``s3://BUCKET/train/``, and its manifest."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    info = write_uneven_dataset(tmp_path / "local", COUNTS)
+    for path in info.paths:
+        client.upload_file(str(path), BUCKET, f"train/{path.name}")
+    return info, client
+
+
+def list_requests(reads: list[tuple[str, str]]) -> list[str]:
+    return [path for method, path in reads if method == "GET" and "list-type=2" in path]
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_the_ranks_of_a_job_list_an_s3_prefix_once(s3, s3_shards, tmp_path):
+    info, _ = s3_shards
+    spec = f"s3://{BUCKET}/train/"
+    with running_fault_proxy(s3.endpoint_url) as proxy:
+        s3_options = {"endpoint_url": proxy.endpoint_url, "region": "us-east-1", "path_style": True}
+        # One listing's requests, made here by one process.
+        alone = StreamingDataset(spec, s3=s3_options, manifest=False)
+        one_listing = list_requests(proxy.injected.reads)
+        assert len(alone.shards) == len(COUNTS) and len(one_listing) >= 1
+        proxy.reset()
+        env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+        records = launch(
+            tmp_path,
+            spec,
+            {
+                "s3": s3_options,
+                "count_samples": False,
+                "manifest": False,
+                "world_size": 1,
+                "rank": 0,
+            },
+            env,
+        )
+        job_listing = list_requests(proxy.injected.reads)
+    assert [r.get("error") for r in records] == [None] * NPROC, records
+    assert all(r["shards"] == [u for u, _ in alone.shards] for r in records)
+    assert len(job_listing) == len(one_listing), (job_listing, one_listing)
+    assert len(info.keys) == sum(COUNTS)
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_a_resolution_error_reaches_every_rank_as_the_same_error(s3, tmp_path):
+    with running_fault_proxy(s3.endpoint_url) as proxy:
+        s3_options = {"endpoint_url": proxy.endpoint_url, "region": "us-east-1", "path_style": True}
+        env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+        records = launch(
+            tmp_path,
+            "s3://no-such-bucket-here/train/",
+            {"s3": s3_options, "world_size": 1, "rank": 0},
+            env,
+        )
+        lists = list_requests(proxy.injected.reads)
+    errors = {r["error"] for r in records}
+    assert len(errors) == 1 and None not in errors, records
+    (error,) = errors
+    assert "no-such-bucket-here" in error
+    assert len(lists) <= 1, lists
+
+
+def test_the_ranks_of_a_job_ask_the_hub_once(tmp_path, monkeypatch):
+    root = tmp_path / "hub"
+    info = write_uneven_dataset(root / "org" / "data" / "train", COUNTS)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with running_http_server(root) as cdn, running_fake_hub(root, cdn.base_url) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
+        spec = "hf://datasets/org/data/train/*.tar"
+        alone = StreamingDataset(spec, manifest=False)
+        one = sum(hub.requests.values())
+        assert len(alone.shards) == len(info.paths) and one >= 2
+        hub.requests.clear()
+        records = launch(tmp_path, spec, {"manifest": False, "world_size": 1, "rank": 0}, {})
+        job = sum(hub.requests.values())
+    assert [r.get("error") for r in records] == [None] * NPROC, records
+    assert all(r["shards"] == [u for u, _ in alone.shards] for r in records)
+    assert job == one, (job, one)
