@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import re
 import time
 import warnings
 from collections import Counter
@@ -49,7 +50,10 @@ def _default_store() -> Any | None:
 def _key(specs: Sequence[str], options: Any) -> str:
     """The store key of this process's n-th dataset of these specs and
     options: ranks that make the same datasets in the same order agree."""
-    digest = hashlib.sha256(repr((list(specs), repr(options))).encode()).hexdigest()[:32]
+    # Without the addresses a repr may show (a transform's), which differ
+    # between processes.
+    shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(options))
+    digest = hashlib.sha256(repr((list(specs), shown)).encode()).hexdigest()[:32]
     _made[digest] += 1
     return f"shardstream/resolution/{digest}/{_made[digest]}"
 
