@@ -1,24 +1,33 @@
 //! A node-local cache of remote shards (`cache_dir=`, `cache_limit_bytes=`).
 //!
-//! A whole remote shard of known size is written to a temporary file of
-//! the cache (`.tmp-<pid>-<random>`) as its bytes stream to the reader, with no
-//! extra pass. Once every byte was sent, its size and validator are
-//! checked, a trailer (size and CRC-32 of the bytes) is appended and the
-//! file is renamed to its final name, a hash of (URL, size, ETag): only
-//! complete files ever carry a final name. A later read of the shard,
-//! by any process of the node, checks the cached copy's size and CRC-32
-//! under a shared `flock`, before a sample of it is handed out (the pages
-//! already in memory through mappings, no byte copied out), then reads it
-//! through the local source, which maps the pages the check brought in:
-//! the copy is read from storage once per open. A copy that fails the check is
-//! removed and the shard fetched again. Eviction, least recently used
-//! first (a read sets the file's access time), takes a non-blocking
-//! exclusive lock of each file and skips those being read. A write that
-//! fails (a full disk, a file size limit) stops caching that shard, with a
-//! warning; its bytes still stream to the reader. No file of the cache is
-//! ever opened through a symbolic link (see [`Dir`]), and a directory the
-//! cache makes is private to its user.
+//! A cached copy is tied to its object's identity (an [`Identity`]: size
+//! and validator, the ETag or else the Last-Modified date), which a request
+//! of this process confirms once per object (a HEAD of an S3 object, a GET
+//! of a resource's first byte; see [`confirmed`]) before the cache is looked
+//! at: a copy of another identity is never served, and an object without a
+//! validator is not cached.
+//!
+//! A whole remote shard is written to a temporary file of the cache
+//! (`.tmp-<pid>-<random>`) as its bytes stream to the reader, with no extra
+//! pass. Once every byte was sent, the answer's size and validator are
+//! checked against the identity, the validator and a trailer (size, CRC-32
+//! of the bytes) are appended and the file is renamed to its final name, a
+//! hash of the URL: only complete files ever carry a final name, and a
+//! copy of the object's new version replaces the old one. A later read of
+//! the shard, by any process of the node, checks the cached copy's
+//! identity, size and CRC-32 under a shared `flock`, before a sample of it
+//! is handed out (the pages already in memory through mappings, no byte
+//! copied out), then reads it through the local source, which maps the
+//! pages the check brought in: the copy is read from storage once per
+//! open. A copy that fails the check is removed and the shard fetched
+//! again. Eviction, least recently used first (a read sets the file's
+//! access time), takes a non-blocking exclusive lock of each file and skips
+//! those being read. A write that fails (a full disk, a file size limit)
+//! stops caching that shard, with a warning; its bytes still stream to the
+//! reader. No file of the cache is ever opened through a symbolic link
+//! (see [`Dir`]), and a directory the cache makes is private to its user.
 
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::Write;
@@ -26,7 +35,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
@@ -36,9 +45,11 @@ use crate::config::CacheOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
 
-/// What ends a cached file: a magic, the shard's size and its CRC-32.
-const MAGIC: &[u8; 8] = b"SSCACHE1";
-const TRAILER_LEN: u64 = 20;
+/// What ends a cached file, after the shard's bytes and its validator: the
+/// validator's length (`u32`), the shard's size (`u64`), the CRC-32 of its
+/// bytes (`u32`), all little-endian, and this magic.
+const MAGIC: &[u8; 8] = b"SSCACHE2";
+const TAIL_LEN: u64 = 24;
 /// The final names' suffix.
 const SUFFIX: &str = ".shard";
 /// The temporary names' prefix: `.tmp-<pid>-<random>`.
@@ -180,6 +191,102 @@ fn tmp_name() -> String {
     format!("{TMP_PREFIX}{}-{hex}", std::process::id())
 }
 
+/// What a remote object is, as a request found it: its size and its
+/// validator (the ETag, else the Last-Modified date). A cached copy is
+/// served only for the identity it was filled under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Identity {
+    size: u64,
+    /// Without the quotes of an ETag.
+    validator: String,
+}
+
+impl Identity {
+    /// The identity of an object of `size` bytes answered with `etag` and
+    /// `last_modified`; `None` with neither: such an object is not cached.
+    pub(super) fn new(size: u64, etag: Option<&str>, last_modified: Option<&str>) -> Option<Self> {
+        let validator = etag.or(last_modified)?.trim_matches('"');
+        (!validator.is_empty()).then(|| Identity {
+            size,
+            validator: validator.to_owned(),
+        })
+    }
+
+    /// Whether an answer with `validator` and `size` is this object.
+    fn answered_by(&self, validator: Option<&str>, size: Option<u64>) -> bool {
+        size == Some(self.size)
+            && validator.map(|v| v.trim_matches('"')) == Some(self.validator.as_str())
+    }
+}
+
+/// The identities of remote objects (by URL) that a request of this
+/// process confirmed (`None`: the object has no validator), and the
+/// process they belong to: a forked child confirms its own.
+type Confirmed = Option<(u32, HashMap<String, Option<Identity>>)>;
+
+static CONFIRMED: Mutex<Confirmed> = Mutex::new(None);
+
+thread_local! {
+    /// The lock of [`CONFIRMED`], held by the forking thread while it forks.
+    static HELD_ACROSS_FORK: std::cell::RefCell<Option<MutexGuard<'static, Confirmed>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Before a fork: takes the lock of [`CONFIRMED`], so that no other thread
+/// holds it at the moment of the fork (a DataLoader worker would inherit
+/// it locked and wait for it forever).
+extern "C" fn hold_across_fork() {
+    let guard = CONFIRMED.lock().unwrap_or_else(|e| e.into_inner());
+    HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some(guard));
+}
+
+/// After a fork, in the parent and in the child: lets the lock go.
+extern "C" fn release_after_fork() {
+    HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = None);
+}
+
+/// Runs `f` on this process's confirmed identities.
+fn with_confirmed<T>(f: impl FnOnce(&mut HashMap<String, Option<Identity>>) -> T) -> T {
+    static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
+    FORK_HANDLERS.call_once(|| {
+        // SAFETY: registers `extern "C"` functions that only lock and
+        // unlock `CONFIRMED` on the forking thread.
+        unsafe {
+            libc::pthread_atfork(
+                Some(hold_across_fork),
+                Some(release_after_fork),
+                Some(release_after_fork),
+            );
+        }
+    });
+    let mut guard = CONFIRMED.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    let (_, map) = match &mut *guard {
+        Some(confirmed) if confirmed.0 == pid => confirmed,
+        other => other.insert((pid, HashMap::new())),
+    };
+    f(map)
+}
+
+/// The identity of the object at `url` a request of this process
+/// confirmed, if one did (`Some(None)`: it has no validator). Each object
+/// is checked once per process: a copy filled or replaced later by
+/// another process is checked against this identity.
+pub(super) fn confirmed(url: &str) -> Option<Option<Identity>> {
+    with_confirmed(|map| map.get(url).cloned())
+}
+
+/// Notes the identity a request of this process found for `url`.
+pub(super) fn confirm(url: &str, identity: Option<Identity>) {
+    with_confirmed(|map| map.insert(url.to_owned(), identity));
+}
+
+/// Forgets the identity of `url`: an answer showed that it changed, so
+/// the next open asks again.
+fn forget(url: &str) {
+    with_confirmed(|map| map.remove(url));
+}
+
 /// A cache directory in use.
 #[derive(Debug)]
 pub(super) struct Cache {
@@ -238,29 +345,24 @@ impl Cache {
     }
 
     /// The final name of `unit`'s shard, when it can be cached (a remote
-    /// shard): a hash of its URL and of the size and ETag the plan knows.
+    /// shard): a hash of its URL (the copy's identity is in its trailer).
     fn name_of(&self, unit: &FetchUnit) -> Option<String> {
         if matches!(unit.location, Location::Local(_)) {
             return None;
         }
-        let mut hash = Sha256::new();
-        hash.update(unit.url.as_bytes());
-        hash.update([0]);
-        hash.update(format!("{:?}", unit.size).as_bytes());
-        hash.update([0]);
-        hash.update(unit.etag.as_deref().unwrap_or("").as_bytes());
-        let name: String = hash.finalize()[..16]
+        let name: String = Sha256::digest(unit.url.as_bytes())[..16]
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect();
         Some(format!("{name}{SUFFIX}"))
     }
 
-    /// The cached copy of `unit`'s shard, checked and locked for reading;
-    /// `None` when there is none (a copy that fails its check, or is not a
-    /// regular file, a link among them, is removed).
+    /// The cached copy of `unit`'s shard, of the object's `identity`,
+    /// checked and locked for reading; `None` when there is none (a copy
+    /// of another identity is left to be replaced; one that fails its
+    /// check, or is not a regular file, a link among them, is removed).
     /// Blocking: it reads the whole copy once (see [`check`]).
-    pub(super) fn lookup(&self, unit: &FetchUnit) -> Option<Hit> {
+    pub(super) fn lookup(&self, unit: &FetchUnit, identity: &Identity) -> Option<Hit> {
         let name = self.name_of(unit)?;
         let path = self.dir.path.join(&name);
         let damaged = |reason: &str| {
@@ -292,9 +394,10 @@ impl Cache {
         if self.dir.identity(&name).ok()? != (held.dev(), held.ino()) {
             return None;
         }
-        let size = match check(&file, (&path, &unit.url), held.len(), unit.size) {
+        let size = match check(&file, (&path, &unit.url), held.len(), identity, unit.size) {
             Ok(size) => size,
-            Err(reason) => {
+            Err(Mismatch::Other) => return None,
+            Err(Mismatch::Damaged(reason)) => {
                 damaged(&reason);
                 return None;
             }
@@ -317,15 +420,15 @@ impl Cache {
         })
     }
 
-    /// A temporary file to write `unit`'s shard into as it streams:
-    /// `None` for a byte range, a shard larger than the limit (with a
-    /// warning), or when the file cannot be made.
-    pub(super) fn fill(&self, unit: &FetchUnit) -> Option<Fill> {
+    /// A temporary file to write `unit`'s shard (the object of `identity`)
+    /// into as it streams: `None` for a byte range, a shard larger than
+    /// the limit (with a warning), or when the file cannot be made.
+    pub(super) fn fill(&self, unit: &FetchUnit, identity: Identity) -> Option<Fill> {
         if unit.range.is_some() {
             return None;
         }
         let target = self.name_of(unit)?;
-        if unit.size.is_some_and(|size| self.over_limit(size)) {
+        if self.over_limit(identity.size + identity.validator.len() as u64) {
             over_limit(&unit.url);
             return None;
         }
@@ -338,6 +441,7 @@ impl Cache {
                 url: unit.url.clone(),
                 size: unit.size,
                 etag: unit.etag.clone(),
+                identity,
                 crc: crc32fast::Hasher::new(),
                 written: 0,
                 limit: self.options.limit_bytes,
@@ -353,11 +457,12 @@ impl Cache {
         }
     }
 
-    /// Whether a copy of a `size`-byte shard would not fit under the limit.
-    fn over_limit(&self, size: u64) -> bool {
+    /// Whether a copy of `len` bytes (a shard and its validator) would not
+    /// fit under the limit.
+    fn over_limit(&self, len: u64) -> bool {
         self.options
             .limit_bytes
-            .is_some_and(|limit| size + TRAILER_LEN > limit)
+            .is_some_and(|limit| len + TAIL_LEN > limit)
     }
 }
 
@@ -367,33 +472,55 @@ fn over_limit(url: &str) {
     ));
 }
 
-/// Checks a cached file of `len` bytes holding a shard (of `planned`
-/// bytes, when the plan knows): its length, trailer and the CRC-32 of its
-/// bytes. The shard's size, when all is well. The bytes are read as
+/// Why a cached file is not served.
+enum Mismatch {
+    /// It is a copy of another identity (another version of the object).
+    Other,
+    /// It is damaged: why.
+    Damaged(String),
+}
+
+/// Checks a cached file of `len` bytes holding a copy of the object of
+/// `identity` (of `planned` bytes, when the plan knows): its tail, the
+/// identity it was filled under, and the CRC-32 of its bytes. The shard's
+/// size, when all is well. The bytes are read as
 /// [`local::crc32_of_copy`] says: those already in memory through
 /// mappings, with no copy, the others from the disk, once.
 fn check(
     file: &File,
     (path, url): (&Path, &str),
     len: u64,
+    identity: &Identity,
     planned: Option<u64>,
-) -> std::result::Result<u64, String> {
-    let size = planned.unwrap_or(len.saturating_sub(TRAILER_LEN));
-    if len != size + TRAILER_LEN {
-        return Err(format!(
-            "{len} bytes, a copy of {size} bytes takes {}",
-            size + TRAILER_LEN
-        ));
+) -> std::result::Result<u64, Mismatch> {
+    let damaged = |reason: String| Mismatch::Damaged(reason);
+    let Some(at) = len.checked_sub(TAIL_LEN) else {
+        return Err(damaged(format!("{len} bytes, shorter than its trailer")));
+    };
+    let mut tail = [0; TAIL_LEN as usize];
+    file.read_exact_at(&mut tail, at)
+        .map_err(|e| damaged(e.to_string()))?;
+    let number = |range: std::ops::Range<usize>| {
+        let mut bytes = [0; 8];
+        bytes[..range.len()].copy_from_slice(&tail[range]);
+        u64::from_le_bytes(bytes)
+    };
+    let (validator_len, size, crc) = (number(0..4), number(4..12), number(12..16));
+    if &tail[16..] != MAGIC || size.checked_add(validator_len) != Some(at) {
+        return Err(damaged("its trailer is not shardstream's".into()));
     }
-    let crc = local::crc32_of_copy(file, path, url, size)?;
-    let mut trailer = [0; TRAILER_LEN as usize];
-    file.read_exact_at(&mut trailer, size)
-        .map_err(|e| e.to_string())?;
-    if &trailer[..8] != MAGIC || trailer[8..16] != size.to_le_bytes() {
-        return Err("its trailer is not shardstream's".into());
+    let mut validator = vec![0; validator_len as usize];
+    file.read_exact_at(&mut validator, size)
+        .map_err(|e| damaged(e.to_string()))?;
+    let other = size != identity.size
+        || validator != identity.validator.as_bytes()
+        || planned.is_some_and(|planned| planned != size);
+    if other {
+        return Err(Mismatch::Other);
     }
-    if trailer[16..] != crc.to_le_bytes() {
-        return Err("its CRC-32 does not match its bytes".into());
+    let actual = local::crc32_of_copy(file, path, url, size).map_err(damaged)?;
+    if u64::from(actual) != crc {
+        return Err(damaged("its CRC-32 does not match its bytes".into()));
     }
     Ok(size)
 }
@@ -407,9 +534,11 @@ pub(super) struct Fill {
     tmp: String,
     target: String,
     url: String,
-    /// The size the plan knows, if any.
+    /// The size and ETag the plan knows, if any.
     size: Option<u64>,
     etag: Option<String>,
+    /// The object's identity, as this process confirmed it.
+    identity: Identity,
     crc: crc32fast::Hasher,
     written: u64,
     limit: Option<u64>,
@@ -424,7 +553,8 @@ impl Fill {
             return;
         };
         let after = self.written + bytes.len() as u64;
-        if self.limit.is_some_and(|limit| after + TRAILER_LEN > limit) {
+        let tail = TAIL_LEN + self.identity.validator.len() as u64;
+        if self.limit.is_some_and(|limit| after + tail > limit) {
             over_limit(&self.url);
             self.file = None;
             let _ = self.dir.remove(&self.tmp);
@@ -448,12 +578,18 @@ impl Fill {
 
     /// Every byte was sent, and the source answered with `validator` and
     /// `size`: checks the sizes (the plan's, the answer's, the bytes
-    /// written) and the validator, then names the file.
+    /// written) and the validator against the identity (and the plan's
+    /// ETag), then names the file. An answer of another identity forgets
+    /// the one this process confirmed, so that the next open asks again.
     pub(super) fn commit(mut self, validator: Option<&str>, size: Option<u64>) {
         let Some(mut file) = self.file.take() else {
             return;
         };
         let written = Some(self.written);
+        if !self.identity.answered_by(validator, size) {
+            forget(&self.url);
+            return;
+        }
         if size != written || self.size.is_some_and(|planned| Some(planned) != written) {
             return;
         }
@@ -462,10 +598,13 @@ impl Fill {
                 return;
             }
         }
-        let mut trailer = Vec::with_capacity(TRAILER_LEN as usize);
-        trailer.extend_from_slice(MAGIC);
+        let validator = self.identity.validator.as_bytes();
+        let mut trailer = Vec::with_capacity(validator.len() + TAIL_LEN as usize);
+        trailer.extend_from_slice(validator);
+        trailer.extend_from_slice(&(validator.len() as u32).to_le_bytes());
         trailer.extend_from_slice(&self.written.to_le_bytes());
         trailer.extend_from_slice(&self.crc.clone().finalize().to_le_bytes());
+        trailer.extend_from_slice(MAGIC);
         if let Err(e) = file.write_all(&trailer) {
             warn(&format!(
                 "{}: cannot write to the cache ({e}); streamed, not cached",
@@ -474,8 +613,9 @@ impl Fill {
             return;
         }
         drop(file);
-        // A copy already there is the same bytes, or a link planted under
-        // the name, which the rename replaces (never writes through).
+        // A copy already there is of this object or of an older version of
+        // it (or a link planted under the name): the rename replaces it,
+        // never writing through a link.
         if self.dir.rename(&self.tmp, &self.target).is_err() {
             return;
         }
@@ -579,6 +719,10 @@ mod tests {
         }
     }
 
+    fn identity(size: u64, etag: &str) -> Identity {
+        Identity::new(size, Some(etag), None).unwrap()
+    }
+
     fn cache(dir: &Path, limit: Option<u64>) -> Cache {
         let options = CacheOptions {
             dir: dir.to_owned(),
@@ -588,12 +732,17 @@ mod tests {
         Cache::open(options).unwrap()
     }
 
-    fn fill(cache: &Cache, unit: &FetchUnit, bytes: &[u8]) {
-        let mut fill = cache.fill(unit).expect("cacheable");
+    fn fill_as(cache: &Cache, unit: &FetchUnit, bytes: &[u8], etag: &str) {
+        let size = bytes.len() as u64;
+        let mut fill = cache.fill(unit, identity(size, etag)).expect("cacheable");
         for part in bytes.chunks(7) {
             fill.write(part);
         }
-        fill.commit(Some("e1"), Some(bytes.len() as u64));
+        fill.commit(Some(etag), Some(size));
+    }
+
+    fn fill(cache: &Cache, unit: &FetchUnit, bytes: &[u8]) {
+        fill_as(cache, unit, bytes, "\"e1\"");
     }
 
     #[test]
@@ -601,33 +750,70 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache(dir.path(), None);
         let a = unit("http://h/a.tar", 100);
-        assert!(cache.lookup(&a).is_none());
-        let mut partial = cache.fill(&a).unwrap();
+        let e1 = identity(100, "\"e1\"");
+        assert!(cache.lookup(&a, &e1).is_none());
+        let mut partial = cache.fill(&a, e1.clone()).unwrap();
         partial.write(&[1; 60]);
-        assert!(cache.lookup(&a).is_none(), "half-written");
+        assert!(cache.lookup(&a, &e1).is_none(), "half-written");
         drop(partial);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         fill(&cache, &a, &[2; 100]);
-        let hit = cache.lookup(&a).expect("cached");
+        let hit = cache.lookup(&a, &e1).expect("cached");
         assert_eq!(hit.unit.range, Some(0..100));
         assert_eq!(std::fs::read(&hit.path).unwrap()[..100], [2; 100]);
         // Another ETag or size is another object.
-        let changed = FetchUnit {
-            etag: Some("\"e2\"".into()),
-            ..a.clone()
-        };
-        assert!(cache.lookup(&changed).is_none());
+        assert!(cache.lookup(&a, &identity(100, "e2")).is_none());
+        assert!(cache.lookup(&a, &identity(99, "e1")).is_none());
     }
 
     #[test]
-    fn a_validator_other_than_the_planned_one_is_not_cached() {
+    fn a_copy_of_another_version_is_never_served_and_is_replaced() {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache(dir.path(), None);
-        let a = unit("http://h/a.tar", 10);
-        let mut fill = cache.fill(&a).unwrap();
+        let a = FetchUnit {
+            size: None,
+            etag: None,
+            ..unit("s3://b/a.tar", 100)
+        };
+        fill_as(&cache, &a, &[1; 100], "\"v1\"");
+        // The same size, another ETag: the object was replaced.
+        let v2 = identity(100, "\"v2\"");
+        assert!(cache.lookup(&a, &v2).is_none());
+        fill_as(&cache, &a, &[2; 100], "\"v2\"");
+        let hit = cache.lookup(&a, &v2).expect("the new version is cached");
+        assert_eq!(std::fs::read(&hit.path).unwrap()[..100], [2; 100]);
+        drop(hit);
+        assert!(cache.lookup(&a, &identity(100, "\"v1\"")).is_none());
+        let copies = std::fs::read_dir(dir.path()).unwrap().count();
+        assert_eq!(copies, 1, "the new copy replaced the old one");
+    }
+
+    #[test]
+    fn an_answer_of_another_identity_is_not_cached_and_is_asked_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let a = unit("http://h/other-identity.tar", 10);
+        confirm(&a.url, Some(identity(10, "\"e1\"")));
+        let mut fill = cache.fill(&a, identity(10, "\"e1\"")).unwrap();
         fill.write(&[1; 10]);
         fill.commit(Some("\"other\""), Some(10));
-        assert!(cache.lookup(&a).is_none());
+        assert!(cache.lookup(&a, &identity(10, "\"e1\"")).is_none());
+        assert_eq!(confirmed(&a.url), None, "the next open asks again");
+        // An answer of another size than the bytes written: not cached.
+        let mut fill = cache.fill(&a, identity(10, "\"e1\"")).unwrap();
+        fill.write(&[1; 9]);
+        fill.commit(Some("\"e1\""), Some(10));
+        assert!(cache.lookup(&a, &identity(10, "\"e1\"")).is_none());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn an_object_without_a_validator_has_no_identity() {
+        assert_eq!(Identity::new(10, None, None), None);
+        assert_eq!(Identity::new(10, Some("\"\""), None), None);
+        let dated = Identity::new(10, None, Some("Tue, 24 Nov 2026 10:00:00 GMT")).unwrap();
+        assert!(dated.answered_by(Some("Tue, 24 Nov 2026 10:00:00 GMT"), Some(10)));
+        assert!(identity(10, "\"e1\"").answered_by(Some("e1"), Some(10)));
     }
 
     #[test]
@@ -635,24 +821,51 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache(dir.path(), None);
         let a = unit("http://h/a.tar", 100);
+        let e1 = identity(100, "\"e1\"");
         fill(&cache, &a, &[2; 100]);
-        let path = cache.lookup(&a).unwrap().path;
+        let path = cache.lookup(&a, &e1).unwrap().path;
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[50] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
-        assert!(cache.lookup(&a).is_none());
+        assert!(cache.lookup(&a, &e1).is_none());
         assert!(!path.exists());
+        fill(&cache, &a, &[2; 100]);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(cache.lookup(&a, &e1).is_none());
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_copy_that_is_a_link_is_removed_never_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        let a = unit("http://h/a.tar", 100);
+        let e1 = identity(100, "\"e1\"");
+        fill(&cache, &a, &[2; 100]);
+        let path = cache.lookup(&a, &e1).unwrap().path;
+        let outside = tempfile::tempdir().unwrap();
+        let valid = outside.path().join("copy");
+        std::fs::rename(&path, &valid).unwrap();
+        std::os::unix::fs::symlink(&valid, &path).unwrap();
+        assert!(cache.lookup(&a, &e1).is_none());
+        assert!(
+            std::fs::symlink_metadata(&path).is_err(),
+            "the link is removed"
+        );
+        assert_eq!(std::fs::read(&valid).unwrap()[..100], [2; 100]);
     }
 
     #[test]
     fn eviction_keeps_the_limit_and_skips_files_being_read() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = cache(dir.path(), Some(250));
+        let cache = cache(dir.path(), Some(300));
         let units: Vec<_> = (0..4)
             .map(|i| unit(&format!("http://h/{i}.tar"), 100))
             .collect();
+        let e1 = identity(100, "\"e1\"");
         fill(&cache, &units[0], &[0; 100]);
-        let reading = cache.lookup(&units[0]).unwrap();
+        let reading = cache.lookup(&units[0], &e1).unwrap();
         for u in &units[1..] {
             fill(&cache, u, &[1; 100]);
         }
@@ -663,45 +876,36 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(SUFFIX))
             .map(|e| e.metadata().unwrap().len())
             .sum();
-        assert!(total <= 250, "{total}");
-        assert!(cache.lookup(&units[3]).is_some(), "the newest stays");
+        assert!(total <= 300, "{total}");
+        assert!(cache.lookup(&units[3], &e1).is_some(), "the newest stays");
     }
 
     #[test]
     fn a_shard_larger_than_the_limit_is_not_cached() {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache(dir.path(), Some(50));
-        assert!(cache.fill(&unit("http://h/a.tar", 100)).is_none());
-        // Of unknown size: found out while it streams.
-        let unknown = FetchUnit {
-            size: None,
-            ..unit("http://h/a.tar", 100)
-        };
-        let mut fill = cache.fill(&unknown).unwrap();
-        fill.write(&[1; 40]);
-        fill.write(&[1; 40]);
-        fill.commit(Some("e1"), Some(80));
-        assert!(cache.lookup(&unknown).is_none());
+        let a = unit("http://h/a.tar", 100);
+        assert!(cache.fill(&a, identity(100, "\"e1\"")).is_none());
+        // A body longer than the object's size: found out while it streams.
+        let unknown = FetchUnit { size: None, ..a };
+        let mut fill = cache.fill(&unknown, identity(20, "\"e1\"")).unwrap();
+        fill.write(&[1; 20]);
+        fill.write(&[1; 20]);
+        fill.commit(Some("\"e1\""), Some(40));
+        assert!(cache.lookup(&unknown, &identity(40, "\"e1\"")).is_none());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]
-    fn a_shard_of_unknown_size_is_cached_with_the_size_answered() {
-        let dir = tempfile::tempdir().unwrap();
-        let cache = cache(dir.path(), None);
-        let unknown = FetchUnit {
-            size: None,
-            etag: None,
-            ..unit("http://h/a.tar", 0)
-        };
-        let mut fill = cache.fill(&unknown).unwrap();
-        fill.write(&[1; 30]);
-        // An answer of another size than the bytes written: not cached.
-        fill.commit(None, Some(31));
-        assert!(cache.lookup(&unknown).is_none());
-        let mut fill = cache.fill(&unknown).unwrap();
-        fill.write(&[1; 30]);
-        fill.commit(None, Some(30));
-        assert_eq!(cache.lookup(&unknown).unwrap().unit.range, Some(0..30));
+    fn files_the_cache_makes_are_private() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("made");
+        let cache = cache(&dir, None);
+        fill(&cache, &unit("http://h/a.tar", 10), &[1; 10]);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            assert_eq!(mode(&entry.path()), 0o600, "{:?}", entry.file_name());
+        }
     }
 }

@@ -303,6 +303,16 @@ impl HttpClient {
 
     /// The size and ETag of a resource (a GET of its first byte).
     pub async fn describe(&self, url: &str) -> Result<(u64, Option<String>), Error> {
+        let (size, etag, _) = self.validators(url).await?;
+        Ok((size, etag))
+    }
+
+    /// The size, ETag and Last-Modified date of a resource (a GET of its
+    /// first byte).
+    pub async fn validators(
+        &self,
+        url: &str,
+    ) -> Result<(u64, Option<String>, Option<String>), Error> {
         let mut retries = Retries::new(&self.options, url, 0);
         let range = vec![(header::RANGE, "bytes=0-0".to_owned())];
         loop {
@@ -315,7 +325,9 @@ impl HttpClient {
                     let length = text(header::CONTENT_LENGTH).and_then(|l| l.parse().ok());
                     match check_response(0, Some(1), text(header::CONTENT_RANGE), length) {
                         Ok(served) => {
-                            return Ok((served.size, text(header::ETAG).map(str::to_owned)))
+                            let etag = text(header::ETAG).map(str::to_owned);
+                            let last_modified = text(header::LAST_MODIFIED).map(str::to_owned);
+                            return Ok((served.size, etag, last_modified));
                         }
                         Err(reason) => reason,
                     }
@@ -325,7 +337,7 @@ impl HttpClient {
                     if answer.status == StatusCode::RANGE_NOT_SATISFIABLE
                         && announces_empty(&answer.headers) =>
                 {
-                    return Ok((0, None))
+                    return Ok((0, None, None))
                 }
                 Ok(answer) => match status_failure(url, 0, answer.status) {
                     Failure::Fatal(error) => return Err(error),

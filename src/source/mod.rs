@@ -446,22 +446,53 @@ impl Fetcher {
             .clone()
     }
 
-    /// The cached copy of a remote `unit`, if there is one; on a miss, the
-    /// bytes sent to `chunk_tx` are also written to the cache.
+    /// The cached copy of a remote `unit`, if there is one of the object's
+    /// identity as this process confirmed it; on a miss, the bytes sent to
+    /// `chunk_tx` are also written to the cache. An object without a
+    /// validator (or whose identity cannot be had) is not cached.
     async fn cache_hit(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Option<cache::Hit> {
         let cache = self.cache.clone()?;
-        let looked_up = unit.clone();
+        let identity = self.identity(unit).await?;
+        let (looked_up, expected) = (unit.clone(), identity.clone());
         // A cached copy is read through the local source.
-        let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up))
+        let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up, &expected))
             .await
             .ok()
             .flatten();
         if hit.is_none() {
-            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit)) {
+            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit, identity)) {
                 chunk_tx.tee(fill);
             }
         }
         hit
+    }
+
+    /// The identity (size and validator) of a remote `unit`'s object, as a
+    /// request of this process found it: a HEAD of an S3 object, a GET of
+    /// the first byte of an HTTP(S) resource (GCS and the Hub included),
+    /// sent once per object and process ([`cache::confirmed`]), in the
+    /// I/O path, never when the plan is made. `None` for an object without
+    /// a validator, or when the request fails (the read then says why).
+    async fn identity(&self, unit: &FetchUnit) -> Option<cache::Identity> {
+        if let Some(known) = cache::confirmed(&unit.url) {
+            return known;
+        }
+        self.count(Counter::Requests, 1);
+        let found = match &unit.location {
+            Location::S3 { bucket, key } => {
+                let client = self.s3_client().await;
+                let (size, etag) = client.head(&unit.url, bucket, key).await.ok()?;
+                cache::Identity::new(size, etag.as_deref(), None)
+            }
+            Location::Http(url) => {
+                let client = self.http_client().ok()?;
+                let (size, etag, last_modified) = client.validators(url).await.ok()?;
+                cache::Identity::new(size, etag.as_deref(), last_modified.as_deref())
+            }
+            Location::Local(_) => return None,
+        };
+        cache::confirm(&unit.url, found.clone());
+        found
     }
 
     /// Reads a cached copy through the descriptor the cache checked it

@@ -1,10 +1,13 @@
 """The local cache of remote shards (``cache_dir=``, ``cache_limit_bytes=``)
-against a real HTTP server on 127.0.0.1 that counts its GETs: epoch 2 makes
-none, output is byte-identical with and without the cache, two processes
-fill one cache at once, eviction keeps the limit and spares a file being
-read, a damaged copy is fetched again, an open reads the copy once, and a
-cache that cannot be written (a file size limit, a shard over the limit)
-falls back to streaming."""
+against a real HTTP server on 127.0.0.1 that counts its GETs, and moto's S3:
+epoch 2 makes no request and another process only one first-byte GET per
+shard (its identity check), output is byte-identical with and without the
+cache, an object replaced at the same URL is never served from the cache,
+two processes fill one cache at once, eviction keeps the limit and spares a
+file being read, a damaged copy is fetched again, an open reads the copy
+once, a cache that cannot be written (a file size limit, a shard over the
+limit) falls back to streaming, and a link planted in the cache directory
+is never followed."""
 
 from __future__ import annotations
 
@@ -28,7 +31,9 @@ from shardstream import StreamingDataset
 
 pytestmark = pytest.mark.timeout(120)
 
-TRAILER = 20
+# A copy ends with the validator it was filled under, then this tail:
+# validator length (u32), shard size (u64), CRC-32 (u32), magic (8 bytes).
+TAIL = 24
 
 
 def http_spec(server: HttpServer, dataset: DatasetInfo) -> str:
@@ -48,14 +53,35 @@ def cached_files(cache: Path) -> list[Path]:
     return sorted(cache.glob("*.shard"))
 
 
+def copied_bytes(file: Path) -> bytes:
+    """The shard's bytes in a cached copy (what precedes its validator)."""
+    data = file.read_bytes()
+    tail = data[-TAIL:]
+    assert tail[-8:] == b"SSCACHE2", file
+    validator_len = int.from_bytes(tail[:4], "little")
+    size = int.from_bytes(tail[4:12], "little")
+    assert size + validator_len + TAIL == len(data), file
+    return data[:size]
+
+
 def assert_copies_of(cache: Path, dataset: DatasetInfo) -> None:
     """Every cached file is a shard's bytes followed by the trailer."""
     originals = {p.read_bytes() for p in dataset.paths}
     files = cached_files(cache)
     assert files
     for file in files:
-        assert file.read_bytes()[:-TRAILER] in originals, file
+        assert copied_bytes(file) in originals, file
     assert not list(cache.glob(".tmp-*")), "no temporary file is left behind"
+
+
+def identity_gets(server: HttpServer) -> int:
+    """GETs of a first byte: the identity checks of cached copies."""
+    return sum(1 for h in server.served.headers if h.get("range") == "bytes=0-0")
+
+
+def body_gets(server: HttpServer) -> int:
+    """GETs of shard bytes, the identity checks left out."""
+    return server.served.gets - identity_gets(server)
 
 
 def test_epoch_two_makes_no_get_and_output_is_identical(http, dataset, local, tmp_path):
@@ -75,10 +101,12 @@ def test_epoch_two_makes_no_get_and_output_is_identical(http, dataset, local, tm
     assert digests(second) == local
     assert all(s["__url__"].startswith("http://127.0.0.1:") for s in second)
 
-    # Other processes of the node (DataLoader workers) read the same copies.
+    # Other processes of the node (DataLoader workers) read the same copies,
+    # each checking the identity of the shards it opens once.
     http.reset()
     again = collect(loader(ds, 2))
-    assert http.served.gets == 0, http.served.gets_by_path
+    assert body_gets(http) == 0, http.served.gets_by_path
+    assert identity_gets(http) == len(dataset.paths), http.served.gets_by_path
     assert_exactly_once([s["__key__"] for s in again], dataset.keys)
     assert digests(again) == local
 
@@ -119,12 +147,13 @@ def test_two_processes_fill_one_cache_at_once(http, dataset, local, tmp_path):
     ds = StreamingDataset(spec, cache_dir=str(cache))
     http.reset()
     assert digests(collect(ds)) == local
-    assert http.served.gets == 0
+    assert body_gets(http) == 0
+    assert identity_gets(http) <= len(dataset.paths)
 
 
 def test_eviction_keeps_the_limit_and_spares_a_file_being_read(http, dataset, local, tmp_path):
     cache = tmp_path / "cache"
-    largest = max(p.stat().st_size for p in dataset.paths) + TRAILER
+    largest = max(p.stat().st_size for p in dataset.paths) + TAIL + 64
     limit = 3 * largest
     spec = http_spec(http, dataset)
     ds = StreamingDataset(spec, cache_dir=str(cache), cache_limit_bytes=limit, shuffle_shards=False)
@@ -197,7 +226,7 @@ def test_an_open_from_the_cache_reads_the_copy_once(http, dataset, tmp_path):
     """Opening a cached copy that is in the page cache (just written) checks
     its CRC-32 over mappings of it, which the read of the shard then maps
     again: the process reads no byte of the copies with ``read()`` (only
-    their 20-byte trailers), and delivers each shard's bytes exactly once."""
+    their trailers), and delivers each shard's bytes exactly once."""
     cache = tmp_path / "cache"
     spec = http_spec(http, dataset)
     collect(StreamingDataset(spec, cache_dir=str(cache)))
@@ -212,7 +241,8 @@ def test_an_open_from_the_cache_reads_the_copy_once(http, dataset, tmp_path):
     )
     assert process.returncode == 0, process.stderr
     measured = json.loads(process.stdout)
-    assert http.served.gets == 0, http.served.gets_by_path
+    assert body_gets(http) == 0, http.served.gets_by_path
+    assert identity_gets(http) == len(dataset.paths), "one check per shard and process"
     assert measured["samples"] == measured["warm"] == len(dataset.keys)
     assert measured["bytes_read"] == shard_bytes
     # Reading the copies through read() as well would take shard_bytes.
@@ -327,7 +357,7 @@ def test_members_of_a_cached_copy_leave_workers_as_bytes_not_references(tmp_path
         first = kinds(spec, cache_dir=str(cache))
         server.reset()
         second = kinds(spec, cache_dir=str(cache))
-        assert server.served.gets == 0
+        assert body_gets(server) == 0
     assert len(cached_files(cache)) == 1
     for got in (first, second):
         assert {kind for kind, _ in got.values()} == {"SharedBytes"}
@@ -454,3 +484,139 @@ def test_a_cache_dir_shardstream_makes_is_private(http, dataset, local, tmp_path
     assert len(files) == len(dataset.paths)
     for file in files:
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
+
+
+# A cached copy is tied to its object's identity (size and ETag, else
+# Last-Modified), which each process checks once per shard: an object
+# replaced at the same URL (a key named outright, which the plan resolves
+# without a request) is read anew, never served from the cache.
+
+REREAD = textwrap.dedent(
+    """
+    import json, sys
+    sys.path[:0] = sys.argv[4:]
+    from shardstream import S3Config, StreamingDataset
+    spec, cache, endpoint = sys.argv[1:4]
+    options = {"cache_dir": cache, "shuffle_buffer": 0}
+    if endpoint:
+        options["s3"] = S3Config(endpoint_url=endpoint, region="us-east-1", path_style=True)
+    ds = StreamingDataset(spec, **options)
+    print(json.dumps({s["__key__"]: s["txt"].decode() for s in ds}))
+    """
+)
+
+# (before, after): of the same size (the tar too), and of another size.
+VERSIONS = {
+    "same-size": (b"version-1", b"version-2"),
+    "other-size": (b"version-1", b"version-2 " * 1000),
+}
+
+
+def read_in_new_process(spec: str, cache: Path, endpoint: str = "") -> dict[str, str]:
+    process = subprocess.run(
+        [sys.executable, "-c", REREAD, spec, str(cache), endpoint, *sys.path],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert process.returncode == 0, process.stderr
+    return json.loads(process.stdout)
+
+
+def tar_of(text: bytes) -> bytes:
+    """A shard of two samples whose ``txt`` field is ``text``."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in ("0000", "0001"):
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text))
+    return buffer.getvalue()
+
+
+def samples_of(text: bytes) -> dict[str, str]:
+    return {"0000": text.decode(), "0001": text.decode()}
+
+
+@pytest.mark.usefixtures("s3_credentials", "s3_dataset")
+@pytest.mark.parametrize("change", sorted(VERSIONS))
+def test_an_s3_object_replaced_at_its_key_is_never_served_from_the_cache(s3, tmp_path, change):
+    before, after = VERSIONS[change]
+    assert (len(tar_of(before)) == len(tar_of(after))) == (change == "same-size")
+    key = f"replaced/{change}/a.tar"
+    spec = f"s3://{BUCKET}/{key}"
+    cache = tmp_path / "cache"
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key=key, Body=tar_of(before))
+    assert read_in_new_process(spec, cache, s3.endpoint_url) == samples_of(before)
+    assert len(cached_files(cache)) == 1
+    client.put_object(Bucket=BUCKET, Key=key, Body=tar_of(after))
+    assert read_in_new_process(spec, cache, s3.endpoint_url) == samples_of(after)
+    # The new version replaced the old copy, and is served from the cache.
+    assert [copied_bytes(f) for f in cached_files(cache)] == [tar_of(after)]
+    assert read_in_new_process(spec, cache, s3.endpoint_url) == samples_of(after)
+
+
+@pytest.mark.parametrize("change", sorted(VERSIONS))
+def test_an_http_resource_replaced_at_its_url_is_never_served_from_the_cache(tmp_path, change):
+    before, after = VERSIONS[change]
+    root = tmp_path / "served"
+    root.mkdir()
+    shard = root / "a.tar"
+    shard.write_bytes(tar_of(before))
+    cache = tmp_path / "cache"
+    with running_http_server(root) as server:
+        spec = server.url("a.tar")
+        assert read_in_new_process(spec, cache) == samples_of(before)
+        assert len(cached_files(cache)) == 1
+        shard.write_bytes(tar_of(after))
+        server.reset()
+        assert read_in_new_process(spec, cache) == samples_of(after)
+        assert body_gets(server) >= 1
+        server.reset()
+        assert read_in_new_process(spec, cache) == samples_of(after)
+        assert (body_gets(server), identity_gets(server)) == (0, 1), "served from the cache"
+
+
+def test_a_resource_dated_only_is_cached_under_its_date(tmp_path):
+    """Without an ETag, Last-Modified (and the size) is the identity."""
+    from http_server import Faults
+
+    before, after = VERSIONS["same-size"]
+    root = tmp_path / "served"
+    root.mkdir()
+    shard = root / "a.tar"
+    shard.write_bytes(tar_of(before))
+    os.utime(shard, (1_700_000_000, 1_700_000_000))
+    cache = tmp_path / "cache"
+    with running_http_server(root) as server:
+        server.reset(Faults(no_etag=True))
+        spec = server.url("a.tar")
+        assert read_in_new_process(spec, cache) == samples_of(before)
+        assert len(cached_files(cache)) == 1
+        shard.write_bytes(tar_of(after))
+        os.utime(shard, (1_700_000_100, 1_700_000_100))
+        assert read_in_new_process(spec, cache) == samples_of(after)
+
+
+def test_a_resource_without_any_validator_is_not_cached(tmp_path):
+    from http_server import Faults
+
+    before, after = VERSIONS["same-size"]
+    root = tmp_path / "served"
+    root.mkdir()
+    shard = root / "a.tar"
+    shard.write_bytes(tar_of(before))
+    cache = tmp_path / "cache"
+    with running_http_server(root) as server:
+        server.reset(Faults(no_validator=True))
+        spec = server.url("a.tar")
+        assert read_in_new_process(spec, cache) == samples_of(before)
+        assert cached_files(cache) == []
+        assert not list(cache.glob(".tmp-*"))
+        shard.write_bytes(tar_of(after))
+        assert read_in_new_process(spec, cache) == samples_of(after)
+        assert cached_files(cache) == []
