@@ -35,6 +35,7 @@ from ._core import (
     plan_samples,
     resolve_shards,
 )
+from .accelerate import FrameworkWrapperError
 from .s3 import S3Config
 from .state import elastic_state
 from .writer import ShardWriter
@@ -48,6 +49,7 @@ __all__ = [
     "DatasetSpecError",
     "DecodeFieldWarning",
     "FieldDecodeError",
+    "FrameworkWrapperError",
     "Image",
     "ManifestError",
     "ManifestIgnoredWarning",

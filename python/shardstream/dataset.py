@@ -29,6 +29,7 @@ from ._core import (
     check_state,
     raise_malloc_thresholds,
 )
+from .accelerate import check_not_resplit
 from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
@@ -367,6 +368,8 @@ class StreamingDataset(IterableDataset[Any]):
         return self.num_samples()
 
     def __iter__(self) -> Iterator[Any]:
+        # Accelerate's wrappers would split this rank's part between ranks again.
+        check_not_resplit(self, self.distributed_slot()[1])
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
         stream = self._open_stream(self.epoch)

@@ -1,0 +1,190 @@
+"""Hugging Face Accelerate (and the HF Trainer, which runs on it).
+
+A ``StreamingDataset`` splits the data between ranks itself, before any
+byte is read. ``accelerator.prepare(loader)`` splits it again: by default
+(an ``IterableDataset``, device placement on) rank 0 alone iterates the
+loader and hands slices of its batches to the others
+(``DataLoaderDispatcher``); with ``dispatch_batches=False`` every rank
+wraps its dataset in ``IterableDatasetShard``, which keeps 1/N of what it
+gets. Either way a job of N ranks trains on 1/N of the data. The dataset
+therefore raises ``FrameworkWrapperError`` at the first batch when one of
+those wrappers splits it between several ranks, and ``prepare_loader``
+prepares the loader the way it needs: device placement, Accelerate's
+end-of-epoch and gradient-accumulation bookkeeping, ``save_state`` /
+``load_state``, and no second split.
+
+Nothing here imports ``accelerate`` until ``prepare_loader`` runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from ._core import ShardStreamError
+
+__all__ = ["FrameworkWrapperError", "check_not_resplit", "prepare_loader"]
+
+_ACCELERATE_MODULE = "accelerate.data_loader"
+_SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
+_RANK_STATES = "shardstream.rank_states"
+
+FIX = (
+    "prepare the DataLoader with shardstream.accelerate.prepare_loader(accelerator, loader) "
+    "instead of accelerator.prepare(loader) (the model and optimizer still go through "
+    "accelerator.prepare); with the HF Trainer, override get_train_dataloader to return "
+    "it (see docs/integrations.md)"
+)
+
+
+class FrameworkWrapperError(ShardStreamError):
+    """A training framework wrapped the dataset or its DataLoader in a way
+    that would split the data between ranks a second time, so that a job
+    of N ranks would train on 1/N of it. The message names the wrapper and
+    the fix."""
+
+
+def _splitter(obj: Any) -> str | None:
+    """The name of Accelerate's splitting wrapper ``obj`` is, or ``None``."""
+    cls = type(obj)  # not obj.__class__: Accelerate's loaders report the wrapped class
+    if cls.__module__ == _ACCELERATE_MODULE and cls.__name__ in _SPLITTERS:
+        return cls.__name__
+    return None
+
+
+def find_splitter(dataset: Any) -> str | None:
+    """The Accelerate wrapper that is iterating ``dataset`` and splitting it
+    between processes, or ``None``: the DataLoader worker's dataset (an
+    ``IterableDatasetShard`` around ours), else the frames of the calling
+    stack (the main process; a forked worker inherits its parent's): a
+    method of the wrapper (its ``__iter__``, or the ``__init__`` of a
+    ``DataLoaderDispatcher`` over a ``StatefulDataLoader``, which starts an
+    iterator to read its first state)."""
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    if info is not None and info.dataset is not dataset:
+        name = _splitter(info.dataset)
+        if name is not None:
+            return name
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == _ACCELERATE_MODULE:
+            name = _splitter(frame.f_locals.get("self"))
+            if name is not None:
+                return name
+        frame = frame.f_back
+    return None
+
+
+def check_not_resplit(dataset: Any, world_size: int) -> None:
+    """Raises ``FrameworkWrapperError`` when ``dataset``, split between
+    ``world_size`` ranks already, is being iterated through one of
+    Accelerate's wrappers that split it again. With one rank they split
+    nothing, and are let be."""
+    if world_size <= 1:
+        return
+    name = find_splitter(dataset)
+    if name is None:
+        return
+    how = (
+        "rank 0 alone iterates the DataLoader and hands slices of its batches to the other ranks"
+        if name == "DataLoaderDispatcher"
+        else "each rank keeps 1/N of the samples its dataset gives it"
+    )
+    raise FrameworkWrapperError(
+        f"accelerate's {name} wraps this {type(dataset).__name__}, which already gives each of "
+        f"the {world_size} ranks its own part of the data: {how}, so the job would train on "
+        f"1/{world_size} of the data each epoch. Fix: {FIX}"
+    )
+
+
+def prepare_loader(accelerator: Any, loader: Any) -> Any:
+    """``accelerator.prepare(loader)`` for a DataLoader over a dataset that
+    splits the data between ranks itself (``StreamingDataset``, ``Mix``):
+    batches are placed on ``accelerator.device``, the loader takes part in
+    Accelerate's epoch-end and gradient-accumulation bookkeeping,
+    ``accelerator.save_state`` / ``load_state`` keep its state
+    (``DataLoaderConfiguration(use_stateful_dataloader=True)``), and no rank
+    drops or receives another rank's batches. Returns the prepared loader;
+    passing it to ``accelerator.prepare`` again returns it unchanged.
+
+    With several ranks and a stateful loader, the prepared loader's
+    ``state_dict()`` gathers every rank's state (a collective: call it on
+    every rank, as ``accelerator.save_state`` does), so the one file
+    Accelerate writes holds them all, and ``load_state_dict`` gives each
+    rank its own back.
+    """
+    from accelerate.data_loader import prepare_data_loader  # type: ignore[import-untyped]
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        raise TypeError(
+            f"prepare_loader takes a torch DataLoader, got {type(loader).__name__}: pass the "
+            "model and optimizer to accelerator.prepare"
+        )
+    if getattr(loader, "_is_accelerate_prepared", False):
+        return loader
+    prepared = prepare_data_loader(
+        loader,
+        accelerator.device,
+        # The dataset gives this rank its own part: Accelerate must not split it again.
+        num_processes=1,
+        process_index=0,
+        split_batches=False,
+        put_on_device=accelerator.device_placement,
+        rng_types=accelerator.rng_types.copy(),
+        dispatch_batches=False,
+        even_batches=accelerator.even_batches,
+        non_blocking=accelerator.non_blocking,
+        use_stateful_dataloader=accelerator.use_stateful_dataloader,
+    )
+    if accelerator.use_stateful_dataloader and accelerator.num_processes > 1:
+        _gather_states(prepared, accelerator.process_index, accelerator.num_processes)
+    prepared._is_accelerate_prepared = True
+    # What accelerator.prepare does with a loader it made: save_state,
+    # load_state, skip_first_batches and free_memory find it here.
+    accelerator._dataloaders.append(prepared)
+    return prepared
+
+
+def _gather_states(prepared: Any, rank: int, world_size: int) -> None:
+    """Makes ``prepared.state_dict()`` every rank's state (gathered) and
+    ``prepared.load_state_dict`` take this rank's from such a state."""
+    import torch.distributed as dist
+
+    own_state_dict = prepared.state_dict
+    own_load_state_dict = prepared.load_state_dict
+
+    def state_dict() -> dict[str, Any]:
+        states: list[Any] = [None] * world_size
+        dist.all_gather_object(states, own_state_dict())
+        return {"format": _RANK_STATES, "world_size": world_size, "ranks": states}
+
+    def load_state_dict(state: Mapping[str, Any]) -> None:
+        own_load_state_dict(rank_state(state, rank, world_size))
+
+    prepared.state_dict = state_dict
+    prepared.load_state_dict = load_state_dict
+
+
+def rank_state(state: Mapping[str, Any], rank: int, world_size: int) -> Any:
+    """This rank's loader state from a state that gathers every rank's (as
+    ``prepare_loader``'s loaders and ``shardstream.lightning.ShardStreamCallback``
+    save them); any other state is returned as it is."""
+    if not (isinstance(state, Mapping) and state.get("format") == _RANK_STATES):
+        return state
+    from ._core import StateMismatchError
+
+    saved = state.get("world_size")
+    ranks = state.get("ranks")
+    if not isinstance(ranks, list) or saved != world_size or len(ranks) != world_size:
+        raise StateMismatchError(
+            f"state field world_size: the loader states were saved by {saved} ranks and this "
+            f"job has {world_size}: resume with {saved} ranks, or load "
+            "shardstream.elastic_state(*state['ranks']) into the dataset (not the DataLoader) "
+            "to resume with another world size"
+        )
+    return ranks[rank]

@@ -1,0 +1,100 @@
+"""Hugging Face Accelerate and the HF Trainer, for real: two CPU ranks under
+torchrun (gloo), the real ``accelerate`` and ``transformers`` packages, a
+tiny model built from a config (no weights downloaded).
+
+Before ``shardstream.accelerate``, ``accelerator.prepare(loader)`` trained on
+half the data: the default ``DataLoaderDispatcher`` iterates rank 0's part
+only, ``dispatch_batches=False`` wraps each rank's part in
+``IterableDatasetShard``, which keeps half of it again."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from _shardtest import EXAMPLES_DIR, run_bounded
+
+import shardstream
+
+NPROC = 2
+LAUNCH_TIMEOUT = 240
+
+
+def torchrun(script: str, args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """``examples/<script>`` under torchrun with two ranks; the launch is
+    killed with its process group past ``LAUNCH_TIMEOUT``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(NPROC), str(EXAMPLES_DIR / script), *args]
+    proc = run_bounded(command, cwd=cwd, env=env, timeout=LAUNCH_TIMEOUT)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def records(out: Path) -> list[dict]:
+    assert sorted(out.iterdir()) == [out / f"rank-{r}.json" for r in range(NPROC)]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
+
+
+def run_ok(script: str, args: list[str], cwd: Path, out: Path) -> list[dict]:
+    rc, stdout, stderr = torchrun(script, [*args, "--out", str(out)], cwd)
+    assert rc == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-6000:]}"
+    return records(out)
+
+
+def test_accelerate_loop_gives_every_sample_once_per_epoch_and_resumes_exactly(dataset, tmp_path):
+    """``prepare_loader``: both epochs hold every sample once, the ranks run
+    equal batches; ``save_state`` after 5 batches and ``load_state`` in a
+    new job give each rank exactly the rest of the uninterrupted run."""
+    full = run_ok("accelerate_train.py", [dataset.spec], tmp_path, tmp_path / "full")
+    for epoch in (0, 1):
+        per_rank = [r["epochs"][epoch]["keys"] for r in full]
+        assert [r["epochs"][epoch]["epoch"] for r in full] == [epoch, epoch]
+        union = per_rank[0] + per_rank[1]
+        assert sorted(union) == sorted(dataset.keys), f"epoch {epoch} lost or repeated samples"
+        batches = [r["epochs"][epoch]["batches"] for r in full]
+        assert batches[0] == batches[1] > 0
+    checkpoint = tmp_path / "ckpt"
+    stop = ["--stop-after", "5", "--checkpoint", str(checkpoint)]
+    stopped = run_ok("accelerate_train.py", [dataset.spec, *stop], tmp_path, tmp_path / "a")
+    resumed = run_ok(
+        "accelerate_train.py", [dataset.spec, "--resume", str(checkpoint)], tmp_path, tmp_path / "b"
+    )
+    for rank in range(NPROC):
+        head = stopped[rank]["epochs"][0]["keys"]
+        assert stopped[rank]["epochs"][0]["batches"] == 5
+        tail = resumed[rank]["epochs"][0]["keys"]
+        assert head + tail == full[rank]["epochs"][0]["keys"], f"rank {rank}"
+        assert resumed[rank]["epochs"][1] == full[rank]["epochs"][1], f"rank {rank}"
+
+
+@pytest.mark.parametrize(
+    ("flags", "wrapper"),
+    [
+        ([], "DataLoaderDispatcher"),
+        (["--no-dispatch-batches"], "IterableDatasetShard"),
+        (["--stateless", "--num-workers", "0"], "DataLoaderDispatcher"),
+    ],
+    ids=["dispatch", "iterable-dataset-shard", "plain-dataloader"],
+)
+def test_accelerator_prepare_of_the_loader_raises_naming_the_fix(dataset, tmp_path, flags, wrapper):
+    """The standard ``accelerator.prepare(model, optimizer, loader)``: every
+    rank fails at its first batch with ``FrameworkWrapperError`` naming
+    Accelerate's wrapper and ``prepare_loader``, instead of training on half
+    of the data."""
+    out = tmp_path / "out"
+    args = [dataset.spec, "--plain-prepare", *flags, "--out", str(out)]
+    rc, stdout, stderr = torchrun("accelerate_train.py", args, tmp_path)
+    assert rc != 0, stdout
+    assert not out.exists() or not list(out.iterdir()), "a rank finished an epoch"
+    for rank in range(NPROC):
+        lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
+        message = "\n".join(lines)
+        assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
+        assert f"accelerate's {wrapper} wraps this StreamingDataset" in message
+        assert "shardstream.accelerate.prepare_loader(accelerator, loader)" in message
+    assert issubclass(shardstream.FrameworkWrapperError, shardstream.ShardStreamError)
