@@ -307,6 +307,11 @@ pub struct StreamOptions {
     pub batch_rows: usize,
     /// Where remote shards are cached, if anywhere.
     pub cache: Option<CacheOptions>,
+    /// Give each sample a `__seed__` field: an int of 63 bits drawn from
+    /// the sample's identity (seed, epoch, shard index, index in the
+    /// shard), for Python transforms to draw their randomness from. It
+    /// changes no sample's order, so resume states ignore it.
+    pub sample_seed: bool,
 }
 
 /// A node-local cache of remote shards: where, and how large it may grow.
@@ -339,6 +344,7 @@ impl Default for StreamOptions {
             table_output: TableOutput::Rows,
             batch_rows: 8192,
             cache: None,
+            sample_seed: false,
         }
     }
 }
@@ -481,6 +487,12 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Turns the per-sample `__seed__` field on or off.
+    pub fn with_sample_seed(mut self, on: bool) -> Self {
+        self.options.sample_seed = on;
+        self
+    }
+
     /// Validates and returns the options.
     pub fn build(self) -> Result<StreamOptions> {
         let o = self.options;
@@ -515,6 +527,14 @@ impl StreamOptionsBuilder {
             return Err(Error::Config {
                 name: "decode",
                 reason: "field decoders apply to per-row output, not to Arrow batches".into(),
+            });
+        }
+        if o.table_output == TableOutput::Arrow && o.sample_seed {
+            return Err(Error::Config {
+                name: "sample_seed",
+                reason: "it adds a field to each sample, and Arrow batches hand out rows \
+                         without per-sample fields: use batch_format=\"dict\""
+                    .into(),
             });
         }
         o.s3.validate()?;

@@ -350,7 +350,9 @@ impl Fnv {
 }
 
 /// Fingerprint of the dataset (URLs, sizes, sample spans) and of the options
-/// that decide which samples come in which order.
+/// that decide which samples come in which order. Options that change only
+/// what a sample carries, not which samples come when (`sample_seed`, the
+/// I/O and output options), are left out: a state resumes with them changed.
 pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
     let mut h = Fnv::new();
     h.u64(shards.len() as u64);

@@ -36,6 +36,7 @@ from ._core import (
     resolve_shards,
 )
 from .accelerate import FrameworkWrapperError
+from .randomness import sample_generator, sample_rng, sample_seed
 from .s3 import S3Config
 from .state import elastic_state
 from .writer import ShardWriter
@@ -75,6 +76,9 @@ __all__ = [
     "plan_epoch",
     "plan_samples",
     "resolve_shards",
+    "sample_generator",
+    "sample_rng",
+    "sample_seed",
 ]
 
 

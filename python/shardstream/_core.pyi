@@ -252,6 +252,7 @@ class Options:
         raise_malloc_thresholds: bool = True,
         count_samples: bool | None = None,
         transform: Callable[[Any], Any] | None = None,
+        sample_seed: bool = False,
         model_parallel_size: int = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,

@@ -162,6 +162,15 @@ class StreamingDataset(IterableDataset[Any]):
             ``SampleSkippedWarning``, and counted in ``errors_skipped``.
             DataLoader workers started with ``spawn`` or ``forkserver``
             need it picklable (a module-level function, not a lambda).
+        sample_seed: give each sample an ``int`` field ``__seed__``, drawn
+            in Rust from the sample's identity (``seed``, the epoch, the
+            shard's index in the shard list and the sample's index in the
+            shard) and nothing else, for ``transform`` to draw its
+            randomness from (``shardstream.sample_generator(sample)``,
+            ``shardstream.sample_rng(sample)``): a sample is then
+            transformed the same way with any rank or worker count, after
+            an exact or elastic resume, and in a ``Mix``. In a Rust batch
+            it is an ``int64`` column. Resume states do not depend on it.
         model_parallel_size: ranks per model-parallel (tensor or context
             parallel) group: ranks ``g * size`` to ``(g + 1) * size - 1``
             form data-parallel rank ``g`` of ``world_size // size``, and

@@ -58,6 +58,7 @@ class DatasetOptions(TypedDict, total=False):
     raise_malloc_thresholds: bool
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
+    sample_seed: bool
     model_parallel_size: int
     cache_dir: str | os.PathLike[str] | None
     cache_limit_bytes: int | None

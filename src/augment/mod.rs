@@ -48,7 +48,18 @@ impl SampleContext {
         rng.set_stream(fnv1a(field.as_bytes()) | 1 << 63);
         rng
     }
+
+    /// The seed handed to Python transforms as the sample's `__seed__`
+    /// field (the `sample_seed` option): the first draw of the stream of
+    /// the name `__seed__`, top bit cleared, so that it is a non-negative
+    /// `int64` in any collated batch.
+    pub fn transform_seed(&self) -> i64 {
+        (self.rng(TRANSFORM_SEED_FIELD).next_u64() >> 1) as i64
+    }
 }
+
+/// The field name of the seed handed to Python transforms.
+pub const TRANSFORM_SEED_FIELD: &str = "__seed__";
 
 /// The 64-bit FNV-1a hash: stable across builds and platforms.
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -91,6 +102,19 @@ mod tests {
         let mut other_seed = context(2, 3);
         other_seed.seed = 8;
         assert_ne!(base, first(other_seed, "jpg"));
+    }
+
+    #[test]
+    fn transform_seeds_are_non_negative_and_follow_the_identity() {
+        let base = context(2, 3).transform_seed();
+        assert!(base >= 0);
+        assert_eq!(base, context(2, 3).transform_seed());
+        assert_ne!(base, context(2, 4).transform_seed());
+        assert_ne!(base, context(3, 3).transform_seed());
+        let mut other_epoch = context(2, 3);
+        other_epoch.epoch = 2;
+        assert_ne!(base, other_epoch.transform_seed());
+        assert!((0..1000).all(|i| context(0, i).transform_seed() >= 0));
     }
 
     #[test]

@@ -27,10 +27,11 @@ use self::decode_pool::DecodePool;
 use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
 use self::reads::{read_list, Read};
 use self::worker::Worker;
+use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
 use crate::compression::Compression;
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
-use crate::format::Sample;
+use crate::format::{Sample, Value};
 use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
@@ -105,6 +106,9 @@ pub struct SampleStream {
     mirror: Mirror,
     identity: StateIdentity,
     compressed: CompressedShards,
+    /// The dataset seed, when each sample gets its `__seed__` field
+    /// (`sample_seed`).
+    sample_seed: Option<u64>,
     done: bool,
     finished: bool,
 }
@@ -180,6 +184,7 @@ impl SampleStream {
                 resumed_from,
             },
             compressed: CompressedShards::default(),
+            sample_seed: options.sample_seed.then_some(options.seed),
             done: false,
             finished,
         })
@@ -342,7 +347,29 @@ impl SampleStream {
             return Ok(Poll::Pending);
         };
         self.mirror.apply(&ops, &self.units);
-        Ok(Poll::Ready(event))
+        Ok(Poll::Ready(self.with_seed(event)))
+    }
+
+    /// `event` with its sample's `__seed__` field, when `sample_seed` is on:
+    /// added here, as the sample leaves, so that the shuffle buffer and
+    /// the read-ahead never hold it.
+    fn with_seed(&self, event: Event) -> Event {
+        match (event, self.sample_seed) {
+            (Event::Sample(mut sample), Some(seed)) => {
+                let context = SampleContext {
+                    seed,
+                    epoch: self.identity.epoch,
+                    shard: sample.id.shard,
+                    index: sample.id.index,
+                };
+                sample.fields.push((
+                    TRANSFORM_SEED_FIELD.to_owned(),
+                    Value::Int(context.transform_seed()),
+                ));
+                Event::Sample(sample)
+            }
+            (event, _) => event,
+        }
     }
 }
 

@@ -22,7 +22,7 @@ use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 27] = [
+pub const OPTION_NAMES: [&str; 28] = [
     "seed",
     "shuffle_shards",
     "shuffle_buffer",
@@ -47,6 +47,7 @@ pub const OPTION_NAMES: [&str; 27] = [
     "raise_malloc_thresholds",
     "count_samples",
     "transform",
+    "sample_seed",
     "model_parallel_size",
     "cache_dir",
     "cache_limit_bytes",
@@ -547,6 +548,7 @@ impl Options {
                     }
                     builder
                 }
+                "sample_seed" => builder.with_sample_seed(boolean(&name, &value)?),
                 // Ranks per model-parallel group, read by the Python side:
                 // consecutive ranks `g * size .. (g + 1) * size` read the
                 // same samples, as data-parallel rank `g`.
@@ -669,6 +671,7 @@ fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("raise_malloc_thresholds", true)?;
     dict.set_item("count_samples", py.None())?;
     dict.set_item("transform", py.None())?;
+    dict.set_item("sample_seed", o.sample_seed)?;
     dict.set_item("model_parallel_size", 1)?;
     dict.set_item("cache_dir", py.None())?;
     dict.set_item("cache_limit_bytes", py.None())?;
