@@ -1,0 +1,161 @@
+"""Save and restore the loader state of every rank with
+``torch.distributed.checkpoint`` (DCP), as torchtitan does, and resume
+mid-epoch exactly.
+
+DCP writes one checkpoint for the whole job, and a key that several ranks
+save is written once (from one rank): the loader state, which differs from
+rank to rank, goes under a key of its own per rank,
+``{"dataloader": {"rank0": bytes, "rank1": bytes, ...}}``, through a
+``Stateful`` wrapper that DCP calls at save and at load. Each rank's value
+is its ``StatefulDataLoader.state_dict()`` pickled (it holds the
+``StreamingDataset`` state of each of its DataLoader workers). On load each
+rank asks for its own key only. Model and optimizer state go beside it as
+usual.
+
+Run it with torchrun (CPU and the ``gloo`` backend are enough)::
+
+    python examples/make_dataset.py /tmp/shards --shards 8 --samples-per-shard 16
+    # stop after 5 batches per rank, with a checkpoint:
+    torchrun --standalone --nproc_per_node 2 examples/dcp_resume.py \\
+        '/tmp/shards/shard-{000000..000007}.tar' /tmp/ckpt /tmp/out-save --steps 5
+    # a new job loads it and reads the rest of the epoch:
+    torchrun --standalone --nproc_per_node 2 examples/dcp_resume.py \\
+        '/tmp/shards/shard-{000000..000007}.tar' /tmp/ckpt /tmp/out-resume --resume
+
+Each rank writes the sample keys it read to ``OUT_DIR/rank-{rank}.json``;
+the keys of the first run followed by the second's are, on every rank, the
+keys of one uninterrupted epoch (leave out ``--steps`` and ``--resume`` to
+read one). Resume with the same data, ``--seed``, ``--batch-size``,
+``--workers`` and number of ranks; with another number of ranks or workers,
+``--elastic-from 2`` (the old job's ranks) loads every old rank's state
+into the dataset instead, and the new ranks read each sample the old job
+had not read once::
+
+    torchrun --standalone --nproc_per_node 1 examples/dcp_resume.py \\
+        '/tmp/shards/shard-{000000..000007}.tar' /tmp/ckpt /tmp/out-elastic --elastic-from 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from shardstream import StreamingDataset, elastic_state
+
+
+class LoaderState(Stateful):
+    """What DCP saves of a rank's ``StatefulDataLoader``: its state pickled,
+    under a key of this rank's own (DCP keeps one copy of a key that
+    several ranks save)."""
+
+    def __init__(self, loader: StatefulDataLoader, rank: int) -> None:
+        self.loader = loader
+        self.key = f"rank{rank}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {self.key: pickle.dumps(self.loader.state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.loader.load_state_dict(pickle.loads(state_dict[self.key]))
+
+
+class ElasticLoaderState(Stateful):
+    """Loads the loader states of every rank of an earlier job of
+    ``old_world_size`` ranks into the dataset, for a job of another number
+    of ranks or DataLoader workers: the rest of the epoch comes once,
+    split anew (``shardstream.elastic_state``)."""
+
+    def __init__(self, dataset: StreamingDataset, old_world_size: int) -> None:
+        self.dataset = dataset
+        self.keys = [f"rank{r}" for r in range(old_world_size)]
+
+    def state_dict(self) -> dict[str, Any]:
+        # Placeholders: DCP replaces each with the saved value.
+        return {key: b"" for key in self.keys}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        states = [pickle.loads(state_dict[key]) for key in self.keys]
+        self.dataset.load_state_dict(elastic_state(*states))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Checkpoint the loader of every rank with torch.distributed.checkpoint."
+    )
+    parser.add_argument("data_spec", help="dataset spec: path, brace range (quote it), URL")
+    parser.add_argument("checkpoint", type=Path, help="the DCP checkpoint directory")
+    parser.add_argument("out_dir", type=Path, help="where to write rank-{rank}.json")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="save after this many batches and stop"
+    )
+    parser.add_argument("--resume", action="store_true", help="load the checkpoint first")
+    parser.add_argument(
+        "--elastic-from",
+        type=int,
+        default=None,
+        metavar="N",
+        help="load the checkpoint of a job of N ranks (any number of ranks and workers now)",
+    )
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
+    parser.add_argument("--batch-size", type=int, default=4, help="samples per batch")
+    parser.add_argument("--seed", type=int, default=0, help="dataset seed")
+    return parser.parse_args(argv)
+
+
+def keys_only(samples: list[dict[str, Any]]) -> list[str]:
+    """A ``collate_fn`` keeping the sample keys (a training loop would
+    collate tensors)."""
+    return [s["__key__"] for s in samples]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    # rank and world size come from torch.distributed.
+    dataset = StreamingDataset(args.data_spec, seed=args.seed, shuffle_buffer=16)
+    loader = StatefulDataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        collate_fn=keys_only,
+        timeout=120 if args.workers else 0,
+    )
+    state = {"model": model.state_dict(), "dataloader": LoaderState(loader, rank)}
+    if args.resume:
+        # Fills state["model"] in place and calls LoaderState.load_state_dict.
+        dcp.load(state, checkpoint_id=str(args.checkpoint))
+        model.load_state_dict(state["model"])
+    elif args.elastic_from is not None:
+        elastic = {
+            "model": state["model"],
+            "dataloader": ElasticLoaderState(dataset, args.elastic_from),
+        }
+        dcp.load(elastic, checkpoint_id=str(args.checkpoint))
+        model.load_state_dict(state["model"])
+    keys: list[str] = []
+    for step, batch in enumerate(loader, start=1):
+        keys += batch  # a training step would go here
+        if args.steps is not None and step == args.steps:
+            dcp.save(state, checkpoint_id=str(args.checkpoint))
+            break
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    record = {"rank": rank, "world_size": dist.get_world_size(), "keys": keys}
+    (args.out_dir / f"rank-{rank}.json").write_text(json.dumps(record))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
