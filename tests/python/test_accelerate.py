@@ -36,7 +36,7 @@ def torchrun(script: str, args: list[str], cwd: Path) -> tuple[int, str, str]:
 
 
 def records(out: Path) -> list[dict]:
-    assert sorted(out.iterdir()) == [out / f"rank-{r}.json" for r in range(NPROC)]
+    assert sorted(out.glob("rank-*.json")) == [out / f"rank-{r}.json" for r in range(NPROC)]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
 
 
@@ -98,3 +98,33 @@ def test_accelerator_prepare_of_the_loader_raises_naming_the_fix(dataset, tmp_pa
         assert f"accelerate's {wrapper} wraps this StreamingDataset" in message
         assert "shardstream.accelerate.prepare_loader(accelerator, loader)" in message
     assert issubclass(shardstream.FrameworkWrapperError, shardstream.ShardStreamError)
+
+
+def test_hf_trainer_recipe_trains_on_every_sample_once_per_epoch(dataset, tmp_path):
+    """``examples/hf_trainer_speech.py``: a tiny Wav2Vec2 classifier on the
+    WAV shards with the ``get_train_dataloader`` override; each epoch the
+    ranks train on disjoint halves that make up the whole dataset, in the
+    same number of steps."""
+    out = tmp_path / "out"
+    full = run_ok("hf_trainer_speech.py", [dataset.spec], tmp_path, out)
+    assert full[0]["steps"] == full[1]["steps"] > 0
+    for epoch in ("0", "1"):
+        per_rank = [r["epochs"][epoch] for r in full]
+        assert len(per_rank[0]) == len(per_rank[1])
+        assert sorted(per_rank[0] + per_rank[1]) == sorted(dataset.keys), f"epoch {epoch}"
+
+
+def test_hf_trainer_without_the_recipe_raises_naming_the_fix(dataset, tmp_path):
+    """``transformers.Trainer`` as it is, with the dataset as
+    ``train_dataset``: ``FrameworkWrapperError`` on every rank at the first
+    batch, naming the override, instead of training on half of the data."""
+    out = tmp_path / "out"
+    args = [dataset.spec, "--plain-trainer", "--out", str(out)]
+    rc, stdout, stderr = torchrun("hf_trainer_speech.py", args, tmp_path)
+    assert rc != 0, stdout
+    assert not out.exists() or not list(out.glob("rank-*.json"))
+    for rank in range(NPROC):
+        lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
+        message = "\n".join(lines)
+        assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
+        assert "with the HF Trainer, override get_train_dataloader" in message
