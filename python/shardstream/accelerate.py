@@ -29,7 +29,8 @@ __all__ = ["FrameworkWrapperError", "check_not_resplit", "prepare_loader"]
 
 _ACCELERATE_MODULE = "accelerate.data_loader"
 _SPLITTERS = ("IterableDatasetShard", "DataLoaderDispatcher")
-_RANK_STATES = "shardstream.rank_states"
+RANK_STATES = "shardstream.rank_states"
+"""The ``format`` of a loader state that holds every rank's."""
 
 FIX = (
     "prepare the DataLoader with shardstream.accelerate.prepare_loader(accelerator, loader) "
@@ -161,7 +162,7 @@ def _gather_states(prepared: Any, rank: int, world_size: int) -> None:
     def state_dict() -> dict[str, Any]:
         states: list[Any] = [None] * world_size
         dist.all_gather_object(states, own_state_dict())
-        return {"format": _RANK_STATES, "world_size": world_size, "ranks": states}
+        return {"format": RANK_STATES, "world_size": world_size, "ranks": states}
 
     def load_state_dict(state: Mapping[str, Any]) -> None:
         own_load_state_dict(rank_state(state, rank, world_size))
@@ -174,7 +175,7 @@ def rank_state(state: Mapping[str, Any], rank: int, world_size: int) -> Any:
     """This rank's loader state from a state that gathers every rank's (as
     ``prepare_loader``'s loaders and ``shardstream.lightning.ShardStreamCallback``
     save them); any other state is returned as it is."""
-    if not (isinstance(state, Mapping) and state.get("format") == _RANK_STATES):
+    if not (isinstance(state, Mapping) and state.get("format") == RANK_STATES):
         return state
     from ._core import StateMismatchError
 

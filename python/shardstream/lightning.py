@@ -1,0 +1,112 @@
+"""PyTorch Lightning: exact mid-epoch resume on every rank.
+
+Lightning saves the state of the train DataLoaders (``StatefulDataLoader``)
+in its checkpoints, but the checkpoint is written by rank 0, so it holds
+rank 0's state only, and every other rank refuses it on resume
+(``StateMismatchError``: the state is for rank 0). ``ShardStreamCallback``
+gathers every rank's loader states into the checkpoint and hands each rank
+its own back when the run resumes. It also keeps the datasets' epoch at
+Lightning's ``current_epoch``, so that a run restarted from a checkpoint
+with a plain DataLoader streams Lightning's epoch, not epoch 0 again.
+
+``import shardstream.lightning`` imports ``lightning``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch.distributed as dist
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.data import DataLoader
+
+from .accelerate import RANK_STATES, rank_state
+from .dataset import StreamingDataset
+from .mix import Mix
+
+__all__ = ["ShardStreamCallback"]
+
+
+class ShardStreamCallback(Callback):
+    """Add it to ``Trainer(callbacks=[...])`` when training on
+    ``StreamingDataset`` or ``Mix`` loaders under several ranks:
+
+    - ``StatefulDataLoader``: a checkpoint holds the loader states of every
+      rank (gathered when it is saved, a collective Lightning runs on every
+      rank), and resuming from it gives each rank its own, so a run killed
+      mid-epoch resumes exactly where each rank stopped. The checkpoint is
+      resumed with the same world size (else ``StateMismatchError`` names
+      ``shardstream.elastic_state``).
+    - any DataLoader: each train epoch streams the dataset's epoch
+      ``trainer.current_epoch`` (``set_epoch`` when the epoch starts, and,
+      for the loaders given to ``trainer.fit``, when a run resumes from a
+      checkpoint; a loader made in a ``train_dataloader()`` hook is made
+      after the resume: call ``set_epoch(self.trainer.current_epoch)``
+      there).
+    """
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        _set_epoch(_loaders(trainer.train_dataloader), trainer.current_epoch)
+
+    def on_save_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        fit_state = _fit_loop_state(checkpoint)
+        states = fit_state.get("combined_loader") if fit_state is not None else None
+        world_size = trainer.world_size
+        if fit_state is None or not states or world_size <= 1:
+            return
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, states)
+        fit_state["combined_loader"] = [
+            {"format": RANK_STATES, "world_size": world_size, "ranks": [g[i] for g in gathered]}
+            for i in range(len(states))
+        ]
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Runs before Lightning restores its loops and makes the first
+        # iterator of the run (before any epoch hook): the loaders given
+        # to fit() stream the epoch Lightning resumes at.
+        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
+        epoch = progress.get("current", {}).get("processed")
+        source = getattr(trainer.fit_loop, "_data_source", None)
+        if isinstance(epoch, int):
+            _set_epoch(_loaders(getattr(source, "instance", None)), epoch)
+        fit_state = _fit_loop_state(checkpoint)
+        states = fit_state.get("combined_loader") if fit_state is not None else None
+        if fit_state is None or not states:
+            return
+        fit_state["combined_loader"] = [
+            rank_state(state, trainer.global_rank, trainer.world_size) for state in states
+        ]
+
+
+def _set_epoch(loaders: Iterator[Any], epoch: int) -> None:
+    """``set_epoch(epoch)`` of the shardstream datasets of ``loaders``."""
+    for loader in loaders:
+        dataset = loader.dataset if isinstance(loader, DataLoader) else None
+        if isinstance(dataset, (StreamingDataset, Mix)):
+            dataset.set_epoch(epoch)
+
+
+def _fit_loop_state(checkpoint: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The fit loop's own state in a Lightning checkpoint, where the loader
+    states are (``loops.fit_loop.state_dict.combined_loader``)."""
+    state = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict")
+    return state if isinstance(state, dict) else None
+
+
+def _loaders(iterables: Any) -> Iterator[Any]:
+    """The DataLoaders of Lightning's train iterables (one, or a list, tuple
+    or dict of them, nested)."""
+    if isinstance(iterables, Mapping):
+        for value in iterables.values():
+            yield from _loaders(value)
+    elif isinstance(iterables, (list, tuple)):
+        for value in iterables:
+            yield from _loaders(value)
+    elif iterables is not None:
+        yield iterables
