@@ -89,8 +89,8 @@ enum Command {
         /// hf://datasets/ and gs:// URLs.
         #[arg(required = true)]
         spec: Vec<String>,
-        /// Where to write the manifest (beside the shards, `manifest.json`,
-        /// is where datasets find it).
+        /// Where to write the manifest: a path or an s3:// URL (beside the
+        /// shards, `manifest.json`, is where datasets find it).
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -224,7 +224,7 @@ where
             remainder,
         } => {
             let choice = match (manifest, no_manifest) {
-                (Some(path), _) => ManifestChoice::Path(path),
+                (Some(path), _) => manifest::choice_of(&path.to_string_lossy()),
                 (None, true) => ManifestChoice::Off,
                 (None, false) => ManifestChoice::Auto,
             };
@@ -377,7 +377,13 @@ fn index(
         });
     }
     let samples: u64 = entries.iter().map(|e| e.samples).sum();
-    Manifest::new(entries).save(output)?;
+    let manifest = Manifest::new(entries);
+    let target = output.to_string_lossy();
+    if target.contains("://") && !target.starts_with("file://") {
+        crate::source::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
+    } else {
+        manifest.save(output)?;
+    }
     writeln!(
         out,
         "indexed {} shards, {samples} samples into {}",
@@ -418,10 +424,9 @@ fn print_plan(
         "drop"
     };
     let basis = match (&manifest_path, plan.samples_per_rank) {
-        (Some(path), Some(n)) => format!(
-            "{n} samples per rank (remainder: {remainder}), manifest {}",
-            path.display()
-        ),
+        (Some(path), Some(n)) => {
+            format!("{n} samples per rank (remainder: {remainder}), manifest {path}")
+        }
         (None, Some(n)) => {
             format!("{n} samples per rank (remainder: {remainder}), counted from the tar headers")
         }

@@ -169,13 +169,26 @@ pub fn counts_needed(uncounted: &Shard, world_size: usize) -> Error {
             "it was not counted (count_samples=False, or it is not a regular file)"
         }
     };
+    let fix = match uncounted.location() {
+        Location::S3 { bucket, key } => {
+            let folder = format!(
+                "s3://{bucket}/{}",
+                &key[..key.rfind('/').map_or(0, |i| i + 1)]
+            );
+            format!(
+                "run `shardstream index {folder} -o {folder}manifest.json` once: datasets find \
+                 the manifest beside the shards (or pass manifest= its path or URL)"
+            )
+        }
+        _ => "run `shardstream index SPEC -o DIR/manifest.json` once and put the manifest \
+              beside the shards (or pass manifest= its path or URL)"
+            .to_owned(),
+    };
     Error::Spec {
         spec: uncounted.url.clone(),
         reason: format!(
             "with world_size {world_size} every rank must get the same number of samples, which \
-             needs every shard's sample count, and {} has none ({why}); run `shardstream index \
-             SPEC -o DIR/manifest.json` once and put the manifest beside the shards (or pass \
-             manifest=)",
+             needs every shard's sample count, and {} has none ({why}); {fix}",
             uncounted.url
         ),
     }

@@ -143,10 +143,14 @@ impl Manifest {
         Manifest::from_json(&read_text(path)?, &path.display().to_string())
     }
 
+    /// The manifest as JSON text, ending in a newline.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a manifest serialises") + "\n"
+    }
+
     /// Writes the manifest as JSON to `path`.
     pub fn save(&self, path: &Path) -> Result<()> {
-        let json = serde_json::to_string(self).expect("a manifest serialises");
-        std::fs::write(path, json + "\n").map_err(|e| Error::Manifest {
+        std::fs::write(path, self.to_json()).map_err(|e| Error::Manifest {
             path: path.display().to_string(),
             reason: e.to_string(),
         })
@@ -156,25 +160,49 @@ impl Manifest {
     /// from `manifest_path`), checking that the shard's size matches.
     pub fn attach(&self, manifest_path: &Path, shards: &mut [Shard]) -> Result<()> {
         let base = manifest_path.parent().unwrap_or(Path::new(""));
+        self.attach_entries(&manifest_path.display().to_string(), shards, |url| {
+            identity(url, base)
+        })
+    }
+
+    /// [`Manifest::attach`] for a manifest read from the remote `url`: its
+    /// entries are URLs, or names relative to the manifest's own folder.
+    pub fn attach_remote(&self, url: &str, shards: &mut [Shard]) -> Result<()> {
+        let folder = &url[..url.rfind('/').map_or(0, |i| i + 1)];
+        self.attach_entries(url, shards, |entry| match Location::parse(entry) {
+            Location::Local(path) if path.is_relative() => format!("{folder}{entry}"),
+            _ => identity(entry, Path::new("")),
+        })
+    }
+
+    /// Gives each shard its sample index from the entry whose identity
+    /// (`entry_identity` of its URL) is the shard's; `name` names the
+    /// manifest in errors.
+    fn attach_entries(
+        &self,
+        name: &str,
+        shards: &mut [Shard],
+        entry_identity: impl Fn(&str) -> String,
+    ) -> Result<()> {
+        let manifest_path = name;
         let by_path: HashMap<String, &ShardEntry> = self
             .shards
             .iter()
-            .map(|e| (identity(&e.url, base), e))
+            .map(|e| (entry_identity(&e.url), e))
             .collect();
         for shard in shards.iter_mut() {
             let entry = by_path
                 .get(&identity(&shard.url, Path::new("")))
                 .ok_or_else(|| Error::ManifestMismatch {
                     url: shard.url.clone(),
-                    reason: format!("not listed in the manifest {}", manifest_path.display()),
+                    reason: format!("not listed in the manifest {manifest_path}"),
                 })?;
             if let (Some(etag), Some(listed)) = (&entry.etag, &shard.etag) {
                 if etag != listed {
                     return Err(Error::ManifestMismatch {
                         url: shard.url.clone(),
                         reason: format!(
-                            "ETag is {listed}, the manifest {} says {etag}",
-                            manifest_path.display()
+                            "ETag is {listed}, the manifest {manifest_path} says {etag}"
                         ),
                     });
                 }
@@ -184,15 +212,14 @@ impl Manifest {
                     return Err(Error::ManifestMismatch {
                         url: shard.url.clone(),
                         reason: format!(
-                            "size is {size} bytes, the manifest {} says {}",
-                            manifest_path.display(),
+                            "size is {size} bytes, the manifest {manifest_path} says {}",
                             entry.size
                         ),
                     });
                 }
             }
             entry.check().map_err(|reason| Error::Manifest {
-                path: manifest_path.display().to_string(),
+                path: manifest_path.to_owned(),
                 reason,
             })?;
             let index = SampleIndex::from_parts(
@@ -201,7 +228,7 @@ impl Manifest {
                 entry.compression,
             )
             .ok_or_else(|| Error::Manifest {
-                path: manifest_path.display().to_string(),
+                path: manifest_path.to_owned(),
                 reason: format!("{}: not as many lengths as offsets", entry.url),
             })?;
             shard.index = Some(Arc::new(index));
@@ -217,6 +244,8 @@ pub enum ManifestChoice {
     Auto,
     /// This manifest file.
     Path(PathBuf),
+    /// The manifest at this URL (`s3://`, `gs://`, `http(s)://`, `hf://`).
+    Url(String),
     /// None: plan by bytes.
     Off,
 }
@@ -224,18 +253,21 @@ pub enum ManifestChoice {
 /// What [`attach`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Attached {
-    /// The manifest whose sample indices the shards now carry, if any.
-    pub used: Option<PathBuf>,
+    /// The manifest whose sample indices the shards now carry (its path
+    /// or URL), if any.
+    pub used: Option<String>,
     /// Why a `manifest.json` beside the shards was not used: it is not a
     /// shardstream manifest (another tool's file of that name). The caller
     /// tells the user (the library itself prints nothing).
     pub ignored: Option<String>,
 }
 
-/// Gives `shards` their sample indices from the chosen manifest. A
+/// Gives `shards` their sample indices from the chosen local manifest. A
 /// `manifest.json` found beside the shards is used only when it says it is
 /// a shardstream manifest (its `format`); another is passed over, with the
 /// reason in [`Attached::ignored`]. A manifest named explicitly must be one.
+/// A remote manifest ([`ManifestChoice::Url`]) is read by the caller and
+/// given to [`attach_text`].
 pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached> {
     if shards.iter().any(|s| s.kind != ShardKind::Tar) {
         // Parquet row groups and raw objects know their sample counts.
@@ -245,11 +277,16 @@ pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached>
                 reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
                     .into(),
             }),
+            ManifestChoice::Url(url) => Err(Error::Manifest {
+                path: url.clone(),
+                reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
+                    .into(),
+            }),
             ManifestChoice::Off | ManifestChoice::Auto => Ok(Attached::default()),
         };
     }
     let (path, json) = match choice {
-        ManifestChoice::Off => return Ok(Attached::default()),
+        ManifestChoice::Off | ManifestChoice::Url(_) => return Ok(Attached::default()),
         ManifestChoice::Path(path) => (path.clone(), read_text(path)?),
         ManifestChoice::Auto => {
             let Some(path) = find_beside(shards) else {
@@ -270,9 +307,77 @@ pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached>
     };
     Manifest::from_json(&json, &path.display().to_string())?.attach(&path, shards)?;
     Ok(Attached {
-        used: Some(path),
+        used: Some(path.display().to_string()),
         ignored: None,
     })
+}
+
+/// Gives `shards` their sample indices from the manifest `json` read from
+/// the remote `url`: `explicit` when the user named it (then it must be a
+/// shardstream manifest), else it was found beside the shards and another
+/// tool's file of that name is passed over, as [`attach`] does.
+pub fn attach_text(
+    shards: &mut [Shard],
+    url: &str,
+    json: &str,
+    explicit: bool,
+) -> Result<Attached> {
+    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
+        if !explicit {
+            return Ok(Attached::default());
+        }
+        return Err(Error::Manifest {
+            path: url.to_owned(),
+            reason: "manifests describe tar shards; this dataset has Parquet or raw shards".into(),
+        });
+    }
+    if !explicit {
+        if let Err(what) = identify(json) {
+            return Ok(Attached {
+                used: None,
+                ignored: Some(format!(
+                    "{url} is not a shardstream manifest ({what}); the shards are planned without one"
+                )),
+            });
+        }
+    }
+    Manifest::from_json(json, url)?.attach_remote(url, shards)?;
+    Ok(Attached {
+        used: Some(url.to_owned()),
+        ignored: None,
+    })
+}
+
+/// The manifest named `text`: a URL of a remote store, else a local path.
+pub fn choice_of(text: &str) -> ManifestChoice {
+    let scheme = text.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    if scheme.is_some_and(|s| REMOTE_SCHEMES.contains(&s.as_str())) {
+        ManifestChoice::Url(text.to_owned())
+    } else {
+        ManifestChoice::Path(PathBuf::from(text))
+    }
+}
+
+/// The schemes of remote stores, whose manifests are read by URL.
+pub const REMOTE_SCHEMES: [&str; 5] = ["s3", "gs", "http", "https", "hf"];
+
+/// The URL of the `manifest.json` beside the remote shards that `urls`
+/// (expanded specs) name, when they all lie in one remote folder (a prefix
+/// `s3://b/p/`, or keys `s3://b/p/a.tar`, `https://h/p/a.tar`, ...).
+pub fn beside_remote(urls: &[String]) -> Option<String> {
+    let mut folders = urls.iter().map(|url| {
+        let scheme = url.split_once("://")?.0.to_ascii_lowercase();
+        if !REMOTE_SCHEMES.contains(&scheme.as_str()) {
+            return None;
+        }
+        let path = &url[..url.find(['?', '#']).unwrap_or(url.len())];
+        path.rfind('/').map(|i| path[..=i].to_owned())
+    });
+    let first = folders.next()??;
+    if folders.any(|f| f.as_ref() != Some(&first)) {
+        return None;
+    }
+    Some(format!("{first}{MANIFEST_FILE}"))
 }
 
 fn read_text(path: &Path) -> Result<String> {
@@ -477,8 +582,8 @@ mod tests {
         let ours = serde_json::to_string(&Manifest::new(vec![entry()])).unwrap();
         let (attached, indexed) = attach_with(&ours, &ManifestChoice::Auto).unwrap();
         assert_eq!(
-            (attached.used.as_deref(), indexed),
-            (Some(beside.as_path()), true)
+            (attached.used, indexed),
+            (Some(beside.display().to_string()), true)
         );
         assert_eq!(attached.ignored, None);
         for (foreign, why) in [

@@ -55,8 +55,86 @@ pub fn resolve_indexed(
     if strict {
         check_local_shards_exist(&shards)?;
     }
-    let attached = manifest::attach(&mut shards, manifest)?;
+    let attached = match manifest {
+        ManifestChoice::Url(url) => {
+            let Some(json) = read_remote_manifest(url, s3)? else {
+                return Err(Error::Manifest {
+                    path: url.clone(),
+                    reason: "not found".into(),
+                });
+            };
+            manifest::attach_text(&mut shards, url, &json, true)?
+        }
+        ManifestChoice::Auto | ManifestChoice::Path(_) | ManifestChoice::Off => {
+            manifest::attach(&mut shards, manifest)?
+        }
+    };
     Ok((shards, attached))
+}
+
+/// Attaches the `manifest.json` beside remote tar shards that `specs` name
+/// in one folder, if there is one, to `shards` (which carry no sample
+/// indices yet). One request: made only when sample counts are needed (a
+/// job of several ranks, `count_samples=True`), so that a dataset read on
+/// one rank costs no request before its first shard.
+pub fn attach_beside_remote(
+    specs: &[String],
+    shards: &mut [Shard],
+    s3: &S3Options,
+) -> Result<Attached> {
+    if shards.iter().any(|s| s.index.is_some()) {
+        return Ok(Attached::default());
+    }
+    let Some(url) = remote_beside(specs, shards)? else {
+        return Ok(Attached::default());
+    };
+    match read_remote_manifest(&url, s3)? {
+        Some(json) => manifest::attach_text(shards, &url, &json, false),
+        None => Ok(Attached::default()),
+    }
+}
+
+/// The most bytes a remote manifest may have (its sample offsets make it
+/// about 20 bytes a sample).
+const MANIFEST_LIMIT: usize = 1 << 31;
+
+/// The URL of the `manifest.json` beside `shards`, when they are remote
+/// tar shards that `specs` name in one folder.
+fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
+    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
+        return Ok(None);
+    }
+    let mut urls = Vec::new();
+    for spec in specs {
+        urls.extend(expand_braces(spec)?);
+    }
+    Ok(manifest::beside_remote(&urls))
+}
+
+/// The text of the manifest at the remote `url` (`gs://` and `hf://`
+/// resolved to their download URLs first), or `None` when there is none.
+fn read_remote_manifest(url: &str, s3: &S3Options) -> Result<Option<String>> {
+    let found = if gcs::is_gcs_url(url) {
+        gcs::Resolver::new(s3).resolve(url, |_| true)
+    } else if hub::is_hub_url(url) {
+        hub::Resolver::new(s3).resolve(url, |_| true)
+    } else {
+        Ok(vec![(url.to_owned(), 0)])
+    };
+    let download = match found {
+        Ok(mut found) if found.len() == 1 => found.remove(0).0,
+        Ok(_) | Err(Error::NotFound { .. }) => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let Some(bytes) = source::read_small_object(s3, &download, MANIFEST_LIMIT)? else {
+        return Ok(None);
+    };
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| Error::Manifest {
+            path: url.to_owned(),
+            reason: "it is not UTF-8 text".into(),
+        })
 }
 
 /// Resolves local specs; see [`resolve_with`].

@@ -79,7 +79,7 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     assert_eq!(shardstream::cli::run(args), 0);
     let mut shards = resolve::resolve(&urls).unwrap();
     let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
-    assert_eq!(attached.used.as_deref(), Some(out.as_path()));
+    assert_eq!(attached.used, Some(out.display().to_string()));
     shards
 }
 

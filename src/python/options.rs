@@ -359,7 +359,8 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
 }
 
 /// `manifest=`: `None`/`True` (the `manifest.json` beside the shards, if
-/// it is shardstream's), `False` (none) or a path (not an empty one).
+/// it is shardstream's), `False` (none), a path (not an empty one) or a
+/// URL of a remote store.
 fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
     if value.is_none() {
         return Ok(ManifestChoice::Auto);
@@ -371,9 +372,14 @@ fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
             ManifestChoice::Off
         });
     }
+    if let Ok(text) = value.extract::<String>() {
+        if let url @ ManifestChoice::Url(_) = crate::manifest::choice_of(&text) {
+            return Ok(url);
+        }
+    }
     let path = value
         .extract::<PathBuf>()
-        .map_err(|_| invalid("manifest", "None, True, False or a path", value))?;
+        .map_err(|_| invalid("manifest", "None, True, False, a path or a URL", value))?;
     if path.as_os_str().is_empty() {
         return Err(PyValueError::new_err(
             "invalid option manifest: an empty path; give the manifest's path or URL, None \

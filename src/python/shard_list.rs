@@ -1,7 +1,6 @@
 //! The resolved shard list of a dataset.
 
 use std::ffi::CString;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -12,6 +11,7 @@ use super::blocking::interruptible;
 use super::errors::{to_py, ManifestIgnoredWarning};
 use super::options::Options;
 use crate::config::OnError;
+use crate::manifest::{Attached, ManifestChoice};
 use crate::plan::{cut, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::{Shard, ShardKind};
@@ -23,7 +23,7 @@ use crate::shard::{Shard, ShardKind};
 pub struct ShardList {
     pub(super) shards: Arc<Vec<Shard>>,
     specs: Vec<String>,
-    manifest: Option<PathBuf>,
+    manifest: Option<String>,
     pub(super) options: Py<Options>,
     /// Whether the local tar shards were counted from their headers.
     counted: bool,
@@ -46,9 +46,12 @@ impl ShardList {
         let count = o.count_samples == Some(true);
         let owned_specs = specs.clone();
         let (shards, attached) = interruptible(py, move || {
-            let (mut shards, attached) =
+            let (mut shards, mut attached) =
                 resolve::resolve_indexed(&owned_specs, &s3, format, &choice, strict)?;
             if count {
+                if choice == ManifestChoice::Auto && attached.used.is_none() {
+                    attached = resolve::attach_beside_remote(&owned_specs, &mut shards, &s3)?;
+                }
                 crate::count::count_local_tar(&mut shards, strict)?;
             }
             if arrow {
@@ -67,12 +70,7 @@ impl ShardList {
             }
             Ok((shards, attached))
         })?;
-        if let Some(reason) = &attached.ignored {
-            let message = CString::new(format!("{reason} (manifest=False stops looking for one)"))
-                .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
-            let category = py.get_type::<ManifestIgnoredWarning>();
-            PyErr::warn(py, category.as_any(), &message, 2)?;
-        }
+        warn_ignored(py, &attached)?;
         let manifest = attached.used;
         Ok(ShardList {
             shards: Arc::new(shards),
@@ -92,11 +90,23 @@ impl ShardList {
             return Ok(());
         }
         let strict = o.stream.on_error == OnError::Raise;
+        let look_beside = o.manifest == ManifestChoice::Auto && self.manifest.is_none();
+        let s3 = o.stream.s3.clone();
+        let specs = self.specs.clone();
         let mut shards = (*self.shards).clone();
-        let shards = interruptible(py, move || {
+        let (shards, attached) = interruptible(py, move || {
+            let attached = if look_beside {
+                resolve::attach_beside_remote(&specs, &mut shards, &s3)?
+            } else {
+                Attached::default()
+            };
             crate::count::count_local_tar(&mut shards, strict)?;
-            Ok(shards)
+            Ok((shards, attached))
         })?;
+        warn_ignored(py, &attached)?;
+        if attached.used.is_some() {
+            self.manifest = attached.used;
+        }
         self.shards = Arc::new(shards);
         self.counted = true;
         Ok(())
@@ -147,7 +157,7 @@ impl ShardList {
 
     /// The manifest in use, if any.
     #[getter]
-    fn manifest_path(&self) -> Option<PathBuf> {
+    fn manifest_path(&self) -> Option<String> {
         self.manifest.clone()
     }
 
@@ -204,7 +214,7 @@ impl ShardList {
 pub fn _rebuild_shard_list(
     specs: Vec<String>,
     options: Py<Options>,
-    manifest: Option<PathBuf>,
+    manifest: Option<String>,
     counted: bool,
     shards: &[u8],
 ) -> PyResult<ShardList> {
@@ -221,6 +231,20 @@ pub fn _rebuild_shard_list(
         options,
         counted,
     })
+}
+
+/// Warns that a `manifest.json` beside the shards was passed over (another
+/// tool's file), pointing at the line that made the dataset: the frames
+/// between are `StreamingDataset.__init__`, `resolve_once` and its
+/// resolution callback.
+fn warn_ignored(py: Python<'_>, attached: &Attached) -> PyResult<()> {
+    if let Some(reason) = &attached.ignored {
+        let message = CString::new(format!("{reason} (manifest=False stops looking for one)"))
+            .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
+        let category = py.get_type::<ManifestIgnoredWarning>();
+        PyErr::warn(py, category.as_any(), &message, 4)?;
+    }
+    Ok(())
 }
 
 /// An error when `world_size > 1` and a shard's sample count is unknown.

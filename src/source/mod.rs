@@ -672,6 +672,43 @@ pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Res
     Ok(())
 }
 
+/// The whole of the small remote object at `url` (`s3://` or
+/// `http(s)://`; a manifest), at most `limit` bytes, or `None` when it does
+/// not exist.
+pub fn read_small_object(options: &S3Options, url: &str, limit: usize) -> Result<Option<Vec<u8>>> {
+    let read = match Location::parse(url) {
+        Location::S3 { bucket, key } => with_s3_client(options, async |client| {
+            client.get_small(url, &bucket, &key, limit).await
+        }),
+        Location::Http(_) => http::with_http_client(options, async |client| {
+            client.get_small(url, limit).await.map(|(_, body)| body)
+        }),
+        Location::Local(path) => std::fs::read(&path).map_err(|e| Error::Manifest {
+            path: url.to_owned(),
+            reason: e.to_string(),
+        }),
+    };
+    match read {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(Error::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Writes `bytes` (a manifest) to the object at the `s3://` URL `url`.
+pub fn write_small_object(options: &S3Options, url: &str, bytes: Vec<u8>) -> Result<()> {
+    let Location::S3 { bucket, key } = Location::parse(url) else {
+        return Err(Error::Write {
+            url: url.to_owned(),
+            offset: 0,
+            reason: "manifests are written to local paths and s3:// URLs".into(),
+        });
+    };
+    with_s3_client(options, async |client| {
+        client.put_small(url, &bucket, &key, bytes).await
+    })
+}
+
 /// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
 /// prefix)`, the objects whose keys `keep` takes, sorted by key, as shards
 /// with their sizes and ETags.

@@ -122,6 +122,66 @@ impl S3Client {
         Ok((size, output.e_tag().map(str::to_owned)))
     }
 
+    /// Writes the small object `bytes` (a manifest) in one request.
+    pub async fn put_small(
+        &self,
+        url: &str,
+        bucket: &str,
+        key: &str,
+        bytes: Vec<u8>,
+    ) -> Result<(), Error> {
+        let body = bytes::Bytes::from(bytes);
+        self.send_with_retries(url, "PUT", || {
+            self.client
+                .put_object()
+                .bucket(bucket)
+                .key(key)
+                .body(ByteStream::from(body.clone()))
+                .send()
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The whole of a small object (a manifest), at most `limit` bytes.
+    pub async fn get_small(
+        &self,
+        url: &str,
+        bucket: &str,
+        key: &str,
+        limit: usize,
+    ) -> Result<Vec<u8>, Error> {
+        let request = self.client.get_object().bucket(bucket).key(key);
+        let output = self
+            .send_with_retries(url, "GET", || request.clone().send())
+            .await?;
+        let too_long = || Error::Read {
+            url: url.to_owned(),
+            offset: 0,
+            source: std::io::Error::other(format!("the object is longer than {limit} bytes")),
+        };
+        if output.content_length().unwrap_or(0) as u64 > limit as u64 {
+            return Err(too_long());
+        }
+        let body = tokio::time::timeout(self.options.idle_timeout * 4, output.body.collect())
+            .await
+            .map_err(|_| Error::Read {
+                url: url.to_owned(),
+                offset: 0,
+                source: std::io::Error::other("the body stalled"),
+            })?
+            .map_err(|e| Error::Read {
+                url: url.to_owned(),
+                offset: 0,
+                source: std::io::Error::other(e.to_string()),
+            })?
+            .into_bytes();
+        if body.len() > limit {
+            return Err(too_long());
+        }
+        Ok(body.to_vec())
+    }
+
     /// Classifies a failed request of `url` at `offset`, remembering
     /// credentials that cannot be used.
     fn classify<E>(
