@@ -16,7 +16,8 @@ pub enum Counter {
     ShardsCompleted,
     /// Samples produced.
     Samples,
-    /// Bytes read from storage.
+    /// Bytes read from storage (local files, object stores): cached
+    /// copies are not counted here, but in [`Counter::CacheBytes`].
     BytesRead,
     /// Bad shards, and samples whose transform raised, skipped under
     /// `on_error="warn"`.
@@ -31,11 +32,15 @@ pub enum Counter {
     /// parts (being fetched, or fetched and not yet parsed): a high-water
     /// mark, not a sum.
     ReadAheadPeakBytes,
+    /// Shards (or byte ranges of them) read from a cached copy (`cache_dir`).
+    CacheHits,
+    /// Bytes read from cached copies.
+    CacheBytes,
 }
 
 impl Counter {
     /// Every counter, in [`Stats`] order.
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 11] = [
         Counter::ShardsOpened,
         Counter::ShardsCompleted,
         Counter::Samples,
@@ -45,6 +50,8 @@ impl Counter {
         Counter::Retries,
         Counter::Resumes,
         Counter::ReadAheadPeakBytes,
+        Counter::CacheHits,
+        Counter::CacheBytes,
     ];
 
     /// The counter's name in `stats()`.
@@ -59,6 +66,8 @@ impl Counter {
             Counter::Retries => "retries",
             Counter::Resumes => "resumed_bodies",
             Counter::ReadAheadPeakBytes => "read_ahead_peak_bytes",
+            Counter::CacheHits => "cache_hits",
+            Counter::CacheBytes => "cache_bytes",
         }
     }
 }

@@ -527,7 +527,10 @@ class StreamingDataset(IterableDataset[Any]):
 
     def stats(self) -> dict[str, int]:
         """Counters over every epoch iterated so far: ``shards_opened``,
-        ``shards_completed``, ``samples``, ``bytes_read``, ``errors_skipped``.
+        ``shards_completed``, ``samples``, ``bytes_read`` (from storage),
+        ``errors_skipped``, ``requests``, ``retries``, ``resumed_bodies``,
+        ``read_ahead_peak_bytes``, ``cache_hits`` and ``cache_bytes`` (reads of
+        ``cache_dir`` copies).
 
         DataLoader workers forked from this process add to the same counters;
         workers started with the ``spawn`` method count in their own copy.

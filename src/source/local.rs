@@ -46,7 +46,9 @@ pub(super) async fn read_file(
 }
 
 /// As [`read_file`], of `file` (with its metadata `meta`) already opened
-/// at `path` (a cached copy, opened and checked by the cache).
+/// at `path` (a cached copy, opened and checked by the cache). The bytes
+/// of a file whose members may leave by reference (a shard of its own) are
+/// counted as `bytes_read`, those of a cached copy as `cache_bytes`.
 pub(super) async fn read_opened(
     fetcher: &Fetcher,
     unit: &FetchUnit,
@@ -78,7 +80,8 @@ pub(super) async fn read_opened(
             end: asked_end.unwrap_or(u64::MAX),
             size_at_open: None,
         };
-        return read_chunks(fetcher, unit, file, offset, end, tx).await;
+        let counter = bytes_counter(by_reference);
+        return read_chunks(fetcher, (unit, counter), file, offset, end, tx).await;
     }
     let size = meta.len();
     let end = Expected {
@@ -101,7 +104,19 @@ pub(super) async fn read_opened(
         Mapped::Failed(error) => return report(error),
         Mapped::Unmappable(file, at) => (file, at),
     };
-    read_chunks(fetcher, unit, file, unmapped, end, tx).await
+    let counter = bytes_counter(by_reference);
+    read_chunks(fetcher, (unit, counter), file, unmapped, end, tx).await
+}
+
+/// The counter of the bytes read from a file: `bytes_read` for a shard's
+/// own file (whose members may leave by reference), `cache_bytes` for a
+/// cached copy (whose members never do).
+fn bytes_counter(by_reference: bool) -> Counter {
+    if by_reference {
+        Counter::BytesRead
+    } else {
+        Counter::CacheBytes
+    }
 }
 
 /// Where a read must end: `end`, and the file's size when it was opened
@@ -332,7 +347,7 @@ async fn map_chunks(
             }
         };
         let got = bytes.len();
-        fetcher.count(Counter::BytesRead, got as u64);
+        fetcher.count(bytes_counter(local.by_reference), got as u64);
         if got < want {
             drop(permit.split(want - got));
         }
@@ -512,10 +527,10 @@ fn map_resident(
 
 /// Reads `file` from `offset` to `end.end` (or, for a pipe, its end)
 /// sequentially into chunks sent to `tx`; errors are sent too, and a file
-/// that ends before `end.end` is one.
+/// that ends before `end.end` is one. The bytes are counted in `counter`.
 async fn read_chunks(
     fetcher: &Fetcher,
-    unit: &FetchUnit,
+    (unit, counter): (&FetchUnit, Counter),
     mut file: File,
     mut offset: u64,
     end: Expected,
@@ -544,7 +559,7 @@ async fn read_chunks(
         };
         let filled = bytes.len();
         offset += filled as u64;
-        fetcher.count(Counter::BytesRead, filled as u64);
+        fetcher.count(counter, filled as u64);
         let mut permit = permit;
         if filled < want {
             drop(permit.split(want - filled));

@@ -498,6 +498,7 @@ impl Fetcher {
     /// Reads a cached copy through the descriptor the cache checked it
     /// by (never opened again by name), then tells its reader the unit ended.
     async fn read_hit(&self, hit: &cache::Hit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
+        self.count(Counter::CacheHits, 1);
         match hit.opened() {
             Ok(opened) => {
                 local::read_opened(self, &hit.unit, (&hit.path, false), opened, chunk_tx).await?

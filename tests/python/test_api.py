@@ -250,6 +250,8 @@ def test_stats_in_process(dataset):
         "retries": 0,
         "resumed_bodies": 0,
         "read_ahead_peak_bytes": 0,
+        "cache_hits": 0,
+        "cache_bytes": 0,
     }
     assert_exactly_once(keys_of(ds), dataset.keys)
     stats = ds.stats()

@@ -80,8 +80,10 @@ def identity_gets(server: HttpServer) -> int:
 
 
 def body_gets(server: HttpServer) -> int:
-    """GETs of shard bytes, the identity checks left out."""
-    return server.served.gets - identity_gets(server)
+    """GETs of shard bytes: the identity checks, and the look for a
+    ``manifest.json`` beside the shards when a dataset is made, left out."""
+    looks = server.served.gets_by_path["/manifest.json"]
+    return server.served.gets - identity_gets(server) - looks
 
 
 def test_epoch_two_makes_no_get_and_output_is_identical(http, dataset, local, tmp_path):
@@ -210,13 +212,15 @@ READ_FROM_CACHE = textwrap.dedent(
 
     ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], shuffle_buffer=0)
     warm = sum(1 for _ in ds)
-    before, bytes_before = rchar(), ds.stats()["bytes_read"]
+    before, stats_before = rchar(), ds.stats()
     samples = sum(1 for _ in ds)
+    read = rchar() - before
+    stats = ds.stats()
     print(json.dumps({
         "warm": warm,
         "samples": samples,
-        "rchar": rchar() - before,
-        "bytes_read": ds.stats()["bytes_read"] - bytes_before,
+        "rchar": read,
+        **{name: stats[name] - stats_before[name] for name in stats},
     }))
     """
 )
@@ -244,7 +248,9 @@ def test_an_open_from_the_cache_reads_the_copy_once(http, dataset, tmp_path):
     assert body_gets(http) == 0, http.served.gets_by_path
     assert identity_gets(http) == len(dataset.paths), "one check per shard and process"
     assert measured["samples"] == measured["warm"] == len(dataset.keys)
-    assert measured["bytes_read"] == shard_bytes
+    assert measured["cache_bytes"] == shard_bytes
+    assert measured["cache_hits"] == len(dataset.paths)
+    assert measured["bytes_read"] == measured["requests"] == 0
     # Reading the copies through read() as well would take shard_bytes.
     slack = 64 << 10
     assert shard_bytes > 4 * slack
@@ -620,3 +626,19 @@ def test_a_resource_without_any_validator_is_not_cached(tmp_path):
         shard.write_bytes(tar_of(after))
         assert read_in_new_process(spec, cache) == samples_of(after)
         assert cached_files(cache) == []
+
+
+def test_stats_count_cache_hits_and_bytes_apart_from_storage_bytes(http, dataset, local, tmp_path):
+    cache = tmp_path / "cache"
+    shard_bytes = sum(p.stat().st_size for p in dataset.paths)
+    ds = StreamingDataset(http_spec(http, dataset), cache_dir=str(cache))
+    assert digests(collect(ds)) == local
+    first = ds.stats()
+    assert first["bytes_read"] == shard_bytes
+    assert (first["cache_hits"], first["cache_bytes"]) == (0, 0)
+    assert digests(collect(ds)) == local
+    second = ds.stats()
+    assert second["bytes_read"] == shard_bytes, "a cache hit reads no storage byte"
+    assert second["cache_hits"] == len(dataset.paths)
+    assert second["cache_bytes"] == shard_bytes
+    assert second["shards_opened"] == 2 * len(dataset.paths)
