@@ -2,7 +2,7 @@
 (``cache_dir=``), served first by a local HTTP server on 127.0.0.1.
 Reports per epoch the wall time, the bytes the process read through
 ``read()`` (``rchar`` of ``/proc/self/io``) and those it read from storage
-(``read_bytes``), and ``stats()["bytes_read"]``; it stops if a copy was
+(``read_bytes``), and ``stats()["cache_bytes"]``; it stops if a copy was
 fetched again (a check that failed).
 
     python benches/cache_bench.py --out /tmp/cache-bench [--shards 16] [--shard-mb 16] [--epochs 5]
@@ -86,11 +86,11 @@ def main() -> None:
             if args.cold:
                 drop_from_page_cache(cache)
             server.reset()
-            before, stats_before = io_counters(), ds.stats()["bytes_read"]
+            before, stats_before = io_counters(), ds.stats()["cache_bytes"]
             start = time.perf_counter()
             samples = sum(1 for _ in ds)
             seconds = time.perf_counter() - start
-            after, stats_after = io_counters(), ds.stats()["bytes_read"]
+            after, stats_after = io_counters(), ds.stats()["cache_bytes"]
             if server.served.gets:
                 raise SystemExit(f"epoch {epoch} fetched {server.served.gets} shards again")
             times.append(seconds)
@@ -99,7 +99,7 @@ def main() -> None:
                 f"{total / seconds / 1e6:.0f} MB/s, "
                 f"rchar {(after['rchar'] - before['rchar']) / total:.2f}x the shards, "
                 f"read_bytes {(after['read_bytes'] - before['read_bytes']) / total:.2f}x, "
-                f"stats bytes_read {(stats_after - stats_before) / total:.2f}x"
+                f"stats cache_bytes {(stats_after - stats_before) / total:.2f}x"
             )
     print(f"median {statistics.median(times):.3f} s ({total >> 20} MiB of cached shards)")
 
