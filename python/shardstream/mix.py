@@ -21,6 +21,7 @@ from ._core import (
     mix_counts,
     mix_order,
 )
+from .accelerate import check_not_resplit
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
 
 __all__ = ["MIX_FORMAT", "Mix"]
@@ -264,6 +265,8 @@ class Mix(IterableDataset[Any]):
         return _SlotPlan(base, passes, counts, order, first)
 
     def __iter__(self) -> Iterator[Any]:
+        # Accelerate's wrappers would split this rank's part between ranks again.
+        check_not_resplit(self, self.datasets[0].distributed_slot()[1])
         iterator = self._open_iterator(self.epoch)
         self._set_next_epoch(iterator.epoch + 1)
         self._resume = self._resume_epoch = None

@@ -128,3 +128,26 @@ def test_hf_trainer_without_the_recipe_raises_naming_the_fix(dataset, tmp_path):
         message = "\n".join(lines)
         assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
         assert "with the HF Trainer, override get_train_dataloader" in message
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
+def test_accelerates_iterable_dataset_shard_over_a_split_dataset_is_refused(dataset, mixed):
+    """The check runs in the process itself, with Accelerate's own
+    ``IterableDatasetShard``: a ``Mix`` of split datasets is refused as a
+    ``StreamingDataset`` is, and one rank's data is let be."""
+    from accelerate.data_loader import IterableDatasetShard
+
+    def data(world_size: int):
+        streams = [
+            shardstream.StreamingDataset(dataset.spec, world_size=world_size, rank=0, seed=s)
+            for s in (0, 1)
+        ]
+        return shardstream.Mix(streams, [1, 1]) if mixed else streams[0]
+
+    split = data(2)
+    wrapped = IterableDatasetShard(split, batch_size=2, num_processes=2, process_index=0)
+    name = type(split).__name__
+    with pytest.raises(shardstream.FrameworkWrapperError, match=f"wraps this {name}"):
+        next(iter(wrapped))
+    whole = IterableDatasetShard(data(1), batch_size=2, num_processes=1, process_index=0)
+    assert next(iter(whole))["__key__"]
