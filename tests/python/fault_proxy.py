@@ -78,6 +78,9 @@ class Faults:
         status_first: answer the first k GETs and HEADs with ``status``
             (an empty body), whatever the store would answer.
         status: the status of those answers (404, 403, 401, 416, ...).
+        cut_bodies: cut each of the first k GET bodies longer than
+            ``cut_after`` after ``cut_after`` bytes, whatever shorter
+            answers (a store's metadata) came before them.
         gzip: send every GET's body gzip-compressed with
             ``Content-Encoding: gzip``, as a misconfigured proxy or CDN
             might, whatever the request accepts.
@@ -105,6 +108,7 @@ class Faults:
     status_first: int = 0
     status: int = 404
     gzip: bool = False
+    cut_bodies: int = 0
 
 
 @dataclass
@@ -139,6 +143,8 @@ class Injected:
     failed_parts: int = 0
     # Every GET and HEAD as (method, path with query), in arrival order.
     reads: list[tuple[str, str]] = field(default_factory=list)
+    # GET bodies longer than ``cut_after`` seen (for ``cut_bodies``).
+    long_bodies: int = 0
     # Body bytes sent to the client in answers to GETs.
     body_bytes: int = 0
     statuses: int = 0
@@ -257,9 +263,16 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 setattr(proxy.injected, name, getattr(proxy.injected, name) + 1)
 
         def _send_body(self, data: bytes, faults: Faults, n: int) -> None:
-            cut = (_every(faults.cut_every, n) or n <= faults.cut_first) and (
-                faults.cut_after < len(data)
-            )
+            long_body = 0
+            if self.command == "GET" and faults.cut_after < len(data):
+                with proxy_ref[0].lock:
+                    proxy_ref[0].injected.long_bodies += 1
+                    long_body = proxy_ref[0].injected.long_bodies
+            cut = (
+                _every(faults.cut_every, n)
+                or n <= faults.cut_first
+                or 0 < long_body <= faults.cut_bodies
+            ) and (faults.cut_after < len(data))
             stall = _every(faults.stall_every, n) and faults.cut_after < len(data)
             limit = faults.cut_after if cut or stall else len(data)
             sent = 0

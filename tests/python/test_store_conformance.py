@@ -382,7 +382,7 @@ def test_a_cut_body_is_resumed_and_a_range_ignored_or_shortened_gives_the_same_b
     options = {"cache_dir": str(tmp_path / "cache")} if cached else {}
     assert remote.proxy is not None
     for faults in (
-        Faults(cut_first=2, cut_after=3000),
+        Faults(cut_bodies=2, cut_after=3000),
         Faults(whole_on_range=100),
         Faults(short_on_range=3),
     ):
@@ -390,8 +390,8 @@ def test_a_cut_body_is_resumed_and_a_range_ignored_or_shortened_gives_the_same_b
         check_samples(collect(dataset(remote, shards, **options)), shards)
         if options:
             shutil.rmtree(options["cache_dir"], ignore_errors=True)
-    # (A GCS object's first GET is its metadata, too short to cut.)
-    remote.proxy.reset(Faults(cut_first=2, cut_after=3000))
+    # (A GCS object's metadata answers are too short to cut.)
+    remote.proxy.reset(Faults(cut_bodies=1, cut_after=3000))
     ds = dataset(remote, shards, **options)
     check_samples(collect(ds), shards)
     assert ds.stats()["resumed_bodies"] >= 1
@@ -403,7 +403,7 @@ def test_an_object_replaced_mid_read_is_object_changed_error(remote, tmp_path):
     new = flipped(shards.data[name])
     assert remote.proxy is not None
     remote.proxy.reset(
-        Faults(cut_first=2, cut_after=20_000, on_cut=lambda _: remote.put(name, new))
+        Faults(cut_bodies=1, cut_after=20_000, on_cut=lambda _: remote.put(name, new))
     )
     got: list[dict[str, Any]] = []
     with pytest.raises(shardstream.ObjectChangedError) as raised:
@@ -492,7 +492,7 @@ def test_a_resource_without_a_validator_is_one_get_and_never_spliced(
         new = flipped(shards.data[name])
         assert store.proxy is not None
         store.proxy.reset(
-            Faults(cut_first=1, cut_after=20_000, on_cut=lambda _: store.put(name, new))
+            Faults(cut_bodies=1, cut_after=20_000, on_cut=lambda _: store.put(name, new))
         )
         got: list[dict[str, Any]] = []
         with pytest.raises(shardstream.ShardReadError) as raised:
