@@ -2,6 +2,8 @@
 dataset (listings, HEADs, Parquet footers, the manifest, sample counts) and
 every other rank receives the resolved shard list (its compact pickled form)
 through the process group's store, instead of listing the bucket itself.
+Before the process group exists, the processes torchrun started on one node
+share one resolution through a file of the node (``resolve_on_node``).
 
 Nothing here is a collective: rank 0 never waits, and a rank that finds no
 resolution from rank 0 (rank 0 made no such dataset, or made it much later)
@@ -12,9 +14,14 @@ reaches every rank as the same exception.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
 import pickle
 import re
+import stat
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -24,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ._core import ShardList, ShardStreamError
+from ._core import ShardList, ShardStreamError, _rebuild_shard_list
 
 __all__ = ["resolve_once"]
 
@@ -77,7 +84,9 @@ def resolve_once(specs: Sequence[str], options: Any, resolve: Callable[[], Shard
     """``resolve()`` on rank 0 of an initialised process group, its result
     (or its error) handed to the other ranks; ``resolve()`` everywhere when
     there is no process group of several ranks."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    if not (dist.is_available() and dist.is_initialized()):
+        return resolve_on_node(specs, options, resolve)
+    if dist.get_world_size() < 2:
         return resolve()
     store = _default_store()
     if store is None:
@@ -90,7 +99,7 @@ def resolve_once(specs: Sequence[str], options: Any, resolve: Callable[[], Shard
         except (ShardStreamError, ValueError, TypeError, OSError) as error:
             store.set(key, _pickled_error(error))
             raise
-        store.set(key, pickle.dumps(("ok", shard_list)))
+        store.set(key, pickle.dumps(("ok", _packed(shard_list))))
         return shard_list
     if not (_wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT)):
         warnings.warn(
@@ -103,8 +112,21 @@ def resolve_once(specs: Sequence[str], options: Any, resolve: Callable[[], Shard
     kind, value = pickle.loads(store.get(key))
     if kind == "error":
         raise value
-    received: ShardList = value
-    return received
+    return _unpacked(value, options)
+
+
+def _packed(shard_list: ShardList) -> tuple[Any, ...]:
+    """What rebuilds ``shard_list`` (its specs, manifest, counts and the
+    compact form of its shards) less its options, which every process has
+    (and which may hold a transform that does not pickle)."""
+    _, (specs, _options, manifest, counted, shards) = shard_list.__reduce__()
+    return specs, manifest, counted, shards
+
+
+def _unpacked(packed: tuple[Any, ...], options: Any) -> ShardList:
+    """The shard list ``_packed`` gave, with this process's ``options``."""
+    specs, manifest, counted, shards = packed
+    return _rebuild_shard_list(specs, options, manifest, counted, shards)
 
 
 def _pickled_error(error: BaseException) -> bytes:
@@ -114,3 +136,67 @@ def _pickled_error(error: BaseException) -> bytes:
         return pickle.dumps(("error", error))
     except (pickle.PicklingError, TypeError, AttributeError):
         return pickle.dumps(("error", ShardStreamError(str(error))))
+
+
+# How long a node's resolution is reused by the processes of one torchrun
+# job that start after it: they make their datasets at about the same time.
+NODE_REUSE = timedelta(minutes=10)
+
+
+def resolve_on_node(
+    specs: Sequence[str], options: Any, resolve: Callable[[], ShardList]
+) -> ShardList:
+    """``resolve()`` once for the processes torchrun started on this node
+    (``LOCAL_WORLD_SIZE`` > 1, one ``TORCHELASTIC_RUN_ID``): the first to
+    come resolves and writes the result to a file of a directory private
+    to the user; the others, waiting on its lock, read it. Elsewhere, or
+    when the directory is not safe to use, ``resolve()`` here."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) < 2 or not run:
+        return resolve()
+    folder = _private_folder()
+    if folder is None:
+        return resolve()
+    name = _key(specs, (run, options)).rsplit("/", 2)
+    base = os.path.join(folder, f"{name[-2]}-{name[-1]}")
+    lock = os.open(f"{base}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        packed = _read_fresh(f"{base}.pickle")
+        if packed is not None:
+            return _unpacked(packed, options)
+        shard_list = resolve()
+        staged = f"{base}.{os.getpid()}.tmp"
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(_packed(shard_list), f)
+        os.replace(staged, f"{base}.pickle")
+        return shard_list
+    finally:
+        os.close(lock)
+
+
+def _private_folder() -> str | None:
+    """``shardstream-<uid>`` in the temporary directory, made 0700; ``None``
+    when it is not a directory of this user's that no one else may write
+    (a planted link or another user's directory is never used)."""
+    folder = os.path.join(tempfile.gettempdir(), f"shardstream-resolution-{os.getuid()}")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    info = os.lstat(folder)
+    mode, owner = info.st_mode, info.st_uid
+    private = stat.S_ISDIR(mode) and owner == os.getuid() and not mode & 0o077
+    return folder if private else None
+
+
+def _read_fresh(path: str) -> tuple[Any, ...] | None:
+    """The packed shard list written at ``path`` within ``NODE_REUSE``, if any."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if time.time() - os.fstat(f.fileno()).st_mtime > NODE_REUSE.total_seconds():
+            return None
+        packed: tuple[Any, ...] = pickle.load(f)
+        return packed

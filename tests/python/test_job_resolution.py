@@ -34,20 +34,27 @@ import torch.distributed as dist
 from shardstream import StreamingDataset
 
 spec, options, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-dist.init_process_group("gloo")
-rank = dist.get_rank()
+if len(sys.argv) > 4 and sys.argv[4] == "no-process-group":
+    rank = int(os.environ["RANK"])
+else:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
 try:
-    ds = StreamingDataset(spec, **options)
+    # A transform that does not pickle: the shard list travels without it.
+    ds = StreamingDataset(spec, transform=lambda sample: sample, **options)
     record = {"rank": rank, "shards": [u for u, _ in ds.shards]}
 except Exception as e:
     record = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
 with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
     json.dump(record, f)
-dist.destroy_process_group()
+if dist.is_initialized():
+    dist.destroy_process_group()
 """
 
 
-def launch(tmp_path: Path, spec: str, options: dict, env: dict[str, str]) -> list[dict]:
+def launch(
+    tmp_path: Path, spec: str, options: dict, env: dict[str, str], *extra: str
+) -> list[dict]:
     """Makes ``StreamingDataset(spec, **options)`` on every rank of a
     torchrun job; returns each rank's record."""
     out = tmp_path / "out"
@@ -60,6 +67,7 @@ def launch(tmp_path: Path, spec: str, options: dict, env: dict[str, str]) -> lis
         run_env.pop(name, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc_per_node", str(NPROC), str(script), spec, json.dumps(options), str(out)]
+    command += extra
     proc = run_bounded(command, cwd=tmp_path, env=run_env, timeout=240)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
@@ -147,3 +155,21 @@ def test_the_ranks_of_a_job_ask_the_hub_once(tmp_path, monkeypatch):
     assert [r.get("error") for r in records] == [None] * NPROC, records
     assert all(r["shards"] == [u for u, _ in alone.shards] for r in records)
     assert job == one, (job, one)
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_before_the_process_group_the_processes_of_a_node_list_once(s3, s3_shards, tmp_path):
+    """Datasets made before ``init_process_group`` (torchrun's processes of
+    one node): the first resolves, the others read its result from a file
+    of a directory private to the user."""
+    spec = f"s3://{BUCKET}/train/"
+    with running_fault_proxy(s3.endpoint_url) as proxy:
+        s3_options = {"endpoint_url": proxy.endpoint_url, "region": "us-east-1", "path_style": True}
+        env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+        options = {"s3": s3_options, "manifest": False, "world_size": 1, "rank": 0}
+        records = launch(tmp_path, spec, options, env, "no-process-group")
+        listings = list_requests(proxy.injected.reads)
+    assert [r.get("error") for r in records] == [None] * NPROC, records
+    assert len({tuple(r["shards"]) for r in records}) == 1
+    assert len(records[0]["shards"]) == len(COUNTS)
+    assert len(listings) == 1, listings
