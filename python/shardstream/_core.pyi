@@ -273,6 +273,10 @@ class ShardList:
     footers, or the headers of local tar shards), and the options they were resolved with."""
 
     def __new__(cls, specs: list[str], options: Options) -> ShardList: ...
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[..., ShardList], tuple[list[str], Options, str | None, bool, bytes]]:
+        """Pickling keeps the resolved shards; see ``_rebuild_shard_list``."""
     @property
     def urls(self) -> list[str]:
         """Shard URLs, in order."""
@@ -304,7 +308,7 @@ class ShardList:
 def _rebuild_shard_list(
     specs: list[str],
     options: Options,
-    manifest: str | os.PathLike[str] | None,
+    manifest: str | None,
     counted: bool,
     shards: bytes,
 ) -> ShardList:
