@@ -777,13 +777,16 @@ mod damaged_states {
                 && message.contains("rank 1 worker 0 is missing"),
             "{message}"
         );
-        // A layout too large to plan is refused by its count, not planned.
+        // A layout too large to plan is refused by its bound, not planned.
         let message = edit(&|s| {
             for state in s.iter_mut() {
                 state.world_size = usize::MAX;
             }
         });
-        assert!(message.contains("every one of the"), "{message}");
+        assert!(
+            message.contains("slots[0].world_size") && message.contains("is above 1048576"),
+            "{message}"
+        );
         assert_names(&edit(&|s| s.clear()), "slots");
         assert_names(&edit(&|s| s[0].finished = true), "slots[0].finished");
         assert_names(&edit(&|s| s[3].produced = 0), "slots[3].produced");
