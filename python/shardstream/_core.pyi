@@ -34,6 +34,7 @@ __all__ = [
     "TransformError",
     "__version__",
     "_rebuild_shard_list",
+    "check_layout",
     "check_mix",
     "check_state",
     "default_options",
