@@ -397,22 +397,27 @@ def test_a_cut_body_is_resumed_and_a_range_ignored_or_shortened_gives_the_same_b
     assert ds.stats()["resumed_bodies"] >= 1
 
 
-def test_an_object_replaced_mid_read_is_object_changed_error(remote, tmp_path):
-    shards = Shards(remote, tmp_path / "src", counts=(40,))
+def read_while_replaced(store: Store, root: Path, error: type[Exception]) -> Shards:
+    """Reads one shard of 40 samples whose first long body is cut while the
+    object is replaced by another version of the same size: ``error`` is
+    raised naming it, and only samples of the first version came out."""
+    shards = Shards(store, root, counts=(40,))
     name = shards.names[0]
     new = flipped(shards.data[name])
-    assert remote.proxy is not None
-    remote.proxy.reset(
-        Faults(cut_bodies=1, cut_after=20_000, on_cut=lambda _: remote.put(name, new))
-    )
+    assert store.proxy is not None
+    store.proxy.reset(Faults(cut_bodies=1, cut_after=20_000, on_cut=lambda _: store.put(name, new)))
     got: list[dict[str, Any]] = []
-    with pytest.raises(shardstream.ObjectChangedError) as raised:
-        for sample in dataset(remote, shards):
+    with pytest.raises(error) as raised:
+        for sample in dataset(store, shards):
             got.append(sample)
     assert name in str(raised.value)
-    # Only samples of the first version were handed out.
     for s in got:
         assert sample_digest(s) == shards.expected[s["__key__"]], s["__key__"]
+    return shards
+
+
+def test_an_object_replaced_mid_read_is_object_changed_error(remote, tmp_path):
+    read_while_replaced(remote, tmp_path / "src", shardstream.ObjectChangedError)
 
 
 # --------------------------------------------------------------------------
@@ -487,20 +492,9 @@ def test_a_resource_without_a_validator_is_one_get_and_never_spliced(
     http = servers["http"]
     http.reset(ServerFaults(no_validator=True))
     try:
-        shards = Shards(store, tmp_path / "src", counts=(40,))
+        shards = read_while_replaced(store, tmp_path / "src", shardstream.ShardReadError)
         name = shards.names[0]
-        new = flipped(shards.data[name])
         assert store.proxy is not None
-        store.proxy.reset(
-            Faults(cut_bodies=1, cut_after=20_000, on_cut=lambda _: store.put(name, new))
-        )
-        got: list[dict[str, Any]] = []
-        with pytest.raises(shardstream.ShardReadError) as raised:
-            for sample in dataset(store, shards):
-                got.append(sample)
-        assert name in str(raised.value)
-        for s in got:
-            assert sample_digest(s) == shards.expected[s["__key__"]], s["__key__"]
         store.proxy.reset()
         http.reset(ServerFaults(no_validator=True))
         again = collect(dataset(store, shards))
