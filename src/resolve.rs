@@ -88,9 +88,18 @@ pub fn attach_beside_remote(
     let Some(url) = remote_beside(specs, shards)? else {
         return Ok(Attached::default());
     };
-    match read_remote_manifest(&url, s3)? {
-        Some(json) => manifest::attach_text(shards, &url, &json, false),
-        None => Ok(Attached::default()),
+    match read_remote_manifest(&url, s3) {
+        Ok(Some(json)) => manifest::attach_text(shards, &url, &json, false),
+        Ok(None) => Ok(Attached::default()),
+        // A store that denies a key it does not hold (S3 without
+        // s3:ListBucket answers 403): no manifest was asked for, none is used.
+        Err(Error::AccessDenied { .. }) => Ok(Attached {
+            used: None,
+            ignored: Some(format!(
+                "{url} could not be read (access denied); the shards are planned without it"
+            )),
+        }),
+        Err(error) => Err(error),
     }
 }
 

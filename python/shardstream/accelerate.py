@@ -23,6 +23,8 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from torch.utils.data import get_worker_info
+
 from ._core import ShardStreamError
 
 __all__ = ["FrameworkWrapperError", "check_not_resplit", "prepare_loader"]
@@ -63,8 +65,6 @@ def find_splitter(dataset: Any) -> str | None:
     method of the wrapper (its ``__iter__``, or the ``__init__`` of a
     ``DataLoaderDispatcher`` over a ``StatefulDataLoader``, which starts an
     iterator to read its first state)."""
-    from torch.utils.data import get_worker_info
-
     info = get_worker_info()
     if info is not None and info.dataset is not dataset:
         name = _splitter(info.dataset)
@@ -88,6 +88,10 @@ def check_not_resplit(dataset: Any, world_size: int) -> None:
     if world_size <= 1:
         return
     name = find_splitter(dataset)
+    if name is None and get_worker_info() is not None:
+        # A worker started with spawn or forkserver: the wrapper that was
+        # iterating the loader when the dataset was pickled for it.
+        name = dataset.__dict__.get("_pickled_under")
     if name is None:
         return
     how = (

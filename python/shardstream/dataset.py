@@ -29,7 +29,7 @@ from ._core import (
     check_state,
     raise_malloc_thresholds,
 )
-from .accelerate import check_not_resplit
+from .accelerate import check_not_resplit, find_splitter
 from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
@@ -246,7 +246,7 @@ class StreamingDataset(IterableDataset[Any]):
             return shard_list
 
         # Listed, footers and manifest read, counted: once per job.
-        self.shard_list = resolve_once(specs, self.options, resolve)
+        self.shard_list = resolve_once(specs, self.options, resolve, resolved_world > 1)
         self.shard_list.check_equal_length(resolved_world)
         self._epochs = EpochTable()
         self._counters = Counters()
@@ -555,6 +555,9 @@ class StreamingDataset(IterableDataset[Any]):
         # A DataLoader starting spawn or forkserver workers pickles the
         # dataset in its main process, which is then not the workers' parent.
         state["_pickled_by"] = os.getpid()
+        # A spawned worker's stack holds no frame of a wrapper iterating
+        # the loader in the main process: it is named here, while it does.
+        state["_pickled_under"] = find_splitter(self)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

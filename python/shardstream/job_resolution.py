@@ -1,6 +1,6 @@
 """One resolution per job: under ``torch.distributed``, rank 0 resolves a
 dataset (listings, HEADs, Parquet footers, the manifest, sample counts) and
-every other rank receives the resolved shard list (its compact pickled form)
+every other rank receives the resolved shard list (its compact form)
 through the process group's store, instead of listing the bucket itself.
 Before the process group exists, the processes torchrun started on one node
 share one resolution through a file of the node (``resolve_on_node``).
@@ -14,11 +14,12 @@ reaches every rank as the same exception.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
-import pickle
 import re
 import stat
 import tempfile
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import _core
 from ._core import ShardList, ShardStreamError, _rebuild_shard_list
 
 __all__ = ["resolve_once"]
@@ -56,7 +58,8 @@ def _default_store() -> Any | None:
 
 def _key(specs: Sequence[str], options: Any) -> str:
     """The store key of this process's n-th dataset of these specs and
-    options: ranks that make the same datasets in the same order agree."""
+    options (anything that decides the resolution may be given with
+    them): ranks that make the same datasets in the same order agree."""
     # Without the addresses a repr may show (a transform's), which differ
     # between processes.
     shown = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(options))
@@ -80,26 +83,31 @@ def _wait(store: Any, key: str, limit: timedelta) -> bool:
                 raise
 
 
-def resolve_once(specs: Sequence[str], options: Any, resolve: Callable[[], ShardList]) -> ShardList:
+def resolve_once(
+    specs: Sequence[str], options: Any, resolve: Callable[[], ShardList], counted: bool
+) -> ShardList:
     """``resolve()`` on rank 0 of an initialised process group, its result
     (or its error) handed to the other ranks; ``resolve()`` everywhere when
-    there is no process group of several ranks."""
+    there is no process group of several ranks. ``counted`` says whether
+    ``resolve()`` counts samples (a job of several ranks): part of the key."""
     if not (dist.is_available() and dist.is_initialized()):
-        return resolve_on_node(specs, options, resolve)
+        return resolve_on_node(specs, options, resolve, counted)
     if dist.get_world_size() < 2:
         return resolve()
     store = _default_store()
     if store is None:
         return resolve()
-    key = _key(specs, options)
+    key = _key(specs, (options, counted))
     if dist.get_rank() == 0:
         store.set(f"{key}/started", b"1")
         try:
             shard_list = resolve()
-        except (ShardStreamError, ValueError, TypeError, OSError) as error:
-            store.set(key, _pickled_error(error))
+        except BaseException as error:
+            # Whatever it is (a panic, Ctrl-C), the other ranks hear of it
+            # at once rather than after RESULT_WAIT.
+            store.set(key, _encoded_error(error))
             raise
-        store.set(key, pickle.dumps(("ok", _packed(shard_list))))
+        store.set(key, _encoded(shard_list))
         return shard_list
     if not (_wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT)):
         warnings.warn(
@@ -109,33 +117,40 @@ def resolve_once(specs: Sequence[str], options: Any, resolve: Callable[[], Shard
             stacklevel=3,
         )
         return resolve()
-    kind, value = pickle.loads(store.get(key))
-    if kind == "error":
-        raise value
-    return _unpacked(value, options)
+    return _decoded(store.get(key), options)
 
 
-def _packed(shard_list: ShardList) -> tuple[Any, ...]:
+def _encoded(shard_list: ShardList) -> bytes:
     """What rebuilds ``shard_list`` (its specs, manifest, counts and the
-    compact form of its shards) less its options, which every process has
+    compact form of its shards), as JSON data (never a pickle: nothing
+    read back can run code), less its options, which every process has
     (and which may hold a transform that does not pickle)."""
     _, (specs, _options, manifest, counted, shards) = shard_list.__reduce__()
-    return specs, manifest, counted, shards
+    packed = {"specs": specs, "manifest": manifest, "counted": counted}
+    packed["shards"] = base64.b64encode(shards).decode()
+    return json.dumps(packed).encode()
 
 
-def _unpacked(packed: tuple[Any, ...], options: Any) -> ShardList:
-    """The shard list ``_packed`` gave, with this process's ``options``."""
-    specs, manifest, counted, shards = packed
-    return _rebuild_shard_list(specs, options, manifest, counted, shards)
+def _encoded_error(error: BaseException) -> bytes:
+    """``error`` for the other ranks: its class's name and its message."""
+    return json.dumps({"error": type(error).__name__, "message": str(error)}).encode()
 
 
-def _pickled_error(error: BaseException) -> bytes:
-    """``error`` for the other ranks: itself, or a ``ShardStreamError`` with
-    its message when it does not pickle."""
-    try:
-        return pickle.dumps(("error", error))
-    except (pickle.PicklingError, TypeError, AttributeError):
-        return pickle.dumps(("error", ShardStreamError(str(error))))
+def _decoded(data: bytes, options: Any) -> ShardList:
+    """The shard list ``_encoded`` gave, with this process's ``options``;
+    an error ``_encoded_error`` gave is raised as shardstream's exception
+    of that name (``ValueError``, ``TypeError``, else ``ShardStreamError``)."""
+    packed = json.loads(data)
+    if "error" in packed:
+        name, message = packed["error"], packed["message"]
+        cls = getattr(_core, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, ShardStreamError)):
+            cls = {"ValueError": ValueError, "TypeError": TypeError}.get(name, ShardStreamError)
+        raise cls(message)
+    shards = base64.b64decode(packed["shards"])
+    return _rebuild_shard_list(
+        packed["specs"], options, packed["manifest"], packed["counted"], shards
+    )
 
 
 # How long a node's resolution is reused by the processes of one torchrun
@@ -144,7 +159,7 @@ NODE_REUSE = timedelta(minutes=10)
 
 
 def resolve_on_node(
-    specs: Sequence[str], options: Any, resolve: Callable[[], ShardList]
+    specs: Sequence[str], options: Any, resolve: Callable[[], ShardList], counted: bool
 ) -> ShardList:
     """``resolve()`` once for the processes torchrun started on this node
     (``LOCAL_WORLD_SIZE`` > 1, one ``TORCHELASTIC_RUN_ID``): the first to
@@ -154,23 +169,32 @@ def resolve_on_node(
     run = os.environ.get("TORCHELASTIC_RUN_ID")
     if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) < 2 or not run:
         return resolve()
-    folder = _private_folder()
-    if folder is None:
+    try:
+        folder = _private_folder()
+        if folder is None:
+            return resolve()
+        # The agent (every local process's parent) and its restart: a job
+        # started later, with the same run id ("none" without one), is
+        # another agent, and resolves anew.
+        job = (run, os.getppid(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        name = _key(specs, (job, options, counted)).rsplit("/", 2)
+        base = os.path.join(folder, f"{name[-2]}-{name[-1]}")
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        lock = os.open(f"{base}.lock", flags, 0o600)
+    except OSError:
         return resolve()
-    name = _key(specs, (run, options)).rsplit("/", 2)
-    base = os.path.join(folder, f"{name[-2]}-{name[-1]}")
-    lock = os.open(f"{base}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        packed = _read_fresh(f"{base}.pickle")
-        if packed is not None:
-            return _unpacked(packed, options)
+        shared = _read_fresh(f"{base}.json", options)
+        if shared is not None:
+            return shared
         shard_list = resolve()
-        staged = f"{base}.{os.getpid()}.tmp"
-        fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(_packed(shard_list), f)
-        os.replace(staged, f"{base}.pickle")
+        with contextlib.suppress(OSError):
+            staged = f"{base}.{os.getpid()}.tmp"
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(_encoded(shard_list))
+            os.replace(staged, f"{base}.json")
         return shard_list
     finally:
         os.close(lock)
@@ -189,14 +213,17 @@ def _private_folder() -> str | None:
     return folder if private else None
 
 
-def _read_fresh(path: str) -> tuple[Any, ...] | None:
-    """The packed shard list written at ``path`` within ``NODE_REUSE``, if any."""
+def _read_fresh(path: str, options: Any) -> ShardList | None:
+    """The shard list written at ``path`` within ``NODE_REUSE``, if any
+    (and if it reads: a file of another version is passed over)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
         if time.time() - os.fstat(f.fileno()).st_mtime > NODE_REUSE.total_seconds():
             return None
-        packed: tuple[Any, ...] = pickle.load(f)
-        return packed
+        try:
+            return _decoded(f.read(), options)
+        except (ValueError, KeyError, TypeError, ShardStreamError):
+            return None

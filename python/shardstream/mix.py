@@ -21,7 +21,7 @@ from ._core import (
     mix_counts,
     mix_order,
 )
-from .accelerate import check_not_resplit
+from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
 
 __all__ = ["MIX_FORMAT", "Mix"]
@@ -526,6 +526,8 @@ class Mix(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_iterator"] = None
+        # As for StreamingDataset: the wrapper a spawned worker cannot see.
+        state["_pickled_under"] = find_splitter(self)
         return state
 
     def __repr__(self) -> str:

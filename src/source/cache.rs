@@ -73,6 +73,7 @@ pub fn prepare(options: &CacheOptions) -> Result<()> {
         .create(path)
         .map_err(|e| bad(format!("cannot create {}: {e}", path.display())))?;
     let dir = Dir::open(path).map_err(|e| bad(format!("cannot open {}: {e}", path.display())))?;
+    dir.check_private().map_err(bad)?;
     let probe = tmp_name();
     let written = dir
         .create_new(&probe)
@@ -119,6 +120,38 @@ impl Dir {
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             path: path.to_owned(),
         })
+    }
+
+    /// Refuses a directory that another user owns or may write in: a copy
+    /// planted there (its trailer can be computed from public facts) would
+    /// be served as the shard.
+    fn check_private(&self) -> std::result::Result<(), String> {
+        // SAFETY: `stat` is plain data, filled in by `fstat` on a
+        // descriptor this `Dir` owns.
+        let mut info: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        checked(unsafe { libc::fstat(self.fd.as_raw_fd(), &mut info) })
+            .map_err(|e| format!("cannot stat {}: {e}", self.path.display()))?;
+        // SAFETY: `geteuid` has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        if info.st_uid != me {
+            return Err(format!(
+                "{} belongs to another user (uid {}), who could plant cached copies there; \
+                 use a directory of your own (shardstream makes a missing one private, 0700)",
+                self.path.display(),
+                info.st_uid
+            ));
+        }
+        if info.st_mode & 0o022 != 0 {
+            return Err(format!(
+                "{} may be written by other users (mode {:o}), who could plant cached copies \
+                 there; use a directory only you may write in (chmod go-w, or a new one: \
+                 shardstream makes it 0700)",
+                self.path.display(),
+                info.st_mode & 0o7777
+            ));
+        }
+        Ok(())
     }
 
     /// Opens `name` with `flags`, never following a symbolic link (one
@@ -508,6 +541,10 @@ fn check(
     let (validator_len, size, crc) = (number(0..4), number(4..12), number(12..16));
     if &tail[16..] != MAGIC || size.checked_add(validator_len) != Some(at) {
         return Err(damaged("its trailer is not shardstream's".into()));
+    }
+    if validator_len != identity.validator.len() as u64 {
+        // Another version, or a damaged length: nothing is allocated for it.
+        return Err(Mismatch::Other);
     }
     let mut validator = vec![0; validator_len as usize];
     file.read_exact_at(&mut validator, size)

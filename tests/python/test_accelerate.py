@@ -151,3 +151,26 @@ def test_accelerates_iterable_dataset_shard_over_a_split_dataset_is_refused(data
         next(iter(wrapped))
     whole = IterableDatasetShard(data(1), batch_size=2, num_processes=1, process_index=0)
     assert next(iter(whole))["__key__"]
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
+def test_the_dispatcher_over_spawned_workers_is_refused(dataset, mixed):
+    """A worker started with spawn has no frame of Accelerate's
+    ``DataLoaderDispatcher`` on its stack: the wrapper is named when the
+    dataset is pickled for it, in the process the dispatcher runs in."""
+    from accelerate import PartialState
+    from accelerate.data_loader import DataLoaderDispatcher
+
+    PartialState()
+    streams = [
+        shardstream.StreamingDataset(dataset.spec, world_size=2, rank=0, seed=s) for s in (0, 1)
+    ]
+    data = shardstream.Mix(streams, [1, 1]) if mixed else streams[0]
+    loader = DataLoaderDispatcher(
+        data, batch_size=None, num_workers=1, multiprocessing_context="spawn", timeout=120
+    )
+    name = type(data).__name__
+    with pytest.raises(
+        shardstream.FrameworkWrapperError, match=f"DataLoaderDispatcher wraps this {name}"
+    ):
+        next(iter(loader))

@@ -492,6 +492,25 @@ def test_a_cache_dir_shardstream_makes_is_private(http, dataset, local, tmp_path
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
 
 
+@pytest.mark.parametrize("how", ["writable-by-others", "another-users"])
+def test_an_existing_cache_dir_others_may_write_in_is_refused(http, dataset, tmp_path, how):
+    """Another user who may write in ``cache_dir`` could plant a copy (its
+    trailer computed from public facts) that would be served as the shard."""
+    cache = tmp_path / "shared"
+    cache.mkdir()
+    if how == "writable-by-others":
+        cache.chmod(0o777)
+        words = "may be written by other users"
+    else:
+        if os.geteuid() != 0:
+            pytest.fail("giving a directory to another user needs root, as tests run in CI")
+        os.chown(cache, 65534, 65534)
+        words = "belongs to another user"
+    with pytest.raises(ValueError, match=f"cache_dir: .*{words}"):
+        StreamingDataset(http_spec(http, dataset), cache_dir=str(cache))
+    assert list(cache.iterdir()) == []
+
+
 # A cached copy is tied to its object's identity (size and ETag, else
 # Last-Modified), which each process checks once per shard: an object
 # replaced at the same URL (a key named outright, which the plan resolves

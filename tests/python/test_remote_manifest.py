@@ -156,3 +156,25 @@ def test_a_manifest_beside_hub_shards_is_found(tmp_path, monkeypatch):
         assert_exactly_once(both_ranks(spec), info.keys)
         named = StreamingDataset(spec, manifest="hf://datasets/org/beside/train/manifest.json")
         assert len(named) == sum(COUNTS)
+
+
+def test_a_manifest_beside_that_the_store_denies_is_passed_over(s3, tmp_path):
+    """S3 answers 403 for a key it does not hold when the reader may not
+    list the bucket: the manifest nobody asked for is passed over with a
+    warning (the job then needs counts), never a StorageAuthError."""
+    from fault_proxy import Faults, running_fault_proxy
+
+    client = s3.client()
+    client.create_bucket(Bucket="denied-beside")
+    info = write_uneven_dataset(tmp_path / "local", COUNTS)
+    for path in info.paths:
+        client.upload_file(str(path), "denied-beside", f"d/{path.name}")
+    spec = f"s3://denied-beside/d/part-{{000000..{len(COUNTS) - 1:06d}}}.tar"
+    with running_fault_proxy(s3.endpoint_url, Faults(status_first=1, status=403)) as proxy:
+        with (
+            pytest.warns(shardstream.ManifestIgnoredWarning, match="access denied"),
+            pytest.raises(shardstream.DatasetSpecError, match="shardstream index"),
+        ):
+            StreamingDataset(spec, s3=s3_config(proxy.endpoint_url), world_size=2, rank=0)
+        assert proxy.injected.statuses == 1
+        assert "/d/manifest.json" in proxy.injected.reads[0][1]
