@@ -23,8 +23,6 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from torch.utils.data import get_worker_info
-
 from ._core import ShardStreamError
 
 __all__ = ["FrameworkWrapperError", "check_not_resplit", "prepare_loader"]
@@ -65,6 +63,8 @@ def find_splitter(dataset: Any) -> str | None:
     method of the wrapper (its ``__iter__``, or the ``__init__`` of a
     ``DataLoaderDispatcher`` over a ``StatefulDataLoader``, which starts an
     iterator to read its first state)."""
+    from torch.utils.data import get_worker_info
+
     info = get_worker_info()
     if info is not None and info.dataset is not dataset:
         name = _splitter(info.dataset)
@@ -87,6 +87,8 @@ def check_not_resplit(dataset: Any, world_size: int) -> None:
     nothing, and are let be."""
     if world_size <= 1:
         return
+    from torch.utils.data import get_worker_info
+
     name = find_splitter(dataset)
     if name is None and get_worker_info() is not None:
         # A worker started with spawn or forkserver: the wrapper that was

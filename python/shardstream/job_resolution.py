@@ -3,7 +3,7 @@ dataset (listings, HEADs, Parquet footers, the manifest, sample counts) and
 every other rank receives the resolved shard list (its compact form)
 through the process group's store, instead of listing the bucket itself.
 Before the process group exists, the processes torchrun started on one node
-share one resolution through a file of the node (``resolve_on_node``).
+share one resolution through a file of the node (``_node_share``).
 
 Nothing here is a collective: rank 0 never waits, and a rank that finds no
 resolution from rank 0 (rank 0 made no such dataset, or made it much later)
@@ -26,7 +26,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -91,7 +91,14 @@ def resolve_once(
     there is no process group of several ranks. ``counted`` says whether
     ``resolve()`` counts samples (a job of several ranks): part of the key."""
     if not (dist.is_available() and dist.is_initialized()):
-        return resolve_on_node(specs, options, resolve, counted)
+        # Every path calls resolve() from this frame: the warnings it gives
+        # point at the line that made the dataset.
+        with _node_share(specs, options, counted) as share:
+            if share.found is not None:
+                return share.found
+            shard_list = resolve()
+            share.keep(shard_list)
+            return shard_list
     if dist.get_world_size() < 2:
         return resolve()
     store = _default_store()
@@ -158,46 +165,56 @@ def _decoded(data: bytes, options: Any) -> ShardList:
 NODE_REUSE = timedelta(minutes=10)
 
 
-def resolve_on_node(
-    specs: Sequence[str], options: Any, resolve: Callable[[], ShardList], counted: bool
-) -> ShardList:
-    """``resolve()`` once for the processes torchrun started on this node
-    (``LOCAL_WORLD_SIZE`` > 1, one ``TORCHELASTIC_RUN_ID``): the first to
-    come resolves and writes the result to a file of a directory private
-    to the user; the others, waiting on its lock, read it. Elsewhere, or
-    when the directory is not safe to use, ``resolve()`` here."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID")
-    if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) < 2 or not run:
-        return resolve()
-    try:
-        folder = _private_folder()
-        if folder is None:
-            return resolve()
-        # The agent (every local process's parent) and its restart: a job
-        # started later, with the same run id ("none" without one), is
-        # another agent, and resolves anew.
-        job = (run, os.getppid(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-        name = _key(specs, (job, options, counted)).rsplit("/", 2)
-        base = os.path.join(folder, f"{name[-2]}-{name[-1]}")
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        lock = os.open(f"{base}.lock", flags, 0o600)
-    except OSError:
-        return resolve()
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        shared = _read_fresh(f"{base}.json", options)
-        if shared is not None:
-            return shared
-        shard_list = resolve()
+class _NodeShare:
+    """The resolution shared by torchrun's processes of one node: ``found``
+    when an earlier process of the job left it, else ``keep`` leaves it for
+    the next ones (see ``_node_share``)."""
+
+    def __init__(self, base: str | None, options: Any) -> None:
+        self.base = base
+        self.found = None if base is None else _read_fresh(f"{base}.json", options)
+
+    def keep(self, shard_list: ShardList) -> None:
+        """Leaves ``shard_list`` for the processes that come next."""
+        if self.base is None:
+            return
         with contextlib.suppress(OSError):
-            staged = f"{base}.{os.getpid()}.tmp"
+            staged = f"{self.base}.{os.getpid()}.tmp"
             fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(_encoded(shard_list))
-            os.replace(staged, f"{base}.json")
-        return shard_list
+            os.replace(staged, f"{self.base}.json")
+
+
+@contextlib.contextmanager
+def _node_share(specs: Sequence[str], options: Any, counted: bool) -> Iterator[_NodeShare]:
+    """For the processes torchrun started on this node (``LOCAL_WORLD_SIZE``
+    > 1, one ``TORCHELASTIC_RUN_ID``), one at a time under a lock: the first
+    resolves and keeps the result in a file of a directory private to the
+    user, the others find it there. Elsewhere, or when that directory is
+    not safe to use, nothing is shared."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    lock = None
+    base = None
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) > 1 and run:
+        with contextlib.suppress(OSError):
+            folder = _private_folder()
+            if folder is not None:
+                # The agent (every local process's parent) and its restart:
+                # a job started later, with the same run id ("none" without
+                # one), is another agent, and resolves anew.
+                job = (run, os.getppid(), os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+                name = _key(specs, (job, options, counted)).rsplit("/", 2)
+                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                path = os.path.join(folder, f"{name[-2]}-{name[-1]}")
+                lock = os.open(f"{path}.lock", flags, 0o600)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                base = path
+    try:
+        yield _NodeShare(base, options)
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
 
 
 def _private_folder() -> str | None:
