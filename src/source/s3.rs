@@ -163,23 +163,25 @@ impl S3Client {
         if output.content_length().unwrap_or(0) as u64 > limit as u64 {
             return Err(too_long());
         }
-        let body = tokio::time::timeout(self.options.idle_timeout * 4, output.body.collect())
-            .await
-            .map_err(|_| Error::Read {
-                url: url.to_owned(),
-                offset: 0,
-                source: std::io::Error::other("the body stalled"),
-            })?
-            .map_err(|e| Error::Read {
-                url: url.to_owned(),
-                offset: 0,
-                source: std::io::Error::other(e.to_string()),
-            })?
-            .into_bytes();
-        if body.len() > limit {
-            return Err(too_long());
+        let broken = |offset: usize, reason: String| Error::Read {
+            url: url.to_owned(),
+            offset: offset as u64,
+            source: std::io::Error::other(reason),
+        };
+        let (mut body, mut out) = (output.body, Vec::new());
+        loop {
+            // Each piece within the idle timeout, however long the whole.
+            match tokio::time::timeout(self.options.idle_timeout, body.next()).await {
+                Err(_) => {
+                    let idle = self.options.idle_timeout;
+                    return Err(broken(out.len(), format!("no body bytes for {idle:?}")));
+                }
+                Ok(None) => return Ok(out),
+                Ok(Some(Err(e))) => return Err(broken(out.len(), error_chain(&e))),
+                Ok(Some(Ok(piece))) if out.len() + piece.len() > limit => return Err(too_long()),
+                Ok(Some(Ok(piece))) => out.extend_from_slice(&piece),
+            }
         }
-        Ok(body.to_vec())
     }
 
     /// Classifies a failed request of `url` at `offset`, remembering
