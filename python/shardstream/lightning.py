@@ -9,6 +9,11 @@ its own back when the run resumes. It also keeps the datasets' epoch at
 Lightning's ``current_epoch``, so that a run restarted from a checkpoint
 with a plain DataLoader streams Lightning's epoch, not epoch 0 again.
 
+Lightning Fabric has no callbacks, and ``fabric.save`` under DDP writes
+rank 0's objects only: ``all_rank_states(loader)`` (on every rank, before
+``fabric.save``) is the loader state of every rank, and
+``load_rank_state(loader, state)`` loads this rank's part of it.
+
 ``import shardstream.lightning`` imports ``lightning``.
 """
 
@@ -25,7 +30,7 @@ from .accelerate import RANK_STATES, rank_state
 from .dataset import StreamingDataset
 from .mix import Mix
 
-__all__ = ["ShardStreamCallback"]
+__all__ = ["ShardStreamCallback", "all_rank_states", "load_rank_state"]
 
 
 class ShardStreamCallback(Callback):
@@ -82,6 +87,52 @@ class ShardStreamCallback(Callback):
         fit_state["combined_loader"] = [
             rank_state(state, trainer.global_rank, trainer.world_size) for state in states
         ]
+
+
+def all_rank_states(loader: Any) -> Any:
+    """The ``state_dict()`` of ``loader`` (a ``StatefulDataLoader``, or what
+    Fabric's ``setup_dataloaders`` made of one) on every rank, gathered: a
+    collective, so call it on every rank, e.g. as the loader's entry of the
+    state given to ``fabric.save`` (which writes rank 0's objects only).
+    Without ``torch.distributed`` (or with one rank) it is the loader's own
+    state. Resume with ``load_rank_state``."""
+    state = _stateful_loader(loader, "all_rank_states").state_dict()
+    world_size = _rank_and_world_size()[1]
+    if world_size <= 1:
+        return state
+    states: list[Any] = [None] * world_size
+    dist.all_gather_object(states, state)
+    return {"format": RANK_STATES, "world_size": world_size, "ranks": states}
+
+
+def load_rank_state(loader: Any, state: Any) -> None:
+    """Loads this rank's part of ``state`` (an ``all_rank_states``, rank and
+    world size from ``torch.distributed``) into ``loader``; any other loader
+    state is loaded as it is. A state of another world size raises
+    ``StateMismatchError`` naming ``shardstream.elastic_state``."""
+    rank, world_size = _rank_and_world_size()
+    own = rank_state(state, rank, world_size)
+    _stateful_loader(loader, "load_rank_state").load_state_dict(own)
+
+
+def _rank_and_world_size() -> tuple[int, int]:
+    """This process's rank and the world size (0 and 1 outside
+    ``torch.distributed``)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _stateful_loader(loader: Any, caller: str) -> Any:
+    """``loader``, or the loader wrapped in it by Fabric's
+    ``setup_dataloaders``, if it has ``state_dict`` and ``load_state_dict``."""
+    inner = loader if hasattr(loader, "state_dict") else getattr(loader, "_dataloader", None)
+    if not (hasattr(inner, "state_dict") and hasattr(inner, "load_state_dict")):
+        raise TypeError(
+            f"{caller} needs a loader with a state (torchdata.stateful_dataloader."
+            f"StatefulDataLoader), got {type(loader).__name__}"
+        )
+    return inner
 
 
 def _set_epoch(loaders: Iterator[Any], epoch: int) -> None:
