@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop wheel demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train clean
+.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -29,17 +29,49 @@ develop: $(STAMP) ## Build the extension into .venv (editable)
 # The wheel is packed from the release build `make develop` and `make test`
 # already made (cargo finds nothing to compile), with the extension's debug
 # line tables stripped (190 MB -> 32 MB). One abi3 wheel serves every CPython
-# from 3.10 on; maturin checks it is manylinux-compliant and tags it so.
+# from 3.10 on. The extension is linked against glibc 2.28's symbols (zig,
+# from the ziglang package: build-support/linker), and maturin checks that
+# the wheel keeps to manylinux_2_28 before tagging it so.
 WHEEL_BUILD := build/wheel
+WHEEL_PLATFORM := manylinux_2_28
 
-wheel: $(STAMP) ## Build the wheel (dist/shardstream-*.whl) for `pip install`
-	rm -rf $(WHEEL_BUILD) dist/shardstream-*.whl
-	maturin build $(CARGO_PROFILE) -i $(PY) --out $(WHEEL_BUILD)
+wheel: $(STAMP) ## Build the x86-64 Linux wheel (dist/shardstream-*.whl) for `pip install`
+	rm -rf $(WHEEL_BUILD) dist/shardstream-*x86_64.whl
+	maturin build $(CARGO_PROFILE) --compatibility $(WHEEL_PLATFORM) -i $(PY) --out $(WHEEL_BUILD)
 	$(PY) -m wheel unpack --dest $(WHEEL_BUILD)/tree $(WHEEL_BUILD)/shardstream-*.whl
 	strip --strip-debug $(WHEEL_BUILD)/tree/shardstream-*/shardstream/_core*.so
 	mkdir -p dist
 	$(PY) -m wheel pack --dest-dir dist $(WHEEL_BUILD)/tree/shardstream-*
-	@ls dist/shardstream-*.whl
+	@ls dist/shardstream-*x86_64.whl
+
+# The aarch64 wheel (GH200/GB200, Graviton) is cross-compiled with zig as
+# linker and C compiler: a second compile of everything, into
+# target/aarch64-unknown-linux-gnu, so it is not part of `make test`.
+AARCH64 := aarch64-unknown-linux-gnu
+AARCH64_BUILD := build/wheel-aarch64
+
+wheel-aarch64: $(STAMP) ## Cross-build the aarch64 Linux wheel (dist/) with zig: a second full compile
+	@rustup target list --installed 2>/dev/null | grep -qx $(AARCH64) || { \
+		echo "error: the Rust target $(AARCH64) is not installed: run 'rustup target add $(AARCH64)'" >&2; exit 1; }
+	rm -rf $(AARCH64_BUILD) dist/shardstream-*aarch64.whl
+	maturin build $(CARGO_PROFILE) --zig --strip --target $(AARCH64) --compatibility $(WHEEL_PLATFORM) \
+		--out $(AARCH64_BUILD)
+	mkdir -p dist
+	cp $(AARCH64_BUILD)/shardstream-*aarch64.whl dist/
+	@ls dist/shardstream-*aarch64.whl
+
+# An arm64 Debian root (debootstrap, unconfigured: no second stage, which
+# would need binfmt_misc) in build/aarch64-root, where qemu-user-static runs
+# its Python: the wheel installs into a venv there, and its CLI and
+# StreamingDataset read a small dataset. Needs root for chroot.
+test-aarch64: wheel-aarch64 ## Install the aarch64 wheel in an arm64 Debian root under qemu and read a dataset there
+	build-support/test-aarch64
+
+# The source distribution: pip builds it where no wheel fits (with Rust).
+sdist: $(STAMP) ## Build the source distribution (dist/shardstream-*.tar.gz)
+	rm -f dist/shardstream-*.tar.gz
+	maturin sdist --out dist
+	@ls dist/shardstream-*.tar.gz
 
 demo: develop ## Make a small audio dataset and stream it through a DataLoader
 	$(PY) examples/demo.py data/demo
@@ -69,15 +101,15 @@ fuzz: develop ## Mutation-fuzz the tar, gzip, zstd and Parquet readers (FUZZ_CAS
 lint: $(STAMP) ## rustfmt, clippy, ruff, mypy and stubtest
 	cargo fmt --check
 	cargo clippy $(CARGO_PROFILE) --all-targets --features python -- -D warnings
-	ruff check python tests examples benches
-	ruff format --check python tests examples benches
+	ruff check python tests examples benches build-support
+	ruff format --check python tests examples benches build-support
 	$(PY) -m mypy python/shardstream
 	$(PY) -m mypy.stubtest shardstream._core
 
 fmt: $(STAMP) ## Format Rust and Python code
 	cargo fmt
-	ruff format python tests examples benches
-	ruff check --fix python tests examples benches
+	ruff format python tests examples benches build-support
+	ruff check --fix python tests examples benches build-support
 
 BENCH_STAMP := $(VENV)/.bench-installed
 

@@ -1,4 +1,4 @@
-"""``examples/ddp_check.py`` under torchrun: two CPU ranks (gloo), two
+"""``shardstream.ddp_check`` (``torchrun -m``) under torchrun: two CPU ranks (gloo), two
 DataLoader workers each, rank and world size taken from torch.distributed,
 shards on local disk and on S3 (moto's server on loopback)."""
 
@@ -11,7 +11,6 @@ import sys
 
 import pytest
 from _shardtest import (
-    EXAMPLES_DIR,
     UNEVEN_COUNTS,
     assert_exactly_once,
     run_bounded,
@@ -22,6 +21,8 @@ from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET
 from shardstream import _core
 
 LAUNCH_TIMEOUT = 240
+# The check ships in the package: torchrun runs it as a module.
+DDP_CHECK = ["-m", "shardstream.ddp_check"]
 NPROC = 2
 WORKERS = 2
 
@@ -47,10 +48,9 @@ def run_torchrun(
 
 
 def launch_check(spec: str, tmp_path, epoch: int, *extra: str, env=None) -> list[dict]:
-    """Runs ddp_check.py under torchrun; returns every rank's record."""
+    """Runs ``shardstream.ddp_check`` under torchrun; returns every rank's record."""
     out_dir = tmp_path / "out"
-    script = EXAMPLES_DIR / "ddp_check.py"
-    args = [str(script), spec, str(out_dir), "--workers", str(WORKERS)]
+    args = [*DDP_CHECK, spec, str(out_dir), "--workers", str(WORKERS)]
     args += ["--epoch", str(epoch), "--seed", "13", *extra]
     proc = run_torchrun(args, cwd=tmp_path, env=env)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
@@ -100,7 +100,7 @@ def test_ddp_over_an_s3_prefix_needs_sample_counts(s3, s3_dataset, tmp_path, mon
     env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
     spec = f"s3://{BUCKET}/audio/"
     out_dir = tmp_path / "refused"
-    args = [str(EXAMPLES_DIR / "ddp_check.py"), spec, str(out_dir)]
+    args = [*DDP_CHECK, spec, str(out_dir)]
     args += ["--s3-endpoint-url", s3.endpoint_url]
     proc = run_torchrun(args, cwd=tmp_path, env=env)
     assert proc.returncode != 0

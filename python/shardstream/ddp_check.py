@@ -1,15 +1,16 @@
-"""Check that ``StreamingDataset`` splits a dataset across DDP ranks and
-DataLoader workers: every sample read exactly once per epoch.
+"""Check, on the cluster where training runs, that ``StreamingDataset``
+splits a dataset across DDP ranks and DataLoader workers: every sample read
+exactly once per epoch, and every rank the same number of samples.
 
-Run it with torchrun (CPU and the ``gloo`` backend are enough)::
+It ships in the package, so an installed wheel runs it with torchrun's
+``-m`` (CPU and the ``gloo`` backend are enough)::
 
-    python examples/make_dataset.py /tmp/shards --shards 8 --samples-per-shard 16
-    torchrun --standalone --nproc_per_node 2 examples/ddp_check.py \\
-        '/tmp/shards/shard-{000000..000007}.tar' /tmp/ddp-out
+    torchrun --standalone --nproc_per_node 2 -m shardstream.ddp_check \
+        'data/train/shard-{000000..000127}.tar' /tmp/ddp-out
 
 or over S3 (here an S3-compatible server on loopback)::
 
-    torchrun --standalone --nproc_per_node 2 examples/ddp_check.py \
+    torchrun --standalone --nproc_per_node 2 -m shardstream.ddp_check \
         s3://bucket/shards/ /tmp/ddp-out --s3-endpoint-url http://127.0.0.1:9000
 
 Each rank joins the process group, builds ``StreamingDataset(DATA_SPEC)``
@@ -22,9 +23,9 @@ saw to ``OUT_DIR/rank-{rank}.json``::
      "keys": ["sample-000003-000000", ...], "stats": {...}}
 
 After a barrier, rank 0 reads every rank's file and checks that no key was
-read by two ranks (or twice by one); the exit status is 1 if one was.
-Whether the union is the whole dataset is for the caller to check, since
-only the caller knows the dataset.
+read by two ranks (or twice by one) and that every rank read as many samples
+as the others; the exit status is 1 if not. Whether the union is the whole
+dataset is for the caller to check, since only the caller knows the dataset.
 """
 
 from __future__ import annotations
@@ -94,13 +95,22 @@ def read_epoch(args: argparse.Namespace) -> dict:
     }
 
 
-def check_disjoint(out_dir: Path, world_size: int) -> list[str]:
-    """Keys read more than once across all ranks' files."""
+def check_records(out_dir: Path, world_size: int) -> list[str]:
+    """What is wrong across all ranks' files: keys read more than once, and
+    ranks that read another number of samples than rank 0."""
     counts: Counter[str] = Counter()
+    lengths = []
     for rank in range(world_size):
         record = json.loads((out_dir / f"rank-{rank}.json").read_text())
         counts.update(record["keys"])
-    return sorted(key for key, n in counts.items() if n > 1)
+        lengths.append(len(record["keys"]))
+    problems = []
+    repeated = sorted(key for key, n in counts.items() if n > 1)
+    if repeated:
+        problems.append(f"{len(repeated)} keys read more than once: {repeated[:5]}")
+    if len(set(lengths)) > 1:
+        problems.append(f"ranks read unequal numbers of samples: {lengths}")
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         status = 0
         if rank == 0:
-            repeated = check_disjoint(args.out_dir, world_size)
-            if repeated:
-                print(f"error: {len(repeated)} keys read more than once: {repeated[:5]}")
+            problems = check_records(args.out_dir, world_size)
+            for problem in problems:
+                print(f"error: {problem}", flush=True)
+            if problems:
                 status = 1
             else:
-                print(f"ok: {world_size} ranks read disjoint samples", flush=True)
+                print(f"ok: {world_size} ranks read disjoint samples, as many each", flush=True)
         return status
     finally:
         dist.destroy_process_group()
