@@ -47,6 +47,7 @@ __all__ = [
     "raise_malloc_thresholds",
     "resolve_shards",
     "run_cli",
+    "write_manifest",
 ]
 
 __version__: str
@@ -446,6 +447,13 @@ class ShardWriter:
     @property
     def manifest_url(self) -> str:
         """Where the manifest is written."""
+    @property
+    def manifest_json(self) -> str:
+        """The manifest of the completed shards (JSON), as written beside them."""
+
+def write_manifest(url: str, manifest: str, *, s3: Any = None) -> None:
+    """Writes a manifest (JSON, checked as a manifest read is) to ``url``: a local path,
+    renamed into place, or an ``s3://`` URL."""
 
 def raise_malloc_thresholds() -> bool:
     """Sets glibc's mmap threshold to 32 MiB and trim threshold to 64 MiB in

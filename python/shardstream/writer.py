@@ -4,8 +4,9 @@ S3, with the manifest that datasets use for equal-length epochs and
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from .options import WriterOptions
+    from .s3 import S3Config
 
-__all__ = ["ShardWriter"]
+__all__ = ["ShardWriter", "write_manifest"]
 
 
 class ShardWriter:
@@ -108,7 +110,27 @@ class ShardWriter:
         """Where the manifest is written (beside the shards)."""
         return self._core.manifest_url
 
+    @property
+    def manifest_json(self) -> str:
+        """The manifest of the completed shards (JSON text), as written beside them."""
+        return self._core.manifest_json
+
     def __repr__(self) -> str:
         return (
             f"ShardWriter({self._pattern!r}, {len(self)} samples, {self.shards} shards completed)"
         )
+
+
+def write_manifest(
+    url: str | os.PathLike[str],
+    shards: Sequence[Mapping[str, Any]],
+    *,
+    s3: S3Config | Mapping[str, Any] | None = None,
+) -> None:
+    """Writes a manifest of ``shards`` (entries as ``manifest.json`` holds them,
+    e.g. several writers' ``json.loads(w.manifest_json)["shards"]``) to ``url``:
+    a local path (under a temporary name, then renamed into place) or an
+    ``s3://`` URL (one ``PutObject``). The entries are checked as a manifest
+    read is (``ManifestError`` naming ``url``)."""
+    manifest = {"format": "shardstream.manifest", "version": 1, "shards": list(shards)}
+    _core.write_manifest(os.fspath(url), json.dumps(manifest), s3=s3)

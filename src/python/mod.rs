@@ -61,7 +61,7 @@ mod _core {
     use super::shard_list::{_rebuild_shard_list, ShardList};
 
     #[pymodule_export]
-    use super::writer::ShardWriter;
+    use super::writer::{write_manifest, ShardWriter};
 
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {

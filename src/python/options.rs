@@ -211,7 +211,7 @@ fn choice<T: FromStr<Err = crate::Error>>(name: &str, value: &Bound<'_, PyAny>) 
 
 /// `s3=`: `None`, a `shardstream.S3Config` (anything with `to_dict()`) or a
 /// dict of its fields (durations in seconds).
-fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
+pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
     let mut o = S3Options::default();
     if value.is_none() {
         return Ok(o);

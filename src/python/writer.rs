@@ -13,8 +13,9 @@ use std::sync::{Mutex, PoisonError, TryLockError};
 
 use super::blocking::blocking;
 use super::errors::to_py;
-use super::options::writer_options;
+use super::options::{s3_options, writer_options};
 use crate::error::Error;
+use crate::manifest::Manifest;
 use crate::write::{self, FieldValue};
 
 /// Writes WebDataset shards (see `shardstream.ShardWriter`).
@@ -250,4 +251,29 @@ impl ShardWriter {
     fn manifest_url(&self) -> String {
         self.manifest_url.clone()
     }
+
+    /// The manifest of the completed shards (JSON), as written beside them.
+    #[getter]
+    fn manifest_json(&self) -> PyResult<String> {
+        self.read(write::ShardWriter::manifest_json)
+    }
+}
+
+/// Writes a manifest (JSON, checked as a manifest read is) to `url`: a
+/// local path, renamed into place, or an `s3://` URL.
+#[pyfunction]
+#[pyo3(signature = (url, manifest, *, s3 = None))]
+pub fn write_manifest(
+    py: Python<'_>,
+    url: String,
+    manifest: &str,
+    s3: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let s3 = match s3 {
+        Some(value) => s3_options(value)?,
+        None => crate::config::S3Options::default(),
+    };
+    s3.validate().map_err(to_py)?;
+    let manifest = Manifest::from_json(manifest, &url).map_err(to_py)?;
+    blocking(py, move || write::write_manifest(&url, &manifest, &s3))
 }

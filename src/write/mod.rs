@@ -214,6 +214,23 @@ pub struct ShardWriter {
     pid: u32,
 }
 
+/// Writes `manifest` to `url`: a local path or `file://` URL (under a
+/// temporary name, synced and renamed into place) or an `s3://` URL (one
+/// `PutObject`, with the retries of `s3`).
+pub fn write_manifest(url: &str, manifest: &Manifest, s3: &S3Options) -> Result<()> {
+    let json = manifest.to_json().into_bytes();
+    if url.contains("://") && !url.starts_with("file://") {
+        return crate::source::write_small_object(s3, url, json);
+    }
+    let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
+    // A bare file name is in the current directory, which is synced.
+    let path = match path.parent() {
+        Some(dir) if dir.as_os_str().is_empty() => std::path::Path::new(".").join(path),
+        _ => path.to_path_buf(),
+    };
+    sink::put_whole(None, "", &path.display().to_string(), json)
+}
+
 /// Why a forked child may not use a writer made in process `pid`.
 pub fn forked_reason(pid: u32) -> String {
     format!(
@@ -512,10 +529,15 @@ impl ShardWriter {
         Ok(())
     }
 
+    /// The manifest of the completed shards as JSON: what `manifest.json`
+    /// beside them holds.
+    pub fn manifest_json(&self) -> String {
+        Manifest::new(self.entries.clone()).to_json()
+    }
+
     /// Writes the manifest of the completed shards beside them.
     fn save_manifest(&self) -> Result<()> {
-        let manifest = Manifest::new(self.entries.clone());
-        let json = serde_json::to_string(&manifest).expect("a manifest serialises") + "\n";
+        let json = self.manifest_json();
         let bucket = match &self.pattern.destination {
             Destination::S3 { bucket, .. } => bucket.as_str(),
             Destination::Local { .. } => "",

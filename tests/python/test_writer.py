@@ -650,3 +650,26 @@ def test_one_writer_shared_by_threads_writes_every_sample_once(tmp_path):
     got = read_all(tmp_path)
     assert sorted(got) == sorted(f"t{t}-{i:03d}" for t in range(4) for i in range(200))
     assert len(w) == 800 and w.shards == 16
+
+
+def test_manifest_json_and_write_manifest_merge_writers(tmp_path):
+    """Two writers' ``manifest_json`` entries, merged by ``write_manifest``, are
+    the manifest ``shardstream index`` writes; bad entries are refused."""
+    from shardstream.writer import write_manifest
+
+    merged = []
+    for part in range(2):
+        with ShardWriter(tmp_path / f"p{part}-%d.tar", max_count=2) as w:
+            for i in range(3):
+                w.write({"__key__": f"k{part}{i}", "txt": "x" * i})
+        assert json.loads(w.manifest_json) == json.loads((tmp_path / "manifest.json").read_text())
+        merged += json.loads(w.manifest_json)["shards"]
+    write_manifest(tmp_path / "manifest.json", merged)
+    got = json.loads((tmp_path / "manifest.json").read_text())
+    assert got == index_manifest([tmp_path], tmp_path / "index.json")
+    (tmp_path / "index.json").unlink()
+    assert len(read_all(tmp_path)) == 6
+    bad = [{**merged[0], "samples": 5}]
+    with pytest.raises(shardstream.ManifestError, match=r"bad\.json"):
+        write_manifest(tmp_path / "bad.json", bad)
+    assert not (tmp_path / "bad.json").exists()
