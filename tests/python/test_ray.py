@@ -9,6 +9,8 @@ from __future__ import annotations
 import collections
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -259,3 +261,9 @@ def test_index_fan_out_equals_the_one_machine_index(s3: Any, tmp_path: Path) -> 
     ds = StreamingDataset("s3://indexed/d/", s3=config(s3), count_samples=True)
     assert len(ds) == N // 4
     assert isinstance(ds, shardstream.StreamingDataset)
+
+
+def test_import_shardstream_does_not_import_ray() -> None:
+    code = "import sys, shardstream; assert 'ray' not in sys.modules, 'ray imported'"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
