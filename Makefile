@@ -125,6 +125,9 @@ bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decod
 	$(PY) benches/augment_bench.py --out bench-results
 	$(PY) benches/audio_bench.py --out bench-results
 
+bench-startup: develop ## Start-up of one resolution per job at 1,000,000 shards: broadcast form size, ranks receiving it, worker memory, plan time
+	$(PY) benches/startup_bench.py --out bench-results
+
 # `cargo bench` builds with the bench profile, which inherits the release
 # profile, and the `python` feature keeps dependency features as in
 # `make test`, so its dependencies are reused (pyo3, numpy and the crate

@@ -1,7 +1,10 @@
 """S3 benchmark behind `make bench`: one epoch of the example audio shards
 from a real S3-compatible server on loopback (moto's), read by shardstream,
 by a plain boto3 streaming GET per shard (parsed with `tarfile`), and by
-webdataset (which fetches http URLs with curl), interleaved in one run.
+webdataset (which fetches http URLs with curl), interleaved in one run;
+and `shardstream index` of the same prefix (8 shards at once, and one at a
+time), whose MB/s are the shards' stored bytes read, to compare with the
+readers' field bytes.
 
     python benches/s3_bench.py --out bench-results [--repeats 3]
 
@@ -35,7 +38,7 @@ from make_dataset import make_dataset  # noqa: E402
 from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, running_s3_server  # noqa: E402
 
 PREFIX = "bench/"
-READERS = ["shardstream", "shardstream-parts", "boto3", "webdataset"]
+READERS = ["shardstream", "shardstream-parts", "boto3", "webdataset", "index", "index-1-job"]
 CHILD_TIMEOUT = 1800
 
 
@@ -105,6 +108,24 @@ def webdataset_samples(endpoint: str, keys: list[str]) -> Iterator[int]:
             yield sum(len(v) for k, v in sample.items() if not k.startswith("__"))
 
 
+def index_samples(endpoint: str, jobs: int) -> Iterator[int]:
+    """``shardstream index`` of the prefix (no journal left: a fresh output
+    each run); each shard's stored size, spread over its sample count."""
+    import tempfile
+
+    from shardstream import _core
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "manifest.json"
+        cli = ["shardstream", "--s3-endpoint-url", endpoint, "--s3-path-style"]
+        cli += ["--s3-region", "us-east-1", "index", f"s3://{BUCKET}/{PREFIX}"]
+        if _core.run_cli([*cli, "--jobs", str(jobs), "-o", str(out)]) != 0:
+            raise SystemExit("shardstream index failed")
+        for shard in json.loads(out.read_text())["shards"]:
+            for _ in range(shard["samples"]):
+                yield shard["size"] // max(shard["samples"], 1)
+
+
 def run_reader(reader: str, endpoint: str, keys: list[str]) -> dict[str, float]:
     """Times one epoch; imports happen before the clock starts."""
     import boto3  # noqa: F401
@@ -118,6 +139,8 @@ def run_reader(reader: str, endpoint: str, keys: list[str]) -> dict[str, float]:
         "shardstream-parts": lambda: shardstream_samples(endpoint, keys, parts=True),
         "boto3": lambda: boto3_samples(endpoint, keys),
         "webdataset": lambda: webdataset_samples(endpoint, keys),
+        "index": lambda: index_samples(endpoint, jobs=8),
+        "index-1-job": lambda: index_samples(endpoint, jobs=1),
     }[reader]
     start = time.perf_counter()
     count = total = 0

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,13 +15,13 @@ use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 use crate::config::{S3Options, StreamOptions};
 use crate::error::{Error, Result};
-use crate::location::Location;
-use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
+use crate::index;
+use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::Shard;
-use crate::spec::{is_parquet_name, DatasetFormat};
+use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
@@ -93,6 +94,11 @@ enum Command {
         /// shards, `manifest.json`, is where datasets find it).
         #[arg(short, long)]
         output: PathBuf,
+        /// Shards read at once. An interrupted run resumes from the journal
+        /// beside the manifest (`<output>.partial`): the shards it indexed
+        /// are not read again.
+        #[arg(short, long, default_value_t = index::DEFAULT_JOBS, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        jobs: u16,
     },
     /// Print which shards (or sample runs) each (rank, worker) slot reads in an epoch.
     Plan {
@@ -210,7 +216,9 @@ where
             write_shards(&src, &dest, source, options, &mut out)
         }
         Command::Inspect { shard, limit } => inspect(&shard, limit, &s3, &mut out),
-        Command::Index { spec, output } => index(&spec, &output, &s3, &mut out),
+        Command::Index { spec, output, jobs } => {
+            index(&spec, &output, &s3, usize::from(jobs), &mut out)
+        }
         Command::Plan {
             spec,
             world_size,
@@ -330,67 +338,56 @@ fn index(
     specs: &[String],
     output: &std::path::Path,
     s3: &S3Options,
+    jobs: usize,
     out: &mut dyn Write,
 ) -> Result<()> {
-    // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
-    // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
-    // with the same errors, a missing local shard among them, before any
-    // shard is scanned. Manifests describe tar shards: listings keep tar
-    // names, and a Parquet file named is refused (its footer gives counts).
-    let (mut shards, _) =
-        resolve::resolve_indexed(specs, s3, DatasetFormat::Tar, &ManifestChoice::Off, true)?;
-    if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
-        return Err(Error::Spec {
-            spec: parquet.url.clone(),
-            reason: "a manifest describes tar shards, and a Parquet file needs none \
-                     (its footer gives its row counts)"
-                .into(),
-        });
-    }
-    crate::source::describe_remote_objects(s3, &mut shards)?;
-    let mut spans: Vec<(Vec<u64>, Vec<u64>)> = vec![(Vec::new(), Vec::new()); shards.len()];
-    let compressed = scan(&shards, s3, |sample, _| {
-        let (offsets, lengths) = &mut spans[sample.id.shard];
-        offsets.push(sample.offset);
-        lengths.push(sample.length);
-        Ok(())
-    })?;
-    let mut entries = Vec::with_capacity(shards.len());
-    for (position, (shard, (offsets, lengths))) in shards.iter().zip(spans).enumerate() {
-        let mtime_ns = match shard.location() {
-            Location::Local(path) => manifest::mtime_ns(&path),
-            Location::S3 { .. } | Location::Http(_) => None,
-        };
-        let size = shard.size.ok_or_else(|| Error::NotFound {
-            url: shard.url.clone(),
-            source: std::io::ErrorKind::NotFound.into(),
-        })?;
-        entries.push(ShardEntry {
-            url: manifest::entry_url(shard, output),
-            size,
-            etag: shard.etag.clone(),
-            mtime_ns,
-            compression: compressed.get(&position).copied(),
-            samples: offsets.len() as u64,
-            offsets,
-            lengths,
-        });
-    }
-    let samples: u64 = entries.iter().map(|e| e.samples).sum();
-    let manifest = Manifest::new(entries);
-    let target = output.to_string_lossy();
-    if target.contains("://") && !target.starts_with("file://") {
-        crate::source::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
-    } else {
-        manifest.save(output)?;
-    }
+    let progress = IndexBar {
+        bar: ProgressBar::new(0),
+        shards: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+    };
+    let report = index::index_dataset(specs, output, s3, jobs, &progress)?;
+    progress.bar.finish_and_clear();
+    let resumed = match report.resumed {
+        0 => String::new(),
+        n => format!(" ({n} from the journal of an earlier run)"),
+    };
     writeln!(
         out,
-        "indexed {} shards, {samples} samples into {}",
-        shards.len(),
+        "indexed {} shards{resumed}, {} samples into {}",
+        report.shards,
+        report.samples,
         output.display()
     )?;
     Ok(())
+}
+
+/// A progress bar over an index run's bytes, with its shards done.
+struct IndexBar {
+    bar: ProgressBar,
+    shards: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl index::IndexProgress for IndexBar {
+    fn start(&self, shards: usize, bytes: u64) {
+        self.shards.store(shards, Ordering::Relaxed);
+        self.bar.set_length(bytes);
+        self.bar.set_style(
+            ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {msg}")
+                .expect("valid template"),
+        );
+        self.bar.set_message(format!("0/{shards} shards"));
+        self.bar.enable_steady_tick(Duration::from_millis(200));
+    }
+    fn read(&self, bytes: u64) {
+        self.bar.set_position(bytes);
+    }
+    fn shard_done(&self) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let shards = self.shards.load(Ordering::Relaxed);
+        self.bar.set_message(format!("{done}/{shards} shards"));
+    }
 }
 
 fn print_plan(

@@ -21,6 +21,7 @@ pub mod error;
 pub mod format;
 pub mod gcs;
 pub mod hub;
+pub mod index;
 pub mod location;
 pub mod manifest;
 pub mod pipeline;

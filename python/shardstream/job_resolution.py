@@ -44,6 +44,9 @@ START_WAIT = timedelta(seconds=60)
 RESULT_WAIT = timedelta(minutes=30)
 # The store is polled in slices of this, so that a lost rank 0 shows.
 POLL = timedelta(seconds=5)
+# The default store server (libuv's, torchrun's agent's too) drops a client
+# that sends a value over 8 MiB: a resolution goes in parts of this size.
+PART_BYTES = 4 << 20
 
 _made: Counter[str] = Counter()
 
@@ -112,9 +115,9 @@ def resolve_once(
         except BaseException as error:
             # Whatever it is (a panic, Ctrl-C), the other ranks hear of it
             # at once rather than after RESULT_WAIT.
-            store.set(key, _encoded_error(error))
+            _publish(store, key, _encoded_error(error))
             raise
-        store.set(key, _encoded(shard_list))
+        _publish(store, key, _encoded(shard_list))
         return shard_list
     if not (_wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT)):
         warnings.warn(
@@ -124,7 +127,23 @@ def resolve_once(
             stacklevel=3,
         )
         return resolve()
-    return _decoded(store.get(key), options)
+    return _decoded(_fetch(store, key), options)
+
+
+def _publish(store: Any, key: str, data: bytes) -> None:
+    """Sets ``data`` under ``key`` in parts of at most ``PART_BYTES``
+    (``key/part/i``), then ``key`` itself, which says how many: the other
+    ranks wait for ``key``, so every part is there when they see it."""
+    parts = [data[i : i + PART_BYTES] for i in range(0, len(data), PART_BYTES)]
+    for index, part in enumerate(parts):
+        store.set(f"{key}/part/{index}", part)
+    store.set(key, json.dumps({"parts": len(parts)}).encode())
+
+
+def _fetch(store: Any, key: str) -> bytes:
+    """What ``_publish`` set under ``key``, its parts joined."""
+    parts = json.loads(store.get(key))["parts"]
+    return b"".join(store.get(f"{key}/part/{index}") for index in range(parts))
 
 
 def _encoded(shard_list: ShardList) -> bytes:

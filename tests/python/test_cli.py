@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -357,3 +358,82 @@ def test_index_of_an_s3_prefix_and_range(s3, s3_dataset, tmp_path):
     proc, _ = index_of(*endpoint, "index", spec, "-o", tmp_path / "none.json")
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"error: {dataset_error(spec, s3=config(s3))}"
+
+
+def copy_dataset(dataset, root: Path) -> list[Path]:
+    """The dataset's shards copied into ``root`` (times kept)."""
+    import shutil
+
+    root.mkdir()
+    return [Path(shutil.copy2(path, root / path.name)) for path in dataset.paths]
+
+
+def test_index_reads_shards_at_once_into_the_same_manifest(dataset, tmp_path):
+    """Shards spread over 1, 3 or 16 streams give the same manifest, in the
+    listed order, and leave no journal behind."""
+    out = dataset.paths[0].parent / "m.json"
+    manifests = []
+    for jobs in (1, 3, 16):
+        proc, manifest = index_of("index", dataset.spec, "--jobs", str(jobs), "-o", out)
+        assert proc.returncode == 0, proc.stderr
+        manifests.append(manifest)
+        assert not out.with_name("m.json.partial").exists()
+    out.unlink()
+    assert manifests[0] == manifests[1] == manifests[2]
+    shards = manifests[0]["shards"]
+    assert [e["url"] for e in shards] == [p.name for p in dataset.paths]
+    for entry, path in zip(shards, dataset.paths, strict=True):
+        assert entry["samples"] == len(read_tar_samples(path))
+    proc = run("module", "index", dataset.spec, "--jobs", "0", "-o", tmp_path / "x.json")
+    assert proc.returncode == 2 and "--jobs" in proc.stderr, proc.stderr
+
+
+def test_an_interrupted_index_resumes_without_reading_its_indexed_shards(dataset, tmp_path):
+    """A run stopped by a bad shard leaves a journal of the shards it had
+    indexed; the next run takes them from it without reading them (their
+    bytes are garbage by then, with the same size and time, and would fail),
+    reads a shard that changed since (another size) again, skips a cut last
+    line, and writes the manifest an uninterrupted run writes."""
+    paths = copy_dataset(dataset, tmp_path / "shards")
+    spec = f"{paths[0].parent}/shard-{{000000..{len(paths) - 1:06d}}}.tar"
+    out = paths[0].parent / "manifest.json"
+    journal = out.with_name("manifest.json.partial")
+    proc, reference = index_of("index", spec, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    out.unlink()
+
+    # Shard 5 unreadable: one stream reads the shards in listed order and
+    # stops there, with shards 0..3 journaled (shard 4's end is not known
+    # before the error).
+    original = paths[5].read_bytes()
+    paths[5].write_bytes(b"\xff" * len(original))
+    proc = run("module", "index", spec, "--jobs", "1", "-o", out)
+    assert proc.returncode == 1 and paths[5].name in proc.stderr, proc.stderr
+    assert not out.exists()
+    lines = journal.read_text().splitlines()
+    assert [json.loads(line)["url"] for line in lines] == [p.name for p in paths[:4]]
+
+    paths[5].write_bytes(original)
+    for path in paths[:4]:  # what was indexed: garbage now, same size and time
+        stat = path.stat()
+        path.write_bytes(b"\xff" * stat.st_size)
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with journal.open("a") as file:
+        file.write('{"url": "shard-0000')  # a line cut by the interruption
+    # Shard 1 changed since: another size, so read again (zeros after a
+    # tar's end are more end-of-archive padding, the same samples).
+    paths[1].write_bytes(original_bytes(dataset, 1) + bytes(1024))
+    proc, resumed = index_of("index", spec, "--jobs", "2", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    assert "(3 from the journal of an earlier run)" in proc.stdout, proc.stdout
+    assert not journal.exists()
+    assert resumed is not None
+    expected = reference["shards"]
+    expected[1] = dict(expected[1], size=expected[1]["size"] + 1024)
+    for rewritten in (1, 5):
+        expected[rewritten]["mtime_ns"] = resumed["shards"][rewritten]["mtime_ns"]
+    assert resumed["shards"] == expected
+
+
+def original_bytes(dataset, index: int) -> bytes:
+    return dataset.paths[index].read_bytes()

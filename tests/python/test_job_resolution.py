@@ -173,3 +173,26 @@ def test_before_the_process_group_the_processes_of_a_node_list_once(s3, s3_shard
     assert len({tuple(r["shards"]) for r in records}) == 1
     assert len(records[0]["shards"]) == len(COUNTS)
     assert len(listings) == 1, listings
+
+
+def test_a_resolution_over_8_mib_reaches_every_rank(tmp_path):
+    """A resolution larger than a store value may be (the default store
+    server drops a client sending over 8 MiB): 30,000 raw objects with long
+    names, sent in parts, every rank gets the whole list and no rank
+    resolves by itself (before, rank 0 failed with a connection reset)."""
+    from shardstream import _core
+    from shardstream.job_resolution import PART_BYTES, _encoded
+
+    root = tmp_path / "objects"
+    root.mkdir()
+    names = [f"{i:06d}-{'x' * 193}.bin" for i in range(30_000)]
+    for name in names:
+        (root / name).write_bytes(b"1")
+    options = {"format": "raw", "manifest": False}
+    encoded = _encoded(_core.ShardList([f"{root}/"], _core.Options(**options)))
+    assert len(encoded) > 8 << 20 >= 2 * PART_BYTES  # 3 parts or more
+    records = launch(tmp_path, f"{root}/", options, {})
+    assert [r.get("error") for r in records] == [None] * NPROC
+    assert [len(r["shards"]) for r in records] == [len(names)] * NPROC
+    assert all(r["shards"] == records[0]["shards"] for r in records)
+    assert sorted(Path(u).name for u in records[0]["shards"]) == names

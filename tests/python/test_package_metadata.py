@@ -5,8 +5,8 @@ and the project's URLs, license and classifiers must be declared."""
 from __future__ import annotations
 
 import re
-import tomllib
 
+import tomllib
 from _shardtest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"

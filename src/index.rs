@@ -1,0 +1,410 @@
+//! Indexing a dataset into a manifest (`shardstream index`): several shards
+//! streamed at once, each once, with progress shown, and a journal beside
+//! the manifest so that an interrupted run resumes without reading again
+//! the shards it had indexed.
+//!
+//! The shards are spread over `jobs` streams as the plan spreads them over
+//! DataLoader workers (whole shards, balanced by bytes, in listed order), so
+//! each is read sequentially with its read-ahead. When a shard is done its
+//! entry is appended to the journal (one JSON line, flushed); a later run
+//! over the same output takes the entries whose shard has the same URL,
+//! size, ETag and modification time, and reads only the others. The journal
+//! is removed once the manifest is written.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+
+use crate::compression::Compression;
+use crate::config::{S3Options, StreamOptions};
+use crate::error::{Error, Result};
+use crate::location::Location;
+use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
+use crate::pipeline::{Event, SampleStream};
+use crate::plan::SlotSpec;
+use crate::resolve;
+use crate::shard::Shard;
+use crate::spec::{is_parquet_name, DatasetFormat};
+use crate::stats::{Counter, Counters};
+
+/// Streams at once when none is asked for: enough to keep an object
+/// store's bandwidth busy with each shard read sequentially.
+pub const DEFAULT_JOBS: u16 = 8;
+
+/// How an index run went, for the command line to report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexReport {
+    /// Shards in the manifest.
+    pub shards: usize,
+    /// Of those, shards taken from an earlier run's journal (not read).
+    pub resumed: usize,
+    /// Samples in the manifest.
+    pub samples: u64,
+}
+
+/// What watches an index run: told the bytes to read once, then, from any
+/// thread, the bytes read so far and each shard done.
+pub trait IndexProgress: Sync {
+    /// The run reads `bytes` over `shards` shards.
+    fn start(&self, shards: usize, bytes: u64);
+    /// `bytes` of the shards have been read so far.
+    fn read(&self, bytes: u64);
+    /// One more shard is indexed.
+    fn shard_done(&self);
+}
+
+/// Indexes the dataset of `specs` into a manifest at `output` (a path or a
+/// supported URL), reading up to `jobs` shards at once and resuming from
+/// the journal of an interrupted run over the same output.
+pub fn index_dataset(
+    specs: &[String],
+    output: &Path,
+    s3: &S3Options,
+    jobs: usize,
+    progress: &dyn IndexProgress,
+) -> Result<IndexReport> {
+    // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
+    // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
+    // with the same errors, a missing local shard among them, before any
+    // shard is scanned. Manifests describe tar shards: listings keep tar
+    // names, and a Parquet file named is refused (its footer gives counts).
+    let (mut shards, _) =
+        resolve::resolve_indexed(specs, s3, DatasetFormat::Tar, &ManifestChoice::Off, true)?;
+    if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
+        return Err(Error::Spec {
+            spec: parquet.url.clone(),
+            reason: "a manifest describes tar shards, and a Parquet file needs none \
+                     (its footer gives its row counts)"
+                .into(),
+        });
+    }
+    crate::source::describe_remote_objects(s3, &mut shards)?;
+    let identities = shards
+        .iter()
+        .map(|shard| Identity::of(shard, output))
+        .collect::<Result<Vec<_>>>()?;
+
+    let journal_path = journal_path(output);
+    let mut entries: Vec<Option<ShardEntry>> = vec![None; shards.len()];
+    let earlier = read_journal(&journal_path);
+    let mut resumed = 0;
+    for (slot, identity) in entries.iter_mut().zip(&identities) {
+        if let Some(entry) = earlier.iter().find(|e| identity.matches(e)) {
+            *slot = Some(entry.clone());
+            resumed += 1;
+        }
+    }
+    let mut journal = Journal::create(&journal_path, entries.iter().flatten())?;
+
+    let todo: Vec<usize> = (0..shards.len())
+        .filter(|&i| entries[i].is_none())
+        .collect();
+    let todo_shards: Vec<Shard> = todo.iter().map(|&i| shards[i].clone()).collect();
+    scan_concurrently(&todo_shards, s3, jobs, progress, |scanned| {
+        let position = todo[scanned.shard];
+        let entry = identities[position].entry(scanned);
+        journal.append(&entry)?;
+        entries[position] = Some(entry);
+        Ok(())
+    })?;
+
+    let entries: Vec<ShardEntry> = entries.into_iter().flatten().collect();
+    debug_assert_eq!(entries.len(), shards.len());
+    let samples = entries.iter().map(|e| e.samples).sum();
+    let manifest = Manifest::new(entries);
+    let target = output.to_string_lossy();
+    if target.contains("://") && !target.starts_with("file://") {
+        crate::source::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
+    } else {
+        manifest.save(output)?;
+    }
+    drop(journal);
+    // The manifest holds it all now; a journal left behind is only stale.
+    let _ = std::fs::remove_file(&journal_path);
+    Ok(IndexReport {
+        shards: shards.len(),
+        resumed,
+        samples,
+    })
+}
+
+/// Where the journal of an index run writing `output` lives: beside a local
+/// manifest, `<manifest>.partial`; for a manifest written to a URL, in the
+/// working directory, named after the URL.
+pub fn journal_path(output: &Path) -> PathBuf {
+    let target = output.to_string_lossy();
+    if target.contains("://") && !target.starts_with("file://") {
+        let name: String = target
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        PathBuf::from(format!("shardstream-index-{name}.partial"))
+    } else {
+        let local = target.strip_prefix("file://").map_or(output, Path::new);
+        let mut name = local.as_os_str().to_owned();
+        name.push(".partial");
+        PathBuf::from(name)
+    }
+}
+
+/// What identifies a shard's content between runs: the fields of its
+/// manifest entry that do not come from reading it.
+struct Identity {
+    url: String,
+    size: u64,
+    etag: Option<String>,
+    mtime_ns: Option<u64>,
+}
+
+impl Identity {
+    fn of(shard: &Shard, output: &Path) -> Result<Self> {
+        let mtime_ns = match shard.location() {
+            Location::Local(path) => manifest::mtime_ns(&path),
+            Location::S3 { .. } | Location::Http(_) => None,
+        };
+        let size = shard.size.ok_or_else(|| Error::NotFound {
+            url: shard.url.clone(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
+        Ok(Identity {
+            url: manifest::entry_url(shard, output),
+            size,
+            etag: shard.etag.clone(),
+            mtime_ns,
+        })
+    }
+
+    /// Whether a journal entry describes this very shard: the same URL,
+    /// size, ETag and modification time (a shard without either validator
+    /// is read again).
+    fn matches(&self, entry: &ShardEntry) -> bool {
+        (self.etag.is_some() || self.mtime_ns.is_some())
+            && entry.url == self.url
+            && entry.size == self.size
+            && entry.etag == self.etag
+            && entry.mtime_ns == self.mtime_ns
+    }
+
+    fn entry(&self, scanned: ScannedShard) -> ShardEntry {
+        ShardEntry {
+            url: self.url.clone(),
+            size: self.size,
+            etag: self.etag.clone(),
+            mtime_ns: self.mtime_ns,
+            compression: scanned.compression,
+            samples: scanned.offsets.len() as u64,
+            offsets: scanned.offsets,
+            lengths: scanned.lengths,
+        }
+    }
+}
+
+/// The entries of an earlier run's journal: every line that is a whole,
+/// consistent entry, up to the first that is not (a run stopped while
+/// writing one leaves a cut line). No journal, no entries.
+fn read_journal(path: &Path) -> Vec<ShardEntry> {
+    let Ok(file) = File::open(path) else {
+        return Vec::new();
+    };
+    let mut entries = Vec::new();
+    for line in BufReader::new(file).lines() {
+        let Ok(line) = line else { break };
+        match serde_json::from_str::<ShardEntry>(&line) {
+            Ok(entry) if entry.offsets.len() as u64 == entry.samples => entries.push(entry),
+            _ => break,
+        }
+    }
+    entries
+}
+
+/// The journal being written: one JSON line per shard indexed, each flushed
+/// as soon as the shard is done.
+struct Journal {
+    file: File,
+    path: PathBuf,
+}
+
+impl Journal {
+    /// Starts the journal anew at `path` with the `kept` entries of an
+    /// earlier run (written to a new file, then renamed over the old one,
+    /// so a cut line of the earlier run is gone).
+    fn create<'a>(path: &Path, kept: impl Iterator<Item = &'a ShardEntry>) -> Result<Self> {
+        let fresh = {
+            let mut name = path.as_os_str().to_owned();
+            name.push(".new");
+            PathBuf::from(name)
+        };
+        let io = |e: std::io::Error| journal_error(path, e);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&fresh)
+            .map_err(io)?;
+        for entry in kept {
+            writeln!(file, "{}", journal_line(entry)).map_err(io)?;
+        }
+        file.flush().map_err(io)?;
+        std::fs::rename(&fresh, path).map_err(io)?;
+        Ok(Journal {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    fn append(&mut self, entry: &ShardEntry) -> Result<()> {
+        writeln!(self.file, "{}", journal_line(entry))
+            .and_then(|()| self.file.flush())
+            .map_err(|e| journal_error(&self.path, e))
+    }
+}
+
+/// A failure to write the journal at `path`: the run stops, since it could
+/// not resume from what it has indexed.
+fn journal_error(path: &Path, error: std::io::Error) -> Error {
+    Error::Write {
+        url: path.display().to_string(),
+        offset: 0,
+        reason: format!("the index journal cannot be written: {error}"),
+    }
+}
+
+fn journal_line(entry: &ShardEntry) -> String {
+    serde_json::to_string(entry).expect("a manifest entry serialises")
+}
+
+/// One shard read through: its samples' spans and its compression.
+struct ScannedShard {
+    /// Index of the shard in the list scanned.
+    shard: usize,
+    offsets: Vec<u64>,
+    lengths: Vec<u64>,
+    compression: Option<Compression>,
+}
+
+/// Reads `shards` through, up to `jobs` at once, and hands each one done to
+/// `done` (on the calling thread, in the order they finish). The first
+/// error stops every stream and is returned.
+fn scan_concurrently(
+    shards: &[Shard],
+    s3: &S3Options,
+    jobs: usize,
+    progress: &dyn IndexProgress,
+    mut done: impl FnMut(ScannedShard) -> Result<()>,
+) -> Result<()> {
+    progress.start(shards.len(), shards.iter().filter_map(|s| s.size).sum());
+    if shards.is_empty() {
+        return Ok(());
+    }
+    let jobs = jobs.clamp(1, shards.len());
+    let options = StreamOptions::builder()
+        .with_shuffle_shards(false)
+        .with_shuffle_buffer(0)
+        .with_s3(s3.clone())
+        .build()?;
+    let counters = Arc::new(Counters::new());
+    let stop = AtomicBool::new(false);
+    let (sender, receiver) = mpsc::channel::<Result<ScannedShard>>();
+    std::thread::scope(|scope| {
+        for job in 0..jobs {
+            let sender = sender.clone();
+            let (options, counters, stop) = (&options, &counters, &stop);
+            scope.spawn(move || {
+                let scanned = scan_slot(
+                    shards, options, jobs, job, counters, stop, progress, &sender,
+                );
+                if let Err(e) = scanned {
+                    let _ = sender.send(Err(e));
+                }
+            });
+        }
+        drop(sender);
+        let mut outcome = Ok(());
+        for message in receiver {
+            if outcome.is_err() {
+                continue;
+            }
+            outcome = message.and_then(&mut done);
+            match &outcome {
+                Ok(()) => progress.shard_done(),
+                Err(_) => stop.store(true, Ordering::SeqCst),
+            }
+        }
+        outcome
+    })
+}
+
+/// Streams the shards the plan gives worker `job` of `jobs`, sending each
+/// one as it is done; returns early, without error, once `stop` is set.
+#[allow(clippy::too_many_arguments)]
+fn scan_slot(
+    shards: &[Shard],
+    options: &StreamOptions,
+    jobs: usize,
+    job: usize,
+    counters: &Arc<Counters>,
+    stop: &AtomicBool,
+    progress: &dyn IndexProgress,
+    sender: &mpsc::Sender<Result<ScannedShard>>,
+) -> Result<()> {
+    let slot = SlotSpec::new(1, 0, jobs, job)?;
+    let mut stream = SampleStream::new(shards, options, 0, slot, counters.clone(), None)?;
+    let order: Vec<usize> = stream.units().iter().map(|unit| unit.shard).collect();
+    let mut next = 0;
+    let (mut offsets, mut lengths) = (Vec::new(), Vec::new());
+    let finish =
+        |shard: usize, offsets: &mut Vec<u64>, lengths: &mut Vec<u64>, stream: &SampleStream| {
+            let scanned = ScannedShard {
+                shard,
+                offsets: std::mem::take(offsets),
+                lengths: std::mem::take(lengths),
+                compression: stream.compressed_shards().get(&shard).copied(),
+            };
+            sender.send(Ok(scanned)).is_ok()
+        };
+    while let Some(event) = stream.next() {
+        if stop.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        match event? {
+            Event::Sample(sample) => {
+                // Shards before this sample's are done (an empty one too).
+                while order
+                    .get(next)
+                    .is_some_and(|&shard| shard != sample.id.shard)
+                {
+                    if !finish(order[next], &mut offsets, &mut lengths, &stream) {
+                        return Ok(());
+                    }
+                    next += 1;
+                }
+                offsets.push(sample.offset);
+                lengths.push(sample.length);
+                progress.read(counters.snapshot().get(Counter::BytesRead));
+            }
+            Event::Skipped(error) => return Err(error),
+            Event::Batch(table) => {
+                return Err(Error::Stopped(format!(
+                    "{}: Arrow batches are not for the command line",
+                    table.url
+                )))
+            }
+        }
+    }
+    while next < order.len() {
+        if !finish(order[next], &mut offsets, &mut lengths, &stream) {
+            return Ok(());
+        }
+        next += 1;
+    }
+    progress.read(counters.snapshot().get(Counter::BytesRead));
+    Ok(())
+}
