@@ -13,9 +13,10 @@ tests/python/test_sdist.py in the virtualenv the sdist was built into::
 from __future__ import annotations
 
 import json
+import os
 import platform
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import shardstream
@@ -23,6 +24,25 @@ from shardstream import _core
 
 SHARDS = 4
 PER_SHARD = 25
+
+
+def cli(*args: str) -> str:
+    """The ``shardstream`` command, run in this process as its entry point
+    runs it (under qemu without binfmt_misc an arm64 program cannot start
+    another); what it printed. Raises if it fails."""
+    with tempfile.TemporaryFile() as out:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        os.dup2(out.fileno(), 1)
+        try:
+            code = _core.run_cli(["shardstream", *args])
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        out.seek(0)
+        printed = out.read().decode()
+    assert code == 0, (args, code, printed)
+    return printed
 
 
 def main(root: Path, machine: str) -> None:
@@ -36,20 +56,11 @@ def main(root: Path, machine: str) -> None:
             writer.write({"__key__": key, "txt": text, "cls": str(index % 10).encode()})
             written[key] = text
     spec = str(root / "shard-{000000..000003}.tar")
-    # The CLI, in this interpreter (an arm64 entry script cannot be exec'd
-    # without binfmt_misc).
-    cli = [sys.executable, "-m", "shardstream"]
     manifest = root / "index.json"
-    subprocess.run([*cli, "index", spec, "-o", str(manifest)], check=True, timeout=600)
+    cli("index", spec, "-o", str(manifest))
     counts = [shard["samples"] for shard in json.loads(manifest.read_text())["shards"]]
     assert counts == [PER_SHARD] * SHARDS, counts
-    plan = subprocess.run(
-        [*cli, "plan", spec, "--world-size", "2"],
-        check=True,
-        timeout=600,
-        capture_output=True,
-        text=True,
-    ).stdout
+    plan = cli("plan", spec, "--world-size", "2")
     assert "rank 1" in plan, plan
 
     options = _core.Options(seed=3, manifest=str(manifest))

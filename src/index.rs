@@ -130,6 +130,43 @@ pub fn index_dataset(
     })
 }
 
+/// The manifest entries of the shards of `shards` at `positions`, each read
+/// through once, up to `jobs` at once: what `shardstream index` records for
+/// them, with their URLs as listed (`count_samples=True` on remote shards).
+pub fn index_shards(
+    shards: &[Shard],
+    positions: &[usize],
+    s3: &S3Options,
+    jobs: usize,
+) -> Result<Vec<ShardEntry>> {
+    let picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
+    let identities = picked
+        .iter()
+        .map(|shard| {
+            Ok(Identity {
+                url: shard.url.clone(),
+                ..Identity::of(shard, Path::new(""))?
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut entries: Vec<Option<ShardEntry>> = vec![None; picked.len()];
+    scan_concurrently(&picked, s3, jobs, &Silent, |scanned| {
+        let at = scanned.shard;
+        entries[at] = Some(identities[at].entry(scanned));
+        Ok(())
+    })?;
+    Ok(entries.into_iter().flatten().collect())
+}
+
+/// Progress nobody watches.
+struct Silent;
+
+impl IndexProgress for Silent {
+    fn start(&self, _shards: usize, _bytes: u64) {}
+    fn read(&self, _bytes: u64) {}
+    fn shard_done(&self) {}
+}
+
 /// Where the journal of an index run writing `output` lives: beside a local
 /// manifest, `<manifest>.partial`; for a manifest written to a URL, in the
 /// working directory, named after the URL.

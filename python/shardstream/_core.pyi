@@ -297,6 +297,14 @@ class ShardList:
     def count_samples(self) -> None:
         """Counts the samples of the local tar shards without counts, from their headers
         (unless ``count_samples=False``)."""
+    def uncounted_remote(self) -> list[int]:
+        """Positions of the tar shards without a sample count (remote shards no manifest
+        describes), when ``count_samples=True`` asks for them to be read; else none."""
+    def index_shards(self, positions: list[int], jobs: int) -> str:
+        """Reads the shards at ``positions`` through, ``jobs`` at once; their manifest (JSON)."""
+    def attach_counts(self, json: str) -> None:
+        """Gives the shards ``json`` (a manifest from ``index_shards``) lists their sample
+        indices, checking sizes and ETags."""
     @property
     def counted(self) -> bool:
         """Whether the local tar shards were counted from their headers."""

@@ -44,6 +44,9 @@ START_WAIT = timedelta(seconds=60)
 RESULT_WAIT = timedelta(minutes=30)
 # The store is polled in slices of this, so that a lost rank 0 shows.
 POLL = timedelta(seconds=5)
+# Shards each process reads at once when ``count_samples=True`` indexes
+# remote shards at start-up.
+COUNT_JOBS = 8
 # The default store server (libuv's, torchrun's agent's too) drops a client
 # that sends a value over 8 MiB: a resolution goes in parts of this size.
 PART_BYTES = 4 << 20
@@ -100,13 +103,14 @@ def resolve_once(
             if share.found is not None:
                 return share.found
             shard_list = resolve()
+            _count_remote(shard_list)
             share.keep(shard_list)
             return shard_list
     if dist.get_world_size() < 2:
-        return resolve()
+        return _count_remote(resolve())
     store = _default_store()
     if store is None:
-        return resolve()
+        return _count_remote(resolve())
     key = _key(specs, (options, counted))
     if dist.get_rank() == 0:
         store.set(f"{key}/started", b"1")
@@ -118,16 +122,57 @@ def resolve_once(
             _publish(store, key, _encoded_error(error))
             raise
         _publish(store, key, _encoded(shard_list))
-        return shard_list
-    if not (_wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT)):
+    elif _wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT):
+        shard_list = _decoded(_fetch(store, key), options)
+    else:
         warnings.warn(
             "shardstream: rank 0 did not resolve this dataset (is it made on every rank, "
             "in the same order?); this rank resolves it by itself",
             RuntimeWarning,
             stacklevel=3,
         )
-        return resolve()
-    return _decoded(_fetch(store, key), options)
+        shard_list = resolve()
+    return _count_remote(shard_list, store, key)
+
+
+def _count_remote(shard_list: ShardList, store: Any = None, key: str = "") -> ShardList:
+    """``count_samples=True`` on remote tar shards no manifest describes:
+    reads them through once at start-up to index them. In a process group
+    (``store``), each rank reads every N-th of them and hands its part to
+    the others through the store, so the job reads each shard once; a
+    rank's part that does not come in time is read by the waiting rank
+    itself, with a warning, and a rank's error reaches every rank."""
+    todo = shard_list.uncounted_remote()
+    if not todo:
+        return shard_list
+    if store is None:
+        shard_list.attach_counts(shard_list.index_shards(todo, COUNT_JOBS))
+        return shard_list
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        own = shard_list.index_shards(todo[rank::world_size], COUNT_JOBS)
+    except BaseException as error:
+        _publish(store, f"{key}/counts/{rank}", _encoded_error(error))
+        raise
+    _publish(store, f"{key}/counts/{rank}", own.encode())
+    shard_list.attach_counts(own)
+    for other in range(world_size):
+        if other == rank:
+            continue
+        part = f"{key}/counts/{other}"
+        if _wait(store, part, RESULT_WAIT):
+            text = _fetch(store, part).decode()
+            _raise_if_error(json.loads(text))
+        else:
+            warnings.warn(
+                f"shardstream: rank {other} did not hand over the sample counts of its share "
+                "of the shards; this rank reads them itself",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            text = shard_list.index_shards(todo[other::world_size], COUNT_JOBS)
+        shard_list.attach_counts(text)
+    return shard_list
 
 
 def _publish(store: Any, key: str, data: bytes) -> None:
@@ -162,17 +207,25 @@ def _encoded_error(error: BaseException) -> bytes:
     return json.dumps({"error": type(error).__name__, "message": str(error)}).encode()
 
 
+def _raise_if_error(packed: dict[str, Any]) -> None:
+    """Raises the error ``_encoded_error`` packed, if ``packed`` is one, as
+    shardstream's exception of that name (``ValueError``, ``TypeError``,
+    else ``ShardStreamError``)."""
+    if "error" not in packed:
+        return
+    name, message = packed["error"], packed["message"]
+    cls = getattr(_core, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ShardStreamError)):
+        cls = {"ValueError": ValueError, "TypeError": TypeError}.get(name, ShardStreamError)
+    raise cls(message)
+
+
 def _decoded(data: bytes, options: Any) -> ShardList:
     """The shard list ``_encoded`` gave, with this process's ``options``;
     an error ``_encoded_error`` gave is raised as shardstream's exception
     of that name (``ValueError``, ``TypeError``, else ``ShardStreamError``)."""
     packed = json.loads(data)
-    if "error" in packed:
-        name, message = packed["error"], packed["message"]
-        cls = getattr(_core, name, None)
-        if not (isinstance(cls, type) and issubclass(cls, ShardStreamError)):
-            cls = {"ValueError": ValueError, "TypeError": TypeError}.get(name, ShardStreamError)
-        raise cls(message)
+    _raise_if_error(packed)
     shards = base64.b64decode(packed["shards"])
     return _rebuild_shard_list(
         packed["specs"], options, packed["manifest"], packed["counted"], shards

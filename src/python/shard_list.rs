@@ -1,5 +1,6 @@
 //! The resolved shard list of a dataset.
 
+use std::collections::HashSet;
 use std::ffi::CString;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use super::blocking::interruptible;
 use super::errors::{to_py, ManifestIgnoredWarning};
 use super::options::Options;
 use crate::config::OnError;
-use crate::manifest::{Attached, ManifestChoice};
+use crate::manifest::{Attached, Manifest, ManifestChoice};
 use crate::plan::{cut, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::{Shard, ShardKind};
@@ -109,6 +110,59 @@ impl ShardList {
         }
         self.shards = Arc::new(shards);
         self.counted = true;
+        Ok(())
+    }
+
+    /// Positions of the tar shards that have no sample count after
+    /// `count_samples()` (remote shards no manifest describes), when
+    /// `count_samples=True` asks for them to be read; else none.
+    fn uncounted_remote(&self) -> Vec<usize> {
+        if self.options.get().count_samples != Some(true) {
+            return Vec::new();
+        }
+        self.shards
+            .iter()
+            .enumerate()
+            .filter(|(_, shard)| shard.kind == ShardKind::Tar && shard.index.is_none())
+            .map(|(position, _)| position)
+            .collect()
+    }
+
+    /// Reads the shards at `positions` through, `jobs` at once, and returns
+    /// their manifest (JSON), as `shardstream index` writes it, with the
+    /// shards' URLs as listed.
+    fn index_shards(&self, py: Python<'_>, positions: Vec<usize>, jobs: usize) -> PyResult<String> {
+        if let Some(&bad) = positions.iter().find(|&&p| p >= self.shards.len()) {
+            return Err(pyo3::exceptions::PyIndexError::new_err(format!(
+                "shard position {bad} is out of range: the dataset has {} shards",
+                self.shards.len()
+            )));
+        }
+        let shards = self.shards.clone();
+        let s3 = self.options.get().stream.s3.clone();
+        interruptible(py, move || {
+            let entries = crate::index::index_shards(&shards, &positions, &s3, jobs.max(1))?;
+            Ok(Manifest::new(entries).to_json())
+        })
+    }
+
+    /// Gives the shards that the manifest `json` lists (by URL, as
+    /// `index_shards` writes it) their sample indices, checking each one's
+    /// size and ETag against it.
+    fn attach_counts(&mut self, json: &str) -> PyResult<()> {
+        const SOURCE: &str = "the sample counts read at start-up";
+        let manifest = Manifest::from_json(json, SOURCE).map_err(to_py)?;
+        let listed: HashSet<&str> = manifest.shards.iter().map(|e| e.url.as_str()).collect();
+        let mut shards = (*self.shards).clone();
+        let positions: Vec<usize> = (0..shards.len())
+            .filter(|&i| listed.contains(shards[i].url.as_str()))
+            .collect();
+        let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
+        manifest.attach_remote("", &mut picked).map_err(to_py)?;
+        for (position, shard) in positions.into_iter().zip(picked) {
+            shards[position] = shard;
+        }
+        self.shards = Arc::new(shards);
         Ok(())
     }
 

@@ -43,6 +43,10 @@ try:
     # A transform that does not pickle: the shard list travels without it.
     ds = StreamingDataset(spec, transform=lambda sample: sample, **options)
     record = {"rank": rank, "shards": [u for u, _ in ds.shards]}
+    if options.get("count_samples"):
+        record["length"] = len(ds)
+    if os.environ.get("READ_SAMPLES"):
+        record["keys"] = [sample["__key__"] for sample in ds]
 except Exception as e:
     record = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
 with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
@@ -196,3 +200,66 @@ def test_a_resolution_over_8_mib_reaches_every_rank(tmp_path):
     assert [len(r["shards"]) for r in records] == [len(names)] * NPROC
     assert all(r["shards"] == records[0]["shards"] for r in records)
     assert sorted(Path(u).name for u in records[0]["shards"]) == names
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_count_samples_reads_remote_shards_once_spread_over_the_ranks(s3, s3_shards, tmp_path):
+    """``count_samples=True`` on an S3 prefix without a manifest: the shards
+    are indexed at start-up, each rank reading a quarter of them and the
+    parts gathered, so the job reads each shard's bytes once (not once per
+    rank) and every rank gets the same number of samples, each once."""
+    info, client = s3_shards
+    stored = sum(
+        client.head_object(Bucket=BUCKET, Key=f"train/{p.name}")["ContentLength"]
+        for p in info.paths
+    )
+    spec = f"s3://{BUCKET}/train/"
+    with running_fault_proxy(s3.endpoint_url) as proxy:
+        s3_options = {"endpoint_url": proxy.endpoint_url, "region": "us-east-1", "path_style": True}
+        env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+        options = {"s3": s3_options, "count_samples": True, "shuffle_buffer": 0}
+        # Resolution and counting only: no rank reads its samples yet.
+        records = launch(tmp_path, spec, options, env)
+        counting_bytes = proxy.injected.body_bytes
+    assert [r.get("error") for r in records] == [None] * NPROC, records
+    # Each shard once (plus listings), where every rank counting alone read 4x.
+    assert stored <= counting_bytes < stored * 1.5, (counting_bytes, stored)
+    per_rank = sum(COUNTS) // NPROC
+    assert [r["length"] for r in records] == [per_rank] * NPROC
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_count_samples_on_remote_shards_gives_equal_ranks_each_sample_once(s3, s3_shards, tmp_path):
+    info, _ = s3_shards
+    spec = f"s3://{BUCKET}/train/"
+    s3_options = {"endpoint_url": s3.endpoint_url, "region": "us-east-1", "path_style": True}
+    env = {"AWS_ACCESS_KEY_ID": TEST_KEY_ID, "AWS_SECRET_ACCESS_KEY": TEST_SECRET}
+    options = {"s3": s3_options, "count_samples": True}
+    records = launch(tmp_path, spec, options, dict(env, READ_SAMPLES="1"))
+    assert [r.get("error") for r in records] == [None] * NPROC, records
+    per_rank = sum(COUNTS) // NPROC
+    assert [len(r["keys"]) for r in records] == [per_rank] * NPROC
+    union = [k for r in records for k in r["keys"]]
+    assert len(set(union)) == len(union) == per_rank * NPROC
+    assert set(union) <= set(info.keys)
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_count_samples_on_remote_shards_in_one_process(s3, s3_shards):
+    """Without a process group the process reads every shard through; ranks
+    made this way (``world_size=2``) split the samples evenly, each once,
+    where without ``count_samples=True`` the dataset refuses to start."""
+    info, _ = s3_shards
+    spec = f"s3://{BUCKET}/train/"
+    s3_options = {"endpoint_url": s3.endpoint_url, "region": "us-east-1", "path_style": True}
+    from shardstream import DatasetSpecError
+
+    with pytest.raises(DatasetSpecError, match="shardstream index"):
+        StreamingDataset(spec, s3=s3_options, world_size=2, rank=0)
+    keys = []
+    for rank in range(2):
+        ds = StreamingDataset(spec, s3=s3_options, world_size=2, rank=rank, count_samples=True)
+        assert len(ds) == sum(COUNTS) // 2
+        keys += [sample["__key__"] for sample in ds]
+    assert len(keys) == len(set(keys)) == sum(COUNTS) // 2 * 2
+    assert set(keys) <= set(info.keys)
