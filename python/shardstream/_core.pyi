@@ -305,6 +305,9 @@ class ShardList:
     def attach_counts(self, json: str) -> None:
         """Gives the shards ``json`` (a manifest from ``index_shards``) lists their sample
         indices, checking sizes and ETags."""
+    def keep_counts(self, json: str) -> None:
+        """Keeps ``json``, the remote shards' sample counts, in ``cache_dir`` (if set) for the
+        next start."""
     @property
     def counted(self) -> bool:
         """Whether the local tar shards were counted from their headers."""

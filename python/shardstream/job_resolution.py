@@ -136,18 +136,32 @@ def resolve_once(
 
 
 def _count_remote(shard_list: ShardList, store: Any = None, key: str = "") -> ShardList:
-    """``count_samples=True`` on remote tar shards no manifest describes:
-    reads them through once at start-up to index them. In a process group
-    (``store``), each rank reads every N-th of them and hands its part to
-    the others through the store, so the job reads each shard once; a
-    rank's part that does not come in time is read by the waiting rank
-    itself, with a warning, and a rank's error reaches every rank."""
+    """``count_samples=True`` on remote tar shards no manifest describes (nor
+    ``cache_dir`` kept counts for): reads them through once at start-up to
+    index them, and keeps their counts in ``cache_dir`` for the next start.
+    In a process group (``store``), each rank reads every N-th of them and
+    hands its part to the others through the store, so the job reads each
+    shard once; a rank's part that does not come in time is read by the
+    waiting rank itself, with a warning, and a rank's error reaches every
+    rank."""
     todo = shard_list.uncounted_remote()
     if not todo:
         return shard_list
     if store is None:
-        shard_list.attach_counts(shard_list.index_shards(todo, COUNT_JOBS))
-        return shard_list
+        parts = [shard_list.index_shards(todo, COUNT_JOBS)]
+    else:
+        parts = _count_spread(shard_list, todo, store, key)
+    for part in parts:
+        shard_list.attach_counts(part)
+    packed = [json.loads(part) for part in parts]
+    merged = dict(packed[0], shards=[entry for part in packed for entry in part["shards"]])
+    shard_list.keep_counts(json.dumps(merged))
+    return shard_list
+
+
+def _count_spread(shard_list: ShardList, todo: list[int], store: Any, key: str) -> list[str]:
+    """Every rank's part of the sample counts of the shards at ``todo``
+    (manifests, JSON): this rank's read here, the others' from the store."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:
         own = shard_list.index_shards(todo[rank::world_size], COUNT_JOBS)
@@ -155,24 +169,24 @@ def _count_remote(shard_list: ShardList, store: Any = None, key: str = "") -> Sh
         _publish(store, f"{key}/counts/{rank}", _encoded_error(error))
         raise
     _publish(store, f"{key}/counts/{rank}", own.encode())
-    shard_list.attach_counts(own)
+    parts = [own]
     for other in range(world_size):
         if other == rank:
             continue
-        part = f"{key}/counts/{other}"
-        if _wait(store, part, RESULT_WAIT):
-            text = _fetch(store, part).decode()
+        name = f"{key}/counts/{other}"
+        if _wait(store, name, RESULT_WAIT):
+            text = _fetch(store, name).decode()
             _raise_if_error(json.loads(text))
         else:
             warnings.warn(
                 f"shardstream: rank {other} did not hand over the sample counts of its share "
                 "of the shards; this rank reads them itself",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
             text = shard_list.index_shards(todo[other::world_size], COUNT_JOBS)
-        shard_list.attach_counts(text)
-    return shard_list
+        parts.append(text)
+    return parts
 
 
 def _publish(store: Any, key: str, data: bytes) -> None:

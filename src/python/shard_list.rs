@@ -12,6 +12,7 @@ use super::blocking::interruptible;
 use super::errors::{to_py, ManifestIgnoredWarning};
 use super::options::Options;
 use crate::config::OnError;
+use crate::location::Location;
 use crate::manifest::{Attached, Manifest, ManifestChoice};
 use crate::plan::{cut, Remainder, SlotSpec};
 use crate::resolve;
@@ -45,6 +46,7 @@ impl ShardList {
         let (s3, format, choice) = (o.stream.s3.clone(), o.format, o.manifest.clone());
         let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
         let count = o.count_samples == Some(true);
+        let cache = o.stream.cache.clone();
         let owned_specs = specs.clone();
         let (shards, attached) = interruptible(py, move || {
             let (mut shards, mut attached) =
@@ -54,6 +56,9 @@ impl ShardList {
                     attached = resolve::attach_beside_remote(&owned_specs, &mut shards, &s3)?;
                 }
                 crate::count::count_local_tar(&mut shards, strict)?;
+                if let Some(cache) = &cache {
+                    attach_kept_counts(&mut shards, cache);
+                }
             }
             if arrow {
                 if let Some(shard) = shards
@@ -120,12 +125,7 @@ impl ShardList {
         if self.options.get().count_samples != Some(true) {
             return Vec::new();
         }
-        self.shards
-            .iter()
-            .enumerate()
-            .filter(|(_, shard)| shard.kind == ShardKind::Tar && shard.index.is_none())
-            .map(|(position, _)| position)
-            .collect()
+        uncounted_remote(&self.shards)
     }
 
     /// Reads the shards at `positions` through, `jobs` at once, and returns
@@ -164,6 +164,14 @@ impl ShardList {
         }
         self.shards = Arc::new(shards);
         Ok(())
+    }
+
+    /// Keeps the manifest `json` of the remote shards' sample counts in
+    /// `cache_dir`, if one is set, for the next start to attach.
+    fn keep_counts(&self, json: &str) {
+        if let Some(cache) = &self.options.get().stream.cache {
+            crate::source::cache::keep_counts(cache, &remote_tar_urls(&self.shards), json);
+        }
     }
 
     /// Whether the local tar shards were counted from their headers.
@@ -309,4 +317,47 @@ pub(super) fn check_counts(shards: &[Shard], world_size: usize) -> crate::Result
         }
     }
     Ok(())
+}
+
+/// Whether `shard` is a tar shard read from a store (not a local file).
+fn is_remote_tar(shard: &Shard) -> bool {
+    shard.kind == ShardKind::Tar && !matches!(shard.location(), Location::Local(_))
+}
+
+/// The URLs of the remote tar shards: what their kept counts are named by.
+fn remote_tar_urls(shards: &[Shard]) -> Vec<&str> {
+    shards
+        .iter()
+        .filter(|shard| is_remote_tar(shard))
+        .map(|shard| shard.url.as_str())
+        .collect()
+}
+
+/// Positions of the tar shards without a sample count.
+fn uncounted_remote(shards: &[Shard]) -> Vec<usize> {
+    (0..shards.len())
+        .filter(|&i| shards[i].kind == ShardKind::Tar && shards[i].index.is_none())
+        .collect()
+}
+
+/// Gives the uncounted remote shards the sample counts kept in the cache
+/// by an earlier start, if every one of them is kept there with its size
+/// and ETag unchanged; else leaves them to be read.
+fn attach_kept_counts(shards: &mut [Shard], cache: &crate::config::CacheOptions) {
+    let positions = uncounted_remote(shards);
+    if positions.is_empty() || positions.iter().any(|&i| !is_remote_tar(&shards[i])) {
+        return;
+    }
+    let Some(text) = crate::source::cache::kept_counts(cache, &remote_tar_urls(shards)) else {
+        return;
+    };
+    let Ok(manifest) = Manifest::from_json(&text, "the sample counts kept in cache_dir") else {
+        return;
+    };
+    let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
+    if manifest.attach_remote("", &mut picked).is_ok() {
+        for (position, shard) in positions.into_iter().zip(picked) {
+            shards[position] = shard;
+        }
+    }
 }

@@ -59,6 +59,55 @@ const EVICT_LOCK: &str = ".evict.lock";
 /// The mode of the files the cache makes (and, of a directory it makes, 0700).
 const FILE_MODE: libc::c_uint = 0o600;
 
+/// The suffix of the sample counts of a dataset's remote shards kept in the
+/// cache (`count_samples=True`): a manifest, named after a hash of the
+/// shards' URLs. Eviction leaves them (it takes `.shard` files only).
+const COUNTS_SUFFIX: &str = ".counts.json";
+
+/// The name the sample counts of the shards at `urls` are kept under.
+fn counts_name(urls: &[&str]) -> String {
+    let mut digest = Sha256::new();
+    for url in urls {
+        digest.update(url.as_bytes());
+        digest.update(b"\n");
+    }
+    let hex: String = digest.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{hex}{COUNTS_SUFFIX}")
+}
+
+/// Keeps `manifest` (JSON: the sample counts of the remote shards at
+/// `urls`) in the cache, replacing what was kept for them: written to a new
+/// file, then renamed, never through a link. A failure only means the next
+/// start reads the shards again, so it is not an error.
+pub fn keep_counts(options: &CacheOptions, urls: &[&str], manifest: &str) {
+    let Ok(dir) = Dir::open(&options.dir) else {
+        return;
+    };
+    if dir.check_private().is_err() {
+        return;
+    }
+    let tmp = tmp_name();
+    let written = dir
+        .create_new(&tmp)
+        .and_then(|mut f| f.write_all(manifest.as_bytes()))
+        .and_then(|()| dir.rename(&tmp, &counts_name(urls)));
+    if written.is_err() {
+        let _ = dir.remove(&tmp);
+    }
+}
+
+/// The sample counts kept for the remote shards at `urls`, if any (never
+/// read through a link).
+pub fn kept_counts(options: &CacheOptions, urls: &[&str]) -> Option<String> {
+    let dir = Dir::open(&options.dir).ok()?;
+    dir.check_private().ok()?;
+    let file = dir.open_file(&counts_name(urls), libc::O_RDONLY).ok()?;
+    std::io::read_to_string(file).ok()
+}
+
 /// Makes the cache directory if needed (private to its user: 0700) and
 /// checks that a file can be made in it; the error names the option.
 pub fn prepare(options: &CacheOptions) -> Result<()> {

@@ -263,3 +263,30 @@ def test_count_samples_on_remote_shards_in_one_process(s3, s3_shards):
         keys += [sample["__key__"] for sample in ds]
     assert len(keys) == len(set(keys)) == sum(COUNTS) // 2 * 2
     assert set(keys) <= set(info.keys)
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_count_samples_keeps_the_counts_in_cache_dir(s3, s3_shards, tmp_path):
+    """The counts read at start-up are kept in ``cache_dir``: the next start
+    reads no shard, until an object is replaced (another ETag), when every
+    shard is read again and the new counts planned with."""
+    info, client = s3_shards
+    stored = sum(p.stat().st_size for p in info.paths)
+    spec = f"s3://{BUCKET}/train/"
+    with running_fault_proxy(s3.endpoint_url) as proxy:
+        s3_options = {"endpoint_url": proxy.endpoint_url, "region": "us-east-1", "path_style": True}
+        options = {"s3": s3_options, "world_size": 2, "rank": 0, "count_samples": True}
+        options["cache_dir"] = str(tmp_path / "cache")
+        assert len(StreamingDataset(spec, **options)) == sum(COUNTS) // 2
+        assert proxy.injected.body_bytes >= stored
+        kept = list((tmp_path / "cache").glob("*.counts.json"))
+        assert len(kept) == 1
+        proxy.reset()
+        assert len(StreamingDataset(spec, **options)) == sum(COUNTS) // 2
+        assert proxy.injected.body_bytes < stored / 4, proxy.injected.body_bytes
+        # Shard 1 replaced by shard 0's bytes: its ETag and count change.
+        client.upload_file(str(info.paths[0]), BUCKET, f"train/{info.paths[1].name}")
+        proxy.reset()
+        counts = [COUNTS[0], COUNTS[0], *COUNTS[2:]]
+        assert len(StreamingDataset(spec, **options)) == sum(counts) // 2
+        assert proxy.injected.body_bytes >= stored - info.paths[1].stat().st_size
