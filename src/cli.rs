@@ -17,7 +17,7 @@ use crate::config::{S3Options, StreamOptions};
 use crate::error::{Error, Result};
 use crate::index;
 use crate::manifest::{self, ManifestChoice};
-use crate::pipeline::{Event, SampleStream};
+use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::Shard;
@@ -281,19 +281,9 @@ fn scan(
     );
     progress.enable_steady_tick(Duration::from_millis(200));
     for event in stream.by_ref() {
-        match event? {
-            Event::Sample(sample) => {
-                each(&sample, &progress)?;
-                progress.set_position(counters.snapshot().get(Counter::BytesRead));
-            }
-            Event::Skipped(error) => return Err(error),
-            Event::Batch(table) => {
-                return Err(Error::Stopped(format!(
-                    "{}: Arrow batches are not for the command line",
-                    table.url
-                )))
-            }
-        }
+        let sample = index::scanned_sample(event)?;
+        each(&sample, &progress)?;
+        progress.set_position(counters.snapshot().get(Counter::BytesRead));
     }
     progress.finish_and_clear();
     Ok(stream.compressed_shards())

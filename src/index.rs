@@ -13,6 +13,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -20,6 +21,7 @@ use std::sync::{mpsc, Arc};
 use crate::compression::Compression;
 use crate::config::{S3Options, StreamOptions};
 use crate::error::{Error, Result};
+use crate::format::Sample;
 use crate::location::Location;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
@@ -139,7 +141,11 @@ pub fn index_shards(
     s3: &S3Options,
     jobs: usize,
 ) -> Result<Vec<ShardEntry>> {
-    let picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
+    let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
+    // A remote shard named outright (not listed) has no size yet.
+    if picked.iter().any(|shard| shard.size.is_none()) {
+        crate::source::describe_remote_objects(s3, &mut picked)?;
+    }
     let identities = picked
         .iter()
         .map(|shard| {
@@ -248,14 +254,18 @@ impl Identity {
 /// consistent entry, up to the first that is not (a run stopped while
 /// writing one leaves a cut line). No journal, no entries.
 fn read_journal(path: &Path) -> Vec<ShardEntry> {
-    let Ok(file) = File::open(path) else {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    else {
         return Vec::new();
     };
     let mut entries = Vec::new();
     for line in BufReader::new(file).lines() {
         let Ok(line) = line else { break };
         match serde_json::from_str::<ShardEntry>(&line) {
-            Ok(entry) if entry.offsets.len() as u64 == entry.samples => entries.push(entry),
+            Ok(entry) if entry.check().is_ok() => entries.push(entry),
             _ => break,
         }
     }
@@ -280,10 +290,12 @@ impl Journal {
             PathBuf::from(name)
         };
         let io = |e: std::io::Error| journal_error(path, e);
+        // A new file of our own (`O_EXCL`: never through a link planted
+        // there), renamed over the journal (a link itself is replaced).
+        let _ = std::fs::remove_file(&fresh);
         let mut file = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(&fresh)
             .map_err(io)?;
         for entry in kept {
@@ -403,7 +415,7 @@ fn scan_slot(
                 shard,
                 offsets: std::mem::take(offsets),
                 lengths: std::mem::take(lengths),
-                compression: stream.compressed_shards().get(&shard).copied(),
+                compression: stream.shard_compression(shard),
             };
             sender.send(Ok(scanned)).is_ok()
         };
@@ -411,30 +423,20 @@ fn scan_slot(
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }
-        match event? {
-            Event::Sample(sample) => {
-                // Shards before this sample's are done (an empty one too).
-                while order
-                    .get(next)
-                    .is_some_and(|&shard| shard != sample.id.shard)
-                {
-                    if !finish(order[next], &mut offsets, &mut lengths, &stream) {
-                        return Ok(());
-                    }
-                    next += 1;
-                }
-                offsets.push(sample.offset);
-                lengths.push(sample.length);
-                progress.read(counters.snapshot().get(Counter::BytesRead));
+        let sample = scanned_sample(event)?;
+        // Shards before this sample's are done (an empty one too).
+        while order
+            .get(next)
+            .is_some_and(|&shard| shard != sample.id.shard)
+        {
+            if !finish(order[next], &mut offsets, &mut lengths, &stream) {
+                return Ok(());
             }
-            Event::Skipped(error) => return Err(error),
-            Event::Batch(table) => {
-                return Err(Error::Stopped(format!(
-                    "{}: Arrow batches are not for the command line",
-                    table.url
-                )))
-            }
+            next += 1;
         }
+        offsets.push(sample.offset);
+        lengths.push(sample.length);
+        progress.read(counters.snapshot().get(Counter::BytesRead));
     }
     while next < order.len() {
         if !finish(order[next], &mut offsets, &mut lengths, &stream) {
@@ -444,4 +446,17 @@ fn scan_slot(
     }
     progress.read(counters.snapshot().get(Counter::BytesRead));
     Ok(())
+}
+
+/// The sample an event of a scan carries: a shard skipped is its error
+/// here, and Arrow batches are not for the command line.
+pub fn scanned_sample(event: Result<Event>) -> Result<Sample> {
+    match event? {
+        Event::Sample(sample) => Ok(sample),
+        Event::Skipped(error) => Err(error),
+        Event::Batch(table) => Err(Error::Stopped(format!(
+            "{}: Arrow batches are not for the command line",
+            table.url
+        ))),
+    }
 }

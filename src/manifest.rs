@@ -67,7 +67,7 @@ impl ShardEntry {
     /// per sample, offsets increasing, spans that do not overlap, end
     /// without overflow and lie within the shard (for a plain tar; a
     /// compressed shard's spans are in its decompressed tar).
-    fn check(&self) -> std::result::Result<(), String> {
+    pub fn check(&self) -> std::result::Result<(), String> {
         if self.offsets.len() as u64 != self.samples || self.lengths.len() as u64 != self.samples {
             return Err(format!(
                 "{}: {} samples but {} offsets and {} lengths",

@@ -124,6 +124,8 @@ def resolve_once(
         _publish(store, key, _encoded(shard_list))
     elif _wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT):
         shard_list = _decoded(_fetch(store, key), options)
+        # Rank 0 spreads the counting (if any) over the ranks that say so.
+        store.set(f"{key}/joined/{dist.get_rank()}", b"1")
     else:
         warnings.warn(
             "shardstream: rank 0 did not resolve this dataset (is it made on every rank, "
@@ -131,7 +133,7 @@ def resolve_once(
             RuntimeWarning,
             stacklevel=3,
         )
-        shard_list = resolve()
+        return _count_remote(resolve())
     return _count_remote(shard_list, store, key)
 
 
@@ -160,21 +162,39 @@ def _count_remote(shard_list: ShardList, store: Any = None, key: str = "") -> Sh
 
 
 def _count_spread(shard_list: ShardList, todo: list[int], store: Any, key: str) -> list[str]:
-    """Every rank's part of the sample counts of the shards at ``todo``
-    (manifests, JSON): this rank's read here, the others' from the store."""
+    """Every share of the sample counts of the shards at ``todo`` (manifests,
+    JSON), read by the ranks that received rank 0's resolution: rank 0 names
+    them (those that said so within ``START_WAIT``; it never waits longer
+    for a rank that made no such dataset), each reads its share, and the
+    shares travel through the store. A share that does not come within
+    ``RESULT_WAIT`` of the start is read by the rank that waited for it,
+    with a warning; a rank's error reaches the others as the same error."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        readers = [0, *_joined(store, key, world_size)]
+        store.set(f"{key}/readers", json.dumps(readers).encode())
+    elif _wait(store, f"{key}/readers", START_WAIT + POLL):
+        readers = json.loads(store.get(f"{key}/readers"))
+    else:
+        readers = []
+    if rank not in readers:
+        # Left out (late): this rank reads every shard itself.
+        return [shard_list.index_shards(todo, COUNT_JOBS)]
+    shares = {r: todo[i :: len(readers)] for i, r in enumerate(readers)}
     try:
-        own = shard_list.index_shards(todo[rank::world_size], COUNT_JOBS)
+        own = shard_list.index_shards(shares[rank], COUNT_JOBS)
     except BaseException as error:
         _publish(store, f"{key}/counts/{rank}", _encoded_error(error))
         raise
     _publish(store, f"{key}/counts/{rank}", own.encode())
     parts = [own]
-    for other in range(world_size):
+    deadline = time.monotonic() + RESULT_WAIT.total_seconds()
+    for other in readers:
         if other == rank:
             continue
         name = f"{key}/counts/{other}"
-        if _wait(store, name, RESULT_WAIT):
+        left = timedelta(seconds=max(0.0, deadline - time.monotonic()))
+        if _wait(store, name, left):
             text = _fetch(store, name).decode()
             _raise_if_error(json.loads(text))
         else:
@@ -184,9 +204,19 @@ def _count_spread(shard_list: ShardList, todo: list[int], store: Any, key: str) 
                 RuntimeWarning,
                 stacklevel=5,
             )
-            text = shard_list.index_shards(todo[other::world_size], COUNT_JOBS)
+            text = shard_list.index_shards(shares[other], COUNT_JOBS)
         parts.append(text)
     return parts
+
+
+def _joined(store: Any, key: str, world_size: int) -> list[int]:
+    """The ranks (but 0) that said, within ``START_WAIT``, that they
+    received this resolution."""
+    names = [f"{key}/joined/{r}" for r in range(1, world_size)]
+    deadline = time.monotonic() + START_WAIT.total_seconds()
+    while not store.check(names) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [r for r, name in zip(range(1, world_size), names, strict=True) if store.check([name])]
 
 
 def _publish(store: Any, key: str, data: bytes) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -244,10 +245,12 @@ def _index_slice(urls: list[str], output: str, flags: list[str], task: int) -> l
         with open(part, encoding="utf-8") as f:
             return list(json.load(f)["shards"])
     finally:
-        if os.path.exists(part):
-            os.remove(part)
+        # The part, and the journal of an index that stopped before it.
+        for leftover in (part, part + ".partial"):
+            if os.path.exists(leftover):
+                os.remove(leftover)
         if scratch is not None:
-            os.rmdir(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def index(

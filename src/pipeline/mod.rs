@@ -266,6 +266,16 @@ impl SampleStream {
         self.identity.epoch
     }
 
+    /// The compression of shard `shard` (by its index in the dataset's
+    /// list), once it was opened: `None` for a plain tar or not yet opened.
+    pub fn shard_compression(&self, shard: usize) -> Option<Compression> {
+        self.compressed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&shard)
+            .copied()
+    }
+
     /// The compression of every compressed shard opened so far, by shard
     /// index (known before any of the shard's samples is handed out).
     pub fn compressed_shards(&self) -> HashMap<usize, Compression> {

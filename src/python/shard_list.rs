@@ -169,6 +169,10 @@ impl ShardList {
     /// Keeps the manifest `json` of the remote shards' sample counts in
     /// `cache_dir`, if one is set, for the next start to attach.
     fn keep_counts(&self, json: &str) {
+        let remote = self.shards.iter().filter(|shard| is_remote_tar(shard));
+        if !remote.clone().all(keeps_counts) {
+            return;
+        }
         if let Some(cache) = &self.options.get().stream.cache {
             crate::source::cache::keep_counts(cache, &remote_tar_urls(&self.shards), json);
         }
@@ -324,6 +328,13 @@ fn is_remote_tar(shard: &Shard) -> bool {
     shard.kind == ShardKind::Tar && !matches!(shard.location(), Location::Local(_))
 }
 
+/// Whether the counts of `shard` may be kept between starts: a remote tar
+/// shard listed with its size and ETag, which tell a replaced object (a
+/// `gs://` or `hf://` shard, or one named outright, is listed without).
+fn keeps_counts(shard: &Shard) -> bool {
+    is_remote_tar(shard) && shard.size.is_some() && shard.etag.is_some()
+}
+
 /// The URLs of the remote tar shards: what their kept counts are named by.
 fn remote_tar_urls(shards: &[Shard]) -> Vec<&str> {
     shards
@@ -345,7 +356,7 @@ fn uncounted_remote(shards: &[Shard]) -> Vec<usize> {
 /// and ETag unchanged; else leaves them to be read.
 fn attach_kept_counts(shards: &mut [Shard], cache: &crate::config::CacheOptions) {
     let positions = uncounted_remote(shards);
-    if positions.is_empty() || positions.iter().any(|&i| !is_remote_tar(&shards[i])) {
+    if positions.is_empty() || positions.iter().any(|&i| !keeps_counts(&shards[i])) {
         return;
     }
     let Some(text) = crate::source::cache::kept_counts(cache, &remote_tar_urls(shards)) else {

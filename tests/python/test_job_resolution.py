@@ -290,3 +290,19 @@ def test_count_samples_keeps_the_counts_in_cache_dir(s3, s3_shards, tmp_path):
         counts = [COUNTS[0], COUNTS[0], *COUNTS[2:]]
         assert len(StreamingDataset(spec, **options)) == sum(counts) // 2
         assert proxy.injected.body_bytes >= stored - info.paths[1].stat().st_size
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_count_samples_on_remote_shards_named_outright(s3, s3_shards, tmp_path):
+    """Shards named by a brace range (not listed, so without sizes): they
+    are described, then read; no counts are kept for shards listed without
+    an ETag."""
+    info, _ = s3_shards
+    stems = [p.stem for p in info.paths]
+    spec = f"s3://{BUCKET}/train/{stems[0][:-1]}{{{stems[0][-1]}..{stems[-1][-1]}}}.tar"
+    s3_options = {"endpoint_url": s3.endpoint_url, "region": "us-east-1", "path_style": True}
+    options = {"s3": s3_options, "world_size": 2, "rank": 1, "count_samples": True}
+    ds = StreamingDataset(spec, cache_dir=str(tmp_path / "cache"), **options)
+    assert len(ds) == sum(COUNTS) // 2
+    assert len({sample["__key__"] for sample in ds}) == sum(COUNTS) // 2
+    assert not list((tmp_path / "cache").glob("*.counts.json"))
