@@ -344,10 +344,11 @@ fn remote_tar_urls(shards: &[Shard]) -> Vec<&str> {
         .collect()
 }
 
-/// Positions of the tar shards without a sample count.
+/// Positions of the remote tar shards without a sample count (local ones
+/// are counted from their headers, or, compressed, not at all).
 fn uncounted_remote(shards: &[Shard]) -> Vec<usize> {
     (0..shards.len())
-        .filter(|&i| shards[i].kind == ShardKind::Tar && shards[i].index.is_none())
+        .filter(|&i| is_remote_tar(&shards[i]) && shards[i].index.is_none())
         .collect()
 }
 
