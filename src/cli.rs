@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
-use crate::config::{S3Options, StreamOptions};
+use crate::config::S3Options;
 use crate::error::{Error, Result};
 use crate::index;
 use crate::manifest::{self, ManifestChoice};
@@ -267,11 +267,7 @@ fn scan(
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
 ) -> Result<HashMap<usize, Compression>> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
-    let options = StreamOptions::builder()
-        .with_shuffle_shards(false)
-        .with_shuffle_buffer(0)
-        .with_s3(s3.clone())
-        .build()?;
+    let options = index::scan_options(s3)?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
     let mut stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;

@@ -354,11 +354,7 @@ fn scan_concurrently(
         return Ok(());
     }
     let jobs = jobs.clamp(1, shards.len());
-    let options = StreamOptions::builder()
-        .with_shuffle_shards(false)
-        .with_shuffle_buffer(0)
-        .with_s3(s3.clone())
-        .build()?;
+    let options = scan_options(s3)?;
     let counters = Arc::new(Counters::new());
     let stop = AtomicBool::new(false);
     let (sender, receiver) = mpsc::channel::<Result<ScannedShard>>();
@@ -446,6 +442,16 @@ fn scan_slot(
     }
     progress.read(counters.snapshot().get(Counter::BytesRead));
     Ok(())
+}
+
+/// The stream options of a scan of shards through: listed order, no
+/// shuffle buffer, the given S3 settings.
+pub fn scan_options(s3: &S3Options) -> Result<StreamOptions> {
+    StreamOptions::builder()
+        .with_shuffle_shards(false)
+        .with_shuffle_buffer(0)
+        .with_s3(s3.clone())
+        .build()
 }
 
 /// The sample an event of a scan carries: a shard skipped is its error
