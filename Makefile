@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train clean
+.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train bench-gpu clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -188,6 +188,11 @@ bench-peers-s3: peers-wheel $(S3_SERVER) ## The side-by-side benchmark reading f
 # has webdataset, LitData and torchvision. TRAIN_ARGS: e.g. --models resnet18.
 bench-train: peers-wheel ## ResNet-18/50 training (bf16) fed by shardstream's Rust transforms and by PIL in workers with each library, against the GPU's ceiling
 	$(PEERS_VENV)/bin/python benches/train_bench.py --out bench-results $(TRAIN_ARGS)
+
+# On a machine with a CUDA device: bench-train's table and the S3 benchmark
+# behind the latency proxy at 0, 4, 8 and 16 workers, in one run.
+bench-gpu: peers-wheel $(S3_SERVER) ## The GPU figures of docs/performance.md in one run (training, GPU decode, S3 at 0-16 workers)
+	PYTHON=$(PEERS_VENV)/bin/python benches/gpu_figures.sh bench-results
 
 clean: ## Remove build outputs, the virtualenv and generated data
 	rm -rf target $(VENV) $(PEERS_VENV) $(PEERS_MDS_VENV) build dist data bench-results python/shardstream/*.so

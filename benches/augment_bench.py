@@ -112,16 +112,17 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
     return {"images": images, "seconds": elapsed, "cpu_seconds": cpu_seconds() - start_cpu}
 
 
-def make_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
+def make_dataset(root: Path, shards: int, per_shard: int, jobs: int = 1) -> list[Path]:
     """Shards of 500x375 JPEGs of about 45 KB (smooth waves plus noise, at
-    quality 85) and labels."""
+    quality 85) and labels, made by `jobs` processes; each sample is seeded
+    by its shard and index."""
     import numpy as np
     from PIL import Image
 
-    rng = np.random.default_rng(0)
     y, x = np.mgrid[0:375, 0:500]
 
     def sample(shard: int, i: int) -> tuple[tuple[str, bytes], ...]:
+        rng = np.random.default_rng((0, shard, i))
         phase = rng.uniform(0, 6.28, 3)
         scale = rng.uniform(5, 40, 3)
         channels = [
@@ -133,7 +134,7 @@ def make_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:
         key = f"photo{shard:03d}-{i:05d}"
         return ((f"{key}.jpg", buf.getvalue()), (f"{key}.cls", b"%d" % i))
 
-    return write_shards(root, "photos", shards, per_shard, sample)
+    return write_shards(root, "photos", shards, per_shard, sample, jobs)
 
 
 def mean_jpeg_kb(paths: list[Path]) -> float:

@@ -27,6 +27,7 @@ import time
 import wave
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
@@ -123,23 +124,42 @@ def write_shards(
     shards: int,
     per_shard: int,
     sample: Callable[[int, int], Iterable[tuple[str, bytes]]],
+    jobs: int = 1,
 ) -> list[Path]:
     """Tar shards `root/{prefix}-{shard:06d}.tar` of `per_shard` samples
-    each, sample `i` of shard `shard` being the members `sample(shard, i)`.
-    A shard already there is kept (and its samples are not made, so
-    `sample` must not carry state from one shard to the next beyond what
-    makes the same data when shards are kept)."""
+    each, sample `i` of shard `shard` being the members `sample(shard, i)`,
+    written by `jobs` forked processes. A shard already there is kept (and
+    its samples are not made, so `sample` must not carry state from one
+    shard to the next)."""
     root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for shard in range(shards):
-        path = root / f"{prefix}-{shard:06d}.tar"
-        paths.append(path)
-        if path.exists():
-            continue
-        with tarfile.open(path, "w") as tar:
-            for i in range(per_shard):
-                add_members(tar, sample(shard, i))
+    paths = [root / f"{prefix}-{shard:06d}.tar" for shard in range(shards)]
+    missing = [(path, shard) for shard, path in enumerate(paths) if not path.exists()]
+    global _SHARD_SAMPLES
+    _SHARD_SAMPLES = (sample, per_shard)
+    if jobs > 1 and len(missing) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(missing))) as pool:
+            pool.starmap(write_shard, missing)
+    else:
+        for path, shard in missing:
+            write_shard(path, shard)
     return paths
+
+
+_SHARD_SAMPLES: Any = None
+
+
+def write_shard(path: Path, shard: int) -> None:
+    """Shard `shard` of the `write_shards` in progress, written to a
+    temporary name and renamed into place (an interrupted run leaves no
+    short shard behind)."""
+    sample, per_shard = _SHARD_SAMPLES
+    partial = path.with_suffix(".partial")
+    with tarfile.open(partial, "w") as tar:
+        for i in range(per_shard):
+            add_members(tar, sample(shard, i))
+    partial.rename(path)
 
 
 def make_jpeg_dataset(root: Path, shards: int, per_shard: int) -> list[Path]:

@@ -11,6 +11,11 @@ ImageNet's; made by `augment_bench.make_dataset`) and their labels:
 - "shardstream Image": `decode={"jpg": shardstream.Image(224, flip=0.5),
   "cls": "int"}`, batches collated in Rust (`batch_size`),
   `DataLoader(batch_size=None, pin_memory=True)`;
+- "shardstream GPU decode": `batch_size` with `pack_bytes=True` hands each
+  batch's JPEGs as one pinned uint8 buffer and offsets; the training process
+  decodes them with `torchvision.io.decode_jpeg(device="cuda")` (nvJPEG) and
+  crops, resizes and flips on the device (`gpu_augment`); the loader's
+  workers only read and pack bytes;
 - "shardstream + PIL", "webdataset + PIL", "litdata + PIL": each library
   hands out the JPEG bytes and the DataLoader workers run the usual recipe:
   PIL decode, `RandomResizedCrop(224)`, `RandomHorizontalFlip()`,
@@ -22,7 +27,8 @@ Every pipeline hands uint8 `(N, 3, 224, 224)` to the same step, which
 converts and normalises on the device. `warmup` steps are not timed; images/s
 is over the next `steps` steps (synchronised with the device at both ends),
 and CPU ms per image is this process's and its DataLoader workers' user +
-system time over the same steps. Each (pipeline, model, workers) runs in a
+system time over the same steps (the workers' share is also given alone:
+the loader's cost, apart from the training loop's). Each (pipeline, model, workers) runs in a
 fresh subprocess. A pipeline whose library is not installed is reported as
 such. Without a CUDA device the benchmark refuses to run unless
 `--device cpu` is given (a smoke run: CPU figures are not training figures).
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import os
 import statistics
@@ -47,7 +54,6 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 
 from augment_bench import make_dataset  # noqa: E402
-from decode_bench import cpu_seconds  # noqa: E402
 
 SIZE = 224
 SEED = 0
@@ -56,6 +62,7 @@ CHILD_TIMEOUT = 3600
 PIPELINES = (
     "ceiling",
     "shardstream Image",
+    "shardstream GPU decode",
     "shardstream + PIL",
     "webdataset + PIL",
     "litdata + PIL",
@@ -87,6 +94,63 @@ def pil_transform(sample: dict[str, Any]) -> tuple[Any, int]:
 _RECIPE: Any = None
 
 
+def gpu_augment(data: Any, offsets: Any, device: Any) -> Any:
+    """`RandomResizedCrop(224)` and a horizontal flip at 0.5 of each JPEG of a
+    packed batch (`data`, one uint8 tensor of the members end to end;
+    `offsets`, one more than the batch), decoded on `device` by nvJPEG:
+    uint8 `(N, 3, 224, 224)` on the device."""
+    import random
+
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+    from torchvision.transforms import RandomResizedCrop
+    from torchvision.transforms.v2 import functional as F
+
+    bounds = offsets.tolist()
+    images = decode_jpeg(
+        [data[a:b] for a, b in itertools.pairwise(bounds)],
+        mode=ImageReadMode.RGB,
+        device=device,
+    )
+    out = torch.empty((len(images), 3, SIZE, SIZE), dtype=torch.uint8, device=device)
+    for i, image in enumerate(images):
+        top, left, height, width = RandomResizedCrop.get_params(image, (0.08, 1.0), (3 / 4, 4 / 3))
+        crop = F.resized_crop(image, top, left, height, width, [SIZE, SIZE], antialias=True)
+        out[i] = crop.flip(-1) if random.random() < 0.5 else crop
+    return out
+
+
+def tree_cpu_seconds() -> tuple[float, float]:
+    """User + system CPU seconds so far of this process, and of its live
+    descendants (DataLoader workers, which `RUSAGE_CHILDREN` counts only
+    once they have been waited for), read from /proc."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    tick = os.sysconf("SC_CLK_TCK")
+    parents, cpu = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the parenthesised name: state, ppid, ..., utime (14th
+            # field of the line) and stime (15th).
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(stat.parent.name)
+        parents[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
+    mine, descendants = {os.getpid()}, 0.0
+    grew = True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in mine and pid not in mine:
+                mine.add(pid)
+                descendants += cpu[pid]
+                grew = True
+    return usage.ru_utime + usage.ru_stime, descendants
+
+
 def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -> Any:
     """The pipeline's DataLoader over `data` (tar shards under `data/tar`),
     yielding `(uint8 images, int64 labels)` or Rust batch dicts."""
@@ -102,6 +166,18 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
             shuffle_buffer=SHUFFLE_BUFFER,
             decode={"jpg": Image(SIZE, flip=0.5), "cls": "int"},
             batch_size=batch,
+        )
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin)
+    if pipeline == "shardstream GPU decode":
+        from shardstream import StreamingDataset
+
+        dataset = StreamingDataset(
+            str(data / "tar"),
+            seed=SEED,
+            shuffle_buffer=SHUFFLE_BUFFER,
+            decode={"cls": "int"},
+            batch_size=batch,
+            pack_bytes=True,
         )
         return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin)
     if pipeline == "shardstream + PIL":
@@ -132,8 +208,9 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
     return DataLoader(Transformed(), batch_size=batch, num_workers=workers, pin_memory=pin)
 
 
-def batches(loader: Any) -> Iterator[tuple[Any, Any]]:
-    """`(images, labels)` from the loader, epoch after epoch."""
+def batches(loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
+    """`(images, labels)` from the loader, epoch after epoch (packed JPEGs
+    decoded and augmented on `device`)."""
     epoch = 0
     while True:
         dataset = getattr(loader, "dataset", None)
@@ -142,7 +219,9 @@ def batches(loader: Any) -> Iterator[tuple[Any, Any]]:
         got = 0
         for batch in loader:
             got += 1
-            if isinstance(batch, dict):
+            if isinstance(batch, dict) and "jpg_offsets" in batch:
+                yield gpu_augment(batch["jpg"], batch["jpg_offsets"], device), batch["cls"]
+            elif isinstance(batch, dict):
                 yield batch["jpg"], batch["cls"]
             else:
                 yield batch[0], batch[1]
@@ -186,18 +265,24 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
         source: Iterator[tuple[Any, Any]] = iter(lambda: (images, labels), None)
     else:
         loader = loader_for(pipeline, data, batch, workers, device.type == "cuda")
-        source = batches(loader)
+        source = batches(loader, device)
     for _ in range(args.warmup):
         step(*next(source))
     sync()
-    start, start_cpu, seen = time.perf_counter(), cpu_seconds(), 0
+    start, start_cpu, seen = time.perf_counter(), tree_cpu_seconds(), 0
     for _ in range(args.steps):
         images, labels = next(source)
         seen += len(images)
         step(images, labels)
     sync()
-    seconds, cpu = time.perf_counter() - start, cpu_seconds() - start_cpu
-    return {"images": seen, "seconds": seconds, "cpu_seconds": cpu}
+    seconds, end_cpu = time.perf_counter() - start, tree_cpu_seconds()
+    own, workers_cpu = (end - begin for end, begin in zip(end_cpu, start_cpu, strict=True))
+    return {
+        "images": seen,
+        "seconds": seconds,
+        "cpu_seconds": own + workers_cpu,
+        "worker_cpu_seconds": workers_cpu,
+    }
 
 
 def available(pipeline: str) -> bool:
@@ -213,7 +298,7 @@ def available(pipeline: str) -> bool:
 def prepare(root: Path, shards: int, per_shard: int, pipelines: list[str]) -> Path:
     """The shards under `root/tar`, and LitData's copy under `root/litdata`
     when that pipeline runs."""
-    paths = make_dataset(root / "tar", shards, per_shard)
+    paths = make_dataset(root / "tar", shards, per_shard, jobs=os.cpu_count() or 1)
     if "litdata + PIL" in pipelines and available("litdata + PIL"):
         payload = sum(p.stat().st_size for p in paths)
         (root / "meta.json").write_text(json.dumps({"payload_bytes": payload}))
@@ -313,6 +398,9 @@ def main() -> None:
                 row["cpu_ms_per_image"] = statistics.median(
                     1000 * r["cpu_seconds"] / r["images"] for r in runs
                 )
+                row["worker_cpu_ms_per_image"] = statistics.median(
+                    1000 * r["worker_cpu_seconds"] / r["images"] for r in runs
+                )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -322,8 +410,11 @@ def main() -> None:
         f"\n{device}, {os.cpu_count()} cores, batch {args.batch}, bf16, "
         f"{args.steps} timed steps after {args.warmup}"
     )
-    print("| model | workers | pipeline | images/s | of ceiling | CPU ms per image |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| model | workers | pipeline | images/s | of ceiling | CPU ms per image "
+        "| of which workers |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
         ceiling = next(
             (
@@ -334,13 +425,15 @@ def main() -> None:
             None,
         )
         if "error" in row:
-            print(f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} | | |")
+            print(
+                f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} | | | |"
+            )
             continue
         share = f"{row['images_per_s'] / ceiling:.0%}" if ceiling else "-"
         workers = "-" if row["pipeline"] == "ceiling" else row["workers"]
         print(
             f"| {row['model']} | {workers} | {row['pipeline']} | {row['images_per_s']:,.0f} "
-            f"| {share} | {row['cpu_ms_per_image']:.2f} |"
+            f"| {share} | {row['cpu_ms_per_image']:.2f} | {row['worker_cpu_ms_per_image']:.2f} |"
         )
 
 

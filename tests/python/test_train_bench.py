@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "benches" / "train_bench.py"
@@ -33,6 +34,7 @@ def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
     assert [r["pipeline"] for r in rows] == [
         "ceiling",
         "shardstream Image",
+        "shardstream GPU decode",
         "shardstream + PIL",
         "webdataset + PIL",
         "litdata + PIL",
@@ -45,6 +47,7 @@ def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
         assert "error" not in row, row
         assert row["images"] == batch * steps, row
         assert row["images_per_s"] > 0 and row["cpu_ms_per_image"] > 0, row
+        assert 0 <= row["worker_cpu_ms_per_image"] <= row["cpu_ms_per_image"], row
     assert "| resnet18 | 2 | shardstream Image |" in out.stdout
 
 
@@ -62,3 +65,30 @@ def test_without_a_cuda_device_it_refuses_rather_than_measure_the_cpu(tmp_path):
     assert out.returncode != 0
     assert "no CUDA device" in out.stderr
     assert not (tmp_path / "train-data").exists()
+
+
+def test_cpu_time_counts_live_workers(tmp_path):
+    # DataLoader workers are alive while a run is measured, so RUSAGE_CHILDREN
+    # (waited-for children only) would miss their time.
+    spec = importlib.util.spec_from_file_location("train_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+    done = tmp_path / "done"
+    child = subprocess.Popen(
+        [sys.executable, "-c", busy + f"open({str(done)!r}, 'w').close()\ntime.sleep(60)"]
+    )
+    try:
+        own_before, _ = bench.tree_cpu_seconds()
+        for _ in range(300):
+            if done.exists() or child.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert done.exists()
+        own_after, workers = bench.tree_cpu_seconds()
+        assert workers >= 0.4, workers
+        assert own_after - own_before < workers
+    finally:
+        child.kill()
+        child.wait(timeout=30)

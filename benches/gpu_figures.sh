@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/performance.md in one run, on a machine with a CUDA
+# device (about 8 minutes with 16 cores and an H100):
+#   - "train": `make bench-train`'s table (ResNet-18 and ResNet-50, bf16,
+#     batch 256, 4 and 8 workers; every pipeline, the GPU decode included);
+#   - "s3": the side-by-side S3 benchmark behind the bench server's latency
+#     proxy (20 ms first byte, 100 MB/s per connection) at 0, 4, 8 and 16
+#     workers, shardstream against webdataset and LitData.
+#
+#   benches/gpu_figures.sh [OUT]
+#
+# PYTHON: the interpreter with torch, torchvision, shardstream, webdataset and
+# LitData (default python3); PARTS: which parts to run (default "train s3").
+# The S3 part needs the bench server that `make bench-peers-s3` builds.
+set -euo pipefail
+out=${1:-bench-results}
+py=${PYTHON:-python3}
+parts=${PARTS:-train s3}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+for part in $parts; do
+    case $part in
+    train)
+        "$py" "$here/train_bench.py" --out "$out" --steps 30 --warmup 8 \
+            --shards 64 --per-shard 250 2>&1 | tee "$out/train.log"
+        ;;
+    s3)
+        "$py" "$here/peers/peers_bench.py" --out "$out" --storage s3 \
+            --first-byte-ms 20 --mbps 100 --profiles audio --workers 0 4 8 16 \
+            --repeats 1 --no-cold-run \
+            --libraries shardstream "shardstream (Rust batches)" webdataset litdata \
+            2>&1 | tee "$out/s3.log"
+        ;;
+    *)
+        echo "gpu_figures.sh: unknown part $part (train, s3)" >&2
+        exit 2
+        ;;
+    esac
+done
