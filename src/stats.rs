@@ -36,11 +36,39 @@ pub enum Counter {
     CacheHits,
     /// Bytes read from cached copies.
     CacheBytes,
+    /// Nanoseconds the pipeline thread waited for bytes (or the next
+    /// shard) from the read-ahead: the storage stage.
+    StorageWaitNanos,
+    /// Nanoseconds the pipeline thread ran, whatever it did: parsing,
+    /// waiting for storage, decoding, waiting for the consumer.
+    PipelineNanos,
+    /// Nanoseconds the pipeline thread spent decoding (its decode
+    /// threads' batches included).
+    DecodeNanos,
+    /// Nanoseconds of decoding summed over the threads that decode.
+    DecodeBusyNanos,
+    /// Nanoseconds the pipeline thread waited because the queue to the
+    /// consumer was full.
+    OutputWaitNanos,
+    /// Nanoseconds in the Python `transform`.
+    TransformNanos,
+    /// Nanoseconds turning samples into Python objects (measured on a
+    /// share of the samples and scaled up).
+    HandoffNanos,
+    /// Nanoseconds `next()` waited for the pipeline.
+    NextWaitNanos,
+    /// Bytes the format parsers took from the read-ahead.
+    ParsedBytes,
+    /// Bytes of the samples that went through the field decoders.
+    DecodedBytes,
+    /// Samples in the queue between the pipeline thread and `next()`
+    /// (a level, not a sum).
+    OutputQueued,
 }
 
 impl Counter {
     /// Every counter, in [`Stats`] order.
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 22] = [
         Counter::ShardsOpened,
         Counter::ShardsCompleted,
         Counter::Samples,
@@ -52,6 +80,17 @@ impl Counter {
         Counter::ReadAheadPeakBytes,
         Counter::CacheHits,
         Counter::CacheBytes,
+        Counter::StorageWaitNanos,
+        Counter::PipelineNanos,
+        Counter::DecodeNanos,
+        Counter::DecodeBusyNanos,
+        Counter::OutputWaitNanos,
+        Counter::TransformNanos,
+        Counter::HandoffNanos,
+        Counter::NextWaitNanos,
+        Counter::ParsedBytes,
+        Counter::DecodedBytes,
+        Counter::OutputQueued,
     ];
 
     /// The counter's name in `stats()`.
@@ -68,6 +107,17 @@ impl Counter {
             Counter::ReadAheadPeakBytes => "read_ahead_peak_bytes",
             Counter::CacheHits => "cache_hits",
             Counter::CacheBytes => "cache_bytes",
+            Counter::StorageWaitNanos => "storage_wait_ns",
+            Counter::PipelineNanos => "pipeline_ns",
+            Counter::DecodeNanos => "decode_ns",
+            Counter::DecodeBusyNanos => "decode_busy_ns",
+            Counter::OutputWaitNanos => "output_wait_ns",
+            Counter::TransformNanos => "transform_ns",
+            Counter::HandoffNanos => "handoff_ns",
+            Counter::NextWaitNanos => "next_wait_ns",
+            Counter::ParsedBytes => "parsed_bytes",
+            Counter::DecodedBytes => "decoded_bytes",
+            Counter::OutputQueued => "output_queue_samples",
         }
     }
 }
@@ -93,6 +143,32 @@ impl Stats {
     pub fn get(&self, counter: Counter) -> u64 {
         self.values[counter as usize]
     }
+
+    /// The counters' `(name, value)` pairs, then the values derived from
+    /// them: `parse_ns`, the pipeline thread's time not spent waiting for
+    /// storage, decoding or waiting for the consumer (parsing the format,
+    /// checking samples, the shuffle buffer), and `read_ahead_bytes`, the
+    /// bytes fetched and not yet taken by the parsers.
+    pub fn report(&self) -> Vec<(&'static str, u64)> {
+        let mut pairs: Vec<_> = self.entries().collect();
+        let parse = self.get(Counter::PipelineNanos).saturating_sub(
+            self.get(Counter::StorageWaitNanos)
+                + self.get(Counter::DecodeNanos)
+                + self.get(Counter::OutputWaitNanos),
+        );
+        let fetched = self.get(Counter::BytesRead) + self.get(Counter::CacheBytes);
+        pairs.push(("parse_ns", parse));
+        pairs.push((
+            "read_ahead_bytes",
+            fetched.saturating_sub(self.get(Counter::ParsedBytes)),
+        ));
+        pairs
+    }
+}
+
+/// `duration` in whole nanoseconds (saturating).
+pub fn nanos(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Atomic counters, in memory shared with forked child processes.
@@ -143,6 +219,16 @@ impl Counters {
     /// Adds `n` to `counter`.
     pub fn add(&self, counter: Counter, n: u64) {
         self.cell(counter).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Adds the nanoseconds since `since` to `counter`.
+    pub fn add_since(&self, counter: Counter, since: std::time::Instant) {
+        self.add(counter, nanos(since.elapsed()));
+    }
+
+    /// Subtracts `n` from `counter` (a level that went down).
+    pub fn sub(&self, counter: Counter, n: u64) {
+        self.cell(counter).fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Raises `counter` to `value` if it is lower (a high-water mark).

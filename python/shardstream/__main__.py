@@ -1,4 +1,6 @@
-"""The ``shardstream`` command line (``inspect``, ``plan``)."""
+"""The ``shardstream`` command line: ``bench`` runs in Python
+(``shardstream.bench``), the other commands (``inspect``, ``index``,
+``plan``, ...) in the Rust core."""
 
 from __future__ import annotations
 
@@ -9,6 +11,10 @@ from ._core import run_cli
 
 def main() -> None:
     """Runs the command line with ``sys.argv`` and exits with its code."""
+    if sys.argv[1:2] == ["bench"]:
+        from .bench import main as bench
+
+        sys.exit(bench(sys.argv[2:]))
     sys.exit(run_cli(["shardstream", *sys.argv[1:]]))
 
 

@@ -112,10 +112,13 @@ class Counters:
 
     def __new__(cls) -> Counters: ...
     def snapshot(self) -> dict[str, int]:
-        """The counters as a dict of name to value."""
+        """The counters as a dict of name to value, with the values derived from them
+        (``parse_ns``, ``read_ahead_bytes``)."""
     def count_skipped(self) -> None:
         """Counts one sample skipped under ``on_error="warn"`` (its transform raised) in
         ``errors_skipped``."""
+    def count_transform(self, nanos: int) -> None:
+        """Counts ``nanos`` nanoseconds spent in the Python ``transform``."""
 
 @final
 class EpochTable:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import DupFd, ForkingPickler
@@ -34,6 +35,7 @@ from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
+from .telemetry import exposition, window
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -250,6 +252,7 @@ class StreamingDataset(IterableDataset[Any]):
         self.shard_list.check_equal_length(resolved_world)
         self._epochs = EpochTable()
         self._counters = Counters()
+        self._stats_since: dict[str, int] | None = None
         self._resume: str | None = None
         self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
@@ -525,17 +528,36 @@ class StreamingDataset(IterableDataset[Any]):
             shared_bytes=SharedBytes if shared_limit else None,
         )
 
-    def stats(self) -> dict[str, int]:
+    def stats(self, reset: bool = False) -> dict[str, int]:
         """Counters over every epoch iterated so far: ``shards_opened``,
         ``shards_completed``, ``samples``, ``bytes_read`` (from storage),
         ``errors_skipped``, ``requests``, ``retries``, ``resumed_bodies``,
         ``read_ahead_peak_bytes``, ``cache_hits`` and ``cache_bytes`` (reads of
-        ``cache_dir`` copies).
+        ``cache_dir`` copies); the time per stage in nanoseconds
+        (``storage_wait_ns``, ``parse_ns``, ``decode_ns``, ``transform_ns``,
+        ``handoff_ns``, ``output_wait_ns``, ``next_wait_ns``, with
+        ``pipeline_ns`` and ``decode_busy_ns``); bytes per stage
+        (``parsed_bytes``, ``decoded_bytes``); and the queues' levels
+        (``read_ahead_bytes``, ``output_queue_samples``). docs/telemetry.md
+        says what each one measures.
+
+        With ``reset=True``: the counters since the last reset (levels as
+        they are now), and a new window starts.
 
         DataLoader workers forked from this process add to the same counters;
         workers started with the ``spawn`` method count in their own copy.
         """
-        return self._counters.snapshot()
+        now = self._counters.snapshot()
+        stats = window(now, self._stats_since)
+        if reset:
+            self._stats_since = now
+        return stats
+
+    def stats_text(self, reset: bool = False) -> str:
+        """``stats(reset)`` in the Prometheus text exposition format
+        (``shardstream_samples_total``, ``shardstream_stage_seconds_total{stage="parse"}``,
+        ...), for a metrics endpoint or a textfile collector."""
+        return exposition([({}, self.stats(reset))])
 
     def __getstate__(self) -> dict[str, Any]:
         transform = self.options["transform"]
@@ -586,7 +608,8 @@ class StreamingDataset(IterableDataset[Any]):
 class _Transformed:
     """A slot's stream with the dataset's transform applied to each item.
     ``StreamingDataset.state_dict`` reads the stream itself, so a resume
-    is as exact as without a transform."""
+    is as exact as without a transform. The transform's time is counted
+    (``transform_ns``)."""
 
     __slots__ = ("_counters", "_skip", "_stream", "_transform")
 
@@ -607,7 +630,10 @@ class _Transformed:
 
     def __next__(self) -> Any:
         while True:
-            item = apply_transform(self._transform, next(self._stream), self._skip, self._counters)
+            taken = next(self._stream)
+            started = time.perf_counter_ns()
+            item = apply_transform(self._transform, taken, self._skip, self._counters)
+            self._counters.count_transform(time.perf_counter_ns() - started)
             if item is not SKIPPED:
                 return item
 

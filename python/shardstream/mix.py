@@ -23,6 +23,7 @@ from ._core import (
 )
 from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
+from .telemetry import exposition
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
@@ -519,9 +520,15 @@ class Mix(IterableDataset[Any]):
             for w in range(workers)
         )
 
-    def stats(self) -> list[dict[str, int]]:
-        """Each stream's counters (see ``StreamingDataset.stats``)."""
-        return [ds.stats() for ds in self.datasets]
+    def stats(self, reset: bool = False) -> list[dict[str, int]]:
+        """Each stream's counters (see ``StreamingDataset.stats``); with
+        ``reset=True``, each one's window since the last reset."""
+        return [ds.stats(reset) for ds in self.datasets]
+
+    def stats_text(self, reset: bool = False) -> str:
+        """``stats(reset)`` in the Prometheus text exposition format, each
+        stream's samples labelled ``stream="<index>"``."""
+        return exposition([({"stream": str(i)}, s) for i, s in enumerate(self.stats(reset))])
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -4,12 +4,14 @@
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crate::augment::SampleContext;
 use crate::byte_size::ByteSize;
 use crate::config::FieldDecoders;
 use crate::error::{Error, Result};
 use crate::format::{Sample, Value};
+use crate::stats::{Counter, Counters};
 
 /// Samples decoded together, at least (see [`DecodePool::batch_len`]).
 const DECODE_BATCH: usize = 32;
@@ -37,6 +39,8 @@ struct Decoding {
     decoders: FieldDecoders,
     seed: u64,
     epoch: u64,
+    /// Where the decoding time and bytes are counted.
+    counters: Arc<Counters>,
 }
 
 /// The field decoders of a stream and the threads that run them. The
@@ -53,13 +57,21 @@ pub(super) struct DecodePool {
 impl DecodePool {
     /// A pool for `decoders` that decodes on up to `threads` threads (the
     /// caller's included), for epoch `epoch` of seed `seed` (the keys of
-    /// the transforms' random streams); no thread starts here.
-    pub(super) fn new(decoders: FieldDecoders, threads: usize, seed: u64, epoch: u64) -> Self {
+    /// the transforms' random streams), counting its time and bytes in
+    /// `counters`; no thread starts here.
+    pub(super) fn new(
+        decoders: FieldDecoders,
+        threads: usize,
+        seed: u64,
+        epoch: u64,
+        counters: Arc<Counters>,
+    ) -> Self {
         DecodePool {
             decoders: Arc::new(Decoding {
                 decoders,
                 seed,
                 epoch,
+                counters,
             }),
             threads: threads.max(1),
             jobs: None,
@@ -80,14 +92,32 @@ impl DecodePool {
 
     /// Decodes one sample on the calling thread.
     pub(super) fn decode(&self, sample: Sample) -> Result<Sample> {
-        decode_sample(&self.decoders, sample)
+        let started = Instant::now();
+        let counters = &self.decoders.counters;
+        counters.add(Counter::DecodedBytes, sample.byte_size() as u64);
+        let decoded = decode_sample(&self.decoders, sample);
+        counters.add_since(Counter::DecodeBusyNanos, started);
+        counters.add_since(Counter::DecodeNanos, started);
+        decoded
     }
 
     /// Decodes `samples`, keeping their order: spread over the pool when
     /// they hold enough bytes to be worth it. Each result is the one
     /// decoding that sample alone gives.
-    pub(super) fn decode_all(&mut self, mut samples: Batch) -> Decoded {
+    pub(super) fn decode_all(&mut self, samples: Batch) -> Decoded {
+        let started = Instant::now();
+        let decoded = self.decode_spread(samples);
+        self.decoders
+            .counters
+            .add_since(Counter::DecodeNanos, started);
+        decoded
+    }
+
+    /// [`DecodePool::decode_all`], untimed.
+    fn decode_spread(&mut self, mut samples: Batch) -> Decoded {
         let bytes: usize = samples.iter().map(|(_, s)| s.byte_size()).sum();
+        let counters = &self.decoders.counters;
+        counters.add(Counter::DecodedBytes, bytes as u64);
         let threads = self.threads.min(samples.len());
         if threads <= 1 || bytes < PARALLEL_DECODE_BYTES {
             return decode_part(&self.decoders, samples);
@@ -185,12 +215,17 @@ fn help(queue: &Mutex<Receiver<Job>>, decoders: &Decoding) {
     }
 }
 
-/// Decodes `samples` one by one, in order.
+/// Decodes `samples` one by one, in order, counting the thread's time.
 fn decode_part(decoders: &Decoding, samples: Batch) -> Decoded {
-    samples
+    let started = Instant::now();
+    let decoded = samples
         .into_iter()
         .map(|(position, sample)| (position, decode_sample(decoders, sample)))
-        .collect()
+        .collect();
+    decoders
+        .counters
+        .add_since(Counter::DecodeBusyNanos, started);
+    decoded
 }
 
 /// Runs each field of `sample` through its decoder, if it has one.
@@ -297,7 +332,7 @@ mod tests {
             by_field: vec![("json".into(), Decoder::Json)],
             defaults: false,
         };
-        DecodePool::new(decoders, threads, 0, 0)
+        DecodePool::new(decoders, threads, 0, 0, Arc::default())
     }
 
     /// A batch large enough to share gives, in order, what decoding each
@@ -332,6 +367,25 @@ mod tests {
         }
     }
 
+    /// A batch counts its bytes, the pipeline thread's decoding time and
+    /// at least as much time summed over the threads that decoded it.
+    #[test]
+    fn decoding_is_counted() {
+        let counters = Arc::new(Counters::new());
+        let decoders = FieldDecoders {
+            by_field: vec![("json".into(), Decoder::Json)],
+            defaults: false,
+        };
+        let mut pool = DecodePool::new(decoders, 4, 0, 0, counters.clone());
+        let batch: Batch = (0..40u64).map(|i| sample(i, "{}")).collect();
+        let bytes: usize = batch.iter().map(|(_, s)| s.byte_size()).sum();
+        assert_eq!(pool.decode_all(batch).len(), 40);
+        let stats = counters.snapshot();
+        assert_eq!(stats.get(Counter::DecodedBytes), bytes as u64);
+        assert!(stats.get(Counter::DecodeNanos) > 0);
+        assert!(stats.get(Counter::DecodeBusyNanos) > 0);
+    }
+
     /// Small batches are decoded on the caller: no helper starts.
     #[test]
     fn small_batches_start_no_thread() {
@@ -364,7 +418,7 @@ mod tests {
             by_field: vec![("wav".into(), Decoder::AudioClip(Arc::new(clip.unwrap())))],
             defaults: false,
         };
-        let pool = DecodePool::new(decoders, 1, 0, 0);
+        let pool = DecodePool::new(decoders, 1, 0, 0, Arc::default());
         let (_, mut sample) = sample(0, "{}");
         sample.fields = vec![
             ("wav".into(), Value::Bytes(wav.into_inner().into())),

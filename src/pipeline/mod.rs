@@ -16,10 +16,10 @@ mod reads;
 mod worker;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 
@@ -37,7 +37,7 @@ use crate::shard::Shard;
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::source::{ReadAhead, ReadAheadOptions};
 use crate::state::{self, Mirror, Resume, SlotState};
-use crate::stats::Counters;
+use crate::stats::{Counter, Counters};
 
 /// The most decode threads a stream starts by itself (`decode_threads`
 /// given explicitly may ask for more).
@@ -111,6 +111,12 @@ pub struct SampleStream {
     sample_seed: Option<u64>,
     done: bool,
     finished: bool,
+    counters: Arc<Counters>,
+    /// The events the pipeline thread sent, those received here, and the
+    /// difference last added to [`Counter::OutputQueued`].
+    sent: Arc<AtomicU64>,
+    received: u64,
+    queued_counted: u64,
 }
 
 /// The compression of each compressed shard read so far, by shard index.
@@ -170,7 +176,7 @@ impl SampleStream {
                 reads,
                 options: options.clone(),
                 rng,
-                counters,
+                counters: counters.clone(),
             }),
             messages: None,
             ready: VecDeque::new(),
@@ -187,6 +193,10 @@ impl SampleStream {
             sample_seed: options.sample_seed.then_some(options.seed),
             done: false,
             finished,
+            counters,
+            sent: Arc::default(),
+            received: 0,
+            queued_counted: 0,
         })
     }
 
@@ -211,7 +221,12 @@ impl SampleStream {
             counters.clone(),
         )?;
         let group_size = (options.output_queue / 4).clamp(1, MAX_DELIVERY_GROUP);
-        let (outbox, rx) = Outbox::new(options.output_queue, group_size);
+        let (outbox, rx) = Outbox::new(
+            options.output_queue,
+            group_size,
+            counters.clone(),
+            self.sent.clone(),
+        );
         let hook = outbox.clone();
         read_ahead.before_wait(Arc::new(move || {
             let _ = hook.flush();
@@ -230,7 +245,7 @@ impl SampleStream {
             }),
             on_error: options.on_error,
             verify_bytes: options.read_ahead_bytes as u64,
-            counters,
+            counters: counters.clone(),
             outbox,
             cancelled: self.cancelled.clone(),
             ops: Vec::new(),
@@ -243,6 +258,7 @@ impl SampleStream {
                     .unwrap_or_else(|| auto_decode_threads(self.identity.slot.num_workers)),
                 options.seed,
                 self.identity.epoch,
+                counters.clone(),
             ),
             pending: Vec::new(),
             columns: options.columns.clone(),
@@ -330,7 +346,20 @@ impl SampleStream {
         }
         if self.ready.is_empty() {
             let messages = self.messages.as_ref().expect("launched above");
-            let message = match messages.recv_timeout(wait) {
+            // Only a wait that has to block is timed: `next()` finding
+            // events ready reads no clock.
+            let received = match messages.try_recv() {
+                Ok(message) => Ok(message),
+                Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) if wait.is_zero() => Err(RecvTimeoutError::Timeout),
+                Err(TryRecvError::Empty) => {
+                    let waiting = Instant::now();
+                    let received = messages.recv_timeout(wait);
+                    self.counters.add_since(Counter::NextWaitNanos, waiting);
+                    received
+                }
+            };
+            let message = match received {
                 Ok(message) => message,
                 Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
                 Err(RecvTimeoutError::Disconnected) => {
@@ -341,7 +370,11 @@ impl SampleStream {
                 }
             };
             match message {
-                Message::Events(group) => self.ready.extend(group),
+                Message::Events(group) => {
+                    self.received += group.len() as u64;
+                    self.count_queued();
+                    self.ready.extend(group);
+                }
                 Message::Failed(error) => {
                     self.done = true;
                     return Err(error);
@@ -358,6 +391,24 @@ impl SampleStream {
         };
         self.mirror.apply(&ops, &self.units);
         Ok(Poll::Ready(self.with_seed(event)))
+    }
+
+    /// Brings [`Counter::OutputQueued`] up to date with the events sent
+    /// and not yet received (a level shared by every stream counting in
+    /// the same counters, so this stream adds its change).
+    fn count_queued(&mut self) {
+        let queued = self
+            .sent
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.received);
+        if queued >= self.queued_counted {
+            self.counters
+                .add(Counter::OutputQueued, queued - self.queued_counted);
+        } else {
+            self.counters
+                .sub(Counter::OutputQueued, self.queued_counted - queued);
+        }
+        self.queued_counted = queued;
     }
 
     /// `event` with its sample's `__seed__` field, when `sample_seed` is on:
@@ -402,5 +453,7 @@ impl Iterator for SampleStream {
 impl Drop for SampleStream {
     fn drop(&mut self) {
         self.cancelled.store(true, Ordering::SeqCst);
+        self.counters
+            .sub(Counter::OutputQueued, self.queued_counted);
     }
 }

@@ -1,12 +1,15 @@
 //! The pipeline's end of the channel to the consumer.
 
 use std::ops::ControlFlow;
-use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::Event;
 use crate::error::Error;
 use crate::state::Op;
+use crate::stats::{Counter, Counters};
 
 /// Events per message to the consumer, at most.
 pub(super) const MAX_DELIVERY_GROUP: usize = 16;
@@ -31,6 +34,10 @@ pub(super) struct Delivery {
 /// so the consumer wakes once per group rather than once per sample: a
 /// group is sent when it is full, and before the pipeline waits for bytes
 /// that have not arrived, so nothing ready waits behind storage.
+///
+/// Every flush runs on the pipeline thread, so it is where the thread's
+/// time is counted ([`Counter::PipelineNanos`]), with the time a full
+/// queue kept it waiting ([`Counter::OutputWaitNanos`]).
 #[derive(Clone)]
 pub(super) struct Outbox(Arc<Mutex<OutboxState>>);
 
@@ -40,11 +47,22 @@ struct OutboxState {
     group_size: usize,
     /// A send failed: the consumer is gone.
     gone: bool,
+    counters: Arc<Counters>,
+    /// When the pipeline thread's time was last counted.
+    counted_until: Instant,
+    /// Events sent so far, read by the consumer to know how many wait.
+    sent: Arc<AtomicU64>,
 }
 
 impl Outbox {
-    /// An outbox of groups of `group_size` events, and the consumer's end.
-    pub(super) fn new(queued: usize, group_size: usize) -> (Self, Receiver<Message>) {
+    /// An outbox of groups of `group_size` events, and the consumer's end;
+    /// `sent` counts the events sent.
+    pub(super) fn new(
+        queued: usize,
+        group_size: usize,
+        counters: Arc<Counters>,
+        sent: Arc<AtomicU64>,
+    ) -> (Self, Receiver<Message>) {
         let group_size = group_size.max(1);
         let (tx, rx) = mpsc::sync_channel(queued.div_ceil(group_size).max(1));
         let state = OutboxState {
@@ -52,6 +70,9 @@ impl Outbox {
             group: Vec::with_capacity(group_size),
             group_size,
             gone: false,
+            counters,
+            counted_until: Instant::now(),
+            sent,
         };
         (Outbox(Arc::new(Mutex::new(state))), rx)
     }
@@ -89,11 +110,18 @@ impl Outbox {
         if state.flush().is_continue() {
             let _ = state.tx.send(last);
         }
+        state.count_time();
     }
 }
 
 impl OutboxState {
     fn flush(&mut self) -> ControlFlow<()> {
+        let flushed = self.send_group();
+        self.count_time();
+        flushed
+    }
+
+    fn send_group(&mut self) -> ControlFlow<()> {
         if self.gone {
             return ControlFlow::Break(());
         }
@@ -101,11 +129,32 @@ impl OutboxState {
             return ControlFlow::Continue(());
         }
         let group = std::mem::replace(&mut self.group, Vec::with_capacity(self.group_size));
-        if self.tx.send(Message::Events(group)).is_err() {
+        let events = group.len() as u64;
+        self.sent.fetch_add(events, Ordering::Relaxed);
+        let sent = match self.tx.try_send(Message::Events(group)) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(message)) => {
+                let waiting = Instant::now();
+                let sent = self.tx.send(message).map_err(drop);
+                self.counters.add_since(Counter::OutputWaitNanos, waiting);
+                sent
+            }
+            Err(TrySendError::Disconnected(_)) => Err(()),
+        };
+        if sent.is_err() {
             self.gone = true;
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
+    }
+
+    /// Counts the pipeline thread's time since the last count.
+    fn count_time(&mut self) {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.counted_until);
+        self.counters
+            .add(Counter::PipelineNanos, crate::stats::nanos(elapsed));
+        self.counted_until = now;
     }
 }
 
@@ -142,7 +191,7 @@ mod tests {
     /// the ops gathered before each.
     #[test]
     fn events_go_in_groups_in_order() {
-        let (outbox, rx) = Outbox::new(16, 3);
+        let (outbox, rx) = Outbox::new(16, 3, Arc::default(), Arc::default());
         let mut ops = Vec::new();
         for i in 0..4 {
             ops.push(Op::UnitDone { unit: i as usize });
@@ -162,7 +211,7 @@ mod tests {
     /// Once the consumer is gone, every send says so.
     #[test]
     fn a_gone_consumer_breaks_sends() {
-        let (outbox, rx) = Outbox::new(1, 1);
+        let (outbox, rx) = Outbox::new(1, 1, Arc::default(), Arc::default());
         drop(rx);
         assert!(outbox.send(&mut Vec::new(), event(0)).is_break());
         assert!(outbox.send(&mut Vec::new(), event(1)).is_break());

@@ -23,10 +23,11 @@ impl Counters {
         }
     }
 
-    /// The counters as a dict of name to value.
+    /// The counters as a dict of name to value, with the values derived
+    /// from them (`parse_ns`, `read_ahead_bytes`).
     fn snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let dict = PyDict::new(py);
-        for (name, value) in self.inner.snapshot().entries() {
+        for (name, value) in self.inner.snapshot().report() {
             dict.set_item(name, value)?;
         }
         Ok(dict)
@@ -36,6 +37,11 @@ impl Counters {
     /// raised) in `errors_skipped`.
     fn count_skipped(&self) {
         self.inner.add(stats::Counter::ErrorsSkipped, 1);
+    }
+
+    /// Counts `nanos` nanoseconds spent in the Python `transform`.
+    fn count_transform(&self, nanos: u64) {
+        self.inner.add(stats::Counter::TransformNanos, nanos);
     }
 
     /// Pickling (spawned workers) gives fresh counters: only forked

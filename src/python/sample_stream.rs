@@ -3,7 +3,7 @@
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
@@ -23,6 +23,11 @@ use crate::stats;
 
 /// How long one wait for a sample lasts before Python signals are checked.
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One sample handed out in this many is timed (its time counted this many
+/// times over), so that timing costs next to nothing per sample; every
+/// batch is timed.
+const HANDOFF_TIMED_EVERY: u32 = 16;
 
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
 /// `__key__`, `__url__` and one value per field (`bytes` unless decoded),
@@ -56,6 +61,10 @@ pub struct SampleStream {
     /// The process that started the stream's threads (0: not started). A
     /// forked child has none of them: it must not wait on their channel.
     started_in: AtomicU32,
+    /// Where the hand-off's time is counted.
+    counters: Arc<stats::Counters>,
+    /// Samples handed out one by one, to time one in [`HANDOFF_TIMED_EVERY`].
+    handed: AtomicU32,
 }
 
 /// The right to run `next()`, held for the length of one call.
@@ -127,7 +136,7 @@ impl SampleStream {
             &options.stream,
             epoch,
             slot,
-            counters,
+            counters.clone(),
             resume,
         )
         .map_err(to_py)?;
@@ -144,6 +153,8 @@ impl SampleStream {
             names: Mutex::new(NameCache::default()),
             busy: AtomicBool::new(false),
             started_in: AtomicU32::new(0),
+            counters,
+            handed: AtomicU32::new(0),
         })
     }
 
@@ -301,8 +312,36 @@ impl SampleStream {
         }
     }
 
-    /// One sample as a dict, or a batch collated (GIL released) as columns.
+    /// One sample as a dict, or a batch collated (GIL released) as
+    /// columns, its time counted ([`stats::Counter::HandoffNanos`]).
     fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
+        let scale = if self.batch_size.is_some() {
+            1
+        } else if self.next_handed() % HANDOFF_TIMED_EVERY == 0 {
+            HANDOFF_TIMED_EVERY
+        } else {
+            return self.convert(py, samples);
+        };
+        let started = Instant::now();
+        let out = self.convert(py, samples);
+        let spent = stats::nanos(started.elapsed());
+        self.counters.add(
+            stats::Counter::HandoffNanos,
+            spent.saturating_mul(u64::from(scale)),
+        );
+        out
+    }
+
+    /// The number of samples handed out one by one before this one (one
+    /// `next()` runs at a time: no read-modify-write needed).
+    fn next_handed(&self) -> u32 {
+        let handed = self.handed.load(Ordering::Relaxed);
+        self.handed.store(handed.wrapping_add(1), Ordering::Relaxed);
+        handed
+    }
+
+    /// [`SampleStream::hand_out`], untimed.
+    fn convert<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
         let local = self.local_bytes.as_ref().map(|c| c.bind(py));
         let shared = self.shared_bytes.as_ref().map(|c| c.bind(py));
         let out = if local.is_none() && shared.is_none() {

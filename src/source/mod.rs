@@ -195,6 +195,8 @@ pub struct ReadAhead {
     runtime: Option<tokio::runtime::Runtime>,
     io_timeout: Duration,
     before_wait: Option<BeforeWait>,
+    /// Where the readers count their waits and the bytes they take.
+    counters: Arc<Counters>,
 }
 
 impl ReadAhead {
@@ -221,7 +223,7 @@ impl ReadAhead {
             cancelled: cancelled.clone(),
             chunk_bytes,
             io_timeout: options.io_timeout,
-            counters,
+            counters: counters.clone(),
             budget_total,
             s3_options: Arc::new(options.s3),
             s3: Arc::new(tokio::sync::OnceCell::new()),
@@ -238,6 +240,7 @@ impl ReadAhead {
             runtime: Some(runtime),
             io_timeout: options.io_timeout,
             before_wait: None,
+            counters,
         })
     }
 
@@ -250,11 +253,17 @@ impl ReadAhead {
     /// The reader of the next unit, `None` after the last one. The fetch
     /// stopping before it handed every unit over is an error.
     pub fn next_shard(&self) -> Result<Option<ShardReader>> {
-        let next = wait_for(&self.shards, self.io_timeout, self.before_wait.as_deref());
+        let next = wait_for(
+            &self.shards,
+            self.io_timeout,
+            self.before_wait.as_deref(),
+            Some(&self.counters),
+        );
         match next {
             Ok(mut reader) => {
                 self.handed.fetch_add(1, Ordering::SeqCst);
                 reader.before_wait = self.before_wait.clone();
+                reader.counters = Some(self.counters.clone());
                 Ok(Some(reader))
             }
             Err(RecvTimeoutError::Disconnected) => {
@@ -835,11 +844,13 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<
 }
 
 /// The next item of `rx`, running `before_wait` first if it has to wait,
-/// and waiting at most `timeout`.
+/// and waiting at most `timeout`; the time waited is counted in
+/// `counters` ([`Counter::StorageWaitNanos`]).
 fn wait_for<T>(
     rx: &Receiver<T>,
     timeout: Duration,
     before_wait: Option<&(dyn Fn() + Send + Sync)>,
+    counters: Option<&Counters>,
 ) -> std::result::Result<T, RecvTimeoutError> {
     match rx.try_recv() {
         Ok(item) => Ok(item),
@@ -848,7 +859,12 @@ fn wait_for<T>(
             if let Some(hook) = before_wait {
                 hook();
             }
-            rx.recv_timeout(timeout)
+            let waiting = std::time::Instant::now();
+            let item = rx.recv_timeout(timeout);
+            if let Some(counters) = counters {
+                counters.add_since(Counter::StorageWaitNanos, waiting);
+            }
+            item
         }
     }
 }
@@ -886,6 +902,9 @@ pub struct ShardReader {
     io_timeout: Duration,
     failure: Option<Error>,
     before_wait: Option<BeforeWait>,
+    /// Where waits and bytes taken are counted, once the read-ahead
+    /// handed the reader out.
+    counters: Option<Arc<Counters>>,
 }
 
 impl ShardReader {
@@ -903,6 +922,7 @@ impl ShardReader {
             io_timeout,
             failure: None,
             before_wait: None,
+            counters: None,
         }
     }
 
@@ -993,8 +1013,17 @@ impl ShardReader {
             if self.ended {
                 return Ok(false);
             }
-            match wait_for(&self.chunks, self.io_timeout, self.before_wait.as_deref()) {
+            let counters = self.counters.as_deref();
+            match wait_for(
+                &self.chunks,
+                self.io_timeout,
+                self.before_wait.as_deref(),
+                counters,
+            ) {
                 Ok(Piece::Bytes(chunk)) => {
+                    if let Some(counters) = counters {
+                        counters.add(Counter::ParsedBytes, chunk.bytes.len() as u64);
+                    }
                     self.received += chunk.bytes.len() as u64;
                     self.current = chunk.bytes;
                     self.mapped = chunk.mapped;

@@ -240,19 +240,13 @@ def test_set_epoch_rejects_negative(dataset):
 def test_stats_in_process(dataset):
     # Whole shards (no sample counts), so every byte of every file is read.
     ds = shardstream.StreamingDataset(dataset.spec, count_samples=False)
-    assert ds.stats() == {
-        "shards_opened": 0,
-        "shards_completed": 0,
-        "samples": 0,
-        "bytes_read": 0,
-        "errors_skipped": 0,
-        "requests": 0,
-        "retries": 0,
-        "resumed_bodies": 0,
-        "read_ahead_peak_bytes": 0,
-        "cache_hits": 0,
-        "cache_bytes": 0,
-    }
+    names = (
+        "shards_opened shards_completed samples bytes_read errors_skipped requests retries "
+        "resumed_bodies read_ahead_peak_bytes cache_hits cache_bytes storage_wait_ns "
+        "pipeline_ns decode_ns decode_busy_ns output_wait_ns transform_ns handoff_ns "
+        "next_wait_ns parsed_bytes decoded_bytes output_queue_samples parse_ns read_ahead_bytes"
+    )
+    assert ds.stats() == dict.fromkeys(names.split(), 0)
     assert_exactly_once(keys_of(ds), dataset.keys)
     stats = ds.stats()
     assert stats["samples"] == len(dataset.samples)
