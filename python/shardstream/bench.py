@@ -187,7 +187,7 @@ def run_bench(
     comes first; without any, one epoch or ``DEFAULT_SECONDS``), calling
     ``consumer(batch)`` on each batch and then sleeping ``consumer_delay_ms``
     (both stand for the training step). Progress goes to ``progress`` (a
-    text stream) about twice a second."""
+    text stream) at the first batch and then about twice a second."""
     from torch.utils.data import DataLoader
 
     from .dataset import StreamingDataset
@@ -212,7 +212,8 @@ def run_bench(
     cpu_before = _cpu_seconds()
     started = time.perf_counter()
     deadline = started + seconds if seconds is not None else None
-    count, epoch, outside, shown = 0, 0, 0.0, started
+    # Progress shows at the first batch, then about twice a second.
+    count, epoch, outside, shown = 0, 0, 0.0, started - 1.0
     delay = consumer_delay_ms / 1000
     done = False
     while not done and (epochs is None or epoch < epochs):

@@ -440,6 +440,9 @@ impl Worker {
     /// large, and delivers them in their order. The first decode error
     /// stops the delivery there, as if the samples were decoded one by one.
     fn flush_decoded(&mut self) -> Result<(), Stop> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let pending = std::mem::take(&mut self.pending);
         for (position, decoded) in self.decode.decode_all(pending) {
             let sample = decoded.map_err(Stop::Failed)?;

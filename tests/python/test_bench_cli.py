@@ -1,0 +1,141 @@
+"""``shardstream bench`` and ``shardstream.bench.run_bench``: each verdict
+on a setup built to be bound by that stage (a slow server, a heavy
+transform, a slow consumer), by ten times or more, so that a loaded
+machine does not change the answer; the command line's output and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from fault_proxy import Faults as ProxyFaults
+from fault_proxy import running_fault_proxy
+
+from shardstream.bench import STAGES, run_bench
+
+
+def heavy_transform(sample):
+    """About 20 ms of CPU per sample."""
+    deadline = time.thread_time() + 0.02
+    while time.thread_time() < deadline:
+        pass
+    return sample
+
+
+def assert_bound_by(result, stage):
+    others = [share for name, share in result.stages.items() if name != stage]
+    assert result.bound == stage, result.summary()
+    assert result.stages[stage] > 0.5, result.summary()
+    # The setups make the bound stage dominate; the verdict does not hang on a hair.
+    assert result.stages[stage] > 3 * max(others), result.summary()
+
+
+def test_a_slow_server_is_storage_bound(http, dataset):
+    faults = ProxyFaults(first_byte_delay=0.3, bandwidth=40_000)
+    with running_fault_proxy(http.base_url, faults) as proxy:
+        spec = proxy.endpoint_url + "/" + http.shard_spec(len(dataset.paths)).split("/", 3)[3]
+        result = run_bench(spec, samples=24, batch_size=4, count_samples=False)
+    assert result.samples >= 24
+    assert_bound_by(result, "storage")
+    assert result.advice.startswith("storage-bound: ")
+    assert "raise read_ahead_bytes (now 33,554,432) / more workers" in result.advice
+    assert result.stats["storage_wait_ns"] > 0.5 * result.seconds * 1e9
+    assert result.mb_per_s > 0
+
+
+def test_a_heavy_transform_is_decode_bound(dataset):
+    result = run_bench(dataset.spec, samples=30, batch_size=2, transform=heavy_transform)
+    assert_bound_by(result, "decode")
+    assert result.advice.startswith("decode-bound: ")
+    assert "decode threads busy" in result.advice and "cores idle" in result.advice
+    assert result.stats["transform_ns"] >= 30 * 20_000_000
+    # The CPU the transform burnt is counted, per sample.
+    assert result.cpu_us_per_sample >= 15_000
+
+
+def test_a_slow_consumer_is_consumer_bound(dataset):
+    batches = []
+    result = run_bench(
+        dataset.spec, samples=32, batch_size=4, consumer=batches.append, consumer_delay_ms=60
+    )
+    assert len(batches) == 8 and all(len(b) == 4 for b in batches)
+    assert_bound_by(result, "consumer")
+    assert result.advice.startswith("consumer-bound: the loader waits on your code")
+
+
+def test_workers_count_in_the_parents_stats_and_cpu(dataset):
+    result = run_bench(dataset.spec, workers=2, epochs=1, transform=heavy_transform)
+    assert result.samples == len(dataset.samples) == result.stats["samples"]
+    # The workers' CPU (about 20 ms per sample) is in the run's.
+    assert result.cpu_us_per_sample >= 15_000
+    assert_bound_by(result, "decode")
+
+
+def test_bad_limits_are_refused_naming_the_option(dataset):
+    with pytest.raises(ValueError, match="invalid option seconds"):
+        run_bench(dataset.spec, seconds=0)
+    with pytest.raises(ValueError, match="invalid option workers"):
+        run_bench(dataset.spec, workers=-1)
+    with pytest.raises(ValueError, match="invalid option consumer_delay_ms"):
+        run_bench(dataset.spec, consumer_delay_ms=-5)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shardstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_command_prints_one_json_object(dataset):
+    done = cli(
+        "bench", dataset.spec, "--json", "--batch-size", "4", "--samples", "24",
+        "--consumer-delay-ms", "80", "--decode", "json=json", "--option", "shuffle_buffer=0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["bound"] == "consumer", result["advice"]
+    assert set(result["stages"]) == set(STAGES)
+    assert result["samples"] >= 24
+    assert result["options"] == {"workers": 0, "batch_size": 4, "decode": {"json": "json"}}
+    assert result["stats"]["decoded_bytes"] > 0
+    for key in ("samples_per_s", "mb_per_s", "cpu_us_per_sample", "advice"):
+        assert key in result
+    # Progress goes to stderr, never into the JSON.
+    assert "samples/s" in done.stderr
+
+
+def test_the_command_prints_a_summary(dataset):
+    done = cli("bench", dataset.spec, "--epochs", "1", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert f"{len(dataset.samples)} samples in " in done.stdout
+    assert "us per sample" in done.stdout and "time per stage: storage" in done.stdout
+    assert "-bound: " in done.stdout
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--decode", "jpg"], "invalid option --decode: 'jpg'"),
+        (["--option", "shuffle_buffer"], "invalid option --option: 'shuffle_buffer'"),
+        (["--option", "shuffle_buffer=-1"], "shuffle_buffer"),
+        (["--seconds", "-1"], "invalid option seconds"),
+    ],
+)
+def test_the_command_refuses_bad_options(dataset, args, message):
+    done = cli("bench", dataset.spec, "--quiet", *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_other_commands_still_go_to_the_core(dataset):
+    done = cli("inspect", str(dataset.paths[0]), "--limit", "1")
+    assert done.returncode == 0, done.stderr
+    assert dataset.samples[0].key in done.stdout
