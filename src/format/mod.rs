@@ -10,8 +10,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-pub use compressed::TarStream;
-
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 pub use crate::value::Value;

@@ -6,11 +6,12 @@
 //! report its state after any sample and resume from it.
 //!
 //! A read that starts at a shard's first byte tells its compression by the
-//! magic bytes ([`TarStream`]). A compressed shard cannot be entered
+//! magic bytes ([`TarStream`](crate::format::compressed::TarStream)). A compressed shard cannot be entered
 //! mid-way, so every read of one, a piece of it included, starts at its
 //! first byte and skips the samples before the piece.
 
 mod decode_pool;
+mod event;
 mod outbox;
 mod reads;
 mod worker;
@@ -18,12 +19,12 @@ mod worker;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
-
 use self::decode_pool::DecodePool;
+use self::event::CompressedShards;
+pub use self::event::{Event, TableBatch};
 use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
 use self::reads::{read_list, Read};
 use self::worker::Worker;
@@ -31,7 +32,7 @@ use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
 use crate::compression::Compression;
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
-use crate::format::{Sample, Value};
+use crate::format::Value;
 use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
@@ -57,28 +58,6 @@ pub fn auto_decode_threads(num_workers: usize) -> usize {
         .unwrap_or(1);
     let sharers = num_workers.max(1).saturating_mul(local_processes);
     (cores / sharers).clamp(1, MAX_AUTO_DECODE_THREADS)
-}
-
-/// Rows of one row group as an Arrow record batch.
-#[derive(Debug)]
-pub struct TableBatch {
-    /// The Parquet file's URL.
-    pub url: Arc<str>,
-    /// Index in the file of the batch's first row.
-    pub first_row: u64,
-    /// The rows.
-    pub batch: RecordBatch,
-}
-
-/// What the stream yields besides samples.
-#[derive(Debug)]
-pub enum Event {
-    /// The next sample.
-    Sample(Sample),
-    /// The next rows of a table, with `TableOutput::Arrow`.
-    Batch(TableBatch),
-    /// A bad shard was skipped under `on_error="warn"`; the rest goes on.
-    Skipped(Error),
 }
 
 /// The result of waiting a bounded time for the next event.
@@ -118,9 +97,6 @@ pub struct SampleStream {
     received: u64,
     queued_counted: u64,
 }
-
-/// The compression of each compressed shard read so far, by shard index.
-pub(super) type CompressedShards = Arc<Mutex<HashMap<usize, Compression>>>;
 
 /// What the pipeline thread needs, kept until the stream starts.
 struct Launch {

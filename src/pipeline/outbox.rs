@@ -6,7 +6,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::Event;
+use super::event::Event;
 use crate::error::Error;
 use crate::state::Op;
 use crate::stats::{Counter, Counters};

@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::decode_pool::DecodePool;
+use super::event::{CompressedShards, Event, TableBatch};
 use super::outbox::{Message, Outbox};
 use super::reads::{read_end, Read, ReadPurpose};
-use super::{CompressedShards, Event, TableBatch};
 use crate::compression::Compression;
 use crate::config::{OnError, TableOutput};
 use crate::error::{Error, Result};
 use crate::format::{
-    blob, parquet, read_append_to_end, tar, ByteSource, Sample, SampleId, ShardRef, TarStream,
+    blob, compressed::TarStream, parquet, read_append_to_end, tar, ByteSource, Sample, SampleId,
+    ShardRef,
 };
 use crate::shard::{RowGroup, ShardKind};
 use crate::shuffle::ShuffleBuffer;

@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 pub use encode::{check_field, check_key, python_float_json, python_float_text, FieldValue};
 pub use pattern::{Destination, ShardPattern};
+pub use sink::forked_reason;
 
 use crate::compression::Compression;
 use crate::config::S3Options;
@@ -229,14 +230,6 @@ pub fn write_manifest(url: &str, manifest: &Manifest, s3: &S3Options) -> Result<
         _ => path.to_path_buf(),
     };
     sink::put_whole(None, "", &path.display().to_string(), json)
-}
-
-/// Why a forked child may not use a writer made in process `pid`.
-pub fn forked_reason(pid: u32) -> String {
-    format!(
-        "the writer was made in process {pid}, and this process was forked from it: \
-         a forked process cannot write with it (make a writer in this process)"
-    )
 }
 
 impl ShardWriter {

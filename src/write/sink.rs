@@ -67,7 +67,7 @@ impl S3Target {
         Error::Write {
             url: url.to_owned(),
             offset,
-            reason: super::forked_reason(self.pid),
+            reason: forked_reason(self.pid),
         }
     }
 }
@@ -599,4 +599,12 @@ pub fn put_whole(
                 .map_err(|e| upload_error(&url, 0, "uploading", e))
         }
     }
+}
+
+/// Why a forked child may not use a writer made in process `pid`.
+pub fn forked_reason(pid: u32) -> String {
+    format!(
+        "the writer was made in process {pid}, and this process was forked from it: \
+         a forked process cannot write with it (make a writer in this process)"
+    )
 }

@@ -774,7 +774,8 @@ mod tests {
         let mut gz = encoder.finish().unwrap();
         let at = gz.windows(3).position(|w| w == b"b.x").unwrap();
         gz[at] = b'c';
-        let mut stream = crate::format::TarStream::open(&gz[..], "mem://d.tar.gz").unwrap();
+        let mut stream =
+            crate::format::compressed::TarStream::open(&gz[..], "mem://d.tar.gz").unwrap();
         let shard = ShardRef {
             compression: stream.compression(),
             ..shard()
@@ -789,7 +790,8 @@ mod tests {
         let tar = build(&[("a.x", &[1u8; 700]), ("b.x", &[2u8; 2000])]);
         let cut = &tar[..2048 + 1000];
         let zst = zstd::encode_all(cut, 1).unwrap();
-        let mut stream = crate::format::TarStream::open(&zst[..], "mem://t.tar.zst").unwrap();
+        let mut stream =
+            crate::format::compressed::TarStream::open(&zst[..], "mem://t.tar.zst").unwrap();
         let shard = ShardRef {
             compression: stream.compression(),
             ..shard()
@@ -858,7 +860,8 @@ mod tests {
     /// Reads `bytes` (told by their magic) with a verify budget; the keys
     /// handed out and the result.
     fn read_stream(bytes: &[u8], budget: u64) -> (Vec<String>, Result<Outcome>) {
-        let mut stream = crate::format::TarStream::open(bytes, "mem://s.tar.x").unwrap();
+        let mut stream =
+            crate::format::compressed::TarStream::open(bytes, "mem://s.tar.x").unwrap();
         let shard = ShardRef {
             compression: stream.compression(),
             ..shard()
