@@ -47,22 +47,28 @@ impl std::str::FromStr for DatasetFormat {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(DatasetFormat::Auto),
-            "tar" => Ok(DatasetFormat::Tar),
-            "parquet" => Ok(DatasetFormat::Parquet),
-            "raw" => Ok(DatasetFormat::Raw),
-            other => Err(Error::Config {
+        use DatasetFormat::*;
+        [Auto, Tar, Parquet, Raw]
+            .into_iter()
+            .find(|format| format.name() == s)
+            .ok_or_else(|| Error::Config {
                 name: "format",
-                reason: format!(
-                    "expected \"auto\", \"tar\", \"parquet\" or \"raw\", got {other:?}"
-                ),
-            }),
-        }
+                reason: format!("expected \"auto\", \"tar\", \"parquet\" or \"raw\", got {s:?}"),
+            })
     }
 }
 
 impl DatasetFormat {
+    /// The format's name, as the `format` option takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DatasetFormat::Auto => "auto",
+            DatasetFormat::Tar => "tar",
+            DatasetFormat::Parquet => "parquet",
+            DatasetFormat::Raw => "raw",
+        }
+    }
+
     /// Which names a directory or prefix listing takes.
     pub fn listing_filter(self) -> fn(&str) -> bool {
         match self {

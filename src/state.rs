@@ -350,9 +350,12 @@ impl Fnv {
 }
 
 /// Fingerprint of the dataset (URLs, sizes, sample spans) and of the options
-/// that decide which samples come in which order. Options that change only
-/// what a sample carries, not which samples come when (`sample_seed`, the
-/// I/O and output options), are left out: a state resumes with them changed.
+/// that decide which samples come in which order
+/// ([`StreamOptions::order_bytes`]: each option of
+/// [`crate::config::DATASET_OPTIONS`] says whether it does). Options that
+/// change only what a sample carries, not which samples come when
+/// (`sample_seed`, the I/O and output options), are left out: a state
+/// resumes with them changed.
 pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
     let mut h = Fnv::new();
     h.u64(shards.len() as u64);
@@ -377,20 +380,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
             ShardKind::Parquet(group) => h.u64(3).u64(group.index as u64).u64(group.rows),
         };
     }
-    for (field, decoder) in &options.decode.by_field {
-        h.u64(field.len() as u64).bytes(field.as_bytes());
-        h.bytes(decoder.describe().as_bytes());
-    }
-    h.u64(u64::from(options.decode.defaults));
-    for column in options.columns.iter().flatten() {
-        h.u64(column.len() as u64).bytes(column.as_bytes());
-    }
-    h.u64(options.seed)
-        .u64(u64::from(options.shuffle_shards))
-        .u64(options.shuffle_buffer as u64)
-        .u64(options.shuffle_buffer_bytes as u64)
-        .u64(options.shuffle_initial as u64)
-        .u64(options.remainder as u64);
+    h.bytes(&options.order_bytes());
     format!("{:016x}", h.0)
 }
 
@@ -1143,6 +1133,61 @@ fn remaining_of(state: &SlotState, units: &[WorkUnit]) -> Vec<Piece> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fixed shards and option sets whose fingerprints are pinned.
+    fn pinned_cases() -> Vec<(Vec<Shard>, StreamOptions)> {
+        use std::str::FromStr;
+        let mut indexed = Shard::new("s3://bucket/train/b.tar", Some(4096));
+        indexed.index = Some(std::sync::Arc::new(crate::shard::SampleIndex::from_spans(
+            &[(0, 1024), (1024, 2048)],
+        )));
+        let shards = vec![Shard::new("data/a.tar", Some(10240)), indexed];
+        let changed = StreamOptions::builder()
+            .with_seed(7)
+            .with_shuffle_shards(false)
+            .with_shuffle_buffer(10)
+            .with_shuffle_buffer_bytes(1 << 20)
+            .with_shuffle_initial(3)
+            .with_remainder(crate::plan::Remainder::Pad)
+            .with_decode(crate::config::FieldDecoders {
+                by_field: vec![
+                    (
+                        "jpg".into(),
+                        crate::decode::Decoder::from_str("rgb8").unwrap(),
+                    ),
+                    (
+                        "json".into(),
+                        crate::decode::Decoder::from_str("json").unwrap(),
+                    ),
+                ],
+                defaults: false,
+            })
+            .with_columns(Some(vec!["a".into(), "bc".into()]))
+            .build()
+            .unwrap();
+        let defaults_decoded = StreamOptions::builder()
+            .with_decode(crate::config::FieldDecoders::defaults())
+            .build()
+            .unwrap();
+        vec![
+            (shards.clone(), StreamOptions::default()),
+            (shards.clone(), changed),
+            (shards, defaults_decoded),
+        ]
+    }
+
+    #[test]
+    fn fingerprints_of_saved_states_stay_the_same() {
+        let got: Vec<String> = pinned_cases()
+            .iter()
+            .map(|(shards, options)| fingerprint(shards, options))
+            .collect();
+        // Values of the hand-written fingerprint that states were saved with.
+        assert_eq!(
+            got,
+            ["535b1d9102e3c622", "4e7d9214f96a76ed", "b2926d8c8cf1954b"]
+        );
+    }
 
     #[test]
     fn mirror_follows_pushes_and_pops() {

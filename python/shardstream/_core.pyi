@@ -1,8 +1,11 @@
 """Type stubs of the native core ``shardstream._core``."""
 
-import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, final
+
+from typing_extensions import Unpack
+
+from shardstream.options import DatasetOptions
 
 __all__ = [
     "ArrowExport",
@@ -42,11 +45,13 @@ __all__ = [
     "default_writer_options",
     "mix_counts",
     "mix_order",
+    "option_table",
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
     "resolve_shards",
     "run_cli",
+    "s3_option_table",
     "write_manifest",
 ]
 
@@ -230,38 +235,8 @@ class Options:
     A value of the wrong type raises ``TypeError``, one out of range ``ValueError``,
     both naming the option."""
 
-    def __new__(
-        cls,
-        *,
-        seed: int = 0,
-        shuffle_shards: bool = True,
-        shuffle_buffer: int = 1000,
-        shuffle_buffer_bytes: int = 268435456,
-        shuffle_initial: int = 100,
-        read_ahead_bytes: int = 33554432,
-        on_error: Literal["raise", "warn"] = "raise",
-        io_timeout: float = 120.0,
-        manifest: str | os.PathLike[str] | bool | None = None,
-        remainder: Literal["drop", "pad"] = "drop",
-        s3: Any = None,
-        http_headers: Mapping[str, str] | None = None,
-        format: Literal["auto", "tar", "parquet", "raw"] = "auto",
-        decode: bool | Mapping[str, str | Image | AudioClip] | None = None,
-        decode_threads: int | None = None,
-        columns: Sequence[str] | None = None,
-        batch_format: Literal["dict", "arrow"] = "dict",
-        batch_size: int | None = None,
-        pack_bytes: bool = False,
-        local_bytes_by_reference: bool = True,
-        worker_shared_memory_bytes: int = 67108864,
-        raise_malloc_thresholds: bool = True,
-        count_samples: bool | None = None,
-        transform: Callable[[Any], Any] | None = None,
-        sample_seed: bool = False,
-        model_parallel_size: int = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit_bytes: int | None = None,
-    ) -> Options: ...
+    def __new__(cls, **options: Unpack[DatasetOptions]) -> Options:
+        """Names, types and defaults: ``option_table()``."""
     def to_dict(self) -> dict[str, Any]:
         """The value of every option, defaults included, by name."""
     def __getitem__(self, name: str, /) -> Any:
@@ -424,6 +399,16 @@ def mix_order(
 
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""
+
+def option_table() -> list[dict[str, Any]]:
+    """Every dataset option, in documentation order: a dict per option with its ``name``,
+    Python ``type``, ``default``, ``doc`` (README's text), whether it ``affects_order``
+    (which samples come in which order, so that a saved state must match it) and how
+    (``order``: ``"holds"``, ``"decides"``, ``"shards"``, ``"layout"`` or ``"no"``)."""
+
+def s3_option_table() -> list[dict[str, Any]]:
+    """Every field of the ``s3=`` option (``shardstream.S3Config``), as ``option_table()``
+    lists the dataset options (``doc``: the text of docs/sources.md's table)."""
 
 def default_s3_options() -> dict[str, Any]:
     """The defaults of the ``s3=`` options (``shardstream.S3Config`` fields)."""

@@ -154,6 +154,12 @@ class StreamingDataset(IterableDataset[Any]):
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
+        count_samples: count the samples of local plain tar shards that no
+            manifest describes from their headers, when the dataset is made:
+            ``None`` when ``world_size > 1``, ``True`` always (then ``len()``
+            works on one rank too; remote shards without a manifest are read
+            through once at start-up, spread over the ranks), ``False`` never
+            (shards are then dealt whole, balanced by bytes; one rank only).
         transform: a function applied to each item the dataset yields, in
             the process that iterates (the DataLoader worker): to each
             sample, or, with ``batch_size`` or ``batch_format="arrow"``, to

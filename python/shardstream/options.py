@@ -1,8 +1,10 @@
 """The typed face of the dataset options: their names and types.
 
-Defaults and validation live in the Rust core (``shardstream._core.Options``,
-``shardstream.default_options()``); a test keeps this list, the stub and the
-core in step.
+The options are defined once, in the Rust core's option table (name, type,
+default, text, and whether the option decides the sample order:
+``shardstream._core.option_table()``), which also validates them
+(``shardstream._core.Options``). ``DatasetOptions`` is its static copy for
+type checkers; ``tests/python/test_option_drift.py`` fails when the two differ.
 """
 
 from __future__ import annotations

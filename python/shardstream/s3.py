@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._core import default_s3_options
+
 __all__ = ["S3Config"]
+
+# Defined once, in the Rust core (``shardstream._core.s3_option_table()``).
+_DEFAULTS = default_s3_options()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,18 +49,18 @@ class S3Config:
     range raises ``ValueError`` naming the option when a dataset is made.
     """
 
-    region: str | None = None
-    endpoint_url: str | None = None
-    path_style: bool = False
-    profile: str | None = None
-    unsigned: bool = False
-    connect_timeout: float = 10.0
-    first_byte_timeout: float = 30.0
-    idle_timeout: float = 30.0
-    max_attempts: int = 10
-    max_retry_time: float = 120.0
-    part_size: int = 8 << 20
-    max_concurrency: int = 64
+    region: str | None = _DEFAULTS["region"]
+    endpoint_url: str | None = _DEFAULTS["endpoint_url"]
+    path_style: bool = _DEFAULTS["path_style"]
+    profile: str | None = _DEFAULTS["profile"]
+    unsigned: bool = _DEFAULTS["unsigned"]
+    connect_timeout: float = _DEFAULTS["connect_timeout"]
+    first_byte_timeout: float = _DEFAULTS["first_byte_timeout"]
+    idle_timeout: float = _DEFAULTS["idle_timeout"]
+    max_attempts: int = _DEFAULTS["max_attempts"]
+    max_retry_time: float = _DEFAULTS["max_retry_time"]
+    part_size: int = _DEFAULTS["part_size"]
+    max_concurrency: int = _DEFAULTS["max_concurrency"]
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a dict."""

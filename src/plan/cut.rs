@@ -19,13 +19,22 @@ impl std::str::FromStr for Remainder {
     type Err = crate::error::Error;
 
     fn from_str(s: &str) -> crate::error::Result<Self> {
-        match s {
-            "drop" => Ok(Remainder::Drop),
-            "pad" => Ok(Remainder::Pad),
-            other => Err(crate::error::Error::Config {
+        [Remainder::Drop, Remainder::Pad]
+            .into_iter()
+            .find(|remainder| remainder.name() == s)
+            .ok_or_else(|| crate::error::Error::Config {
                 name: "remainder",
-                reason: format!("expected \"drop\" or \"pad\", got {other:?}"),
-            }),
+                reason: format!("expected \"drop\" or \"pad\", got {s:?}"),
+            })
+    }
+}
+
+impl Remainder {
+    /// The policy's name, as the `remainder` option takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Remainder::Drop => "drop",
+            Remainder::Pad => "pad",
         }
     }
 }

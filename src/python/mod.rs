@@ -54,7 +54,10 @@ mod _core {
     #[pymodule_export]
     use super::mix::{check_mix, mix_counts, mix_order};
     #[pymodule_export]
-    use super::options::{default_options, default_s3_options, default_writer_options, Options};
+    use super::options::{
+        default_options, default_s3_options, default_writer_options, option_table, s3_option_table,
+        Options,
+    };
     #[pymodule_export]
     use super::sample_stream::SampleStream;
     #[pymodule_export]

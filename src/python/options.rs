@@ -1,6 +1,6 @@
 //! `Options`: every dataset option, parsed and validated once, when the
-//! dataset is constructed. Defaults live in Rust ([`StreamOptions`],
-//! [`S3Options`]); Python passes keywords through.
+//! dataset is constructed. Names, types, defaults and texts are defined once,
+//! in [`DATASET_OPTIONS`]; Python passes keywords through.
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -8,12 +8,14 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+use pyo3::IntoPyObjectExt;
 
 use super::errors::{to_py, wrong_type};
 use crate::compression::Compression;
 use crate::config::{
-    CacheOptions, FieldDecoders, HttpHeaders, OnError, S3Options, StreamOptions, TableOutput,
+    CacheOptions, DefaultValue, FieldDecoders, HttpHeaders, OnError, OptionDef, S3Options,
+    StreamOptions, TableOutput, DATASET_OPTIONS, S3_OPTIONS,
 };
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
@@ -21,60 +23,13 @@ use crate::plan::Remainder;
 use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
-/// The names of the dataset options, in documentation order.
-pub const OPTION_NAMES: [&str; 28] = [
-    "seed",
-    "shuffle_shards",
-    "shuffle_buffer",
-    "shuffle_buffer_bytes",
-    "shuffle_initial",
-    "read_ahead_bytes",
-    "on_error",
-    "io_timeout",
-    "manifest",
-    "remainder",
-    "s3",
-    "http_headers",
-    "format",
-    "decode",
-    "decode_threads",
-    "columns",
-    "batch_format",
-    "batch_size",
-    "pack_bytes",
-    "local_bytes_by_reference",
-    "worker_shared_memory_bytes",
-    "raise_malloc_thresholds",
-    "count_samples",
-    "transform",
-    "sample_seed",
-    "model_parallel_size",
-    "cache_dir",
-    "cache_limit_bytes",
-];
-
-/// The default bound on the shared memory each DataLoader worker hands
-/// long members out through (`worker_shared_memory_bytes`): 64 MiB.
-const WORKER_SHARED_MEMORY_BYTES: u64 = 64 << 20;
-
-/// The names of the `s3=` options (`shardstream.S3Config` fields).
-const S3_OPTION_NAMES: [&str; 12] = [
-    "region",
-    "endpoint_url",
-    "path_style",
-    "profile",
-    "unsigned",
-    "connect_timeout",
-    "first_byte_timeout",
-    "idle_timeout",
-    "max_attempts",
-    "max_retry_time",
-    "part_size",
-    "max_concurrency",
-];
+/// The names of the options of `table`, in documentation order.
+fn names(table: &[OptionDef]) -> String {
+    table.iter().map(|o| o.name).collect::<Vec<_>>().join(", ")
+}
 
 /// Every option of a dataset, validated: build it with keywords (any
-/// subset of [`OPTION_NAMES`]; the others take their defaults).
+/// subset of [`DATASET_OPTIONS`]; the others take their defaults).
 #[pyclass(module = "shardstream._core", frozen)]
 pub struct Options {
     /// Options of each slot's stream.
@@ -250,7 +205,7 @@ pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "invalid option s3: unknown field {other:?} (expected one of: {})",
-                    S3_OPTION_NAMES.join(", ")
+                    names(&S3_OPTIONS)
                 )))
             }
         }
@@ -391,7 +346,7 @@ fn manifest_choice(value: &Bound<'_, PyAny>) -> PyResult<ManifestChoice> {
 
 #[pymethods]
 impl Options {
-    /// Parses and validates `options` (keywords named in [`OPTION_NAMES`]).
+    /// Parses and validates `options` (keywords named in [`DATASET_OPTIONS`]).
     #[new]
     #[pyo3(signature = (**options))]
     fn new(py: Python<'_>, options: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
@@ -404,7 +359,7 @@ impl Options {
 
     /// The value of every option, defaults included, by name.
     fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let dict = defaults_dict(py)?;
+        let dict = defaults_dict(py, &DATASET_OPTIONS)?;
         for (key, value) in self.given.bind(py).iter() {
             dict.set_item(key, value)?;
         }
@@ -446,10 +401,10 @@ impl Options {
     pub(crate) fn from_dict(given: &Bound<'_, PyDict>) -> PyResult<Self> {
         let mut builder = StreamOptions::builder();
         let mut manifest = ManifestChoice::Auto;
-        let mut format = DatasetFormat::Auto;
+        let mut format = DatasetFormat::default();
         let mut batch_size = None;
         let mut pack_bytes = false;
-        let mut table_output = TableOutput::Rows;
+        let mut table_output = TableOutput::default();
         let mut count_samples = None;
         let mut headers = None;
         let (mut cache_dir, mut cache_limit) = (None, None);
@@ -504,15 +459,7 @@ impl Options {
                     builder
                 }
                 "batch_format" => {
-                    table_output = match string(&name, &value)?.as_str() {
-                        "dict" => TableOutput::Rows,
-                        "arrow" => TableOutput::Arrow,
-                        other => {
-                            return Err(PyValueError::new_err(format!(
-                                "invalid option batch_format: expected \"dict\" or \"arrow\", got {other:?}"
-                            )))
-                        }
-                    };
+                    table_output = choice(&name, &value)?;
                     builder
                 }
                 "batch_size" => {
@@ -591,7 +538,7 @@ impl Options {
                 other => {
                     return Err(PyTypeError::new_err(format!(
                         "unknown option {other:?} (expected one of: {})",
-                        OPTION_NAMES.join(", ")
+                        names(&DATASET_OPTIONS)
                     )))
                 }
             };
@@ -649,67 +596,70 @@ impl Options {
     }
 }
 
-/// The default of every option, by name.
-fn defaults_dict(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let o = StreamOptions::default();
+/// `value` as a Python object.
+fn default_value<'py>(py: Python<'py>, value: DefaultValue) -> PyResult<Bound<'py, PyAny>> {
+    match value {
+        DefaultValue::None => Ok(py.None().into_bound(py)),
+        DefaultValue::Bool(v) => v.into_bound_py_any(py),
+        DefaultValue::Int(v) => v.into_bound_py_any(py),
+        DefaultValue::Seconds(v) => v.into_bound_py_any(py),
+        DefaultValue::Str(v) => v.into_bound_py_any(py),
+    }
+}
+
+/// The default of every option of `table`, by name.
+fn defaults_dict<'py>(py: Python<'py>, table: &[OptionDef]) -> PyResult<Bound<'py, PyDict>> {
     let dict = PyDict::new(py);
-    dict.set_item("seed", o.seed)?;
-    dict.set_item("shuffle_shards", o.shuffle_shards)?;
-    dict.set_item("shuffle_buffer", o.shuffle_buffer)?;
-    dict.set_item("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
-    dict.set_item("shuffle_initial", o.shuffle_initial)?;
-    dict.set_item("read_ahead_bytes", o.read_ahead_bytes)?;
-    dict.set_item("on_error", "raise")?;
-    dict.set_item("io_timeout", o.io_timeout.as_secs_f64())?;
-    dict.set_item("manifest", py.None())?;
-    dict.set_item("remainder", "drop")?;
-    dict.set_item("s3", py.None())?;
-    dict.set_item("http_headers", py.None())?;
-    dict.set_item("format", "auto")?;
-    dict.set_item("decode", py.None())?;
-    dict.set_item("decode_threads", py.None())?;
-    dict.set_item("columns", py.None())?;
-    dict.set_item("batch_format", "dict")?;
-    dict.set_item("batch_size", py.None())?;
-    dict.set_item("pack_bytes", false)?;
-    dict.set_item("local_bytes_by_reference", true)?;
-    dict.set_item("worker_shared_memory_bytes", WORKER_SHARED_MEMORY_BYTES)?;
-    dict.set_item("raise_malloc_thresholds", true)?;
-    dict.set_item("count_samples", py.None())?;
-    dict.set_item("transform", py.None())?;
-    dict.set_item("sample_seed", o.sample_seed)?;
-    dict.set_item("model_parallel_size", 1)?;
-    dict.set_item("cache_dir", py.None())?;
-    dict.set_item("cache_limit_bytes", py.None())?;
-    debug_assert_eq!(dict.len(), OPTION_NAMES.len());
+    for def in table {
+        dict.set_item(def.name, default_value(py, (def.default)())?)?;
+    }
     Ok(dict)
+}
+
+/// The options of `table` as Python sees them: a dict per option.
+fn table_list<'py>(py: Python<'py>, table: &[OptionDef]) -> PyResult<Bound<'py, PyList>> {
+    let list = PyList::empty(py);
+    for def in table {
+        let dict = PyDict::new(py);
+        dict.set_item("name", def.name)?;
+        dict.set_item("type", def.python_type)?;
+        dict.set_item("default", default_value(py, (def.default)())?)?;
+        dict.set_item("doc", def.doc)?;
+        dict.set_item("affects_order", def.order.affects_order())?;
+        dict.set_item("order", def.order.name())?;
+        list.append(dict)?;
+    }
+    Ok(list)
+}
+
+/// Every dataset option, in documentation order: a dict per option with its
+/// `name`, Python `type`, `default`, `doc` (README's text), whether it
+/// `affects_order` (which samples come in which order, so that a saved
+/// state must match it) and how (`order`: `"holds"`, `"decides"`,
+/// `"shards"`, `"layout"` or `"no"`).
+#[pyfunction]
+pub fn option_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    table_list(py, &DATASET_OPTIONS)
+}
+
+/// Every field of the `s3=` option (`shardstream.S3Config`), as
+/// [`option_table`] lists the dataset options (`doc`: the text of
+/// docs/sources.md's table).
+#[pyfunction]
+pub fn s3_option_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    table_list(py, &S3_OPTIONS)
 }
 
 /// The default of every dataset option, by its keyword name.
 #[pyfunction]
 pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    defaults_dict(py)
+    defaults_dict(py, &DATASET_OPTIONS)
 }
 
 /// The defaults of the `s3=` options (`shardstream.S3Config` fields).
 #[pyfunction]
 pub fn default_s3_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
-    let o = S3Options::default();
-    let dict = PyDict::new(py);
-    dict.set_item("region", py.None())?;
-    dict.set_item("endpoint_url", py.None())?;
-    dict.set_item("path_style", o.path_style)?;
-    dict.set_item("profile", py.None())?;
-    dict.set_item("unsigned", o.unsigned)?;
-    dict.set_item("connect_timeout", o.connect_timeout.as_secs_f64())?;
-    dict.set_item("first_byte_timeout", o.first_byte_timeout.as_secs_f64())?;
-    dict.set_item("idle_timeout", o.idle_timeout.as_secs_f64())?;
-    dict.set_item("max_attempts", o.max_attempts)?;
-    dict.set_item("max_retry_time", o.max_retry_time.as_secs_f64())?;
-    dict.set_item("part_size", o.part_size)?;
-    dict.set_item("max_concurrency", o.max_concurrency)?;
-    debug_assert_eq!(dict.len(), S3_OPTION_NAMES.len());
-    Ok(dict)
+    defaults_dict(py, &S3_OPTIONS)
 }
 
 /// The default of every `ShardWriter` option, by its keyword name.
