@@ -505,6 +505,25 @@ mod tests {
     }
 
     #[test]
+    fn report_derives_parse_time_and_read_ahead_bytes() {
+        let c = Counters::new();
+        c.add(Counter::PipelineNanos, 100);
+        c.add(Counter::StorageWaitNanos, 30);
+        c.add(Counter::DecodeNanos, 20);
+        c.add(Counter::OutputWaitNanos, 10);
+        c.add(Counter::BytesRead, 500);
+        c.add(Counter::CacheBytes, 100);
+        c.add(Counter::ParsedBytes, 450);
+        c.add(Counter::OutputQueued, 5);
+        c.sub(Counter::OutputQueued, 3);
+        let report: std::collections::HashMap<_, _> = c.snapshot().report().into_iter().collect();
+        assert_eq!(report["parse_ns"], 40);
+        assert_eq!(report["read_ahead_bytes"], 150);
+        assert_eq!(report["output_queue_samples"], 2);
+        assert_eq!(report.len(), Counter::ALL.len() + 2);
+    }
+
+    #[test]
     fn forked_child_adds_to_parent() {
         let c = Counters::new();
         // SAFETY: the child only does an atomic add and `_exit`s.

@@ -317,7 +317,7 @@ impl SampleStream {
     fn hand_out<'py>(&self, py: Python<'py>, samples: Vec<Sample>) -> PyResult<Bound<'py, PyAny>> {
         let scale = if self.batch_size.is_some() {
             1
-        } else if self.next_handed() % HANDOFF_TIMED_EVERY == 0 {
+        } else if self.next_handed().is_multiple_of(HANDOFF_TIMED_EVERY) {
             HANDOFF_TIMED_EVERY
         } else {
             return self.convert(py, samples);

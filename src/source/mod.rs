@@ -1258,6 +1258,7 @@ mod tests {
             runtime: None,
             io_timeout: Duration::from_secs(10),
             before_wait: None,
+            counters: Arc::default(),
         };
         assert!(read_ahead.next_shard().unwrap().is_some());
         match read_ahead.next_shard() {
