@@ -769,18 +769,22 @@ pub static S3_OPTIONS: [OptionDef; 12] = [
         name: "part_size",
         python_type: "int",
         default: || DefaultValue::Int(core_s3().part_size as u64),
-        doc: "the largest ranged GET: an object's parts start at 256 KiB and double up to a \
-              size set from the measured latency, bandwidth and read rate, between this size or \
-              less so that 32 parts fit in `read_ahead_bytes`, and this size or less so that \
-              min(8, `max_concurrency`) parts fit ([how](internals.md#s3))",
+        doc: "a starting point and upper bound, not a fixed size: the largest part (the \
+              budget's unit); an object's parts start at 256 KiB and double up to a size set \
+              from the measured latency, bandwidth and read rate, between this size or less so \
+              that 32 parts fit in `read_ahead_bytes`, and this size or less so that min(8, \
+              `max_concurrency`) parts fit. Of an object with 8 MiB or more after its first \
+              part, the parts may all come from one streaming GET instead, where the server \
+              answers that faster than parallel GETs ([how](internals.md#s3))",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "max_concurrency",
         python_type: "int",
         default: || DefaultValue::Int(core_s3().max_concurrency as u64),
-        doc: "ranged GETs in flight at once per worker, across objects; `1` reads one object at \
-              a time with one streaming GET",
+        doc: "an upper bound: ranged GETs in flight at once per worker, across objects; fewer \
+              when the measured rate says parallel parts do not pay (a server that answers one \
+              GET at a time); `1` reads one object at a time with one streaming GET",
         order: SampleOrder::No,
     },
 ];

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import os
 import re
+import tarfile
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -165,7 +167,10 @@ def check_generated(path: Path, heading: str, head: str, table: list[dict[str, A
     if os.environ.get("SHARDSTREAM_BLESS") == "1" and lines[first:end] != expected:
         lines[first:end] = expected
         path.write_text("\n".join(lines))
-    assert lines[first:end] == expected
+    assert lines[first:end] == expected, (
+        f"{path.name}'s table under {heading!r} is made from the option table in src/config.rs: "
+        "change the text there, rebuild, and run this test with SHARDSTREAM_BLESS=1"
+    )
     for option in table:
         rows = [line for line in lines if line.startswith(f"| `{option['name']}` |")]
         assert len(rows) == 1, (option["name"], rows)
@@ -194,3 +199,83 @@ def test_sources_s3_config_table_is_generated_from_the_s3_table():
     check_generated(
         SOURCES, "## `S3Config` fields", "| `S3Config` field | default | meaning |", S3_TABLE
     )
+
+
+def identity(sample: Any) -> Any:
+    return sample
+
+
+# A value other than the default of each option, to check its order marker
+# against what a saved state does: a new option must be given one here.
+# None: the option cannot take another value on a plain tar dataset.
+OTHER_VALUES: dict[str, Any] = {
+    "seed": 1,
+    "shuffle_shards": False,
+    "shuffle_buffer": 10,
+    "shuffle_buffer_bytes": 1 << 20,
+    "shuffle_initial": 5,
+    "read_ahead_bytes": 1 << 20,
+    "on_error": "warn",
+    "io_timeout": 5.0,
+    "manifest": False,
+    "remainder": "pad",
+    "s3": {"max_attempts": 3},
+    "http_headers": {"X-Test": "1"},
+    "format": "tar",
+    "decode": {"txt": "str"},
+    "decode_threads": 2,
+    "columns": ["a"],
+    "batch_format": None,
+    "batch_size": 2,
+    "pack_bytes": True,
+    "local_bytes_by_reference": False,
+    "worker_shared_memory_bytes": 0,
+    "raise_malloc_thresholds": False,
+    "count_samples": True,
+    "transform": identity,
+    "sample_seed": True,
+    "model_parallel_size": 1,
+    "cache_dir": "CACHE",
+    "cache_limit_bytes": 1 << 30,
+}
+
+
+def test_a_state_resumes_with_an_option_changed_exactly_when_its_marker_says_so(tmp_path):
+    """The markers are the fingerprint's only list: an option that decides
+    the order (``holds``, ``decides``) refuses a state saved with another
+    value, one marked ``no`` resumes it."""
+    assert list(OTHER_VALUES) == NAMES
+    urls = []
+    for s in range(2):
+        path = tmp_path / f"shard-{s}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i in range(5):
+                body = f"sample {s} {i}".encode()
+                info = tarfile.TarInfo(f"k{s}{i}.txt")
+                info.size = len(body)
+                tar.addfile(info, io.BytesIO(body))
+        urls.append(str(path))
+
+    def started(**options: Any) -> shardstream.StreamingDataset:
+        ds = shardstream.StreamingDataset(urls, **options)
+        next(iter(ds))
+        return ds
+
+    saved = started().state_dict()
+    for option in TABLE:
+        name, value = option["name"], OTHER_VALUES[option["name"]]
+        if value is None or option["order"] in ("shards", "layout"):
+            continue
+        changed = {name: str(tmp_path / "cache") if value == "CACHE" else value}
+        if name == "pack_bytes":
+            changed["batch_size"] = 2
+        if name == "cache_limit_bytes":
+            changed["cache_dir"] = str(tmp_path / "cache")
+        ds = shardstream.StreamingDataset(urls, **changed)
+        if option["order"] == "no":
+            ds.load_state_dict(saved)
+            next(iter(ds))
+        else:
+            with pytest.raises(shardstream.StateMismatchError, match="fingerprint"):
+                ds.load_state_dict(saved)
+                next(iter(ds))
