@@ -9,13 +9,19 @@
 //! (or the range asked for): a file that ends sooner is an error naming
 //! the offset, never a shorter shard.
 
+mod opener;
+mod pages;
+mod sigbus;
+
+pub(super) use pages::MappedMember;
+pub(super) use sigbus::Guard;
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -149,11 +155,7 @@ impl Expected {
     }
 }
 
-/// How a file opened on the opener thread comes back: the file and its
-/// metadata, or the error of `open` (or `fstat`).
-type Opened = std::io::Result<(File, std::fs::Metadata)>;
-
-/// Opens `path` on the process's opener thread (see [`OPENER`]) and waits
+/// Opens `path` on the process's opener thread (see [`opener::OPENER`]) and waits
 /// for it. An open that has not returned after `stuck_after` makes every
 /// later one fail at once, with an error naming the shard and the file
 /// that blocks, until it returns. `Err` when the runtime is shutting down.
@@ -162,7 +164,8 @@ async fn open(
     path: &Path,
     stuck_after: Duration,
 ) -> Result<Result<(File, std::fs::Metadata), Error>, ConsumerGone> {
-    let reply = match request_open(path, stuck_after) {
+    register_fork_handlers();
+    let reply = match opener::request_open(path, stuck_after) {
         Ok(reply) => reply,
         Err(refused) => {
             let source = std::io::Error::new(std::io::ErrorKind::TimedOut, refused);
@@ -177,137 +180,6 @@ async fn open(
         Ok(Ok(opened)) => Ok(Ok(opened)),
         Ok(Err(e)) => Ok(Err(Error::from_open(url, e))),
         Err(_) => Err(ConsumerGone),
-    }
-}
-
-/// The thread that opens local files for this process, while it runs.
-///
-/// `open` of a pipe with no writer, or of a file on a hung network or FUSE
-/// mount, never returns, and nothing can cancel it. On a blocking thread
-/// of the reading runtime each such attempt would keep that thread, and
-/// the runtime it belongs to (its descriptors), alive for good. Opens run
-/// on this one thread instead: a blocked open holds it, the runtimes shut
-/// down cleanly, and later opens fail at once (see [`request_open`])
-/// rather than each leaving a thread behind. A file that opens after its
-/// reader has gone is closed. The thread ends after [`OPENER_IDLE`] without
-/// work; the next open starts another.
-static OPENER: Mutex<Option<Opener>> = Mutex::new(None);
-
-/// How long the opener thread waits for work before it ends.
-const OPENER_IDLE: Duration = Duration::from_millis(50);
-
-/// The running opener thread, as its clients see it.
-struct Opener {
-    /// The process it runs in: a forked child has none.
-    pid: u32,
-    /// Where to send it requests.
-    requests: std::sync::mpsc::Sender<OpenRequest>,
-    /// The path it is opening now, and since when.
-    busy: Option<(PathBuf, Instant)>,
-    /// Tells this thread from a later one.
-    generation: u64,
-}
-
-/// One file to open, and where to send the outcome.
-struct OpenRequest {
-    path: PathBuf,
-    reply: tokio::sync::oneshot::Sender<Opened>,
-}
-
-fn opener() -> std::sync::MutexGuard<'static, Option<Opener>> {
-    register_fork_handlers();
-    OPENER.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Hands `path` to the opener thread (starting one if none runs in this
-/// process) and gives the receiver of the outcome; refuses, with the
-/// reason, when the thread has been blocked in an open for `stuck_after`.
-fn request_open(
-    path: &Path,
-    stuck_after: Duration,
-) -> Result<tokio::sync::oneshot::Receiver<Opened>, String> {
-    let (reply, outcome) = tokio::sync::oneshot::channel();
-    let mut request = OpenRequest {
-        path: path.to_owned(),
-        reply,
-    };
-    let mut current = opener();
-    let pid = std::process::id();
-    if let Some(running) = current.as_ref().filter(|o| o.pid == pid) {
-        if let Some((blocked, since)) = &running.busy {
-            let waited = since.elapsed();
-            if waited >= stuck_after {
-                return Err(format!(
-                    "open timed out: opening {} has not returned for {:.1} s (a pipe with \
-                     no writer, or a hung file system); no local shard can be opened in this \
-                     process until it does",
-                    blocked.display(),
-                    waited.as_secs_f64()
-                ));
-            }
-        }
-        match running.requests.send(request) {
-            Ok(()) => return Ok(outcome),
-            // The thread has ended (it cannot while it is listed): start another.
-            Err(returned) => request = returned.0,
-        }
-    }
-    static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-    let (requests, incoming) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name("shardstream-open".into())
-        .spawn(move || serve_opens(&incoming, generation))
-        .map_err(|e| format!("cannot start a thread to open the file: {e}"))?;
-    // The receiver lives until the thread ends, which it does only after
-    // taking itself off the list under this lock.
-    let _ = requests.send(request);
-    *current = Some(Opener {
-        pid,
-        requests,
-        busy: None,
-        generation,
-    });
-    Ok(outcome)
-}
-
-/// The opener thread: opens each requested file whose requester still
-/// waits, until no request comes for [`OPENER_IDLE`].
-fn serve_opens(incoming: &std::sync::mpsc::Receiver<OpenRequest>, generation: u64) {
-    let ours = |o: &Option<Opener>| o.as_ref().is_some_and(|o| o.generation == generation);
-    loop {
-        let request = match incoming.recv_timeout(OPENER_IDLE) {
-            Ok(request) => request,
-            Err(_) => {
-                // Requests are sent under the lock: none arrives after this look.
-                let mut current = opener();
-                match incoming.try_recv() {
-                    Ok(request) => request,
-                    Err(_) => {
-                        if ours(&current) {
-                            *current = None;
-                        }
-                        return;
-                    }
-                }
-            }
-        };
-        if request.reply.is_closed() {
-            continue;
-        }
-        let set_busy = |busy: Option<(PathBuf, Instant)>| {
-            if let Some(running) = opener().as_mut().filter(|o| o.generation == generation) {
-                running.busy = busy;
-            }
-        };
-        set_busy(Some((request.path.clone(), Instant::now())));
-        let opened = File::open(&request.path).and_then(|file| {
-            let meta = file.metadata()?;
-            Ok((file, meta))
-        });
-        set_busy(None);
-        // A requester that has gone drops (closes) the file with the reply.
-        let _ = request.reply.send(opened);
     }
 }
 
@@ -513,7 +385,7 @@ fn map_resident(
             .map(file)
     }
     .ok()?;
-    let page = page_size();
+    let page = pages::page_size();
     let mut pages = vec![0u8; len.div_ceil(page)];
     // SAFETY: the range is the mapping's own, and `pages` has one byte per
     // page of it, as mincore asks.
@@ -673,6 +545,7 @@ static MAPPED_CHUNKS: Mutex<BTreeMap<usize, MappedPlace>> = Mutex::new(BTreeMap:
 
 type MappedChunksGuard = std::sync::MutexGuard<'static, BTreeMap<usize, MappedPlace>>;
 
+/// The lock of the mapped chunks' list (fork handlers registered first).
 fn mapped_chunks() -> MappedChunksGuard {
     register_fork_handlers();
     MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner())
@@ -698,7 +571,7 @@ fn register_fork_handlers() {
 /// The locks held by the forking thread while it forks.
 type HeldLocks = (
     Option<MappedChunksGuard>,
-    Option<std::sync::MutexGuard<'static, Option<Opener>>>,
+    Option<std::sync::MutexGuard<'static, Option<opener::Opener>>>,
 );
 
 thread_local! {
@@ -712,7 +585,7 @@ thread_local! {
 /// DataLoader worker would inherit it locked and wait for it forever).
 extern "C" fn hold_across_fork() {
     let chunks = MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
-    let opener = OPENER.lock().unwrap_or_else(|e| e.into_inner());
+    let opener = opener::OPENER.lock().unwrap_or_else(|e| e.into_inner());
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = (Some(chunks), Some(opener)));
 }
 
@@ -743,8 +616,7 @@ fn mapped_place(bytes: &[u8]) -> Option<(Arc<LocalFile>, u64, Guard)> {
 /// they are a view of a mapped chunk (a long member), that no page of them
 /// was lost to the file being cut short. The caller holds `bytes`.
 pub fn verify_view(bytes: &[u8]) -> Result<(), Error> {
-    std::sync::atomic::fence(Ordering::SeqCst);
-    if FAULTS.load(Ordering::SeqCst) == 0 {
+    if !sigbus::any_fault() {
         return Ok(());
     }
     let Some((file, _, guard)) = mapped_place(bytes) else {
@@ -801,7 +673,7 @@ impl MappedChunk {
     fn register(map: memmap2::Mmap, file: Arc<LocalFile>, offset: u64) -> Option<(Bytes, Guard)> {
         let start = map.as_ptr() as usize;
         let mut chunks = mapped_chunks();
-        let slot = claim_slot(start, map.len())?;
+        let slot = sigbus::claim_slot(start, map.len())?;
         let guard = Guard {
             slot,
             start,
@@ -825,393 +697,21 @@ impl Drop for MappedChunk {
     fn drop(&mut self) {
         let mut chunks = mapped_chunks();
         chunks.remove(&(self.map.as_ptr() as usize));
-        release_slot(self.guard.slot);
+        sigbus::release_slot(self.guard.slot);
     }
 }
 
-// The fault handler.
-//
-// A mapped file that is cut short (truncated, or rewritten in place by a
-// tool that truncates first) loses the pages past its new end from every
-// mapping of it, and touching one raises SIGBUS, whose default action ends
-// the process. Reading with `pread` instead would cost a copy of every
-// byte: over a 300 MB epoch of 60-100 KB members, page cache warm, 95 ms of
-// CPU mapped against 200-250 ms read into chunks (and 240-320 ms read into
-// anonymous mappings so that members could still be shared). So the
-// chunks stay mapped, and this handler turns the fault into an error:
-//
-// - Every mapped chunk is listed in `SLOTS`, a fixed array that the handler
-//   reads without a lock (a sequence count per slot tells it a slot being
-//   written).
-// - On SIGBUS at an address inside a listed chunk, the handler notes the
-//   lowest lost page in the chunk's slot, counts the fault in `FAULTS`, maps
-//   a page of zeros over the faulting page (`mmap` with `MAP_FIXED`: a
-//   system call, safe in a signal handler) and returns, so the access
-//   completes and reads zeros.
-// - Every reader of mapped bytes checks, after copying them, that the
-//   chunk lost no page at or before its range (`Guard::check`, one atomic
-//   load while `FAULTS` is 0) and raises `ShardReadError` naming the shard
-//   and offset otherwise: the zeros never reach a sample.
-// - Any other SIGBUS (not in a listed chunk, or sent with `kill`) goes to
-//   the handler that was installed before this one (Python's
-//   `faulthandler`, torch's DataLoader worker handler), which is put back
-//   first, or to the default action. The handler is installed again over
-//   one installed later (checked before each chunk is mapped), and a chunk
-//   is read rather than mapped if it cannot be installed or the list is
-//   full.
-
-/// A mapped chunk's entry in [`SLOTS`], with what locates its bytes in the
-/// file: what a reader of the chunk checks after copying bytes out of it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Guard {
-    slot: usize,
-    /// The chunk's first address.
-    start: usize,
-    /// The file offset of its first byte.
-    offset: u64,
-}
-
-impl Guard {
-    /// `Ok` when the `len` bytes at `begin` (inside the chunk), already
-    /// read, came from the file; otherwise the file offset from which they
-    /// may not have (pages lost to the file being cut short read as zeros).
-    pub(super) fn check(&self, begin: usize, len: usize) -> Result<(), u64> {
-        if len == 0 {
-            return Ok(());
-        }
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if FAULTS.load(Ordering::SeqCst) == 0 {
-            return Ok(());
-        }
-        let lost = SLOTS[self.slot].lost.load(Ordering::SeqCst);
-        if begin + len <= lost {
-            return Ok(());
-        }
-        Err(self.offset + (begin.max(lost) - self.start) as u64)
-    }
-}
-
-/// One mapped chunk as the fault handler sees it.
-struct Slot {
-    /// Odd while the slot is written.
-    sequence: AtomicUsize,
-    /// The chunk's first address; 0 when the slot is free.
-    start: AtomicUsize,
-    /// Its end (exclusive).
-    end: AtomicUsize,
-    /// The first address of the lowest page lost to a fault, or
-    /// `usize::MAX` (while the slot is taken).
-    lost: AtomicUsize,
-}
-
-/// Slots for this many chunks mapped at once (past it, chunks are read).
-const SLOT_COUNT: usize = 8192;
-
-static SLOTS: [Slot; SLOT_COUNT] = [const {
-    Slot {
-        sequence: AtomicUsize::new(0),
-        start: AtomicUsize::new(0),
-        end: AtomicUsize::new(0),
-        // Set to `usize::MAX` when the slot is taken; all zeros until then,
-        // so that the array takes no room in the library file.
-        lost: AtomicUsize::new(0),
-    }
-}; SLOT_COUNT];
-
-/// Slots `0..SLOTS_USED` have been used (the handler looks no further).
-static SLOTS_USED: AtomicUsize = AtomicUsize::new(0);
-
-/// Free slots below [`SLOTS_USED`]; changed only under the
-/// [`MAPPED_CHUNKS`] lock.
-static FREE_SLOTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-/// Faults the handler has turned into pages of zeros in this process.
-static FAULTS: AtomicUsize = AtomicUsize::new(0);
-
-/// Writes a slot (under the [`MAPPED_CHUNKS`] lock), so that the handler
-/// never takes a half-written slot for a whole one.
-fn write_slot(slot: usize, start: usize, end: usize) {
-    let entry = &SLOTS[slot];
-    let sequence = entry.sequence.load(Ordering::Relaxed);
-    entry.sequence.store(sequence + 1, Ordering::Relaxed);
-    std::sync::atomic::fence(Ordering::Release);
-    entry.start.store(start, Ordering::Relaxed);
-    entry.end.store(end, Ordering::Relaxed);
-    entry.lost.store(usize::MAX, Ordering::Relaxed);
-    entry.sequence.store(sequence + 2, Ordering::Release);
-}
-
-/// Lists the `len` bytes mapped at `start` for the handler (the caller
-/// holds the [`MAPPED_CHUNKS`] lock); `None` when every slot is taken.
-fn claim_slot(start: usize, len: usize) -> Option<usize> {
-    let mut free = FREE_SLOTS.lock().unwrap_or_else(|e| e.into_inner());
-    let slot = match free.pop() {
-        Some(slot) => slot,
-        None => {
-            let used = SLOTS_USED.load(Ordering::Relaxed);
-            if used == SLOT_COUNT {
-                return None;
-            }
-            used
-        }
-    };
-    write_slot(slot, start, start + len.next_multiple_of(page_size()));
-    SLOTS_USED.fetch_max(slot + 1, Ordering::Release);
-    Some(slot)
-}
-
-/// Takes a chunk off the handler's list (the caller holds the
-/// [`MAPPED_CHUNKS`] lock), before it is unmapped.
-fn release_slot(slot: usize) {
-    write_slot(slot, 0, 0);
-    FREE_SLOTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(slot);
-}
-
-/// The listed chunk that holds `address`, read without a lock.
-fn slot_holding(address: usize) -> Option<&'static Slot> {
-    let used = SLOTS_USED.load(Ordering::Acquire).min(SLOT_COUNT);
-    SLOTS[..used].iter().find(|entry| {
-        let before = entry.sequence.load(Ordering::Acquire);
-        let (start, end) = (
-            entry.start.load(Ordering::Relaxed),
-            entry.end.load(Ordering::Relaxed),
-        );
-        std::sync::atomic::fence(Ordering::Acquire);
-        let after = entry.sequence.load(Ordering::Relaxed);
-        before % 2 == 0 && before == after && start != 0 && (start..end).contains(&address)
-    })
-}
-
-/// The page size, for the handler (set before it is installed).
-static HANDLER_PAGE: AtomicUsize = AtomicUsize::new(0);
-
-/// The SIGBUS action that was in place before the handler: where other
-/// faults go. Set before each install; never freed (a handler running on
-/// another thread may read it).
-static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Set while a SIGBUS that is not ours is passed on: one that comes back
-/// to this handler (a previous handler that raises it again) goes to the
-/// default action rather than round in a loop.
-static PASSING_ON: AtomicBool = AtomicBool::new(false);
-
-/// Installs the handler if it is not the process's SIGBUS action now (the
-/// first time, or after another library installed its own over it);
-/// `false` if it cannot be installed. Installs run under the
-/// [`MAPPED_CHUNKS`] lock, so they do not race each other.
+/// Installs the SIGBUS handler if it is not the process's action now (see
+/// [`sigbus::install_handler`]), under the mapped chunks' lock; `false` if
+/// it cannot be installed (chunks are then read rather than mapped).
 fn fault_handler_installed() -> bool {
     let _serialised = mapped_chunks();
-    let ours = on_sigbus as *const () as libc::sighandler_t;
-    // SAFETY: `sigaction` with a null new action only reads the current one
-    // into a zeroed struct of ours.
-    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut current) } != 0 {
-        return false;
-    }
-    if current.sa_sigaction == ours {
-        return true;
-    }
-    HANDLER_PAGE.store(page_size(), Ordering::SeqCst);
-    PREVIOUS.store(Box::into_raw(Box::new(current)), Ordering::SeqCst);
-    // SAFETY: a zeroed `sigaction` with an empty mask is valid; the handler
-    // is an `extern "C"` function of the signature SA_SIGINFO asks for.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = ours;
-    action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-    unsafe { libc::sigemptyset(&mut action.sa_mask) };
-    let mut replaced: libc::sigaction = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sigaction(libc::SIGBUS, &action, &mut replaced) } != 0 {
-        return false;
-    }
-    if replaced.sa_sigaction != current.sa_sigaction {
-        // Another action came in between: pass faults on to that one.
-        PREVIOUS.store(Box::into_raw(Box::new(replaced)), Ordering::SeqCst);
-    }
-    PASSING_ON.store(false, Ordering::SeqCst);
-    true
-}
-
-/// The SIGBUS handler (see the comment above [`Guard`]). Uses only atomics
-/// and async-signal-safe system calls.
-extern "C" fn on_sigbus(
-    signal: libc::c_int,
-    info: *mut libc::siginfo_t,
-    context: *mut libc::c_void,
-) {
-    let errno = errno_location();
-    // SAFETY: reads the thread's errno, to give it back unchanged.
-    let saved = unsafe { errno.map(|e| *e) };
-    // SAFETY: the kernel passes a valid `siginfo_t` with SA_SIGINFO; a
-    // positive code is a fault of this thread's own, whose address field
-    // is the faulting address.
-    let fault = unsafe { info.as_ref() }
-        .filter(|info| info.si_code > 0)
-        .map(|info| unsafe { info.si_addr() } as usize);
-    let handled = fault.is_some_and(zero_fill);
-    if !handled {
-        // SAFETY: passes the handler's own arguments on.
-        unsafe { pass_on(signal, info, context) };
-    }
-    if let (Some(errno), Some(saved)) = (errno, saved) {
-        // SAFETY: as above.
-        unsafe { *errno = saved };
-    }
-}
-
-/// When `address` lies in a listed chunk: notes the lost page, maps a
-/// page of zeros over it and gives `true`.
-fn zero_fill(address: usize) -> bool {
-    let Some(entry) = slot_holding(address) else {
-        return false;
-    };
-    let page = HANDLER_PAGE.load(Ordering::SeqCst);
-    if page == 0 {
-        return false;
-    }
-    let first = address / page * page;
-    // Marked before the zeros can be read: a reader that reads them then
-    // sees the mark.
-    entry.lost.fetch_min(first, Ordering::SeqCst);
-    FAULTS.fetch_add(1, Ordering::SeqCst);
-    // SAFETY: replaces one page of a chunk mapping of ours (which stays
-    // mapped: the faulting access holds it) with a private anonymous page
-    // of zeros, read-only like the mapping.
-    let mapped = unsafe {
-        libc::mmap(
-            first as *mut libc::c_void,
-            page,
-            libc::PROT_READ,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
-        )
-    };
-    mapped != libc::MAP_FAILED
-}
-
-/// Passes a SIGBUS that is not ours to the action installed before the
-/// handler, after putting that action back in place; or, the second time
-/// round or with no such action, to the default action.
-///
-/// # Safety
-/// Called from the handler, with its arguments.
-unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let previous = PREVIOUS.load(Ordering::SeqCst);
-    let sent = unsafe { info.as_ref() }.is_none_or(|info| info.si_code <= 0);
-    if PASSING_ON.swap(true, Ordering::SeqCst) || previous.is_null() {
-        // SAFETY: a zeroed action is SIG_DFL with an empty mask.
-        let mut default: libc::sigaction = unsafe { std::mem::zeroed() };
-        default.sa_sigaction = libc::SIG_DFL;
-        unsafe { libc::sigaction(signal, &default, std::ptr::null_mut()) };
-        if sent {
-            // Delivered when the handler returns (SIGBUS is blocked in it).
-            unsafe { libc::raise(signal) };
-        }
-        // A fault happens again when the handler returns, to the default.
-        return;
-    }
-    // SAFETY: `previous` came from `Box::into_raw` and is never freed.
-    let previous = unsafe { &*previous };
-    unsafe { libc::sigaction(signal, previous, std::ptr::null_mut()) };
-    match previous.sa_sigaction {
-        libc::SIG_DFL => {
-            if sent {
-                unsafe { libc::raise(signal) };
-            }
-        }
-        libc::SIG_IGN => {}
-        handler if previous.sa_flags & libc::SA_SIGINFO != 0 => {
-            // SAFETY: an action installed with SA_SIGINFO has this signature.
-            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                unsafe { std::mem::transmute(handler) };
-            handler(signal, info, context);
-        }
-        handler => {
-            // SAFETY: an action installed without SA_SIGINFO has this signature.
-            let handler: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
-            handler(signal);
-        }
-    }
-}
-
-/// The calling thread's `errno`.
-fn errno_location() -> Option<*mut libc::c_int> {
-    #[cfg(any(target_os = "linux", target_os = "android"))]
-    // SAFETY: returns the calling thread's errno address.
-    return Some(unsafe { libc::__errno_location() });
-    #[cfg(any(target_os = "macos", target_os = "ios", target_os = "freebsd"))]
-    // SAFETY: as above.
-    return Some(unsafe { libc::__error() });
-    #[allow(unreachable_code)]
-    None
-}
-/// A member's bytes inside a chunk mapped from a file. Holding it keeps the
-/// chunk mapped; dropping it drops the pages that hold only this member's
-/// bytes from the mapping, so that a chunk kept mapped by a few samples
-/// still in the shuffle buffer holds their pages, not the whole chunk's.
-pub(super) struct MappedMember {
-    chunk: Bytes,
-    start: usize,
-    len: usize,
-}
-
-impl MappedMember {
-    /// The `len` bytes of `chunk` from `start`.
-    pub(super) fn new(chunk: Bytes, start: usize, len: usize) -> Self {
-        assert!(start + len <= chunk.len(), "member within its chunk");
-        MappedMember { chunk, start, len }
-    }
-}
-
-impl AsRef<[u8]> for MappedMember {
-    fn as_ref(&self) -> &[u8] {
-        &self.chunk[self.start..self.start + self.len]
-    }
-}
-
-impl Drop for MappedMember {
-    fn drop(&mut self) {
-        let begin = self.chunk.as_ptr() as usize + self.start;
-        if let Some(pages) = whole_pages(begin, self.len, page_size()) {
-            // SAFETY: the whole pages of `pages` lie inside the
-            // chunk's mapping, which `self.chunk` keeps mapped, and hold
-            // only this member's bytes. Dropping pages of a read-only file
-            // mapping loses nothing: a later read maps them again from the
-            // file. A failure leaves the pages mapped, which is harmless.
-            unsafe {
-                libc::madvise(
-                    pages.start as *mut libc::c_void,
-                    pages.len(),
-                    libc::MADV_DONTNEED,
-                );
-            }
-        }
-    }
-}
-
-/// The whole pages (of `page` bytes) within the `len` bytes at address
-/// `begin`, if there are any.
-fn whole_pages(begin: usize, len: usize, page: usize) -> Option<std::ops::Range<usize>> {
-    let first = begin.next_multiple_of(page);
-    let last = (begin + len) / page * page;
-    (last > first).then_some(first..last)
-}
-
-/// The size of a memory page.
-fn page_size() -> usize {
-    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // SAFETY: sysconf only reads a configuration value.
-    *PAGE.get_or_init(|| {
-        usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
-    })
+    sigbus::install_handler()
 }
 
 #[cfg(test)]
 mod tests {
-    use proptest::prelude::*;
+    use super::pages::page_size;
 
     use super::*;
 
@@ -1399,47 +899,6 @@ mod tests {
             "{message}"
         );
         assert_eq!(read, bytes);
-    }
-
-    #[test]
-    fn the_handler_finds_listed_chunks_only() {
-        let page = page_size();
-        let _chunks = mapped_chunks();
-        let slot = claim_slot(1 << 40, 3 * page + 1).expect("a free slot");
-        assert!(std::ptr::eq(slot_holding(1 << 40).unwrap(), &SLOTS[slot]));
-        assert!(
-            slot_holding((1 << 40) + 4 * page - 1).is_some(),
-            "its last page"
-        );
-        assert!(slot_holding((1 << 40) + 4 * page).is_none());
-        assert!(slot_holding((1 << 40) - 1).is_none());
-        release_slot(slot);
-        assert!(slot_holding(1 << 40).is_none());
-    }
-
-    proptest! {
-        #[test]
-        fn whole_pages_are_the_aligned_pages_inside_the_range(
-            begin in 0usize..1 << 20,
-            len in 0usize..1 << 16,
-            shift in 9u32..14,
-        ) {
-            let page = 1usize << shift;
-            match whole_pages(begin, len, page) {
-                Some(pages) => {
-                    prop_assert_eq!(pages.start % page, 0);
-                    prop_assert_eq!(pages.end % page, 0);
-                    prop_assert!(begin <= pages.start && pages.end <= begin + len);
-                    // No whole page is left out at either end.
-                    prop_assert!(pages.start - begin < page);
-                    prop_assert!(begin + len - pages.end < page);
-                }
-                None => {
-                    let first = begin.next_multiple_of(page);
-                    prop_assert!(first + page > begin + len);
-                }
-            }
-        }
     }
 
     /// The resident size, in kB, of this process's mapping that holds `address`.
