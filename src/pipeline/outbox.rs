@@ -208,6 +208,29 @@ mod tests {
         assert!(matches!(rx.try_recv().unwrap(), Message::End));
     }
 
+    /// A send that finds the queue full waits for the consumer, and that
+    /// wait is counted, within the pipeline thread's time.
+    #[test]
+    fn a_full_queue_counts_the_wait_for_the_consumer() {
+        let counters = Arc::new(Counters::new());
+        let sent = Arc::new(AtomicU64::new(0));
+        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), sent.clone());
+        let mut ops = Vec::new();
+        assert!(outbox.send(&mut ops, event(0)).is_continue());
+        let consumer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            (indices(rx.recv().unwrap()), indices(rx.recv().unwrap()))
+        });
+        assert!(outbox.send(&mut ops, event(1)).is_continue());
+        outbox.finish(Message::End);
+        assert_eq!(consumer.join().unwrap(), (vec![0], vec![1]));
+        let stats = counters.snapshot();
+        let waited = stats.get(Counter::OutputWaitNanos);
+        assert!(waited >= 40_000_000, "{waited} ns");
+        assert!(stats.get(Counter::PipelineNanos) >= waited);
+        assert_eq!(sent.load(Ordering::Relaxed), 2);
+    }
+
     /// Once the consumer is gone, every send says so.
     #[test]
     fn a_gone_consumer_breaks_sends() {
