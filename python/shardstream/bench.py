@@ -109,22 +109,31 @@ def verdict(
     cpu_seconds: float,
     cores: int,
     read_ahead_bytes: int | None = None,
+    loader_seconds: float | None = None,
 ) -> tuple[dict[str, float], str, str, float, float]:
     """The stage that bounds a run, from its counters: each stage's share of
     the run's ``seconds``, the pipeline's stages divided among ``lanes``
     (DataLoader workers, or 1), the consumer's being ``consumer_seconds``
-    (time outside the loader). Returns ``(shares, bound, advice,
+    (time outside the loader). ``loader_seconds``, where the dataset is
+    iterated in the consumer's own thread (no workers), is the time spent
+    in the loader's ``next()``: what of it was neither a wait for the
+    pipeline nor the transform is the hand-off (the DataLoader's own
+    per-sample work included). Returns ``(shares, bound, advice,
     decode_threads_busy, cores_idle)``."""
     span = max(seconds, 1e-9)
 
     def lane_share(*keys: str) -> float:
         return sum(stats.get(key, 0) for key in keys) / 1e9 / lanes / span
 
+    handoff = lane_share("handoff_ns")
+    if loader_seconds is not None:
+        waited = lane_share("next_wait_ns", "transform_ns")
+        handoff = max(handoff, loader_seconds / span - waited)
     shares = {
         "storage": lane_share("storage_wait_ns"),
         "parse": lane_share("parse_ns"),
         "decode": lane_share("decode_ns", "transform_ns"),
-        "handoff": lane_share("handoff_ns"),
+        "handoff": handoff,
         "consumer": consumer_seconds / span,
     }
     bound = max(shares, key=lambda stage: shares[stage])
@@ -157,8 +166,9 @@ def verdict(
         )
     elif bound == "handoff":
         advice = (
-            f"handoff-bound: turning samples into Python objects takes {percent} of the "
-            "time; batch_size= in the dataset collates in Rust, more workers spread it"
+            f"handoff-bound: turning samples into Python objects (and the DataLoader's "
+            f"per-sample work) takes {percent} of the time; batch_size= in the dataset "
+            "collates in Rust, more workers (num_workers) spread it"
         )
     else:
         advice = (
@@ -260,6 +270,7 @@ def run_bench(
         cpu_seconds=cpu,
         cores=cores,
         read_ahead_bytes=dataset.options["read_ahead_bytes"],
+        loader_seconds=elapsed - outside if workers == 0 else None,
     )
     fetched = stats.get("bytes_read", 0) + stats.get("cache_bytes", 0)
     span = max(elapsed, 1e-9)
