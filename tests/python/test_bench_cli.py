@@ -135,6 +135,14 @@ def test_the_command_refuses_bad_options(dataset, args, message):
     assert "Traceback" not in done.stderr
 
 
+def test_the_help_names_bench_beside_the_cores_commands():
+    done = cli("--help")
+    assert done.returncode == 0, done.stderr
+    assert "inspect" in done.stdout and "shardstream bench SPEC" in done.stdout
+    done = cli("bench", "--help")
+    assert done.returncode == 0 and "--consumer-delay-ms" in done.stdout
+
+
 def test_other_commands_still_go_to_the_core(dataset):
     done = cli("inspect", str(dataset.paths[0]), "--limit", "1")
     assert done.returncode == 0, done.stderr
