@@ -12,17 +12,26 @@
 //! took. A server that answers a ranged GET with the whole object (it
 //! ignores `Range`) is read by that one answer: each later part of the
 //! object takes its bytes from the same body, in turn, within its budget.
+//!
+//! Parts are the unit of the budget, not necessarily of requests: the
+//! [`Tuner`] measures the rate two ways of fetching the later parts
+//! achieve, each part by a GET of its own (many at once) or every part in
+//! turn from one GET that runs to the unit's end (a stream), and fetches
+//! them the faster way, measuring both again now and then. A server that
+//! answers GETs one at a time, each at a fixed cost (as local test servers
+//! and some on-premises stores do), is read by one stream per object after
+//! its first part; one that scales with concurrency keeps parallel parts.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::ranged::{short_part, stream_range, Pinned, RangedObject, Sample, Tap, Target};
 use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use super::ranged::{short_part, stream_range, Pinned, RangedObject, Sample, Tap, Target};
 use crate::error::Error;
 use crate::stats::Counter;
 
@@ -181,6 +190,393 @@ impl PartSizes {
     }
 }
 
+/// The bytes of a unit after its first part from which its later parts
+/// may be read as a stream: below, a few parts at most hold them.
+const STREAM_MIN_BYTES: u64 = 8 << 20;
+
+/// Later parts in each probe of a way of fetching them.
+const PROBE_PARTS: u32 = 4;
+
+/// The longest a probe, or the end of the GETs before it, is waited for.
+const PROBE_LIMIT: Duration = Duration::from_secs(2);
+
+/// How often a probe's end is looked for while parts wait for it.
+const PROBE_POLL: Duration = Duration::from_millis(1);
+
+/// Parts fetched the way chosen before both ways are probed again, the
+/// first time; doubled each time the choice stands, up to [`MAX_HOLD`].
+const FIRST_HOLD: u64 = 64;
+
+/// The most parts fetched between two rounds of probes.
+const MAX_HOLD: u64 = 1 << 16;
+
+/// How much faster than one stream parallel parts must be to be taken:
+/// a server that does not serve them faster gets the fewer requests.
+const MARGIN: f64 = 1.25;
+
+/// How the later parts of an object (all but the first) are fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Each part by a GET of its own, as many at once as the budget and
+    /// `max_concurrency` allow.
+    Parts,
+    /// Every part in turn from one GET that runs to the unit's end.
+    Stream,
+}
+
+impl Mode {
+    fn other(self) -> Mode {
+        match self {
+            Mode::Parts => Mode::Stream,
+            Mode::Stream => Mode::Parts,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Chooses how the later parts of a queue's objects (of units of at least
+/// [`STREAM_MIN_BYTES`] after their first part) are fetched, from the
+/// rate each way achieves. A probe fetches [`PROBE_PARTS`] later parts one
+/// way: it starts once no part of the queue is in flight, no part goes out
+/// while it is measured (its bytes over the time from its first part's
+/// issue to its last part's end; a probe already slower than the other
+/// way's last rate is cut short), so that it has the server to itself.
+/// The first round probes a stream, then parts; parts are taken if they
+/// were at least [`MARGIN`] times faster, else the stream, for a hold of
+/// [`FIRST_HOLD`] parts, after which both ways are probed again (the way
+/// not chosen first); the hold doubles each time the choice stands. No
+/// wait lasts longer than about [`PROBE_LIMIT`]. Which way a part is
+/// fetched never changes which bytes it holds.
+#[derive(Debug)]
+pub(super) struct Tuner {
+    state: Mutex<Tuning>,
+}
+
+/// What a [`Tuner`] measured and decided so far.
+#[derive(Debug)]
+struct Tuning {
+    /// The way parts are fetched outside probes.
+    chosen: Mode,
+    /// The probes still to run before the next choice, in order.
+    queued: VecDeque<Mode>,
+    /// The probe under way.
+    probe: Option<Probe>,
+    /// Each way's rate (bytes per second) in its last probe.
+    rates: [Option<f64>; 2],
+    /// Parts to fetch the way chosen before the next probes.
+    until_probe: u64,
+    /// What `until_probe` is set to at the next choice that stands.
+    hold: u64,
+    /// Probes started so far (each probe's id).
+    probes: u64,
+    /// Parts of the queue in flight.
+    active: u32,
+    /// Since when the next probe waits for the parts in flight to end.
+    quiet_wait: Option<Instant>,
+}
+
+/// A probe: its parts issued, not yet ended, and their bytes.
+#[derive(Debug)]
+struct Probe {
+    id: u64,
+    mode: Mode,
+    issued: u32,
+    pending: u32,
+    bytes: u64,
+    /// The bytes of its first part, and from there to its unit's end.
+    first_bytes: u64,
+    span: u64,
+    /// When its first part was issued.
+    started: Instant,
+    /// When its first part to end ended, and its last.
+    first_end: Option<Instant>,
+    last_end: Option<Instant>,
+    /// Whether a part of it failed or was cancelled (no rate is taken).
+    failed: bool,
+}
+
+impl Probe {
+    /// Whether it is measured at `now`: every part ended, or (a probe of
+    /// parts) it is slower than `other_rate` already, or it took
+    /// [`PROBE_LIMIT`].
+    fn measured(&self, now: Instant, other_rate: Option<f64>) -> bool {
+        let elapsed = now.saturating_duration_since(self.started);
+        let behind = self.mode == Mode::Parts
+            && other_rate.is_some_and(|rate| elapsed.as_secs_f64() * rate > self.bytes as f64);
+        self.pending == 0 || behind || elapsed >= PROBE_LIMIT
+    }
+
+    /// The rate (bytes per second) it measured, at `now`. Of parts: its
+    /// bytes over the time from its first issue to its last end (to `now`
+    /// if cut short). Of a stream, whose GET is paid once per unit: the
+    /// rate of reading the rest of the first part's unit, from the time
+    /// to its first part's end and the rate of the parts after it.
+    fn rate(&self, now: Instant) -> f64 {
+        let last = self.last_end.filter(|_| self.pending == 0).unwrap_or(now);
+        let seconds = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+        let whole = self.bytes as f64 / seconds(self.started, last).max(1e-6);
+        let Some(first_end) = self.first_end.filter(|_| self.mode == Mode::Stream) else {
+            return whole;
+        };
+        let (flow_bytes, flow_time) = (self.bytes - self.first_bytes, seconds(first_end, last));
+        if self.pending > 0 || flow_bytes == 0 || flow_time <= 0.0 {
+            return whole;
+        }
+        let rest = self.span.saturating_sub(self.first_bytes) as f64;
+        let time = seconds(self.started, first_end) + rest * flow_time / flow_bytes as f64;
+        (self.span as f64 / time.max(1e-6)).max(whole)
+    }
+}
+
+/// What the next part does: goes out the given way (as part of the probe
+/// given), or waits.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Issue(Mode, Option<u64>),
+    Wait,
+}
+
+/// A part in flight, as its [`Tuner`] counts it: tells the tuner when it
+/// ends, however it ends (a fetch task cancelled ends it as failed).
+pub(super) struct Flight {
+    tuner: Arc<Tuner>,
+    probe: Option<u64>,
+    ok: bool,
+}
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.tuner.ended(self.probe, self.ok, Instant::now());
+    }
+}
+
+impl Default for Tuner {
+    fn default() -> Self {
+        Tuner {
+            state: Mutex::new(Tuning {
+                chosen: Mode::Parts,
+                queued: VecDeque::from([Mode::Stream, Mode::Parts]),
+                probe: None,
+                rates: [None; 2],
+                until_probe: 0,
+                hold: FIRST_HOLD / 2,
+                probes: 0,
+                active: 0,
+                quiet_wait: None,
+            }),
+        }
+    }
+}
+
+impl Tuner {
+    /// Lets an object's first part (never part of a probe) go, once no
+    /// probe is being measured.
+    pub(super) async fn first(self: &Arc<Self>, cancelled: &AtomicBool) -> Flight {
+        self.wait_for(cancelled, |tuner, now| tuner.step_first(now))
+            .await
+            .1
+    }
+
+    /// How the next later part, `part` of a unit ending at `unit_end`, is
+    /// fetched: waits while a probe is being measured, or waits to start.
+    pub(super) async fn next(
+        self: &Arc<Self>,
+        part: &Range<u64>,
+        unit_end: u64,
+        cancelled: &AtomicBool,
+    ) -> (Mode, Flight) {
+        let (len, span) = (part.end - part.start, unit_end.saturating_sub(part.start));
+        self.wait_for(cancelled, |tuner, now| tuner.step(len, span, now))
+            .await
+    }
+
+    /// Takes `step`'s answer, waiting while it says so (at most about
+    /// twice [`PROBE_LIMIT`], less once `cancelled`).
+    async fn wait_for(
+        self: &Arc<Self>,
+        cancelled: &AtomicBool,
+        step: impl Fn(&Tuner, Instant) -> Step,
+    ) -> (Mode, Flight) {
+        let turns = 2 * PROBE_LIMIT.as_millis() / PROBE_POLL.as_millis().max(1);
+        let mut outcome = None;
+        for _ in 0..turns {
+            match step(self, Instant::now()) {
+                Step::Issue(mode, probe) => {
+                    outcome = Some((mode, probe));
+                    break;
+                }
+                Step::Wait if cancelled.load(Ordering::SeqCst) => break,
+                Step::Wait => tokio::time::sleep(PROBE_POLL).await,
+            }
+        }
+        let (mode, probe) = outcome.unwrap_or_else(|| {
+            let mut tuning = self.lock();
+            tuning.active += 1;
+            (tuning.chosen, None)
+        });
+        let flight = Flight {
+            tuner: self.clone(),
+            probe,
+            ok: false,
+        };
+        (mode, flight)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tuning> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What an object's first part does at `now`.
+    fn step_first(&self, now: Instant) -> Step {
+        let mut tuning = self.lock();
+        let rates = tuning.rates;
+        let measuring = tuning.probe.as_ref().is_some_and(|probe| {
+            probe.issued == PROBE_PARTS && !probe.measured(now, rates[probe.mode.other().index()])
+        });
+        if measuring {
+            return Step::Wait;
+        }
+        tuning.active += 1;
+        Step::Issue(Mode::Parts, None)
+    }
+
+    /// What the next later part of `len` bytes, `span` bytes from its
+    /// unit's end, does at `now`.
+    fn step(&self, len: u64, span: u64, now: Instant) -> Step {
+        let mut tuning = self.lock();
+        // A probe ends, the next starts, and the part goes: a few turns.
+        for _ in 0..6 {
+            let rates = tuning.rates;
+            if let Some(probe) = tuning.probe.as_mut() {
+                if probe.issued < PROBE_PARTS {
+                    if probe.issued == 0 {
+                        probe.started = now;
+                        (probe.first_bytes, probe.span) = (len, span.max(len));
+                    }
+                    probe.issued += 1;
+                    probe.pending += 1;
+                    probe.bytes = probe.bytes.saturating_add(len);
+                    let issue = Step::Issue(probe.mode, Some(probe.id));
+                    tuning.active += 1;
+                    return issue;
+                }
+                if !probe.measured(now, rates[probe.mode.other().index()]) {
+                    return Step::Wait;
+                }
+                tuning.conclude(now);
+            } else if !tuning.queued.is_empty() {
+                // A probe starts with the server to itself.
+                let since = *tuning.quiet_wait.get_or_insert(now);
+                if tuning.active > 0 && now.saturating_duration_since(since) < PROBE_LIMIT {
+                    return Step::Wait;
+                }
+                tuning.quiet_wait = None;
+                let mode = tuning.queued.pop_front().unwrap_or(Mode::Parts);
+                tuning.probes += 1;
+                tuning.probe = Some(Probe {
+                    id: tuning.probes,
+                    mode,
+                    issued: 0,
+                    pending: 0,
+                    bytes: 0,
+                    first_bytes: 0,
+                    span: 0,
+                    started: now,
+                    first_end: None,
+                    last_end: None,
+                    failed: false,
+                });
+            } else if tuning.until_probe == 0 {
+                let chosen = tuning.chosen;
+                tuning.queued.extend([chosen.other(), chosen]);
+            } else {
+                tuning.until_probe -= 1;
+                tuning.active += 1;
+                return Step::Issue(tuning.chosen, None);
+            }
+        }
+        tuning.active += 1;
+        Step::Issue(tuning.chosen, None)
+    }
+
+    /// A part ended at `now` (`ok`: with its bytes), of `probe` if given.
+    fn ended(&self, probe: Option<u64>, ok: bool, now: Instant) {
+        let mut tuning = self.lock();
+        tuning.active = tuning.active.saturating_sub(1);
+        let Some(probe) = probe else {
+            return;
+        };
+        if let Some(current) = tuning.probe.as_mut().filter(|p| p.id == probe) {
+            current.pending = current.pending.saturating_sub(1);
+            current.failed |= !ok;
+            current.first_end.get_or_insert(now);
+            current.last_end = Some(now);
+        }
+    }
+
+    /// Counts a part that goes out whatever the probes (one that follows a
+    /// stream to its unit's end).
+    pub(super) fn track(self: &Arc<Self>) -> Flight {
+        self.lock().active += 1;
+        Flight {
+            tuner: self.clone(),
+            probe: None,
+            ok: false,
+        }
+    }
+
+    /// The parts probe `probe` takes after those issued so far (0 once it
+    /// is over).
+    pub(super) fn probe_left(&self, probe: u64) -> u32 {
+        let tuning = self.lock();
+        match &tuning.probe {
+            Some(current) if current.id == probe => PROBE_PARTS - current.issued,
+            _ => 0,
+        }
+    }
+
+    /// The way chosen now.
+    #[cfg(test)]
+    fn chosen(&self) -> Mode {
+        self.lock().chosen
+    }
+}
+
+impl Tuning {
+    /// Takes the probe under way as measured at `now`; chooses once no
+    /// probe is left in the round.
+    fn conclude(&mut self, now: Instant) {
+        let Some(probe) = self.probe.take() else {
+            return;
+        };
+        if !probe.failed {
+            self.rates[probe.mode.index()] = Some(probe.rate(now));
+        }
+        if !self.queued.is_empty() {
+            return;
+        }
+        let (parts, stream) = (
+            self.rates[Mode::Parts.index()],
+            self.rates[Mode::Stream.index()],
+        );
+        let choice = match (parts, stream) {
+            (Some(parts), Some(stream)) if parts > MARGIN * stream => Mode::Parts,
+            (_, Some(_)) => Mode::Stream,
+            _ => self.chosen,
+        };
+        if choice != self.chosen {
+            self.chosen = choice;
+            self.hold = FIRST_HOLD;
+        } else {
+            self.hold = self.hold.saturating_mul(2).clamp(1, MAX_HOLD);
+        }
+        self.until_probe = self.hold;
+    }
+}
+
 /// The parts of a byte range, in order: the first of at most
 /// [`FIRST_PART_BYTES`], each next one twice the one before, up to the
 /// size [`PartSizes`] sets when it is cut.
@@ -190,6 +586,8 @@ pub(super) struct PartPlan {
     end: u64,
     size: u64,
     sizes: Arc<PartSizes>,
+    /// A part boundary: no part runs across it.
+    boundary: u64,
 }
 
 impl PartPlan {
@@ -201,7 +599,14 @@ impl PartPlan {
             end: range.end,
             size: FIRST_PART_BYTES.min(sizes.target()).max(1),
             sizes,
+            boundary: u64::MAX,
         }
+    }
+
+    /// Makes `at` a part boundary: the part that would run across it ends
+    /// there.
+    pub(super) fn boundary(&mut self, at: u64) {
+        self.boundary = at;
     }
 
     /// Ends the plan at `end` (an object's size, once known), or where the
@@ -219,7 +624,10 @@ impl Iterator for PartPlan {
             return None;
         }
         let start = self.next;
-        let end = start.saturating_add(self.size).min(self.end);
+        let mut end = start.saturating_add(self.size).min(self.end);
+        if self.boundary > start {
+            end = end.min(self.boundary);
+        }
         self.next = end;
         self.size = self.size.saturating_mul(2).min(self.sizes.target()).max(1);
         Some(start..end)
@@ -240,7 +648,7 @@ type PartResult = Result<(Vec<u8>, Pinned), Error>;
 
 /// Starts the fetch of a part of one object (the object's type erased).
 type SpawnPart =
-    Box<dyn Fn(Range<u64>, Role, OwnedSemaphorePermit) -> JoinHandle<PartResult> + Send + Sync>;
+    Box<dyn Fn(Range<u64>, Issue, OwnedSemaphorePermit) -> JoinHandle<PartResult> + Send + Sync>;
 
 /// A part's fetch task, its budget and its bytes.
 struct PartTask {
@@ -274,6 +682,7 @@ struct Opened {
 pub(super) struct PartQueue {
     slots: Arc<Semaphore>,
     sizes: Arc<PartSizes>,
+    tuner: Arc<Tuner>,
     /// Budget the look-ahead may hold.
     allowance: u64,
     /// Units opened ahead of the oldest open one, at most.
@@ -295,6 +704,7 @@ impl PartQueue {
             slots: Arc::new(Semaphore::new(options.max_concurrency.max(1))),
             allowance: budget.saturating_sub(2 * sizes.ceiling()),
             sizes: Arc::new(sizes),
+            tuner: Arc::default(),
             window: look_ahead_units(options.max_concurrency),
             opened: VecDeque::new(),
             #[cfg(test)]
@@ -345,16 +755,22 @@ impl PartQueue {
         let issued = self.issued.clone();
         let shared = Arc::new(Shared {
             tap: Tap::default(),
-            turn: watch::Sender::new(first.start),
+            ended: watch::Sender::new(BTreeSet::new()),
             sizes: self.sizes.clone(),
         });
-        let spawn: SpawnPart = Box::new(move |part, role, slot| {
+        let spawn: SpawnPart = Box::new(move |part, issue, slot| {
             #[cfg(test)]
             issued
                 .lock()
                 .unwrap()
                 .push((object.url().to_owned(), part.clone()));
-            tokio::spawn(fetch_part(object.clone(), part, role, slot, shared.clone()))
+            tokio::spawn(fetch_part(
+                object.clone(),
+                part,
+                issue,
+                slot,
+                shared.clone(),
+            ))
         });
         // A unit of a byte range may give the range's size, not the object's.
         let role = Role::First {
@@ -363,7 +779,12 @@ impl PartQueue {
             answer: answer_tx,
         };
         let (permit, slot) = self.reserve(fetcher, first_bytes).await?;
-        let task = spawn(first.clone(), role, slot);
+        // The first part asks for its own bytes only, so that the answer
+        // tells whether the server takes `Range` (and the validator)
+        // before any later part is fetched either way.
+        let flight = self.tuner.first(&fetcher.cancelled).await;
+        let issue = Issue { role, flight };
+        let task = spawn(first.clone(), issue, slot);
         let _ = parts_tx.send(PartTask {
             task,
             permit,
@@ -425,12 +846,54 @@ impl PartQueue {
                 None => return Ok(()),
             }
         }
-        for part in unit.plan {
+        let unit_end = unit.plan.end;
+        let mut plan = unit.plan;
+        // Where the stream the parts are read from ends: a probe's ends
+        // with its parts, any other with the unit, its parts following it.
+        let mut stream: Option<u64> = None;
+        // Of a small unit, a few parts at most: each by a GET of its own.
+        let streamable = unit_end.saturating_sub(plan.next) >= STREAM_MIN_BYTES;
+        while let Some(part) = plan.next() {
             if unit.stopped.load(Ordering::SeqCst) {
                 break;
             }
-            let (permit, slot) = self.reserve(fetcher, part.end - part.start).await?;
-            let task = (unit.spawn)(part.clone(), Role::Later(unit.answer.clone()), slot);
+            let len = part.end - part.start;
+            let (permit, slot) = self.reserve(fetcher, len).await?;
+            let (link, reach, flight) = match stream {
+                _ if !streamable => (Link::Own, part.end, self.tuner.track()),
+                Some(end) if part.start < end && end == unit_end => {
+                    (Link::Follows, end, self.tuner.track())
+                }
+                Some(end) if part.start < end => {
+                    let (_, flight) = self.tuner.next(&part, unit_end, &fetcher.cancelled).await;
+                    (Link::Follows, end, flight)
+                }
+                _ => match self.tuner.next(&part, unit_end, &fetcher.cancelled).await {
+                    (Mode::Parts, flight) => (Link::Own, part.end, flight),
+                    (Mode::Stream, flight) => {
+                        let end = match flight.probe {
+                            // Through the probe's parts, which end there.
+                            Some(probe) => {
+                                let left = self.tuner.probe_left(probe) as usize;
+                                let end =
+                                    plan.clone().take(left).last().map_or(part.end, |p| p.end);
+                                plan.boundary(end);
+                                end
+                            }
+                            None => unit_end,
+                        };
+                        stream = Some(end);
+                        (Link::Starts, end, flight)
+                    }
+                },
+            };
+            let role = Role::Later {
+                first: unit.answer.clone(),
+                link,
+                reach,
+                unit_end,
+            };
+            let task = (unit.spawn)(part.clone(), Issue { role, flight }, slot);
             let sent = unit.parts.send(PartTask {
                 task,
                 permit,
@@ -468,38 +931,81 @@ enum Role {
         clamp: bool,
         answer: watch::Sender<FirstAnswer>,
     },
-    /// A later part, pinned to what the first one learnt.
-    Later(watch::Receiver<FirstAnswer>),
+    /// A later part, pinned to what the first one learnt (`first`), whose
+    /// GET asks for the bytes up to `reach` (the end of the part, or of
+    /// the stream it starts or follows), of a unit that ends at
+    /// `unit_end` (`u64::MAX`: the object's end).
+    Later {
+        first: watch::Receiver<FirstAnswer>,
+        link: Link,
+        reach: u64,
+        unit_end: u64,
+    },
 }
 
-/// What the parts of one object share: the body of a whole answer kept
-/// for the next part, whose turn it is to read it (the offset it is kept
-/// at), and the queue's part sizes.
+/// How a later part gets its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// By a GET of its own bytes.
+    Own,
+    /// By a GET that runs on to the unit's end, for the parts after it.
+    Starts,
+    /// From the body of the part before it, once that part ended (by a
+    /// GET to the unit's end if none is kept).
+    Follows,
+}
+
+/// How a part is fetched: its place, and how its tuner counts it.
+struct Issue {
+    role: Role,
+    flight: Flight,
+}
+
+/// What the parts of one object share: the body of an answer kept for
+/// the part after the one it was taken for, the offsets the parts that
+/// ended so far end at (a part that follows another waits for its start
+/// there), and the queue's part sizes.
 struct Shared {
     tap: Tap,
-    turn: watch::Sender<u64>,
+    ended: watch::Sender<BTreeSet<u64>>,
     sizes: Arc<PartSizes>,
 }
 
 /// One part into memory: every byte of `range` (with a first part of an
 /// object of unknown size, up to the object's end), or an error. Holds its
-/// request slot until done. Of a server that ignores `Range`, a later part
-/// waits for the part before it and reads on from its answer's body.
+/// request slot until done. A later part that follows the part before it
+/// (and every later part of an object whose server ignores `Range`, or
+/// that has no validator) waits for that part to end and reads on from its
+/// answer's body; one that starts a stream asks for the bytes up to the
+/// unit's end and keeps the rest of the body for the part after it.
 async fn fetch_part<O: RangedObject>(
     object: Arc<O>,
     range: Range<u64>,
-    role: Role,
+    Issue { role, mut flight }: Issue,
     _slot: OwnedSemaphorePermit,
     shared: Arc<Shared>,
 ) -> PartResult {
-    let (mut pinned, clamp, answer) = match role {
+    let (mut pinned, clamp, answer, follows, reach) = match role {
         Role::First {
             pinned,
             clamp,
             answer,
-        } => (pinned, clamp, Some(answer)),
-        Role::Later(first) => match first_answer(first).await {
-            Some(pinned) => (pinned, false, None),
+        } => (pinned, clamp, Some(answer), false, range.end),
+        Role::Later {
+            first,
+            link,
+            reach,
+            unit_end,
+        } => match first_answer(first).await {
+            Some(pinned) => {
+                // A server that ignores `Range`, or an object without a
+                // validator (never spliced from two answers): every part
+                // reads on from the body before it.
+                let whole = pinned.ignores_range || pinned.validator().is_none();
+                let follows = link == Link::Follows || whole;
+                let reach = if whole { unit_end } else { reach };
+                (pinned, false, None, follows, reach)
+            }
             None => {
                 return Err(Error::Stopped(format!(
                     "{}: the object's first part failed",
@@ -508,26 +1014,35 @@ async fn fetch_part<O: RangedObject>(
             }
         },
     };
-    if pinned.ignores_range {
-        // The part before this one ends where this one starts; it passes
-        // the turn on however it ends.
-        let mut turn = shared.turn.subscribe();
-        if turn.wait_for(|at| *at == range.start).await.is_err() {
+    if follows {
+        // The part before this one ends where this one starts; it tells
+        // so however it ends.
+        let mut ended = shared.ended.subscribe();
+        if ended
+            .wait_for(|at| at.contains(&range.start))
+            .await
+            .is_err()
+        {
             return Err(Error::Stopped("stream cancelled".into()));
         }
+        shared.ended.send_modify(|at| {
+            at.remove(&range.start);
+        });
     }
     let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
     let sizes = &shared.sizes;
     let result = stream_range(
         &*object,
-        range.clone(),
+        (range.clone(), reach),
         clamp,
         &mut pinned,
         &mut buffer,
         (Some(&shared.tap), &|sample| sizes.record(sample)),
     )
     .await;
-    shared.turn.send_replace(range.end);
+    shared.ended.send_modify(|at| {
+        at.insert(range.end);
+    });
     let outcome = match (result, buffer) {
         (Ok(Ok(())), Target::Buffer(bytes)) => {
             let end = match pinned.size {
@@ -550,6 +1065,7 @@ async fn fetch_part<O: RangedObject>(
             outcome.as_ref().map(|(_, p)| p.clone()).map_err(|_| ()),
         ));
     }
+    flight.ok = outcome.is_ok();
     outcome
 }
 
@@ -971,6 +1487,140 @@ mod tests {
         assert_eq!(part_ceiling(32 * mib, 2 * mib, 64), 2 * mib);
         // A small budget: the floor.
         assert_eq!(part_ceiling(256 << 10, 8 * mib, 64), 64 << 10);
+    }
+
+    /// Drives `tuner` through a probe of `mode` whose four parts of 1 MiB,
+    /// `span` bytes from their unit's end, are issued at `start` and end
+    /// at the offsets (ms) given; the instant the last ended.
+    fn probe(tuner: &Tuner, mode: Mode, start: Instant, ends_ms: [u64; 4]) -> Instant {
+        let mib = 1 << 20;
+        let mut id = None;
+        for _ in 0..4 {
+            match tuner.step(mib, 64 * mib, start) {
+                Step::Issue(m, Some(probe)) if m == mode => id = Some(probe),
+                other => panic!("{other:?} in a probe of {mode:?}"),
+            }
+        }
+        assert_eq!(tuner.step(mib, 64 * mib, start), Step::Wait);
+        for ms in ends_ms {
+            tuner.ended(id, true, start + Duration::from_millis(ms));
+        }
+        start + Duration::from_millis(ends_ms[3])
+    }
+
+    #[test]
+    fn the_tuner_streams_where_parts_are_not_faster_and_keeps_parts_where_they_are() {
+        let mib = 1 << 20;
+        // A server that answers one GET at a time, each 100 ms: the stream
+        // probe's first part ends after 10 ms and the stream runs on at
+        // 100 MiB/s; the parts probe is cut short once behind it.
+        let serial = Tuner::default();
+        let t0 = Instant::now();
+        let t1 = probe(&serial, Mode::Stream, t0, [10, 20, 30, 40]);
+        let t2 = t1 + Duration::from_millis(1);
+        let mut id = None;
+        for _ in 0..4 {
+            match serial.step(mib, 64 * mib, t2) {
+                Step::Issue(Mode::Parts, Some(probe)) => id = Some(probe),
+                other => panic!("{other:?}"),
+            }
+        }
+        serial.ended(id, true, t2 + Duration::from_millis(100));
+        assert_eq!(
+            serial.step(mib, 64 * mib, t2 + Duration::from_millis(20)),
+            Step::Wait
+        );
+        // 45 ms in, 4 MiB is behind 100 MiB/s: the stream is taken.
+        let t3 = t2 + Duration::from_millis(45);
+        assert_eq!(
+            serial.step(mib, 64 * mib, t3),
+            Step::Issue(Mode::Stream, None)
+        );
+        assert_eq!(serial.chosen(), Mode::Stream);
+        // The parts still in flight end; the stream holds FIRST_HOLD parts,
+        // then both ways are probed again, parts first.
+        for _ in 0..3 {
+            serial.ended(id, true, t3);
+        }
+        for _ in 1..FIRST_HOLD {
+            assert_eq!(
+                serial.step(mib, 64 * mib, t3),
+                Step::Issue(Mode::Stream, None)
+            );
+        }
+        // Parts in flight (the hold's) are waited for before a probe.
+        assert_eq!(serial.step(mib, 64 * mib, t3), Step::Wait);
+        for _ in 0..FIRST_HOLD + 1 {
+            serial.ended(None, true, t3);
+        }
+        assert!(matches!(
+            serial.step(mib, 64 * mib, t3),
+            Step::Issue(Mode::Parts, Some(_))
+        ));
+
+        // A remote store: 30 ms to the first part's end, a stream of
+        // 25 MiB/s; four parts at once all end after 60 ms (66 MiB/s).
+        let remote = Tuner::default();
+        let t1 = probe(&remote, Mode::Stream, t0, [30, 70, 110, 150]);
+        let t2 = probe(&remote, Mode::Parts, t1, [55, 58, 59, 60]);
+        assert_eq!(
+            remote.step(mib, 64 * mib, t2),
+            Step::Issue(Mode::Parts, None)
+        );
+        assert_eq!(remote.chosen(), Mode::Parts);
+    }
+
+    #[test]
+    fn a_failed_probe_gives_no_rate_and_no_wait_outlasts_the_limit() {
+        let mib = 1 << 20;
+        let tuner = Tuner::default();
+        let t0 = Instant::now();
+        let mut id = None;
+        for _ in 0..4 {
+            if let Step::Issue(Mode::Stream, probe) = tuner.step(mib, 64 * mib, t0) {
+                id = probe;
+            }
+        }
+        tuner.ended(id, false, t0);
+        for _ in 0..3 {
+            tuner.ended(id, true, t0 + Duration::from_millis(5));
+        }
+        // Measured, without a rate: the parts probe follows; its parts
+        // never end, and it counts as measured after PROBE_LIMIT.
+        let t1 = t0 + Duration::from_millis(6);
+        for _ in 0..4 {
+            assert!(matches!(
+                tuner.step(mib, 64 * mib, t1),
+                Step::Issue(Mode::Parts, Some(_))
+            ));
+        }
+        assert_eq!(tuner.step(mib, 64 * mib, t1 + PROBE_LIMIT / 2), Step::Wait);
+        let late = t1 + PROBE_LIMIT;
+        assert_eq!(
+            tuner.step(mib, 64 * mib, late),
+            Step::Issue(Mode::Parts, None)
+        );
+        assert_eq!(tuner.lock().rates[Mode::Stream.index()], None);
+        // A first part waits only while a probe is measured.
+        assert_eq!(tuner.step_first(late), Step::Issue(Mode::Parts, None));
+    }
+
+    #[test]
+    fn large_objects_arrive_whole_whichever_way_their_parts_go() {
+        let sizes = [9_000_000, 10_500_000, 8_800_000];
+        let budget = 2 << 20;
+        for listed in [true, false] {
+            let faults = Faults::default();
+            let run = read_through_queue(&sizes, listed, (budget, 256 << 10, 8), faults, 65_536);
+            for (i, read) in run.read.iter().enumerate() {
+                assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]), "object {i}");
+            }
+            assert!(run.peak <= budget as u64, "{}", run.peak);
+            check_order(&run.log);
+            // The first probe is a stream: a GET past its first part.
+            let ceiling = part_ceiling(budget as u64, 256 << 10, 8);
+            assert!(run.requests.iter().any(|(_, r)| r.end - r.start > ceiling));
+        }
     }
 
     #[test]

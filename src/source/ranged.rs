@@ -426,19 +426,24 @@ impl Tap {
 /// end; with `clamp`, to the range's end or the object's, whichever comes
 /// first) into `target`, retrying failed requests and resuming a broken
 /// body from the last byte received, pinned to `pinned`'s validator; the
-/// read ends only where the range (or the object) does. A whole answer to
-/// a range (its body runs past the range) is kept in `tap`, if given, for
-/// the read of the bytes after the range, which takes it from there rather
-/// than send another GET. Each GET's timing goes to `on_get`.
+/// read ends only where the range (or the object) does. Each GET asks for
+/// the bytes up to `reach` (at least the range's end; `u64::MAX`: the
+/// object's end), so that one GET may serve the reads of the bytes after
+/// the range too. An answer whose body runs past the range (`reach` lies
+/// past it, or the server sent the whole object) is kept in `tap`, if
+/// given, for the read of the bytes after the range, which takes it from
+/// there rather than send another GET. Each GET's timing goes to `on_get`.
 pub(super) async fn stream_range<O: RangedObject>(
     object: &O,
-    range: Range<u64>,
+    (range, reach): (Range<u64>, u64),
     clamp: bool,
     pinned: &mut Pinned,
     target: &mut Target<'_>,
     (tap, on_get): (Option<&Tap>, &(dyn Fn(Sample) + Sync)),
 ) -> Result<Result<(), Error>, ConsumerGone> {
     let (options, counters, url) = (object.options(), object.counters(), object.url());
+    let reach = reach.max(range.end);
+    let ask = (reach != u64::MAX).then_some(reach);
     let mut end = (range.end != u64::MAX).then_some(range.end);
     let mut position = range.start;
     let mut retries = Retries::new(options, url, range.start);
@@ -462,21 +467,25 @@ pub(super) async fn stream_range<O: RangedObject>(
             None => {
                 counters.add(Counter::Requests, 1);
                 let sent = Instant::now();
-                let answer = object.get(position, end, clamp, pinned).await;
+                // Past the range when asked to; else to where the read stops.
+                let asked = if reach > range.end { ask } else { end };
+                let answer = object.get(position, asked, clamp, pinned).await;
                 (answer, Bytes::new(), Some(sent.elapsed()))
             }
         };
         let reason = match answer {
             Ok(None) => return Ok(Ok(())),
             Ok(Some(Answer {
-                stop,
+                stop: answered,
                 mut skip,
                 body_end,
                 mut body,
             })) => {
+                // The read stops at the range's end, the GET's at `answered`.
+                let stop = answered.min(end.unwrap_or(u64::MAX));
                 end = Some(stop);
                 let runs_on = body_end > stop;
-                pinned.ignores_range |= runs_on;
+                pinned.ignores_range |= body_end > answered;
                 let (from, started) = (position, Instant::now());
                 let broke = loop {
                     if position == stop && skip == 0 && runs_on {
@@ -595,9 +604,10 @@ pub(super) async fn read_ranged<O: RangedObject>(
         chunk: Vec::new(),
         permit: None,
     };
+    let reach = range.end;
     let result = match stream_range(
         &*object,
-        range,
+        (range, reach),
         false,
         &mut pinned,
         &mut target,
