@@ -3,8 +3,8 @@
 It sits between a client and an S3-compatible server on 127.0.0.1 and
 forwards every request unchanged (Host header included, so signatures still
 match), while it can answer some GETs with 503 SlowDown, reset connections
-before answering, delay the first byte, cut or stall bodies mid-way, cap
-each connection's bandwidth, and answer a Range request (a resume, a part)
+before answering, delay the first byte, answer GETs one at a time, cut or
+stall bodies mid-way, cap each connection's bandwidth, and answer a Range request (a resume, a part)
 with what a broken server or proxy might send: the whole object, bytes from
 another offset, or fewer bytes than asked for. Faults hit every k-th GET, counted in arrival
 order, and every fault injected is counted, so a test can compare the
@@ -13,6 +13,7 @@ client's own retry and resume counters with what really happened.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
 import socket
@@ -57,6 +58,11 @@ class Faults:
         stall_seconds: how long a stall lasts.
         first_byte_delay: seconds to wait before every GET's response.
         delay_every: only every k-th GET gets ``first_byte_delay`` (0: all).
+        serial: answer GETs one at a time: each waits for the GETs before it
+            to get their answer (``first_byte_delay`` and the upstream's
+            answer) before its own begins, as a server that does not serve
+            requests in parallel, each at a fixed cost; bodies are still
+            sent at once.
         bandwidth: bytes per second per connection (0: no cap).
         on_cut: called with the request path after a body is cut, before
             the connection closes (a test may replace the object here).
@@ -95,6 +101,7 @@ class Faults:
     stall_seconds: float = 0.0
     first_byte_delay: float = 0.0
     delay_every: int = 0
+    serial: bool = False
     bandwidth: float = 0.0
     on_cut: Callable[[str], None] | None = None
     cut_first: int = 0
@@ -159,6 +166,8 @@ class FaultProxy:
     faults: Faults
     injected: Injected
     lock: threading.Lock
+    # Held by each GET's answer under ``Faults.serial``.
+    serial: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self, faults: Faults | None = None) -> None:
         """New faults and zeroed counts."""
@@ -361,6 +370,16 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
                 return
+            serial = faults.serial and self.command == "GET"
+            with proxy_ref[0].serial if serial else contextlib.nullcontext():
+                answer = self._answer(faults, n, later)
+            self._finish(faults, n, answer)
+
+        def _answer(
+            self, faults: Faults, n: int, later: int
+        ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+            """The answer to a request that is not refused or reset: after
+            the first-byte delay, an injected status or the upstream's."""
             if faults.first_byte_delay > 0 and (
                 faults.delay_every == 0 or _every(faults.delay_every, n)
             ):
@@ -380,6 +399,15 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             else:
                 bad = self._bad_range_answer(faults, later)
                 status, reason, headers, data = bad or self._forward()
+            return status, reason, headers, data
+
+        def _finish(
+            self,
+            faults: Faults,
+            n: int,
+            answer: tuple[int, str, list[tuple[str, str]], bytes],
+        ) -> None:
+            status, reason, headers, data = answer
             if faults.gzip and self.command == "GET" and status in (200, 206):
                 data = gzip.compress(data, mtime=0)
                 headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]

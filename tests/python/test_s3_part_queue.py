@@ -140,3 +140,66 @@ def test_a_part_that_fails_for_good_mid_queue_is_an_error_naming_its_object(prox
     keys = [s["__key__"] for s in got]
     assert keys == sorted(payloads)[: len(keys)]
     assert all(s["bin"] == payloads[s["__key__"]] for s in got)
+
+
+LARGE = 4
+
+
+@pytest.fixture
+def large_objects(s3: S3Server) -> dict[str, bytes]:
+    """Four shards of 48 members of 256 KiB (12 MiB each) under
+    ``s3://train/large/``: with an 8 MiB budget, a dozen parts each or more
+    (256 KiB first, then parts up to 1 MiB); every member's bytes by key."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    payloads = {}
+    for shard in range(LARGE):
+        members = []
+        for i in range(48):
+            key = f"l{shard}_{i:03d}"
+            payloads[key] = hashlib.sha256(key.encode()).digest() * (8 << 10)
+            members.append((f"{key}.bin", payloads[key]))
+        client.put_object(Bucket=BUCKET, Key=f"large/shard-{shard}.tar", Body=tar_bytes(members))
+    return payloads
+
+
+def read_large(proxy: FaultProxy, payloads: dict[str, bytes]) -> dict[str, int]:
+    """Reads the large objects through `proxy` with the default part size
+    and concurrency and an 8 MiB budget; checks every sample; the stats."""
+    ds = StreamingDataset(
+        f"s3://{BUCKET}/large/",
+        s3=s3_config(proxy.endpoint_url, **FAST_RETRIES),
+        read_ahead_bytes=8 << 20,
+        shuffle_buffer=0,
+    )
+    samples = read_all(ds)
+    assert Counter(s["__key__"] for s in samples) == Counter(list(payloads))
+    assert all(s["bin"] == payloads[s["__key__"]] for s in samples)
+    stats = ds.stats()
+    assert 0 < stats["read_ahead_peak_bytes"] <= 8 << 20
+    assert stats["bytes_read"] <= sum(size for _, size in ds.shards)  # none fetched twice
+    return stats
+
+
+def test_a_server_that_answers_one_get_at_a_time_gets_one_stream_per_object(proxy, large_objects):
+    """A server that answers GETs one at a time, each after a fixed 50 ms,
+    gains nothing from parallel parts: after measuring both ways the queue
+    reads each object's later parts from one GET (before: a dozen ranged
+    GETs per object or more, each waiting for the others)."""
+    proxy.reset(Faults(serial=True, first_byte_delay=0.05))
+    stats = read_large(proxy, large_objects)
+    # Per object its first part and one stream; the probes of the two ways
+    # (four parts each) and a stream restarted after them on top.
+    assert stats["requests"] <= 2 * LARGE + 2 * 4 + 2, stats
+    # Every stream and part after an object's first is pinned to its ETag.
+    later = [m for r, m in proxy.injected.ranged_gets if not r.startswith("bytes=0-")]
+    assert later and all(m and m.startswith('"') for m in later)
+
+
+def test_a_server_that_scales_with_concurrency_keeps_parallel_parts(proxy, large_objects):
+    """Behind 20 ms to the first byte and 8 MB/s per connection (a remote
+    store), parallel parts beat one stream by far: the queue keeps them."""
+    proxy.reset(Faults(first_byte_delay=0.02, bandwidth=8e6))
+    stats = read_large(proxy, large_objects)
+    assert stats["requests"] >= 8 * LARGE, stats
+    assert proxy.injected.max_active >= 4
