@@ -789,11 +789,6 @@ pub static S3_OPTIONS: [OptionDef; 12] = [
     },
 ];
 
-/// The dataset option named `name`.
-pub fn option_def(name: &str) -> Option<&'static OptionDef> {
-    DATASET_OPTIONS.iter().find(|o| o.name == name)
-}
-
 impl StreamOptions {
     /// The options that decide which samples come in which order, as bytes
     /// for the resume fingerprint: those marked [`SampleOrder::Holds`] in
@@ -1213,6 +1208,11 @@ mod tests {
             ..s3()
         };
         assert!(largest.validate().is_ok());
+    }
+
+    /// The dataset option named `name`.
+    fn option_def(name: &str) -> Option<&'static OptionDef> {
+        DATASET_OPTIONS.iter().find(|o| o.name == name)
     }
 
     #[test]

@@ -243,7 +243,8 @@ OTHER_VALUES: dict[str, Any] = {
 def test_a_state_resumes_with_an_option_changed_exactly_when_its_marker_says_so(tmp_path):
     """The markers are the fingerprint's only list: an option that decides
     the order (``holds``, ``decides``) refuses a state saved with another
-    value, one marked ``no`` resumes it."""
+    value; one marked ``no`` resumes it, and gives the samples in the same
+    order as the default does."""
     assert list(OTHER_VALUES) == NAMES
     urls = []
     for s in range(2):
@@ -261,7 +262,15 @@ def test_a_state_resumes_with_an_option_changed_exactly_when_its_marker_says_so(
         next(iter(ds))
         return ds
 
+    def keys(ds: shardstream.StreamingDataset) -> list[str]:
+        out: list[str] = []
+        for item in ds:
+            key = item["__key__"]
+            out += list(key) if not isinstance(key, str) else [key]
+        return out
+
     saved = started().state_dict()
+    order = keys(shardstream.StreamingDataset(urls))
     for option in TABLE:
         name, value = option["name"], OTHER_VALUES[option["name"]]
         if value is None or option["order"] in ("shards", "layout"):
@@ -273,6 +282,7 @@ def test_a_state_resumes_with_an_option_changed_exactly_when_its_marker_says_so(
             changed["cache_dir"] = str(tmp_path / "cache")
         ds = shardstream.StreamingDataset(urls, **changed)
         if option["order"] == "no":
+            assert keys(shardstream.StreamingDataset(urls, **changed)) == order, name
             ds.load_state_dict(saved)
             next(iter(ds))
         else:
