@@ -96,16 +96,74 @@ fn about(url: &str, error: Error, what: &str) -> Error {
 /// A listed object: key, size, generation.
 type Object = (String, u64, String);
 
-/// An object resource of the API (`name`, `size`, `generation`: the
-/// numbers are JSON strings).
-fn object(json: &serde_json::Value) -> Option<Object> {
-    let text = |name| json.get(name).and_then(|v| v.as_str());
-    let generation = text("generation").filter(|g| g.bytes().all(|b| b.is_ascii_digit()))?;
-    Some((
-        text("name")?.to_owned(),
-        text("size")?.parse().ok()?,
-        generation.to_owned(),
-    ))
+/// An object resource of the API (`GET /storage/v1/b/BUCKET/o/KEY`, or an
+/// item of a listing), with the fields asked for: the numbers come as
+/// JSON strings of decimal digits, as GCS writes 64-bit integers.
+#[derive(serde::Deserialize)]
+struct ObjectResource {
+    /// The object's key.
+    name: String,
+    /// Its size in bytes.
+    #[serde(deserialize_with = "decimal_u64")]
+    size: u64,
+    /// Its generation (kept as the digits given, for the media URL).
+    #[serde(deserialize_with = "decimal")]
+    generation: String,
+}
+
+impl From<ObjectResource> for Object {
+    fn from(resource: ObjectResource) -> Object {
+        (resource.name, resource.size, resource.generation)
+    }
+}
+
+/// A page of an object listing (`GET /storage/v1/b/BUCKET/o?prefix=...`):
+/// no `items` when nothing is listed, and a `nextPageToken` while pages
+/// remain.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListPage {
+    /// The objects of this page.
+    #[serde(default)]
+    items: Vec<ObjectResource>,
+    /// The token of the next page, if any.
+    next_page_token: Option<String>,
+}
+
+/// A JSON string of decimal digits (how GCS writes its 64-bit integers).
+fn decimal<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<String, D::Error> {
+    deserializer.deserialize_str(Decimal)
+}
+
+/// The visitor of [`decimal`]: a JSON number, or a string of anything
+/// but digits, is refused as not "a string of decimal digits".
+struct Decimal;
+
+impl serde::de::Visitor<'_> for Decimal {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string of decimal digits")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> std::result::Result<String, E> {
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(E::invalid_value(serde::de::Unexpected::Str(text), &self));
+        }
+        Ok(text.to_owned())
+    }
+}
+
+/// A JSON string of decimal digits, as a `u64`.
+fn decimal_u64<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<u64, D::Error> {
+    let text = decimal(deserializer)?;
+    text.parse().map_err(|_| {
+        serde::de::Error::invalid_value(serde::de::Unexpected::Str(&text), &"a 64-bit size")
+    })
 }
 
 /// Resolves `gs://` URLs against one endpoint.
@@ -163,25 +221,30 @@ impl<'a> Resolver<'a> {
         })
     }
 
-    /// A JSON answer of the API.
-    async fn get_json(
+    /// A JSON answer of the API, as a `T`: not JSON, or JSON of another
+    /// shape, is an error naming `url`.
+    async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         client: &HttpClient,
         url: &str,
         api: &str,
         what: &str,
-    ) -> Result<serde_json::Value> {
+    ) -> Result<T> {
         let (_, body) = client
             .get_small(api, MAX_ANSWER_BYTES)
             .await
             .map_err(|e| about(url, e, what))?;
-        serde_json::from_slice(&body).map_err(|e| Error::Read {
-            url: url.to_owned(),
-            offset: 0,
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("{what}: the answer is not JSON: {e}"),
-            ),
+        serde_json::from_slice(&body).map_err(|e| {
+            let reason = if e.is_data() {
+                format!("{what}: the answer is not an object listing of the GCS JSON API: {e}")
+            } else {
+                format!("{what}: the answer is not JSON: {e}")
+            };
+            Error::Read {
+                url: url.to_owned(),
+                offset: 0,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
+            }
         })
     }
 
@@ -208,8 +271,11 @@ impl<'a> Resolver<'a> {
             percent_encode(key)
         );
         let what = format!("object {key:?} of bucket {bucket}");
-        match self.get_json(client, url, &api, &what).await {
-            Ok(json) => object(&json).ok_or_else(|| invalid(url, &what)),
+        match self
+            .get_json::<ObjectResource>(client, url, &api, &what)
+            .await
+        {
+            Ok(resource) => Ok(resource.into()),
             Err(Error::NotFound { .. }) if !self.bucket_exists(client, bucket).await => {
                 Err(no_bucket(url, bucket))
             }
@@ -239,19 +305,14 @@ impl<'a> Resolver<'a> {
             if let Some(token) = &token {
                 api.push_str(&format!("&pageToken={}", percent_encode(token)));
             }
-            let json = match self.get_json(client, url, &api, &what).await {
+            let page: ListPage = match self.get_json(client, url, &api, &what).await {
                 Err(Error::NotFound { .. }) => return Err(no_bucket(url, bucket)),
                 other => other?,
             };
-            if let Some(items) = json.get("items") {
-                let items = items.as_array().ok_or_else(|| invalid(url, &what))?;
-                for item in items {
-                    objects.push(object(item).ok_or_else(|| invalid(url, &what))?);
-                }
-            }
-            match json.get("nextPageToken").and_then(|t| t.as_str()) {
+            objects.extend(page.items.into_iter().map(Object::from));
+            match page.next_page_token {
                 Some(next) if !next.is_empty() => {
-                    if token.as_deref() == Some(next) {
+                    if token.as_deref() == Some(next.as_str()) {
                         return Err(Error::Read {
                             url: url.to_owned(),
                             offset: 0,
@@ -260,7 +321,7 @@ impl<'a> Resolver<'a> {
                             )),
                         });
                     }
-                    token = Some(next.to_owned());
+                    token = Some(next);
                 }
                 _ => return Ok(objects),
             }
@@ -280,18 +341,6 @@ fn no_bucket(url: &str, bucket: &str) -> Error {
         source: std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("the bucket {bucket:?} does not exist"),
-        ),
-    }
-}
-
-/// The error of an API answer that is not what the API gives.
-fn invalid(url: &str, what: &str) -> Error {
-    Error::Read {
-        url: url.to_owned(),
-        offset: 0,
-        source: std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("{what}: the answer is not an object listing of the GCS JSON API"),
         ),
     }
 }
@@ -316,9 +365,54 @@ mod tests {
 
     #[test]
     fn object_resources_are_read_with_their_generation() {
-        let json = serde_json::json!({"name": "a.tar", "size": "12", "generation": "17"});
-        assert_eq!(object(&json), Some(("a.tar".into(), 12, "17".into())));
-        let bad = serde_json::json!({"name": "a.tar", "size": 12, "generation": "17"});
-        assert_eq!(object(&bad), None);
+        let resource: ObjectResource = serde_json::from_str(
+            r#"{"kind": "storage#object", "name": "a.tar", "size": "12", "generation": "17",
+                "metageneration": "1", "contentType": "application/x-tar"}"#,
+        )
+        .unwrap();
+        assert_eq!(Object::from(resource), ("a.tar".into(), 12, "17".into()));
+        for bad in [
+            r#"{"name": "a.tar", "size": 12, "generation": "17"}"#,
+            r#"{"name": "a.tar", "size": "-1", "generation": "17"}"#,
+            r#"{"name": "a.tar", "size": "99999999999999999999", "generation": "17"}"#,
+            r#"{"name": "a.tar", "size": "12", "generation": "x7"}"#,
+            r#"{"name": "a.tar", "size": "12", "generation": ""}"#,
+            r#"{"size": "12", "generation": "17"}"#,
+        ] {
+            let Err(error) = serde_json::from_str::<ObjectResource>(bad) else {
+                panic!("accepted {bad}");
+            };
+            assert!(error.is_data(), "{bad}: {error}");
+        }
+        let number = r#"{"name": "a.tar", "size": 12, "generation": "17"}"#;
+        let error = serde_json::from_str::<ObjectResource>(number).err();
+        assert!(
+            error.is_some_and(|e| e.to_string().contains("a string of decimal digits")),
+            "{number}"
+        );
+    }
+
+    #[test]
+    fn listing_pages_are_read_with_or_without_items_and_token() {
+        let page: ListPage = serde_json::from_str(
+            r#"{"kind": "storage#objects", "nextPageToken": "CgVhLnRhcg==",
+                "items": [{"name": "p/a.tar", "size": "3", "generation": "5"},
+                          {"name": "p/b.tar", "size": "0", "generation": "6"}]}"#,
+        )
+        .unwrap();
+        let objects: Vec<Object> = page.items.into_iter().map(Object::from).collect();
+        assert_eq!(
+            objects,
+            [
+                ("p/a.tar".into(), 3, "5".into()),
+                ("p/b.tar".into(), 0, "6".into())
+            ]
+        );
+        assert_eq!(page.next_page_token.as_deref(), Some("CgVhLnRhcg=="));
+        // The last page has no token; an empty listing has no items either.
+        let last: ListPage = serde_json::from_str(r#"{"kind": "storage#objects"}"#).unwrap();
+        assert!(last.items.is_empty() && last.next_page_token.is_none());
+        let items_not_a_list = serde_json::from_str::<ListPage>(r#"{"items": {"name": "a"}}"#);
+        assert!(items_not_a_list.err().is_some_and(|e| e.is_data()));
     }
 }

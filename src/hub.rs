@@ -223,23 +223,64 @@ fn about(url: &str, error: Error, what: &str) -> Error {
     }
 }
 
-/// A JSON answer of the API (and its `next` page link).
-async fn get_json(
+/// The answer of `GET /api/datasets/REPO/revision/REV`: the dataset's
+/// information at that revision, of which only the commit is read.
+#[derive(serde::Deserialize)]
+struct RevisionInfo {
+    /// The commit the revision points at.
+    #[serde(deserialize_with = "commit_id")]
+    sha: String,
+}
+
+/// A commit id: a non-empty string of ASCII letters and digits.
+fn commit_id<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<String, D::Error> {
+    let text = <String as serde::Deserialize>::deserialize(deserializer)?;
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&text),
+            &"a commit id (letters and digits)",
+        ));
+    }
+    Ok(text)
+}
+
+/// An entry of a tree listing (`GET /api/datasets/REPO/tree/COMMIT/FOLDER`).
+#[derive(serde::Deserialize)]
+struct TreeEntry {
+    /// Path in the repository.
+    path: Option<String>,
+    /// `file` or `directory`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// Size in bytes (none for a folder).
+    size: Option<u64>,
+}
+
+/// A JSON answer of the API as a `T` (and its `next` page link); JSON of
+/// another shape is an error naming `hub_url` that `shape` describes.
+async fn get_json<T: serde::de::DeserializeOwned>(
     client: &HttpClient,
     hub_url: &str,
     api: &str,
     what: &str,
-) -> Result<(serde_json::Value, Option<String>)> {
+    shape: &str,
+) -> Result<(T, Option<String>)> {
     let (headers, body) = client
         .get_small(api, MAX_ANSWER_BYTES)
         .await
         .map_err(|e| about(hub_url, e, what))?;
-    let json = serde_json::from_slice(&body).map_err(|e| Error::Read {
+    let answer = serde_json::from_slice(&body).map_err(|e| Error::Read {
         url: hub_url.to_owned(),
         offset: 0,
         source: std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("{what}: the Hub's answer is not JSON: {e}"),
+            if e.is_data() {
+                format!("{what}: {shape}: {e}")
+            } else {
+                format!("{what}: the Hub's answer is not JSON: {e}")
+            },
         ),
     })?;
     let next = headers
@@ -247,7 +288,7 @@ async fn get_json(
         .iter()
         .filter_map(|v| v.to_str().ok())
         .find_map(next_link);
-    Ok((json, next))
+    Ok((answer, next))
 }
 
 /// Resolves Hub URLs, remembering each revision's commit and each listing,
@@ -377,20 +418,9 @@ impl<'a> Resolver<'a> {
             encode(&hub.revision, false)
         );
         let what = format!("revision {:?} of {}", hub.revision, hub.repo);
-        let (json, _) = get_json(client, url, &api, &what).await?;
-        let commit = json
-            .get("sha")
-            .and_then(|s| s.as_str())
-            .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric()))
-            .ok_or_else(|| Error::Read {
-                url: url.to_owned(),
-                offset: 0,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{what}: the Hub's answer gives no commit (\"sha\")"),
-                ),
-            })?
-            .to_owned();
+        let no_commit = "the Hub's answer gives no commit (\"sha\")";
+        let (info, _): (RevisionInfo, _) = get_json(client, url, &api, &what, no_commit).await?;
+        let commit = info.sha;
         self.commits.insert(key, commit.clone());
         Ok(commit)
     }
@@ -430,21 +460,12 @@ impl<'a> Resolver<'a> {
             if !seen.insert(page.clone()) {
                 break;
             }
-            let (json, link) = get_json(client, url, &page, &what).await?;
-            let items = json.as_array().ok_or_else(|| Error::Read {
-                url: url.to_owned(),
-                offset: 0,
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{what}: the Hub's answer is not a list"),
-                ),
-            })?;
+            let not_a_list = "the Hub's answer is not a list of files and folders";
+            let (items, link): (Vec<TreeEntry>, _) =
+                get_json(client, url, &page, &what, not_a_list).await?;
             for item in items {
-                let path = item.get("path").and_then(|p| p.as_str());
-                let kind = item.get("type").and_then(|t| t.as_str());
-                let size = item.get("size").and_then(|s| s.as_u64()).unwrap_or(0);
-                if let (Some(path), Some(kind)) = (path, kind) {
-                    entries.push((path.to_owned(), size, kind == "directory"));
+                if let (Some(path), Some(kind)) = (item.path, item.kind) {
+                    entries.push((path, item.size.unwrap_or(0), kind == "directory"));
                 }
             }
             next = match link {
@@ -549,6 +570,57 @@ mod tests {
                 error.contains("another origin") && error.contains("hf://datasets/o/n/x"),
                 "{error}"
             );
+        }
+    }
+
+    #[test]
+    fn revision_answers_give_their_commit() {
+        let info: RevisionInfo = serde_json::from_str(
+            r#"{"_id": "x", "id": "org/name", "sha": "0123abcd", "private": false,
+                "siblings": [{"rfilename": "train/a.tar"}], "cardData": null}"#,
+        )
+        .unwrap();
+        assert_eq!(info.sha, "0123abcd");
+        for bad in [
+            r#"{"id": "org/name"}"#,
+            r#"{"sha": null}"#,
+            r#"{"sha": ""}"#,
+            r#"{"sha": "../main"}"#,
+            r#"{"sha": 12}"#,
+        ] {
+            let Err(error) = serde_json::from_str::<RevisionInfo>(bad) else {
+                panic!("accepted {bad}");
+            };
+            assert!(error.is_data(), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn tree_entries_are_read_with_or_without_a_size() {
+        let entries: Vec<TreeEntry> = serde_json::from_str(
+            r#"[{"type": "directory", "oid": "aa", "path": "train"},
+                {"type": "file", "oid": "bb", "size": 10240, "path": "train/a.tar",
+                 "lfs": {"oid": "cc", "size": 10240, "pointerSize": 132}, "xetHash": "dd"},
+                {"oid": "ee", "size": 1}]"#,
+        )
+        .unwrap();
+        let read: Vec<_> = entries
+            .iter()
+            .map(|e| (e.path.as_deref(), e.kind.as_deref(), e.size))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (Some("train"), Some("directory"), None),
+                (Some("train/a.tar"), Some("file"), Some(10240)),
+                (None, None, Some(1)),
+            ]
+        );
+        for bad in [r#"{"path": "a"}"#, r#"[{"path": "a", "size": "12"}]"#] {
+            let Err(error) = serde_json::from_str::<Vec<TreeEntry>>(bad) else {
+                panic!("accepted {bad}");
+            };
+            assert!(error.is_data(), "{bad}: {error}");
         }
     }
 

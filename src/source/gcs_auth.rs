@@ -125,32 +125,55 @@ pub(crate) fn percent_encode(text: &str) -> String {
     out
 }
 
+/// A JSON key file of Application Default Credentials: a service
+/// account's key (`type` `service_account`) or a gcloud user's refresh
+/// token (`authorized_user`); the fields of the other type are absent.
+/// (No `Debug`: it holds secrets.)
+#[derive(serde::Deserialize)]
+struct KeyFile {
+    /// The kind of credentials.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// Where tokens are exchanged ([`DEFAULT_TOKEN_URI`] when absent).
+    token_uri: Option<String>,
+    /// The service account's address.
+    client_email: Option<String>,
+    /// The service account's RSA key, PKCS#8 PEM.
+    private_key: Option<String>,
+    /// The OAuth2 client of a gcloud user.
+    client_id: Option<String>,
+    /// That client's secret.
+    client_secret: Option<String>,
+    /// The gcloud user's refresh token.
+    refresh_token: Option<String>,
+}
+
 /// The credentials of a JSON key file (`what` names where it came from).
 fn load_key_file(path: &Path, what: &str) -> Result<Credentials, String> {
     let named = format!("{what} ({})", path.display());
     let text = std::fs::read(path).map_err(|e| format!("cannot read {named}: {e}"))?;
-    let json: serde_json::Value = serde_json::from_slice(&text)
+    // serde's reason is not shown: it may quote a secret.
+    let file: KeyFile = serde_json::from_slice(&text)
         .map_err(|_| format!("{named} is not a JSON credentials file"))?;
-    let field = |name: &str| {
-        json.get(name)
-            .and_then(|v| v.as_str())
+    let field = |value: &Option<String>, name: &str| -> Result<String, String> {
+        value
+            .clone()
             .filter(|v| !v.is_empty())
             .ok_or_else(|| format!("{named} has no {name:?}"))
     };
-    let token_uri = json
-        .get("token_uri")
-        .and_then(|v| v.as_str())
-        .unwrap_or(DEFAULT_TOKEN_URI)
-        .to_owned();
-    match json.get("type").and_then(|v| v.as_str()) {
+    let token_uri = file
+        .token_uri
+        .clone()
+        .unwrap_or_else(|| DEFAULT_TOKEN_URI.to_owned());
+    match file.kind.as_deref() {
         Some("service_account") => {
-            let pem = field("private_key")?;
+            let pem = field(&file.private_key, "private_key")?;
             let der = PrivatePkcs8KeyDer::from_pem_slice(pem.as_bytes())
                 .map_err(|_| format!("the \"private_key\" of {named} is not a PKCS#8 PEM key"))?;
             let key = RsaKeyPair::from_pkcs8(der.secret_pkcs8_der())
                 .map_err(|_| format!("the \"private_key\" of {named} is not an RSA key"))?;
             Ok(Credentials::ServiceAccount {
-                email: field("client_email")?.to_owned(),
+                email: field(&file.client_email, "client_email")?,
                 key,
                 token_uri,
             })
@@ -158,9 +181,9 @@ fn load_key_file(path: &Path, what: &str) -> Result<Credentials, String> {
         Some("authorized_user") => {
             let form = format!(
                 "grant_type=refresh_token&client_id={}&client_secret={}&refresh_token={}",
-                percent_encode(field("client_id")?),
-                percent_encode(field("client_secret")?),
-                percent_encode(field("refresh_token")?)
+                percent_encode(&field(&file.client_id, "client_id")?),
+                percent_encode(&field(&file.client_secret, "client_secret")?),
+                percent_encode(&field(&file.refresh_token, "refresh_token")?)
             );
             Ok(Credentials::AuthorizedUser { form, token_uri })
         }
@@ -247,6 +270,23 @@ struct Token {
     lifetime: Duration,
 }
 
+/// The answer of a token endpoint or of the metadata server (RFC 6749 5.1).
+/// (No `Debug`: it holds a secret.)
+#[derive(serde::Deserialize)]
+struct TokenAnswer {
+    /// The access token.
+    access_token: Option<String>,
+    /// Its lifetime in seconds (an hour when absent).
+    expires_in: Option<u64>,
+}
+
+/// The answer of a token endpoint that refuses (RFC 6749 5.2).
+#[derive(serde::Deserialize)]
+struct TokenRefusal {
+    /// The OAuth2 error code (`invalid_grant` ...).
+    error: Option<String>,
+}
+
 /// One token request; `Err(Ok(reason))` for a failure worth another attempt.
 async fn request_token(
     client: &TokenClient,
@@ -270,23 +310,27 @@ async fn request_token(
     let (status, body) = tokio::time::timeout(timeout, answer)
         .await
         .map_err(|_| Ok(format!("{what}: no answer within {timeout:?}")))??;
-    let json: Option<serde_json::Value> = serde_json::from_slice(&body).ok();
     if status != StatusCode::OK {
         // The OAuth2 error code ("invalid_grant" ...) tells why; nothing else is shown.
-        let code = json
-            .as_ref()
-            .and_then(|j| j.get("error"))
-            .and_then(|e| e.as_str())
+        let code = serde_json::from_slice::<TokenRefusal>(&body)
+            .ok()
+            .and_then(|refusal| refusal.error)
             .filter(|e| e.len() < 64 && e.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
             .map_or(String::new(), |e| format!(" ({e})"));
         let reason = format!("{what}: HTTP {}{code}", status.as_u16());
         let transient = status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS;
         return Err(if transient { Ok(reason) } else { Err(reason) });
     }
-    let json = json.ok_or_else(|| Err(format!("{what}: the answer is not JSON")))?;
-    let token = json
-        .get("access_token")
-        .and_then(|t| t.as_str())
+    // serde's reason is not shown: it may quote the token.
+    let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|e| {
+        Err(if e.is_data() {
+            format!("{what}: the answer is not an OAuth2 token answer")
+        } else {
+            format!("{what}: the answer is not JSON")
+        })
+    })?;
+    let token = answer
+        .access_token
         .filter(|t| !t.is_empty())
         .ok_or_else(|| Err(format!("{what}: the answer holds no access token")))?;
     let mut value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
@@ -295,10 +339,7 @@ async fn request_token(
         ))
     })?;
     value.set_sensitive(true);
-    let seconds = json
-        .get("expires_in")
-        .and_then(|e| e.as_u64())
-        .unwrap_or(3600);
+    let seconds = answer.expires_in.unwrap_or(3600);
     Ok(Token {
         value,
         lifetime: Duration::from_secs(seconds),
@@ -469,5 +510,55 @@ mod tests {
             assert!(reason.contains(words), "{reason}");
             assert!(!reason.contains("SECRETKEY"), "{reason}");
         }
+    }
+
+    #[test]
+    fn user_key_files_are_read_with_the_default_token_uri() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("application_default_credentials.json");
+        std::fs::write(
+            &path,
+            r#"{"type": "authorized_user", "client_id": "id.apps", "client_secret": "s e",
+                "refresh_token": "1//r", "quota_project_id": "p", "universe_domain": "x"}"#,
+        )
+        .unwrap();
+        let Ok(Credentials::AuthorizedUser { form, token_uri }) = load_key_file(&path, "gcloud")
+        else {
+            panic!("not read as a user's credentials");
+        };
+        assert_eq!(token_uri, DEFAULT_TOKEN_URI);
+        assert_eq!(
+            form,
+            "grant_type=refresh_token&client_id=id.apps&client_secret=s%20e&refresh_token=1%2F%2Fr"
+        );
+        std::fs::write(
+            &path,
+            r#"{"type": "authorized_user", "client_id": "id", "client_secret": "",
+                "refresh_token": "r"}"#,
+        )
+        .unwrap();
+        let Err(reason) = load_key_file(&path, "gcloud") else {
+            panic!("accepted an empty client_secret");
+        };
+        assert!(reason.contains(r#"has no "client_secret""#), "{reason}");
+    }
+
+    #[test]
+    fn token_answers_are_read_with_or_without_a_lifetime() {
+        let answer: TokenAnswer = serde_json::from_str(
+            r#"{"access_token": "ya29.a", "expires_in": 3599, "token_type": "Bearer"}"#,
+        )
+        .unwrap();
+        assert_eq!(answer.access_token.as_deref(), Some("ya29.a"));
+        assert_eq!(answer.expires_in, Some(3599));
+        let answer: TokenAnswer = serde_json::from_str(r#"{"access_token": "ya29.b"}"#).unwrap();
+        assert_eq!(answer.expires_in, None);
+        let refusal: TokenRefusal = serde_json::from_str(
+            r#"{"error": "invalid_grant", "error_description": "Invalid JWT Signature."}"#,
+        )
+        .unwrap();
+        assert_eq!(refusal.error.as_deref(), Some("invalid_grant"));
+        // Google APIs also answer with an error object: no code is read from it.
+        assert!(serde_json::from_str::<TokenRefusal>(r#"{"error": {"code": 401}}"#).is_err());
     }
 }
