@@ -40,7 +40,8 @@ use std::time::SystemTime;
 
 use sha2::{Digest, Sha256};
 
-use super::{local, FetchUnit};
+use super::fetch::{FetchUnit, Tee};
+use super::local;
 use crate::config::CacheOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
@@ -708,6 +709,16 @@ impl Fill {
         if let Some(limit) = self.limit {
             evict(&self.dir, limit);
         }
+    }
+}
+
+impl Tee for Fill {
+    fn write(&mut self, bytes: &[u8]) {
+        Fill::write(self, bytes);
+    }
+
+    fn commit(self: Box<Self>, validator: Option<&str>, size: Option<u64>) {
+        Fill::commit(*self, validator, size);
     }
 }
 

@@ -33,12 +33,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::fetch::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::ranged::{
     self, check_response, error_chain, read_ranged, Body, Failure, NextBytes, Pinned, RangedObject,
     Retries,
 };
-use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
 use crate::stats::Counters;

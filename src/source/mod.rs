@@ -9,6 +9,7 @@
 //! [`ranged::RangedObject`] and gets a [`Location`] variant.
 
 pub mod cache;
+mod fetch;
 pub mod gcs_auth;
 pub mod http;
 mod local;
@@ -17,17 +18,20 @@ mod ranged;
 pub(crate) mod s3;
 mod tls;
 
+pub use fetch::{FetchUnit, SHARE_MIN_BYTES};
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
+
+use fetch::{ChunkSender, ConsumerGone, Fetcher, Piece};
 
 use std::collections::VecDeque;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 
 use crate::config::{CacheOptions, S3Options};
 use crate::error::{Error, Result};
@@ -37,134 +41,6 @@ use crate::location::Location;
 use crate::shard::Shard;
 use crate::stats::{Counter, Counters};
 use ::parquet::file::metadata::ParquetMetaData;
-
-/// Bytes of one shard, holding their share of the read-ahead budget until dropped.
-struct Chunk {
-    bytes: Bytes,
-    /// When the bytes are mapped from a local file (and may be shared):
-    /// what a reader checks after copying bytes out of them.
-    mapped: Option<local::Guard>,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Chunk {
-    /// Bytes read into memory of their own.
-    fn read(bytes: Vec<u8>, permit: OwnedSemaphorePermit) -> Self {
-        Chunk {
-            bytes: bytes.into(),
-            mapped: None,
-            _permit: permit,
-        }
-    }
-}
-
-/// Members at least this long, in a chunk mapped from a local file, are
-/// handed out as a view of the chunk rather than copied out of it: no byte
-/// of them is copied before Python makes its `bytes`. Shorter ones cost
-/// less to copy than to keep a chunk mapped for.
-pub const SHARE_MIN_BYTES: usize = 16 << 10;
-
-type ChunkResult = Result<Chunk>;
-
-/// What a fetch task sends a shard's reader. The end of a unit is a message
-/// of its own, with the byte count: a channel that closes without it means
-/// the fetch stopped, never that the shard ended.
-enum Piece {
-    /// The next bytes.
-    Bytes(Chunk),
-    /// Reading failed; nothing follows.
-    Failed(Error),
-    /// Every byte of the unit was sent: `bytes` in all.
-    End { bytes: u64 },
-}
-
-/// The sending end of one unit's chunks. It counts the bytes it sends, so
-/// that the unit's end tells the reader how many to expect.
-struct ChunkSender {
-    tx: Sender<Piece>,
-    sent: AtomicU64,
-    failed: AtomicBool,
-    /// The cache file the bytes are also written to, if any.
-    fill: std::sync::Mutex<Option<cache::Fill>>,
-    /// What the source answered with: its validator and size.
-    answered: std::sync::Mutex<ranged::Pinned>,
-}
-
-impl ChunkSender {
-    fn new(tx: Sender<Piece>) -> Self {
-        ChunkSender {
-            tx,
-            sent: AtomicU64::new(0),
-            failed: AtomicBool::new(false),
-            fill: std::sync::Mutex::new(None),
-            answered: std::sync::Mutex::new(ranged::Pinned::default()),
-        }
-    }
-
-    /// Also writes the bytes sent to `fill`, named once every byte was sent.
-    fn tee(&self, fill: cache::Fill) {
-        *self.fill.lock().unwrap_or_else(|e| e.into_inner()) = Some(fill);
-    }
-
-    /// Notes what the source answered with (its validator and size).
-    fn note_answer(&self, pinned: &ranged::Pinned) {
-        *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = pinned.clone();
-    }
-
-    /// Sends bytes or an error; `Err` when the reader is gone.
-    fn send(&self, item: ChunkResult) -> std::result::Result<(), ConsumerGone> {
-        let piece = match item {
-            Ok(chunk) => {
-                if let Some(fill) = self.fill.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-                    fill.write(&chunk.bytes);
-                }
-                self.sent
-                    .fetch_add(chunk.bytes.len() as u64, Ordering::SeqCst);
-                Piece::Bytes(chunk)
-            }
-            Err(error) => {
-                self.failed.store(true, Ordering::SeqCst);
-                // Dropped: its temporary file is removed.
-                self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
-                Piece::Failed(error)
-            }
-        };
-        self.tx.send(piece).map_err(|_| ConsumerGone)
-    }
-
-    /// Bytes sent so far.
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::SeqCst)
-    }
-
-    /// Tells the reader that every byte was sent, unless an error was.
-    fn finish(&self) {
-        if !self.failed.load(Ordering::SeqCst) {
-            let fill = self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let Some(fill) = fill {
-                let answered = self.answered.lock().unwrap_or_else(|e| e.into_inner());
-                let size = answered.size.filter(|_| answered.confirmed);
-                fill.commit(answered.validator().as_deref(), size);
-            }
-            let _ = self.tx.send(Piece::End { bytes: self.sent() });
-        }
-    }
-}
-
-/// One read: a shard, or a byte range of it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FetchUnit {
-    /// Shard URL, for errors.
-    pub url: String,
-    /// Where its bytes are.
-    pub location: Location,
-    /// Bytes to read; `None` for the whole shard.
-    pub range: Option<std::ops::Range<u64>>,
-    /// The shard's size, when known.
-    pub size: Option<u64>,
-    /// The shard's ETag, when listed.
-    pub etag: Option<String>,
-}
 
 /// Settings of a [`ReadAhead`].
 #[derive(Debug, Clone)]
@@ -218,14 +94,16 @@ impl ReadAhead {
         let budget_total = options.budget_bytes.max(chunk_bytes);
         let cancelled = Arc::new(AtomicBool::new(false));
         let (shard_tx, shard_rx) = mpsc::channel();
-        let task = Fetcher {
-            budget: Arc::new(Semaphore::new(budget_total)),
-            cancelled: cancelled.clone(),
-            chunk_bytes,
-            io_timeout: options.io_timeout,
-            counters: counters.clone(),
-            budget_total,
-            s3_options: Arc::new(options.s3),
+        let task = Dispatcher {
+            fetcher: Fetcher {
+                budget: Arc::new(Semaphore::new(budget_total)),
+                cancelled: cancelled.clone(),
+                chunk_bytes,
+                io_timeout: options.io_timeout,
+                counters: counters.clone(),
+                budget_total,
+                s3_options: Arc::new(options.s3),
+            },
             s3: Arc::new(tokio::sync::OnceCell::new()),
             http: Arc::new(std::sync::OnceLock::new()),
             cache: options.cache.and_then(cache::Cache::open).map(Arc::new),
@@ -293,16 +171,12 @@ impl Drop for ReadAhead {
     }
 }
 
-/// Reads shards into chunks, within a byte budget of its own.
+/// Reads shards into chunks, within a byte budget of its own: hands each
+/// unit to its store's reader, with the clients made once and the cache.
 #[derive(Clone)]
-struct Fetcher {
-    budget: Arc<Semaphore>,
-    cancelled: Arc<AtomicBool>,
-    chunk_bytes: usize,
-    io_timeout: Duration,
-    counters: Arc<Counters>,
-    budget_total: usize,
-    s3_options: Arc<S3Options>,
+struct Dispatcher {
+    /// The budget and settings every store's reader takes.
+    fetcher: Fetcher,
     /// Made at the first S3 unit, in the reading process.
     s3: Arc<tokio::sync::OnceCell<Arc<s3::S3Client>>>,
     /// Made at the first HTTP(S) unit, in the reading process.
@@ -311,7 +185,7 @@ struct Fetcher {
     cache: Option<Arc<cache::Cache>>,
 }
 
-impl Fetcher {
+impl Dispatcher {
     /// Reads `units`, handing their readers over in order. Remote units go
     /// through one [`queue::PartQueue`] as parts issued in plan order over
     /// the whole budget (with `max_concurrency` 1, each is one streaming
@@ -470,7 +344,7 @@ impl Fetcher {
             .flatten();
         if hit.is_none() {
             if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit, identity)) {
-                chunk_tx.tee(fill);
+                chunk_tx.tee(Box::new(fill));
             }
         }
         hit
@@ -551,27 +425,13 @@ impl Fetcher {
         chunk_tx.finish();
         Ok(())
     }
+}
 
-    /// Waits for budget for `len` bytes; `None` once cancelled.
-    async fn reserve(&self, len: usize) -> Option<OwnedSemaphorePermit> {
-        let permits = u32::try_from(len).expect("chunk_bytes fits u32");
-        self.budget.clone().acquire_many_owned(permits).await.ok()
-    }
+impl std::ops::Deref for Dispatcher {
+    type Target = Fetcher;
 
-    fn count(&self, counter: Counter, n: u64) {
-        self.counters.add(counter, n);
-    }
-
-    /// Records the bytes of the budget held now, if the most so far.
-    fn note_budget_held(&self) {
-        let held = self.budget_total - self.budget.available_permits();
-        self.counters
-            .raise(Counter::ReadAheadPeakBytes, held as u64);
-    }
-
-    /// The read-ahead budget in bytes.
-    fn budget_bytes(&self) -> usize {
-        self.budget_total
+    fn deref(&self) -> &Fetcher {
+        &self.fetcher
     }
 }
 
@@ -881,9 +741,6 @@ fn expected_len(unit: &FetchUnit) -> Option<u64> {
     }
 }
 
-/// Marker: the consumer has gone, stop fetching.
-struct ConsumerGone;
-
 /// A blocking reader of one shard's bytes, fed by the [`ReadAhead`].
 pub struct ShardReader {
     url: String,
@@ -1095,6 +952,7 @@ impl Read for ShardReader {
 mod tests {
     use std::path::Path;
 
+    use super::fetch::Chunk;
     use super::*;
 
     fn read_ahead(path: &Path, chunk_bytes: usize) -> ReadAhead {

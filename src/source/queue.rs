@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
-use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use super::ranged::{short_part, stream_range, Pinned, RangedObject, Sample, Tap, Target};
 use crate::error::Error;
 use crate::stats::Counter;
@@ -1100,7 +1100,7 @@ async fn deliver(
         let sent = match result {
             Ok((bytes, pinned)) => {
                 if first {
-                    tx.note_answer(&pinned);
+                    tx.note_answer(pinned.validator(), pinned.size.filter(|_| pinned.confirmed));
                     first = false;
                 }
                 // A first part cut short by the object's end gives back
@@ -1277,9 +1277,6 @@ mod tests {
                 max_concurrency,
                 ..S3Options::default()
             }),
-            s3: Arc::new(tokio::sync::OnceCell::new()),
-            http: Arc::new(std::sync::OnceLock::new()),
-            cache: None,
         }
     }
 

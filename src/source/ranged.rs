@@ -3,7 +3,7 @@
 //! the bytes asked for, the validator a resume is pinned to, budgeted
 //! chunks, the body-streaming loop every read of a range goes through
 //! ([`stream_range`]), and one streaming read of a unit (parallel parts
-//! are [`super::queue`]'s).
+//! are the part queue's, `queue.rs`).
 
 use std::future::Future;
 use std::ops::Range;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
 use crate::stats::{Counter, Counters};
@@ -346,7 +346,7 @@ pub(super) struct Answer {
 /// to send one GET of a range of it and check its answer. [`stream_range`]
 /// streams a range with such GETs, retried and resumed; [`read_ranged`]
 /// reads a unit of any such object within the read-ahead budget as one
-/// streaming request, [`super::queue`] as parallel ranged requests.
+/// streaming request, the part queue (`queue.rs`) as parallel ranged requests.
 pub(super) trait RangedObject: Send + Sync + 'static {
     /// The object's URL, for errors.
     fn url(&self) -> &str;
@@ -583,7 +583,7 @@ fn gone_means_changed(error: Error, pinned: &Pinned, url: &str, position: u64) -
 /// Reads the unit's object (or byte range of it) as one streaming GET
 /// (resumed where it breaks) into budgeted chunks sent to `tx`, so that
 /// parsing starts with its first bytes. Used with `max_concurrency` 1;
-/// otherwise [`super::queue::PartQueue`] reads remote units as parts.
+/// otherwise the part queue (`queue.rs`) reads remote units as parts.
 pub(super) async fn read_ranged<O: RangedObject>(
     fetcher: &Fetcher,
     object: Arc<O>,
@@ -618,7 +618,7 @@ pub(super) async fn read_ranged<O: RangedObject>(
         Err(ConsumerGone) => return Ok(()),
         Ok(result) => result,
     };
-    tx.note_answer(&pinned);
+    tx.note_answer(pinned.validator(), pinned.size.filter(|_| pinned.confirmed));
     if target.flush().is_err() {
         return Ok(());
     }

@@ -15,11 +15,11 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
 use aws_sdk_s3::primitives::ByteStream;
 
+use super::fetch::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use super::ranged::{
     cause_chain, check_response, error_chain, read_ranged, Answer, Body, Failure, NextBytes,
     Pinned, RangedObject, Retries, MAX_CHAIN,
 };
-use super::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use crate::config::S3Options;
 use crate::error::Error;
 use crate::stats::Counters;

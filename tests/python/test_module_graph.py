@@ -97,6 +97,179 @@ def module_graph(src: Path) -> tuple[Graph, Where, set[str]]:
     return graph, where, modules
 
 
+def module_paths(src: Path) -> dict[str, Path]:
+    """Every module of the crate by its path (``source::queue``; ``crate``
+    for lib.rs) -> its file; src/bin/ is not part of the library."""
+    out = {}
+    for path in sorted(src.rglob("*.rs")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[0] == "bin":
+            continue
+        if parts[-1] in ("mod", "lib"):
+            parts = parts[:-1]
+        out["::".join(parts) or "crate"] = path
+    return out
+
+
+def production_text(text: str) -> str:
+    """A file's text before its ``#[cfg(test)] mod tests`` (test code may
+    reach anywhere: it is not part of the library's graph), with
+    visibilities (``pub(in crate::source)``, which name no import) blanked."""
+    m = re.search(r"^\s*#\[cfg\(test\)\]\s*\n\s*mod \w+\s*\{", text, re.M)
+    text = text[: m.start()] if m else text
+    return re.sub(r"pub\(in [\w:]+\)", lambda v: " " * len(v.group(0)), text)
+
+
+def tree_paths(text: str, open_at: int) -> tuple[list[str], int]:
+    """The paths of the use tree whose brace group opens at
+    ``text[open_at]``, expanded (``{a::{b, c}, d}`` -> ``a::b``, ``a::c``,
+    ``d``), and where the group closes."""
+    paths, prefix, i, item = [], "", open_at + 1, ""
+    while i < len(text):
+        c = text[i]
+        if c == "{":
+            inner, i = tree_paths(text, i)
+            head = re.sub(r"\s+", "", item).rstrip(":")
+            paths.extend(f"{head}::{p}" if head else p for p in inner)
+            item = ""
+        elif c in ",}":
+            head = re.sub(r"\s+", "", item)
+            if head:
+                paths.append(prefix + re.split(r"\bas\b", head)[0].strip())
+            item = ""
+            if c == "}":
+                return paths, i
+        else:
+            item += c
+        i += 1
+    raise AssertionError(f"unclosed brace group at {open_at}")
+
+
+def rooted_paths(text: str) -> list[tuple[str, int, int]]:
+    """Each path beginning with ``crate``, ``super`` or ``self`` in
+    ``text`` (brace groups expanded), with its line number and offset."""
+    found = []
+    pattern = r"(?<![\w:])((?:crate|super|self)(?:::(?:\w+|\{))+)"
+    for m in re.finditer(pattern, text):
+        line = text.count("\n", 0, m.start()) + 1
+        path = m.group(1)
+        if path.endswith("{"):
+            inner, _ = tree_paths(text, m.end() - 1)
+            found.extend(
+                (f"{path[:-3]}::{p}" if p != "self" else path[:-3], line, m.start()) for p in inner
+            )
+        else:
+            found.append((path, line, m.start()))
+    return found
+
+
+def inline_module_spans(text: str) -> list[tuple[int, int]]:
+    """Where each inline module (``mod x { ... }``) of a file begins and
+    ends."""
+    spans = []
+    for m in re.finditer(r"(?<![\w:])mod \w+\s*\{", text):
+        depth = 0
+        for i in range(m.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                spans.append((m.start(), i))
+                break
+    return spans
+
+
+def child_modules(text: str) -> set[str]:
+    """The submodules a file declares (``mod x;``, ``pub mod x;``)."""
+    return set(re.findall(r"^\s*(?:pub(?:\([\w:]+\))?\s+)?mod (\w+);", text, re.M))
+
+
+def parent(module: str) -> str:
+    return module.rpartition("::")[0] or "crate"
+
+
+def join(module: str, name: str) -> str:
+    return name if module == "crate" else f"{module}::{name}"
+
+
+class Resolver:
+    """Where a path leads: the deepest module it names, names re-exported
+    by ``pub use`` followed to the module that defines them."""
+
+    def __init__(self, modules: dict[str, Path]):
+        self.modules = modules
+        self.exports: dict[tuple[str, str], str] = {}
+        for module, path in modules.items():
+            text = production_text(path.read_text())
+            # `#[macro_export]` puts a macro at the crate's root.
+            macros = r"#\[macro_export\]\s*(?:#\[[^\]]*\]\s*)*macro_rules!\s*(\w+)"
+            for name in re.findall(macros, text):
+                self.exports[("crate", name)] = module
+            children = child_modules(text)
+            for m in re.finditer(r"^\s*pub(?:\([\w:]+\))? use ([^;]+);", text, re.M):
+                tree = m.group(1).strip()
+                if "{" in tree:
+                    at = tree.index("{")
+                    head = tree[:at].rstrip(":")
+                    inner, _ = tree_paths(tree, at)
+                    items = [f"{head}::{p}" if head else p for p in inner]
+                else:
+                    items = [tree]
+                for item in items:
+                    item = re.split(r"\s+as\s+", item)[0]
+                    name = item.rsplit("::", 1)[-1]
+                    first = item.split("::", 1)[0]
+                    if first in children:
+                        item = "self::" + item
+                    if first in ("crate", "super", "self") or first in children:
+                        self.exports[(module, name)] = self.module_of(module, item)
+
+    def module_of(self, module: str, path: str, depth: int = 0) -> str:
+        """The module that ``path``, written in ``module``, leads to."""
+        parts = path.split("::")
+        at = module
+        while parts and parts[0] in ("crate", "super", "self"):
+            head = parts.pop(0)
+            at = "crate" if head == "crate" else parent(at) if head == "super" else at
+        for part in parts:
+            if join(at, part) in self.modules:
+                at = join(at, part)
+                continue
+            alias = self.exports.get((at, part))
+            if alias is not None and depth < 8 and alias != at:
+                return alias
+            break
+        return at
+
+
+def every_module_graph(src: Path) -> tuple[Graph, Where]:
+    """Arrows between every pair of modules (folders' modules and their
+    files included): ``crate::``, ``super::`` and ``self::`` paths, and a
+    parent's paths through its own submodules (``queue::Part`` in
+    ``source/mod.rs``), each to the deepest module it names."""
+    modules = module_paths(src)
+    resolver = Resolver(modules)
+    graph: Graph = defaultdict(set)
+    where: Where = defaultdict(list)
+    for module, path in modules.items():
+        text = production_text(path.read_text())
+        paths = rooted_paths(text)
+        for child in child_modules(text):
+            for m in re.finditer(rf"(?<![\w:]){child}::", text):
+                line = text.count("\n", 0, m.start()) + 1
+                paths.append((f"self::{child}", line, m.start()))
+        inline = inline_module_spans(text)
+        for rooted, line, at in paths:
+            # `super::` inside `mod x { ... }` of this file names this file's module.
+            depth = sum(start <= at < end for start, end in inline)
+            while depth and rooted.startswith("super::"):
+                rooted, depth = "self::" + rooted[len("super::") :], depth - 1
+            target = resolver.module_of(module, rooted)
+            if target == module:
+                continue
+            graph[module].add(target)
+            where[(module, target)].append(f"{path.relative_to(src.parent)}:{line}")
+    return graph, where
+
+
 def components(graph: Graph) -> list[list[str]]:
     """Strongly connected components of ``graph`` (Tarjan, iterative)."""
     nodes = sorted(set(graph) | {w for ws in graph.values() for w in ws})
@@ -230,3 +403,35 @@ def test_the_check_finds_cycles_and_reads_groups(tmp_path: Path):
 def test_components(graph: Graph, expected: list[list[str]]):
     found = sorted(c for c in components(graph) if len(c) > 1)
     assert found == expected
+
+
+def test_no_module_of_any_depth_imports_one_that_imports_it_back():
+    """The same for every module, folders' files included: a child that
+    imports from its parent while the parent imports from it is a cycle."""
+    graph, where = every_module_graph(SRC)
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 100, "the graph was not read"
+    report = describe_cycles(graph, where)
+    assert not report, "import cycle between Rust modules:\n" + report
+
+
+def test_the_every_module_check_sees_parents_children_and_reexports(tmp_path: Path):
+    src = tmp_path / "src"
+    (src / "s").mkdir(parents=True)
+    (src / "lib.rs").write_text("pub mod s;\npub mod t;\n")
+    (src / "s" / "mod.rs").write_text(
+        "mod q;\nmod c;\npub use c::Chunk;\nfn f() { let _ = q::Part::new(); }\n"
+        "#[cfg(test)]\nmod tests {\n    use crate::t::X;\n}\n"
+    )
+    # A visibility names no import.
+    (src / "s" / "c.rs").write_text("pub struct Chunk;\npub(in crate::s) struct Inner;\n")
+    (src / "s" / "q.rs").write_text("use super::{c::Chunk, Other};\npub struct Part;\n")
+    (src / "t.rs").write_text("use crate::s::{self, Chunk};\n")
+    graph, where = every_module_graph(src)
+    # `super::Other` names the parent; `crate::s::Chunk` leads to s::c; the
+    # test module's import of t is not an arrow.
+    assert graph == {"s": {"s::q", "s::c"}, "s::q": {"s::c", "s"}, "t": {"s", "s::c"}}
+    report = describe_cycles(graph, where)
+    assert "s -> s::q -> s" in report, report
+    assert "s::q -> s: src/s/q.rs:1" in report, report
+    (src / "s" / "q.rs").write_text("use super::c::Chunk;\npub struct Part;\n")
+    assert describe_cycles(*every_module_graph(src)) == ""

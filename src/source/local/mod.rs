@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher, SHARE_MIN_BYTES};
 use crate::error::Error;
 use crate::stats::Counter;
 
@@ -634,7 +634,7 @@ pub struct MappedView(Bytes);
 impl MappedView {
     /// `bytes` held, when they are a view of a mapped chunk.
     pub fn of(bytes: &Bytes) -> Option<Self> {
-        if bytes.len() < super::SHARE_MIN_BYTES {
+        if bytes.len() < SHARE_MIN_BYTES {
             return None; // Shorter members are never views.
         }
         mapped_place(bytes).map(|_| MappedView(bytes.clone()))
