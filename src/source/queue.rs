@@ -537,12 +537,6 @@ impl Tuner {
             _ => 0,
         }
     }
-
-    /// The way chosen now.
-    #[cfg(test)]
-    fn chosen(&self) -> Mode {
-        self.lock().chosen
-    }
 }
 
 impl Tuning {
@@ -639,10 +633,6 @@ impl Iterator for PartPlan {
 /// delivered first).
 type FirstAnswer = Option<Result<Pinned, ()>>;
 
-/// Parts by object URL, in the order issued (tests check the order).
-#[cfg(test)]
-type PartLog = Arc<std::sync::Mutex<Vec<(String, Range<u64>)>>>;
-
 /// The result of a part's fetch: its bytes and what the answer told.
 type PartResult = Result<(Vec<u8>, Pinned), Error>;
 
@@ -689,9 +679,6 @@ pub(super) struct PartQueue {
     window: usize,
     /// Units whose later parts are not issued yet, oldest first.
     opened: VecDeque<Opened>,
-    /// Every part issued, in order (tests check the order).
-    #[cfg(test)]
-    issued: PartLog,
 }
 
 impl PartQueue {
@@ -707,8 +694,6 @@ impl PartQueue {
             tuner: Arc::default(),
             window: look_ahead_units(options.max_concurrency),
             opened: VecDeque::new(),
-            #[cfg(test)]
-            issued: Arc::default(),
         }
     }
 
@@ -751,19 +736,13 @@ impl PartQueue {
             return Ok(deliverer);
         };
         let (answer_tx, answer) = watch::channel(None);
-        #[cfg(test)]
-        let issued = self.issued.clone();
         let shared = Arc::new(Shared {
             tap: Tap::default(),
             ended: watch::Sender::new(BTreeSet::new()),
             sizes: self.sizes.clone(),
         });
         let spawn: SpawnPart = Box::new(move |part, issue, slot| {
-            #[cfg(test)]
-            issued
-                .lock()
-                .unwrap()
-                .push((object.url().to_owned(), part.clone()));
+            object.part_issued(&part);
             tokio::spawn(fetch_part(
                 object.clone(),
                 part,
@@ -1146,14 +1125,15 @@ mod tests {
     use crate::location::Location;
     use crate::stats::Counters;
 
-    /// An object in memory: it logs every request, answers after a few
-    /// scheduler turns, and fails the request of the part at `fail_at`.
+    /// An object in memory: it logs every part issued of it and every
+    /// request, answers after a few scheduler turns, and fails the request of the part at `fail_at`.
     /// With `ignore_range`, it answers every GET with the whole object
     /// (as a web server that ignores `Range` does), its body breaking once
     /// at `break_at`.
     struct MemoryObject {
         url: String,
         bytes: Arc<Vec<u8>>,
+        issued: PartLog,
         log: PartLog,
         fail_at: Option<u64>,
         ignore_range: bool,
@@ -1161,6 +1141,9 @@ mod tests {
         options: S3Options,
         counters: Counters,
     }
+
+    /// Parts by object URL, in the order issued or requested.
+    type PartLog = Arc<Mutex<Vec<(String, Range<u64>)>>>;
 
     /// A body of `bytes[at..end]`, sent in pieces of 10,000 bytes, that
     /// breaks at `break_at`.
@@ -1203,6 +1186,13 @@ mod tests {
 
         fn counters(&self) -> &Counters {
             &self.counters
+        }
+
+        fn part_issued(&self, part: &Range<u64>) {
+            self.issued
+                .lock()
+                .unwrap()
+                .push((self.url.clone(), part.clone()));
         }
 
         async fn get(
@@ -1324,6 +1314,7 @@ mod tests {
         let fetcher = fetcher(budget, part_size, max_concurrency);
         let counters = fetcher.counters.clone();
         let log = Arc::new(Mutex::new(Vec::new()));
+        let issued = Arc::new(Mutex::new(Vec::new()));
         let objects: Vec<_> = sizes
             .iter()
             .enumerate()
@@ -1331,6 +1322,7 @@ mod tests {
                 let object = MemoryObject {
                     url: format!("mem://{i}"),
                     bytes: Arc::new(content(i, len)),
+                    issued: issued.clone(),
                     log: log.clone(),
                     fail_at: faults.fail.filter(|f| f.0 == i).map(|f| f.1),
                     ignore_range: faults.ignore_range,
@@ -1355,7 +1347,6 @@ mod tests {
         let (shard_tx, shards) = std::sync::mpsc::channel();
         let count = objects.len();
         let mut queue = PartQueue::new(&fetcher);
-        let issued = queue.issued.clone();
         runtime.spawn(async move {
             let mut in_flight = VecDeque::new();
             for (object, unit) in objects {
@@ -1533,7 +1524,7 @@ mod tests {
             serial.step(mib, 64 * mib, t3),
             Step::Issue(Mode::Stream, None)
         );
-        assert_eq!(serial.chosen(), Mode::Stream);
+        assert_eq!(serial.lock().chosen, Mode::Stream);
         // The parts still in flight end; the stream holds FIRST_HOLD parts,
         // then both ways are probed again, parts first.
         for _ in 0..3 {
@@ -1564,7 +1555,7 @@ mod tests {
             remote.step(mib, 64 * mib, t2),
             Step::Issue(Mode::Parts, None)
         );
-        assert_eq!(remote.chosen(), Mode::Parts);
+        assert_eq!(remote.lock().chosen, Mode::Parts);
     }
 
     #[test]

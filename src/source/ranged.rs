@@ -357,6 +357,12 @@ pub(super) trait RangedObject: Send + Sync + 'static {
     /// Where requests, bytes, resumes and retries are counted.
     fn counters(&self) -> &Counters;
 
+    /// Told of each part of it a part queue issues, in the order issued,
+    /// before the part's request is sent (a request may then be retried or
+    /// resumed); nothing by default. The part queue's tests watch its
+    /// issue order here.
+    fn part_issued(&self, _part: &Range<u64>) {}
+
     /// Sends one GET of the bytes from `position` to `end` (exclusive;
     /// `None`: the object's end; with `clamp`, the object may end first),
     /// pinned to `pinned`'s validator, and takes its answer if it carries
