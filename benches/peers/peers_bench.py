@@ -911,6 +911,60 @@ def failed_runs(failures: dict[tuple[str, int, str], list[str]]) -> str:
     return "\n".join(lines)
 
 
+def best_peer_ratios(
+    cells: dict[tuple[str, int, str], list[dict[str, Any]]],
+) -> dict[tuple[str, int, str], tuple[float, list[float]]]:
+    """Each shardstream cell against the fastest peer of its repetition: per
+    repetition, its samples/s over the highest samples/s any other library
+    reached in that repetition (runs are interleaved, so the k-th timed runs
+    of the cells of one profile and worker count ran side by side); the
+    median of those ratios and the ratios themselves."""
+
+    def rates(runs: list[dict[str, Any]]) -> list[float]:
+        return [r["samples"] / r["seconds"] for r in runs if not r["cold_cache"]]
+
+    ratios = {}
+    for (profile, workers, library), runs in cells.items():
+        if not library.startswith("shardstream"):
+            continue
+        peers = [
+            rates(other)
+            for (p, w, name), other in cells.items()
+            if (p, w) == (profile, workers) and not name.startswith("shardstream")
+        ]
+        ours = rates(runs)
+        per_repetition = [
+            ours[k] / max(peer[k] for peer in peers if k < len(peer))
+            for k in range(len(ours))
+            if any(k < len(peer) for peer in peers)
+        ]
+        if per_repetition:
+            ratios[(profile, workers, library)] = (
+                statistics.median(per_repetition),
+                per_repetition,
+            )
+    return ratios
+
+
+def best_peer_table(ratios: dict[tuple[str, int, str], tuple[float, list[float]]]) -> str:
+    """The ratios of `best_peer_ratios` as a Markdown table."""
+    if not ratios:
+        return ""
+    lines = [
+        "",
+        "",
+        "shardstream against the fastest peer of each repetition (samples/s; median of the "
+        "per-repetition ratios, then each repetition's):",
+        "",
+        "| profile | workers | library | x best peer | per repetition |",
+        "|---|---|---|---|---|",
+    ]
+    for (profile, workers, library), (median, each) in ratios.items():
+        runs = ", ".join(f"{r:.2f}" for r in each)
+        lines.append(f"| {profile} | {workers} | {library} | {median:.2f}x | {runs} |")
+    return "\n".join(lines)
+
+
 def ratio(value: float, base: float | None) -> str:
     """`value` over `base`, as "1.23x"."""
     return f"{value / base:.2f}x" if base else "-"
@@ -1152,7 +1206,8 @@ def main() -> None:
     )
     if s3:
         header += S3_METHOD
-    table = markdown(results, header) + failed_runs(failures)
+    table = markdown(results, header) + best_peer_table(best_peer_ratios(cells))
+    table += failed_runs(failures)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.md").write_text(table + "\n")
     (args.out / f"{stem}.json").write_text(

@@ -208,6 +208,33 @@ def test_report_medians_and_ratios(bench: ModuleType) -> None:
     assert base.endswith("| 1.00 / - |")
 
 
+def test_best_peer_ratio_pairs_the_runs_of_each_repetition(bench: ModuleType) -> None:
+    def runs(library: str, seconds: list[float]) -> list[dict[str, Any]]:
+        cold = {"library": library, "samples": 1200, "seconds": 1.0, "cold_cache": True}
+        timed = [
+            {"library": library, "samples": 1200, "seconds": s, "cold_cache": False}
+            for s in seconds
+        ]
+        return [cold, *timed]
+
+    cells = {
+        ("small", 0, "shardstream"): runs("shardstream", [1.0, 2.0, 1.0]),
+        ("small", 0, "shardstream (Rust batches)"): runs("shardstream", [1.0, 1.0]),
+        # The fastest peer differs by repetition: 3 s, then 2 s (LitData),
+        # then 1.5 s (webdataset).
+        ("small", 0, "webdataset"): runs("webdataset", [4.0, 3.0, 1.5]),
+        ("small", 0, "litdata"): runs("litdata", [3.0, 2.0, 4.0]),
+        ("small", 2, "webdataset"): runs("webdataset", [1.0]),
+    }
+    ratios = bench.best_peer_ratios(cells)
+    assert set(ratios) == {("small", 0, "shardstream"), ("small", 0, "shardstream (Rust batches)")}
+    median, each = ratios[("small", 0, "shardstream")]
+    assert each == [3.0, 1.0, 1.5] and median == 1.5
+    assert ratios[("small", 0, "shardstream (Rust batches)")] == (2.5, [3.0, 2.0])
+    table = bench.best_peer_table(ratios)
+    assert "| small | 0 | shardstream | 1.50x | 3.00, 1.00, 1.50 |" in table
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_s3_mode_epoch_reads_the_published_objects_once(
     bench: ModuleType,
