@@ -18,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
 use crate::format::SampleId;
-use crate::plan::cut::{self, Piece};
-use crate::plan::{self, PlanParams, SlotSpec, WorkUnit};
+use crate::plan::cut::Piece;
+use crate::plan::resume::{self, Replanner};
+use crate::plan::{self, SlotSpec, WorkUnit};
 use crate::shard::{Shard, ShardKind};
 
 /// The `format` field of every state.
@@ -573,17 +574,17 @@ pub fn resolve(
         None => Ok(Start {
             epoch,
             resumed_from: None,
-            units: dataset.slot_plan(epoch, slot),
+            units: dataset.plans.slot_plan(epoch, slot),
             mirror: Mirror::start(),
             finished: false,
         }),
         Some(Resume::Exact(state)) => {
             check_exact(&state, fingerprint, slot)?;
             let units = match &state.resumed_from {
-                None => dataset.slot_plan(state.epoch, slot),
+                None => dataset.plans.slot_plan(state.epoch, slot),
                 Some(from) => {
                     let split = dataset.split(from, "resumed_from", Some(state.epoch))?;
-                    dataset.slot_cut(&split.remaining, slot)
+                    dataset.plans.slot_recut(&split.remaining, slot)
                 }
             };
             dataset.check_slot(&state, &units, "")?;
@@ -599,7 +600,7 @@ pub fn resolve(
             // Always split anew, even onto the same layout: the old slots
             // may have produced different amounts.
             let split = dataset.split(&states, "slots", None)?;
-            let units = dataset.slot_cut(&split.remaining, slot);
+            let units = dataset.plans.slot_recut(&split.remaining, slot);
             Ok(Start {
                 epoch: split.epoch,
                 resumed_from: Some(split.states),
@@ -678,68 +679,28 @@ struct Split {
 
 /// What states are checked against.
 struct Dataset<'a> {
-    shards: &'a [Shard],
     options: &'a StreamOptions,
     fingerprint: &'a str,
     /// Sample count of each shard, where known.
     counts: Vec<Option<u64>>,
+    /// The dataset's plans for any layout.
+    plans: Replanner,
 }
 
 impl<'a> Dataset<'a> {
-    fn new(shards: &'a [Shard], options: &'a StreamOptions, fingerprint: &'a str) -> Self {
+    fn new(shards: &[Shard], options: &'a StreamOptions, fingerprint: &'a str) -> Self {
+        let infos: Vec<_> = shards.iter().map(Shard::info).collect();
         Dataset {
-            shards,
             options,
             fingerprint,
-            counts: shards.iter().map(|s| s.info().samples).collect(),
+            counts: infos.iter().map(|info| info.samples).collect(),
+            plans: Replanner::new(
+                infos,
+                options.seed,
+                options.shuffle_shards,
+                options.remainder,
+            ),
         }
-    }
-
-    /// The plan inputs of `epoch` for `world_size` x `num_workers` slots.
-    fn params(&self, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
-        PlanParams {
-            seed: self.options.seed,
-            epoch,
-            shuffle_shards: self.options.shuffle_shards,
-            world_size,
-            num_workers,
-            remainder: self.options.remainder,
-        }
-    }
-
-    /// Every slot's units of `epoch`'s plan for `world_size` x `num_workers` slots.
-    fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
-        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
-        plan::plan_epoch(&infos, &self.params(epoch, world_size, num_workers)).slots
-    }
-
-    /// `slot`'s units of `epoch`'s plan, planned without the other slots'.
-    fn slot_plan(&self, epoch: u64, slot: &SlotSpec) -> Vec<WorkUnit> {
-        let infos: Vec<_> = self.shards.iter().map(Shard::info).collect();
-        let params = self.params(epoch, slot.world_size, slot.num_workers);
-        plan::slot_units(&infos, &params, slot)
-    }
-
-    /// Every slot's units when `runs` are cut anew for `world_size` x `num_workers` slots.
-    fn cut(&self, runs: &[Piece], world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
-        plan::units_of_pieces(cut::cut_runs(
-            runs,
-            world_size,
-            num_workers,
-            self.options.remainder,
-        ))
-    }
-
-    /// `slot`'s units when `runs` are cut anew for its layout, cut without
-    /// the other slots'.
-    fn slot_cut(&self, runs: &[Piece], slot: &SlotSpec) -> Vec<WorkUnit> {
-        let pieces = cut::cut_runs_slot(
-            runs,
-            (slot.world_size, slot.num_workers),
-            self.options.remainder,
-            slot.slot(),
-        );
-        plan::units_of_pieces(vec![pieces]).swap_remove(0)
     }
 
     /// Checks that `states` (named `path` in errors) are every slot of one
@@ -793,18 +754,17 @@ impl<'a> Dataset<'a> {
         }
         let (epoch, world_size, num_workers) = layout;
         let by_slot = self.every_slot(states, path, world_size, num_workers)?;
-        let counts: Option<Vec<u64>> = self.counts.iter().copied().collect();
-        if counts.is_none() {
+        if !self.plans.counts_known() {
             return Err(Error::StateMismatch(
                 "elastic resume needs sample counts: build a manifest with `shardstream index`"
                     .into(),
             ));
         }
         let mut slot_units = match &first.resumed_from {
-            None => self.plan(epoch, world_size, num_workers),
+            None => self.plans.plan(epoch, world_size, num_workers),
             Some(from) => {
                 let inner = self.split(from, &format!("{path}[0].resumed_from"), Some(epoch))?;
-                self.cut(&inner.remaining, world_size, num_workers)
+                self.plans.recut(&inner.remaining, world_size, num_workers)
             }
         };
         let mut remaining = Vec::new();
@@ -1050,11 +1010,11 @@ impl<'a> Dataset<'a> {
             let error = |reason: String| field_error(prefix, &format!("buffer[{i}]"), reason);
             let shard_index = usize::try_from(shard)
                 .ok()
-                .filter(|&s| s < self.shards.len())
+                .filter(|&s| s < self.counts.len())
                 .ok_or_else(|| {
                     error(format!(
                         "shard {shard} is not below the dataset's {} shards",
-                        self.shards.len()
+                        self.counts.len()
                     ))
                 })?;
             if let Some(count) = self.counts[shard_index] {
@@ -1104,30 +1064,16 @@ fn passed(units: &[WorkUnit], cursor: Cursor) -> Option<(u64, u64)> {
 /// What a checked slot state had not handed out: its held samples, then
 /// the rest of its current unit, then its later units.
 fn remaining_of(state: &SlotState, units: &[WorkUnit]) -> Vec<Piece> {
-    let mut runs: Vec<Piece> = state
-        .buffer_ids()
-        .into_iter()
-        .map(|id| Piece {
-            shard: id.shard,
-            samples: id.index..id.index + 1,
-        })
-        .collect();
-    for (position, unit) in units.iter().enumerate().skip(state.cursor.unit) {
-        let Some(full) = unit.samples.clone() else {
-            continue;
-        };
-        let start = match state.cursor.next_sample {
-            Some(next) if position == state.cursor.unit => next.max(full.start),
-            _ => full.start,
-        };
-        if start < full.end {
-            runs.push(Piece {
-                shard: unit.shard,
-                samples: start..full.end,
-            });
-        }
-    }
-    runs
+    let held = state.buffer_ids().into_iter().map(|id| Piece {
+        shard: id.shard,
+        samples: id.index..id.index + 1,
+    });
+    held.chain(resume::unread(
+        units,
+        state.cursor.unit,
+        state.cursor.next_sample,
+    ))
+    .collect()
 }
 
 #[cfg(test)]

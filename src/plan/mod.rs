@@ -4,6 +4,7 @@
 pub mod cut;
 pub mod mix;
 pub mod order;
+pub mod resume;
 pub mod slot;
 
 use std::cmp::Reverse;
