@@ -318,7 +318,8 @@ pub struct StreamOptions {
     /// Size of one read from storage.
     pub chunk_bytes: usize,
     /// Samples queued for the consumer. They are sent in groups of
-    /// `output_queue / 4` (1 to 16), so up to one more group may wait.
+    /// `output_queue / 4` (1 to 64), a group going out early once its
+    /// samples hold 1 MiB, so up to one more group may wait.
     pub output_queue: usize,
     /// Longest wait for the next bytes of a shard.
     pub io_timeout: Duration,
@@ -828,7 +829,7 @@ impl Default for StreamOptions {
             shuffle_initial: 100,
             read_ahead_bytes: 32 << 20,
             chunk_bytes: 1 << 20,
-            output_queue: 64,
+            output_queue: 256,
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
             remainder: Remainder::Drop,
