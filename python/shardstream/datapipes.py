@@ -75,7 +75,7 @@ class StreamingPipe(IterDataPipe[Any]):
         elif sharding_group == SHARDING_PRIORITIES.MULTIPROCESSING:
             ds.worker_id, ds.num_workers = instance_id, num_of_instances
             # This process is a worker: it advances its own epochs.
-            ds._pipe_worker = (instance_id, num_of_instances)
+            ds._epochs.pipe_worker = (instance_id, num_of_instances)
         else:
             ds.rank, ds.world_size = instance_id, num_of_instances
             ds.worker_id, ds.num_workers = 0, 1

@@ -9,7 +9,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from multiprocessing.reduction import DupFd, ForkingPickler
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -19,7 +19,6 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 from ._core import (
     Counters,
     DecodeFieldWarning,
-    EpochTable,
     Options,
     SampleSkippedWarning,
     SampleStream,
@@ -31,6 +30,7 @@ from ._core import (
     raise_malloc_thresholds,
 )
 from .accelerate import check_not_resplit, find_splitter
+from .epochs import EpochAdvance
 from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
@@ -256,13 +256,10 @@ class StreamingDataset(IterableDataset[Any]):
         # Listed, footers and manifest read, counted: once per job.
         self.shard_list = resolve_once(specs, self.options, resolve, resolved_world > 1)
         self.shard_list.check_equal_length(resolved_world)
-        self._epochs = EpochTable()
+        self._epochs: EpochAdvance[str] = EpochAdvance()
         self._counters = Counters()
         self._stats_since: dict[str, int] | None = None
-        self._resume: str | None = None
-        self._resume_epoch: int | None = None
         self._stream: SampleStream | None = None
-        self._pipe_worker: tuple[int, int] | None = None
         self._decode_checked = False
 
     @property
@@ -280,8 +277,7 @@ class StreamingDataset(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch of this process's next iteration (in a DataLoader
         worker, of that worker's). Setting it is ``set_epoch``."""
-        entry = self._worker_entry()
-        return int(self._epochs.get(entry[0] if entry is not None else 0))
+        return self._epochs.next
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
@@ -299,32 +295,8 @@ class StreamingDataset(IterableDataset[Any]):
         after that one go on from ``epoch + 1``. Calling it with another
         epoch than a pending resume's drops the resume.
         """
-        if epoch < 0:
-            raise ValueError(f"epoch must be non-negative, got {epoch}")
-        if epoch != self.epoch:
+        if self._epochs.set(epoch):
             self._stream = None
-        if self._resume_epoch is not None and epoch != self._resume_epoch:
-            self._resume = self._resume_epoch = None
-        self._set_next_epoch(epoch)
-
-    def _set_next_epoch(self, epoch: int) -> None:
-        """Makes ``epoch`` the epoch of the next iteration: of every process
-        sharing the epoch table when called outside a DataLoader worker; in
-        a worker, of this worker (and of the worker ids its DataLoader does
-        not use, so that a later DataLoader with more workers agrees)."""
-        entry = self._worker_entry()
-        if entry is None:
-            self._epochs.set_all(epoch)
-        else:
-            self._epochs.set_worker(entry[0], entry[1], epoch)
-
-    def _worker_entry(self) -> tuple[int, int] | None:
-        """``(worker_id, num_workers)`` of this process when it is a
-        DataLoader worker, or a DataLoader2 worker (set by
-        ``shardstream.datapipes``): its entry of the epoch table. ``None``
-        elsewhere."""
-        info = get_worker_info()
-        return (info.id, info.num_workers) if info is not None else self._pipe_worker
 
     def distributed_slot(self) -> tuple[int, int]:
         """``(rank, world_size)`` of the data: with ``model_parallel_size``
@@ -393,8 +365,7 @@ class StreamingDataset(IterableDataset[Any]):
         stream = self._open_stream(self.epoch)
         # A resumed stream takes its epoch from the state; either way the
         # next iteration streams the epoch after this one.
-        self._set_next_epoch(stream.epoch + 1)
-        self._resume = self._resume_epoch = None
+        self._epochs.started(stream.epoch)
         self._stream = stream
         items: Iterator[Any] = stream
         batches = self.options["batch_size"] is not None and self.options["batch_format"] == "dict"
@@ -486,10 +457,8 @@ class StreamingDataset(IterableDataset[Any]):
             # Saved by several ranks, so with counted shards: count them here
             # too, whatever this job's world size.
             self.shard_list.count_samples()
-        self._resume, self._resume_epoch = resume, epoch
         self._stream = None
-        finished = all(slot["finished"] for slot in slots)
-        self._set_next_epoch(epoch + 1 if finished else epoch)
+        self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 
     def _open_stream(self, epoch: int) -> SampleStream:
         """This slot's stream for ``epoch`` (or the pending resume); its
@@ -499,7 +468,9 @@ class StreamingDataset(IterableDataset[Any]):
         if world_size > 1:
             # torch.distributed was set up after construction.
             self.shard_list.count_samples()
-        return self.slot_stream(epoch, self._resume, (rank, world_size, worker_id, num_workers))
+        return self.slot_stream(
+            epoch, self._epochs.resume, (rank, world_size, worker_id, num_workers)
+        )
 
     def slot_stream(
         self, epoch: int, resume: str | None, slot: tuple[int, int, int, int]
@@ -749,29 +720,3 @@ def _where(item: Any) -> str:
             )
     rows = getattr(item, "num_rows", None)
     return f"a record batch of {rows} rows" if rows is not None else f"a {type(item).__name__}"
-
-
-def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:
-    """How ``multiprocessing`` pickles an epoch table for a process it
-    starts (``spawn``/``forkserver`` DataLoader workers): as its memory's
-    descriptor, so that the worker advances the same epochs as the main
-    process. Plain ``pickle`` gives an unshared copy instead."""
-    fd = table.fd()
-    if fd is None:
-        warnings.warn(
-            "no shareable memory for the epoch table on this system: DataLoader workers "
-            "started with spawn or forkserver keep epochs of their own; call set_epoch "
-            "before each epoch",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return (EpochTable._from_values, (table.values(),))
-    return (_attach_epoch_table, (DupFd(fd),))
-
-
-def _attach_epoch_table(shared: Any) -> EpochTable:
-    """Unpickles a shared epoch table in the process it was handed to."""
-    return EpochTable._attach(shared.detach())
-
-
-ForkingPickler.register(EpochTable, _share_epoch_table)

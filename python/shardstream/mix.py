@@ -9,11 +9,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 
 from ._core import (
     DatasetSpecError,
-    EpochTable,
     SampleStream,
     ShardStreamError,
     StateMismatchError,
@@ -23,6 +22,7 @@ from ._core import (
 )
 from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
+from .epochs import EpochAdvance
 from .telemetry import exposition
 
 __all__ = ["MIX_FORMAT", "Mix"]
@@ -142,9 +142,7 @@ class Mix(IterableDataset[Any]):
         self.weights = weights
         self.policy = policy
         self.seed = seed
-        self._epochs = EpochTable()
-        self._resume: tuple[str, Any, list[float] | None] | None = None
-        self._resume_epoch: int | None = None
+        self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(PASS_STRIDE)
         self._iterator: _MixIterator | None = None
 
     @staticmethod
@@ -179,8 +177,7 @@ class Mix(IterableDataset[Any]):
     def epoch(self) -> int:
         """The epoch of this process's next iteration (see
         ``StreamingDataset.epoch``)."""
-        info = get_worker_info()
-        return int(self._epochs.get(info.id if info is not None else 0))
+        return self._epochs.next
 
     @epoch.setter
     def epoch(self, epoch: int) -> None:
@@ -190,20 +187,8 @@ class Mix(IterableDataset[Any]):
         """Sets the epoch of the next iteration (then ``epoch + 1``, ...):
         pass 0 of every stream reads that stream's epoch ``epoch``. Calling
         it with another epoch than a pending resume's drops the resume."""
-        if not 0 <= epoch < PASS_STRIDE:
-            raise ValueError(f"epoch must be in 0..2**32, got {epoch}")
-        if epoch != self.epoch:
+        if self._epochs.set(epoch):
             self._iterator = None
-        if self._resume_epoch is not None and epoch != self._resume_epoch:
-            self._resume = self._resume_epoch = None
-        self._set_next_epoch(epoch)
-
-    def _set_next_epoch(self, epoch: int) -> None:
-        info = get_worker_info()
-        if info is None:
-            self._epochs.set_all(epoch)
-        else:
-            self._epochs.set_worker(info.id, info.num_workers, epoch)
 
     # -- iteration -------------------------------------------------------
 
@@ -269,17 +254,16 @@ class Mix(IterableDataset[Any]):
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
         iterator = self._open_iterator(self.epoch)
-        self._set_next_epoch(iterator.epoch + 1)
-        self._resume = self._resume_epoch = None
+        self._epochs.started(iterator.epoch)
         self._iterator = iterator
         return iterator
 
     def _open_iterator(self, epoch: int) -> _MixIterator:
         slot = self._slot()
-        if self._resume is None:
+        if self._epochs.resume is None:
             plan = self._slot_plan(epoch, 0, None, self.weights, slot)
             return _MixIterator(self, slot, epoch, 0, None, self.weights, plan)
-        kind, state, weights = self._resume
+        kind, state, weights = self._epochs.resume
         if kind == "exact":
             return self._exact(state, slot)
         return self._elastic(state, weights, slot)
@@ -346,10 +330,8 @@ class Mix(IterableDataset[Any]):
                 )
         else:
             self.weights = new_weights
-        self._resume = (kind, resume, new_weights)
-        self._resume_epoch = epoch
         self._iterator = None
-        self._set_next_epoch(epoch + 1 if finished else epoch)
+        self._epochs.load((kind, resume, new_weights), epoch, finished)
 
     def _check_form(self, state: Any, prefix: str) -> dict[str, Any]:
         """Checks the mixture fields of a state (the streams' own states are

@@ -1,0 +1,110 @@
+"""Which epoch the next iteration streams: one mechanism for
+``StreamingDataset`` and ``Mix``.
+
+The epoch of each process's next iteration lives in an ``EpochTable`` that
+forked and spawned DataLoader workers share with the process that made the
+dataset: an iteration in a worker advances that worker's entry, one in the
+main process (or ``set_epoch`` there) every entry. A loaded state is held
+here as the pending resume of its epoch until an iteration uses it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from multiprocessing.reduction import DupFd, ForkingPickler
+from typing import Any, Generic, TypeVar
+
+from torch.utils.data import get_worker_info
+
+from ._core import EpochTable
+
+Resume = TypeVar("Resume")
+
+
+class EpochAdvance(Generic[Resume]):
+    """The epoch of this process's next iteration and the resume pending for
+    it. ``limit``: epochs must be below it (``None``: no bound)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._table = EpochTable()
+        self._limit = limit
+        # (worker_id, num_workers) of a DataLoader2 worker, set by
+        # ``shardstream.datapipes``; DataLoader workers are found by torch.
+        self.pipe_worker: tuple[int, int] | None = None
+        self.resume: Resume | None = None
+        self._resume_epoch: int | None = None
+
+    def worker_entry(self) -> tuple[int, int] | None:
+        """``(worker_id, num_workers)`` of this process when it is a
+        DataLoader or DataLoader2 worker: its entry of the table. ``None``
+        elsewhere."""
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else self.pipe_worker
+
+    @property
+    def next(self) -> int:
+        """The epoch of this process's next iteration."""
+        entry = self.worker_entry()
+        return int(self._table.get(entry[0] if entry is not None else 0))
+
+    def set(self, epoch: int) -> bool:
+        """``set_epoch``: makes ``epoch`` the next iteration's, dropping a
+        pending resume of another epoch. True if the epoch changed (an
+        iterator kept for the old one is then stale)."""
+        if epoch < 0 or (self._limit is not None and epoch >= self._limit):
+            bound = "non-negative" if self._limit is None else f"in 0..{self._limit}"
+            raise ValueError(f"epoch must be {bound}, got {epoch}")
+        changed = epoch != self.next
+        if self._resume_epoch is not None and epoch != self._resume_epoch:
+            self.resume = self._resume_epoch = None
+        self._set_next(epoch)
+        return changed
+
+    def started(self, epoch: int) -> None:
+        """An iteration opened ``epoch`` (a resumed one, its state's): the
+        next streams the epoch after it, and the pending resume is used up."""
+        self._set_next(epoch + 1)
+        self.resume = self._resume_epoch = None
+
+    def load(self, resume: Resume, epoch: int, finished: bool) -> None:
+        """A state of ``epoch`` was loaded: the next iteration resumes it, or,
+        when the state had finished its epoch, streams the one after."""
+        self.resume, self._resume_epoch = resume, epoch
+        self._set_next(epoch + 1 if finished else epoch)
+
+    def _set_next(self, epoch: int) -> None:
+        """Makes ``epoch`` the epoch of the next iteration: of every process
+        sharing the table when called outside a worker; in a worker, of this
+        worker (and of the worker ids its DataLoader does not use, so that a
+        later DataLoader with more workers agrees)."""
+        entry = self.worker_entry()
+        if entry is None:
+            self._table.set_all(epoch)
+        else:
+            self._table.set_worker(entry[0], entry[1], epoch)
+
+
+def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:
+    """How ``multiprocessing`` pickles an epoch table for a process it
+    starts (``spawn``/``forkserver`` DataLoader workers): as its memory's
+    descriptor, so that the worker advances the same epochs as the main
+    process. Plain ``pickle`` gives an unshared copy instead."""
+    fd = table.fd()
+    if fd is None:
+        warnings.warn(
+            "no shareable memory for the epoch table on this system: DataLoader workers "
+            "started with spawn or forkserver keep epochs of their own; call set_epoch "
+            "before each epoch",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return (EpochTable._from_values, (table.values(),))
+    return (_attach_epoch_table, (DupFd(fd),))
+
+
+def _attach_epoch_table(shared: Any) -> EpochTable:
+    """Unpickles a shared epoch table in the process it was handed to."""
+    return EpochTable._attach(shared.detach())
+
+
+ForkingPickler.register(EpochTable, _share_epoch_table)
