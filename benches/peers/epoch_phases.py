@@ -48,9 +48,9 @@ def run_epoch(data: Path, workers: int, settings: dict[str, Any]) -> dict[str, f
 
     peers_bench.import_library(LIBRARY)
     with tempfile.TemporaryDirectory() as cache:
-        dataset, batching = peers_bench.make_dataset_for(LIBRARY, data, Path(cache))
-        for name, value in settings.items():
-            setattr(dataset, name, value)
+        # Options given to the constructor: it checks them, and an attribute
+        # set afterwards would not reach `dataset.options`.
+        dataset, batching = peers_bench.make_dataset_for(LIBRARY, data, Path(cache), settings)
         self0 = resource.getrusage(resource.RUSAGE_SELF)
         start = time.perf_counter()
         batches = iter(DataLoader(dataset, num_workers=workers, **batching))

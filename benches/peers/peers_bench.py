@@ -441,10 +441,13 @@ def s3_url(data: Path, sub: str) -> str:
     return f"s3://{S3_BUCKET}/{data.name}/{sub}"
 
 
-def make_dataset_for(library: str, data: Path, cache: Path) -> tuple[Any, dict[str, Any]]:
+def make_dataset_for(
+    library: str, data: Path, cache: Path, options: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, Any]]:
     """The library's dataset over the profile (local files, or the S3 server
     when `s3_endpoint()` is set), and the DataLoader's batching. `cache` is
-    an empty directory for the libraries that download into a local cache."""
+    an empty directory for the libraries that download into a local cache.
+    `options`: more keyword arguments of shardstream's `StreamingDataset`."""
     batching: dict[str, Any] = {"batch_size": BATCH, "collate_fn": list}
     endpoint = s3_endpoint()
     tars = [str(p) for p in tar_paths(data)]
@@ -467,6 +470,7 @@ def make_dataset_for(library: str, data: Path, cache: Path) -> tuple[Any, dict[s
             batch_size=BATCH if batched else None,
             pack_bytes=library == "shardstream (packed batches)",
             s3=S3Config(endpoint_url=endpoint, path_style=True) if endpoint else None,
+            **(options or {}),
         )
         if library == "shardstream (packed batches)":
             # The DataLoader's default conversion: the packed numpy arrays
