@@ -33,7 +33,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::fetch::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
+use super::fetch::{on_io_runtime, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::ranged::{
     self, check_response, error_chain, read_ranged, Body, Failure, NextBytes, Pinned, RangedObject,
@@ -753,24 +753,16 @@ pub(super) fn resource(
     })
 }
 
-/// Runs `work` with a fresh HTTP client on a runtime made for it and shut
-/// down before returning, so no thread outlives the call (DataLoader
-/// workers may fork next).
+/// Runs `work` with a fresh HTTP client (`fetch::on_io_runtime`).
 pub fn with_http_client<T>(
     options: &S3Options,
     work: impl AsyncFnOnce(&HttpClient) -> Result<T, Error>,
 ) -> Result<T, Error> {
     options.validate()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-    let result = runtime.block_on(async {
+    on_io_runtime(async {
         let client = HttpClient::new(options).map_err(Error::Stopped)?;
         work(&client).await
-    });
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
+    })
 }
 
 #[cfg(test)]

@@ -486,24 +486,16 @@ fn client_error(unit: &FetchUnit, reason: String) -> Error {
     }
 }
 
-/// Runs `work` with a fresh S3 client on a runtime made for it and shut
-/// down before returning, so no thread outlives the call (DataLoader
-/// workers may fork next).
+/// Runs `work` with a fresh S3 client ([`fetch::on_io_runtime`]).
 fn with_s3_client<T>(
     options: &S3Options,
     work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
 ) -> Result<T> {
     options.validate()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-    let result = runtime.block_on(async {
+    fetch::on_io_runtime(async {
         let client = s3::S3Client::new(options).await;
         work(&client).await
-    });
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
+    })
 }
 
 /// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
