@@ -189,8 +189,13 @@ def test_a_killed_worker_leaves_nothing_once_the_loader_is_gone(shards: dict[str
     ds = open_dataset("gz", shards, None, "", shuffle_buffer=0, worker_shared_memory_bytes=1 << 20)  # type: ignore[arg-type]
     dl = loader(ds, 2, prefetch_factor=4, timeout=0)
     iterator = iter(dl)
-    # Nothing is read before the worker is killed: a batch read here could
-    # be the victim's, arriving first, and reading it opens its segments.
+    # The main process removes a gone worker's segments while it holds
+    # segments of workers (its check runs then; one that never mapped any
+    # removes them at its exit): read until it holds some.
+    deadline = time.monotonic() + 30
+    while not shared_bytes._OPEN and time.monotonic() < deadline:
+        next(iterator)
+    assert shared_bytes._OPEN, "no batch came through shared memory"
     victim = iterator._workers[1].pid
     deadline = time.monotonic() + 10
     while not [n for n in ours() if f"-{victim}-" in n] and time.monotonic() < deadline:

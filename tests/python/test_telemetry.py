@@ -50,16 +50,25 @@ def test_decoding_and_transform_are_timed(dataset):
     assert stats["transform_ns"] >= count * 5_000_000
 
 
-def test_a_slow_consumer_shows_as_the_pipeline_waiting_on_output(dataset):
-    ds = StreamingDataset(dataset.spec, shuffle_buffer=0)
+def test_a_slow_consumer_shows_as_the_pipeline_waiting_on_output(tar_factory):
+    # 48 samples of 300 KB: groups to next() close at 1 MiB (4 samples), and
+    # the queue holds 4 groups, so it is full long before the shard ends,
+    # whatever the timing (a dataset smaller than the queue may never fill it).
+    member = bytes(range(256)) * 1200
+    shard = tar_factory("big.tar", [(f"{i:03d}.bin", member) for i in range(48)])
+    ds = StreamingDataset(str(shard), shuffle_buffer=0)
     spent = 0.0
-    for _ in ds:
+    count = 0
+    for sample in ds:
+        assert sample["bin"] == member
+        count += 1
         started = time.perf_counter()
         time.sleep(0.02)
         spent += time.perf_counter() - started
+    assert count == 48
     stats = ds.stats()
-    # Once the queue to next() is full (a few dozen samples), the pipeline
-    # waits on the consumer; next() itself waits only for the first samples.
+    # Once the queue to next() is full, the pipeline waits on the consumer;
+    # next() itself waits only for the first samples.
     assert stats["output_wait_ns"] >= 0.1 * spent * 1e9
     assert stats["next_wait_ns"] < stats["output_wait_ns"]
 
