@@ -681,21 +681,17 @@ struct Split {
 struct Dataset<'a> {
     options: &'a StreamOptions,
     fingerprint: &'a str,
-    /// Sample count of each shard, where known.
-    counts: Vec<Option<u64>>,
     /// The dataset's plans for any layout.
     plans: Replanner,
 }
 
 impl<'a> Dataset<'a> {
     fn new(shards: &[Shard], options: &'a StreamOptions, fingerprint: &'a str) -> Self {
-        let infos: Vec<_> = shards.iter().map(Shard::info).collect();
         Dataset {
             options,
             fingerprint,
-            counts: infos.iter().map(|info| info.samples).collect(),
             plans: Replanner::new(
-                infos,
+                shards.iter().map(Shard::info).collect(),
                 options.seed,
                 options.shuffle_shards,
                 options.remainder,
@@ -960,12 +956,18 @@ impl<'a> Dataset<'a> {
         // After reading sample i of the unit the cursor stands at i + 1.
         let within = match &unit.samples {
             Some(samples) => samples.start < next && next <= samples.end,
-            None => next >= 1 && self.counts[unit.shard].is_none_or(|count| next <= count),
+            None => {
+                next >= 1
+                    && self
+                        .plans
+                        .samples_of(unit.shard)
+                        .is_none_or(|count| next <= count)
+            }
         };
         if !within {
             let of = match &unit.samples {
                 Some(samples) => format!("samples {}..{}", samples.start, samples.end),
-                None => match self.counts[unit.shard] {
+                None => match self.plans.samples_of(unit.shard) {
                     Some(count) => format!("the {count} samples"),
                     None => "the samples".into(),
                 },
@@ -1010,14 +1012,14 @@ impl<'a> Dataset<'a> {
             let error = |reason: String| field_error(prefix, &format!("buffer[{i}]"), reason);
             let shard_index = usize::try_from(shard)
                 .ok()
-                .filter(|&s| s < self.counts.len())
+                .filter(|&s| s < self.plans.shard_count())
                 .ok_or_else(|| {
                     error(format!(
                         "shard {shard} is not below the dataset's {} shards",
-                        self.counts.len()
+                        self.plans.shard_count()
                     ))
                 })?;
-            if let Some(count) = self.counts[shard_index] {
+            if let Some(count) = self.plans.samples_of(shard_index) {
                 if index >= count {
                     return Err(error(format!(
                         "sample {index} of shard {shard} is not below the shard's {count} samples"

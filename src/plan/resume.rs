@@ -38,6 +38,17 @@ impl Replanner {
         self.shards.iter().all(|s| s.samples.is_some())
     }
 
+    /// How many shards the dataset has.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The sample count of shard `shard` (below [`Replanner::shard_count`]),
+    /// where known.
+    pub fn samples_of(&self, shard: usize) -> Option<u64> {
+        self.shards[shard].samples
+    }
+
     fn params(&self, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
         PlanParams {
             seed: self.seed,

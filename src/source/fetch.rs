@@ -212,8 +212,8 @@ impl Fetcher {
 
 /// Runs `work` (which makes its client) on an I/O runtime made for it and
 /// shut down before returning, so that no thread outlives the call
-/// (DataLoader workers may fork next). The one way a store's client is used
-/// outside a read-ahead: at resolve time, for listing, sizes and footers.
+/// (DataLoader workers may fork next): how the S3 and HTTP clients are used
+/// outside a read-ahead, at resolve time (listing, sizes, footers).
 pub(super) fn on_io_runtime<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
