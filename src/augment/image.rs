@@ -11,13 +11,14 @@
 //! filter (Pillow's algorithm, as torchvision uses on PIL images and on
 //! tensors with `antialias=True`), by fast_image_resize.
 //!
-//! A JPEG whose crop box, scaled down by 1/2, 1/4 or 1/8, still covers
-//! the output size is decoded at that scale in the DCT domain (by
-//! jpeg-decoder), the way libjpeg's scaled decode and PIL's `draft` mode
-//! do: most of the decode and resize work of a large image is skipped.
-//! Other JPEGs (and JPEGs that jpeg-decoder cannot give as RGB or gray)
-//! are decoded in full by zune-jpeg, PNGs by the png crate, both through
-//! the image crate as the `rgb8` decoder does.
+//! A JPEG is decoded by libjpeg-turbo ([`super::jpeg`]), and only the
+//! part of it the resize reads: the crop box and the filter's margin
+//! around it. When the box, scaled down by 1/2, 1/4 or 1/8, still covers
+//! the output size, that part is decoded at that scale in the DCT domain,
+//! the way PIL's `draft` mode does: most of the decode and resize work of
+//! a large image is skipped. JPEGs libjpeg-turbo cannot give as RGB that
+//! way (CMYK, 12-bit, lossless) are decoded in full by zune-jpeg, PNGs by
+//! the png crate, both through the image crate as the `rgb8` decoder does.
 
 use std::fmt;
 
@@ -26,6 +27,7 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use image::{DynamicImage, ImageError, ImageFormat};
 use rand_chacha::ChaCha8Rng;
 
+use super::jpeg::{self, Region};
 use super::uniform;
 use crate::value::{Array, ArrayData};
 
@@ -233,10 +235,10 @@ impl ImageSpec {
     /// flip from `rng`.
     pub fn apply(&self, bytes: &[u8], rng: &mut ChaCha8Rng) -> Result<Array, String> {
         let format = sniff(bytes)?;
-        let (width, height) = checked_dimensions(bytes, format)?;
+        let (width, height, partial) = checked_header(bytes, format)?;
         let plan = self.plan(width, height, rng);
         let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
-        let source = decode(bytes, format, &plan)?;
+        let source = decode(bytes, format, partial.as_ref(), &plan)?;
         let resized = plan.resample(&source)?;
         Ok(self.lay_out(&resized, flip))
     }
@@ -387,24 +389,59 @@ impl Plan {
             .unwrap_or(8)
     }
 
+    /// The source box in the coordinates of the image decoded at
+    /// `(scaled_w, scaled_h)` pixels. Scaling may round a box edge past
+    /// the image by a hair: clamped.
+    fn scaled_box(&self, (scaled_w, scaled_h): (u32, u32)) -> Rect {
+        let (sw, sh) = (f64::from(scaled_w), f64::from(scaled_h));
+        let (fx, fy) = (sw / f64::from(self.width), sh / f64::from(self.height));
+        let (x, y) = ((self.source.x * fx).min(sw), (self.source.y * fy).min(sh));
+        Rect {
+            x,
+            y,
+            w: (self.source.w * fx).min(sw - x),
+            h: (self.source.h * fy).min(sh - y),
+        }
+    }
+
+    /// The part of the image decoded at `scaled` size that the resample
+    /// reads: the source box and, around it, the antialiased filter's
+    /// support (the box's scale to the output, at least one pixel) and
+    /// one pixel for rounding; its left edge moved down to a multiple of
+    /// `mcu_width`, as libjpeg-turbo's cropping needs.
+    fn region(&self, scaled: (u32, u32), mcu_width: u32) -> Region {
+        let rect = self.scaled_box(scaled);
+        let (_, _, inner_w, inner_h) = self.inner;
+        let margin_x = (rect.w / f64::from(inner_w)).max(1.0).ceil() + 1.0;
+        let margin_y = (rect.h / f64::from(inner_h)).max(1.0).ceil() + 1.0;
+        let mcu_width = mcu_width.max(1);
+        let x0 = (rect.x - margin_x).floor().max(0.0) as u32 / mcu_width * mcu_width;
+        let y0 = (rect.y - margin_y).floor().max(0.0) as u32;
+        let x1 = ((rect.x + rect.w + margin_x).ceil() as u32).clamp(x0 + 1, scaled.0);
+        let y1 = ((rect.y + rect.h + margin_y).ceil() as u32).clamp(y0 + 1, scaled.1);
+        Region {
+            x: x0,
+            y: y0,
+            w: x1 - x0,
+            h: y1 - y0,
+        }
+    }
+
     /// The source box resampled into the output (RGB, row-major).
-    fn resample(&self, source: &Pixels<'_>) -> Result<Pixels<'static>, String> {
+    fn resample(&self, decoded: &Decoded) -> Result<Pixels<'static>, String> {
         let (out_w, out_h) = self.out;
-        let (fx, fy) = (
-            f64::from(source.width()) / f64::from(self.width),
-            f64::from(source.height()) / f64::from(self.height),
-        );
-        // Scaling may round a box edge past the image by a hair: clamp.
+        let source = &decoded.pixels;
         let (src_w, src_h) = (f64::from(source.width()), f64::from(source.height()));
+        let scaled = self.scaled_box(decoded.scaled);
         let (x, y) = (
-            (self.source.x * fx).min(src_w),
-            (self.source.y * fy).min(src_h),
+            (scaled.x - f64::from(decoded.origin.0)).clamp(0.0, src_w),
+            (scaled.y - f64::from(decoded.origin.1)).clamp(0.0, src_h),
         );
         let rect = Rect {
             x,
             y,
-            w: (self.source.w * fx).min(src_w - x),
-            h: (self.source.h * fy).min(src_h - y),
+            w: scaled.w.min(src_w - x),
+            h: scaled.h.min(src_h - y),
         };
         let (ix, iy, iw, ih) = self.inner;
         let whole = rect.x == 0.0 && rect.y == 0.0 && rect.w == src_w && rect.h == src_h;
@@ -433,7 +470,7 @@ impl Plan {
 }
 
 /// The size of a `width` x `height` JPEG decoded at `eighths`/8 scale
-/// (libjpeg's rounding up, as jpeg-decoder does).
+/// (libjpeg's rounding up).
 fn scaled_size(width: u32, height: u32, eighths: u32) -> (u32, u32) {
     (
         (width * eighths).div_ceil(8),
@@ -565,15 +602,29 @@ fn hex_prefix(bytes: &[u8]) -> String {
     hex.join(" ")
 }
 
-/// The image's `(width, height)` from its header (as the scaled decoder
-/// reads it), checked by [`check_size`].
-fn checked_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
-    let (width, height) = match format {
-        ImageFormat::Jpeg => jpeg_dimensions(bytes)?,
-        _ => png_dimensions(bytes)?,
+/// The image's `(width, height)` from its header, checked by
+/// [`check_size`], and the header of a JPEG that libjpeg-turbo decodes in
+/// part ([`jpeg::Header::partial`]).
+fn checked_header(
+    bytes: &[u8],
+    format: ImageFormat,
+) -> Result<(u32, u32, Option<jpeg::Header>), String> {
+    let (width, height, partial) = match format {
+        ImageFormat::Jpeg => {
+            let header = jpeg::header(bytes)?;
+            (
+                header.width,
+                header.height,
+                Some(header).filter(|h| h.partial),
+            )
+        }
+        _ => {
+            let (width, height) = header_dimensions(bytes, format)?;
+            (width, height, None)
+        }
     };
     check_size(width, height)?;
-    Ok((width, height))
+    Ok((width, height, partial))
 }
 
 /// Refuses an empty image, and one whose RGB pixels would exceed
@@ -625,23 +676,6 @@ fn format_name(format: ImageFormat) -> &'static str {
     }
 }
 
-/// A JPEG's `(width, height)` from its frame header.
-fn jpeg_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
-    let mut decoder = jpeg_decoder::Decoder::new(bytes);
-    decoder
-        .read_info()
-        .map_err(|e| format!("corrupt JPEG image: {e}"))?;
-    let info = decoder
-        .info()
-        .ok_or("corrupt JPEG image: no frame header")?;
-    Ok((u32::from(info.width), u32::from(info.height)))
-}
-
-/// A PNG's `(width, height)` from its header.
-fn png_dimensions(bytes: &[u8]) -> Result<(u32, u32), String> {
-    header_dimensions(bytes, ImageFormat::Png)
-}
-
 /// An image's `(width, height)` as the image crate's decoder of `format`
 /// reads them from its header.
 fn header_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
@@ -651,54 +685,46 @@ fn header_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), St
         .map_err(|e| format!("corrupt {} image: {e}", format_name(format)))
 }
 
-/// The image's RGB pixels, at the smallest DCT scale `plan` allows for a
-/// JPEG, in full otherwise.
-fn decode(bytes: &[u8], format: ImageFormat, plan: &Plan) -> Result<Pixels<'static>, String> {
-    let eighths = match format {
-        ImageFormat::Jpeg => plan.dct_eighths(),
-        _ => 8,
-    };
-    let scaled = if eighths < 8 {
-        decode_jpeg_scaled(bytes, plan, eighths)?
-    } else {
-        None
-    };
-    let (width, height, pixels) = match scaled {
-        Some(scaled) => scaled,
-        None => decode_full(bytes, format)?,
-    };
-    Pixels::from_vec_u8(width, height, pixels, PixelType::U8x3)
-        .map_err(|e| format!("decoder returned a wrong number of pixels: {e}"))
+/// Decoded pixels and where they lie in the image decoded at their scale.
+struct Decoded {
+    /// RGB, row-major.
+    pixels: Pixels<'static>,
+    /// The size of the whole image at the scale decoded.
+    scaled: (u32, u32),
+    /// Where `pixels` start in it.
+    origin: (u32, u32),
 }
 
-/// A JPEG decoded at `eighths`/8 scale by jpeg-decoder, as RGB; `None`
-/// for a colour model it does not give as RGB or gray (CMYK), which is
-/// then decoded in full.
-fn decode_jpeg_scaled(
+/// The part of the image `plan` reads, at the smallest DCT scale it
+/// allows, for a JPEG libjpeg-turbo decodes in part (`partial`, its
+/// header); the whole image otherwise.
+fn decode(
     bytes: &[u8],
+    format: ImageFormat,
+    partial: Option<&jpeg::Header>,
     plan: &Plan,
-    eighths: u32,
-) -> Result<Option<(u32, u32, Vec<u8>)>, String> {
-    let (sw, sh) = scaled_size(plan.width, plan.height, eighths);
-    let mut decoder = jpeg_decoder::Decoder::new(bytes);
-    decoder.set_max_decoding_buffer_size(MAX_DECODED_BYTES as usize);
-    let corrupt = |e: jpeg_decoder::Error| format!("corrupt JPEG image: {e}");
-    let (w, h) = decoder.scale(sw as u16, sh as u16).map_err(corrupt)?;
-    let pixels = decoder.decode().map_err(corrupt)?;
-    let info = decoder
-        .info()
-        .ok_or("corrupt JPEG image: no frame header")?;
-    let (w, h) = (u32::from(w), u32::from(h));
-    let count = w as usize * h as usize;
-    let rgb = match info.pixel_format {
-        jpeg_decoder::PixelFormat::RGB24 => pixels,
-        jpeg_decoder::PixelFormat::L8 => pixels.iter().flat_map(|&v| [v, v, v]).collect(),
-        _ => return Ok(None),
+) -> Result<Decoded, String> {
+    let as_pixels = |(width, height, rgb): (u32, u32, Vec<u8>)| {
+        Pixels::from_vec_u8(width, height, rgb, PixelType::U8x3)
+            .map_err(|e| format!("decoder returned a wrong number of pixels: {e}"))
     };
-    if rgb.len() != count * 3 {
-        return Err("JPEG decoder returned a wrong number of pixels".into());
+    if let Some(header) = partial {
+        let eighths = plan.dct_eighths();
+        let scaled = scaled_size(plan.width, plan.height, eighths);
+        let region = plan.region(scaled, header.scaled_mcu_width(eighths));
+        let pixels = as_pixels(jpeg::decode_region(bytes, eighths, region)?)?;
+        return Ok(Decoded {
+            pixels,
+            scaled,
+            origin: (region.x, region.y),
+        });
     }
-    Ok(Some((w, h, rgb)))
+    let pixels = as_pixels(decode_full(bytes, format)?)?;
+    Ok(Decoded {
+        scaled: (pixels.width(), pixels.height()),
+        pixels,
+        origin: (0, 0),
+    })
 }
 
 #[cfg(test)]
@@ -828,7 +854,11 @@ mod tests {
         let spec = spec(224, Some("center"));
         let scaled = spec.apply(&bytes, &mut rng(0)).unwrap();
         let (w, h, full) = decode_rgb(&bytes, ImageFormat::Jpeg).unwrap();
-        let full = Pixels::from_vec_u8(w, h, full, PixelType::U8x3).unwrap();
+        let full = Decoded {
+            pixels: Pixels::from_vec_u8(w, h, full, PixelType::U8x3).unwrap(),
+            scaled: (w, h),
+            origin: (0, 0),
+        };
         let reference = spec.lay_out(&plan.resample(&full).unwrap(), false);
         let (ArrayData::U8(a), ArrayData::U8(b)) = (scaled.data, reference.data) else {
             unreachable!()
@@ -840,6 +870,49 @@ mod tests {
             .sum::<f64>()
             / a.len() as f64;
         assert!(mean < 2.0, "mean difference {mean}");
+    }
+
+    /// The whole image decoded by libjpeg-turbo at `eighths`/8 scale.
+    fn whole_jpeg(bytes: &[u8], eighths: u32) -> Decoded {
+        let header = jpeg::header(bytes).unwrap();
+        let scaled = scaled_size(header.width, header.height, eighths);
+        let region = Region {
+            x: 0,
+            y: 0,
+            w: scaled.0,
+            h: scaled.1,
+        };
+        let (w, h, rgb) = jpeg::decode_region(bytes, eighths, region).unwrap();
+        Decoded {
+            pixels: Pixels::from_vec_u8(w, h, rgb, PixelType::U8x3).unwrap(),
+            scaled,
+            origin: (0, 0),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Decoding only the region the resample reads gives exactly the
+        /// output of resampling the whole decode, for random crops of
+        /// images decoded at full and at reduced scale.
+        #[test]
+        fn the_region_decode_gives_the_whole_decode_s_output(
+            index in 0u64..1_000_000,
+            large in any::<bool>(),
+            crop in prop::sample::select(vec!["random_resized", "center", "resize"]),
+        ) {
+            let (width, height) = if large { (1000, 750) } else { (500, 375) };
+            let bytes = jpeg(width, height);
+            let spec = spec(if large { 96 } else { 224 }, Some(crop));
+            let out = spec.apply(&bytes, &mut rng(index)).unwrap();
+            let mut draws = rng(index);
+            let plan = spec.plan(width, height, &mut draws);
+            let flip = spec.flip > 0.0 && uniform(&mut draws, 0.0, 1.0) < spec.flip;
+            let whole = whole_jpeg(&bytes, plan.dct_eighths());
+            let reference = spec.lay_out(&plan.resample(&whole).unwrap(), flip);
+            prop_assert!(out == reference, "{} {}x{} at {}/8 differs", crop, width, height, plan.dct_eighths());
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 pub mod audio;
 pub mod image;
+pub mod jpeg;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};

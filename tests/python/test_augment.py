@@ -195,9 +195,10 @@ def torchvision_center(pixels: np.ndarray, size: int) -> np.ndarray:
 @pytest.mark.parametrize(("height", "width"), [(375, 500), (500, 333), (750, 1000)])
 def test_center_crop_is_close_to_torchvision(tmp_path, height, width):
     """Same PNG pixels: within 1 level everywhere (the filter is Pillow's,
-    computed with other rounding). Same JPEG decoded by PIL (libjpeg-turbo)
-    and by us (at 1/2 scale for the large image): within 1.5 levels on
-    average; what differs is the decoder."""
+    computed with other rounding). Same JPEG decoded by PIL and by us, both
+    with libjpeg-turbo: the same, within 1 level everywhere, at full scale;
+    at 1/2 scale (the large image, which PIL decodes whole) within 1.5
+    levels on average."""
     rng = np.random.default_rng(height)
     pixels = photo(rng, height, width)
     png, jpeg = encoded(pixels, "PNG"), encoded(pixels, "JPEG")
@@ -210,7 +211,39 @@ def test_center_crop_is_close_to_torchvision(tmp_path, height, width):
     assert png_diff.max() <= 1, png_diff.max()
     decoded = np.asarray(PILImage.open(io.BytesIO(jpeg)).convert("RGB"))
     jpeg_diff = np.abs(sample["jpg"].astype(int) - torchvision_center(decoded, 224).astype(int))
+    if width < 1000:
+        assert jpeg_diff.max() <= 1, jpeg_diff.max()
     assert jpeg_diff.mean() <= 1.5, jpeg_diff.mean()
+
+
+@pytest.mark.parametrize(
+    ("mode", "options"),
+    [
+        ("RGB", {"subsampling": 0}),
+        ("RGB", {"subsampling": 1}),
+        ("RGB", {"subsampling": 2}),
+        ("RGB", {"progressive": True}),
+        ("RGB", {"restart_marker_blocks": 3}),
+        ("L", {}),
+        ("CMYK", {}),
+    ],
+)
+def test_jpegs_decode_to_the_pixels_pil_gives(tmp_path, mode, options):
+    """Every kind of JPEG (chroma subsampling 4:4:4, 4:2:2, 4:2:0,
+    progressive, restart markers, gray) gives PIL's pixels exactly: both
+    decode with libjpeg-turbo's defaults. CMYK, which libjpeg-turbo does
+    not turn into RGB, is decoded by zune-jpeg: within 1 level. A crop's
+    region decode is checked against the whole decode in Rust."""
+    pixels = photo(np.random.default_rng(7), 101, 77)
+    buffer = io.BytesIO()
+    PILImage.fromarray(pixels).convert(mode).save(buffer, "JPEG", quality=90, **options)
+    jpeg = buffer.getvalue()
+    path = write_tar(tmp_path / "one.tar", [("a.jpg", jpeg)])
+    (sample,) = collect(StreamingDataset(str(path), decode={"jpg": Image(crop=None, layout="HWC")}))
+    expected = np.asarray(PILImage.open(io.BytesIO(jpeg)).convert("RGB"))
+    assert sample["jpg"].shape == expected.shape == (101, 77, 3)
+    diff = np.abs(sample["jpg"].astype(int) - expected.astype(int))
+    assert diff.max() <= (1 if mode == "CMYK" else 0), diff.max()
 
 
 def test_flip_one_mirrors_the_image(tmp_path):

@@ -1,4 +1,5 @@
-"""Mutation fuzzing of the shard parsers: tar, tar.gz, tar.zst and Parquet.
+"""Mutation fuzzing of the shard parsers (tar, tar.gz, tar.zst, Parquet) and
+of the JPEG decoder of ``shardstream.Image`` (libjpeg-turbo).
 
 Small valid shards are damaged at random (bit flips, byte overwrites,
 truncations, inserted and deleted ranges, one to three at a time) and
@@ -34,6 +35,10 @@ What is delivered must be right as far as the format can tell:
   place inside the values of a page, the rows delivered must be original
   rows, in order (a row group that fails is skipped under ``"warn"``).
   Other damage gets the crash checks only.
+- **JPEG** (``Image`` on baseline, progressive, gray, 4:4:4 and CMYK JPEGs
+  made by PIL): the damage goes into one JPEG of a tar shard, not into the
+  tar. A JPEG has no checksum, so damaged pixels may be delivered: crash
+  checks only.
 
 ``SHARDSTREAM_FUZZ_CASES`` (default 300) and ``SHARDSTREAM_FUZZ_SEED`` set
 the number of cases and the seed; ``make fuzz`` runs many more.
@@ -115,6 +120,8 @@ class Seed:
     settled_at: list[int] = field(default_factory=list)
     # Parquet: the byte ranges holding page values (covered by page CRCs).
     verified: list[tuple[int, int]] = field(default_factory=list)
+    # JPEG: the tar's members, one of which each case damages.
+    members: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 def fuzz_members(rng: random.Random, count: int) -> list[tuple[str, bytes]]:
@@ -196,6 +203,34 @@ def parquet_seed(rng: random.Random) -> Seed:
     return Seed("parquet", ".parquet", data, verified=verified)
 
 
+def jpeg_seed(rng: random.Random) -> Seed:
+    """A tar of small JPEGs of each kind the decoder takes its own path for:
+    baseline 4:2:0, progressive, gray, 4:4:4 (libjpeg-turbo's cropped and
+    scaled decode) and CMYK (decoded whole)."""
+    from PIL import Image as PILImage
+
+    members = []
+    kinds = [
+        ("RGB", {}),
+        ("RGB", {"progressive": True}),
+        ("L", {}),
+        ("RGB", {"subsampling": 0}),
+        ("CMYK", {}),
+    ]
+    for i, (mode, options) in enumerate(kinds):
+        width, height = rng.randrange(40, 90), rng.randrange(30, 70)
+        pixels = bytes(
+            (x * 5 + y * 3 + rng.randrange(16)) % 256
+            for y in range(height)
+            for x in range(width * 3)
+        )
+        image = PILImage.frombytes("RGB", (width, height), pixels).convert(mode)
+        buffer = io.BytesIO()
+        image.save(buffer, "JPEG", quality=90, **options)
+        members.append((f"k{i}.jpg", buffer.getvalue()))
+    return Seed("jpeg", ".tar", tar_of(members, tarfile.GNU_FORMAT), members=members)
+
+
 def build_seeds(rng: random.Random) -> list[Seed]:
     import gzip
 
@@ -219,6 +254,7 @@ def build_seeds(rng: random.Random) -> list[Seed]:
         ),
         Seed("zst-unchecked", ".tar.zst", zstandard.ZstdCompressor(level=3).compress(inner)),
         parquet_seed(rng),
+        jpeg_seed(rng),
     ]
 
 
@@ -279,16 +315,18 @@ class CaseTimeout(Exception):
     """A case ran past its time bound."""
 
 
-def stream(path: Path, on_error: str) -> tuple[list[dict], BaseException | None]:
-    """The samples of ``path`` and what ended the stream, other than its end."""
+def stream(path: Path, on_error: str, images: bool) -> tuple[list[dict], BaseException | None]:
+    """The samples of ``path`` (its JPEGs through ``Image`` when ``images``)
+    and what ended the stream, other than its end."""
     import shardstream
 
     got: list[dict] = []
+    decode = {"jpg": shardstream.Image(24)} if images else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", shardstream.ShardSkippedWarning)
             ds = shardstream.StreamingDataset(
-                path, shuffle_shards=False, shuffle_buffer=0, on_error=on_error
+                path, shuffle_shards=False, shuffle_buffer=0, on_error=on_error, decode=decode
             )
             for sample in ds:
                 got.append(sample)
@@ -314,6 +352,8 @@ def check(seed: Seed, mutated: bytes, got: list[dict], path: Path, on_error: str
     ):
         if delivered != original[: len(delivered)]:
             return "samples that are not the original ones, in order"
+    elif seed.kind == "jpeg":
+        return None
     elif seed.kind.startswith("tar"):
         first = first_difference(seed.data, mutated)
         known = [s for s, end in zip(original, seed.settled_at, strict=True) if end <= first]
@@ -354,20 +394,29 @@ def run_cases(cases: int, seed_value: int) -> None:
         for seed in seeds:
             path = root / f"seed-{seed.kind}{seed.suffix}"
             path.write_bytes(seed.data)
-            seed.samples, error = stream(path, "raise")
+            seed.samples, error = stream(path, "raise", bool(seed.members))
             if error is not None or not seed.samples:
                 emit(event="problem", case=-1, kind=seed.kind, problem=f"bad seed: {error!r}")
         for case in range(cases):
             seed = seeds[case % len(seeds)]
-            mutated, mutations = mutate(seed.data, rng)
-            on_error = "warn" if case % 2 else "raise"
+            if seed.members:
+                damaged = rng.randrange(len(seed.members))
+                name, data = seed.members[damaged]
+                data, mutations = mutate(data, rng)
+                mutations = [f"{name}: {m}" for m in mutations]
+                members = [*seed.members[:damaged], (name, data), *seed.members[damaged + 1 :]]
+                mutated = tar_of(members, tarfile.GNU_FORMAT)
+            else:
+                mutated, mutations = mutate(seed.data, rng)
+            # Each kind in turn under "raise" and "warn".
+            on_error = "warn" if (case // len(seeds)) % 2 else "raise"
             path = root / f"case-{case}{seed.suffix}"
             path.write_bytes(mutated)
             describe = {"case": case, "seed": seed_value, "kind": seed.kind}
             emit(event="start", mutations=mutations, on_error=on_error, **describe)
             signal.alarm(CASE_SECONDS)
             try:
-                got, error = stream(path, on_error)
+                got, error = stream(path, on_error, bool(seed.members))
             except CaseTimeout as exc:
                 emit(event="problem", problem=str(exc), mutations=mutations, **describe)
                 continue
