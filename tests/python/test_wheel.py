@@ -153,6 +153,8 @@ def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_quickstart(tmp_
         assert re.search(rf"^Project-URL: {label}, https://", metadata_text, re.M), label
     assert re.search(r"^License-Expression: Apache-2.0$", metadata_text, re.M)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+    # libjpeg-turbo is linked in: its notices travel with the binary.
+    assert any(n.endswith(".dist-info/licenses/THIRD_PARTY_NOTICES.md") for n in names), names
     assert "Classifier: Operating System :: POSIX :: Linux" in metadata_text
     assert "Description-Content-Type: text/markdown" in metadata_text
     audit, _ = run(Path(sys.prefix) / "bin" / "auditwheel", "show", wheel)
@@ -237,7 +239,14 @@ def test_the_sdist_builds_with_pip_and_reads_a_dataset(tmp_path):
     (sdist,) = (REPO_ROOT / "dist").glob("shardstream-*.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    for needed in ("Cargo.toml", "Cargo.lock", "pyproject.toml", "src/lib.rs", "LICENSE"):
+    for needed in (
+        "Cargo.toml",
+        "Cargo.lock",
+        "pyproject.toml",
+        "src/lib.rs",
+        "LICENSE",
+        "THIRD_PARTY_NOTICES.md",
+    ):
         assert needed in names, needed
     assert "python/shardstream/__init__.py" in names and "python/shardstream/py.typed" in names
     assert not [n for n in names if n.startswith(("target/", ".venv/", "dist/", "build/"))]
