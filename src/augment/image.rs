@@ -584,12 +584,13 @@ pub fn sniff(bytes: &[u8]) -> Result<ImageFormat, String> {
 /// followed by `00` or a restart marker, so neither pair can occur there;
 /// an embedded thumbnail's scan and end marker come before the main
 /// image's scan. Files without any scan are left for the decoder to reject.
+/// The last end marker is looked for first: it is nearly always at the very
+/// end, so only the bytes after it are searched for a scan.
 fn is_truncated_jpeg(bytes: &[u8]) -> bool {
-    let last_marker = |marker: u8| bytes.windows(2).rposition(|pair| pair == [0xff, marker]);
-    match (last_marker(0xda), last_marker(0xd9)) {
-        (Some(scan), Some(end)) => end < scan,
-        (Some(_), None) => true,
-        (None, _) => false,
+    let has_scan = |bytes: &[u8]| bytes.windows(2).any(|pair| pair == [0xff, 0xda]);
+    match bytes.windows(2).rposition(|pair| pair == [0xff, 0xd9]) {
+        Some(end) => has_scan(&bytes[end..]),
+        None => has_scan(bytes),
     }
 }
 
@@ -973,6 +974,22 @@ mod tests {
                 Layout::Chw
             )
         );
+    }
+
+    #[test]
+    fn a_jpeg_is_truncated_when_a_scan_follows_its_last_end_marker() {
+        let (soi, sos, eoi) = (&b"\xff\xd8"[..], &b"\xff\xda\x01"[..], &b"\xff\xd9"[..]);
+        let file = |parts: &[&[u8]]| parts.concat();
+        assert!(!is_truncated_jpeg(&file(&[soi, sos, eoi])));
+        assert!(is_truncated_jpeg(&file(&[soi, sos])));
+        // A thumbnail's scan and end marker, then the main scan cut short.
+        assert!(is_truncated_jpeg(&file(&[soi, sos, eoi, sos])));
+        assert!(!is_truncated_jpeg(&file(&[
+            soi, sos, eoi, sos, eoi, b"\0\0"
+        ])));
+        // No scan at all: left for the decoder.
+        assert!(!is_truncated_jpeg(&file(&[soi, eoi])));
+        assert!(!is_truncated_jpeg(soi));
     }
 
     #[test]
