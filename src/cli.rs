@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
-use crate::config::S3Options;
+use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::index;
 use crate::manifest::{self, ManifestChoice};
@@ -59,14 +59,14 @@ struct S3Args {
 }
 
 impl S3Args {
-    fn options(&self) -> S3Options {
-        S3Options {
+    fn options(&self) -> StoreOptions {
+        StoreOptions {
             region: self.s3_region.clone(),
             endpoint_url: self.s3_endpoint_url.clone(),
             path_style: self.s3_path_style,
             profile: self.s3_profile.clone(),
             unsigned: self.s3_unsigned,
-            ..S3Options::default()
+            ..StoreOptions::default()
         }
     }
 }
@@ -263,7 +263,7 @@ where
 /// Returns the compression of each compressed shard, by shard index.
 fn scan(
     shards: &[Shard],
-    s3: &S3Options,
+    s3: &StoreOptions,
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
 ) -> Result<HashMap<usize, Compression>> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
@@ -285,7 +285,7 @@ fn scan(
     Ok(stream.compressed_shards())
 }
 
-fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write) -> Result<()> {
+fn inspect(url: &str, limit: Option<usize>, s3: &StoreOptions, out: &mut dyn Write) -> Result<()> {
     let mut shards = resolve::resolve_with(&[url.to_owned()], s3)?;
     // A remote shard named outright is resolved without a request: its
     // size comes from a HEAD (S3) or a GET of its first byte (HTTP).
@@ -323,7 +323,7 @@ fn inspect(url: &str, limit: Option<usize>, s3: &S3Options, out: &mut dyn Write)
 fn index(
     specs: &[String],
     output: &std::path::Path,
-    s3: &S3Options,
+    s3: &StoreOptions,
     jobs: usize,
     out: &mut dyn Write,
 ) -> Result<()> {
@@ -381,7 +381,7 @@ fn print_plan(
     choice: &ManifestChoice,
     count: bool,
     params: &PlanParams,
-    s3: &S3Options,
+    s3: &StoreOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;

@@ -154,22 +154,11 @@ impl HttpHeaders {
     }
 }
 
-/// How to reach S3 (or an S3-compatible store). Credentials come from the
-/// default chain: environment, shared config and credentials files, SSO,
-/// web identity, IMDS and ECS roles. The timeouts, retries, part size and
-/// concurrency apply to HTTP(S) shards too, which add their headers.
+/// How every remote store is read: timeouts, retries, part size and
+/// concurrency of S3, HTTP(S), GCS and Hub requests alike, and the headers
+/// HTTP(S) requests add. Set through `S3Config` (`S3_OPTIONS`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Options {
-    /// Region; `None` takes it from the environment or profile (else `us-east-1`).
-    pub region: Option<String>,
-    /// Endpoint URL of an S3-compatible store; `None` takes `AWS_ENDPOINT_URL` or AWS.
-    pub endpoint_url: Option<String>,
-    /// Path-style addressing (`endpoint/bucket/key`).
-    pub path_style: bool,
-    /// Named profile of the shared config files.
-    pub profile: Option<String>,
-    /// Send unsigned requests (public buckets).
-    pub unsigned: bool,
+pub struct Transport {
     /// Longest wait to connect.
     pub connect_timeout: Duration,
     /// Longest wait for a response's headers.
@@ -197,7 +186,7 @@ pub struct S3Options {
     pub http_headers: HttpHeaders,
 }
 
-impl S3Options {
+impl Transport {
     /// The largest part: the read-ahead budget is taken a part at a time,
     /// in permits counted in `u32`.
     pub const MAX_PART_SIZE: usize = u32::MAX as usize;
@@ -269,14 +258,9 @@ impl S3Options {
     }
 }
 
-impl Default for S3Options {
+impl Default for Transport {
     fn default() -> Self {
-        S3Options {
-            region: None,
-            endpoint_url: None,
-            path_style: false,
-            profile: None,
-            unsigned: false,
+        Transport {
             connect_timeout: Duration::from_secs(10),
             first_byte_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
@@ -288,6 +272,35 @@ impl Default for S3Options {
             max_concurrency: 64,
             http_headers: HttpHeaders::default(),
         }
+    }
+}
+
+/// How remote stores are reached: S3's (or an S3-compatible store's)
+/// region, endpoint, addressing, profile and signing, and the [`Transport`]
+/// every store reads with. S3 credentials come from the default chain:
+/// environment, shared config and credentials files, SSO, web identity,
+/// IMDS and ECS roles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Region; `None` takes it from the environment or profile (else `us-east-1`).
+    pub region: Option<String>,
+    /// Endpoint URL of an S3-compatible store; `None` takes `AWS_ENDPOINT_URL` or AWS.
+    pub endpoint_url: Option<String>,
+    /// Path-style addressing (`endpoint/bucket/key`).
+    pub path_style: bool,
+    /// Named profile of the shared config files.
+    pub profile: Option<String>,
+    /// Send unsigned requests (public buckets).
+    pub unsigned: bool,
+    /// Timeouts, retries, parts and concurrency of every store.
+    pub transport: Transport,
+}
+
+impl StoreOptions {
+    /// Checks every option against the range the code can use, naming the
+    /// first one out of range.
+    pub fn validate(&self) -> Result<()> {
+        self.transport.validate()
     }
 }
 
@@ -328,7 +341,7 @@ pub struct StreamOptions {
     /// Remainder policy of equal-length epochs (with a manifest).
     pub remainder: Remainder,
     /// How to reach S3.
-    pub s3: S3Options,
+    pub s3: StoreOptions,
     /// Field decoders applied to every sample.
     pub decode: FieldDecoders,
     /// Threads that decode a stream's fields (the pipeline thread
@@ -686,9 +699,9 @@ pub static DATASET_OPTIONS: [OptionDef; 28] = [
     },
 ];
 
-/// The options [`S3Options`] starts from, whose values are the defaults.
-fn core_s3() -> S3Options {
-    S3Options::default()
+/// The options [`StoreOptions`] starts from, whose values are the defaults.
+fn core_s3() -> StoreOptions {
+    StoreOptions::default()
 }
 
 /// Every field of the `s3=` option (`shardstream.S3Config`), in
@@ -734,42 +747,42 @@ pub static S3_OPTIONS: [OptionDef; 12] = [
     OptionDef {
         name: "connect_timeout",
         python_type: "float",
-        default: || DefaultValue::Seconds(core_s3().connect_timeout.as_secs_f64()),
+        default: || DefaultValue::Seconds(core_s3().transport.connect_timeout.as_secs_f64()),
         doc: "seconds to connect",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "first_byte_timeout",
         python_type: "float",
-        default: || DefaultValue::Seconds(core_s3().first_byte_timeout.as_secs_f64()),
+        default: || DefaultValue::Seconds(core_s3().transport.first_byte_timeout.as_secs_f64()),
         doc: "seconds to wait for a response's headers",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "idle_timeout",
         python_type: "float",
-        default: || DefaultValue::Seconds(core_s3().idle_timeout.as_secs_f64()),
+        default: || DefaultValue::Seconds(core_s3().transport.idle_timeout.as_secs_f64()),
         doc: "seconds to wait for the next body bytes before resuming the body",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "max_attempts",
         python_type: "int",
-        default: || DefaultValue::Int(u64::from(core_s3().max_attempts)),
+        default: || DefaultValue::Int(u64::from(core_s3().transport.max_attempts)),
         doc: "attempts per request, the first included",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "max_retry_time",
         python_type: "float",
-        default: || DefaultValue::Seconds(core_s3().max_retry_time.as_secs_f64()),
+        default: || DefaultValue::Seconds(core_s3().transport.max_retry_time.as_secs_f64()),
         doc: "seconds spent retrying one request at most",
         order: SampleOrder::No,
     },
     OptionDef {
         name: "part_size",
         python_type: "int",
-        default: || DefaultValue::Int(core_s3().part_size as u64),
+        default: || DefaultValue::Int(core_s3().transport.part_size as u64),
         doc: "a starting point and upper bound, not a fixed size: the largest part (the \
               budget's unit); an object's parts start at 256 KiB and double up to a size set \
               from the measured latency, bandwidth and read rate, between this size or less so \
@@ -782,7 +795,7 @@ pub static S3_OPTIONS: [OptionDef; 12] = [
     OptionDef {
         name: "max_concurrency",
         python_type: "int",
-        default: || DefaultValue::Int(core_s3().max_concurrency as u64),
+        default: || DefaultValue::Int(core_s3().transport.max_concurrency as u64),
         doc: "an upper bound: ranged GETs in flight at once per worker, across objects; fewer \
               when the measured rate says parallel parts do not pay (a server that answers one \
               GET at a time); `1` reads one object at a time with one streaming GET",
@@ -833,7 +846,7 @@ impl Default for StreamOptions {
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
             remainder: Remainder::Drop,
-            s3: S3Options::default(),
+            s3: StoreOptions::default(),
             decode: FieldDecoders::default(),
             decode_threads: None,
             columns: None,
@@ -929,20 +942,17 @@ impl StreamOptionsBuilder {
     }
 
     /// Sets how to reach S3 (keeping the HTTP headers set, unless `s3` has some).
-    pub fn with_s3(mut self, s3: S3Options) -> Self {
-        let kept = std::mem::take(&mut self.options.s3.http_headers);
-        let http_headers = if s3.http_headers.0.is_empty() {
-            kept
-        } else {
-            s3.http_headers.clone()
-        };
-        self.options.s3 = S3Options { http_headers, ..s3 };
+    pub fn with_s3(mut self, mut s3: StoreOptions) -> Self {
+        if s3.transport.http_headers.0.is_empty() {
+            s3.transport.http_headers = std::mem::take(&mut self.options.s3.transport.http_headers);
+        }
+        self.options.s3 = s3;
         self
     }
 
     /// Sets the headers of HTTP(S) requests.
     pub fn with_http_headers(mut self, headers: HttpHeaders) -> Self {
-        self.options.s3.http_headers = headers;
+        self.options.s3.transport.http_headers = headers;
         self
     }
 
@@ -1079,10 +1089,10 @@ mod tests {
     use super::*;
 
     /// The option named by the error of building with `s3`.
-    fn refused(s3: S3Options) -> &'static str {
+    fn refused(s3: StoreOptions) -> &'static str {
         match StreamOptions::builder().with_s3(s3.clone()).build() {
             Err(Error::Config { name, reason }) => {
-                // The same from the S3 options alone (listing, HEAD).
+                // The same from the store options alone (listing, HEAD).
                 assert!(matches!(s3.validate(), Err(Error::Config { name: n, .. }) if n == name));
                 assert!(!reason.is_empty());
                 name
@@ -1094,117 +1104,121 @@ mod tests {
 
     #[test]
     fn s3_options_out_of_the_range_the_code_can_use_are_refused_by_name() {
-        let s3 = S3Options::default;
+        let s3 = Transport::default;
         assert!(s3().validate().is_ok());
         let huge = Duration::from_secs(u64::MAX);
         let cases = [
             (
-                S3Options {
+                Transport {
                     part_size: 0,
                     ..s3()
                 },
                 "part_size",
             ),
             (
-                S3Options {
+                Transport {
                     part_size: 1 << 32,
                     ..s3()
                 },
                 "part_size",
             ),
             (
-                S3Options {
+                Transport {
                     part_size: usize::MAX,
                     ..s3()
                 },
                 "part_size",
             ),
             (
-                S3Options {
+                Transport {
                     max_concurrency: 0,
                     ..s3()
                 },
                 "max_concurrency",
             ),
             (
-                S3Options {
+                Transport {
                     max_concurrency: usize::MAX,
                     ..s3()
                 },
                 "max_concurrency",
             ),
             (
-                S3Options {
+                Transport {
                     max_attempts: 0,
                     ..s3()
                 },
                 "max_attempts",
             ),
             (
-                S3Options {
+                Transport {
                     max_attempts: u32::MAX,
                     ..s3()
                 },
                 "max_attempts",
             ),
             (
-                S3Options {
+                Transport {
                     connect_timeout: Duration::ZERO,
                     ..s3()
                 },
                 "connect_timeout",
             ),
             (
-                S3Options {
+                Transport {
                     connect_timeout: huge,
                     ..s3()
                 },
                 "connect_timeout",
             ),
             (
-                S3Options {
+                Transport {
                     first_byte_timeout: huge,
                     ..s3()
                 },
                 "first_byte_timeout",
             ),
             (
-                S3Options {
+                Transport {
                     idle_timeout: Duration::ZERO,
                     ..s3()
                 },
                 "idle_timeout",
             ),
             (
-                S3Options {
+                Transport {
                     max_retry_time: huge,
                     ..s3()
                 },
                 "max_retry_time",
             ),
             (
-                S3Options {
+                Transport {
                     backoff_base: Duration::MAX,
                     ..s3()
                 },
                 "backoff_base",
             ),
             (
-                S3Options {
+                Transport {
                     backoff_max: Duration::MAX,
                     ..s3()
                 },
                 "backoff_max",
             ),
         ];
-        for (options, name) in cases {
+        for (transport, name) in cases {
+            let options = StoreOptions {
+                transport,
+                ..StoreOptions::default()
+            };
             assert_eq!(refused(options), name);
         }
-        let largest = S3Options {
-            part_size: S3Options::MAX_PART_SIZE,
-            max_concurrency: S3Options::MAX_CONCURRENCY,
-            max_attempts: S3Options::MAX_ATTEMPTS,
-            idle_timeout: S3Options::MAX_DURATION,
+        let largest = Transport {
+            part_size: Transport::MAX_PART_SIZE,
+            max_concurrency: Transport::MAX_CONCURRENCY,
+            max_attempts: Transport::MAX_ATTEMPTS,
+            idle_timeout: Transport::MAX_DURATION,
             max_retry_time: Duration::ZERO,
             ..s3()
         };
@@ -1225,7 +1239,7 @@ mod tests {
             assert_eq!(names.len(), table.len());
         }
         // The `s3=` fields listed with a default of `None` start unset.
-        let s3 = S3Options::default();
+        let s3 = StoreOptions::default();
         assert!(s3.region.is_none() && s3.endpoint_url.is_none() && s3.profile.is_none());
         assert!(S3_OPTIONS.iter().all(|o| !o.order.affects_order()));
         for def in DATASET_OPTIONS.iter().chain(&S3_OPTIONS) {
@@ -1359,10 +1373,13 @@ mod tests {
                 "s3",
                 &["s3", "http_headers"],
                 StreamOptions {
-                    s3: S3Options {
+                    s3: StoreOptions {
                         region: Some("eu-west-1".into()),
-                        http_headers: HttpHeaders(vec![("a".into(), "b".into())]),
-                        ..S3Options::default()
+                        transport: Transport {
+                            http_headers: HttpHeaders(vec![("a".into(), "b".into())]),
+                            ..Transport::default()
+                        },
+                        ..StoreOptions::default()
                     },
                     ..d()
                 },

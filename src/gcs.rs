@@ -17,7 +17,7 @@
 //! retry loops beside the range reader every source shares; the API needed
 //! here is two GETs and an OAuth2 token exchange.
 
-use crate::config::S3Options;
+use crate::config::Transport;
 use crate::error::{Error, Result};
 use crate::source::gcs_auth::{gcs_endpoint, percent_encode, NO_TOKEN};
 use crate::source::http::{with_http_client, HttpClient};
@@ -168,15 +168,15 @@ fn decimal_u64<'de, D: serde::Deserializer<'de>>(
 
 /// Resolves `gs://` URLs against one endpoint.
 pub struct Resolver<'a> {
-    options: &'a S3Options,
+    transport: &'a Transport,
     endpoint: String,
 }
 
 impl<'a> Resolver<'a> {
-    /// A resolver with the timeouts and retries of `options`.
-    pub fn new(options: &'a S3Options) -> Self {
+    /// A resolver with the timeouts and retries of `transport`.
+    pub fn new(transport: &'a Transport) -> Self {
         Resolver {
-            options,
+            transport,
             endpoint: gcs_endpoint(),
         }
     }
@@ -189,7 +189,7 @@ impl<'a> Resolver<'a> {
             spec: url.to_owned(),
             reason,
         })?;
-        with_http_client(self.options, async |client| {
+        with_http_client(self.transport, async |client| {
             let mut objects = if path.is_empty() || path.ends_with('/') {
                 let listed = self.list(client, url, bucket, path).await?;
                 let kept: Vec<Object> = listed

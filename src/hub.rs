@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use crate::config::S3Options;
+use crate::config::Transport;
 use crate::error::{Error, Result};
 use crate::source::http::{hub_endpoint, origin, with_http_client, HttpClient};
 
@@ -294,7 +294,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 /// Resolves Hub URLs, remembering each revision's commit and each listing,
 /// so that the URLs of one brace pattern cost one listing.
 pub struct Resolver<'a> {
-    options: &'a S3Options,
+    transport: &'a Transport,
     endpoint: String,
     commits: HashMap<(String, String), String>,
     /// Files (path, size) under a folder of a commit, listed recursively.
@@ -308,10 +308,10 @@ type Listing = (String, String, String, bool);
 type Entry = (String, u64, bool);
 
 impl<'a> Resolver<'a> {
-    /// A resolver with the timeouts and retries of `options`.
-    pub fn new(options: &'a S3Options) -> Self {
+    /// A resolver with the timeouts and retries of `transport`.
+    pub fn new(transport: &'a Transport) -> Self {
         Resolver {
-            options,
+            transport,
             endpoint: hub_endpoint(),
             commits: HashMap::new(),
             trees: HashMap::new(),
@@ -326,8 +326,8 @@ impl<'a> Resolver<'a> {
             spec: url.to_owned(),
             reason,
         })?;
-        let options = self.options;
-        with_http_client(options, async |client| {
+        let transport = self.transport;
+        with_http_client(transport, async |client| {
             let commit = self.commit(client, url, &hub).await?;
             let path = hub.path.as_str();
             let mut files: Vec<(String, u64)> = if is_glob(path) {

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crate::compression::Compression;
-use crate::config::{S3Options, StreamOptions};
+use crate::config::{StoreOptions, StreamOptions};
 use crate::error::{Error, Result};
 use crate::format::Sample;
 use crate::location::Location;
@@ -63,7 +63,7 @@ pub trait IndexProgress: Sync {
 pub fn index_dataset(
     specs: &[String],
     output: &Path,
-    s3: &S3Options,
+    s3: &StoreOptions,
     jobs: usize,
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
@@ -138,7 +138,7 @@ pub fn index_dataset(
 pub fn index_shards(
     shards: &[Shard],
     positions: &[usize],
-    s3: &S3Options,
+    s3: &StoreOptions,
     jobs: usize,
 ) -> Result<Vec<ShardEntry>> {
     let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
@@ -344,7 +344,7 @@ struct ScannedShard {
 /// error stops every stream and is returned.
 fn scan_concurrently(
     shards: &[Shard],
-    s3: &S3Options,
+    s3: &StoreOptions,
     jobs: usize,
     progress: &dyn IndexProgress,
     mut done: impl FnMut(ScannedShard) -> Result<()>,
@@ -446,7 +446,7 @@ fn scan_slot(
 
 /// The stream options of a scan of shards through: listed order, no
 /// shuffle buffer, the given S3 settings.
-pub fn scan_options(s3: &S3Options) -> Result<StreamOptions> {
+pub fn scan_options(s3: &StoreOptions) -> Result<StreamOptions> {
     StreamOptions::builder()
         .with_shuffle_shards(false)
         .with_shuffle_buffer(0)

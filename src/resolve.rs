@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::S3Options;
+use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::format::parquet;
 use crate::gcs;
@@ -46,7 +46,7 @@ fn holds(format: DatasetFormat, url: &str) -> Holds {
 /// is an error here ([`check_local_shards_exist`]).
 pub fn resolve_indexed(
     specs: &[String],
-    s3: &S3Options,
+    s3: &StoreOptions,
     format: DatasetFormat,
     manifest: &ManifestChoice,
     strict: bool,
@@ -80,7 +80,7 @@ pub fn resolve_indexed(
 pub fn attach_beside_remote(
     specs: &[String],
     shards: &mut [Shard],
-    s3: &S3Options,
+    s3: &StoreOptions,
 ) -> Result<Attached> {
     if shards.iter().any(|s| s.index.is_some()) {
         return Ok(Attached::default());
@@ -122,11 +122,11 @@ fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
 
 /// The text of the manifest at the remote `url` (`gs://` and `hf://`
 /// resolved to their download URLs first), or `None` when there is none.
-fn read_remote_manifest(url: &str, s3: &S3Options) -> Result<Option<String>> {
+fn read_remote_manifest(url: &str, s3: &StoreOptions) -> Result<Option<String>> {
     let found = if gcs::is_gcs_url(url) {
-        gcs::Resolver::new(s3).resolve(url, |_| true)
+        gcs::Resolver::new(&s3.transport).resolve(url, |_| true)
     } else if hub::is_hub_url(url) {
-        hub::Resolver::new(s3).resolve(url, |_| true)
+        hub::Resolver::new(&s3.transport).resolve(url, |_| true)
     } else {
         Ok(vec![(url.to_owned(), 0)])
     };
@@ -148,11 +148,11 @@ fn read_remote_manifest(url: &str, s3: &S3Options) -> Result<Option<String>> {
 
 /// Resolves local specs; see [`resolve_with`].
 pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
-    resolve_with(specs, &S3Options::default())
+    resolve_with(specs, &StoreOptions::default())
 }
 
 /// Resolves specs of tar shards (and Parquet files by name); see [`resolve_dataset`].
-pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
+pub fn resolve_with(specs: &[String], s3: &StoreOptions) -> Result<Vec<Shard>> {
     resolve_dataset(specs, s3, DatasetFormat::Auto)
 }
 
@@ -166,14 +166,14 @@ pub fn resolve_with(specs: &[String], s3: &S3Options) -> Result<Vec<Shard>> {
 /// a shard of its own.
 pub fn resolve_dataset(
     specs: &[String],
-    s3: &S3Options,
+    s3: &StoreOptions,
     format: DatasetFormat,
 ) -> Result<Vec<Shard>> {
     let keep = format.listing_filter();
     let mut shards = Vec::new();
     let mut listings = Vec::new();
-    let mut hub = hub::Resolver::new(s3);
-    let gcs = gcs::Resolver::new(s3);
+    let mut hub = hub::Resolver::new(&s3.transport);
+    let gcs = gcs::Resolver::new(&s3.transport);
     for spec in specs {
         check_scheme(spec)?;
         for url in expand_braces(spec)? {
@@ -279,7 +279,7 @@ pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
 
 /// Reads the footer of every Parquet file and replaces the file by one
 /// shard per row group (a file without rows gives none).
-fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &S3Options) -> Result<Vec<Shard>> {
+fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &StoreOptions) -> Result<Vec<Shard>> {
     let mut files: Vec<Shard> = shards
         .iter()
         .zip(holds)

@@ -14,8 +14,8 @@ use pyo3::IntoPyObjectExt;
 use super::errors::{to_py, wrong_type};
 use crate::compression::Compression;
 use crate::config::{
-    CacheOptions, DefaultValue, FieldDecoders, HttpHeaders, OnError, OptionDef, S3Options,
-    StreamOptions, TableOutput, DATASET_OPTIONS, S3_OPTIONS,
+    CacheOptions, DefaultValue, FieldDecoders, HttpHeaders, OnError, OptionDef, StoreOptions,
+    StreamOptions, TableOutput, Transport, DATASET_OPTIONS, S3_OPTIONS,
 };
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
@@ -157,7 +157,7 @@ fn seconds(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Duration> {
 
 /// The longest duration an option takes: deadlines computed from it never
 /// overflow.
-const MAX_SECONDS: Duration = S3Options::MAX_DURATION;
+const MAX_SECONDS: Duration = Transport::MAX_DURATION;
 
 /// An enum value by its name.
 fn choice<T: FromStr<Err = crate::Error>>(name: &str, value: &Bound<'_, PyAny>) -> PyResult<T> {
@@ -166,8 +166,8 @@ fn choice<T: FromStr<Err = crate::Error>>(name: &str, value: &Bound<'_, PyAny>) 
 
 /// `s3=`: `None`, a `shardstream.S3Config` (anything with `to_dict()`) or a
 /// dict of its fields (durations in seconds).
-pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
-    let mut o = S3Options::default();
+pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<StoreOptions> {
+    let mut o = StoreOptions::default();
     if value.is_none() {
         return Ok(o);
     }
@@ -195,13 +195,13 @@ pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<S3Options> {
             "path_style" => o.path_style = boolean(&name, &value)?,
             "profile" => o.profile = Some(string(&name, &value)?),
             "unsigned" => o.unsigned = boolean(&name, &value)?,
-            "connect_timeout" => o.connect_timeout = seconds(&name, &value)?,
-            "first_byte_timeout" => o.first_byte_timeout = seconds(&name, &value)?,
-            "idle_timeout" => o.idle_timeout = seconds(&name, &value)?,
-            "max_attempts" => o.max_attempts = integer(&name, &value)?,
-            "max_retry_time" => o.max_retry_time = seconds(&name, &value)?,
-            "part_size" => o.part_size = integer(&name, &value)?,
-            "max_concurrency" => o.max_concurrency = integer(&name, &value)?,
+            "connect_timeout" => o.transport.connect_timeout = seconds(&name, &value)?,
+            "first_byte_timeout" => o.transport.first_byte_timeout = seconds(&name, &value)?,
+            "idle_timeout" => o.transport.idle_timeout = seconds(&name, &value)?,
+            "max_attempts" => o.transport.max_attempts = integer(&name, &value)?,
+            "max_retry_time" => o.transport.max_retry_time = seconds(&name, &value)?,
+            "part_size" => o.transport.part_size = integer(&name, &value)?,
+            "max_concurrency" => o.transport.max_concurrency = integer(&name, &value)?,
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "invalid option s3: unknown field {other:?} (expected one of: {})",

@@ -271,7 +271,7 @@ pub fn write_manifest(
 ) -> PyResult<()> {
     let s3 = match s3 {
         Some(value) => s3_options(value)?,
-        None => crate::config::S3Options::default(),
+        None => crate::config::StoreOptions::default(),
     };
     s3.validate().map_err(to_py)?;
     let manifest = Manifest::from_json(manifest, &url).map_err(to_py)?;

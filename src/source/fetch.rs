@@ -14,7 +14,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::local::Guard;
-use crate::config::S3Options;
+use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::stats::{Counter, Counters};
@@ -182,7 +182,7 @@ pub(super) struct Fetcher {
     /// The budget's size.
     pub(super) budget_total: usize,
     /// The transport settings of remote reads.
-    pub(super) s3_options: Arc<S3Options>,
+    pub(super) s3_options: Arc<StoreOptions>,
 }
 
 impl Fetcher {

@@ -39,7 +39,7 @@ use super::ranged::{
     self, check_response, error_chain, read_ranged, Body, Failure, NextBytes, Pinned, RangedObject,
     Retries,
 };
-use crate::config::S3Options;
+use crate::config::Transport;
 use crate::error::Error;
 use crate::stats::Counters;
 
@@ -97,7 +97,7 @@ pub(crate) fn origin(url: &url::Url) -> Origin {
 /// reads (after fork).
 pub struct HttpClient {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
-    options: S3Options,
+    transport: Transport,
     /// The `http_headers` option, parsed.
     headers: Vec<(HeaderName, HeaderValue)>,
     /// The Hub's endpoint and `Bearer` token, when a token is found.
@@ -118,12 +118,12 @@ struct Answer {
 }
 
 impl HttpClient {
-    /// A client with `options`' timeouts, retries and headers; the Hub's
+    /// A client with `transport`'s timeouts, retries and headers; the Hub's
     /// token from the environment. Fails only when no TLS setup can be made.
-    pub fn new(options: &S3Options) -> Result<Self, String> {
+    pub fn new(transport: &Transport) -> Result<Self, String> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
-        http.set_connect_timeout(Some(options.connect_timeout));
+        http.set_connect_timeout(Some(transport.connect_timeout));
         http.set_nodelay(true);
         let tls = super::tls::connector_builder()?;
         let https = tls
@@ -134,8 +134,8 @@ impl HttpClient {
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(https);
-        let mut headers = Vec::with_capacity(options.http_headers.0.len());
-        for (name, value) in &options.http_headers.0 {
+        let mut headers = Vec::with_capacity(transport.http_headers.0.len());
+        for (name, value) in &transport.http_headers.0 {
             let name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| format!("invalid header name {name:?}"))?;
             let mut value = HeaderValue::from_str(value)
@@ -154,7 +154,7 @@ impl HttpClient {
             .map(|endpoint| (endpoint, GoogleAuth::default()));
         Ok(HttpClient {
             client,
-            options: options.clone(),
+            transport: transport.clone(),
             headers,
             hub,
             gcs,
@@ -226,7 +226,7 @@ impl HttpClient {
             let request = request
                 .body(Empty::new())
                 .map_err(|e| fatal(format!("the request cannot be made: {e}")))?;
-            let timeout = self.options.first_byte_timeout;
+            let timeout = self.transport.first_byte_timeout;
             let response = match tokio::time::timeout(timeout, self.client.request(request)).await {
                 Err(_) => return Err(Failure::Retry(format!("no response within {timeout:?}"))),
                 Ok(Err(e)) => {
@@ -271,14 +271,14 @@ impl HttpClient {
     /// bytes, with its headers: retried like reads; other statuses than
     /// 200 are errors naming `url`.
     pub async fn get_small(&self, url: &str, limit: usize) -> Result<(HeaderMap, Vec<u8>), Error> {
-        let mut retries = Retries::new(&self.options, url, 0);
+        let mut retries = Retries::new(&self.transport, url, 0);
         loop {
             let reason = match self.send(&Method::GET, url, 0, &[]).await {
                 Ok(answer) if answer.status == StatusCode::OK => {
                     if let Some(coding) = coding(&answer.headers) {
                         return Err(coded(url, 0, &coding));
                     }
-                    match read_small(answer.body, limit, self.options.idle_timeout).await {
+                    match read_small(answer.body, limit, self.transport.idle_timeout).await {
                         Ok(body) => return Ok((answer.headers, body)),
                         Err(Ok(reason)) => reason,
                         Err(Err(reason)) => {
@@ -313,7 +313,7 @@ impl HttpClient {
         &self,
         url: &str,
     ) -> Result<(u64, Option<String>, Option<String>), Error> {
-        let mut retries = Retries::new(&self.options, url, 0);
+        let mut retries = Retries::new(&self.transport, url, 0);
         let range = vec![(header::RANGE, "bytes=0-0".to_owned())];
         loop {
             let reason = match self.send(&Method::GET, url, 0, &range).await {
@@ -649,8 +649,8 @@ impl RangedObject for Resource {
         &self.url
     }
 
-    fn options(&self) -> &S3Options {
-        &self.client.options
+    fn transport(&self) -> &Transport {
+        &self.client.transport
     }
 
     fn counters(&self) -> &Counters {
@@ -755,12 +755,12 @@ pub(super) fn resource(
 
 /// Runs `work` with a fresh HTTP client (`fetch::on_io_runtime`).
 pub fn with_http_client<T>(
-    options: &S3Options,
+    transport: &Transport,
     work: impl AsyncFnOnce(&HttpClient) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    options.validate()?;
+    transport.validate()?;
     on_io_runtime(async {
-        let client = HttpClient::new(options).map_err(Error::Stopped)?;
+        let client = HttpClient::new(transport).map_err(Error::Stopped)?;
         work(&client).await
     })
 }

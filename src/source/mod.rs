@@ -33,7 +33,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::Semaphore;
 
-use crate::config::{CacheOptions, S3Options};
+use crate::config::{CacheOptions, StoreOptions};
 use crate::error::{Error, Result};
 use crate::format::parquet::{self, FooterDecode};
 use crate::format::ByteSource;
@@ -52,7 +52,7 @@ pub struct ReadAheadOptions {
     /// Longest wait of a [`ShardReader`] for its next bytes.
     pub io_timeout: Duration,
     /// How to reach S3.
-    pub s3: S3Options,
+    pub s3: StoreOptions,
     /// Where remote shards are cached, if anywhere.
     pub cache: Option<CacheOptions>,
 }
@@ -193,7 +193,7 @@ impl Dispatcher {
     /// alone: after every unit before it was fetched, and before any unit
     /// after it is begun, so that every read takes the budget in order.
     async fn run(self, units: Vec<FetchUnit>, shard_tx: Sender<ShardReader>) {
-        let ahead = self.s3_options.max_concurrency.max(1);
+        let ahead = self.s3_options.transport.max_concurrency.max(1);
         let mut queue = (ahead > 1).then(|| queue::PartQueue::new(&self));
         let mut in_flight = VecDeque::new();
         for unit in units {
@@ -325,7 +325,7 @@ impl Dispatcher {
     /// process; why it cannot be made.
     fn http_client(&self) -> std::result::Result<Arc<http::HttpClient>, String> {
         self.http
-            .get_or_init(|| http::HttpClient::new(&self.s3_options).map(Arc::new))
+            .get_or_init(|| http::HttpClient::new(&self.s3_options.transport).map(Arc::new))
             .clone()
     }
 
@@ -488,7 +488,7 @@ fn client_error(unit: &FetchUnit, reason: String) -> Error {
 
 /// Runs `work` with a fresh S3 client ([`fetch::on_io_runtime`]).
 fn with_s3_client<T>(
-    options: &S3Options,
+    options: &StoreOptions,
     work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
 ) -> Result<T> {
     options.validate()?;
@@ -500,7 +500,7 @@ fn with_s3_client<T>(
 
 /// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
 /// size (a HEAD of each S3 object, a GET of each resource's first byte).
-pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Result<()> {
+pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> Result<()> {
     let unknown = |s: &Shard, http: bool| {
         s.size.is_none()
             && match s.location() {
@@ -522,7 +522,7 @@ pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Res
         })?;
     }
     if shards.iter().any(|s| unknown(s, true)) {
-        http::with_http_client(options, async |client| {
+        http::with_http_client(&options.transport, async |client| {
             for shard in shards.iter_mut().filter(|s| unknown(s, true)) {
                 let (size, etag) = client.describe(&shard.url).await?;
                 shard.size = Some(size);
@@ -537,12 +537,16 @@ pub fn describe_remote_objects(options: &S3Options, shards: &mut [Shard]) -> Res
 /// The whole of the small remote object at `url` (`s3://` or
 /// `http(s)://`; a manifest), at most `limit` bytes, or `None` when it does
 /// not exist.
-pub fn read_small_object(options: &S3Options, url: &str, limit: usize) -> Result<Option<Vec<u8>>> {
+pub fn read_small_object(
+    options: &StoreOptions,
+    url: &str,
+    limit: usize,
+) -> Result<Option<Vec<u8>>> {
     let read = match Location::parse(url) {
         Location::S3 { bucket, key } => with_s3_client(options, async |client| {
             client.get_small(url, &bucket, &key, limit).await
         }),
-        Location::Http(_) => http::with_http_client(options, async |client| {
+        Location::Http(_) => http::with_http_client(&options.transport, async |client| {
             client.get_small(url, limit).await.map(|(_, body)| body)
         }),
         Location::Local(path) => std::fs::read(&path).map_err(|e| Error::Manifest {
@@ -558,7 +562,7 @@ pub fn read_small_object(options: &S3Options, url: &str, limit: usize) -> Result
 }
 
 /// Writes `bytes` (a manifest) to the object at the `s3://` URL `url`.
-pub fn write_small_object(options: &S3Options, url: &str, bytes: Vec<u8>) -> Result<()> {
+pub fn write_small_object(options: &StoreOptions, url: &str, bytes: Vec<u8>) -> Result<()> {
     let Location::S3 { bucket, key } = Location::parse(url) else {
         return Err(Error::Write {
             url: url.to_owned(),
@@ -575,7 +579,7 @@ pub fn write_small_object(options: &S3Options, url: &str, bytes: Vec<u8>) -> Res
 /// prefix)`, the objects whose keys `keep` takes, sorted by key, as shards
 /// with their sizes and ETags.
 pub fn list_s3_prefixes(
-    options: &S3Options,
+    options: &StoreOptions,
     listings: &[(usize, String, String, String)],
     keep: fn(&str) -> bool,
 ) -> Result<Vec<Vec<Shard>>> {
@@ -600,7 +604,7 @@ pub fn list_s3_prefixes(
 /// Reads the footer of each Parquet file (`files` have known sizes): a
 /// probe of its last bytes, then the whole footer when it is longer. The
 /// reads run on a runtime that is shut down before returning.
-pub fn read_footers(files: &[&Shard], s3: &S3Options) -> Result<Vec<Arc<ParquetMetaData>>> {
+pub fn read_footers(files: &[&Shard], s3: &StoreOptions) -> Result<Vec<Arc<ParquetMetaData>>> {
     let size = |file: &Shard| file.size.unwrap_or(0);
     let probes = files
         .iter()
@@ -648,7 +652,7 @@ fn file_format_error(file: &Shard, reason: &str) -> Error {
 
 /// The last `lens[i]` bytes of each file, read through a [`ReadAhead`]
 /// that is dropped (its runtime shut down) before returning.
-fn read_tails(files: &[&Shard], lens: &[u64], s3: &S3Options) -> Result<Vec<Vec<u8>>> {
+fn read_tails(files: &[&Shard], lens: &[u64], s3: &StoreOptions) -> Result<Vec<Vec<u8>>> {
     let units = files
         .iter()
         .zip(lens)
@@ -959,7 +963,7 @@ mod tests {
             budget_bytes: 4 * chunk_bytes,
             chunk_bytes,
             io_timeout: Duration::from_secs(20),
-            s3: S3Options::default(),
+            s3: StoreOptions::default(),
             cache: None,
         };
         ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()

@@ -686,13 +686,17 @@ impl PartQueue {
     pub(super) fn new(fetcher: &Fetcher) -> Self {
         let options = &fetcher.s3_options;
         let budget = fetcher.budget_bytes() as u64;
-        let sizes = PartSizes::new(budget, options.part_size as u64, options.max_concurrency);
+        let sizes = PartSizes::new(
+            budget,
+            options.transport.part_size as u64,
+            options.transport.max_concurrency,
+        );
         PartQueue {
-            slots: Arc::new(Semaphore::new(options.max_concurrency.max(1))),
+            slots: Arc::new(Semaphore::new(options.transport.max_concurrency.max(1))),
             allowance: budget.saturating_sub(2 * sizes.ceiling()),
             sizes: Arc::new(sizes),
             tuner: Arc::default(),
-            window: look_ahead_units(options.max_concurrency),
+            window: look_ahead_units(options.transport.max_concurrency),
             opened: VecDeque::new(),
         }
     }
@@ -1120,7 +1124,7 @@ mod tests {
     use super::super::ranged::{Answer, Failure, NextBytes};
     use super::super::ShardReader;
     use super::*;
-    use crate::config::S3Options;
+    use crate::config::{StoreOptions, Transport};
     use crate::format::ByteSource;
     use crate::location::Location;
     use crate::stats::Counters;
@@ -1138,7 +1142,7 @@ mod tests {
         fail_at: Option<u64>,
         ignore_range: bool,
         break_at: Mutex<Option<u64>>,
-        options: S3Options,
+        transport: Transport,
         counters: Counters,
     }
 
@@ -1180,8 +1184,8 @@ mod tests {
             &self.url
         }
 
-        fn options(&self) -> &S3Options {
-            &self.options
+        fn transport(&self) -> &Transport {
+            &self.transport
         }
 
         fn counters(&self) -> &Counters {
@@ -1262,10 +1266,13 @@ mod tests {
             io_timeout: Duration::from_secs(20),
             counters: Arc::new(Counters::new()),
             budget_total: budget,
-            s3_options: Arc::new(S3Options {
-                part_size,
-                max_concurrency,
-                ..S3Options::default()
+            s3_options: Arc::new(StoreOptions {
+                transport: Transport {
+                    part_size,
+                    max_concurrency,
+                    ..Transport::default()
+                },
+                ..StoreOptions::default()
             }),
         }
     }
@@ -1327,10 +1334,10 @@ mod tests {
                     fail_at: faults.fail.filter(|f| f.0 == i).map(|f| f.1),
                     ignore_range: faults.ignore_range,
                     break_at: Mutex::new(faults.break_at),
-                    options: S3Options {
+                    transport: Transport {
                         backoff_base: Duration::from_millis(1),
                         backoff_max: Duration::from_millis(2),
-                        ..S3Options::default()
+                        ..Transport::default()
                     },
                     counters: Counters::new(),
                 };

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
-use crate::config::S3Options;
+use crate::config::Transport;
 use crate::error::Error;
 use crate::stats::{Counter, Counters};
 
@@ -63,19 +63,19 @@ pub(super) fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// Bounded retries with exponential backoff and full jitter.
 pub(super) struct Retries<'a> {
-    options: &'a S3Options,
+    transport: &'a Transport,
     attempt: u32,
     started: Instant,
     seed: u64,
 }
 
 impl<'a> Retries<'a> {
-    pub(super) fn new(options: &'a S3Options, url: &str, offset: u64) -> Self {
+    pub(super) fn new(transport: &'a Transport, url: &str, offset: u64) -> Self {
         let seed = url.bytes().fold(offset ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
             (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
         });
         Retries {
-            options,
+            transport,
             attempt: 0,
             started: Instant::now(),
             seed,
@@ -90,8 +90,8 @@ impl<'a> Retries<'a> {
         reason: String,
     ) -> Result<(), Error> {
         self.attempt += 1;
-        if self.attempt >= self.options.max_attempts
-            || self.started.elapsed() >= self.options.max_retry_time
+        if self.attempt >= self.transport.max_attempts
+            || self.started.elapsed() >= self.transport.max_retry_time
         {
             return Err(Error::Read {
                 url: url.to_owned(),
@@ -103,10 +103,10 @@ impl<'a> Retries<'a> {
             });
         }
         let cap = self
-            .options
+            .transport
             .backoff_base
             .saturating_mul(1 << self.attempt.min(16))
-            .min(self.options.backoff_max);
+            .min(self.transport.backoff_max);
         // Full jitter: a uniform draw from [0, cap) (splitmix64 of our own seed).
         self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.seed;
@@ -352,7 +352,7 @@ pub(super) trait RangedObject: Send + Sync + 'static {
     fn url(&self) -> &str;
 
     /// The retries, backoff and timeouts of its reads.
-    fn options(&self) -> &S3Options;
+    fn transport(&self) -> &Transport;
 
     /// Where requests, bytes, resumes and retries are counted.
     fn counters(&self) -> &Counters;
@@ -447,12 +447,12 @@ pub(super) async fn stream_range<O: RangedObject>(
     target: &mut Target<'_>,
     (tap, on_get): (Option<&Tap>, &(dyn Fn(Sample) + Sync)),
 ) -> Result<Result<(), Error>, ConsumerGone> {
-    let (options, counters, url) = (object.options(), object.counters(), object.url());
+    let (transport, counters, url) = (object.transport(), object.counters(), object.url());
     let reach = reach.max(range.end);
     let ask = (reach != u64::MAX).then_some(reach);
     let mut end = (range.end != u64::MAX).then_some(range.end);
     let mut position = range.start;
-    let mut retries = Retries::new(options, url, range.start);
+    let mut retries = Retries::new(transport, url, range.start);
     loop {
         if end.is_some_and(|e| position >= e) {
             return Ok(Ok(()));
@@ -501,7 +501,8 @@ pub(super) async fn stream_range<O: RangedObject>(
                         break None;
                     }
                     let next = if pending.is_empty() {
-                        match tokio::time::timeout(options.idle_timeout, body.next_bytes()).await {
+                        match tokio::time::timeout(transport.idle_timeout, body.next_bytes()).await
+                        {
                             Ok(Some(Ok(bytes))) => {
                                 counters.add(Counter::BytesRead, bytes.len() as u64);
                                 bytes
@@ -516,7 +517,10 @@ pub(super) async fn stream_range<O: RangedObject>(
                             }
                             Ok(None) => break None,
                             Err(_) => {
-                                break Some(format!("no body bytes for {:?}", options.idle_timeout))
+                                break Some(format!(
+                                    "no body bytes for {:?}",
+                                    transport.idle_timeout
+                                ))
                             }
                         }
                     } else {

@@ -20,14 +20,14 @@ use super::ranged::{
     cause_chain, check_response, error_chain, read_ranged, Answer, Body, Failure, NextBytes,
     Pinned, RangedObject, Retries, MAX_CHAIN,
 };
-use crate::config::S3Options;
+use crate::config::{StoreOptions, Transport};
 use crate::error::Error;
 use crate::stats::Counters;
 
 /// A client for one stream, made in the process that reads (after fork).
 pub struct S3Client {
     client: aws_sdk_s3::Client,
-    options: S3Options,
+    options: StoreOptions,
     /// Why credentials could not be used, once a request found out: every
     /// later request fails at once with it, rather than look for them in
     /// every source again.
@@ -38,12 +38,12 @@ impl S3Client {
     /// Builds a client from `options` and the default credential chain
     /// (environment, shared config and credentials files, SSO, web identity,
     /// IMDS and ECS roles).
-    pub async fn new(options: &S3Options) -> Self {
+    pub async fn new(options: &StoreOptions) -> Self {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .retry_config(aws_config::retry::RetryConfig::disabled())
             .timeout_config(
                 aws_config::timeout::TimeoutConfig::builder()
-                    .connect_timeout(options.connect_timeout)
+                    .connect_timeout(options.transport.connect_timeout)
                     .build(),
             );
         if let Some(region) = &options.region {
@@ -171,9 +171,9 @@ impl S3Client {
         let (mut body, mut out) = (output.body, Vec::new());
         loop {
             // Each piece within the idle timeout, however long the whole.
-            match tokio::time::timeout(self.options.idle_timeout, body.next()).await {
+            match tokio::time::timeout(self.options.transport.idle_timeout, body.next()).await {
                 Err(_) => {
-                    let idle = self.options.idle_timeout;
+                    let idle = self.options.transport.idle_timeout;
                     return Err(broken(out.len(), format!("no body bytes for {idle:?}")));
                 }
                 Ok(None) => return Ok(out),
@@ -233,18 +233,20 @@ impl S3Client {
             Output = Result<T, SdkError<E, aws_sdk_s3::config::http::HttpResponse>>,
         >,
     {
-        let mut retries = Retries::new(&self.options, url, 0);
+        let mut retries = Retries::new(&self.options.transport, url, 0);
         loop {
             if let Some(error) = self.known_credentials_failure(url) {
                 return Err(error);
             }
-            let result = match tokio::time::timeout(self.options.first_byte_timeout, send()).await {
-                Ok(result) => result,
-                Err(_) => Err(SdkError::timeout_error(format!(
-                    "no response within {:?}",
-                    self.options.first_byte_timeout
-                ))),
-            };
+            let result =
+                match tokio::time::timeout(self.options.transport.first_byte_timeout, send()).await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(SdkError::timeout_error(format!(
+                        "no response within {:?}",
+                        self.options.transport.first_byte_timeout
+                    ))),
+                };
             let reason = match result {
                 Ok(output) => return Ok(output),
                 Err(error) => match self.classify(url, 0, &error) {
@@ -455,11 +457,11 @@ async fn get(
         .key(key)
         .set_range(range)
         .set_if_match(etag.map(str::to_owned));
-    match tokio::time::timeout(s3.options.first_byte_timeout, request.send()).await {
+    match tokio::time::timeout(s3.options.transport.first_byte_timeout, request.send()).await {
         Ok(result) => result,
         Err(_) => Err(SdkError::timeout_error(format!(
             "no response within {:?}",
-            s3.options.first_byte_timeout
+            s3.options.transport.first_byte_timeout
         ))),
     }
 }
@@ -556,8 +558,8 @@ impl RangedObject for S3Object {
         &self.url
     }
 
-    fn options(&self) -> &S3Options {
-        &self.s3.options
+    fn transport(&self) -> &Transport {
+        &self.s3.options.transport
     }
 
     fn counters(&self) -> &Counters {

@@ -24,7 +24,7 @@ pub use pattern::{Destination, ShardPattern};
 pub use sink::forked_reason;
 
 use crate::compression::Compression;
-use crate::config::S3Options;
+use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::manifest::{Manifest, ShardEntry};
 use encode::invalid;
@@ -49,7 +49,7 @@ pub struct WriterOptions {
     /// How shards are compressed (`None`: as the pattern's suffix says).
     pub compression: Option<Compression>,
     /// How to reach S3 (its `part_size` is the upload's part size, at least 5 MiB).
-    pub s3: S3Options,
+    pub s3: StoreOptions,
 }
 
 impl Default for WriterOptions {
@@ -59,7 +59,7 @@ impl Default for WriterOptions {
             max_count: Some(100_000),
             max_bytes: Some(3_000_000_000),
             compression: None,
-            s3: S3Options::default(),
+            s3: StoreOptions::default(),
         }
     }
 }
@@ -218,7 +218,7 @@ pub struct ShardWriter {
 /// Writes `manifest` to `url`: a local path or `file://` URL (under a
 /// temporary name, synced and renamed into place) or an `s3://` URL (one
 /// `PutObject`, with the retries of `s3`).
-pub fn write_manifest(url: &str, manifest: &Manifest, s3: &S3Options) -> Result<()> {
+pub fn write_manifest(url: &str, manifest: &Manifest, s3: &StoreOptions) -> Result<()> {
     let json = manifest.to_json().into_bytes();
     if url.contains("://") && !url.starts_with("file://") {
         return crate::source::write_small_object(s3, url, json);
@@ -453,9 +453,12 @@ impl ShardWriter {
         let number = self.next_number;
         let name = self.pattern.name(number);
         let sink = match (&self.pattern.destination, &self.s3) {
-            (Destination::S3 { bucket, .. }, Some(target)) => {
-                Sink::s3(target.clone(), bucket, &name, self.options.s3.part_size)
-            }
+            (Destination::S3 { bucket, .. }, Some(target)) => Sink::s3(
+                target.clone(),
+                bucket,
+                &name,
+                self.options.s3.transport.part_size,
+            ),
             _ => Sink::local(std::path::Path::new(&name))?,
         };
         let url = self.pattern.url(number);

@@ -732,7 +732,7 @@ mod tests {
             budget_bytes: budget,
             chunk_bytes: chunk,
             io_timeout: Duration::from_secs(20),
-            s3: crate::config::S3Options::default(),
+            s3: crate::config::StoreOptions::default(),
             cache: None,
         };
         let counters = Arc::new(crate::stats::Counters::new());
