@@ -1,4 +1,5 @@
-//! Micro benchmarks of shardstream's CPU-bound stages, with no I/O:
+//! Micro benchmarks of shardstream's CPU-bound stages, with no I/O but the
+//! page cache:
 //!
 //! - `tar_parse`: `format::tar::read_samples` over ~64 MB in-memory tars of
 //!   audio-like samples (80 KB `.wav` + 200 B `.json`) and of small samples
@@ -15,6 +16,11 @@
 //! - `python_handoff`: samples into the Python objects `__next__` returns, in
 //!   an embedded interpreter: one audio-like or small sample into a dict, and
 //!   32 samples collated into a dict of lists; throughput in samples.
+//! - `local_read`: why local shards are mapped: a 256 MiB file in the page
+//!   cache read a 1 MiB chunk at a time, each byte summed, through a mapping
+//!   of each chunk (`populate`, as the local reader maps them) against
+//!   `pread` into a fresh buffer per chunk (what reading without mappings
+//!   costs: the copy, and the pages of the buffers); throughput in bytes.
 //!
 //! Run with `make bench-micro`, or:
 //!
@@ -363,6 +369,62 @@ fn bench_handoff(c: &mut Criterion) {
     group.finish();
 }
 
+/// Size of the file `local_read` reads.
+const LOCAL_FILE_BYTES: usize = 256 << 20;
+/// The local reader's chunk (the default `chunk_bytes`).
+const LOCAL_CHUNK_BYTES: usize = 1 << 20;
+
+/// The wrapping sum of `bytes` as little-endian 8-byte words: every byte
+/// read, as a consumer would.
+fn touch(bytes: &[u8]) -> u64 {
+    bytes
+        .chunks_exact(8)
+        .map(|word| u64::from_le_bytes(word.try_into().expect("8 bytes")))
+        .fold(0, u64::wrapping_add)
+}
+
+fn bench_local_read(c: &mut Criterion) {
+    use std::os::unix::fs::FileExt;
+    let dir = std::env::temp_dir().join(format!("shardstream-micro-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("local-read.bin");
+    std::fs::write(&path, noise(LOCAL_FILE_BYTES, 7)).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    let offsets = || (0..LOCAL_FILE_BYTES).step_by(LOCAL_CHUNK_BYTES);
+    let mut group = c.benchmark_group("local_read");
+    group.throughput(Throughput::Bytes(LOCAL_FILE_BYTES as u64));
+    group.sample_size(10);
+    group.bench_function("mmap_1MiB_chunks", |b| {
+        b.iter(|| {
+            offsets().fold(0u64, |sum, offset| {
+                // SAFETY: the file is this benchmark's own, in a directory
+                // named for this process, and nothing changes it while it
+                // is mapped.
+                let map = unsafe {
+                    memmap2::MmapOptions::new()
+                        .offset(offset as u64)
+                        .len(LOCAL_CHUNK_BYTES)
+                        .populate()
+                        .map(&file)
+                }
+                .unwrap();
+                sum.wrapping_add(touch(&map))
+            })
+        })
+    });
+    group.bench_function("pread_1MiB_chunks", |b| {
+        b.iter(|| {
+            offsets().fold(0u64, |sum, offset| {
+                let mut chunk = vec![0u8; LOCAL_CHUNK_BYTES];
+                file.read_exact_at(&mut chunk, offset as u64).unwrap();
+                sum.wrapping_add(touch(&chunk))
+            })
+        })
+    });
+    group.finish();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 criterion_group!(
     benches,
     bench_tar,
@@ -370,6 +432,7 @@ criterion_group!(
     bench_plan,
     bench_collate,
     bench_decode,
-    bench_handoff
+    bench_handoff,
+    bench_local_read
 );
 criterion_main!(benches);

@@ -290,7 +290,6 @@ impl ImageSpec {
     fn lay_out(&self, pixels: &Pixels<'_>, flip: bool) -> Array {
         let (w, h) = (pixels.width() as usize, pixels.height() as usize);
         let rgb = pixels.buffer();
-        let column = |x: usize| if flip { w - 1 - x } else { x };
         let data = match self.layout {
             Layout::Hwc if !flip => rgb.to_vec(),
             Layout::Hwc => {
@@ -306,12 +305,21 @@ impl ImageSpec {
                 let mut out = vec![0u8; rgb.len()];
                 let (red, rest) = out.split_at_mut(w * h);
                 let (green, blue) = rest.split_at_mut(w * h);
-                for (y, row) in rgb.chunks_exact(w * 3).enumerate() {
-                    for (x, pixel) in row.chunks_exact(3).enumerate() {
-                        let at = y * w + column(x);
-                        red[at] = pixel[0];
-                        green[at] = pixel[1];
-                        blue[at] = pixel[2];
+                let rows = rgb
+                    .chunks_exact(w * 3)
+                    .zip(red.chunks_exact_mut(w))
+                    .zip(green.chunks_exact_mut(w))
+                    .zip(blue.chunks_exact_mut(w));
+                for (((row, red), green), blue) in rows {
+                    let planes = red.iter_mut().zip(green.iter_mut()).zip(blue.iter_mut());
+                    let pixels = row.chunks_exact(3);
+                    let mut put = |(pixel, ((r, g), b)): (&[u8], ((&mut u8, &mut u8), &mut u8))| {
+                        (*r, *g, *b) = (pixel[0], pixel[1], pixel[2]);
+                    };
+                    if flip {
+                        pixels.zip(planes.rev()).for_each(&mut put);
+                    } else {
+                        pixels.zip(planes).for_each(&mut put);
                     }
                 }
                 out
