@@ -133,7 +133,7 @@ bench-startup: develop ## Start-up of one resolution per job at 1,000,000 shards
 # profile, and the `python` feature keeps dependency features as in
 # `make test`, so its dependencies are reused (pyo3, numpy and the crate
 # itself are rebuilt after `maturin develop`).
-bench-micro: $(STAMP) ## Criterion micro benchmarks: tar parsing, shuffle, plan, collate, decoders, Python hand-off
+bench-micro: $(STAMP) ## Criterion micro benchmarks: tar parsing, shuffle, plan, collate, decoders, Python hand-off, local reads mapped against pread
 	cargo bench --features python --bench micro -- --warm-up-time 1 --measurement-time 3
 
 # The peers get virtualenvs of their own, so their pins never touch .venv:

@@ -60,8 +60,12 @@ def test_pyproject_declares_what_an_index_page_needs():
     for url in project["urls"].values():
         assert url.startswith(repository_url()), url
     assert project["license"] == "Apache-2.0"
-    for name in project["license-files"]:
-        assert "Apache License" in (REPO_ROOT / name).read_text()
+    # The project's license, then the notices of what the extension links.
+    assert project["license-files"] == ["LICENSE", "THIRD_PARTY_NOTICES.md"]
+    assert "Apache License" in (REPO_ROOT / "LICENSE").read_text()
+    notices = (REPO_ROOT / "THIRD_PARTY_NOTICES.md").read_text()
+    assert "based in part on the work of the Independent JPEG Group" in notices
+    assert "Redistribution and use in source and binary forms" in notices
     classifiers = project["classifiers"]
     assert "Operating System :: POSIX :: Linux" in classifiers
     # One classifier per CPython the abi3 wheel is tested on or declares.
