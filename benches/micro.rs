@@ -20,7 +20,9 @@
 //!   cache read a 1 MiB chunk at a time, each byte summed, through a mapping
 //!   of each chunk (`populate`, as the local reader maps them) against
 //!   `pread` into a fresh buffer per chunk (what reading without mappings
-//!   costs: the copy, and the pages of the buffers); throughput in bytes.
+//!   costs: the copy, and the pages of the buffers). The last 32 chunks are
+//!   kept, as samples in flight keep theirs in the read-ahead; throughput
+//!   in bytes.
 //!
 //! Run with `make bench-micro`, or:
 //!
@@ -373,6 +375,24 @@ fn bench_handoff(c: &mut Criterion) {
 const LOCAL_FILE_BYTES: usize = 256 << 20;
 /// The local reader's chunk (the default `chunk_bytes`).
 const LOCAL_CHUNK_BYTES: usize = 1 << 20;
+/// Chunks kept alive, as samples in flight keep theirs.
+const LOCAL_CHUNKS_HELD: usize = 32;
+
+/// Reads the file a chunk at a time with `read`, summing every byte and
+/// keeping the last [`LOCAL_CHUNKS_HELD`] chunks alive.
+fn read_chunks<T: std::ops::Deref<Target = [u8]>>(read: impl Fn(u64) -> T) -> u64 {
+    let mut held = std::collections::VecDeque::with_capacity(LOCAL_CHUNKS_HELD);
+    let mut sum = 0u64;
+    for offset in (0..LOCAL_FILE_BYTES).step_by(LOCAL_CHUNK_BYTES) {
+        let chunk = read(offset as u64);
+        sum = sum.wrapping_add(touch(&chunk));
+        if held.len() == LOCAL_CHUNKS_HELD {
+            held.pop_front();
+        }
+        held.push_back(chunk);
+    }
+    sum
+}
 
 /// The wrapping sum of `bytes` as little-endian 8-byte words: every byte
 /// read, as a consumer would.
@@ -390,34 +410,32 @@ fn bench_local_read(c: &mut Criterion) {
     let path = dir.join("local-read.bin");
     std::fs::write(&path, noise(LOCAL_FILE_BYTES, 7)).unwrap();
     let file = std::fs::File::open(&path).unwrap();
-    let offsets = || (0..LOCAL_FILE_BYTES).step_by(LOCAL_CHUNK_BYTES);
     let mut group = c.benchmark_group("local_read");
     group.throughput(Throughput::Bytes(LOCAL_FILE_BYTES as u64));
     group.sample_size(10);
     group.bench_function("mmap_1MiB_chunks", |b| {
         b.iter(|| {
-            offsets().fold(0u64, |sum, offset| {
+            read_chunks(|offset| {
                 // SAFETY: the file is this benchmark's own, in a directory
                 // named for this process, and nothing changes it while it
                 // is mapped.
-                let map = unsafe {
+                unsafe {
                     memmap2::MmapOptions::new()
-                        .offset(offset as u64)
+                        .offset(offset)
                         .len(LOCAL_CHUNK_BYTES)
                         .populate()
                         .map(&file)
                 }
-                .unwrap();
-                sum.wrapping_add(touch(&map))
+                .unwrap()
             })
         })
     });
     group.bench_function("pread_1MiB_chunks", |b| {
         b.iter(|| {
-            offsets().fold(0u64, |sum, offset| {
+            read_chunks(|offset| {
                 let mut chunk = vec![0u8; LOCAL_CHUNK_BYTES];
-                file.read_exact_at(&mut chunk, offset as u64).unwrap();
-                sum.wrapping_add(touch(&chunk))
+                file.read_exact_at(&mut chunk, offset).unwrap();
+                chunk
             })
         })
     });
