@@ -22,6 +22,29 @@ use pyo3::prelude::*;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// The options of that jemalloc, read once when it starts (its
+/// `malloc_conf`, under the prefix tikv-jemalloc-sys builds it with; the
+/// `_RJEM_MALLOC_CONF` environment variable still overrides them).
+///
+/// `oversize_threshold`: jemalloc gives allocations over 8 MiB (its
+/// default) to an arena that hands their pages back to the kernel as soon
+/// as they are freed, so every collated batch of images (64 x 3x224x224
+/// bytes is 9.6 MB) was faulted in page by page anew. Raised to 64 MiB (a
+/// batch of 256 such images is 38.5 MB), a freed batch's pages are reused
+/// by the next, and go back to the kernel after jemalloc's dirty decay (10
+/// s). Measured over 7 epochs of 1,024 `Image(224)` JPEGs in batches of 64
+/// at workers 0: 289k minor page faults against 547k, and 7.0 s of CPU
+/// against 8.0 s.
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: MallocConf = MallocConf(c"oversize_threshold:67108864".as_ptr());
+
+/// A C string as jemalloc reads `malloc_conf`: one pointer.
+#[repr(transparent)]
+struct MallocConf(*const std::ffi::c_char);
+
+// SAFETY: the pointer is to a string literal: immutable and 'static.
+unsafe impl Sync for MallocConf {}
+
 /// The native core of `shardstream`.
 #[pymodule(module = "shardstream")]
 mod _core {
@@ -69,5 +92,38 @@ mod _core {
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("__version__", env!("CARGO_PKG_VERSION"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // jemalloc's `mallctl`, as tikv-jemalloc-sys exports it.
+    extern "C" {
+        fn _rjem_mallctl(
+            name: *const std::ffi::c_char,
+            old: *mut std::ffi::c_void,
+            old_len: *mut usize,
+            new: *mut std::ffi::c_void,
+            new_len: usize,
+        ) -> std::ffi::c_int;
+    }
+
+    #[test]
+    fn jemalloc_runs_with_the_options_of_malloc_conf() {
+        let mut threshold: usize = 0;
+        let mut len = std::mem::size_of::<usize>();
+        // SAFETY: "opt.oversize_threshold" is a size_t option; `threshold`
+        // and `len` are a writable size_t and its size; nothing is set.
+        let rc = unsafe {
+            _rjem_mallctl(
+                c"opt.oversize_threshold".as_ptr(),
+                (&raw mut threshold).cast(),
+                &raw mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        assert_eq!(rc, 0);
+        assert_eq!(threshold, 64 << 20);
     }
 }
