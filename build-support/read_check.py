@@ -1,7 +1,9 @@
 """An installed shardstream at work without torch, where it was installed:
 shards written by ``ShardWriter``, indexed and planned by the CLI, read back
 by the Rust stream that ``StreamingDataset`` iterates, over two ranks, every
-sample once and byte for byte. Exits non-zero (an assertion) on any
+sample once and byte for byte; then a JPEG decoded by ``Image`` (the
+libjpeg-turbo built into the extension, with this machine's SIMD code) to
+the pixels PIL decodes from it. Exits non-zero (an assertion) on any
 difference.
 
 Run by ``make test-aarch64`` inside the arm64 root under qemu, and by
@@ -12,6 +14,8 @@ tests/python/test_sdist.py in the virtualenv the sdist was built into::
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import platform
@@ -24,6 +28,28 @@ from shardstream import _core
 
 SHARDS = 4
 PER_SHARD = 25
+
+# A 24x16 JPEG (4:2:0, quality 90, written by PIL), and the SHA-256 of the
+# RGB pixels PIL decodes from it. libjpeg-turbo's SIMD code (AVX2 on x86-64,
+# NEON on aarch64) decodes to the same bytes as its C code on every
+# platform, so the digest holds everywhere.
+JPEG_BASE64 = (
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAMCAgMCAgMDAwMEAwMEBQgFBQQEBQoHBwYIDAoM"
+    "DAsKCwsNDhIQDQ4RDgsLEBYQERMUFRUVDA8XGBYUGBIUFRT/2wBDAQMEBAUEBQkFBQkUDQsN"
+    "FBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBT/wAAR"
+    "CAAQABgDASIAAhEBAxEB/8QAHwAAAQUBAQEBAQEAAAAAAAAAAAECAwQFBgcICQoL/8QAtRAA"
+    "AgEDAwIEAwUFBAQAAAF9AQIDAAQRBRIhMUEGE1FhByJxFDKBkaEII0KxwRVS0fAkM2JyggkK"
+    "FhcYGRolJicoKSo0NTY3ODk6Q0RFRkdISUpTVFVWV1hZWmNkZWZnaGlqc3R1dnd4eXqDhIWG"
+    "h4iJipKTlJWWl5iZmqKjpKWmp6ipqrKztLW2t7i5usLDxMXGx8jJytLT1NXW19jZ2uHi4+Tl"
+    "5ufo6erx8vP09fb3+Pn6/8QAHwEAAwEBAQEBAQEBAQAAAAAAAAECAwQFBgcICQoL/8QAtREA"
+    "AgECBAQDBAcFBAQAAQJ3AAECAxEEBSExBhJBUQdhcRMiMoEIFEKRobHBCSMzUvAVYnLRChYk"
+    "NOEl8RcYGRomJygpKjU2Nzg5OkNERUZHSElKU1RVVldYWVpjZGVmZ2hpanN0dXZ3eHl6goOE"
+    "hYaHiImKkpOUlZaXmJmaoqOkpaanqKmqsrO0tba3uLm6wsPExcbHyMnK0tPU1dbX2Nna4uPk"
+    "5ebn6Onq8vP09fb3+Pn6/9oADAMBAAIRAxEAPwD4n8OfCj7v7n9K9Q8O/Cf7v7n9K998OfCf"
+    "7v7n9K9Q8O/Cf7v7n9K3y7G7anx/C3H3w++eB+HPhP8Ad/c/pRX2TonwvjtYfNljCRoMliOl"
+    "FfU1uKMryzlp47F06UmrpTnGLa2uk2tD+psq46nPDpxbZ//Z"
+)
+JPEG_PIXELS_SHA256 = "7303a09637d8f93639b09e00debe696b51500ed1b5cf28fe45db8f0c3fcb2749"
 
 
 def cli(*args: str) -> str:
@@ -77,6 +103,22 @@ def main(root: Path, machine: str) -> None:
     assert lengths == [SHARDS * PER_SHARD // 2] * 2, lengths
     assert seen == written
     print(f"{machine}: {len(seen)} samples over 2 ranks, each once, byte for byte")
+    check_jpeg(root, machine)
+
+
+def check_jpeg(root: Path, machine: str) -> None:
+    """``JPEG_BASE64`` decoded by ``Image(crop=None)`` to PIL's pixels."""
+    with shardstream.ShardWriter(str(root / "image-%06d.tar"), max_count=1) as writer:
+        writer.write({"__key__": "image", "jpg": base64.b64decode(JPEG_BASE64)})
+    image = shardstream.Image(crop=None, layout="HWC")
+    options = _core.Options(decode={"jpg": image})
+    shards = _core.ShardList([str(root / "image-000000.tar")], options)
+    (sample,) = list(_core.SampleStream(shards, epoch=0, world_size=1, rank=0))
+    pixels = sample["jpg"]
+    assert pixels.shape == (16, 24, 3), pixels.shape
+    digest = hashlib.sha256(pixels.tobytes()).hexdigest()
+    assert digest == JPEG_PIXELS_SHA256, digest
+    print(f"{machine}: a JPEG decodes to PIL's pixels")
 
 
 if __name__ == "__main__":
