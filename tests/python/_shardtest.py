@@ -438,6 +438,26 @@ def kill_launch(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def stacks(pid: int) -> str:
+    """The Python and native stacks of ``pid`` and its descendants, as
+    py-spy (a dev requirement) dumps them: what a test that timed out
+    shows of where each process waited."""
+    spy = Path(sys.executable).with_name("py-spy")
+    shown = []
+    for each in [pid, *descendants(pid)]:
+        try:
+            dump = subprocess.run(
+                [str(spy), "dump", "--native", "--pid", str(each)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            shown.append(f"--- {each}\n{dump.stdout[-4000:]}{dump.stderr[-1000:]}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            shown.append(f"--- {each}: no stack ({error})")
+    return "\n".join(shown)
+
+
 def run_bounded(
     command: list[str], *, cwd: Any, env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:
@@ -457,11 +477,13 @@ def run_bounded(
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        where = stacks(proc.pid)
         kill_launch(proc)
         stdout, stderr = proc.communicate()
         pytest.fail(
             f"{command} did not finish within {timeout} s\n"
-            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
+            f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}\n"
+            f"where each process was:\n{where}"
         )
     if proc.returncode < 0:
         with contextlib.suppress(ProcessLookupError):
