@@ -289,7 +289,7 @@ fn inspect(url: &str, limit: Option<usize>, s3: &StoreOptions, out: &mut dyn Wri
     let mut shards = resolve::resolve_with(&[url.to_owned()], s3)?;
     // A remote shard named outright is resolved without a request: its
     // size comes from a HEAD (S3) or a GET of its first byte (HTTP).
-    crate::source::describe_remote_objects(s3, &mut shards)?;
+    crate::store::describe_remote_objects(s3, &mut shards)?;
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let (mut samples, mut field_bytes) = (0u64, 0u64);
     let compressed = scan(&shards, s3, |sample, progress| {

@@ -82,7 +82,7 @@ pub fn index_dataset(
                 .into(),
         });
     }
-    crate::source::describe_remote_objects(s3, &mut shards)?;
+    crate::store::describe_remote_objects(s3, &mut shards)?;
     let identities = shards
         .iter()
         .map(|shard| Identity::of(shard, output))
@@ -118,7 +118,7 @@ pub fn index_dataset(
     let manifest = Manifest::new(entries);
     let target = output.to_string_lossy();
     if target.contains("://") && !target.starts_with("file://") {
-        crate::source::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
+        crate::store::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
     } else {
         manifest.save(output)?;
     }
@@ -144,7 +144,7 @@ pub fn index_shards(
     let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
     // A remote shard named outright (not listed) has no size yet.
     if picked.iter().any(|shard| shard.size.is_none()) {
-        crate::source::describe_remote_objects(s3, &mut picked)?;
+        crate::store::describe_remote_objects(s3, &mut picked)?;
     }
     let identities = picked
         .iter()

@@ -3,8 +3,9 @@
 //!
 //! One module per stage: [`spec`] parses the dataset spec, [`resolve`]
 //! turns it into [`shard`]s, [`plan`] assigns
-//! shards to `(rank, worker)` slots before any byte is read, [`source`]
-//! reads bytes ahead of the parser, [`format`] turns bytes into samples
+//! shards to `(rank, worker)` slots before any byte is read, [`store`]
+//! reaches each backend's objects, [`source`] reads their bytes ahead of
+//! the parser, [`format`] turns bytes into samples
 //! without doing I/O, [`shuffle`] mixes them in a bounded buffer, and
 //! [`pipeline`] wires the stages together for one slot.
 #![warn(missing_docs)]
@@ -19,8 +20,6 @@ pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
-pub mod gcs;
-pub mod hub;
 pub mod index;
 pub mod location;
 pub mod manifest;
@@ -34,6 +33,7 @@ pub mod source;
 pub mod spec;
 pub mod state;
 pub mod stats;
+pub mod store;
 pub mod value;
 pub mod write;
 

@@ -12,13 +12,14 @@ use std::sync::Arc;
 use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::format::parquet;
-use crate::gcs;
-use crate::hub;
 use crate::location::{identity, Location};
 use crate::manifest::{self, Attached, ManifestChoice};
 use crate::shard::{RowGroup, Shard, ShardKind};
 use crate::source;
 use crate::spec::{check_scheme, expand_braces, is_parquet_name, DatasetFormat};
+use crate::store;
+use crate::store::gcs;
+use crate::store::hub;
 
 /// What a resolved URL holds, before any Parquet footer is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +136,7 @@ fn read_remote_manifest(url: &str, s3: &StoreOptions) -> Result<Option<String>> 
         Ok(_) | Err(Error::NotFound { .. }) => return Ok(None),
         Err(error) => return Err(error),
     };
-    let Some(bytes) = source::read_small_object(s3, &download, MANIFEST_LIMIT)? else {
+    let Some(bytes) = store::read_small_object(s3, &download, MANIFEST_LIMIT)? else {
         return Ok(None);
     };
     String::from_utf8(bytes)
@@ -206,7 +207,7 @@ pub fn resolve_dataset(
         }
     }
     if !listings.is_empty() {
-        let listed = source::list_s3_prefixes(s3, &listings, keep)?;
+        let listed = store::list_s3_prefixes(s3, &listings, keep)?;
         for ((at, ..), objects) in listings.iter().zip(listed).rev() {
             shards.splice(*at..*at, objects);
         }
@@ -286,7 +287,7 @@ fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &StoreOptions) -> 
         .filter(|(_, holds)| **holds == Holds::ParquetFile)
         .map(|(shard, _)| shard.clone())
         .collect();
-    source::describe_remote_objects(s3, &mut files)?;
+    store::describe_remote_objects(s3, &mut files)?;
     for file in &files {
         if file.size.is_none() {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");

@@ -4,7 +4,6 @@
 //! The stores' readers (local files, S3, HTTP) depend on this module; it
 //! depends on none of them (only on the local reader's fault guard).
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -208,18 +207,4 @@ impl Fetcher {
     pub(super) fn budget_bytes(&self) -> usize {
         self.budget_total
     }
-}
-
-/// Runs `work` (which makes its client) on an I/O runtime made for it and
-/// shut down before returning, so that no thread outlives the call
-/// (DataLoader workers may fork next): how the S3 and HTTP clients are used
-/// outside a read-ahead, at resolve time (listing, sizes, footers).
-pub(super) fn on_io_runtime<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-    let result = runtime.block_on(work);
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
 }

@@ -10,13 +10,11 @@
 
 pub mod cache;
 mod fetch;
-pub mod gcs_auth;
-pub mod http;
 mod local;
 mod queue;
 mod ranged;
-pub(crate) mod s3;
-mod tls;
+
+use crate::store::{http, s3};
 
 pub use fetch::{FetchUnit, SHARE_MIN_BYTES};
 pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
@@ -293,12 +291,13 @@ impl Dispatcher {
         match &unit.location {
             Location::S3 { bucket, key } => {
                 let client = self.s3_client().await;
-                let object = s3::object(self, &client, unit, (bucket, key));
+                let object = client.object(self.counters.clone(), &unit.url, (bucket, key));
                 queue.push(self, object, unit, sender).await
             }
             Location::Http(_) => match self.http_client() {
                 Ok(client) => {
-                    let resource = http::resource(self, &client, unit);
+                    let end = unit.range.as_ref().map(|range| range.end);
+                    let resource = client.resource(self.counters.clone(), &unit.url, end);
                     queue.push(self, resource, unit, sender).await
                 }
                 Err(reason) => {
@@ -412,10 +411,15 @@ impl Dispatcher {
             Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
             Location::S3 { bucket, key } => {
                 let client = self.s3_client().await;
-                s3::read_object(self, &client, unit, (bucket, key), chunk_tx).await?
+                let object = client.object(self.counters.clone(), &unit.url, (bucket, key));
+                ranged::read_ranged(self, object, unit, chunk_tx).await?
             }
             Location::Http(_) => match self.http_client() {
-                Ok(client) => http::read_resource(self, &client, unit, chunk_tx).await?,
+                Ok(client) => {
+                    let end = unit.range.as_ref().map(|range| range.end);
+                    let resource = client.resource(self.counters.clone(), &unit.url, end);
+                    ranged::read_ranged(self, resource, unit, chunk_tx).await?
+                }
                 Err(reason) => {
                     let _ = chunk_tx.send(Err(client_error(unit, reason)));
                     return Ok(());
@@ -484,121 +488,6 @@ fn client_error(unit: &FetchUnit, reason: String) -> Error {
         offset: unit.range.as_ref().map_or(0, |r| r.start),
         source: std::io::Error::other(reason),
     }
-}
-
-/// Runs `work` with a fresh S3 client ([`fetch::on_io_runtime`]).
-fn with_s3_client<T>(
-    options: &StoreOptions,
-    work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
-) -> Result<T> {
-    options.validate()?;
-    fetch::on_io_runtime(async {
-        let client = s3::S3Client::new(options).await;
-        work(&client).await
-    })
-}
-
-/// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
-/// size (a HEAD of each S3 object, a GET of each resource's first byte).
-pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> Result<()> {
-    let unknown = |s: &Shard, http: bool| {
-        s.size.is_none()
-            && match s.location() {
-                Location::S3 { .. } => !http,
-                Location::Http(_) => http,
-                Location::Local(_) => false,
-            }
-    };
-    if shards.iter().any(|s| unknown(s, false)) {
-        with_s3_client(options, async |client| {
-            for shard in shards.iter_mut().filter(|s| unknown(s, false)) {
-                if let Location::S3 { bucket, key } = shard.location() {
-                    let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
-                    shard.size = Some(size);
-                    shard.etag = etag;
-                }
-            }
-            Ok(())
-        })?;
-    }
-    if shards.iter().any(|s| unknown(s, true)) {
-        http::with_http_client(&options.transport, async |client| {
-            for shard in shards.iter_mut().filter(|s| unknown(s, true)) {
-                let (size, etag) = client.describe(&shard.url).await?;
-                shard.size = Some(size);
-                shard.etag = etag;
-            }
-            Ok(())
-        })?;
-    }
-    Ok(())
-}
-
-/// The whole of the small remote object at `url` (`s3://` or
-/// `http(s)://`; a manifest), at most `limit` bytes, or `None` when it does
-/// not exist.
-pub fn read_small_object(
-    options: &StoreOptions,
-    url: &str,
-    limit: usize,
-) -> Result<Option<Vec<u8>>> {
-    let read = match Location::parse(url) {
-        Location::S3 { bucket, key } => with_s3_client(options, async |client| {
-            client.get_small(url, &bucket, &key, limit).await
-        }),
-        Location::Http(_) => http::with_http_client(&options.transport, async |client| {
-            client.get_small(url, limit).await.map(|(_, body)| body)
-        }),
-        Location::Local(path) => std::fs::read(&path).map_err(|e| Error::Manifest {
-            path: url.to_owned(),
-            reason: e.to_string(),
-        }),
-    };
-    match read {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(Error::NotFound { .. }) => Ok(None),
-        Err(error) => Err(error),
-    }
-}
-
-/// Writes `bytes` (a manifest) to the object at the `s3://` URL `url`.
-pub fn write_small_object(options: &StoreOptions, url: &str, bytes: Vec<u8>) -> Result<()> {
-    let Location::S3 { bucket, key } = Location::parse(url) else {
-        return Err(Error::Write {
-            url: url.to_owned(),
-            offset: 0,
-            reason: "manifests are written to local paths and s3:// URLs".into(),
-        });
-    };
-    with_s3_client(options, async |client| {
-        client.put_small(url, &bucket, &key, bytes).await
-    })
-}
-
-/// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
-/// prefix)`, the objects whose keys `keep` takes, sorted by key, as shards
-/// with their sizes and ETags.
-pub fn list_s3_prefixes(
-    options: &StoreOptions,
-    listings: &[(usize, String, String, String)],
-    keep: fn(&str) -> bool,
-) -> Result<Vec<Vec<Shard>>> {
-    with_s3_client(options, async |client| {
-        let mut all = Vec::with_capacity(listings.len());
-        for (_, url, bucket, prefix) in listings {
-            let objects = client.list(url, bucket, prefix, keep).await?;
-            all.push(
-                objects
-                    .into_iter()
-                    .map(|(key, size, etag)| Shard {
-                        etag,
-                        ..Shard::new(format!("s3://{bucket}/{key}"), Some(size))
-                    })
-                    .collect(),
-            );
-        }
-        Ok(all)
-    })
 }
 
 /// Reads the footer of each Parquet file (`files` have known sizes): a

@@ -31,9 +31,10 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
-use super::ranged::{short_part, stream_range, Pinned, RangedObject, Sample, Tap, Target};
+use super::ranged::{stream_range, Sample, Tap, Target};
 use crate::error::Error;
 use crate::stats::Counter;
+use crate::store::ranged::{short_part, Pinned, RangedObject};
 
 /// The first part of an object, at most: small, so that parsing starts
 /// after one short request.
@@ -1121,13 +1122,13 @@ mod tests {
     use bytes::Bytes;
     use proptest::prelude::*;
 
-    use super::super::ranged::{Answer, Failure, NextBytes};
     use super::super::ShardReader;
     use super::*;
     use crate::config::{StoreOptions, Transport};
     use crate::format::ByteSource;
     use crate::location::Location;
     use crate::stats::Counters;
+    use crate::store::ranged::{Answer, Body, Failure, NextBytes};
 
     /// An object in memory: it logs every part issued of it and every
     /// request, answers after a few scheduler turns, and fails the request of the part at `fail_at`.
@@ -1158,7 +1159,7 @@ mod tests {
         break_at: Option<usize>,
     }
 
-    impl super::super::ranged::Body for MemoryBody {
+    impl Body for MemoryBody {
         fn next_bytes(&mut self) -> NextBytes<'_> {
             Box::pin(async move {
                 tokio::task::yield_now().await;

@@ -221,7 +221,7 @@ pub struct ShardWriter {
 pub fn write_manifest(url: &str, manifest: &Manifest, s3: &StoreOptions) -> Result<()> {
     let json = manifest.to_json().into_bytes();
     if url.contains("://") && !url.starts_with("file://") {
-        return crate::source::write_small_object(s3, url, json);
+        return crate::store::write_small_object(s3, url, json);
     }
     let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
     // A bare file name is in the current directory, which is synced.
@@ -268,7 +268,7 @@ impl ShardWriter {
                     .enable_all()
                     .build()
                     .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-                let client = runtime.block_on(crate::source::s3::S3Client::new(&options.s3));
+                let client = runtime.block_on(crate::store::s3::S3Client::new(&options.s3));
                 let target = S3Target {
                     runtime: Arc::new(runtime),
                     client: Arc::new(client),

@@ -17,7 +17,7 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::source::s3::S3Client;
+use crate::store::s3::S3Client;
 
 /// The smallest part S3 takes (all but the last part of an upload).
 pub const MIN_PART_BYTES: usize = 5 << 20;

@@ -15,10 +15,9 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
 use aws_sdk_s3::primitives::ByteStream;
 
-use super::fetch::{ChunkSender, ConsumerGone, FetchUnit, Fetcher};
 use super::ranged::{
-    cause_chain, check_response, error_chain, read_ranged, Answer, Body, Failure, NextBytes,
-    Pinned, RangedObject, Retries, MAX_CHAIN,
+    cause_chain, check_response, error_chain, Answer, Body, Failure, NextBytes, Pinned,
+    RangedObject, Retries, MAX_CHAIN,
 };
 use crate::config::{StoreOptions, Transport};
 use crate::error::Error;
@@ -612,32 +611,23 @@ impl RangedObject for S3Object {
     }
 }
 
-/// Reads the unit's object (or byte range of it) into budgeted chunks sent
-/// to `tx` (see [`read_ranged`]).
-pub(super) async fn read_object(
-    fetcher: &Fetcher,
-    s3: &Arc<S3Client>,
-    unit: &FetchUnit,
-    (bucket, key): (&str, &str),
-    tx: &ChunkSender,
-) -> Result<(), ConsumerGone> {
-    read_ranged(fetcher, object(fetcher, s3, unit, (bucket, key)), unit, tx).await
-}
-
-/// The object of `unit`, to be read by ranges.
-pub(super) fn object(
-    fetcher: &Fetcher,
-    s3: &Arc<S3Client>,
-    unit: &FetchUnit,
-    (bucket, key): (&str, &str),
-) -> Arc<impl RangedObject> {
-    Arc::new(S3Object {
-        s3: s3.clone(),
-        counters: fetcher.counters.clone(),
-        url: unit.url.clone(),
-        bucket: bucket.to_owned(),
-        key: key.to_owned(),
-    })
+impl S3Client {
+    /// The object `key` of `bucket` (at `url`, for errors), to be read by
+    /// ranges, its reads counted in `counters`.
+    pub(crate) fn object(
+        self: &Arc<Self>,
+        counters: Arc<Counters>,
+        url: &str,
+        (bucket, key): (&str, &str),
+    ) -> Arc<impl RangedObject> {
+        Arc::new(S3Object {
+            s3: self.clone(),
+            counters,
+            url: url.to_owned(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! becomes an `https://` shard at the API's media download URL pinned to
 //! the generation the resolution saw, read by the HTTP source (ranged GETs,
 //! retries, resumes), which sends the access token of the Application
-//! Default Credentials ([`crate::source::gcs_auth`]) to the GCS endpoint
+//! Default Credentials ([`auth`]) to the GCS endpoint
 //! only. So an object overwritten after the resolution is an error, never a
 //! mix of two versions. `STORAGE_EMULATOR_HOST` points every request at an
 //! emulator.
@@ -17,10 +17,12 @@
 //! retry loops beside the range reader every source shares; the API needed
 //! here is two GETs and an OAuth2 token exchange.
 
+pub mod auth;
+
+use super::http::{with_http_client, HttpClient};
 use crate::config::Transport;
 use crate::error::{Error, Result};
-use crate::source::gcs_auth::{gcs_endpoint, percent_encode, NO_TOKEN};
-use crate::source::http::{with_http_client, HttpClient};
+use auth::{gcs_endpoint, percent_encode, NO_TOKEN};
 
 /// The most pages of one listing (a bound on a server that never stops
 /// handing out a next page).

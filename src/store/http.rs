@@ -1,6 +1,6 @@
 //! Shards at `http://` and `https://` URLs, through hyper's client over
 //! rustls: streaming GETs (or parallel ranged GETs for large resources,
-//! see [`read_ranged`]) with the retries, backoff and timeouts of S3 reads.
+//! the read-ahead's part queue) with the retries, backoff and timeouts of S3 reads.
 //! A broken body is resumed with a `Range` request pinned to the first
 //! answer's validator (`If-Match` with a strong ETag, else
 //! `If-Unmodified-Since` with its Last-Modified date), so a resource that
@@ -33,11 +33,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::fetch::{on_io_runtime, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
-use super::gcs_auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
+use super::gcs::auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
+use super::hub::auth::{hub_endpoint, hub_token};
+use super::on_io_runtime;
 use super::ranged::{
-    self, check_response, error_chain, read_ranged, Body, Failure, NextBytes, Pinned, RangedObject,
-    Retries,
+    self, check_response, error_chain, Body, Failure, NextBytes, Pinned, RangedObject, Retries,
 };
 use crate::config::Transport;
 use crate::error::Error;
@@ -45,41 +45,6 @@ use crate::stats::Counters;
 
 /// The most redirects one request follows.
 pub const MAX_REDIRECTS: usize = 10;
-
-/// The Hugging Face Hub's endpoint: `HF_ENDPOINT`, else huggingface.co.
-pub fn hub_endpoint() -> String {
-    std::env::var("HF_ENDPOINT")
-        .ok()
-        .filter(|e| !e.trim().is_empty())
-        .map_or_else(
-            || "https://huggingface.co".to_owned(),
-            |e| e.trim().trim_end_matches('/').to_owned(),
-        )
-}
-
-/// The Hugging Face token, as huggingface_hub finds it: `HF_TOKEN`, else
-/// the file at `HF_TOKEN_PATH`, else `$HF_HOME/token` (`HF_HOME` defaulting
-/// to `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`).
-pub fn hub_token() -> Option<String> {
-    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-    if let Some(token) = env("HF_TOKEN") {
-        return Some(token.trim().to_owned());
-    }
-    let path = env("HF_TOKEN_PATH")
-        .map(std::path::PathBuf::from)
-        .or_else(|| {
-            let home = env("HF_HOME").map(std::path::PathBuf::from).or_else(|| {
-                let cache = env("XDG_CACHE_HOME")
-                    .map(std::path::PathBuf::from)
-                    .or_else(|| env("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
-                Some(cache.join("huggingface"))
-            })?;
-            Some(home.join("token"))
-        })?;
-    let token = std::fs::read_to_string(path).ok()?;
-    let token = token.trim();
-    (!token.is_empty()).then(|| token.to_owned())
-}
 
 /// `scheme://host:port` of a URL, lower-cased, with the default port.
 pub(crate) type Origin = (String, String, Option<u16>);
@@ -728,32 +693,25 @@ impl RangedObject for Resource {
     }
 }
 
-/// Reads the unit's resource (or byte range of it) into budgeted chunks
-/// sent to `tx` (see [`read_ranged`]).
-pub(super) async fn read_resource(
-    fetcher: &Fetcher,
-    client: &Arc<HttpClient>,
-    unit: &FetchUnit,
-    tx: &ChunkSender,
-) -> Result<(), ConsumerGone> {
-    read_ranged(fetcher, resource(fetcher, client, unit), unit, tx).await
+impl HttpClient {
+    /// The resource at `url` read up to `end` (exclusive; `None`: to its
+    /// end), to be read by ranges, its reads counted in `counters`.
+    pub(crate) fn resource(
+        self: &Arc<Self>,
+        counters: Arc<Counters>,
+        url: &str,
+        end: Option<u64>,
+    ) -> Arc<impl RangedObject> {
+        Arc::new(Resource {
+            client: self.clone(),
+            counters,
+            url: url.to_owned(),
+            end,
+        })
+    }
 }
 
-/// The resource of `unit`, to be read by ranges.
-pub(super) fn resource(
-    fetcher: &Fetcher,
-    client: &Arc<HttpClient>,
-    unit: &FetchUnit,
-) -> Arc<impl RangedObject> {
-    Arc::new(Resource {
-        client: client.clone(),
-        counters: fetcher.counters.clone(),
-        url: unit.url.clone(),
-        end: unit.range.as_ref().map(|range| range.end),
-    })
-}
-
-/// Runs `work` with a fresh HTTP client (`fetch::on_io_runtime`).
+/// Runs `work` with a fresh HTTP client ([`on_io_runtime`]).
 pub fn with_http_client<T>(
     transport: &Transport,
     work: impl AsyncFnOnce(&HttpClient) -> Result<T, Error>,

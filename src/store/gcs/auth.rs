@@ -259,7 +259,7 @@ fn token_client() -> Result<TokenClient, String> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(METADATA_TIMEOUT));
-    let tls = super::tls::connector_builder()?;
+    let tls = crate::store::tls::connector_builder()?;
     let https = tls.https_or_http().enable_http1().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new()).build(https))
 }

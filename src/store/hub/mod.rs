@@ -9,11 +9,14 @@
 //! a dataset is read as it was when it was resolved, whatever is pushed
 //! since. `HF_ENDPOINT` and `HF_TOKEN` (or the token file) are honoured.
 
+pub mod auth;
+
 use std::collections::HashMap;
 
+use super::http::{origin, with_http_client, HttpClient};
 use crate::config::Transport;
 use crate::error::{Error, Result};
-use crate::source::http::{hub_endpoint, origin, with_http_client, HttpClient};
+use auth::hub_endpoint;
 
 /// The most pages of one tree listing (a bound on a server that never
 /// stops handing out a next page).

@@ -1,0 +1,159 @@
+//! Where shard bytes are stored, one module per backend: local files
+//! (`crate::source`'s local reader), S3 and S3-compatible stores ([`s3`]), HTTP(S) ([`http`]),
+//! Google Cloud Storage ([`gcs`]) and the Hugging Face Hub ([`hub`]). Each
+//! holds how its URLs are resolved (listings, revisions, sizes and
+//! validators), how its requests are authorised, and how an object is read
+//! by byte ranges: a remote object is a [`ranged::RangedObject`], the one
+//! small trait the read-ahead (`crate::source`) reads every remote store
+//! through. GCS and Hub objects resolve to `https://` URLs read by the
+//! HTTP(S) client, which sends each store's credentials to its own
+//! endpoint only. Nothing here knows of the read-ahead: `source` depends
+//! on this module, never the other way.
+//!
+//! The operations below are those made once per dataset, at resolve time,
+//! outside any read-ahead: on a runtime of their own ([`on_io_runtime`]),
+//! shut down before they return.
+
+pub mod gcs;
+pub mod http;
+pub mod hub;
+pub(crate) mod ranged;
+pub mod s3;
+mod tls;
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::config::StoreOptions;
+use crate::error::{Error, Result};
+use crate::location::Location;
+use crate::shard::Shard;
+
+/// Runs `work` (which makes its client) on an I/O runtime made for it and
+/// shut down before returning, so that no thread outlives the call
+/// (DataLoader workers may fork next): how the S3 and HTTP clients are used
+/// outside a read-ahead, at resolve time (listing, sizes, footers).
+pub(crate) fn on_io_runtime<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
+    let result = runtime.block_on(work);
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    result
+}
+
+/// Runs `work` with a fresh S3 client ([`on_io_runtime`]).
+fn with_s3_client<T>(
+    options: &StoreOptions,
+    work: impl AsyncFnOnce(&s3::S3Client) -> Result<T>,
+) -> Result<T> {
+    options.validate()?;
+    on_io_runtime(async {
+        let client = s3::S3Client::new(options).await;
+        work(&client).await
+    })
+}
+
+/// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
+/// size (a HEAD of each S3 object, a GET of each resource's first byte).
+pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> Result<()> {
+    let unknown = |s: &Shard, http: bool| {
+        s.size.is_none()
+            && match s.location() {
+                Location::S3 { .. } => !http,
+                Location::Http(_) => http,
+                Location::Local(_) => false,
+            }
+    };
+    if shards.iter().any(|s| unknown(s, false)) {
+        with_s3_client(options, async |client| {
+            for shard in shards.iter_mut().filter(|s| unknown(s, false)) {
+                if let Location::S3 { bucket, key } = shard.location() {
+                    let (size, etag) = client.head(&shard.url, &bucket, &key).await?;
+                    shard.size = Some(size);
+                    shard.etag = etag;
+                }
+            }
+            Ok(())
+        })?;
+    }
+    if shards.iter().any(|s| unknown(s, true)) {
+        http::with_http_client(&options.transport, async |client| {
+            for shard in shards.iter_mut().filter(|s| unknown(s, true)) {
+                let (size, etag) = client.describe(&shard.url).await?;
+                shard.size = Some(size);
+                shard.etag = etag;
+            }
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// The whole of the small remote object at `url` (`s3://` or
+/// `http(s)://`; a manifest), at most `limit` bytes, or `None` when it does
+/// not exist.
+pub fn read_small_object(
+    options: &StoreOptions,
+    url: &str,
+    limit: usize,
+) -> Result<Option<Vec<u8>>> {
+    let read = match Location::parse(url) {
+        Location::S3 { bucket, key } => with_s3_client(options, async |client| {
+            client.get_small(url, &bucket, &key, limit).await
+        }),
+        Location::Http(_) => http::with_http_client(&options.transport, async |client| {
+            client.get_small(url, limit).await.map(|(_, body)| body)
+        }),
+        Location::Local(path) => std::fs::read(&path).map_err(|e| Error::Manifest {
+            path: url.to_owned(),
+            reason: e.to_string(),
+        }),
+    };
+    match read {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(Error::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Writes `bytes` (a manifest) to the object at the `s3://` URL `url`.
+pub fn write_small_object(options: &StoreOptions, url: &str, bytes: Vec<u8>) -> Result<()> {
+    let Location::S3 { bucket, key } = Location::parse(url) else {
+        return Err(Error::Write {
+            url: url.to_owned(),
+            offset: 0,
+            reason: "manifests are written to local paths and s3:// URLs".into(),
+        });
+    };
+    with_s3_client(options, async |client| {
+        client.put_small(url, &bucket, &key, bytes).await
+    })
+}
+
+/// Lists `s3://bucket/prefix/` specs: for each `(position, url, bucket,
+/// prefix)`, the objects whose keys `keep` takes, sorted by key, as shards
+/// with their sizes and ETags.
+pub fn list_s3_prefixes(
+    options: &StoreOptions,
+    listings: &[(usize, String, String, String)],
+    keep: fn(&str) -> bool,
+) -> Result<Vec<Vec<Shard>>> {
+    with_s3_client(options, async |client| {
+        let mut all = Vec::with_capacity(listings.len());
+        for (_, url, bucket, prefix) in listings {
+            let objects = client.list(url, bucket, prefix, keep).await?;
+            all.push(
+                objects
+                    .into_iter()
+                    .map(|(key, size, etag)| Shard {
+                        etag,
+                        ..Shard::new(format!("s3://{bucket}/{key}"), Some(size))
+                    })
+                    .collect(),
+            );
+        }
+        Ok(all)
+    })
+}
