@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::format::Sample;
-use crate::source::verify_view;
+use crate::store::local::verify_view;
 use crate::value::{Array, ArrayData, Value};
 
 /// Samples collated into columns.

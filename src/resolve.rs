@@ -1,6 +1,6 @@
 //! Dataset resolution: specs to shards. Lists directories and S3
-//! prefixes, resolves Hugging Face Hub specs ([`crate::hub`]) and Google
-//! Cloud Storage URLs ([`crate::gcs`]), asks S3 (or
+//! prefixes, resolves Hugging Face Hub specs ([`crate::store::hub`]) and Google
+//! Cloud Storage URLs ([`crate::store::gcs`]), asks S3 (or
 //! an HTTP(S) server) the size of objects it has not listed, reads Parquet
 //! footers (each row group becomes a shard, so the plan can split one large
 //! file across ranks and workers) and attaches the manifest's sample

@@ -271,7 +271,7 @@ fn decode_sample(decoding: &Decoding, mut sample: Sample) -> Result<Sample> {
         };
         // A view of a mapped local shard is checked after it is decoded:
         // pages lost to the file being cut short read as zeros.
-        let view = crate::source::MappedView::of(&bytes);
+        let view = crate::store::local::MappedView::of(&bytes);
         let decoded = decoder.decode_field(bytes, &context, field);
         if let Some(view) = view {
             view.verify()?;

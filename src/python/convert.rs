@@ -12,7 +12,7 @@ use pyo3::{intern, IntoPyObjectExt};
 
 use crate::collate::{offsets_field, Batch, Column};
 use crate::format::{Sample, Value};
-use crate::source::{file_origin, verify_view, SHARE_MIN_BYTES};
+use crate::store::local::{file_origin, verify_view, SHARE_MIN_BYTES};
 use crate::value::Array;
 use crate::with_array_data;
 

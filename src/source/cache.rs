@@ -41,10 +41,10 @@ use std::time::SystemTime;
 use sha2::{Digest, Sha256};
 
 use super::fetch::{FetchUnit, Tee};
-use super::local;
 use crate::config::CacheOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
+use crate::store::local;
 
 /// What ends a cached file, after the shard's bytes and its validator: the
 /// validator's length (`u32`), the shard's size (`u64`), the CRC-32 of its

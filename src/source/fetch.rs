@@ -12,11 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::local::Guard;
 use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::stats::{Counter, Counters};
+use crate::store::local::Guard;
 
 /// Bytes of one shard, holding their share of the read-ahead budget until dropped.
 pub(super) struct Chunk {
@@ -39,12 +39,6 @@ impl Chunk {
         }
     }
 }
-
-/// Members at least this long, in a chunk mapped from a local file, are
-/// handed out as a view of the chunk rather than copied out of it: no byte
-/// of them is copied before Python makes its `bytes`. Shorter ones cost
-/// less to copy than to keep a chunk mapped for.
-pub const SHARE_MIN_BYTES: usize = 16 << 10;
 
 pub(super) type ChunkResult = Result<Chunk>;
 

@@ -14,10 +14,10 @@ mod local;
 mod queue;
 mod ranged;
 
-use crate::store::{http, s3};
+use crate::store::local::SHARE_MIN_BYTES;
+use crate::store::{self, http, s3};
 
-pub use fetch::{FetchUnit, SHARE_MIN_BYTES};
-pub use local::{file_origin, verify_view, FileIdentity, FileOrigin, LocalFile, MappedView};
+pub use fetch::FetchUnit;
 
 use fetch::{ChunkSender, ConsumerGone, Fetcher, Piece};
 
@@ -632,7 +632,7 @@ pub struct ShardReader {
     chunks: Receiver<Piece>,
     current: Bytes,
     /// When `current` is mapped from a local file, its guard.
-    mapped: Option<local::Guard>,
+    mapped: Option<store::local::Guard>,
     position: usize,
     offset: u64,
     /// Bytes the unit must deliver, when known (the range asked for).
@@ -712,7 +712,7 @@ impl ByteSource for ShardReader {
         if self.current.len() - self.position < len {
             return Ok(None);
         }
-        let member = local::MappedMember::new(self.current.clone(), self.position, len);
+        let member = store::local::MappedMember::new(self.current.clone(), self.position, len);
         self.position += len;
         self.offset += len as u64;
         Ok(Some(Bytes::from_owner(member)))
@@ -743,7 +743,7 @@ impl ShardReader {
         let begin = self.current.as_ptr() as usize + self.position - read;
         match guard.check(begin, read) {
             Ok(()) => Ok(()),
-            Err(offset) => Err(self.fail(local::cut_short(&self.url, offset))),
+            Err(offset) => Err(self.fail(store::local::cut_short(&self.url, offset))),
         }
     }
 
@@ -839,6 +839,7 @@ mod tests {
 
     use super::fetch::Chunk;
     use super::*;
+    use crate::store::local::file_origin;
 
     fn read_ahead(path: &Path, chunk_bytes: usize) -> ReadAhead {
         let unit = FetchUnit {

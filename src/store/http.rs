@@ -35,10 +35,10 @@ use hyper_util::rt::TokioExecutor;
 
 use super::gcs::auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
 use super::hub::auth::{hub_endpoint, hub_token};
-use super::on_io_runtime;
 use super::ranged::{
     self, check_response, error_chain, Body, Failure, NextBytes, Pinned, RangedObject, Retries,
 };
+use super::runtime::on_io_runtime;
 use crate::config::Transport;
 use crate::error::Error;
 use crate::stats::Counters;

@@ -1,10 +1,10 @@
 //! Where shard bytes are stored, one module per backend: local files
-//! (`crate::source`'s local reader), S3 and S3-compatible stores ([`s3`]), HTTP(S) ([`http`]),
+//! ([`local`]), S3 and S3-compatible stores ([`s3`]), HTTP(S) ([`http`]),
 //! Google Cloud Storage ([`gcs`]) and the Hugging Face Hub ([`hub`]). Each
 //! holds how its URLs are resolved (listings, revisions, sizes and
 //! validators), how its requests are authorised, and how an object is read
 //! by byte ranges: a remote object is a [`ranged::RangedObject`], the one
-//! small trait the read-ahead (`crate::source`) reads every remote store
+//! small trait the read-ahead (`source/`) reads every remote store
 //! through. GCS and Hub objects resolve to `https://` URLs read by the
 //! HTTP(S) client, which sends each store's credentials to its own
 //! endpoint only. Nothing here knows of the read-ahead: `source` depends
@@ -17,31 +17,18 @@
 pub mod gcs;
 pub mod http;
 pub mod hub;
+pub mod local;
 pub(crate) mod ranged;
+mod runtime;
 pub mod s3;
 mod tls;
 
-use std::future::Future;
-use std::time::Duration;
+use runtime::on_io_runtime;
 
 use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::location::Location;
 use crate::shard::Shard;
-
-/// Runs `work` (which makes its client) on an I/O runtime made for it and
-/// shut down before returning, so that no thread outlives the call
-/// (DataLoader workers may fork next): how the S3 and HTTP clients are used
-/// outside a read-ahead, at resolve time (listing, sizes, footers).
-pub(crate) fn on_io_runtime<T>(work: impl Future<Output = Result<T>>) -> Result<T> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-    let result = runtime.block_on(work);
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    result
-}
 
 /// Runs `work` with a fresh S3 client ([`on_io_runtime`]).
 fn with_s3_client<T>(

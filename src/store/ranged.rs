@@ -3,7 +3,7 @@
 //! byte range and the check of its answer, with the validator the reads
 //! of an object are pinned to ([`Pinned`]), bounded retries with backoff
 //! and jitter ([`Retries`]), and what a failure means ([`Failure`]). The
-//! read-ahead (`crate::source`) streams ranges of such objects into its
+//! read-ahead (`source/`) streams ranges of such objects into its
 //! budgeted chunks; nothing here knows of chunks or budgets.
 
 use std::future::Future;

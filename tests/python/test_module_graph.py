@@ -435,3 +435,28 @@ def test_the_every_module_check_sees_parents_children_and_reexports(tmp_path: Pa
     assert "s::q -> s: src/s/q.rs:1" in report, report
     (src / "s" / "q.rs").write_text("use super::c::Chunk;\npub struct Part;\n")
     assert describe_cycles(*every_module_graph(src)) == ""
+
+
+# What a store (``src/store/``: local files, S3, HTTP(S), GCS, the Hub)
+# may not import: the read-ahead that reads through it, and every stage
+# above that. A store knows of objects and byte ranges, not of chunks,
+# budgets, shards being parsed or slots.
+ABOVE_THE_STORES = ("source", "pipeline", "format", "plan", "resolve", "index", "write")
+
+
+def test_stores_never_import_the_read_ahead_or_what_reads_through_it():
+    graph, where = every_module_graph(SRC)
+    stores = [m for m in graph if m == "store" or m.startswith("store::")]
+    assert {"store::s3", "store::http", "store::local", "store::gcs", "store::hub"} <= set(
+        module_paths(SRC)
+    ), "a backend is missing from src/store/"
+    assert stores, "the graph was not read"
+    upward = [
+        f"{m} -> {t}: {', '.join(where[(m, t)][:3])}"
+        for m in sorted(stores)
+        for t in sorted(graph[m])
+        if t.split("::")[0] in ABOVE_THE_STORES
+    ]
+    assert not upward, "store modules import the layers above them:\n" + "\n".join(upward)
+    # And the read-ahead does reach the stores through them.
+    assert any(t.startswith("store") for m in graph if m.startswith("source") for t in graph[m])

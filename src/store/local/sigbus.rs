@@ -46,7 +46,7 @@ use super::pages::page_size;
 /// A mapped chunk's entry in [`SLOTS`], with what locates its bytes in the
 /// file: what a reader of the chunk checks after copying bytes out of it.
 #[derive(Debug, Clone, Copy)]
-pub(in crate::source) struct Guard {
+pub(crate) struct Guard {
     /// Its slot in [`SLOTS`].
     pub(super) slot: usize,
     /// The chunk's first address.
@@ -59,7 +59,7 @@ impl Guard {
     /// `Ok` when the `len` bytes at `begin` (inside the chunk), already
     /// read, came from the file; otherwise the file offset from which they
     /// may not have (pages lost to the file being cut short read as zeros).
-    pub(in crate::source) fn check(&self, begin: usize, len: usize) -> Result<(), u64> {
+    pub(crate) fn check(&self, begin: usize, len: usize) -> Result<(), u64> {
         if len == 0 {
             return Ok(());
         }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 /// chunk mapped; dropping it drops the pages that hold only this member's
 /// bytes from the mapping, so that a chunk kept mapped by a few samples
 /// still in the shuffle buffer holds their pages, not the whole chunk's.
-pub(in crate::source) struct MappedMember {
+pub(crate) struct MappedMember {
     chunk: Bytes,
     start: usize,
     len: usize,
@@ -17,7 +17,7 @@ pub(in crate::source) struct MappedMember {
 
 impl MappedMember {
     /// The `len` bytes of `chunk` from `start`.
-    pub(in crate::source) fn new(chunk: Bytes, start: usize, len: usize) -> Self {
+    pub(crate) fn new(chunk: Bytes, start: usize, len: usize) -> Self {
         assert!(start + len <= chunk.len(), "member within its chunk");
         MappedMember { chunk, start, len }
     }
