@@ -8,6 +8,10 @@ from typing_extensions import Unpack
 from shardstream.options import DatasetOptions
 
 __all__ = [
+    "MIX_FORMAT",
+    "MIX_MAX_PASSES",
+    "MIX_PASS_STRIDE",
+    "MIX_VERSION",
     "ArrowExport",
     "AudioClip",
     "Counters",
@@ -39,11 +43,13 @@ __all__ = [
     "_rebuild_shard_list",
     "check_layout",
     "check_mix",
+    "check_mix_state",
     "check_state",
     "default_options",
     "default_s3_options",
     "default_writer_options",
     "mix_counts",
+    "mix_job_slots",
     "mix_order",
     "option_table",
     "plan_epoch",
@@ -56,6 +62,10 @@ __all__ = [
 ]
 
 __version__: str
+MIX_FORMAT: str
+MIX_VERSION: int
+MIX_PASS_STRIDE: int
+MIX_MAX_PASSES: int
 
 class ShardStreamError(Exception):
     """Base class of shardstream errors."""
@@ -379,6 +389,15 @@ def plan_epoch(
 
 def check_mix(policy: str, weights: list[float]) -> None:
     """Checks mixture weights and a policy name, naming the bad one."""
+
+def check_mix_state(state: str, policy: str, seed: int, streams: int, prefix: str = "") -> None:
+    """Checks ``state`` (JSON) as the state of one slot of a mixture of ``streams``
+    streams under ``policy`` and ``seed``, naming the first field that is wrong (after
+    ``prefix``) in a ``StateMismatchError``."""
+
+def mix_job_slots(states: str, policy: str, seed: int, streams: int, new_weights: bool) -> str:
+    """The slot states of an elastic resume (JSON list) checked to be those of one job
+    in one epoch, given back (JSON) ordered by rank, then worker."""
 
 def mix_counts(policy: str, weights: list[float], available: list[int]) -> list[int]:
     """How many samples each stream gives a slot to which the streams' plans give

@@ -12,12 +12,18 @@ from typing import Any
 from torch.utils.data import IterableDataset
 
 from ._core import (
+    MIX_FORMAT,
+    MIX_MAX_PASSES,
+    MIX_PASS_STRIDE,
+    MIX_VERSION,
     DatasetSpecError,
     SampleStream,
     ShardStreamError,
     StateMismatchError,
     check_mix,
+    check_mix_state,
     mix_counts,
+    mix_job_slots,
     mix_order,
 )
 from .accelerate import check_not_resplit, find_splitter
@@ -27,13 +33,12 @@ from .telemetry import exposition
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
-MIX_FORMAT = "shardstream.mix"
-MIX_VERSION = 1
-# Pass ``p`` (a restart) of a stream in mixture epoch ``e`` reads the
-# stream's epoch ``e + p * PASS_STRIDE``: pass 0 is the stream's epoch ``e``.
-PASS_STRIDE = 1 << 32
-# The most passes over one stream in one epoch under ``policy="restart"``.
-MAX_PASSES = 1024
+# The mixture state's form is defined and checked in Rust (src/state/mix.rs):
+# pass ``p`` (a restart) of a stream in mixture epoch ``e`` reads the
+# stream's epoch ``e + p * PASS_STRIDE``, and a stream is read at most
+# ``MAX_PASSES`` times in one epoch under ``policy="restart"``.
+PASS_STRIDE = MIX_PASS_STRIDE
+MAX_PASSES = MIX_MAX_PASSES
 
 _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 
@@ -334,53 +339,17 @@ class Mix(IterableDataset[Any]):
         self._epochs.load((kind, resume, new_weights), epoch, finished)
 
     def _check_form(self, state: Any, prefix: str) -> dict[str, Any]:
-        """Checks the mixture fields of a state (the streams' own states are
-        checked by the core when opened)."""
-
-        def bad(name: str, reason: str) -> StateMismatchError:
-            return StateMismatchError(f"state field {prefix}{name}: {reason}")
-
-        if not isinstance(state, Mapping) or state.get("format") != MIX_FORMAT:
-            raise bad("format", f"expected {MIX_FORMAT!r} (a shardstream.Mix state)")
-        if state.get("version") != MIX_VERSION:
-            raise bad("version", f"this build reads version {MIX_VERSION}")
-        ints = ("epoch", "generation", "world_size", "rank", "num_workers", "worker_id")
-        for name in (*ints, "position"):
-            value = state.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise bad(name, f"expected a non-negative int, got {value!r}")
-        if state["epoch"] >= PASS_STRIDE or state["generation"] >= PASS_STRIDE:
-            raise bad("epoch", "out of range")
-        if state.get("policy") != self.policy:
-            raise bad("policy", f"{state.get('policy')!r}, this mixture's is {self.policy!r}")
-        if state.get("seed") != self.seed:
-            raise bad("seed", f"{state.get('seed')!r}, this mixture's is {self.seed}")
-        if not isinstance(state.get("finished"), bool):
-            raise bad("finished", "expected true or false")
-        weights = state.get("weights")
+        """Checks the mixture fields of a state (``src/state/mix.rs``; the
+        streams' own states are checked by the core when opened); a copy."""
         try:
-            self._check_weights(weights, len(self.datasets), self.policy)
-        except (TypeError, ValueError) as e:
-            raise bad("weights", str(e)) from None
-        streams = state.get("streams")
-        if not isinstance(streams, list) or len(streams) != len(self.datasets):
-            raise bad("streams", f"expected one entry per stream ({len(self.datasets)})")
-        for i, entry in enumerate(streams):
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("state"), Mapping):
-                raise bad(f"streams[{i}]", "expected {pass, short, state}")
-            for name in ("pass", "short"):
-                value = entry.get(name)
-                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                    raise bad(f"streams[{i}].{name}", f"expected a non-negative int, got {value!r}")
-            if entry["pass"] >= MAX_PASSES:
-                raise bad(f"streams[{i}].pass", f"{entry['pass']} is not below {MAX_PASSES}")
-        resumed_from = state.get("resumed_from")
-        if resumed_from is not None:
-            if not isinstance(resumed_from, list) or not resumed_from:
-                raise bad("resumed_from", "expected null or every slot's state")
-            for i, inner in enumerate(resumed_from):
-                self._check_form(inner, f"{prefix}resumed_from[{i}].")
-        return dict(state)
+            text = json.dumps(state)
+        except (TypeError, ValueError) as error:
+            raise StateMismatchError(
+                f"not a shardstream.Mix state: not JSON data ({error})"
+            ) from None
+        check_mix_state(text, self.policy, self.seed, len(self.datasets), prefix)
+        checked: dict[str, Any] = json.loads(text)
+        return checked
 
     def _exact(self, state: dict[str, Any], slot: _Slot) -> _MixIterator:
         """The rest of this slot's epoch from its own state."""
@@ -438,43 +407,17 @@ class Mix(IterableDataset[Any]):
         self, states: list[dict[str, Any]], weights: list[float] | None, slot: _Slot
     ) -> _MixIterator:
         """The rest of the saved job's epoch, split anew for this layout."""
-        by_slot: dict[tuple[int, int], dict[str, Any]] = {}
-        first = states[0]
-        for i, state in enumerate(states):
-            for name in ("epoch", "generation", "world_size", "num_workers", "resumed_from"):
-                if state[name] != first[name]:
-                    raise StateMismatchError(
-                        f"state field slots[{i}].{name}: differs from slots[0]'s: the slot "
-                        "states are of different epochs, layouts or resumes"
-                    )
-            if state["weights"] != first["weights"] and weights is None:
-                raise StateMismatchError(f"state field slots[{i}].weights: differs from slots[0]'s")
-            for s, entry in enumerate(state["streams"]):
-                if entry["pass"] != first["streams"][s]["pass"]:
-                    raise StateMismatchError(
-                        f"state field slots[{i}].streams[{s}].pass: slots are in different "
-                        "passes over the stream; an elastic resume of policy='restart' needs "
-                        "every slot in the same pass (resume exactly, or save elsewhere)"
-                    )
-            key = (state["rank"], state["worker_id"])
-            if key in by_slot and by_slot[key] != state:
-                raise StateMismatchError(
-                    f"state field slots[{i}].rank: a second, different state of rank {key[0]} "
-                    f"worker {key[1]}"
-                )
-            by_slot[key] = state
-        world_size, num_workers = first["world_size"], first["num_workers"]
-        for rank in range(world_size):
-            for worker in range(num_workers):
-                if (rank, worker) not in by_slot:
-                    raise StateMismatchError(
-                        f"state field slots: elastic resume needs every one of the "
-                        f"{world_size} x {num_workers} slots (rank {rank} worker {worker} is "
-                        "missing)"
-                    )
-        if len(by_slot) != world_size * num_workers:
-            raise StateMismatchError("state field slots: a slot outside the saved layout")
-        ordered = [by_slot[key] for key in sorted(by_slot)]
+        # Every slot's state, of one job and one epoch, by rank then worker.
+        ordered = json.loads(
+            mix_job_slots(
+                json.dumps(states),
+                self.policy,
+                self.seed,
+                len(self.datasets),
+                weights is not None,
+            )
+        )
+        first = ordered[0]
         epoch, generation = first["epoch"], first["generation"] + 1
         if generation >= PASS_STRIDE:
             raise StateMismatchError("state field generation: out of range")

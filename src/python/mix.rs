@@ -1,5 +1,6 @@
 //! Bindings of the mixture plan ([`crate::plan::mix`]): per-slot counts and
-//! orders, computed in Rust for `shardstream.Mix`.
+//! orders, computed in Rust for `shardstream.Mix`, and of its state
+//! ([`crate::state::mix`]): the checks of a loaded mixture state.
 
 use std::str::FromStr;
 
@@ -7,7 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::errors::to_py;
+use crate::error::Error;
 use crate::plan::mix::{self, Policy};
+use crate::state::mix::{MixShape, MixState, MAX_PASSES, MIX_FORMAT, MIX_VERSION, PASS_STRIDE};
 
 /// Checks mixture weights and a policy name, naming the bad one.
 #[pyfunction]
@@ -45,4 +48,81 @@ pub fn mix_order<'py>(
         .detach(|| mix::slot_order(policy, &weights, &counts, (seed, epoch), slot, generation))
         .map_err(to_py)?;
     Ok(PyBytes::new(py, &order))
+}
+
+/// What a mixture state must match (see [`MixShape`]).
+fn shape(policy: &str, seed: u64, streams: usize) -> MixShape<'_> {
+    MixShape {
+        policy,
+        seed,
+        streams,
+    }
+}
+
+/// Checks `state` (JSON) as the state of one slot of a mixture of
+/// `streams` streams under `policy` and `seed`, naming the first field
+/// that is wrong (after `prefix`, such as `slots[2].`) in a
+/// `StateMismatchError`; the streams' own states are checked when they are
+/// opened.
+#[pyfunction]
+#[pyo3(signature = (state, policy, seed, streams, prefix = ""))]
+pub fn check_mix_state(
+    state: &str,
+    policy: &str,
+    seed: u64,
+    streams: usize,
+    prefix: &str,
+) -> PyResult<()> {
+    let value = parse_json(state)?;
+    MixState::parse(&value, shape(policy, seed, streams), prefix)
+        .map(|_| ())
+        .map_err(to_py)
+}
+
+/// The slot states of an elastic resume (`states`: a JSON list, in any
+/// order) checked, each as [`check_mix_state`] does and together as the
+/// states of one job in one epoch, and given back (JSON) ordered by rank,
+/// then worker. `new_weights`: the resume sets weights of its own.
+#[pyfunction]
+pub fn mix_job_slots(
+    states: &str,
+    policy: &str,
+    seed: u64,
+    streams: usize,
+    new_weights: bool,
+) -> PyResult<String> {
+    let value = parse_json(states)?;
+    let Some(list) = value.as_array().filter(|l| !l.is_empty()) else {
+        return Err(to_py(Error::StateMismatch(
+            "state field slots: expected every slot's state".into(),
+        )));
+    };
+    let parsed = list
+        .iter()
+        .enumerate()
+        .map(|(i, each)| {
+            MixState::parse(each, shape(policy, seed, streams), &format!("slots[{i}]."))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(to_py)?;
+    let ordered = MixState::job_slots(parsed, new_weights).map_err(to_py)?;
+    serde_json::to_string(&ordered).map_err(|e| to_py(Error::StateMismatch(e.to_string())))
+}
+
+/// `text` parsed as JSON, or the error of a state that is not.
+fn parse_json(text: &str) -> PyResult<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| {
+        to_py(Error::StateMismatch(format!(
+            "not a shardstream.Mix state: not JSON data ({e})"
+        )))
+    })
+}
+
+/// Adds the mixture state's constants to the module: `MIX_FORMAT`,
+/// `MIX_VERSION`, `MIX_PASS_STRIDE` and `MIX_MAX_PASSES`.
+pub fn add_constants(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MIX_FORMAT", MIX_FORMAT)?;
+    m.add("MIX_VERSION", MIX_VERSION)?;
+    m.add("MIX_PASS_STRIDE", PASS_STRIDE)?;
+    m.add("MIX_MAX_PASSES", MAX_PASSES)
 }

@@ -9,6 +9,8 @@
 //! mismatched state is an [`Error::StateMismatch`] naming the field, never a
 //! panic, a repeated sample or a silently shorter epoch.
 
+pub mod mix;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Display;
 use std::ops::Range;

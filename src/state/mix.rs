@@ -1,0 +1,487 @@
+//! The state of a `shardstream.Mix` (its JSON form is documented by
+//! `schemas/mix_state.schema.json`): where a slot's mixture stands (its
+//! epoch, the resume generation, its position in the slot's order) and,
+//! per stream, the pass over the stream and the stream's own state (a
+//! [`super::SlotState`], checked when the stream is opened). A loaded
+//! mixture state is never trusted: [`MixState::parse`] checks every field
+//! against the mixture before anything is planned, and
+//! [`MixState::job_slots`] checks that the states of an elastic resume are
+//! those of one job, naming the field that is wrong.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::plan::mix::{check_weights, Policy};
+
+/// The `format` field of every mixture state.
+pub const MIX_FORMAT: &str = "shardstream.mix";
+/// The mixture state version this build reads and writes.
+pub const MIX_VERSION: u64 = 1;
+/// Pass `p` (a restart) of a stream in mixture epoch `e` reads the stream's
+/// epoch `e + p * PASS_STRIDE`: pass 0 is the stream's epoch `e`.
+pub const PASS_STRIDE: u64 = 1 << 32;
+/// The most passes over one stream in one epoch under `policy="restart"`.
+pub const MAX_PASSES: u64 = 1024;
+
+/// One stream's entry in a mixture state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MixStream {
+    /// The pass over the stream the slot is in.
+    pub pass: u64,
+    /// Samples of the pass the mixture counted but the stream did not give
+    /// (a pass that ended early).
+    pub short: u64,
+    /// The stream's own state.
+    pub state: Map<String, Value>,
+}
+
+/// A slot's mixture state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MixState {
+    /// [`MIX_FORMAT`].
+    pub format: String,
+    /// [`MIX_VERSION`].
+    pub version: u64,
+    /// The mixture's epoch.
+    pub epoch: u64,
+    /// How many elastic resumes led to this epoch's plan.
+    pub generation: u64,
+    /// `"stop"`, `"restart"` or `"continue"`.
+    pub policy: String,
+    /// The mixture's seed.
+    pub seed: u64,
+    /// The weights of the streams.
+    pub weights: Vec<f64>,
+    /// The ranks of the job.
+    pub world_size: u64,
+    /// The slot's rank.
+    pub rank: u64,
+    /// The DataLoader workers per rank.
+    pub num_workers: u64,
+    /// The slot's worker.
+    pub worker_id: u64,
+    /// Samples of the slot's order handed out.
+    pub position: u64,
+    /// Whether the slot's epoch is over.
+    pub finished: bool,
+    /// One entry per stream.
+    pub streams: Vec<MixStream>,
+    /// Every slot's state of the epoch this one was resumed from
+    /// elastically, if it was.
+    pub resumed_from: Option<Vec<MixState>>,
+}
+
+/// What a mixture state must match: the mixture's policy, seed and number
+/// of streams.
+#[derive(Debug, Clone, Copy)]
+pub struct MixShape<'a> {
+    /// The mixture's policy.
+    pub policy: &'a str,
+    /// The mixture's seed.
+    pub seed: u64,
+    /// Its number of streams.
+    pub streams: usize,
+}
+
+/// The error of field `name` (after `prefix`, such as `slots[2].`).
+fn bad(prefix: &str, name: &str, reason: impl std::fmt::Display) -> Error {
+    Error::StateMismatch(format!("state field {prefix}{name}: {reason}"))
+}
+
+/// `value` as a non-negative integer (never a boolean or a float).
+fn count(value: Option<&Value>) -> Option<u64> {
+    value.and_then(Value::as_u64)
+}
+
+/// How a value reads in an error: its JSON text, cut short.
+fn shown(value: Option<&Value>) -> String {
+    let text = value.map_or_else(|| "nothing".to_owned(), Value::to_string);
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{}...", &text[..at]),
+        None => text,
+    }
+}
+
+impl MixState {
+    /// Checks `value` (a JSON object) as a mixture state of a mixture of
+    /// `shape`, field by field (the streams' own states are checked when
+    /// they are opened), and gives it typed.
+    pub fn parse(value: &Value, shape: MixShape<'_>, prefix: &str) -> Result<Self> {
+        let Some(state) = value
+            .as_object()
+            .filter(|s| s.get("format").and_then(Value::as_str) == Some(MIX_FORMAT))
+        else {
+            return Err(bad(
+                prefix,
+                "format",
+                format!("expected {MIX_FORMAT:?} (a shardstream.Mix state)"),
+            ));
+        };
+        if state.get("version").and_then(Value::as_u64) != Some(MIX_VERSION) {
+            return Err(bad(
+                prefix,
+                "version",
+                format!("this build reads version {MIX_VERSION}"),
+            ));
+        }
+        let names = [
+            "epoch",
+            "generation",
+            "world_size",
+            "rank",
+            "num_workers",
+            "worker_id",
+            "position",
+        ];
+        for name in names {
+            if count(state.get(name)).is_none() {
+                return Err(bad(
+                    prefix,
+                    name,
+                    format!(
+                        "expected a non-negative int, got {}",
+                        shown(state.get(name))
+                    ),
+                ));
+            }
+        }
+        let field = |name: &str| count(state.get(name)).unwrap_or(0);
+        if field("epoch") >= PASS_STRIDE || field("generation") >= PASS_STRIDE {
+            return Err(bad(prefix, "epoch", "out of range"));
+        }
+        if state.get("policy").and_then(Value::as_str) != Some(shape.policy) {
+            return Err(bad(
+                prefix,
+                "policy",
+                format!(
+                    "{}, this mixture's is {:?}",
+                    shown(state.get("policy")),
+                    shape.policy
+                ),
+            ));
+        }
+        if state.get("seed").and_then(Value::as_u64) != Some(shape.seed) {
+            return Err(bad(
+                prefix,
+                "seed",
+                format!(
+                    "{}, this mixture's is {}",
+                    shown(state.get("seed")),
+                    shape.seed
+                ),
+            ));
+        }
+        if !state.get("finished").is_some_and(Value::is_boolean) {
+            return Err(bad(prefix, "finished", "expected true or false"));
+        }
+        Self::check_weights(state.get("weights"), shape, prefix)?;
+        Self::check_streams(state.get("streams"), shape, prefix)?;
+        match state.get("resumed_from") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(inner)) if !inner.is_empty() => {
+                for (i, each) in inner.iter().enumerate() {
+                    Self::parse(each, shape, &format!("{prefix}resumed_from[{i}]."))?;
+                }
+            }
+            Some(_) => {
+                return Err(bad(
+                    prefix,
+                    "resumed_from",
+                    "expected null or every slot's state",
+                ))
+            }
+        }
+        serde_json::from_value(value.clone()).map_err(|e| bad(prefix, "", e))
+    }
+
+    /// Checks the `weights` of a state: one number per stream, as the
+    /// mixture's own weights are checked.
+    fn check_weights(value: Option<&Value>, shape: MixShape<'_>, prefix: &str) -> Result<()> {
+        let numbers = value.and_then(Value::as_array).and_then(|weights| {
+            weights
+                .iter()
+                .map(|w| w.as_f64().filter(|_| !w.is_boolean()))
+                .collect::<Option<Vec<f64>>>()
+        });
+        let Some(weights) = numbers else {
+            return Err(bad(
+                prefix,
+                "weights",
+                format!("expected a list of numbers, got {}", shown(value)),
+            ));
+        };
+        if weights.len() != shape.streams {
+            return Err(bad(
+                prefix,
+                "weights",
+                format!("{} weights for {} streams", weights.len(), shape.streams),
+            ));
+        }
+        check_weights(&weights).map_err(|e| bad(prefix, "weights", e))?;
+        shape
+            .policy
+            .parse::<Policy>()
+            .map(|_| ())
+            .map_err(|e| bad(prefix, "policy", e))
+    }
+
+    /// Checks the `streams` of a state: one `{pass, short, state}` per
+    /// stream.
+    fn check_streams(value: Option<&Value>, shape: MixShape<'_>, prefix: &str) -> Result<()> {
+        let Some(streams) = value
+            .and_then(Value::as_array)
+            .filter(|s| s.len() == shape.streams)
+        else {
+            return Err(bad(
+                prefix,
+                "streams",
+                format!("expected one entry per stream ({})", shape.streams),
+            ));
+        };
+        for (i, entry) in streams.iter().enumerate() {
+            let Some(entry) = entry
+                .as_object()
+                .filter(|e| e.get("state").is_some_and(Value::is_object))
+            else {
+                return Err(bad(
+                    prefix,
+                    &format!("streams[{i}]"),
+                    "expected {pass, short, state}",
+                ));
+            };
+            for name in ["pass", "short"] {
+                if count(entry.get(name)).is_none() {
+                    return Err(bad(
+                        prefix,
+                        &format!("streams[{i}].{name}"),
+                        format!(
+                            "expected a non-negative int, got {}",
+                            shown(entry.get(name))
+                        ),
+                    ));
+                }
+            }
+            let pass = count(entry.get("pass")).unwrap_or(0);
+            if pass >= MAX_PASSES {
+                return Err(bad(
+                    prefix,
+                    &format!("streams[{i}].pass"),
+                    format!("{pass} is not below {MAX_PASSES}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The states of an elastic resume (every slot's, in any order, each
+    /// already [`parse`](Self::parse)d) checked to be those of one job in
+    /// one epoch, ordered by rank, then worker. `new_weights`: whether the
+    /// resume sets weights of its own (the slots' may then differ).
+    pub fn job_slots(states: Vec<MixState>, new_weights: bool) -> Result<Vec<MixState>> {
+        let Some(first) = states.first() else {
+            return Err(Error::StateMismatch(
+                "an elastic state needs the state of every slot, got none".into(),
+            ));
+        };
+        for (i, state) in states.iter().enumerate() {
+            let same = [
+                ("epoch", state.epoch == first.epoch),
+                ("generation", state.generation == first.generation),
+                ("world_size", state.world_size == first.world_size),
+                ("num_workers", state.num_workers == first.num_workers),
+                ("resumed_from", state.resumed_from == first.resumed_from),
+            ];
+            if let Some((name, _)) = same.iter().find(|(_, same)| !same) {
+                return Err(bad(
+                    &format!("slots[{i}]."),
+                    name,
+                    "differs from slots[0]'s: the slot states are of different epochs, \
+                     layouts or resumes",
+                ));
+            }
+            if state.weights != first.weights && !new_weights {
+                return Err(bad(
+                    &format!("slots[{i}]."),
+                    "weights",
+                    "differs from slots[0]'s",
+                ));
+            }
+            for (s, (entry, first_entry)) in state.streams.iter().zip(&first.streams).enumerate() {
+                if entry.pass != first_entry.pass {
+                    return Err(bad(
+                        &format!("slots[{i}]."),
+                        &format!("streams[{s}].pass"),
+                        "slots are in different passes over the stream; an elastic resume of \
+                         policy='restart' needs every slot in the same pass (resume exactly, \
+                         or save elsewhere)",
+                    ));
+                }
+            }
+        }
+        let (world_size, num_workers) = (first.world_size, first.num_workers);
+        let mut by_slot: std::collections::BTreeMap<(u64, u64), MixState> = Default::default();
+        for (i, state) in states.into_iter().enumerate() {
+            let key = (state.rank, state.worker_id);
+            if key.0 >= world_size || key.1 >= num_workers {
+                return Err(bad(
+                    "",
+                    "slots",
+                    format!("slots[{i}] is of a slot outside the saved layout"),
+                ));
+            }
+            match by_slot.get(&key) {
+                Some(kept) if *kept != state => {
+                    return Err(bad(
+                        &format!("slots[{i}]."),
+                        "rank",
+                        format!(
+                            "a second, different state of rank {} worker {}",
+                            key.0, key.1
+                        ),
+                    ))
+                }
+                _ => {
+                    by_slot.insert(key, state);
+                }
+            }
+        }
+        for rank in 0..world_size {
+            for worker in 0..num_workers {
+                if !by_slot.contains_key(&(rank, worker)) {
+                    return Err(bad(
+                        "",
+                        "slots",
+                        format!(
+                            "elastic resume needs every one of the {world_size} x \
+                             {num_workers} slots (rank {rank} worker {worker} is missing)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(by_slot.into_values().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SHAPE: MixShape<'static> = MixShape {
+        policy: "stop",
+        seed: 7,
+        streams: 2,
+    };
+
+    fn state(rank: u64, worker: u64) -> Value {
+        json!({
+            "format": MIX_FORMAT, "version": MIX_VERSION, "epoch": 3, "generation": 0,
+            "policy": "stop", "seed": 7, "weights": [0.25, 0.75],
+            "world_size": 2, "rank": rank, "num_workers": 2, "worker_id": worker,
+            "position": 5, "finished": false,
+            "streams": [
+                {"pass": 0, "short": 0, "state": {"produced": 2}},
+                {"pass": 0, "short": 0, "state": {"produced": 3}}
+            ],
+            "resumed_from": null
+        })
+    }
+
+    fn refused(result: Result<impl std::fmt::Debug>) -> String {
+        match result {
+            Err(Error::StateMismatch(message)) => message,
+            other => panic!("expected a state mismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_state_reads_back_typed_and_serialises_to_the_same_json() {
+        let parsed = MixState::parse(&state(1, 0), SHAPE, "").unwrap();
+        assert_eq!((parsed.rank, parsed.position), (1, 5));
+        assert_eq!(serde_json::to_value(&parsed).unwrap(), state(1, 0));
+    }
+
+    #[test]
+    fn each_damaged_field_is_named() {
+        let cases = [
+            ("format", json!("shardstream.state")),
+            ("version", json!(2)),
+            ("epoch", json!(-1)),
+            ("epoch", json!(PASS_STRIDE)),
+            ("generation", json!("1")),
+            ("position", json!(null)),
+            ("rank", json!(true)),
+            ("policy", json!("restart")),
+            ("seed", json!(8)),
+            ("finished", json!(1)),
+            ("weights", json!([1.0])),
+            ("weights", json!([-1.0, 2.0])),
+            ("weights", json!([true, 1.0])),
+            ("streams", json!([])),
+            ("streams[0]", json!([{"pass": 0}, {"pass": 0}])),
+            ("resumed_from", json!([])),
+            ("resumed_from[0].format", json!([{"format": "x"}])),
+        ];
+        for (field, value) in cases {
+            let mut damaged = state(0, 0);
+            let key = field.split(['[', '.']).next().unwrap();
+            damaged[key] = value;
+            let message = refused(MixState::parse(&damaged, SHAPE, "slots[1]."));
+            assert!(
+                message.starts_with(&format!("state field slots[1].{field}")),
+                "{field}: {message}"
+            );
+        }
+        let mut many = state(0, 0);
+        many["streams"][1]["pass"] = json!(MAX_PASSES);
+        let message = refused(MixState::parse(&many, SHAPE, ""));
+        assert!(
+            message.starts_with("state field streams[1].pass"),
+            "{message}"
+        );
+    }
+
+    fn slots(keys: &[(u64, u64)]) -> Vec<MixState> {
+        keys.iter()
+            .map(|&(r, w)| MixState::parse(&state(r, w), SHAPE, "").unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_job_s_slots_come_back_by_rank_then_worker() {
+        let ordered = MixState::job_slots(slots(&[(1, 1), (0, 1), (1, 0), (0, 0)]), false).unwrap();
+        let keys: Vec<_> = ordered.iter().map(|s| (s.rank, s.worker_id)).collect();
+        assert_eq!(keys, [(0, 0), (0, 1), (1, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn slots_of_another_job_missing_or_repeated_slots_are_refused() {
+        let missing = refused(MixState::job_slots(slots(&[(0, 0), (0, 1), (1, 1)]), false));
+        assert!(
+            missing.contains("every one of the 2 x 2 slots (rank 1 worker 0"),
+            "{missing}"
+        );
+        let mut other = slots(&[(0, 0), (0, 1), (1, 0), (1, 1)]);
+        other[2].epoch = 4;
+        let epoch = refused(MixState::job_slots(other, false));
+        assert!(epoch.starts_with("state field slots[2].epoch"), "{epoch}");
+        let mut twice = slots(&[(0, 0), (0, 1), (1, 0), (1, 1), (1, 1)]);
+        twice[4].position = 6;
+        let repeated = refused(MixState::job_slots(twice.clone(), false));
+        assert!(
+            repeated.contains("a second, different state of rank 1 worker 1"),
+            "{repeated}"
+        );
+        twice[4].position = 5;
+        assert_eq!(MixState::job_slots(twice, false).unwrap().len(), 4);
+        let mut weights = slots(&[(0, 0), (0, 1), (1, 0), (1, 1)]);
+        weights[1].weights = vec![0.5, 0.5];
+        assert!(MixState::job_slots(weights.clone(), false).is_err());
+        assert!(MixState::job_slots(weights, true).is_ok());
+        let mut outside = slots(&[(0, 0), (0, 1), (1, 0), (1, 1)]);
+        outside[3].worker_id = 2;
+        assert!(refused(MixState::job_slots(outside, false)).contains("outside the saved layout"));
+    }
+}
