@@ -1,6 +1,6 @@
 //! Who the Hugging Face Hub is and what proves the user to it: its
 //! endpoint and the token huggingface_hub would send, which the HTTP(S)
-//! client (`store/http.rs`) sends to that endpoint only.
+//! client (`store/http/`) sends to that endpoint only.
 
 /// The Hugging Face Hub's endpoint: `HF_ENDPOINT`, else huggingface.co.
 pub fn hub_endpoint() -> String {

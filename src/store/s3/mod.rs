@@ -9,19 +9,18 @@
 //! Credentials that cannot be loaded, or that the store rejects, are final:
 //! not retried, said in a sentence that tells how to provide them.
 
-use std::sync::{Arc, OnceLock};
+mod auth;
+mod object;
+
+use std::sync::OnceLock;
 
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
 use aws_sdk_s3::primitives::ByteStream;
 
-use super::ranged::{
-    cause_chain, check_response, error_chain, Answer, Body, Failure, NextBytes, Pinned,
-    RangedObject, Retries, MAX_CHAIN,
-};
-use crate::config::{StoreOptions, Transport};
+use super::ranged::{cause_chain, error_chain, Failure, Retries};
+use crate::config::StoreOptions;
 use crate::error::Error;
-use crate::stats::Counters;
+use auth::{credentials_problem, CREDENTIALS_HINT, REJECTED_CREDENTIALS};
 
 /// A client for one stream, made in the process that reads (after fork).
 pub struct S3Client {
@@ -258,96 +257,6 @@ impl S3Client {
     }
 }
 
-/// What to do about credentials: how a user provides them.
-const CREDENTIALS_HINT: &str = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, name a profile \
-     of the shared config files (AWS_PROFILE, or S3Config(profile=...)), or read a public \
-     bucket with unsigned requests (S3Config(unsigned=True))";
-
-/// Error codes by which a store rejects the credentials themselves (not
-/// the rights they carry), with what each means.
-const REJECTED_CREDENTIALS: [(&str, &str); 5] = [
-    (
-        "InvalidAccessKeyId",
-        "the store knows no such access key id",
-    ),
-    (
-        "SignatureDoesNotMatch",
-        "the secret access key does not match the access key id",
-    ),
-    ("ExpiredToken", "the session token has expired"),
-    ("TokenRefreshRequired", "the session token has expired"),
-    ("InvalidToken", "the session token is not valid"),
-];
-
-/// Why no credentials could be used, when `error` (or one of its sources)
-/// is a failure to load them, as a sentence that says where they were
-/// looked for and how to provide them.
-fn credentials_problem(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    use aws_config::meta::ProviderChainError;
-    use aws_credential_types::provider::error::CredentialsError;
-    use std::error::Error as _;
-    let mut next = Some(error);
-    for _ in 0..MAX_CHAIN {
-        let current = next?;
-        if let Some(credentials) = current.downcast_ref::<CredentialsError>() {
-            let tried = credentials
-                .source()
-                .and_then(|s| s.downcast_ref::<ProviderChainError<CredentialsError>>());
-            let reason = match (credentials, tried) {
-                (CredentialsError::CredentialsNotLoaded(_), Some(chain)) => {
-                    let attempts = chain
-                        .attempts()
-                        .iter()
-                        .map(|a| {
-                            format!("{}: {}", source_name(a.name()), attempt_outcome(a.error()))
-                        })
-                        .collect::<Vec<_>>();
-                    format!("none were found (tried {})", attempts.join("; "))
-                }
-                (CredentialsError::CredentialsNotLoaded(_), None) => {
-                    format!("none were found ({})", cause_chain(credentials))
-                }
-                (CredentialsError::ProviderTimedOut(_), _) => {
-                    format!("loading them timed out ({})", error_chain(credentials))
-                }
-                _ => format!("loading them failed: {}", cause_chain(credentials)),
-            };
-            return Some(format!("{reason}; {CREDENTIALS_HINT}"));
-        }
-        let text = current.to_string();
-        if text.starts_with("identity resolver timed out") {
-            return Some(format!(
-                "loading them timed out ({text}); {CREDENTIALS_HINT}"
-            ));
-        }
-        next = current.source();
-    }
-    None
-}
-
-/// Why one source of the credential chain gave none.
-fn attempt_outcome(error: &aws_credential_types::provider::error::CredentialsError) -> String {
-    use aws_credential_types::provider::error::CredentialsError;
-    use std::error::Error as _;
-    match (error, error.source()) {
-        // Its own message ("the credential provider was not enabled") says nothing more.
-        (CredentialsError::CredentialsNotLoaded(_), None) => "none there".into(),
-        _ => cause_chain(error),
-    }
-}
-
-/// A readable name of a provider of the default credential chain.
-fn source_name(provider: &str) -> &str {
-    match provider {
-        "Environment" => "environment variables",
-        "Profile" => "shared config and credentials files",
-        "WebIdentityToken" => "web identity token",
-        "EcsContainer" => "ECS container endpoint",
-        "Ec2InstanceMetadata" => "EC2 instance metadata (IMDS)",
-        other => other,
-    }
-}
-
 /// Classifies an SDK error of a request for `url` at `offset`.
 fn classify<E>(
     url: &str,
@@ -435,201 +344,6 @@ where
     }
 }
 
-/// One GET from byte `from` to `end` (exclusive; `None`: the object's end).
-async fn get(
-    s3: &S3Client,
-    bucket: &str,
-    key: &str,
-    from: u64,
-    end: Option<u64>,
-    etag: Option<&str>,
-) -> Result<GetObjectOutput, SdkError<GetObjectError>> {
-    let range = match (from, end) {
-        (0, None) => None,
-        (from, None) => Some(format!("bytes={from}-")),
-        (from, Some(end)) => Some(format!("bytes={from}-{}", end.saturating_sub(1))),
-    };
-    let request = s3
-        .client
-        .get_object()
-        .bucket(bucket)
-        .key(key)
-        .set_range(range)
-        .set_if_match(etag.map(str::to_owned));
-    match tokio::time::timeout(s3.options.transport.first_byte_timeout, request.send()).await {
-        Ok(result) => result,
-        Err(_) => Err(SdkError::timeout_error(format!(
-            "no response within {:?}",
-            s3.options.transport.first_byte_timeout
-        ))),
-    }
-}
-
-/// Takes an answer for the read of `url` at `position` (to `end`; with
-/// `clamp`, or without `end`, the object may end first) if it carries the
-/// bytes asked for and fits what is known of the object; gives where the
-/// read stops and where the answer's body ends.
-fn accept(
-    url: &str,
-    position: u64,
-    (end, clamp): (Option<u64>, bool),
-    output: &GetObjectOutput,
-    pinned: &mut Pinned,
-) -> Result<(u64, u64), Failure> {
-    let served = check_response(
-        position,
-        end,
-        output.content_range(),
-        output.content_length(),
-    )
-    .map_err(Failure::Retry)?;
-    if let (Some(pinned_etag), Some(etag)) = (&pinned.etag, output.e_tag()) {
-        if pinned_etag != etag {
-            return Err(Failure::Fatal(Error::Changed {
-                url: url.to_owned(),
-                offset: position,
-            }));
-        }
-    }
-    let invalid = |reason: String| {
-        Failure::Fatal(Error::Read {
-            url: url.to_owned(),
-            offset: position,
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
-        })
-    };
-    match pinned.size {
-        Some(size) if size != served.size && !pinned.confirmed => {
-            return Err(invalid(format!(
-                "the object is {} bytes, not the {size} bytes it was listed with (it changed \
-                 since)",
-                served.size
-            )))
-        }
-        Some(size) if size != served.size => {
-            return Err(Failure::Retry(format!(
-                "the answer gives the object's size as {} bytes, an earlier one as {size}",
-                served.size
-            )))
-        }
-        _ => {}
-    }
-    pinned.size = Some(served.size);
-    pinned.confirmed = true;
-    if pinned.etag.is_none() {
-        pinned.etag = output.e_tag().map(str::to_owned);
-    }
-    let stop = match end {
-        None => served.size,
-        Some(end) if end <= served.size => end,
-        Some(_) if clamp => served.size,
-        Some(end) => {
-            return Err(invalid(format!(
-                "bytes up to byte offset {end} were asked for, the object holds {}",
-                served.size
-            )))
-        }
-    };
-    Ok((stop, served.body_end))
-}
-
-/// One object being read: its client, counters, URL, bucket and key.
-struct S3Object {
-    s3: Arc<S3Client>,
-    counters: Arc<Counters>,
-    url: String,
-    bucket: String,
-    key: String,
-}
-
-impl Body for ByteStream {
-    fn next_bytes(&mut self) -> NextBytes<'_> {
-        Box::pin(async move {
-            self.next()
-                .await
-                .map(|result| result.map_err(|e| error_chain(&e)))
-        })
-    }
-}
-
-impl RangedObject for S3Object {
-    fn url(&self) -> &str {
-        &self.url
-    }
-
-    fn transport(&self) -> &Transport {
-        &self.s3.options.transport
-    }
-
-    fn counters(&self) -> &Counters {
-        &self.counters
-    }
-
-    /// One GET pinned to the first ETag seen (If-Match), its answer checked
-    /// with [`check_response`].
-    async fn get(
-        &self,
-        position: u64,
-        end: Option<u64>,
-        clamp: bool,
-        pinned: &mut Pinned,
-    ) -> Result<Option<Answer>, Failure> {
-        let S3Object {
-            s3,
-            url,
-            bucket,
-            key,
-            ..
-        } = self;
-        if let Some(error) = s3.known_credentials_failure(url) {
-            return Err(Failure::Fatal(error));
-        }
-        match get(s3, bucket, key, position, end, pinned.etag.as_deref()).await {
-            Ok(output) => {
-                let (stop, body_end) = accept(url, position, (end, clamp), &output, pinned)?;
-                Ok(Some(Answer {
-                    stop,
-                    skip: 0,
-                    body_end,
-                    body: Box::new(output.body),
-                }))
-            }
-            Err(error)
-                if position == 0
-                    && clamp
-                    && pinned.size.is_none()
-                    && error.code() == Some("InvalidRange") =>
-            {
-                // A range from the first byte is unsatisfiable only in an
-                // empty object.
-                pinned.size = Some(0);
-                pinned.confirmed = true;
-                Ok(None)
-            }
-            Err(error) => Err(s3.classify(url, position, &error)),
-        }
-    }
-}
-
-impl S3Client {
-    /// The object `key` of `bucket` (at `url`, for errors), to be read by
-    /// ranges, its reads counted in `counters`.
-    pub(crate) fn object(
-        self: &Arc<Self>,
-        counters: Arc<Counters>,
-        url: &str,
-        (bucket, key): (&str, &str),
-    ) -> Arc<impl RangedObject> {
-        Arc::new(S3Object {
-            s3: self.clone(),
-            counters,
-            url: url.to_owned(),
-            bucket: bucket.to_owned(),
-            key: key.to_owned(),
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use aws_credential_types::provider::error::CredentialsError;
@@ -637,7 +351,10 @@ mod tests {
     use aws_sdk_s3::error::{ConnectorError, ErrorMetadata};
     use aws_sdk_s3::primitives::SdkBody;
 
+    use super::object::accept;
     use super::*;
+    use crate::store::ranged::Pinned;
+    use aws_sdk_s3::operation::get_object::{GetObjectError, GetObjectOutput};
 
     const URL: &str = "s3://bucket/shard.tar";
 
