@@ -95,7 +95,18 @@ def main(argv: list[str] | None = None) -> int:
 
     dataset = StreamingDataset(args.data, seed=0, shuffle_buffer=16)
     loader_class = DataLoader if args.plain_loader else StatefulDataLoader
-    loader = loader_class(dataset, batch_size=4, num_workers=args.num_workers, collate_fn=collate)
+    loader = loader_class(
+        dataset,
+        batch_size=4,
+        num_workers=args.num_workers,
+        collate_fn=collate,
+        # Workers forked from a DDP rank can hang at start on CPython before
+        # 3.12 (gh-112275): Lightning's collective just before the fork may
+        # leave a gloo thread holding the interpreter's thread-state lock.
+        # Spawned workers start from a fresh interpreter, so they cannot
+        # inherit it.
+        multiprocessing_context="spawn" if args.num_workers else None,
+    )
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "ckpt",
         save_last=True,
