@@ -192,22 +192,33 @@ def test_a_killed_worker_leaves_nothing_once_the_loader_is_gone(shards: dict[str
     # The main process removes a gone worker's segments while it holds
     # segments of workers (its check runs then; one that never mapped any
     # removes them at its exit): read until it holds some.
+    # The batches read are kept, so that the segments they hold stay open.
+    held = []
     deadline = time.monotonic() + 30
     while not shared_bytes._OPEN and time.monotonic() < deadline:
-        next(iterator)
+        held.append(next(iterator))
     assert shared_bytes._OPEN, "no batch came through shared memory"
-    victim = iterator._workers[1].pid
-    deadline = time.monotonic() + 10
-    while not [n for n in ours() if f"-{victim}-" in n] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert [n for n in ours() if f"-{victim}-" in n], "no segment of the worker to test with"
+    # The victim is a worker with a named segment the main process has not
+    # opened. Which worker has one depends on timing: the main process
+    # opens a batch's segments when it takes the batch from the queue,
+    # which it may do before the batch's turn, so both workers may have
+    # all of theirs opened and wait for work; reading on gives them some.
+    pids = [w.pid for w in iterator._workers]
+    named = [pid for pid in pids if any(f"-{pid}-" in n for n in ours())]
+    deadline = time.monotonic() + 30
+    while not named and time.monotonic() < deadline:
+        held.append(next(iterator))
+        time.sleep(0.05)
+        named = [pid for pid in pids if any(f"-{pid}-" in n for n in ours())]
+    assert named, "no segment of a worker to test with"
+    victim = named[0]
     os.kill(victim, signal.SIGKILL)
     with pytest.raises(RuntimeError, match="DataLoader worker"):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             next(iterator)
             time.sleep(0.01)
-    del iterator, dl
+    del iterator, dl, held
     gc.collect()
     wait_until_released()
 
