@@ -23,11 +23,11 @@ HELPER = "shardstream-dec"
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory) -> str:
-    """Two shards of 48 noisy JPEGs of about 30 KB: any 32 of them are more
+    """Four shards of 48 noisy JPEGs of about 30 KB: any 32 of them are more
     than the 256 KiB a batch needs to be decoded on several threads."""
     root = tmp_path_factory.mktemp("photos")
     rng = np.random.default_rng(7)
-    for shard in range(2):
+    for shard in range(4):
         members = []
         for i in range(48):
             pixels = rng.integers(0, 256, (160, 200, 3), dtype=np.uint8)
@@ -36,7 +36,7 @@ def photos(tmp_path_factory) -> str:
             assert len(buf.getvalue()) > 16 << 10
             members.append((f"p{shard}-{i:02d}.jpg", buf.getvalue()))
         write_tar(root / f"photos-{shard}.tar", members)
-    return str(root / "photos-{0..1}.tar")
+    return str(root / "photos-{0..3}.tar")
 
 
 def helper_threads() -> int:
@@ -56,7 +56,7 @@ def pixels(spec: str, **options) -> dict[str, bytes]:
 
 def test_the_samples_do_not_depend_on_the_decode_threads(photos):
     one = pixels(photos, decode_threads=1)
-    assert len(one) == 96
+    assert len(one) == 192
     assert pixels(photos, decode_threads=5) == one
     assert pixels(photos) == one
     # Nor on the workers, with their own threads each.
@@ -66,8 +66,12 @@ def test_the_samples_do_not_depend_on_the_decode_threads(photos):
 
 
 def threads_while_iterating(spec: str, **options) -> int:
-    """Helper threads alive while the stream is mid-epoch."""
-    ds = StreamingDataset(spec, shuffle_buffer=0, decode={"jpg": Image(48)}, **options)
+    """Helper threads alive while the stream is mid-epoch. The helpers end
+    with the stream's pipeline thread, once it has put the epoch's last
+    sample out; full-size images (96 KB decoded) fill the stream's output
+    queue (a few MiB) long before that, so the thread waits mid-epoch to
+    send, however far ahead of this consumer it runs."""
+    ds = StreamingDataset(spec, shuffle_buffer=0, decode={"jpg": Image(crop=None)}, **options)
     it = iter(ds)
     for _ in range(40):  # past the first batch decoded together
         next(it)
