@@ -23,6 +23,7 @@ __all__ = [
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
+    "MixSlot",
     "ObjectChangedError",
     "Options",
     "SampleSkippedWarning",
@@ -49,7 +50,6 @@ __all__ = [
     "default_s3_options",
     "default_writer_options",
     "mix_counts",
-    "mix_job_slots",
     "mix_order",
     "option_table",
     "plan_epoch",
@@ -322,6 +322,57 @@ class ArrowExport:
     def __arrow_c_array__(self, requested_schema: object | None = None) -> tuple[object, object]:
         """The schema and array capsules; the batch can be taken once."""
 
+_Slot = tuple[int, int, int, int]
+_StreamOpener = Callable[[int, int, str | None], SampleStream]
+
+@final
+class MixSlot(Iterator[tuple[int, Any]]):
+    """One slot's mixture for one epoch, fresh or resumed: its streams, its plan and
+    where it stands; ``next()`` gives ``(stream, sample)``. A stream is opened with
+    ``open(stream, epoch, resume)``; ``slot`` is ``(rank, world_size, worker_id,
+    num_workers)``."""
+
+    @staticmethod
+    def fresh(
+        open: _StreamOpener,
+        streams: int,
+        policy: str,
+        seed: int,
+        slot: _Slot,
+        weights: list[float],
+        epoch: int,
+    ) -> MixSlot:
+        """The slot's mixture of ``epoch`` under ``weights``, from its start."""
+    @staticmethod
+    def exact(
+        open: _StreamOpener, streams: int, policy: str, seed: int, slot: _Slot, state: str
+    ) -> MixSlot:
+        """The rest of the slot's epoch from ``state`` (JSON), the slot's own mixture
+        state, each of its counts checked against the plan."""
+    @staticmethod
+    def elastic(
+        open: _StreamOpener,
+        streams: int,
+        policy: str,
+        seed: int,
+        slot: _Slot,
+        states: str,
+        weights: list[float] | None = None,
+    ) -> MixSlot:
+        """The rest of a job's epoch, split anew for this slot's layout: ``states``
+        (JSON) holds every slot's mixture state of the job; ``weights`` the weights from
+        here on (the states' own if ``None``)."""
+    @property
+    def epoch(self) -> int:
+        """The mixture epoch."""
+    def __len__(self) -> int:
+        """The samples of the slot's order, taken or not."""
+    def __iter__(self) -> MixSlot: ...
+    def __next__(self) -> tuple[int, Any]:
+        """The next ``(stream, sample)``."""
+    def state(self) -> str:
+        """The mixture state (JSON) as of the last sample handed out."""
+
 @final
 class SampleStream(Iterator[Any]):
     """The samples of one ``(rank, worker)`` slot for one epoch (dicts, collated batches or
@@ -394,10 +445,6 @@ def check_mix_state(state: str, policy: str, seed: int, streams: int, prefix: st
     """Checks ``state`` (JSON) as the state of one slot of a mixture of ``streams``
     streams under ``policy`` and ``seed``, naming the first field that is wrong (after
     ``prefix``) in a ``StateMismatchError``."""
-
-def mix_job_slots(states: str, policy: str, seed: int, streams: int, new_weights: bool) -> str:
-    """The slot states of an elastic resume (JSON list) checked to be those of one job
-    in one epoch, given back (JSON) ordered by rank, then worker."""
 
 def mix_counts(policy: str, weights: list[float], available: list[int]) -> list[int]:
     """How many samples each stream gives a slot to which the streams' plans give

@@ -3,28 +3,21 @@ elastic resume (see ``docs/mixing.md``)."""
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import IterableDataset
 
 from ._core import (
     MIX_FORMAT,
-    MIX_MAX_PASSES,
     MIX_PASS_STRIDE,
-    MIX_VERSION,
     DatasetSpecError,
+    MixSlot,
     SampleStream,
-    ShardStreamError,
     StateMismatchError,
     check_mix,
     check_mix_state,
-    mix_counts,
-    mix_job_slots,
-    mix_order,
 )
 from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
@@ -33,37 +26,27 @@ from .telemetry import exposition
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
-# The mixture state's form is defined and checked in Rust (src/state/mix.rs):
+# A slot's mixture (its plan, its position, its state and the checks of a
+# resumed one) is ``MixSlot``, in Rust (src/state/mix.rs, src/plan/mix.rs):
 # pass ``p`` (a restart) of a stream in mixture epoch ``e`` reads the
-# stream's epoch ``e + p * PASS_STRIDE``, and a stream is read at most
-# ``MAX_PASSES`` times in one epoch under ``policy="restart"``.
-PASS_STRIDE = MIX_PASS_STRIDE
-MAX_PASSES = MIX_MAX_PASSES
+# stream's epoch ``e + p * MIX_PASS_STRIDE``.
 
 _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 
 
-def _available(stream: SampleStream) -> int:
-    """Samples a slot's stream gives (its units all have sample bounds: a
-    mixture needs sample counts)."""
-    total = 0
-    for _, start, end in stream.units:
-        if start is None or end is None:
-            raise ShardStreamError("a mixture's stream planned a whole shard without its count")
-        total += end - start
-    return total
+def _stream_opener(
+    datasets: Sequence[StreamingDataset], slot: _Slot
+) -> Callable[[int, int, str | None], SampleStream]:
+    """What ``MixSlot`` opens the streams of ``slot`` with: stream ``s``'s
+    ``epoch``, or its ``resume`` state. It holds the streams, not the
+    ``Mix`` (which holds the iterator): no reference cycle keeps the
+    streams' threads alive once the iterator is dropped."""
+    datasets = tuple(datasets)
 
+    def open_stream(s: int, epoch: int, resume: str | None) -> SampleStream:
+        return datasets[s].slot_stream(epoch, resume, slot)
 
-@dataclass
-class _SlotPlan:
-    """A slot's mixture for one epoch: each stream's first pass, the samples
-    of each of its passes, its count and the order."""
-
-    base: list[int]
-    passes: list[list[int]]
-    counts: list[int]
-    order: bytes
-    first: list[SampleStream] = field(repr=False)
+    return open_stream
 
 
 class Mix(IterableDataset[Any]):
@@ -147,7 +130,9 @@ class Mix(IterableDataset[Any]):
         self.weights = weights
         self.policy = policy
         self.seed = seed
-        self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(PASS_STRIDE)
+        self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(
+            MIX_PASS_STRIDE
+        )
         self._iterator: _MixIterator | None = None
 
     @staticmethod
@@ -202,59 +187,6 @@ class Mix(IterableDataset[Any]):
         worker_id, num_workers = self.datasets[0].worker_slot()
         return rank, world_size, worker_id, num_workers
 
-    def _open(self, s: int, epoch: int, resume: str | None, slot: _Slot) -> SampleStream:
-        return self.datasets[s].slot_stream(epoch, resume, slot)
-
-    def _slot_plan(
-        self,
-        epoch: int,
-        generation: int,
-        resumed_from: list[dict[str, Any]] | None,
-        weights: list[float],
-        slot: _Slot,
-    ) -> _SlotPlan:
-        """The slot's mixture of ``epoch``: fresh, or of the rest of the
-        epoch that ``resumed_from`` (every slot's mixture state) left."""
-        base, passes, first = [], [], []
-        for s in range(len(self.datasets)):
-            if resumed_from is None:
-                start, resume = 0, None
-            else:
-                start = int(resumed_from[0]["streams"][s]["pass"])
-                resume = json.dumps([m["streams"][s]["state"] for m in resumed_from])
-            stream = self._open(s, epoch + start * PASS_STRIDE, resume, slot)
-            base.append(start)
-            passes.append([_available(stream)])
-            first.append(stream)
-        counts = mix_counts(self.policy, weights, [p[0] for p in passes])
-        for s, stream_passes in enumerate(passes):
-            # Restarts: the stream's next epoch orders, until the count is met.
-            while sum(stream_passes) < counts[s]:
-                if len(stream_passes) >= MAX_PASSES:
-                    raise ValueError(
-                        f"invalid option weights: stream {s} would be read more than "
-                        f"{MAX_PASSES} times in one epoch under policy='restart'"
-                    )
-                p = base[s] + len(stream_passes)
-                more = _available(self._open(s, epoch + p * PASS_STRIDE, None, slot))
-                if more == 0:
-                    counts[s] = sum(stream_passes)
-                    break
-                stream_passes.append(more)
-            if self.policy == "restart":
-                stream_passes[-1] -= sum(stream_passes) - counts[s]
-        rank, _, worker_id, num_workers = slot
-        order = mix_order(
-            self.policy,
-            weights,
-            counts,
-            seed=self.seed,
-            epoch=epoch,
-            slot=rank * num_workers + worker_id,
-            generation=generation,
-        )
-        return _SlotPlan(base, passes, counts, order, first)
-
     def __iter__(self) -> Iterator[Any]:
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
@@ -264,14 +196,25 @@ class Mix(IterableDataset[Any]):
         return iterator
 
     def _open_iterator(self, epoch: int) -> _MixIterator:
-        slot = self._slot()
+        return _MixIterator(self.datasets, self._mix_slot(epoch, self._slot()))
+
+    def _mix_slot(self, epoch: int, slot: _Slot) -> MixSlot:
+        """``slot``'s mixture of ``epoch``, or of a pending resume."""
+        mixture = (
+            _stream_opener(self.datasets, slot),
+            len(self.datasets),
+            self.policy,
+            self.seed,
+            slot,
+        )
         if self._epochs.resume is None:
-            plan = self._slot_plan(epoch, 0, None, self.weights, slot)
-            return _MixIterator(self, slot, epoch, 0, None, self.weights, plan)
+            return MixSlot.fresh(*mixture, self.weights, epoch)
         kind, state, weights = self._epochs.resume
         if kind == "exact":
-            return self._exact(state, slot)
-        return self._elastic(state, weights, slot)
+            # The rest of this slot's epoch from its own state.
+            return MixSlot.exact(*mixture, json.dumps(state))
+        # The rest of the saved job's epoch, split anew for this layout.
+        return MixSlot.elastic(*mixture, json.dumps(state), weights)
 
     # -- state -----------------------------------------------------------
 
@@ -351,81 +294,6 @@ class Mix(IterableDataset[Any]):
         checked: dict[str, Any] = json.loads(text)
         return checked
 
-    def _exact(self, state: dict[str, Any], slot: _Slot) -> _MixIterator:
-        """The rest of this slot's epoch from its own state."""
-        saved = (state["rank"], state["world_size"], state["worker_id"], state["num_workers"])
-        if saved != slot:
-            raise StateMismatchError(
-                f"state field rank: the state is for rank {saved[0]} worker {saved[2]} of "
-                f"{saved[1]} x {saved[3]} slots, this mixture is rank {slot[0]} worker "
-                f"{slot[2]} of {slot[1]} x {slot[3]}; load shardstream.elastic_state(...) "
-                "of every slot to resume onto another layout"
-            )
-        epoch, generation = state["epoch"], state["generation"]
-        plan = self._slot_plan(epoch, generation, state["resumed_from"], state["weights"], slot)
-        position = state["position"]
-        if position > len(plan.order):
-            raise StateMismatchError(
-                f"state field position: {position} is past the slot's {len(plan.order)} samples"
-            )
-        if state["finished"] != (position == len(plan.order)):
-            raise StateMismatchError(
-                f"state field finished: {state['finished']}, but the position is {position} of "
-                f"the slot's {len(plan.order)} samples"
-            )
-        it = _MixIterator(
-            self, slot, epoch, generation, state["resumed_from"], state["weights"], plan
-        )
-        it.position = position
-        for s, entry in enumerate(state["streams"]):
-            k = entry["pass"] - plan.base[s]
-            if not 0 <= k < len(plan.passes[s]):
-                raise StateMismatchError(
-                    f"state field streams[{s}].pass: {entry['pass']} is not a pass of the "
-                    "stream in this slot's plan"
-                )
-            produced = entry["state"].get("produced")
-            if not isinstance(produced, int) or isinstance(produced, bool):
-                raise StateMismatchError(f"state field streams[{s}].state.produced: not an int")
-            taken = plan.order.count(bytes([s]), 0, position)
-            if taken != sum(plan.passes[s][:k]) + produced + entry["short"]:
-                raise StateMismatchError(
-                    f"state field streams[{s}].state.produced: {produced}, but the mixture "
-                    f"took {taken} samples of stream {s} before position {position}"
-                )
-            stream_epoch = epoch + entry["pass"] * PASS_STRIDE
-            stream = self._open(s, stream_epoch, json.dumps(entry["state"]), slot)
-            if stream.epoch != stream_epoch:
-                raise StateMismatchError(
-                    f"state field streams[{s}].state.epoch: {stream.epoch}, expected {stream_epoch}"
-                )
-            it.passes[s], it.taken[s], it.short[s] = k, produced + entry["short"], entry["short"]
-            it.streams[s] = stream
-        return it
-
-    def _elastic(
-        self, states: list[dict[str, Any]], weights: list[float] | None, slot: _Slot
-    ) -> _MixIterator:
-        """The rest of the saved job's epoch, split anew for this layout."""
-        # Every slot's state, of one job and one epoch, by rank then worker.
-        ordered = json.loads(
-            mix_job_slots(
-                json.dumps(states),
-                self.policy,
-                self.seed,
-                len(self.datasets),
-                weights is not None,
-            )
-        )
-        first = ordered[0]
-        epoch, generation = first["epoch"], first["generation"] + 1
-        if generation >= PASS_STRIDE:
-            raise StateMismatchError("state field generation: out of range")
-        mix_weights = weights if weights is not None else first["weights"]
-        plan = self._slot_plan(epoch, generation, ordered, mix_weights, slot)
-        it = _MixIterator(self, slot, epoch, generation, ordered, mix_weights, plan)
-        return it
-
     def num_samples(self, num_workers: int | None = None) -> int:
         """Samples this rank takes in the next epoch from ``num_workers``
         DataLoader workers (default: the ``num_workers`` argument of the
@@ -441,7 +309,17 @@ class Mix(IterableDataset[Any]):
             workers = num_workers
         epoch = self.epoch
         return sum(
-            len(self._slot_plan(epoch, 0, None, self.weights, (rank, world_size, w, workers)).order)
+            len(
+                MixSlot.fresh(
+                    _stream_opener(self.datasets, (rank, world_size, w, workers)),
+                    len(self.datasets),
+                    self.policy,
+                    self.seed,
+                    (rank, world_size, w, workers),
+                    self.weights,
+                    epoch,
+                )
+            )
             for w in range(workers)
         )
 
@@ -470,73 +348,21 @@ class Mix(IterableDataset[Any]):
 
 
 class _MixIterator:
-    """One slot's mixture for one epoch. It holds the streams, not the
-    ``Mix`` (which holds it): no reference cycle keeps the streams' threads
-    alive once the iterator is dropped."""
+    """One slot's mixture for one epoch (a ``MixSlot``), with each stream's
+    own transform run on its samples as they leave the mixture: the
+    mixture's state is the same with or without them."""
 
-    def __init__(
-        self,
-        mix: Mix,
-        slot: _Slot,
-        epoch: int,
-        generation: int,
-        resumed_from: list[dict[str, Any]] | None,
-        weights: list[float],
-        plan: _SlotPlan,
-    ) -> None:
-        self.datasets = list(mix.datasets)
-        self.policy = mix.policy
-        self.seed = mix.seed
-        self.slot = slot
-        self.epoch = epoch
-        self.generation = generation
-        self.resumed_from = resumed_from
-        self.weights = weights
-        self.plan = plan
-        self.position = 0
-        n = len(plan.counts)
-        self.passes = [0] * n  # index into plan.passes[s]
-        self.taken = [0] * n  # samples taken (or short) of the current pass
-        self.short = [0] * n  # of those, missing: the pass ended early
-        self.streams: list[SampleStream] = list(plan.first)
-        plan.first.clear()
-        # Each stream's own transform, run on its samples as they leave the
-        # mixture: the mixture's state is the same with or without them.
+    def __init__(self, datasets: Sequence[StreamingDataset], mix_slot: MixSlot) -> None:
+        self.datasets = list(datasets)
+        self.mix_slot = mix_slot
+        self.epoch = mix_slot.epoch
         self.transforms = [ds.options["transform"] for ds in self.datasets]
-        # The state at the end of the slot's order, once it is reached: the
-        # streams (with threads reading ahead under "stop") are let go.
-        self.final: dict[str, Any] | None = None
 
     def __iter__(self) -> _MixIterator:
         return self
 
-    def _next_pass(self, s: int) -> None:
-        self.passes[s] += 1
-        self.taken[s] = self.short[s] = 0
-        p = self.plan.base[s] + self.passes[s]
-        self.streams[s] = self.datasets[s].slot_stream(
-            self.epoch + p * PASS_STRIDE, None, self.slot
-        )
-
     def __next__(self) -> Any:
-        order, taken, streams = self.plan.order, self.taken, self.streams
-        while self.position < len(order):
-            s = order[self.position]
-            if taken[s] >= self.plan.passes[s][self.passes[s]]:
-                self._next_pass(s)
-            try:
-                sample = next(streams[s])
-            except StopIteration:
-                # Fewer samples than planned: a shard was skipped under
-                # on_error="warn". The slot goes on without them.
-                self.short[s] += 1
-                sample = None
-            # Counted once the stream gave its sample (or ended): an error
-            # leaves the position where it was.
-            taken[s] += 1
-            self.position += 1
-            if sample is None:
-                continue
+        for s, sample in self.mix_slot:
             ds = self.datasets[s]
             if not ds._decode_checked:
                 ds.check_decode_fields(sample)
@@ -547,36 +373,8 @@ class _MixIterator:
             sample = apply_transform(transform, sample, skip, ds._counters)
             if sample is not SKIPPED:
                 return sample
-        if self.final is None:
-            self.final = self.state()
-            self.streams = []
         raise StopIteration
 
     def state(self) -> dict[str, Any]:
-        if self.final is not None:
-            return copy.deepcopy(self.final)
-        rank, world_size, worker_id, num_workers = self.slot
-        return {
-            "format": MIX_FORMAT,
-            "version": MIX_VERSION,
-            "epoch": self.epoch,
-            "generation": self.generation,
-            "policy": self.policy,
-            "seed": self.seed,
-            "weights": list(self.weights),
-            "world_size": world_size,
-            "rank": rank,
-            "num_workers": num_workers,
-            "worker_id": worker_id,
-            "position": self.position,
-            "finished": self.position >= len(self.plan.order),
-            "streams": [
-                {
-                    "pass": self.plan.base[s] + self.passes[s],
-                    "short": self.short[s],
-                    "state": json.loads(stream.state()),
-                }
-                for s, stream in enumerate(self.streams)
-            ],
-            "resumed_from": self.resumed_from,
-        }
+        state: dict[str, Any] = json.loads(self.mix_slot.state())
+        return state

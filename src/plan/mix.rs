@@ -21,6 +21,13 @@ pub const MAX_STREAMS: usize = 255;
 /// The most samples one slot takes from a mixture in one epoch.
 pub const MAX_SLOT_SAMPLES: u64 = 1 << 32;
 
+/// Pass `p` (a restart) of a stream in mixture epoch `e` reads the stream's
+/// epoch `e + p * PASS_STRIDE`: pass 0 is the stream's epoch `e`.
+pub const PASS_STRIDE: u64 = 1 << 32;
+
+/// The most passes over one stream in one epoch under `policy="restart"`.
+pub const MAX_PASSES: u64 = 1024;
+
 /// What a mixture does when a stream runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
@@ -320,6 +327,111 @@ pub fn slot_order(
         }
     }
     Ok(out)
+}
+
+/// The stream epoch that pass `pass` over a stream reads in mixture epoch
+/// `epoch` (see [`PASS_STRIDE`]).
+pub fn pass_epoch(epoch: u64, pass: u64) -> Result<u64> {
+    pass.checked_mul(PASS_STRIDE)
+        .and_then(|offset| epoch.checked_add(offset))
+        .ok_or_else(|| Error::Config {
+            name: "epoch",
+            reason: format!("pass {pass} of mixture epoch {epoch} is past the last epoch"),
+        })
+}
+
+/// What one slot's mixture for one epoch is planned from.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotMixture<'a> {
+    /// What the mixture does when a stream runs out.
+    pub policy: Policy,
+    /// The streams' weights.
+    pub weights: &'a [f64],
+    /// The mixture's seed and epoch.
+    pub key: (u64, u64),
+    /// The slot's index in the job (`rank * num_workers + worker_id`).
+    pub slot: u32,
+    /// How many elastic resumes led to this plan.
+    pub generation: u32,
+}
+
+/// One slot's mixture for one epoch: the pass over each stream it starts
+/// in, the samples of each pass it reads, the samples it takes from each
+/// stream, and the order in which it takes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotPlan {
+    /// The pass over each stream the slot starts in (above 0 after an
+    /// elastic resume in a restarted pass).
+    pub base: Vec<u64>,
+    /// The samples the slot takes from each pass over each stream, from
+    /// pass `base[s]` on; under [`Policy::Restart`] the last pass is cut
+    /// to the stream's count.
+    pub passes: Vec<Vec<u64>>,
+    /// The samples the slot takes from each stream.
+    pub counts: Vec<u64>,
+    /// The stream of each sample, in the order the slot takes them.
+    pub order: Vec<u8>,
+}
+
+impl SlotPlan {
+    /// The plan of `mixture` for a slot whose pass `base[s]` over stream
+    /// `s` gives it `first[s]` samples. Under [`Policy::Restart`] a stream
+    /// that runs out is read again: `more(s, pass)` gives the samples of
+    /// pass `pass` over stream `s`, asked for until the stream's count is
+    /// met (a pass of none ends the stream there), at most [`MAX_PASSES`]
+    /// passes.
+    pub fn new(
+        mixture: SlotMixture<'_>,
+        base: Vec<u64>,
+        first: &[u64],
+        mut more: impl FnMut(usize, u64) -> Result<u64>,
+    ) -> Result<Self> {
+        let SlotMixture {
+            policy, weights, ..
+        } = mixture;
+        let mut counts = slot_counts(policy, weights, first)?;
+        let mut passes: Vec<Vec<u64>> = first.iter().map(|&n| vec![n]).collect();
+        for (s, stream_passes) in passes.iter_mut().enumerate() {
+            let mut read: u64 = stream_passes.iter().sum();
+            while read < counts[s] {
+                if stream_passes.len() as u64 >= MAX_PASSES {
+                    return Err(Error::Config {
+                        name: "weights",
+                        reason: format!(
+                            "stream {s} would be read more than {MAX_PASSES} times in one \
+                             epoch under policy='restart'"
+                        ),
+                    });
+                }
+                let n = more(s, base[s] + stream_passes.len() as u64)?;
+                if n == 0 {
+                    counts[s] = read;
+                    break;
+                }
+                stream_passes.push(n);
+                read += n;
+            }
+            if policy == Policy::Restart {
+                if let Some(last) = stream_passes.last_mut() {
+                    *last -= read - counts[s];
+                }
+            }
+        }
+        let order = slot_order(
+            policy,
+            weights,
+            &counts,
+            mixture.key,
+            mixture.slot,
+            mixture.generation,
+        )?;
+        Ok(SlotPlan {
+            base,
+            passes,
+            counts,
+            order,
+        })
+    }
 }
 
 #[cfg(test)]

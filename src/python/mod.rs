@@ -75,7 +75,7 @@ mod _core {
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
-    use super::mix::{check_mix, check_mix_state, mix_counts, mix_job_slots, mix_order};
+    use super::mix::{check_mix, check_mix_state, mix_counts, mix_order, MixSlot};
     #[pymodule_export]
     use super::options::{
         default_options, default_s3_options, default_writer_options, option_table, s3_option_table,

@@ -160,7 +160,7 @@ impl SampleStream {
 
     /// The epoch streamed (a resumed stream takes it from the state).
     #[getter]
-    fn epoch(&self) -> u64 {
+    pub(super) fn epoch(&self) -> u64 {
         self.epoch
     }
 
@@ -184,11 +184,7 @@ impl SampleStream {
 
     /// The state (JSON) as of the last sample handed out.
     fn state(&self) -> String {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .state()
-            .to_json()
+        self.slot_state().to_json()
     }
 
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -278,6 +274,22 @@ impl SampleStream {
 }
 
 impl SampleStream {
+    /// The state as of the last sample handed out.
+    pub(super) fn slot_state(&self) -> SlotState {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).state()
+    }
+
+    /// The samples this slot's units give, `None` if a unit is a whole
+    /// shard whose sample count is not known.
+    pub(super) fn planned_samples(&self) -> Option<u64> {
+        let stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        stream
+            .units()
+            .iter()
+            .map(|u| u.samples.as_ref().map(|r| r.end - r.start))
+            .sum()
+    }
+
     /// Waits at most `wait` for each event (with the GIL released unless
     /// `wait` is zero) until `want` samples are held or something else
     /// happens.

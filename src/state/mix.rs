@@ -12,17 +12,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::plan::mix::{check_weights, Policy};
+use crate::plan::mix::{check_weights, Policy, SlotPlan, MAX_PASSES, PASS_STRIDE};
 
 /// The `format` field of every mixture state.
 pub const MIX_FORMAT: &str = "shardstream.mix";
 /// The mixture state version this build reads and writes.
 pub const MIX_VERSION: u64 = 1;
-/// Pass `p` (a restart) of a stream in mixture epoch `e` reads the stream's
-/// epoch `e + p * PASS_STRIDE`: pass 0 is the stream's epoch `e`.
-pub const PASS_STRIDE: u64 = 1 << 32;
-/// The most passes over one stream in one epoch under `policy="restart"`.
-pub const MAX_PASSES: u64 = 1024;
 
 /// One stream's entry in a mixture state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -364,9 +359,169 @@ impl MixState {
     }
 }
 
+/// The next sample of a slot's mixture: the stream it comes from, and the
+/// pass over that stream to open first when the current one is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Take {
+    /// The stream the sample comes from.
+    pub stream: usize,
+    /// The pass over the stream to open (and [`MixCursor::enter_pass`])
+    /// before taking the sample, if the stream's current pass is done.
+    pub opens_pass: Option<u64>,
+}
+
+/// Where a slot's mixture stands in its [`SlotPlan`]: the position in the
+/// order and, per stream, the pass it is in, the samples taken from that
+/// pass and, of those, the ones the stream did not give (a pass that ended
+/// early: a shard skipped under `on_error="warn"`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MixCursor {
+    plan: SlotPlan,
+    position: usize,
+    /// Index into `plan.passes[s]`.
+    pass: Vec<usize>,
+    taken: Vec<u64>,
+    short: Vec<u64>,
+}
+
+impl MixCursor {
+    /// A cursor at the start of `plan`.
+    pub fn new(plan: SlotPlan) -> Self {
+        let streams = plan.passes.len();
+        MixCursor {
+            plan,
+            position: 0,
+            pass: vec![0; streams],
+            taken: vec![0; streams],
+            short: vec![0; streams],
+        }
+    }
+
+    /// A cursor where the slot's exact state `state` left `plan` (the plan
+    /// of that state's epoch, generation and weights), each of the state's
+    /// counts checked against the plan: the position, whether it finished,
+    /// the pass of each stream, and each stream's samples produced (from
+    /// its own state) with those it fell short against the samples the
+    /// order took from it.
+    pub fn resume(plan: SlotPlan, state: &MixState) -> Result<Self> {
+        let len = plan.order.len();
+        let position = usize::try_from(state.position)
+            .ok()
+            .filter(|&p| p <= len)
+            .ok_or_else(|| {
+                bad(
+                    "",
+                    "position",
+                    format!("{} is past the slot's {len} samples", state.position),
+                )
+            })?;
+        if state.finished != (position == len) {
+            return Err(bad(
+                "",
+                "finished",
+                format!(
+                    "{}, but the position is {position} of the slot's {len} samples",
+                    state.finished
+                ),
+            ));
+        }
+        let mut cursor = MixCursor::new(plan);
+        cursor.position = position;
+        let done = &cursor.plan.order[..position];
+        for (s, entry) in state.streams.iter().enumerate() {
+            let passes = &cursor.plan.passes[s];
+            let Some(k) = entry
+                .pass
+                .checked_sub(cursor.plan.base[s])
+                .and_then(|k| usize::try_from(k).ok())
+                .filter(|&k| k < passes.len())
+            else {
+                return Err(bad(
+                    "",
+                    &format!("streams[{s}].pass"),
+                    format!(
+                        "{} is not a pass of the stream in this slot's plan",
+                        entry.pass
+                    ),
+                ));
+            };
+            let Some(produced) = count(entry.state.get("produced")) else {
+                return Err(bad(
+                    "",
+                    &format!("streams[{s}].state.produced"),
+                    "not an int",
+                ));
+            };
+            let taken = done.iter().filter(|&&t| usize::from(t) == s).count() as u64;
+            let before: u64 = passes[..k].iter().sum();
+            let in_pass = produced.checked_add(entry.short);
+            if in_pass.and_then(|n| n.checked_add(before)) != Some(taken) {
+                return Err(bad(
+                    "",
+                    &format!("streams[{s}].state.produced"),
+                    format!(
+                        "{produced}, but the mixture took {taken} samples of stream {s} \
+                         before position {position}"
+                    ),
+                ));
+            }
+            cursor.pass[s] = k;
+            cursor.taken[s] = in_pass.unwrap_or_default();
+            cursor.short[s] = entry.short;
+        }
+        Ok(cursor)
+    }
+
+    /// The plan the cursor walks.
+    pub fn plan(&self) -> &SlotPlan {
+        &self.plan
+    }
+
+    /// Samples of the order taken so far.
+    pub fn position(&self) -> u64 {
+        self.position as u64
+    }
+
+    /// Whether the whole order has been taken.
+    pub fn finished(&self) -> bool {
+        self.position >= self.plan.order.len()
+    }
+
+    /// The next sample's stream, `None` at the end of the order.
+    pub fn next(&self) -> Option<Take> {
+        let stream = usize::from(*self.plan.order.get(self.position)?);
+        let k = self.pass[stream];
+        let opens_pass = (self.taken[stream] >= self.plan.passes[stream][k])
+            .then(|| self.plan.base[stream] + k as u64 + 1);
+        Some(Take { stream, opens_pass })
+    }
+
+    /// Moves stream `s` on to its next pass (once that pass is open).
+    pub fn enter_pass(&mut self, s: usize) {
+        self.pass[s] += 1;
+        self.taken[s] = 0;
+        self.short[s] = 0;
+    }
+
+    /// Counts the sample taken from stream `s`; `given`: whether the stream
+    /// gave it (not: its pass ended early).
+    pub fn took(&mut self, s: usize, given: bool) {
+        self.taken[s] += 1;
+        self.short[s] += u64::from(!given);
+        self.position += 1;
+    }
+
+    /// The pass over stream `s` the slot is in, and the samples of it the
+    /// stream did not give.
+    pub fn entry(&self, s: usize) -> (u64, u64) {
+        (self.plan.base[s] + self.pass[s] as u64, self.short[s])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::mix::SlotMixture;
     use serde_json::json;
 
     const SHAPE: MixShape<'static> = MixShape {
@@ -483,5 +638,148 @@ mod tests {
         let mut outside = slots(&[(0, 0), (0, 1), (1, 0), (1, 1)]);
         outside[3].worker_id = 2;
         assert!(refused(MixState::job_slots(outside, false)).contains("outside the saved layout"));
+    }
+
+    /// Walks `cursor` to the end: the stream of each sample taken and the
+    /// passes opened, a stream falling short where `short(s, pass, k)`.
+    fn walk(
+        cursor: &mut MixCursor,
+        short: impl Fn(usize, u64, u64) -> bool,
+    ) -> (Vec<usize>, Vec<(usize, u64)>) {
+        let (mut taken, mut opened) = (vec![], vec![]);
+        while let Some(take) = cursor.next() {
+            if let Some(pass) = take.opens_pass {
+                opened.push((take.stream, pass));
+                cursor.enter_pass(take.stream);
+            }
+            let (pass, _) = cursor.entry(take.stream);
+            let k = cursor.taken[take.stream];
+            cursor.took(take.stream, !short(take.stream, pass, k));
+            taken.push(take.stream);
+        }
+        (taken, opened)
+    }
+
+    fn restart_plan() -> SlotPlan {
+        let mixture = SlotMixture {
+            policy: Policy::Restart,
+            weights: &[3.0, 1.0],
+            key: (7, 3),
+            slot: 1,
+            generation: 0,
+        };
+        // Stream 0 gives 4 samples a pass; stream 1 gives 3, then 2 later.
+        SlotPlan::new(mixture, vec![0, 0], &[4, 3], |s, pass| {
+            assert_eq!(s, 0, "only the stream that runs out is read again");
+            Ok(if pass < 2 { 4 } else { 2 })
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_restart_plan_reads_passes_until_the_count_is_met_and_cuts_the_last() {
+        let plan = restart_plan();
+        assert_eq!(plan.counts, vec![9, 3]);
+        assert_eq!(plan.passes, vec![vec![4, 4, 1], vec![3]]);
+        assert_eq!(plan.order.len(), 12);
+        let mut cursor = MixCursor::new(plan);
+        let (taken, opened) = walk(&mut cursor, |_, _, _| false);
+        assert_eq!(taken.iter().filter(|&&s| s == 0).count(), 9);
+        assert_eq!(opened, vec![(0, 1), (0, 2)]);
+        assert!(cursor.finished());
+    }
+
+    #[test]
+    fn too_many_passes_and_empty_restarts_end_a_stream() {
+        let mixture = SlotMixture {
+            policy: Policy::Restart,
+            weights: &[1e6, 1.0],
+            key: (1, 0),
+            slot: 0,
+            generation: 0,
+        };
+        let error = SlotPlan::new(mixture, vec![0, 0], &[1, 100], |_, _| Ok(1)).unwrap_err();
+        assert!(
+            error.to_string().contains("more than 1024 times"),
+            "{error}"
+        );
+        let ended = SlotPlan::new(mixture, vec![0, 0], &[1, 100], |_, _| Ok(0)).unwrap();
+        assert_eq!(ended.counts, vec![1, 100]);
+    }
+
+    /// The state a cursor stands at, its streams' `produced` counted as
+    /// the samples each stream gave in its pass.
+    fn state_at(cursor: &MixCursor) -> MixState {
+        let mut value = state(0, 0);
+        value["position"] = json!(cursor.position());
+        value["finished"] = json!(cursor.finished());
+        value["policy"] = json!("restart");
+        let streams = (0..2)
+            .map(|s| {
+                let (pass, short) = cursor.entry(s);
+                json!({"pass": pass, "short": short,
+                       "state": {"produced": cursor.taken[s] - short}})
+            })
+            .collect::<Vec<_>>();
+        value["streams"] = json!(streams);
+        let shape = MixShape {
+            policy: "restart",
+            ..SHAPE
+        };
+        MixState::parse(&value, shape, "").unwrap()
+    }
+
+    #[test]
+    fn a_cursor_resumed_from_any_position_takes_the_same_rest() {
+        let plan = restart_plan();
+        let short = |s: usize, pass: u64, k: u64| s == 1 && pass == 0 && k == 2;
+        let mut whole = MixCursor::new(plan.clone());
+        let (all, _) = walk(&mut whole, short);
+        for at in 0..=all.len() {
+            let mut cursor = MixCursor::new(plan.clone());
+            for _ in 0..at {
+                let take = cursor.next().unwrap();
+                if take.opens_pass.is_some() {
+                    cursor.enter_pass(take.stream);
+                }
+                let (pass, _) = cursor.entry(take.stream);
+                let k = cursor.taken[take.stream];
+                cursor.took(take.stream, !short(take.stream, pass, k));
+            }
+            let mut resumed = MixCursor::resume(plan.clone(), &state_at(&cursor)).unwrap();
+            assert_eq!(resumed, cursor, "resumed at {at}");
+            let (rest, _) = walk(&mut resumed, short);
+            assert_eq!(rest, all[at..].to_vec(), "resumed at {at}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_state_that_does_not_fit_the_plan_is_refused_by_field() {
+        let plan = restart_plan();
+        let mut cursor = MixCursor::new(plan.clone());
+        for _ in 0..5 {
+            let take = cursor.next().unwrap();
+            if take.opens_pass.is_some() {
+                cursor.enter_pass(take.stream);
+            }
+            cursor.took(take.stream, true);
+        }
+        let good = state_at(&cursor);
+        let damaged = |change: &dyn Fn(&mut MixState)| {
+            let mut state = good.clone();
+            change(&mut state);
+            refused(MixCursor::resume(plan.clone(), &state))
+        };
+        assert!(damaged(&|s| s.position = 13).contains("field position: 13 is past"));
+        assert!(damaged(&|s| s.finished = true).contains("field finished"));
+        assert!(damaged(&|s| s.streams[1].pass = 1).contains("streams[1].pass"));
+        assert!(damaged(&|s| {
+            s.streams[0].state.insert("produced".into(), json!(99));
+        })
+        .contains("streams[0].state.produced: 99, but the mixture took"));
+        assert!(damaged(&|s| {
+            s.streams[0].state.remove("produced");
+        })
+        .contains("streams[0].state.produced: not an int"));
     }
 }
