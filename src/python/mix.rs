@@ -408,7 +408,12 @@ impl MixSlot {
                 self.streams[s] = open_stream(self.open.bind(py), s, self.epoch, pass, None)?;
                 self.cursor.enter_pass(s);
             }
-            let next = self.streams[s].bind(py).as_any().cast::<PyIterator>()?.clone().next();
+            let next = self.streams[s]
+                .bind(py)
+                .as_any()
+                .cast::<PyIterator>()?
+                .clone()
+                .next();
             match next {
                 Some(Ok(sample)) => {
                     self.cursor.took(s, true);

@@ -640,24 +640,42 @@ mod tests {
         assert!(refused(MixState::job_slots(outside, false)).contains("outside the saved layout"));
     }
 
+    /// Takes one sample with `cursor`, a stream falling short where
+    /// `short(s, pass, k)` (its `k`-th sample of pass `pass`): the stream
+    /// and the pass opened first, if one was; `None` at the end.
+    fn step(
+        cursor: &mut MixCursor,
+        short: &impl Fn(usize, u64, u64) -> bool,
+    ) -> Option<(usize, Option<u64>)> {
+        let take = cursor.next()?;
+        if take.opens_pass.is_some() {
+            cursor.enter_pass(take.stream);
+        }
+        let (pass, _) = cursor.entry(take.stream);
+        let k = cursor.taken[take.stream];
+        cursor.took(take.stream, !short(take.stream, pass, k));
+        Some((take.stream, take.opens_pass))
+    }
+
     /// Walks `cursor` to the end: the stream of each sample taken and the
-    /// passes opened, a stream falling short where `short(s, pass, k)`.
+    /// passes opened.
     fn walk(
         cursor: &mut MixCursor,
         short: impl Fn(usize, u64, u64) -> bool,
     ) -> (Vec<usize>, Vec<(usize, u64)>) {
         let (mut taken, mut opened) = (vec![], vec![]);
-        while let Some(take) = cursor.next() {
-            if let Some(pass) = take.opens_pass {
-                opened.push((take.stream, pass));
-                cursor.enter_pass(take.stream);
-            }
-            let (pass, _) = cursor.entry(take.stream);
-            let k = cursor.taken[take.stream];
-            cursor.took(take.stream, !short(take.stream, pass, k));
-            taken.push(take.stream);
+        while let Some((stream, pass)) = step(cursor, &short) {
+            opened.extend(pass.map(|p| (stream, p)));
+            taken.push(stream);
         }
         (taken, opened)
+    }
+
+    /// Takes `n` samples with `cursor`.
+    fn advance(cursor: &mut MixCursor, n: usize, short: impl Fn(usize, u64, u64) -> bool) {
+        for _ in 0..n {
+            step(cursor, &short).unwrap();
+        }
     }
 
     fn restart_plan() -> SlotPlan {
@@ -729,6 +747,41 @@ mod tests {
         MixState::parse(&value, shape, "").unwrap()
     }
 
+    proptest::proptest! {
+        /// Whatever the mixture, a cursor takes each stream's count, and
+        /// one resumed from the state at any position is the one that got
+        /// there and takes the same rest.
+        #[test]
+        fn a_resumed_cursor_is_the_one_that_got_there(
+            weights in proptest::collection::vec(0.0f64..4.0, 2),
+            first in proptest::collection::vec(0u64..20, 2),
+            restarts in proptest::collection::vec(0u64..12, 8),
+            policy in 0usize..3,
+            salt in 0u64..7,
+            at in 0.0f64..=1.0,
+        ) {
+            proptest::prop_assume!(weights.iter().any(|&w| w > 0.0));
+            let policy = [Policy::Stop, Policy::Restart, Policy::Continue][policy];
+            let mixture = SlotMixture { policy, weights: &weights, key: (5, 2), slot: 3, generation: 1 };
+            let plan = SlotPlan::new(mixture, vec![0, 0], &first, |s, pass| {
+                Ok(restarts[(s * 4 + pass as usize) % restarts.len()])
+            })
+            .unwrap();
+            let short = |s: usize, pass: u64, k: u64| (s as u64 * 13 + pass * 7 + k + salt).is_multiple_of(7);
+            let mut whole = MixCursor::new(plan.clone());
+            let (all, _) = walk(&mut whole, short);
+            for (s, &count) in plan.counts.iter().enumerate() {
+                proptest::prop_assert_eq!(all.iter().filter(|&&t| t == s).count() as u64, count);
+            }
+            let at = (at * all.len() as f64) as usize;
+            let mut cursor = MixCursor::new(plan.clone());
+            advance(&mut cursor, at, short);
+            let mut resumed = MixCursor::resume(plan, &state_at(&cursor)).unwrap();
+            proptest::prop_assert_eq!(&resumed, &cursor);
+            proptest::prop_assert_eq!(walk(&mut resumed, short).0, all[at..].to_vec());
+        }
+    }
+
     #[test]
     fn a_cursor_resumed_from_any_position_takes_the_same_rest() {
         let plan = restart_plan();
@@ -737,15 +790,7 @@ mod tests {
         let (all, _) = walk(&mut whole, short);
         for at in 0..=all.len() {
             let mut cursor = MixCursor::new(plan.clone());
-            for _ in 0..at {
-                let take = cursor.next().unwrap();
-                if take.opens_pass.is_some() {
-                    cursor.enter_pass(take.stream);
-                }
-                let (pass, _) = cursor.entry(take.stream);
-                let k = cursor.taken[take.stream];
-                cursor.took(take.stream, !short(take.stream, pass, k));
-            }
+            advance(&mut cursor, at, short);
             let mut resumed = MixCursor::resume(plan.clone(), &state_at(&cursor)).unwrap();
             assert_eq!(resumed, cursor, "resumed at {at}");
             let (rest, _) = walk(&mut resumed, short);
@@ -757,13 +802,7 @@ mod tests {
     fn a_resumed_state_that_does_not_fit_the_plan_is_refused_by_field() {
         let plan = restart_plan();
         let mut cursor = MixCursor::new(plan.clone());
-        for _ in 0..5 {
-            let take = cursor.next().unwrap();
-            if take.opens_pass.is_some() {
-                cursor.enter_pass(take.stream);
-            }
-            cursor.took(take.stream, true);
-        }
+        advance(&mut cursor, 5, |_, _, _| false);
         let good = state_at(&cursor);
         let damaged = |change: &dyn Fn(&mut MixState)| {
             let mut state = good.clone();
