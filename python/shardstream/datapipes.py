@@ -30,7 +30,7 @@ from typing import Any
 from torch.utils.data.datapipes.datapipe import IterDataPipe
 from torch.utils.data.datapipes.iter.sharding import SHARDING_PRIORITIES
 
-from .dataset import StreamingDataset
+from .dataset import StreamingDataset, count_for_ranks
 
 __all__ = ["StreamingPipe"]
 
@@ -80,11 +80,8 @@ class StreamingPipe(IterDataPipe[Any]):
             ds.rank, ds.world_size = instance_id, num_of_instances
             ds.worker_id, ds.num_workers = 0, 1
         _, world_size = ds.distributed_slot()
-        if world_size > 1:
-            # Equal counts per rank need every shard's sample count: count
-            # now, or refuse now (a DatasetSpecError naming `shardstream index`).
-            ds.shard_list.count_samples()
-            ds.shard_list.check_equal_length(world_size)
+        count_for_ranks(ds.shard_list, world_size)
+        ds.shard_list.check_equal_length(world_size)
 
     def __iter__(self) -> Iterator[Any]:
         yield from self.dataset

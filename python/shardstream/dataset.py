@@ -246,11 +246,7 @@ class StreamingDataset(IterableDataset[Any]):
 
         def resolve() -> ShardList:
             shard_list = ShardList(specs, self.options)
-            # With several ranks, every rank must get the same number of
-            # samples: count local tar shards now, or refuse now, not with
-            # a hang at the epoch's end.
-            if resolved_world > 1:
-                shard_list.count_samples()
+            count_for_ranks(shard_list, resolved_world)
             return shard_list
 
         # Listed, footers and manifest read, counted: once per job.
@@ -453,10 +449,9 @@ class StreamingDataset(IterableDataset[Any]):
         if not elastic:
             check_worker_count(parsed, self.num_workers)
         epoch = int(slots[0]["epoch"])
-        if any(int(slot["world_size"]) > 1 for slot in slots):
-            # Saved by several ranks, so with counted shards: count them here
-            # too, whatever this job's world size.
-            self.shard_list.count_samples()
+        # Saved by several ranks, so with counted shards: count them here
+        # too, whatever this job's world size.
+        count_for_ranks(self.shard_list, max(int(slot["world_size"]) for slot in slots))
         self._stream = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 
@@ -465,9 +460,8 @@ class StreamingDataset(IterableDataset[Any]):
         threads start at the first ``next()``."""
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
-        if world_size > 1:
-            # torch.distributed was set up after construction.
-            self.shard_list.count_samples()
+        # torch.distributed may have been set up after construction.
+        count_for_ranks(self.shard_list, world_size)
         return self.slot_stream(
             epoch, self._epochs.resume, (rank, world_size, worker_id, num_workers)
         )
@@ -613,6 +607,16 @@ class _Transformed:
             self._counters.count_transform(time.perf_counter_ns() - started)
             if item is not SKIPPED:
                 return item
+
+
+def count_for_ranks(shard_list: ShardList, world_size: int) -> None:
+    """Counts the samples of ``shard_list`` when ``world_size`` ranks read
+    it: every rank must get the same number of samples, so local tar shards
+    are counted now, or the job is refused now (a ``DatasetSpecError``
+    naming ``shardstream index``), not with a hang at the epoch's end. The
+    one place a layout asks for counts (a ``Mix`` always needs them)."""
+    if world_size > 1:
+        shard_list.count_samples()
 
 
 def check_worker_count(state: Mapping[str, Any], explicit: int | None) -> None:
