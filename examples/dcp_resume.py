@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> None:
         num_workers=args.workers,
         collate_fn=keys_only,
         timeout=120 if args.workers else 0,
+        # Workers forked from a DDP rank can hang at start on CPython before
+        # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
+        multiprocessing_context="spawn" if args.workers else None,
     )
     state = {"model": model.state_dict(), "dataloader": LoaderState(loader, rank)}
     if args.resume:

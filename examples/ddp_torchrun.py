@@ -117,6 +117,13 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         drop_last=False,
         persistent_workers=False,
         timeout=300 if args.num_workers > 0 else 0,
+        # Workers forked from a DDP rank can hang at start on CPython before
+        # 3.12 (gh-112275): a gloo thread finishing the collective just
+        # before the fork (the batch count of the last epoch, DDP's first
+        # broadcast) may hold the interpreter's thread-state lock, which the
+        # child then waits for forever. Spawned workers start from a fresh
+        # interpreter.
+        multiprocessing_context="spawn" if args.num_workers > 0 else None,
     )
     torch.manual_seed(0)  # DDP broadcasts rank 0's weights anyway
     model = torch.nn.Linear(FEATURES, 1).to(device)

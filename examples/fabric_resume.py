@@ -80,7 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     model, optimizer = fabric.setup(model, optimizer)
     dataset = StreamingDataset(args.data, seed=0, shuffle_buffer=16)
     loader = fabric.setup_dataloaders(
-        StatefulDataLoader(dataset, batch_size=4, num_workers=args.num_workers, collate_fn=collate)
+        StatefulDataLoader(
+            dataset,
+            batch_size=4,
+            num_workers=args.num_workers,
+            collate_fn=collate,
+            # Workers forked from a DDP rank can hang at start on CPython before
+            # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
+            multiprocessing_context="spawn" if args.num_workers else None,
+        )
     )
 
     step = first_epoch = 0

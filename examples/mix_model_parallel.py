@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             num_workers=args.workers,
             collate_fn=collate_keys,
+            # Workers forked from a DDP rank can hang at start on CPython before
+            # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
+            multiprocessing_context="spawn" if args.workers else None,
         )
         batches = [batch for batch in loader]
         # Every rank reaches this collective: no rank ran out early.

@@ -15,7 +15,14 @@ import time
 from collections import Counter
 
 import pytest
-from _shardtest import EXAMPLES_DIR, UNEVEN_COUNTS, epoch_sequence, free_port, kill_launch
+from _shardtest import (
+    EXAMPLES_DIR,
+    UNEVEN_COUNTS,
+    epoch_sequence,
+    free_port,
+    kill_launch,
+    stacks,
+)
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -27,7 +34,8 @@ SEED = 7
 def launch_nodes(nnodes: int, args: list[str], cwd) -> list[subprocess.CompletedProcess[str]]:
     """Starts ``nnodes`` torchrun agents (static rendezvous on 127.0.0.1),
     each in its own process group, and waits for all of them; on timeout
-    kills every group (agents, ranks, DataLoader workers) and fails."""
+    fails with the stacks of every process, killing every group (agents,
+    ranks, DataLoader workers)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
@@ -82,6 +90,8 @@ def launch_nodes(nnodes: int, args: list[str], cwd) -> list[subprocess.Completed
         for proc in procs:
             proc.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
+        # Where every process (agents, ranks, workers) waited, then kill them.
+        waits = [stacks(proc.pid) for proc in procs]
         for proc in procs:
             kill_launch(proc)
         outputs = [
@@ -91,6 +101,8 @@ def launch_nodes(nnodes: int, args: list[str], cwd) -> list[subprocess.Completed
         pytest.fail(
             f"torchrun did not finish within {LAUNCH_TIMEOUT} s (a rank hung?)\n"
             + "\n".join(outputs)
+            + "\nstacks:\n"
+            + "\n".join(waits)
         )
     return [result(node) for node in range(nnodes)]
 
