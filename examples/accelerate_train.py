@@ -106,7 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     dataset = StreamingDataset(args.data, seed=args.seed, shuffle_buffer=16)
     loader_class = DataLoader if args.stateless else StatefulDataLoader
     loader = loader_class(
-        dataset, batch_size=args.batch_size, num_workers=args.num_workers, collate_fn=collate
+        dataset,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        collate_fn=collate,
+        # Workers forked from a DDP rank can hang at start on CPython before
+        # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
+        multiprocessing_context="spawn" if args.num_workers else None,
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)

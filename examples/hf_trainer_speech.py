@@ -52,6 +52,9 @@ class StreamingTrainer(Trainer):
             collate_fn=self.data_collator,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
+            # Workers forked from a DDP rank can hang at start on CPython
+            # before 3.12 (gh-112275; see docs/integrations.md).
+            multiprocessing_context="spawn" if self.args.dataloader_num_workers else None,
         )
         return prepare_loader(self.accelerator, loader)
 
