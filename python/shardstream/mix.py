@@ -32,11 +32,12 @@ __all__ = ["MIX_FORMAT", "Mix"]
 # stream's epoch ``e + p * MIX_PASS_STRIDE``.
 
 _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
+_Opener = Callable[[int, int, str | None], SampleStream]
+# What every ``MixSlot`` constructor takes first: (open, streams, policy, seed, slot).
+_Mixture = tuple[_Opener, int, str, int, _Slot]
 
 
-def _stream_opener(
-    datasets: Sequence[StreamingDataset], slot: _Slot
-) -> Callable[[int, int, str | None], SampleStream]:
+def _stream_opener(datasets: Sequence[StreamingDataset], slot: _Slot) -> _Opener:
     """What ``MixSlot`` opens the streams of ``slot`` with: stream ``s``'s
     ``epoch``, or its ``resume`` state. It holds the streams, not the
     ``Mix`` (which holds the iterator): no reference cycle keeps the
@@ -198,15 +199,19 @@ class Mix(IterableDataset[Any]):
     def _open_iterator(self, epoch: int) -> _MixIterator:
         return _MixIterator(self.datasets, self._mix_slot(epoch, self._slot()))
 
-    def _mix_slot(self, epoch: int, slot: _Slot) -> MixSlot:
-        """``slot``'s mixture of ``epoch``, or of a pending resume."""
-        mixture = (
+    def _mixture(self, slot: _Slot) -> _Mixture:
+        """What every ``MixSlot`` constructor takes first, for ``slot``."""
+        return (
             _stream_opener(self.datasets, slot),
             len(self.datasets),
             self.policy,
             self.seed,
             slot,
         )
+
+    def _mix_slot(self, epoch: int, slot: _Slot) -> MixSlot:
+        """``slot``'s mixture of ``epoch``, or of a pending resume."""
+        mixture = self._mixture(slot)
         if self._epochs.resume is None:
             return MixSlot.fresh(*mixture, self.weights, epoch)
         kind, state, weights = self._epochs.resume
@@ -309,17 +314,7 @@ class Mix(IterableDataset[Any]):
             workers = num_workers
         epoch = self.epoch
         return sum(
-            len(
-                MixSlot.fresh(
-                    _stream_opener(self.datasets, (rank, world_size, w, workers)),
-                    len(self.datasets),
-                    self.policy,
-                    self.seed,
-                    (rank, world_size, w, workers),
-                    self.weights,
-                    epoch,
-                )
-            )
+            len(MixSlot.fresh(*self._mixture((rank, world_size, w, workers)), self.weights, epoch))
             for w in range(workers)
         )
 

@@ -253,12 +253,7 @@ impl HttpClient {
                         }
                     }
                 }
-                Ok(answer) => match status_failure(url, 0, answer.status) {
-                    Failure::Fatal(error) => return Err(error),
-                    Failure::Retry(reason) => reason,
-                },
-                Err(Failure::Fatal(error)) => return Err(error),
-                Err(Failure::Retry(reason)) => reason,
+                other => retry_reason(url, other)?,
             };
             retries.wait(url, 0, reason).await?;
         }
@@ -302,12 +297,7 @@ impl HttpClient {
                 {
                     return Ok((0, None, None))
                 }
-                Ok(answer) => match status_failure(url, 0, answer.status) {
-                    Failure::Fatal(error) => return Err(error),
-                    Failure::Retry(reason) => reason,
-                },
-                Err(Failure::Fatal(error)) => return Err(error),
-                Err(Failure::Retry(reason)) => reason,
+                other => retry_reason(url, other)?,
             };
             retries.wait(url, 0, reason).await?;
         }
@@ -336,6 +326,20 @@ async fn read_small(
                 }
             }
         }
+    }
+}
+
+/// Why a small request of `url` is worth another attempt, given an answer
+/// that is not the one wanted (or the request's failure); the error when it
+/// is not.
+fn retry_reason(url: &str, sent: Result<Answer, Failure>) -> Result<String, Error> {
+    let failure = match sent {
+        Ok(answer) => status_failure(url, 0, answer.status),
+        Err(failure) => failure,
+    };
+    match failure {
+        Failure::Retry(reason) => Ok(reason),
+        Failure::Fatal(error) => Err(error),
     }
 }
 
