@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ._core import (
@@ -289,9 +292,15 @@ class StreamingDataset(IterableDataset[Any]):
         ``forkserver``: a new ``iter(loader)`` never repeats an epoch. Call
         it before creating the epoch's DataLoader iterator; the iterations
         after that one go on from ``epoch + 1``. Calling it with another
-        epoch than a pending resume's drops the resume.
+        epoch than a pending resume's drops the resume. Calling it with the
+        epoch of an iteration in progress in this process (after its
+        iterator was made, as Lightning's epoch hooks do) changes nothing.
         """
-        if self._epochs.set(epoch):
+        stream = self._stream
+        running = None
+        if stream is not None and not json.loads(stream.state())["finished"]:
+            running = stream.epoch
+        if self._epochs.set(epoch, running):
             self._stream = None
 
     def distributed_slot(self) -> tuple[int, int]:
@@ -345,13 +354,22 @@ class StreamingDataset(IterableDataset[Any]):
     def __len__(self) -> int:
         """Samples per rank per epoch (see ``num_samples``). Not defined when
         batches are handed out: their number depends on how the DataLoader's
-        workers split the rank's samples."""
+        workers split the rank's samples.
+
+        Asked by ``len(loader)`` of a DataLoader whose workers would yield
+        another number of batches than ``len(loader)`` says (each worker
+        yields its own last, partial batch), it raises ``TypeError`` naming
+        the fix: frameworks that end an epoch after ``len(loader)`` batches
+        would otherwise leave samples out, or wait for batches that never
+        come."""
         if self.options.batches:
             raise TypeError(
                 "len() is not defined for batches (their number depends on the DataLoader's "
                 "workers); num_samples() gives the samples per rank"
             )
-        return self.num_samples()
+        n = self.num_samples()
+        check_loader_length(sys._getframe(1), self, n)
+        return n
 
     def __iter__(self) -> Iterator[Any]:
         # Accelerate's wrappers would split this rank's part between ranks again.
@@ -463,7 +481,7 @@ class StreamingDataset(IterableDataset[Any]):
         # torch.distributed may have been set up after construction.
         count_for_ranks(self.shard_list, world_size)
         return self.slot_stream(
-            epoch, self._epochs.resume, (rank, world_size, worker_id, num_workers)
+            epoch, self._epochs.pending(), (rank, world_size, worker_id, num_workers)
         )
 
     def slot_stream(
@@ -617,6 +635,42 @@ def count_for_ranks(shard_list: ShardList, world_size: int) -> None:
     one place a layout asks for counts (a ``Mix`` always needs them)."""
     if world_size > 1:
         shard_list.count_samples()
+
+
+def check_loader_length(caller: FrameType | None, dataset: IterableDataset[Any], n: int) -> None:
+    """When ``caller`` (the frame that asked ``len(dataset)``) is a
+    DataLoader's ``__len__`` over ``dataset``, whose ``n`` samples per rank
+    its workers share: raises ``TypeError`` if the batches the workers
+    yield differ from what ``len(loader)`` will say."""
+    loader = caller.f_locals.get("self") if caller is not None else None
+    if not isinstance(loader, DataLoader) or loader.dataset is not dataset:
+        return
+    batch, workers, drop_last = loader.batch_size, loader.num_workers, loader.drop_last
+    if batch is None or workers <= 1:
+        return
+    per_batch = (lambda k: k // batch) if drop_last else (lambda k: math.ceil(k / batch))
+    shares = [n // workers + (w < n % workers) for w in range(workers)]
+    yielded = sum(per_batch(share) for share in shares)
+    counted = per_batch(n)
+    if yielded == counted:
+        return
+    fits = next(b for b in range(batch, 0, -1) if all(share % b == 0 for share in shares))
+    example = f" (e.g. {fits})" if fits > 1 else ""
+    effect = (
+        f"a framework that ends the epoch after len(loader) batches would leave out "
+        f"{yielded - counted} of them"
+        if yielded > counted
+        else f"the epoch would end {counted - yielded} batches short of len(loader), the "
+        "samples of each worker's partial batch dropped"
+    )
+    raise TypeError(
+        f"len(loader) would be {counted}, but its {workers} workers yield {yielded} batches "
+        f"of batch_size={batch}{' (drop_last)' if drop_last else ''}: each worker batches its "
+        f"own share of the rank's {n} samples ({', '.join(map(str, sorted(set(shares))))}) "
+        f"and yields its own last, partial batch; {effect}. Use a batch_size that divides "
+        f"every worker's share{example}, num_workers=1 or 0, or leave len() out "
+        "(Lightning and the HF Trainer then run the epoch to its end)"
+    )
 
 
 def check_worker_count(state: Mapping[str, Any], explicit: int | None) -> None:

@@ -5,7 +5,11 @@ The epoch of each process's next iteration lives in an ``EpochTable`` that
 forked and spawned DataLoader workers share with the process that made the
 dataset: an iteration in a worker advances that worker's entry, one in the
 main process (or ``set_epoch`` there) every entry. A loaded state is held
-here as the pending resume of its epoch until an iteration uses it.
+here as the pending resume of its epoch until an iteration uses it; each
+entry also says whether its process has yet to use it (``PENDING``), so a
+worker that a plain DataLoader forks for a later epoch, from a main process
+that still holds the loaded state, streams that epoch instead of the
+resumed rest again.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from torch.utils.data import get_worker_info
 from ._core import EpochTable
 
 Resume = TypeVar("Resume")
+
+PENDING = 1 << 63
+"""The bit of a table entry that says its process has a loaded state to
+resume at its next iteration (epochs stay below it)."""
 
 
 class EpochAdvance(Generic[Resume]):
@@ -44,20 +52,42 @@ class EpochAdvance(Generic[Resume]):
     @property
     def next(self) -> int:
         """The epoch of this process's next iteration."""
+        return self._entry() & ~PENDING
+
+    def pending(self) -> Resume | None:
+        """The loaded state this process's next iteration resumes, if it
+        has not been used yet in this process (nor, for a DataLoader worker,
+        by the worker of the same id that an earlier iteration of the same
+        DataLoader started)."""
+        return self.resume if self._entry() & PENDING else None
+
+    def _entry(self) -> int:
+        """This process's entry of the table, ``PENDING`` bit included."""
         entry = self.worker_entry()
         return int(self._table.get(entry[0] if entry is not None else 0))
 
-    def set(self, epoch: int) -> bool:
+    def set(self, epoch: int, running: int | None = None) -> bool:
         """``set_epoch``: makes ``epoch`` the next iteration's, dropping a
         pending resume of another epoch. True if the epoch changed (an
-        iterator kept for the old one is then stale)."""
+        iterator kept for the old one is then stale).
+
+        ``running``: the epoch of this process's iteration in progress (not
+        yet at its end), if any. Setting that epoch again changes nothing:
+        frameworks call ``set_epoch`` once the epoch's iterator exists
+        (Lightning's epoch hooks, ``StatefulDataLoader``), and the state of
+        the stream being read must stay the one a checkpoint takes."""
+        if running is not None and epoch == running and self.next == running + 1:
+            return False
         if epoch < 0 or (self._limit is not None and epoch >= self._limit):
             bound = "non-negative" if self._limit is None else f"in 0..{self._limit}"
             raise ValueError(f"epoch must be {bound}, got {epoch}")
+        if epoch >= PENDING:
+            raise ValueError(f"epoch must be below 2**63, got {epoch}")
         changed = epoch != self.next
         if self._resume_epoch is not None and epoch != self._resume_epoch:
             self.resume = self._resume_epoch = None
-        self._set_next(epoch)
+        kept = self.resume is not None and self._entry() & PENDING
+        self._set_next(epoch | (PENDING if kept else 0))
         return changed
 
     def started(self, epoch: int) -> None:
@@ -70,7 +100,7 @@ class EpochAdvance(Generic[Resume]):
         """A state of ``epoch`` was loaded: the next iteration resumes it, or,
         when the state had finished its epoch, streams the one after."""
         self.resume, self._resume_epoch = resume, epoch
-        self._set_next(epoch + 1 if finished else epoch)
+        self._set_next((epoch + 1 if finished else epoch) | PENDING)
 
     def _set_next(self, epoch: int) -> None:
         """Makes ``epoch`` the epoch of the next iteration: of every process

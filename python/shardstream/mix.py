@@ -178,7 +178,11 @@ class Mix(IterableDataset[Any]):
         """Sets the epoch of the next iteration (then ``epoch + 1``, ...):
         pass 0 of every stream reads that stream's epoch ``epoch``. Calling
         it with another epoch than a pending resume's drops the resume."""
-        if self._epochs.set(epoch):
+        iterator = self._iterator
+        running = None
+        if iterator is not None and not iterator.state()["finished"]:
+            running = iterator.epoch
+        if self._epochs.set(epoch, running):
             self._iterator = None
 
     # -- iteration -------------------------------------------------------
@@ -212,9 +216,10 @@ class Mix(IterableDataset[Any]):
     def _mix_slot(self, epoch: int, slot: _Slot) -> MixSlot:
         """``slot``'s mixture of ``epoch``, or of a pending resume."""
         mixture = self._mixture(slot)
-        if self._epochs.resume is None:
+        resume = self._epochs.pending()
+        if resume is None:
             return MixSlot.fresh(*mixture, self.weights, epoch)
-        kind, state, weights = self._epochs.resume
+        kind, state, weights = resume
         if kind == "exact":
             # The rest of this slot's epoch from its own state.
             return MixSlot.exact(*mixture, json.dumps(state))

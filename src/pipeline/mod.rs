@@ -355,7 +355,10 @@ impl SampleStream {
                     self.done = true;
                     return Err(error);
                 }
-                Message::End => {
+                Message::End(ops) => {
+                    // Without a shuffle buffer the last units end after
+                    // the last sample: their ops come with the end.
+                    self.mirror.apply(&ops, &self.units);
                     self.done = true;
                     self.finished = true;
                     return Ok(Poll::End);

@@ -29,8 +29,9 @@ pub(super) enum Message {
     Events(Vec<Delivery>),
     /// The stream failed.
     Failed(Error),
-    /// The stream ended.
-    End,
+    /// The stream ended; the ops after its last event (the last units
+    /// done, with no sample after them to carry them).
+    End(Vec<Op>),
 }
 
 /// One event and the state ops that lead to it.
@@ -228,9 +229,9 @@ mod tests {
             rx.try_recv().is_err(),
             "a group went out before it was full"
         );
-        outbox.finish(Message::End);
+        outbox.finish(Message::End(Vec::new()));
         assert_eq!(indices(rx.try_recv().unwrap()), [3]);
-        assert!(matches!(rx.try_recv().unwrap(), Message::End));
+        assert!(matches!(rx.try_recv().unwrap(), Message::End(_)));
     }
 
     /// A group goes out once its samples hold `DELIVERY_GROUP_BYTES`,
@@ -276,7 +277,7 @@ mod tests {
             (indices(rx.recv().unwrap()), indices(rx.recv().unwrap()))
         });
         assert!(outbox.send(&mut ops, event(1)).is_continue());
-        outbox.finish(Message::End);
+        outbox.finish(Message::End(Vec::new()));
         assert_eq!(consumer.join().unwrap(), (vec![0], vec![1]));
         let stats = counters.snapshot();
         let waited = stats.get(Counter::OutputWaitNanos);

@@ -64,11 +64,11 @@ impl Worker {
     /// Streams every read, then tells the consumer how it ended.
     pub(super) fn run(mut self) {
         let final_message = if self.finished {
-            Message::End
+            Message::End(Vec::new())
         } else {
             match self.stream() {
                 Ok(ControlFlow::Break(())) => return,
-                Ok(ControlFlow::Continue(())) => Message::End,
+                Ok(ControlFlow::Continue(())) => Message::End(std::mem::take(&mut self.ops)),
                 Err(error) => Message::Failed(error),
             }
         };

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _shardtest import EXAMPLES_DIR, run_bounded
+from _shardtest import EXAMPLES_DIR, key_batch, run_bounded
 
 NPROC = 2
 LAUNCH_TIMEOUT = 240
@@ -72,3 +72,59 @@ def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_pat
         got = steps(resumed, rank)
         assert [s["step"] for s in got] == list(range(first, 25)), f"rank {rank}"
         assert got == steps(full, rank)[first - 1 :], f"rank {rank}"
+
+
+def test_the_callback_keeps_the_state_of_the_epoch_in_progress(uneven_dataset, tmp_path):
+    """In one process with ``num_workers=0``: the callback's ``set_epoch``
+    in ``on_train_epoch_start`` comes after Lightning made the epoch's
+    iterator; the checkpoint after 3 steps still holds the stream that was
+    read, and the run resumed from it trains on exactly the rest."""
+    import torch
+    from lightning.pytorch import Callback, LightningModule, Trainer
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import shardstream
+    from shardstream.lightning import ShardStreamCallback
+
+    class Recorder(LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+            self.seen: list[list[str]] = []
+
+        def training_step(self, batch: list[str], batch_idx: int) -> torch.Tensor:
+            self.seen.append(batch)
+            return self.layer(torch.ones(1, 1)).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ckpt = tmp_path / "step3.ckpt"
+
+    class SaveAtStep3(Callback):
+        def on_train_batch_end(self, trainer: Trainer, *args: object) -> None:
+            if trainer.global_step == 3:
+                trainer.save_checkpoint(ckpt)
+
+    def fit(callbacks: list[Callback], resume: Path | None = None) -> Recorder:
+        ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=3, shuffle_buffer=5)
+        dl = StatefulDataLoader(ds, batch_size=4, collate_fn=key_batch)
+        model = Recorder()
+        trainer = Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[ShardStreamCallback(), *callbacks],
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(model, dl, ckpt_path=resume)
+        return model
+
+    full = fit([SaveAtStep3()]).seen
+    assert len(full) == 22
+    rest = fit([], ckpt).seen
+    assert full[:3] + rest == full

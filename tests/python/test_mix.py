@@ -614,6 +614,47 @@ def test_a_shard_skipped_under_warn_leaves_a_gap_counted_in_the_state(tmp_path, 
     assert state["streams"][1]["short"] == 0
 
 
+def damaged_stream(root: Path) -> DatasetInfo:
+    """Two shards of 12 samples, the second with a header whose checksum
+    fails after its 10th sample: under on_error="warn" its rest is skipped."""
+    info = write_uneven_dataset(root, (12, 12), prefix="c", seed=3)
+    index_manifest([info.spec], root / "manifest.json")
+    path = Path(info.paths[1])
+    data = bytearray(path.read_bytes())
+    offsets = member_offsets(bytes(data))
+    header = sorted(offset for offset, _ in offsets.values())[10] - 512
+    data[header : header + 100] = b"\xff" * 100
+    path.write_bytes(bytes(data))
+    return info
+
+
+@pytest.mark.filterwarnings("ignore::shardstream.ShardSkippedWarning")
+@pytest.mark.parametrize("policy", ["stop", "restart"])
+def test_a_mixture_with_a_skipped_shard_resumes_from_every_position(tmp_path, streams, policy):
+    """A stream without a shuffle buffer whose last shard was skipped under
+    on_error="warn" ends after its last sample: a state saved at any
+    position of the mixture, the positions after that stream ended
+    included, resumes to exactly the rest."""
+    info = damaged_stream(tmp_path / "c")
+
+    def mix() -> Mix:
+        datasets = [
+            StreamingDataset(info.spec, seed=3, shuffle_buffer=0, on_error="warn"),
+            StreamingDataset(streams[1].spec, seed=3, shuffle_buffer=5),
+        ]
+        return Mix(datasets, [0.5, 0.5], policy=policy, seed=11)
+
+    reference = [ident(s) for s in collect(mix())]
+    for stop in range(len(reference) + 1):
+        it = iter(saved := mix())
+        before = [ident(next(it)) for _ in range(stop)]
+        state = json.loads(json.dumps(saved.state_dict()))
+        del it
+        resumed = mix()
+        resumed.load_state_dict(state)
+        assert before + [ident(s) for s in collect(resumed)] == reference, f"stop {stop}"
+
+
 def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(streams):
     mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
     with pytest.raises(ValueError, match="more than 1024 times"):

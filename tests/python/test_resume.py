@@ -824,3 +824,105 @@ def test_killed_and_resumed_run_is_one_epoch(uneven_dataset, tmp_path):
     assert before + after == expected
     # The resumed model saw the same batches: it ends where the whole run did.
     assert whole.stdout.strip().split()[-1] == resumed.stdout.strip().split()[-1]
+
+
+# --------------------------------------------------------------------------
+# Seams where a framework's calls used to lose the stream's state
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state_first", [True, False], ids=["state-first", "set-epoch-only"])
+def test_set_epoch_of_the_epoch_in_progress_keeps_its_state(
+    uneven_dataset, uninterrupted, state_first
+):
+    """``StatefulDataLoader`` (and Accelerate) may take a state before the
+    first batch and call ``set_epoch`` once the epoch's iterator exists: the
+    checkpoint after 3 batches is still the state of the stream read."""
+    full = uninterrupted(0, True)
+    dl = make_loader(uneven_dataset, 0, True)
+    if state_first:
+        dl.state_dict()
+    iterator = iter(dl)
+    dl.dataset.set_epoch(EPOCH)
+    prefix = [next(iterator) for _ in range(3)]
+    state = json_round_trip(dl.state_dict())
+    assert sum(s["produced"] for s in slot_states(state)) == 3 * BATCH
+    assert prefix + resume_rest(uneven_dataset, 0, True, state) == full
+    # The epoch in progress did not become the next one again.
+    assert dl.dataset.epoch == EPOCH + 1
+
+
+def test_set_epoch_of_an_ended_epoch_replays_it(uneven_dataset, uninterrupted):
+    """Once the epoch's iteration has ended, ``set_epoch`` of it is a
+    request to stream it again."""
+    dl = make_loader(uneven_dataset, 0, True)
+    first = collect(dl)
+    dl.dataset.set_epoch(EPOCH)
+    assert collect(dl) == first == uninterrupted(0, True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_finished_state_without_a_shuffle_buffer_loads(
+    uneven_dataset, uninterrupted, num_workers
+):
+    """With ``shuffle_buffer=0`` the last units end after the last sample:
+    the state saved at the epoch's end still says where the cursor is."""
+    full = uninterrupted(num_workers, True, shuffle_buffer=0)
+    prefix, state = save_after(
+        uneven_dataset, num_workers, True, len(full), at_end=True, shuffle_buffer=0
+    )
+    assert prefix == full
+    slots = validate_states(state)
+    assert all(s["finished"] for s in slots)
+    assert resume_rest(uneven_dataset, num_workers, True, state, shuffle_buffer=0) == (
+        uninterrupted(num_workers, True, shuffle_buffer=0, epoch=EPOCH + 1)
+    )
+    for slot in slots:
+        ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=0)
+        ds.load_state_dict(slot)
+        assert ds.epoch == EPOCH + 1
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_elastic_resume_into_a_plain_dataloader_then_two_more_epochs(
+    uneven_dataset, old_job, num_workers
+):
+    """An elastic state loaded into the dataset, then a plain DataLoader
+    whose workers are forked anew each epoch: the first pass is the rest
+    of the saved epoch, the next ones the epochs after it, whole."""
+    old_full, consumed, states = old_job("drop")
+    ds = slot_dataset(uneven_dataset, 0, 1, None, None, "drop")
+    ds.load_state_dict(shardstream.elastic_state(states))
+    dl = loader(ds, num_workers)
+    rest = keys_of(collect(dl))
+    assert_exactly_once(consumed + rest, old_full)
+    for epoch in (OLD_EPOCH + 1, OLD_EPOCH + 2):
+        fresh = slot_dataset(uneven_dataset, 0, 1, None, None, "drop")
+        fresh.set_epoch(epoch)
+        assert keys_of(collect(dl)) == keys_of(collect(loader(fresh, num_workers))), epoch
+    assert ds.epoch == OLD_EPOCH + 3
+
+
+def test_len_of_a_loader_whose_workers_yield_other_batches_is_refused(uneven_dataset):
+    """86 samples in 3 workers (29, 29, 28) at batch_size 4 give 8 + 8 + 7
+    batches where ``len(loader)`` would say 22: a framework ending the epoch
+    after 22 would leave a batch out, so ``len()`` says so instead."""
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED)
+    assert len(ds) == 86
+    from torch.utils.data import DataLoader
+
+    bad = DataLoader(ds, batch_size=4, num_workers=3, collate_fn=key_batch)
+    with pytest.raises(TypeError, match=r"len\(loader\) would be 22, but its 3 workers yield 23"):
+        len(bad)
+    stateful = StatefulDataLoader(ds, batch_size=4, num_workers=3, collate_fn=key_batch)
+    with pytest.raises(TypeError, match="divides every worker's share"):
+        len(stateful)
+    dropping = DataLoader(ds, batch_size=2, num_workers=2, collate_fn=key_batch, drop_last=True)
+    with pytest.raises(TypeError, match="42 batches.*1 batches short"):
+        len(dropping)
+    # A batch size that divides every share, or one worker, agrees.
+    for good in (
+        DataLoader(ds, batch_size=4, num_workers=1, collate_fn=key_batch),
+        DataLoader(ds, batch_size=43, num_workers=2, collate_fn=key_batch, drop_last=True),
+    ):
+        assert len(good) == len(collect(good))
