@@ -398,6 +398,11 @@ class SampleStream(Iterator[Any]):
     @property
     def units(self) -> list[tuple[int, int | None, int | None]]:
         """This slot's work units in order: ``(shard, first_sample, end_sample)``."""
+    @property
+    def started(self) -> bool:
+        """Whether a ``next()`` has been called on the stream (its threads started)."""
+    def retarget(self, other: SampleStream) -> bool:
+        """Makes this stream, not yet started, stream what ``other`` would."""
     def state(self) -> str:
         """The state (JSON) as of the last sample handed out."""
     def __iter__(self) -> SampleStream: ...

@@ -292,16 +292,29 @@ class StreamingDataset(IterableDataset[Any]):
         ``forkserver``: a new ``iter(loader)`` never repeats an epoch. Call
         it before creating the epoch's DataLoader iterator; the iterations
         after that one go on from ``epoch + 1``. Calling it with another
-        epoch than a pending resume's drops the resume. Calling it with the
-        epoch of an iteration in progress in this process (after its
-        iterator was made, as Lightning's epoch hooks do) changes nothing.
+        epoch than a pending resume's drops the resume. Calling it once the
+        epoch's iterator exists in this process (as Lightning's epoch hooks,
+        ``StatefulDataLoader`` and Accelerate do): with that iterator's epoch
+        it changes nothing; with another, an iterator not read yet streams
+        the new epoch, and one being read goes on (its state is still the
+        one ``state_dict`` gives) while the next iteration takes the new
+        epoch.
         """
         stream = self._stream
-        running = None
-        if stream is not None and not json.loads(stream.state())["finished"]:
-            running = stream.epoch
-        if self._epochs.set(epoch, running):
-            self._stream = None
+        if stream is None or json.loads(stream.state())["finished"]:
+            if self._epochs.set(epoch):
+                self._stream = None
+            return
+        if stream.started or epoch == stream.epoch:
+            # The stream being read stays the one a state describes.
+            self._epochs.set(epoch, running=stream.epoch)
+            return
+        # An iterator made and not read yet (StatefulDataLoader makes one
+        # to take its first state; Accelerate sets the epoch after that):
+        # it streams the epoch set now.
+        self._epochs.set(epoch)
+        stream.retarget(self._open_stream(self.epoch))
+        self._epochs.started(stream.epoch)
 
     def distributed_slot(self) -> tuple[int, int]:
         """``(rank, world_size)`` of the data: with ``model_parallel_size``

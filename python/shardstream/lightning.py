@@ -26,7 +26,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 
-from .accelerate import RANK_STATES, rank_state
+from .accelerate import RANK_STATES, FrameworkWrapperError, rank_state
 from .dataset import StreamingDataset
 from .mix import Mix
 
@@ -49,7 +49,32 @@ class ShardStreamCallback(Callback):
       checkpoint; a loader made in a ``train_dataloader()`` hook is made
       after the resume: call ``set_epoch(self.trainer.current_epoch)``
       there).
+    - a ``StatefulDataLoader`` whose dataset has no ``len()``: raises
+      ``FrameworkWrapperError`` when training starts (Lightning would read
+      a batch ahead, and its checkpoints resume a batch late).
     """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # Lightning reads one batch ahead when the train loader has no
+        # len(): the loader state a checkpoint holds is then a batch ahead
+        # of training, and the resumed run would skip that batch.
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if fetcher is None or getattr(fetcher, "length", 0) is not None:
+            return
+        if not getattr(fetcher, "prefetch_batches", 0):
+            return
+        for loader in _loaders(trainer.train_dataloader):
+            dataset = loader.dataset if isinstance(loader, DataLoader) else None
+            if isinstance(dataset, (StreamingDataset, Mix)) and hasattr(loader, "state_dict"):
+                raise FrameworkWrapperError(
+                    f"Lightning reads one batch ahead of training when the train loader has no "
+                    f"len(), so the loader state in its checkpoints would be a batch ahead and a "
+                    f"run resumed from one would skip a batch. Give the {type(dataset).__name__} "
+                    "sample counts so that len() works (a manifest.json beside the shards, "
+                    "written by `shardstream index`, or count_samples=True for local tar "
+                    "shards); a Mix has no len(): resume it from checkpoints saved at epoch ends, "
+                    "with a plain DataLoader"
+                )
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         _set_epoch(_loaders(trainer.train_dataloader), trainer.current_epoch)

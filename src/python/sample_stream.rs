@@ -182,6 +182,30 @@ impl SampleStream {
             .collect()
     }
 
+    /// Whether a `next()` has been called on the stream (its threads started).
+    #[getter]
+    fn started(&self) -> bool {
+        self.started_in.load(Ordering::SeqCst) != 0
+    }
+
+    /// Makes this stream, not yet started, stream what `other` (of the same
+    /// dataset, also not started) would: its epoch, plan and resume. The
+    /// iterator a DataLoader already holds then reads the epoch that
+    /// `set_epoch` set after it was made. Returns false, changing nothing,
+    /// when either stream has started.
+    fn retarget(&mut self, mut other: PyRefMut<'_, SampleStream>) -> bool {
+        let started = |s: &SampleStream| s.started_in.load(Ordering::SeqCst) != 0;
+        if started(self) || started(&other) {
+            return false;
+        }
+        std::mem::swap(
+            self.inner.get_mut().unwrap_or_else(|e| e.into_inner()),
+            other.inner.get_mut().unwrap_or_else(|e| e.into_inner()),
+        );
+        std::mem::swap(&mut self.epoch, &mut other.epoch);
+        true
+    }
+
     /// The state (JSON) as of the last sample handed out.
     fn state(&self) -> String {
         self.slot_state().to_json()
