@@ -179,11 +179,20 @@ class Mix(IterableDataset[Any]):
         pass 0 of every stream reads that stream's epoch ``epoch``. Calling
         it with another epoch than a pending resume's drops the resume."""
         iterator = self._iterator
-        running = None
-        if iterator is not None and not iterator.state()["finished"]:
-            running = iterator.epoch
-        if self._epochs.set(epoch, running):
-            self._iterator = None
+        state = iterator.state() if iterator is not None else None
+        if iterator is None or state is None or state["finished"]:
+            if self._epochs.set(epoch):
+                self._iterator = None
+            return
+        if state["position"] or epoch == iterator.epoch:
+            # The mixture being read stays the one a state describes.
+            self._epochs.set(epoch, running=iterator.epoch)
+            return
+        # An iterator made and not read yet (StatefulDataLoader makes one
+        # to take its first state): it streams the epoch set now.
+        self._epochs.set(epoch)
+        iterator.retarget(self._mix_slot(self.epoch, self._slot()))
+        self._epochs.started(iterator.epoch)
 
     # -- iteration -------------------------------------------------------
 
@@ -374,6 +383,11 @@ class _MixIterator:
             if sample is not SKIPPED:
                 return sample
         raise StopIteration
+
+    def retarget(self, mix_slot: MixSlot) -> None:
+        """Reads ``mix_slot`` instead (this iterator has handed out nothing)."""
+        self.mix_slot = mix_slot
+        self.epoch = mix_slot.epoch
 
     def state(self) -> dict[str, Any]:
         state: dict[str, Any] = json.loads(self.mix_slot.state())

@@ -400,3 +400,30 @@ def test_lightning_refuses_a_stateful_loader_without_len(data, tmp_path):
     )
     with pytest.raises(FrameworkWrapperError, match=r"a batch ahead.*count_samples=True"):
         trainer.fit(Model(), loader)
+
+
+@pytest.mark.parametrize("kind", ["dataset", "mix"])
+def test_set_epoch_after_the_loader_made_its_iterator(data, tmp_path_factory, kind):
+    """``StatefulDataLoader`` makes its iterator to take a state before the
+    first batch; a ``set_epoch`` after that (Accelerate's loader does it)
+    is the epoch that iterator streams, and its state describes it."""
+    other = write_uneven_dataset(tmp_path_factory.mktemp("epoch-other"), (7, 9), prefix="o")
+
+    def source(epoch: int) -> Any:
+        made = mix_of(data, other) if kind == "mix" else dataset(data)
+        made.set_epoch(epoch)
+        return made
+
+    route = Stateful()
+    full = passes(route.loader(source(0), 0), 1)[0]
+    ds = source(EPOCH)
+    loader = route.loader(ds, 0)
+    loader.state_dict()
+    ds.set_epoch(0)
+    iterator = iter(loader)
+    taken = [key_batch_of(next(iterator)) for _ in range(5)]
+    saved = json.loads(json.dumps(loader.state_dict()))
+    del iterator, loader
+    resumed = route.loader(source(0), 0)
+    resumed.load_state_dict(saved)
+    assert taken + passes(resumed, 1)[0] == full
