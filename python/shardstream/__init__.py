@@ -83,6 +83,16 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("StreamingDataset", "Mix"):
+        try:
+            import torch  # noqa: F401
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                f"shardstream.{name} is a torch IterableDataset and needs PyTorch, which is not "
+                "installed: pip install 'shardstream[torch]' (or install torch for your CUDA "
+                "version first, see pytorch.org)",
+                name="torch",
+            ) from error
     if name == "StreamingDataset":
         from .dataset import StreamingDataset
 

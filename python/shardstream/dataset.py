@@ -358,9 +358,12 @@ class StreamingDataset(IterableDataset[Any]):
         n = self.shard_list.samples_per_rank(world_size, self.options["remainder"])
         if n is None:
             raise TypeError(
-                "len() needs every shard's sample count: local tar shards are counted, "
-                "compressed and remote ones need a manifest "
-                "(run `shardstream index SPEC -o DIR/manifest.json`)"
+                "len() needs every shard's sample count, and these shards have none: "
+                "count_samples=True counts them when the dataset is made (local tar headers "
+                "at once; other shards read through once, spread over the ranks), or give "
+                "a manifest: the manifest.json that ShardWriter writes beside its shards is "
+                "found there (manifest=URL names one elsewhere), and `shardstream index "
+                "SPEC -o DIR/manifest.json` writes one for any shards"
             )
         return n
 
@@ -673,7 +676,7 @@ def check_loader_length(caller: FrameType | None, dataset: IterableDataset[Any],
         f"a framework that ends the epoch after len(loader) batches would leave out "
         f"{yielded - counted} of them"
         if yielded > counted
-        else f"the epoch would end {counted - yielded} batches short of len(loader), the "
+        else f"the epoch would end with {counted - yielded} fewer than len(loader), the "
         "samples of each worker's partial batch dropped"
     )
     raise TypeError(

@@ -315,17 +315,21 @@ class Mix(IterableDataset[Any]):
 
     def num_samples(self, num_workers: int | None = None) -> int:
         """Samples this rank takes in the next epoch from ``num_workers``
-        DataLoader workers (default: the ``num_workers`` argument of the
-        streams, else 1); the same on every data-parallel rank. Under
+        DataLoader workers (``0``: the main process reads, as with 1;
+        default: the ``num_workers`` argument of the streams, else 1); the
+        same on every data-parallel rank. Under
         ``"stop"`` it may depend on ``num_workers`` by a few samples
         (rounding per worker)."""
         rank, world_size, _, workers = self._slot()
         if num_workers is not None:
             if not isinstance(num_workers, int) or isinstance(num_workers, bool):
                 raise TypeError(f"num_workers must be an int, got {num_workers!r}")
-            if num_workers < 1:
-                raise ValueError(f"num_workers must be at least 1, got {num_workers}")
-            workers = num_workers
+            if num_workers < 0:
+                raise ValueError(
+                    f"num_workers must be 0 (the main process reads) or more, got {num_workers}"
+                )
+            # 0: the main process reads, as one worker does.
+            workers = max(num_workers, 1)
         epoch = self.epoch
         return sum(
             len(MixSlot.fresh(*self._mixture((rank, world_size, w, workers)), self.weights, epoch))

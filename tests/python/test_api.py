@@ -45,6 +45,33 @@ def test_streaming_dataset_imports_torch_lazily():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("name", ["StreamingDataset", "Mix"])
+def test_without_torch_the_dataset_names_the_install(name):
+    proc = run_python(
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if torch were not installed\n"
+        "import shardstream\n"
+        "try:\n"
+        f"    shardstream.{name}\n"
+        "except ModuleNotFoundError as error:\n"
+        "    assert error.name == 'torch', error.name\n"
+        "    print(error)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert f"shardstream.{name} is a torch IterableDataset" in proc.stdout
+    assert "pip install 'shardstream[torch]'" in proc.stdout
+
+
+def test_len_without_counts_names_every_way_to_get_them(uneven_dataset):
+    ds = shardstream.StreamingDataset(uneven_dataset.spec, manifest=False, count_samples=False)
+    with pytest.raises(TypeError, match=r"count_samples=True.*ShardWriter.*shardstream index"):
+        len(ds)
+    assert (
+        len(shardstream.StreamingDataset(uneven_dataset.spec, manifest=False, count_samples=True))
+        == 86
+    )
+
+
 def test_unknown_attribute_raises_attribute_error():
     with pytest.raises(AttributeError):
         _ = shardstream.NoSuchThing  # type: ignore[attr-defined]

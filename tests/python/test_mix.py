@@ -655,6 +655,13 @@ def test_a_mixture_with_a_skipped_shard_resumes_from_every_position(tmp_path, st
         assert before + [ident(s) for s in collect(resumed)] == reference, f"stop {stop}"
 
 
+def test_num_samples_of_0_workers_is_that_of_the_main_process(streams):
+    mix = make_mix(streams, policy="stop")
+    assert mix.num_samples(0) == mix.num_samples(1) > 0
+    with pytest.raises(ValueError, match=r"0 \(the main process reads\) or more"):
+        mix.num_samples(-1)
+
+
 def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(streams):
     mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
     with pytest.raises(ValueError, match="more than 1024 times"):
