@@ -96,13 +96,9 @@ class ShardWriter:
         return len(self._core)
 
     @property
-    def shards(self) -> int:
-        """Shards completed so far."""
-        return self._core.shards
-
-    @property
-    def shard_urls(self) -> list[str]:
-        """Paths or URLs of the completed shards, in order."""
+    def shards(self) -> list[str]:
+        """Paths or URLs of the shards completed so far, in order (a new list
+        each call; ``len(w.shards)`` counts them)."""
         return self._core.shard_urls
 
     @property
@@ -117,7 +113,8 @@ class ShardWriter:
 
     def __repr__(self) -> str:
         return (
-            f"ShardWriter({self._pattern!r}, {len(self)} samples, {self.shards} shards completed)"
+            f"ShardWriter({self._pattern!r}, {len(self)} samples, "
+            f"{len(self.shards)} shards completed)"
         )
 
 

@@ -69,8 +69,8 @@ def test_round_trip_every_sample_once_with_the_manifest_index_writes(tmp_path, c
     with ShardWriter(out / f"shard-%06d.{suffix}", max_count=10, compression=compression) as w:
         for s in samples:
             w.write(s)
-        assert len(w) == 23 and w.shards == 2
-    assert w.shards == 3
+        assert len(w) == 23 and len(w.shards) == 2
+    assert w.shards == [str(out / f"shard-{n:06d}.{suffix}") for n in range(3)]
     assert files(out) == sorted(["manifest.json", *(f"shard-{n:06d}.{suffix}" for n in range(3))])
     expected = {s["__key__"]: encoded(s) for s in samples}
     assert read_all(out) == expected
@@ -258,7 +258,7 @@ def test_s3_multipart_upload_streams_parts_and_reads_back(s3, tmp_path):
                 uploads = client.list_multipart_uploads(Bucket=WRITE_BUCKET).get("Uploads", [])
                 assert len(uploads) == 1
         w.write({"__key__": "tail", "txt": "t"})
-    assert w.shard_urls == [f"s3://{WRITE_BUCKET}/run1/shard-0000.tar"]
+    assert w.shards == [f"s3://{WRITE_BUCKET}/run1/shard-0000.tar"]
     assert client.list_multipart_uploads(Bucket=WRITE_BUCKET).get("Uploads", []) == []
     keys = [o["Key"] for o in client.list_objects_v2(Bucket=WRITE_BUCKET)["Contents"]]
     assert keys == ["run1/manifest.json", "run1/shard-0000.tar"]
@@ -635,7 +635,7 @@ def test_one_writer_shared_by_threads_writes_every_sample_once(tmp_path):
         try:
             for i in range(200):
                 w.write({"__key__": f"t{thread}-{i:03d}", "bin": os.urandom(2000)})
-                len(w), w.shards
+                len(w), len(w.shards)
         except BaseException as e:
             errors.append(e)
 
@@ -649,7 +649,7 @@ def test_one_writer_shared_by_threads_writes_every_sample_once(tmp_path):
     w.close()
     got = read_all(tmp_path)
     assert sorted(got) == sorted(f"t{t}-{i:03d}" for t in range(4) for i in range(200))
-    assert len(w) == 800 and w.shards == 16
+    assert len(w) == 800 and len(w.shards) == 16
 
 
 def test_manifest_json_and_write_manifest_merge_writers(tmp_path):
