@@ -147,3 +147,15 @@ def test_other_commands_still_go_to_the_core(dataset):
     done = cli("inspect", str(dataset.paths[0]), "--limit", "1")
     assert done.returncode == 0, done.stderr
     assert dataset.samples[0].key in done.stdout
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['[["Authorization", "Bearer s3cr3t"]]', "Authorization: Bearer s3cr3t"],
+    ids=["pairs", "header-line"],
+)
+def test_the_command_never_shows_a_header_value(dataset, value):
+    done = cli("bench", dataset.spec, "--quiet", "--option", f"http_headers={value}")
+    assert done.returncode == 2
+    assert "invalid option http_headers" in done.stderr and "a dict" in done.stderr, done.stderr
+    assert "s3cr3t" not in done.stderr + done.stdout
