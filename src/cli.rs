@@ -90,8 +90,9 @@ enum Command {
         /// hf://datasets/ and gs:// URLs.
         #[arg(required = true)]
         spec: Vec<String>,
-        /// Where to write the manifest: a path or an s3:// URL (beside the
-        /// shards, `manifest.json`, is where datasets find it).
+        /// Where to write the manifest: a file path (its folder must exist
+        /// and be writable; checked before any shard is read) or an s3://
+        /// URL (beside the shards, `manifest.json`, is where datasets find it).
         #[arg(short, long)]
         output: PathBuf,
         /// Shards read at once. An interrupted run resumes from the journal

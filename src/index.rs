@@ -59,7 +59,8 @@ pub trait IndexProgress: Sync {
 
 /// Indexes the dataset of `specs` into a manifest at `output` (a path or a
 /// supported URL), reading up to `jobs` shards at once and resuming from
-/// the journal of an interrupted run over the same output.
+/// the journal of an interrupted run over the same output. A local
+/// `output` that cannot be written is refused first ([`check_output`]).
 pub fn index_dataset(
     specs: &[String],
     output: &Path,
@@ -67,6 +68,7 @@ pub fn index_dataset(
     jobs: usize,
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
+    check_output(output)?;
     // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
     // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
     // with the same errors, a missing local shard among them, before any
@@ -171,6 +173,68 @@ impl IndexProgress for Silent {
     fn start(&self, _shards: usize, _bytes: u64) {}
     fn read(&self, _bytes: u64) {}
     fn shard_done(&self) {}
+}
+
+/// Refuses a local manifest path `output` that the run could not write at
+/// its end: a directory (or a path ending in `/`), a path whose folder is
+/// missing or is not a folder, or a folder this process cannot create a
+/// file in (tried with a file of its own, removed at once). The error
+/// names the `--output` option and what is wrong. URLs are let be.
+pub fn check_output(output: &Path) -> Result<()> {
+    let target = output.to_string_lossy();
+    if target.contains("://") && !target.starts_with("file://") {
+        return Ok(());
+    }
+    let local = Path::new(target.strip_prefix("file://").unwrap_or(&target));
+    let bad = |reason: String| Error::Config {
+        name: "--output",
+        reason,
+    };
+    if target.ends_with('/') || local.is_dir() {
+        let folder = target.trim_end_matches('/');
+        return Err(bad(format!(
+            "{folder}/ is a directory; name the manifest file, e.g. {folder}/manifest.json \
+             (beside the shards is where datasets find it)"
+        )));
+    }
+    let folder = match local.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(folder) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(bad(format!(
+                "{} is not a directory: write the manifest into a folder",
+                folder.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(bad(format!(
+                "{} does not exist: create it first, or write the manifest elsewhere",
+                folder.display()
+            )))
+        }
+        Err(e) => {
+            return Err(bad(format!("cannot read {}: {e}", folder.display())));
+        }
+    }
+    let name = local.file_name().unwrap_or_default().to_string_lossy();
+    let probe = folder.join(format!(".{name}.{}.check", std::process::id()));
+    let created = OpenOptions::new().write(true).create_new(true).open(&probe);
+    match created {
+        Ok(file) => {
+            drop(file);
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        // Another run's probe of the same name: the folder takes files.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(bad(format!(
+            "cannot write in {}: {e}; write the manifest where you can create files",
+            folder.display()
+        ))),
+    }
 }
 
 /// Where the journal of an index run writing `output` lives: beside a local

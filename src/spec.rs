@@ -87,7 +87,10 @@ pub const MAX_EXPANSION: u64 = 1_000_000;
 
 /// Expands brace patterns: `{000..127}` (zero-padded to the width of the
 /// bounds) and `{a,b,c}`; several groups give their product, left to right.
-/// A spec that would expand to more than [`MAX_EXPANSION`] URLs is an error.
+/// A brace preceded by a backslash (`\{`, `\}`) is the brace itself, not a
+/// pattern, so any name is a spec of itself with a backslash put before
+/// each of its braces. A spec that would expand to more than
+/// [`MAX_EXPANSION`] URLs is an error.
 pub fn expand_braces(spec: &str) -> Result<Vec<String>> {
     let count = expansion_count(spec)?;
     if count > MAX_EXPANSION {
@@ -123,28 +126,40 @@ fn expansion_count(spec: &str) -> Result<u64> {
     Ok(count)
 }
 
+/// `text` with the backslash of each escaped brace taken away.
+fn unescape_braces(text: &str) -> String {
+    text.replace("\\{", "{").replace("\\}", "}")
+}
+
+/// Where the first brace `brace` of `text` that no backslash escapes is.
+fn find_unescaped(text: &str, brace: char) -> Option<usize> {
+    text.match_indices(brace)
+        .map(|(i, _)| i)
+        .find(|&i| !text[..i].ends_with('\\'))
+}
+
 /// The first brace group of `rest` (a suffix of `spec`): the text before
-/// it, its body and the text after it; `None` when there is none.
+/// it, its body and the text after it (escaped braces left as they are);
+/// `None` when there is none.
 fn next_group<'a>(spec: &str, rest: &'a str) -> Result<Option<(&'a str, &'a str, &'a str)>> {
     let bad = |reason: &str| Error::Spec {
         spec: spec.to_owned(),
         reason: reason.to_owned(),
     };
-    let Some(open) = rest.find('{') else {
-        if rest.contains('}') {
-            return Err(bad("'}' without '{'"));
+    let Some(open) = find_unescaped(rest, '{') else {
+        if find_unescaped(rest, '}').is_some() {
+            return Err(bad("'}' without '{' (write \\} for a brace in a name)"));
         }
         return Ok(None);
     };
-    let close = rest[open..]
-        .find('}')
+    let close = find_unescaped(&rest[open..], '}')
         .map(|i| open + i)
-        .ok_or_else(|| bad("'{' without '}'"))?;
+        .ok_or_else(|| bad("'{' without '}' (write \\{ for a brace in a name)"))?;
     let (head, body, tail) = (&rest[..open], &rest[open + 1..close], &rest[close + 1..]);
-    if head.contains('}') {
-        return Err(bad("'}' without '{'"));
+    if find_unescaped(head, '}').is_some() {
+        return Err(bad("'}' without '{' (write \\} for a brace in a name)"));
     }
-    if body.contains('{') {
+    if find_unescaped(body, '{').is_some() {
         return Err(bad("nested braces are not supported"));
     }
     if !body.contains("..") && !body.contains(',') {
@@ -156,15 +171,16 @@ fn next_group<'a>(spec: &str, rest: &'a str) -> Result<Option<(&'a str, &'a str,
 /// Expands `spec`, whose size [`expansion_count`] has checked.
 fn expand_checked(spec: &str) -> Result<Vec<String>> {
     let Some((head, body, tail)) = next_group(spec, spec)? else {
-        return Ok(vec![spec.to_owned()]);
+        return Ok(vec![unescape_braces(spec)]);
     };
+    let head = unescape_braces(head);
     let alternatives = if let Some((lo, hi)) = body.split_once("..") {
         numeric_range(lo, hi).ok_or_else(|| Error::Spec {
             spec: spec.to_owned(),
             reason: format!("bad range {{{body}}}"),
         })?
     } else {
-        body.split(',').map(str::to_owned).collect()
+        body.split(',').map(unescape_braces).collect()
     };
     let tails = expand_checked(tail).map_err(|e| match e {
         Error::Spec { reason, .. } => Error::Spec {
@@ -285,6 +301,33 @@ mod tests {
                 "{bad} accepted"
             );
         }
+    }
+
+    #[test]
+    fn escaped_braces_are_the_braces_themselves() {
+        let escape = |name: &str| name.replace('{', "\\{").replace('}', "\\}");
+        assert_eq!(expand_braces(r"d/b\{1,2\}.tar").unwrap(), ["d/b{1,2}.tar"]);
+        assert_eq!(
+            expand_braces(r"d/\{x\}-{1..2}.tar").unwrap(),
+            ["d/{x}-1.tar", "d/{x}-2.tar"]
+        );
+        assert_eq!(expand_braces(r"{a\},b}.tar").unwrap(), ["a}.tar", "b.tar"]);
+        for name in [
+            "b{1,2}.tar",
+            "c{0..1}.tar",
+            "}{",
+            r"a\{b",
+            r"x\",
+            r"\}",
+            "plain.tar",
+            r"back\slash.tar",
+        ] {
+            assert_eq!(expand_braces(&escape(name)).unwrap(), [name], "{name}");
+        }
+        assert!(
+            expand_braces(r"a\{1,2}").is_err(),
+            "an unescaped '}}' alone"
+        );
     }
 
     #[test]

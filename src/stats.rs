@@ -1,8 +1,8 @@
 //! Stream counters and the epoch table. Both live in shared memory, so
 //! DataLoader worker processes forked after their creation add to the same
-//! counters the parent reads and advance the same epochs; the epoch table's
-//! memory is also a file descriptor that can be handed to processes started
-//! with `spawn` or `forkserver`.
+//! counters the parent reads and advance the same epochs; that memory is
+//! also a file descriptor that can be handed to processes started with
+//! `spawn` or `forkserver`.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -171,49 +171,199 @@ pub fn nanos(duration: std::time::Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Atomic counters, in memory shared with forked child processes.
-pub struct Counters {
+/// `len` atomics in memory shared with the processes it is forked or
+/// handed to.
+///
+/// The memory is a file (`memfd` on Linux) mapped shared, so besides being
+/// inherited by forked children its descriptor ([`SharedCells::fd`]) can be
+/// passed to a process started another way (`spawn`, `forkserver`), which
+/// maps the same memory with [`SharedCells::attach`]. Where no such file can
+/// be made, the cells are a shared anonymous mapping (forked children
+/// only), or, failing that, private memory.
+struct SharedCells {
     cells: *mut AtomicU64,
+    len: usize,
+    /// The file the cells are mapped from, if any.
+    file: Option<OwnedFd>,
+    /// Whether `cells` is a mapping (else a leaked boxed slice).
     mapped: bool,
 }
 
-// SAFETY: the cells are atomics, valid for the life of `Counters`.
-unsafe impl Send for Counters {}
+// SAFETY: the cells are atomics, valid for the life of `SharedCells`.
+unsafe impl Send for SharedCells {}
 // SAFETY: as above; all access is through atomic operations.
-unsafe impl Sync for Counters {}
+unsafe impl Sync for SharedCells {}
 
-impl Counters {
-    /// New zeroed counters in a shared anonymous mapping (heap if mapping fails).
-    pub fn new() -> Self {
-        let size = COUNT * std::mem::size_of::<AtomicU64>();
-        // SAFETY: an anonymous shared mapping, checked for failure; it is
-        // zero-filled, which is a valid AtomicU64 value.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let boxed: Box<[AtomicU64; COUNT]> = Box::default();
-            return Counters {
-                cells: Box::into_raw(boxed).cast(),
-                mapped: false,
+/// A fresh memory file of `bytes` bytes named `name`, closed on exec.
+#[cfg(target_os = "linux")]
+fn memory_file(name: &std::ffi::CStr, bytes: usize) -> std::io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    let len = libc::off_t::try_from(bytes).expect("a small memory file");
+    // SAFETY: sizes the file just made (zero-filled).
+    if unsafe { libc::ftruncate(file.as_raw_fd(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn memory_file(_name: &std::ffi::CStr, _bytes: usize) -> std::io::Result<OwnedFd> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// Maps `bytes` bytes of `fd` (or anonymous memory for `None`) shared.
+fn map_shared(fd: Option<BorrowedFd<'_>>, bytes: usize) -> std::io::Result<*mut AtomicU64> {
+    let (flags, raw) = match fd {
+        Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
+        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
+    };
+    // SAFETY: a fresh shared mapping, checked for failure; the memory is
+    // zero-filled or holds atomics written through another mapping, both
+    // valid AtomicU64 values.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            raw,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(ptr.cast())
+}
+
+impl SharedCells {
+    fn bytes(len: usize) -> usize {
+        len * std::mem::size_of::<AtomicU64>()
+    }
+
+    /// `len` new cells, every one 0, in a memory file named `name` where
+    /// one can be made.
+    fn new(len: usize, name: &std::ffi::CStr) -> Self {
+        let bytes = Self::bytes(len);
+        if let Ok(file) = memory_file(name, bytes) {
+            if let Ok(cells) = map_shared(Some(file.as_fd()), bytes) {
+                return SharedCells {
+                    cells,
+                    len,
+                    file: Some(file),
+                    mapped: true,
+                };
+            }
+        }
+        if let Ok(cells) = map_shared(None, bytes) {
+            return SharedCells {
+                cells,
+                len,
+                file: None,
+                mapped: true,
             };
         }
-        Counters {
-            cells: ptr.cast(),
-            mapped: true,
+        let boxed: Box<[AtomicU64]> = (0..len).map(|_| AtomicU64::new(0)).collect();
+        SharedCells {
+            cells: Box::into_raw(boxed).cast(),
+            len,
+            file: None,
+            mapped: false,
         }
     }
 
+    /// The `len` cells whose memory file is `file` (from [`SharedCells::fd`]
+    /// of cells in another process); a file of another size is refused as
+    /// not being `what`.
+    fn attach(file: OwnedFd, len: usize, what: &str) -> std::io::Result<Self> {
+        let bytes = Self::bytes(len);
+        // SAFETY: a zeroed `stat` is a valid value of the plain C struct.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat of a descriptor we own into that struct.
+        if unsafe { libc::fstat(file.as_raw_fd(), &mut stat) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if u64::try_from(stat.st_size).ok() != Some(bytes as u64) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not {what}: {} bytes, expected {bytes}", stat.st_size),
+            ));
+        }
+        let cells = map_shared(Some(file.as_fd()), bytes)?;
+        Ok(SharedCells {
+            cells,
+            len,
+            file: Some(file),
+            mapped: true,
+        })
+    }
+
+    /// The memory file, for [`SharedCells::attach`] in another process;
+    /// `None` when the cells are shared with forked children only.
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(AsFd::as_fd)
+    }
+
+    fn cell(&self, index: usize) -> &AtomicU64 {
+        assert!(index < self.len, "shared cell {index} of {}", self.len);
+        // SAFETY: `cells` points at `len` atomics; checked above.
+        unsafe { &*self.cells.add(index) }
+    }
+}
+
+impl Drop for SharedCells {
+    fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: unmaps the mapping made in `new` or `attach`, once.
+            unsafe {
+                libc::munmap(self.cells.cast(), Self::bytes(self.len));
+            }
+        } else {
+            // SAFETY: re-owns the boxed slice leaked in `new`, once.
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.cells, self.len))
+            });
+        }
+    }
+}
+
+/// Atomic counters, in memory shared with forked child processes and,
+/// through its descriptor ([`Counters::fd`]), with processes started by
+/// `spawn` or `forkserver` ([`Counters::attach`]).
+pub struct Counters {
+    cells: SharedCells,
+}
+
+impl Counters {
+    /// New zeroed counters in shared memory.
+    pub fn new() -> Self {
+        Counters {
+            cells: SharedCells::new(COUNT, c"shardstream-counters"),
+        }
+    }
+
+    /// The counters whose memory file is `file` (from [`Counters::fd`] of
+    /// counters in another process): both add to and read the same values.
+    pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
+        Ok(Counters {
+            cells: SharedCells::attach(file, COUNT, "stream counters")?,
+        })
+    }
+
+    /// The memory file, for [`Counters::attach`] in another process; `None`
+    /// when the counters are shared with forked children only.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.cells.fd()
+    }
+
     fn cell(&self, counter: Counter) -> &AtomicU64 {
-        // SAFETY: `cells` points at COUNT atomics and the index is below COUNT.
-        unsafe { &*self.cells.add(counter as usize) }
+        self.cells.cell(counter as usize)
     }
 
     /// Adds `n` to `counter`.
@@ -252,20 +402,6 @@ impl Default for Counters {
     }
 }
 
-impl Drop for Counters {
-    fn drop(&mut self) {
-        if self.mapped {
-            // SAFETY: unmaps the mapping made in `new`, once.
-            unsafe {
-                libc::munmap(self.cells.cast(), COUNT * std::mem::size_of::<AtomicU64>());
-            }
-        } else {
-            // SAFETY: re-owns the box leaked in `new`, once.
-            drop(unsafe { Box::from_raw(self.cells.cast::<[AtomicU64; COUNT]>()) });
-        }
-    }
-}
-
 impl std::fmt::Debug for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map().entries(self.snapshot().entries()).finish()
@@ -275,103 +411,18 @@ impl std::fmt::Debug for Counters {
 /// Entries of an [`Epochs`] table: DataLoader worker ids it can serve.
 pub const EPOCH_TABLE_LEN: usize = 1024;
 
-const EPOCH_TABLE_BYTES: usize = EPOCH_TABLE_LEN * std::mem::size_of::<AtomicU64>();
-
 /// The epoch of each DataLoader worker's next iteration, by worker id, in
-/// memory shared with the processes the table is forked or handed to.
-///
-/// The memory is a file (`memfd` on Linux) mapped shared, so besides being
-/// inherited by forked children its descriptor ([`Epochs::fd`]) can be
-/// passed to a process started another way, which maps the same memory
-/// with [`Epochs::attach`]. Where no such file can be made, the table is a
-/// shared anonymous mapping (forked children only), or, failing that,
-/// private memory.
+/// memory shared with the processes the table is forked or handed to
+/// (through its descriptor, [`Epochs::fd`] and [`Epochs::attach`]).
 pub struct Epochs {
-    cells: *mut AtomicU64,
-    /// The file the cells are mapped from, if any.
-    file: Option<OwnedFd>,
-    /// Whether `cells` is a mapping (else a leaked box).
-    mapped: bool,
-}
-
-// SAFETY: the cells are atomics, valid for the life of `Epochs`.
-unsafe impl Send for Epochs {}
-// SAFETY: as above; all access is through atomic operations.
-unsafe impl Sync for Epochs {}
-
-/// A fresh memory file of the table's size, closed on exec.
-#[cfg(target_os = "linux")]
-fn memory_file() -> std::io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-    let fd = unsafe { libc::memfd_create(c"shardstream-epochs".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let file = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = libc::off_t::try_from(EPOCH_TABLE_BYTES).expect("a small table");
-    // SAFETY: sizes the file just made (zero-filled).
-    if unsafe { libc::ftruncate(file.as_raw_fd(), len) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(file)
-}
-
-#[cfg(not(target_os = "linux"))]
-fn memory_file() -> std::io::Result<OwnedFd> {
-    Err(std::io::ErrorKind::Unsupported.into())
-}
-
-/// Maps the table's bytes of `fd` (or anonymous memory for `None`) shared.
-fn map_shared(fd: Option<BorrowedFd<'_>>) -> std::io::Result<*mut AtomicU64> {
-    let (flags, raw) = match fd {
-        Some(fd) => (libc::MAP_SHARED, fd.as_raw_fd()),
-        None => (libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1),
-    };
-    // SAFETY: a fresh shared mapping, checked for failure; the memory is
-    // zero-filled or holds atomics written through another mapping, both
-    // valid AtomicU64 values.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            EPOCH_TABLE_BYTES,
-            libc::PROT_READ | libc::PROT_WRITE,
-            flags,
-            raw,
-            0,
-        )
-    };
-    if ptr == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(ptr.cast())
+    cells: SharedCells,
 }
 
 impl Epochs {
     /// A new table, every entry 0.
     pub fn new() -> Self {
-        if let Ok(file) = memory_file() {
-            if let Ok(cells) = map_shared(Some(file.as_fd())) {
-                return Epochs {
-                    cells,
-                    file: Some(file),
-                    mapped: true,
-                };
-            }
-        }
-        if let Ok(cells) = map_shared(None) {
-            return Epochs {
-                cells,
-                file: None,
-                mapped: true,
-            };
-        }
-        let boxed: Box<[AtomicU64; EPOCH_TABLE_LEN]> =
-            Box::new(std::array::from_fn(|_| AtomicU64::new(0)));
         Epochs {
-            cells: Box::into_raw(boxed).cast(),
-            file: None,
-            mapped: false,
+            cells: SharedCells::new(EPOCH_TABLE_LEN, c"shardstream-epochs"),
         }
     }
 
@@ -393,39 +444,19 @@ impl Epochs {
     /// The table whose memory file is `file` (from [`Epochs::fd`] of a
     /// table in another process): both see and advance the same entries.
     pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
-        // SAFETY: a zeroed `stat` is a valid value of the plain C struct.
-        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat of a descriptor we own into that struct.
-        if unsafe { libc::fstat(file.as_raw_fd(), &mut stat) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if u64::try_from(stat.st_size).ok() != Some(EPOCH_TABLE_BYTES as u64) {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!(
-                    "not an epoch table: {} bytes, expected {EPOCH_TABLE_BYTES}",
-                    stat.st_size
-                ),
-            ));
-        }
-        let cells = map_shared(Some(file.as_fd()))?;
         Ok(Epochs {
-            cells,
-            file: Some(file),
-            mapped: true,
+            cells: SharedCells::attach(file, EPOCH_TABLE_LEN, "an epoch table")?,
         })
     }
 
     /// The memory file, for [`Epochs::attach`] in another process; `None`
     /// when the table is shared with forked children only.
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
-        self.file.as_ref().map(AsFd::as_fd)
+        self.cells.fd()
     }
 
     fn cell(&self, index: usize) -> &AtomicU64 {
-        assert!(index < EPOCH_TABLE_LEN, "epoch table index {index}");
-        // SAFETY: `cells` points at EPOCH_TABLE_LEN atomics; checked above.
-        unsafe { &*self.cells.add(index) }
+        self.cells.cell(index)
     }
 
     /// Entry `worker` (below [`EPOCH_TABLE_LEN`]).
@@ -465,25 +496,11 @@ impl Default for Epochs {
     }
 }
 
-impl Drop for Epochs {
-    fn drop(&mut self) {
-        if self.mapped {
-            // SAFETY: unmaps the mapping made in `new` or `attach`, once.
-            unsafe {
-                libc::munmap(self.cells.cast(), EPOCH_TABLE_BYTES);
-            }
-        } else {
-            // SAFETY: re-owns the box leaked in `new`, once.
-            drop(unsafe { Box::from_raw(self.cells.cast::<[AtomicU64; EPOCH_TABLE_LEN]>()) });
-        }
-    }
-}
-
 impl std::fmt::Debug for Epochs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Epochs")
             .field("first", &self.get(0))
-            .field("shareable", &self.file.is_some())
+            .field("shareable", &self.fd().is_some())
             .finish()
     }
 }
@@ -537,6 +554,27 @@ mod tests {
         // SAFETY: waits for the child forked above.
         unsafe { libc::waitpid(pid, &mut status, 0) };
         assert_eq!(c.snapshot().get(Counter::Samples), 5);
+    }
+
+    #[test]
+    fn counters_attached_by_descriptor_share_values() {
+        let c = Counters::new();
+        let fd = c
+            .fd()
+            .expect("a memory file on Linux")
+            .try_clone_to_owned()
+            .unwrap();
+        let other = Counters::attach(fd).unwrap();
+        other.add(Counter::Samples, 5);
+        c.add(Counter::Samples, 2);
+        assert_eq!(other.snapshot().get(Counter::Samples), 7);
+        assert_eq!(c.snapshot(), other.snapshot());
+        let epochs = Epochs::new();
+        let wrong = epochs.fd().unwrap().try_clone_to_owned().unwrap();
+        assert!(
+            Counters::attach(wrong).is_err(),
+            "an epoch table is not counters"
+        );
     }
 
     #[test]

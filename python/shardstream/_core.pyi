@@ -123,7 +123,8 @@ class ManifestIgnoredWarning(UserWarning):
 
 @final
 class Counters:
-    """Stream counters shared with DataLoader worker processes forked after their creation."""
+    """Stream counters shared with DataLoader worker processes forked after their creation
+    and, through their descriptor, with workers started by ``spawn`` or ``forkserver``."""
 
     def __new__(cls) -> Counters: ...
     def snapshot(self) -> dict[str, int]:
@@ -134,6 +135,12 @@ class Counters:
         ``errors_skipped``."""
     def count_transform(self, nanos: int) -> None:
         """Counts ``nanos`` nanoseconds spent in the Python ``transform``."""
+    def fd(self) -> int | None:
+        """The descriptor of the counters' memory (``None``: shared with forked processes
+        only)."""
+    @staticmethod
+    def _attach(fd: int) -> Counters:
+        """The counters whose memory is the descriptor ``fd`` (taken over and closed)."""
 
 @final
 class EpochTable:

@@ -18,6 +18,7 @@ Nothing here imports ``accelerate`` until ``prepare_loader`` runs.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from collections.abc import Mapping
@@ -43,8 +44,9 @@ FIX = (
 class FrameworkWrapperError(ShardStreamError):
     """A training framework wrapped the dataset or its DataLoader in a way
     that would split the data between ranks a second time, so that a job
-    of N ranks would train on 1/N of it. The message names the wrapper and
-    the fix."""
+    of N ranks would train on 1/N of it, or was set up for another number
+    of processes than the job has, so that its ranks would not train one
+    model together. The message names the cause and the fix."""
 
 
 def _splitter(obj: Any) -> str | None:
@@ -134,6 +136,7 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         )
     if getattr(loader, "_is_accelerate_prepared", False):
         return loader
+    _check_processes(accelerator)
     prepared = prepare_data_loader(
         loader,
         accelerator.device,
@@ -155,6 +158,39 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     # load_state, skip_first_batches and free_memory find it here.
     accelerator._dataloaders.append(prepared)
     return prepared
+
+
+def _job_world_size() -> tuple[int, str]:
+    """The number of processes of the job as a dataset sees it, and where it
+    comes from: torch.distributed's world size when initialised, else the
+    ``WORLD_SIZE`` that torchrun (or another launcher) sets, else 1."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), "torch.distributed's world size"
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"]), f"WORLD_SIZE={os.environ['WORLD_SIZE']}"
+    return 1, "no torch.distributed nor WORLD_SIZE"
+
+
+def _check_processes(accelerator: Any) -> None:
+    """Raises ``FrameworkWrapperError`` when ``accelerator`` counts another
+    number of processes than the job has (as torch.distributed or
+    ``WORLD_SIZE`` say): under torchrun on a machine without GPUs, an
+    ``Accelerator()`` without ``cpu=True`` reports one process on each rank
+    and prepares the model for one process, and every rank would then train
+    a model of its own, never synchronised, on its part of the data."""
+    world_size, source = _job_world_size()
+    if accelerator.num_processes == world_size:
+        return
+    raise FrameworkWrapperError(
+        f"accelerator.num_processes is {accelerator.num_processes} but the job has "
+        f"{world_size} processes ({source}): Accelerate did not set up training across "
+        "the job's processes, so each rank would train a model of its own, never "
+        "synchronised, on its part of the data. Fix: on a machine without GPUs create "
+        "Accelerator(cpu=True) (torchrun on CPU needs it), or start the job with "
+        "`accelerate launch` (its configuration sets the processes up)"
+    )
 
 
 def _gather_states(prepared: Any, rank: int, world_size: int) -> None:

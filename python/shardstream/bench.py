@@ -3,7 +3,12 @@ options a training run will use, and says how fast it went, what it cost
 in CPU and which stage bounds it, with the change that would help.
 
     shardstream bench SPEC [--workers N] [--batch-size B] [--decode ...]
+                           [--option NAME=VALUE ...]
                            [--epochs E | --samples S | --seconds T] [--json]
+
+``--batch-size B`` batches in the DataLoader (``collate_fn=list``);
+``--option batch_size=B`` has the dataset collate batches of ``B`` in Rust
+instead, which the DataLoader hands over as they are (``batch_size=None``).
 
 ``run_bench`` is the same from Python, with a ``consumer`` callback standing
 for the training step.
@@ -29,6 +34,9 @@ STAGES = ("storage", "parse", "decode", "handoff", "consumer")
 DEFAULT_SECONDS = 60.0
 """How long a run lasts at most when no limit is given (else one epoch)."""
 
+DEFAULT_BATCH_SIZE = 32
+"""Samples per batch when none is given."""
+
 
 @dataclass
 class BenchResult:
@@ -51,7 +59,8 @@ class BenchResult:
         decode_threads_busy: decode threads busy on average.
         cores_idle: cores left idle on average.
         stats: the dataset's counters over the run (``StreamingDataset.stats``).
-        options: the loader's options: workers, batch size, decode.
+        options: the loader's options: workers, batch size, whether the
+            dataset collates the batches in Rust (``rust_batches``), decode.
     """
 
     samples: int
@@ -110,6 +119,7 @@ def verdict(
     cores: int,
     read_ahead_bytes: int | None = None,
     loader_seconds: float | None = None,
+    rust_batches: bool = False,
 ) -> tuple[dict[str, float], str, str, float, float]:
     """The stage that bounds a run, from its counters: each stage's share of
     the run's ``seconds``, the pipeline's stages divided among ``lanes``
@@ -118,8 +128,9 @@ def verdict(
     iterated in the consumer's own thread (no workers), is the time spent
     in the loader's ``next()``: what of it was neither a wait for the
     pipeline nor the transform is the hand-off (the DataLoader's own
-    per-sample work included). Returns ``(shares, bound, advice,
-    decode_threads_busy, cores_idle)``."""
+    per-sample work included). ``rust_batches``: the dataset collates the
+    batches already, so the advice does not suggest it. Returns
+    ``(shares, bound, advice, decode_threads_busy, cores_idle)``."""
     span = max(seconds, 1e-9)
 
     def lane_share(*keys: str) -> float:
@@ -165,10 +176,17 @@ def verdict(
             f"transform {python:.0%}); {help_text}"
         )
     elif bound == "handoff":
+        collate = (
+            ""
+            if rust_batches
+            else "batches collated in Rust help (StreamingDataset(batch_size=N) with "
+            "DataLoader(batch_size=None); bench them with shardstream bench "
+            "--option batch_size=N), "
+        )
         advice = (
             f"handoff-bound: turning samples into Python objects (and the DataLoader's "
-            f"per-sample work) takes {percent} of the time; batch_size= in the dataset "
-            "collates in Rust, more workers (num_workers) spread it"
+            f"per-sample work) takes {percent} of the time; {collate}more workers "
+            "(num_workers) spread it"
         )
     else:
         advice = (
@@ -182,7 +200,8 @@ def run_bench(
     spec: str | Sequence[str],
     *,
     workers: int = 0,
-    batch_size: int = 32,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    rust_batches: bool = False,
     epochs: int | None = None,
     samples: int | None = None,
     seconds: float | None = None,
@@ -192,7 +211,10 @@ def run_bench(
     **options: Any,
 ) -> BenchResult:
     """Reads ``spec`` through ``DataLoader(StreamingDataset(spec, **options),
-    batch_size=batch_size, num_workers=workers, collate_fn=list)`` until
+    batch_size=batch_size, num_workers=workers, collate_fn=list)`` (with
+    ``rust_batches``: ``DataLoader(StreamingDataset(spec, batch_size=batch_size,
+    **options), batch_size=None, num_workers=workers)``, batches collated in
+    Rust; ``options`` then holds no ``batch_size``) until
     ``epochs`` epochs, ``samples`` samples or ``seconds`` seconds (whichever
     comes first; without any, one epoch or ``DEFAULT_SECONDS``), calling
     ``consumer(batch)`` on each batch and then sleeping ``consumer_delay_ms``
@@ -216,8 +238,12 @@ def run_bench(
         )
     if epochs is None and samples is None and seconds is None:
         epochs, seconds = 1, DEFAULT_SECONDS
-    dataset = StreamingDataset(spec, **options)
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=list)
+    if rust_batches:
+        dataset = StreamingDataset(spec, batch_size=batch_size, **options)
+        loader = DataLoader(dataset, batch_size=None, num_workers=workers)
+    else:
+        dataset = StreamingDataset(spec, **options)
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=list)
     dataset.stats(reset=True)
     cpu_before = _cpu_seconds()
     started = time.perf_counter()
@@ -232,7 +258,7 @@ def run_bench(
             batch = next(iterator, None)
             if batch is None:
                 break
-            count += len(batch)
+            count += _samples_in(batch) if rust_batches else len(batch)
             left_loader = time.perf_counter()
             if consumer is not None:
                 consumer(batch)
@@ -271,6 +297,7 @@ def run_bench(
         cores=cores,
         read_ahead_bytes=dataset.options["read_ahead_bytes"],
         loader_seconds=elapsed - outside if workers == 0 else None,
+        rust_batches=rust_batches,
     )
     fetched = stats.get("bytes_read", 0) + stats.get("cache_bytes", 0)
     span = max(elapsed, 1e-9)
@@ -291,9 +318,18 @@ def run_bench(
         options={
             "workers": workers,
             "batch_size": batch_size,
+            "rust_batches": rust_batches,
             "decode": options.get("decode"),
         },
     )
+
+
+def _samples_in(batch: Any) -> int:
+    """The samples in a batch the dataset collated: a dict batch's keys, or
+    an Arrow batch's rows."""
+    if isinstance(batch, Mapping):
+        return len(batch["__key__"])
+    return int(batch.num_rows)
 
 
 def _decode_option(values: Sequence[str] | None) -> bool | dict[str, str] | None:
@@ -333,7 +369,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("spec", nargs="+", help="dataset spec(s), as StreamingDataset takes")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader num_workers")
-    parser.add_argument("--batch-size", type=int, default=32, help="DataLoader batch_size")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        help="DataLoader batch_size, batches of samples collated in Python (default: 32); "
+        "--option batch_size=N has the dataset collate batches of N in Rust instead",
+    )
     parser.add_argument(
         "--decode",
         action="append",
@@ -345,7 +386,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="any StreamingDataset option, the value as JSON (e.g. read_ahead_bytes=268435456)",
+        help="any StreamingDataset option, the value as JSON (e.g. read_ahead_bytes=268435456); "
+        "batch_size=N: batches of N collated in Rust, handed over by DataLoader(batch_size=None)",
     )
     limits = parser.add_argument_group("limits (the first reached ends the run)")
     limits.add_argument("--epochs", type=int, help="epochs to read")
@@ -379,11 +421,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode = _decode_option(args.decode)
         if decode is not None:
             options["decode"] = decode
+        # --option batch_size=N: the dataset's batches, collated in Rust.
+        dataset_batch_size = options.pop("batch_size", None)
+        rust_batches = dataset_batch_size is not None
+        if rust_batches and args.batch_size is not None:
+            raise ValueError(
+                "invalid option --batch-size: give either --batch-size N (the DataLoader "
+                "batches samples in Python) or --option batch_size=N (the dataset collates "
+                "batches in Rust, the DataLoader takes them with batch_size=None), not both"
+            )
+        if rust_batches:
+            batch_size = dataset_batch_size
+        else:
+            batch_size = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
         spec: str | list[str] = args.spec[0] if len(args.spec) == 1 else args.spec
         result = run_bench(
             spec,
             workers=args.workers,
-            batch_size=args.batch_size,
+            batch_size=batch_size,
+            rust_batches=rust_batches,
             epochs=args.epochs,
             samples=args.samples,
             seconds=args.seconds,

@@ -549,8 +549,9 @@ class StreamingDataset(IterableDataset[Any]):
         With ``reset=True``: the counters since the last reset (levels as
         they are now), and a new window starts.
 
-        DataLoader workers forked from this process add to the same counters;
-        workers started with the ``spawn`` method count in their own copy.
+        DataLoader workers add to the same counters, whether forked from this
+        process or started with ``spawn`` or ``forkserver`` (the counters'
+        shared memory is handed to them).
         """
         now = self._counters.snapshot()
         stats = window(now, self._stats_since)

@@ -16,8 +16,9 @@ or over S3 (here an S3-compatible server on loopback)::
 Each rank joins the process group, builds ``StreamingDataset(DATA_SPEC)``
 *without* passing ``rank``/``world_size`` (they come from
 ``torch.distributed``), reads one epoch through a ``DataLoader`` with
-``--workers`` worker processes and ``batch_size=None``, and writes what it
-saw to ``OUT_DIR/rank-{rank}.json``::
+``--workers`` worker processes (started with ``spawn``, which a fork right
+after a collective cannot hang; they count in the rank's ``stats()``) and
+``batch_size=None``, and writes what it saw to ``OUT_DIR/rank-{rank}.json``::
 
     {"rank": 0, "world_size": 2, "num_workers": 2, "epoch": 0,
      "keys": ["sample-000003-000000", ...], "stats": {...}}
@@ -80,7 +81,12 @@ def read_epoch(args: argparse.Namespace) -> dict:
     )
     dataset = StreamingDataset(args.data_spec, seed=args.seed, s3=s3, manifest=args.manifest)
     dataset.set_epoch(args.epoch)
-    loader = DataLoader(dataset, batch_size=None, num_workers=args.workers)
+    # Spawned workers: a fork right after the process group's collectives
+    # can hang (CPython gh-112275, see docs/integrations.md).
+    context = "spawn" if args.workers > 0 else None
+    loader = DataLoader(
+        dataset, batch_size=None, num_workers=args.workers, multiprocessing_context=context
+    )
     keys = [sample["__key__"] for sample in loader]
     rank, world_size = dataset.distributed_slot()
     if (rank, world_size) != (dist.get_rank(), dist.get_world_size()):

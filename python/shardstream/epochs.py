@@ -3,23 +3,24 @@
 
 The epoch of each process's next iteration lives in an ``EpochTable`` that
 forked and spawned DataLoader workers share with the process that made the
-dataset: an iteration in a worker advances that worker's entry, one in the
-main process (or ``set_epoch`` there) every entry. A loaded state is held
-here as the pending resume of its epoch until an iteration uses it; each
-entry also says whether its process has yet to use it (``PENDING``), so a
-worker that a plain DataLoader forks for a later epoch, from a main process
-that still holds the loaded state, streams that epoch instead of the
-resumed rest again.
+dataset (``shardstream.worker_sharing``): an iteration in a worker advances
+that worker's entry, one in the main process (or ``set_epoch`` there) every
+entry. A loaded state is held here as the pending resume of its epoch until
+an iteration uses it; each entry also says whether its process has yet to
+use it (``PENDING``), so a worker that a plain DataLoader forks for a later
+epoch, from a main process that still holds the loaded state, streams that
+epoch instead of the resumed rest again.
 """
 
 from __future__ import annotations
 
-import warnings
-from multiprocessing.reduction import DupFd, ForkingPickler
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from torch.utils.data import get_worker_info
 
+# Imported for what it registers: how spawned workers attach to the table
+# (and to the stream counters).
+from . import worker_sharing  # noqa: F401
 from ._core import EpochTable
 
 Resume = TypeVar("Resume")
@@ -112,29 +113,3 @@ class EpochAdvance(Generic[Resume]):
             self._table.set_all(epoch)
         else:
             self._table.set_worker(entry[0], entry[1], epoch)
-
-
-def _share_epoch_table(table: EpochTable) -> tuple[Any, tuple[Any, ...]]:
-    """How ``multiprocessing`` pickles an epoch table for a process it
-    starts (``spawn``/``forkserver`` DataLoader workers): as its memory's
-    descriptor, so that the worker advances the same epochs as the main
-    process. Plain ``pickle`` gives an unshared copy instead."""
-    fd = table.fd()
-    if fd is None:
-        warnings.warn(
-            "no shareable memory for the epoch table on this system: DataLoader workers "
-            "started with spawn or forkserver keep epochs of their own; call set_epoch "
-            "before each epoch",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return (EpochTable._from_values, (table.values(),))
-    return (_attach_epoch_table, (DupFd(fd),))
-
-
-def _attach_epoch_table(shared: Any) -> EpochTable:
-    """Unpickles a shared epoch table in the process it was handed to."""
-    return EpochTable._attach(shared.detach())
-
-
-ForkingPickler.register(EpochTable, _share_epoch_table)

@@ -222,8 +222,16 @@ def _cli_s3(s3: S3Config | None) -> list[str]:
     return flags
 
 
+def _literal(url: str) -> str:
+    """``url`` as a spec that names it and nothing else: a listed name such
+    as ``b{1,2}.tar`` is not a brace pattern, so its braces are escaped
+    (``b\\{1,2\\}.tar``), as dataset specs take them."""
+    return url.replace("{", "\\{").replace("}", "\\}")
+
+
 def _index_slice(urls: list[str], output: str, flags: list[str], task: int) -> list[Any]:
-    """Runs ``shardstream index`` over ``urls``; their manifest entries, in order.
+    """Runs ``shardstream index`` over ``urls`` (taken as they are, not as
+    patterns); their manifest entries, in order.
 
     A local ``output``'s part is written beside it, so that the entries'
     URLs are relative to its directory as the one-machine index makes them."""
@@ -234,7 +242,8 @@ def _index_slice(urls: list[str], output: str, flags: list[str], task: int) -> l
         scratch = None
         directory, name = os.path.split(os.path.abspath(_local(output)))
         part = os.path.join(directory, f".{name}.task-{task:06d}.{os.getpid()}.json")
-    command = [sys.executable, "-m", "shardstream", "index", *flags, *urls, "-o", part]
+    specs = [_literal(url) for url in urls]
+    command = [sys.executable, "-m", "shardstream", "index", *flags, *specs, "-o", part]
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:

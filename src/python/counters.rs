@@ -1,14 +1,17 @@
-//! Stream counters shared with forked DataLoader workers.
+//! Stream counters shared with DataLoader workers, forked or spawned.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::stats;
 
 /// Stream counters shared with DataLoader worker processes forked after
-/// their creation.
+/// their creation and, through their descriptor, with workers started by
+/// `spawn` or `forkserver`.
 #[pyclass(module = "shardstream._core")]
 pub struct Counters {
     pub(super) inner: Arc<stats::Counters>,
@@ -44,8 +47,33 @@ impl Counters {
         self.inner.add(stats::Counter::TransformNanos, nanos);
     }
 
-    /// Pickling (spawned workers) gives fresh counters: only forked
-    /// processes share them.
+    /// The descriptor of the counters' memory, to hand to a process started
+    /// by `spawn` or `forkserver`; `None` where the counters can only be
+    /// shared with forked processes.
+    fn fd(&self) -> Option<i32> {
+        self.inner.fd().map(|fd| fd.as_raw_fd())
+    }
+
+    /// The counters whose memory is the descriptor `fd` (which they take
+    /// over and close), as [`Counters::fd`] gave it in another process.
+    #[staticmethod]
+    fn _attach(fd: i32) -> PyResult<Self> {
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
+        }
+        // SAFETY: the caller hands the descriptor over (documented above).
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let inner = stats::Counters::attach(file).map_err(|e| {
+            PyValueError::new_err(format!("descriptor {fd} is not stream counters: {e}"))
+        })?;
+        Ok(Counters {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Plain pickling gives fresh counters (the DataLoader hands workers
+    /// the shared ones through `multiprocessing`'s own pickler, see
+    /// `shardstream.worker_sharing`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, ())> {
         Ok((slf.get_type().into_any(), ()))
     }

@@ -103,7 +103,7 @@ impl EpochTable {
 
     /// Plain pickling gives an unshared copy of the entries (the DataLoader
     /// hands workers the shared table through `multiprocessing`'s own
-    /// pickler, see `shardstream.dataset`).
+    /// pickler, see `shardstream.worker_sharing`).
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Vec<u64>,))> {
         let rebuild = slf.get_type().getattr("_from_values")?;
         Ok((rebuild, (slf.borrow().inner.values(),)))

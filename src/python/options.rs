@@ -213,29 +213,44 @@ pub(super) fn s3_options(value: &Bound<'_, PyAny>) -> PyResult<StoreOptions> {
     Ok(o)
 }
 
+/// The name of `value`'s type, for an error that must not show `value`.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
 /// `http_headers=`: `None` or a dict of header name to value (both str),
-/// checked at once; errors name the header, never its value.
+/// checked at once; errors name the option, the expected type and the
+/// header, never a value (nor anything given in place of the dict, which
+/// may hold one).
 fn http_headers(value: &Bound<'_, PyAny>) -> PyResult<HttpHeaders> {
-    let name = "http_headers";
     if value.is_none() {
         return Ok(HttpHeaders::default());
     }
-    let dict = value
-        .cast::<PyDict>()
-        .map_err(|_| invalid(name, "None or a dict of str to str", value))?;
+    let dict = value.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "invalid option http_headers: expected None or a dict of header name to value \
+             (both str), e.g. {{\"Authorization\": token}}, got a {} (not shown: it may hold \
+             a secret)",
+            type_name(value)
+        ))
+    })?;
     let mut headers = Vec::with_capacity(dict.len());
     for (key, item) in dict.iter() {
         let Ok(key) = key.extract::<String>() else {
-            return Err(invalid(name, "a dict with str keys", &key));
+            return Err(PyTypeError::new_err(format!(
+                "invalid option http_headers: expected a dict of header name to value (both \
+                 str), got a key of type {} (not shown: it may hold a secret)",
+                type_name(&key)
+            )));
         };
         if !item.is_instance_of::<PyString>() {
-            let type_name = item
-                .get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_else(|_| "?".into());
             return Err(PyTypeError::new_err(format!(
-                "invalid option http_headers: the value of {key:?} must be a str, got a {type_name}"
+                "invalid option http_headers: expected a dict of header name to value (both \
+                 str), got a {} as the value of {key:?} (not shown)",
+                type_name(&item)
             )));
         }
         headers.push((key, item.extract::<String>()?));

@@ -174,3 +174,66 @@ def test_the_dispatcher_over_spawned_workers_is_refused(dataset, mixed):
         shardstream.FrameworkWrapperError, match=f"DataLoaderDispatcher wraps this {name}"
     ):
         next(iter(loader))
+
+
+ONE_PROCESS_ACCELERATOR = """
+import sys
+
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+import shardstream
+from shardstream.accelerate import prepare_loader
+
+accelerator = Accelerator()  # no cpu=True
+loader = DataLoader(shardstream.StreamingDataset(sys.argv[1]), batch_size=4)
+try:
+    prepare_loader(accelerator, loader)
+except shardstream.FrameworkWrapperError as error:
+    print(f"refused: {error}", flush=True)
+    sys.exit(3)
+print("prepared", flush=True)
+"""
+
+
+def test_an_accelerator_without_cpu_under_torchrun_on_cpu_is_refused(dataset, tmp_path):
+    """torchrun on a machine without GPUs and ``Accelerator()`` without
+    ``cpu=True``: Accelerate joins torch.distributed's group of 2 but counts
+    one process on each rank, so each would train a model of its own on its
+    part of the data. ``prepare_loader`` refuses it at once on every rank,
+    naming the fix."""
+    script = tmp_path / "one_process_accelerator.py"
+    script.write_text(ONE_PROCESS_ACCELERATOR)
+    rc, stdout, stderr = torchrun(str(script), [dataset.spec], tmp_path)
+    assert rc != 0, stdout
+    refusals = [line for line in stdout.splitlines() if line.startswith("refused: ")]
+    assert len(refusals) == NPROC, f"stdout:\n{stdout}\nstderr:\n{stderr[-5000:]}"
+    message = refusals[0]
+    assert "accelerator.num_processes is 1 but the job has 2 processes" in message, message
+    assert "torch.distributed's world size" in message, message
+    assert "Accelerator(cpu=True)" in message and "accelerate launch" in message, message
+
+
+def test_an_accelerator_of_one_process_under_a_world_size_of_two_is_refused(dataset, monkeypatch):
+    """Without torch.distributed, the ``WORLD_SIZE`` a launcher sets is the
+    job's size the dataset sees: an Accelerator of one process beside a
+    ``WORLD_SIZE`` of 2 is refused as well."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from torch.utils.data import DataLoader
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        accelerator = Accelerator()
+        assert accelerator.num_processes == 1
+        data = shardstream.StreamingDataset(dataset.spec, count_samples=True)
+        loader = DataLoader(data, batch_size=4)
+        with pytest.raises(shardstream.FrameworkWrapperError) as raised:
+            shardstream.accelerate.prepare_loader(accelerator, loader)
+        message = str(raised.value)
+        assert "num_processes is 1" in message and "WORLD_SIZE=2" in message, message
+        assert "Accelerator(cpu=True)" in message and "accelerate launch" in message, message
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -14,7 +14,7 @@ import pytest
 from fault_proxy import Faults as ProxyFaults
 from fault_proxy import running_fault_proxy
 
-from shardstream.bench import STAGES, run_bench
+from shardstream.bench import STAGES, run_bench, verdict
 
 
 def heavy_transform(sample):
@@ -102,7 +102,12 @@ def test_the_command_prints_one_json_object(dataset):
     assert result["bound"] == "consumer", result["advice"]
     assert set(result["stages"]) == set(STAGES)
     assert result["samples"] >= 24
-    assert result["options"] == {"workers": 0, "batch_size": 4, "decode": {"json": "json"}}
+    assert result["options"] == {
+        "workers": 0,
+        "batch_size": 4,
+        "rust_batches": False,
+        "decode": {"json": "json"},
+    }
     assert result["stats"]["decoded_bytes"] > 0
     for key in ("samples_per_s", "mb_per_s", "cpu_us_per_sample", "advice"):
         assert key in result
@@ -147,3 +152,66 @@ def test_other_commands_still_go_to_the_core(dataset):
     done = cli("inspect", str(dataset.paths[0]), "--limit", "1")
     assert done.returncode == 0, done.stderr
     assert dataset.samples[0].key in done.stdout
+
+
+def test_option_batch_size_benches_batches_collated_in_rust(dataset):
+    """``--option batch_size=N`` (what the handoff advice names) has the
+    dataset collate batches of N in Rust, handed over by a DataLoader with
+    ``batch_size=None``: distinct from the DataLoader's ``--batch-size``."""
+    done = cli(
+        "bench", dataset.spec, "--json", "--quiet", "--option", "batch_size=4",
+        "--decode", "json=json", "--samples", "24",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["samples"] == 24
+    assert result["options"] == {
+        "workers": 0,
+        "batch_size": 4,
+        "rust_batches": True,
+        "decode": {"json": "json"},
+    }
+    done = cli("bench", dataset.spec, "--quiet", "--batch-size", "8", "--option", "batch_size=4")
+    assert done.returncode == 2
+    assert "--batch-size" in done.stderr and "--option batch_size" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_rust_batches_through_workers_count_every_sample(dataset):
+    batches = []
+    result = run_bench(
+        dataset.spec, workers=2, batch_size=4, rust_batches=True, epochs=1, consumer=batches.append
+    )
+    assert result.samples == len(dataset.samples) == result.stats["samples"]
+    assert all(len(batch["__key__"]) <= 4 for batch in batches)
+
+
+def test_the_handoff_advice_names_the_rust_batches_flag():
+    stats = {"handoff_ns": 9 * 10**9, "parse_ns": 10**8}
+    _, bound, advice, _, _ = verdict(
+        stats, seconds=10.0, consumer_seconds=0.1, lanes=1, cpu_seconds=10.0, cores=2
+    )
+    assert bound == "handoff"
+    assert "shardstream bench --option batch_size=N" in advice, advice
+    _, _, again, _, _ = verdict(
+        stats,
+        seconds=10.0,
+        consumer_seconds=0.1,
+        lanes=1,
+        cpu_seconds=10.0,
+        cores=2,
+        rust_batches=True,
+    )
+    assert "batch_size" not in again and "num_workers" in again, again
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['[["Authorization", "Bearer s3cr3t"]]', "Authorization: Bearer s3cr3t"],
+    ids=["pairs", "header-line"],
+)
+def test_the_command_never_shows_a_header_value(dataset, value):
+    done = cli("bench", dataset.spec, "--quiet", "--option", f"http_headers={value}")
+    assert done.returncode == 2
+    assert "invalid option http_headers" in done.stderr and "a dict" in done.stderr, done.stderr
+    assert "s3cr3t" not in done.stderr + done.stdout

@@ -437,3 +437,33 @@ def test_an_interrupted_index_resumes_without_reading_its_indexed_shards(dataset
 
 def original_bytes(dataset, index: int) -> bytes:
     return dataset.paths[index].read_bytes()
+
+
+def test_index_refuses_an_output_it_cannot_write_before_reading_a_shard(dataset, tmp_path):
+    """A directory, a path whose folder is missing, and one in a folder
+    that cannot be written are refused at once, naming the option and what
+    is wrong, before any shard is read (a bad shard in the spec is not
+    what fails), and nothing is left behind."""
+    paths = copy_dataset(dataset, tmp_path / "shards")
+    paths[-1].write_bytes(b"\xff" * 4096)  # would fail the run if it were read
+    spec = f"{paths[0].parent}/"
+    out = tmp_path / "out"
+    out.mkdir()
+    for given in (f"{out}/", str(out)):
+        proc = run("module", "index", spec, "-o", given)
+        assert proc.returncode == 1, proc.stderr
+        assert "--output" in proc.stderr and "is a directory" in proc.stderr, proc.stderr
+        assert f"{out}/manifest.json" in proc.stderr, proc.stderr
+        assert paths[-1].name not in proc.stderr, proc.stderr
+    assert list(out.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "shards"]
+    missing = tmp_path / "missing" / "manifest.json"
+    proc = run("module", "index", spec, "-o", missing)
+    assert proc.returncode == 1, proc.stderr
+    assert "--output" in proc.stderr and f"{missing.parent} does not exist" in proc.stderr
+    assert not missing.parent.exists()
+    # /sys cannot be written, even by root.
+    proc = run("module", "index", spec, "-o", "/sys/manifest.json")
+    assert proc.returncode == 1, proc.stderr
+    assert "--output" in proc.stderr and "cannot write in /sys" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == [p.name for p in paths]

@@ -85,6 +85,27 @@ def test_bad_options_are_refused_at_construction(dataset, options, error, words)
         assert word in message, (word, message)
 
 
+SECRET = "Bearer s3cr3t-t0ken"
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("Authorization", SECRET)],
+        (("Authorization", SECRET),),
+        f"Authorization: {SECRET}",
+        {("Authorization", SECRET): "x"},
+    ],
+    ids=["pairs", "tuple-of-pairs", "header-line", "tuple-key"],
+)
+def test_http_headers_of_the_wrong_type_are_refused_without_their_values(dataset, headers):
+    with pytest.raises(TypeError) as raised:
+        shardstream.StreamingDataset(dataset.spec, http_headers=headers)
+    message = str(raised.value)
+    assert "invalid option http_headers" in message and "a dict" in message, message
+    assert "s3cr3t" not in message, message
+
+
 def test_arrow_batches_of_tar_shards_are_refused_at_construction(dataset):
     with pytest.raises(ValueError, match=r"batch_format.*not a Parquet file"):
         shardstream.StreamingDataset(dataset.spec, batch_format="arrow", shuffle_buffer=0)

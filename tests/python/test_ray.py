@@ -263,6 +263,24 @@ def test_index_fan_out_equals_the_one_machine_index(s3: Any, tmp_path: Path) -> 
     assert isinstance(ds, shardstream.StreamingDataset)
 
 
+@pytest.mark.usefixtures("cluster")
+def test_index_fan_out_takes_listed_names_literally(tmp_path: Path) -> None:
+    """A shard named ``b{1,2}.tar`` that a listing found is indexed as that
+    file, not expanded again into ``b1.tar`` and ``b2.tar``."""
+    local = tmp_path / "braces"
+    for tag, name in enumerate(("a", "b{1,2}", "c{0..1}")):
+        with ShardWriter(local / f"{name}-%d.tar", max_count=10) as w:
+            for i in range(15):
+                w.write({"__key__": f"k{tag}-{i:02d}", "txt": f"t{i}"})
+        (local / "manifest.json").unlink()
+    one = index_manifest([local], local / "one.json")
+    assert [e["url"] for e in one["shards"]] == sorted(
+        f"{name}-{n}.tar" for name in ("a", "b{1,2}", "c{0..1}") for n in (0, 1)
+    )
+    index(local, local / "fan.json", num_tasks=2)
+    assert json.loads((local / "fan.json").read_text()) == one
+
+
 def test_import_shardstream_does_not_import_ray() -> None:
     code = "import sys, shardstream; assert 'ray' not in sys.modules, 'ray imported'"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

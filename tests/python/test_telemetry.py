@@ -1,6 +1,6 @@
 """Per-stage telemetry: the stage times and bytes of ``stats()``, its
-``reset=True`` windows, forked workers adding to the parent's counters, and
-the Prometheus text exposition of ``stats_text()``."""
+``reset=True`` windows, workers (forked or spawned) adding to the parent's
+counters, and the Prometheus text exposition of ``stats_text()``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import re
 import time
 
+import pytest
 from _shardtest import assert_exactly_once
 from torch.utils.data import DataLoader
 
@@ -184,3 +185,18 @@ def test_mix_stats_text_labels_each_stream(dataset, small_dataset):
     assert set(samples) == {(("stream", "0"),), (("stream", "1"),)}
     assert all(value == 0 for value in samples.values())
     assert sum(counts) > 0
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_spawned_workers_add_to_the_parents_counters(dataset, context):
+    """Workers started with spawn or forkserver count in the main process's
+    counters as forked ones do: the counters' memory is handed to them."""
+    ds = StreamingDataset(dataset.spec, shuffle_buffer=0)
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=2, collate_fn=list, multiprocessing_context=context
+    )
+    count = sum(len(batch) for batch in loader)
+    stats = ds.stats()
+    assert stats["samples"] == count == len(dataset.samples)
+    assert stats["shards_completed"] == len(dataset.paths)
+    assert stats["pipeline_ns"] > 0 and stats["bytes_read"] > 0

@@ -71,7 +71,7 @@ def test_ddp_ranks_split_the_dataset(dataset, tmp_path, epoch):
         keys = record["keys"]
         assert len(keys) == len(set(keys)), f"rank {rank} read a key twice"
         assert keys, f"rank {rank} read nothing"
-        # Forked workers count in the rank's shared counters.
+        # Spawned workers count in the rank's shared counters.
         assert record["stats"]["samples"] == len(keys)
         per_rank.append(keys)
     assert not set(per_rank[0]) & set(per_rank[1])
