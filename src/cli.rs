@@ -1,5 +1,6 @@
 //! The `shardstream` command line: `inspect` a shard, `index` a dataset
-//! into a manifest, print a `plan`, `write` shards from files or Parquet.
+//! into a manifest, print a `plan`, `write` shards from files or Parquet,
+//! `verify` a sample ledger and `explain` which samples a step sees.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -16,6 +17,7 @@ use crate::compression::Compression;
 use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::index;
+use crate::ledger;
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
@@ -29,7 +31,7 @@ use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 #[command(
     name = "shardstream",
     version,
-    about = "Inspect shards, index datasets, print epoch plans, write shards"
+    about = "Inspect shards, index datasets, print epoch plans, write shards, verify ledgers"
 )]
 struct Cli {
     #[command(flatten)]
@@ -137,6 +139,67 @@ enum Command {
         #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
         remainder: String,
     },
+    /// Prove from a sample ledger (shardstream.Ledger) that each epoch trained
+    /// every sample exactly once, or name the first violation.
+    ///
+    /// Exit status: 0 when every epoch checks, 1 on a violation, 2 when the
+    /// ledger or the dataset cannot be read.
+    Verify {
+        /// The ledger folder (the one given to shardstream.Ledger).
+        ledger: PathBuf,
+        /// Dataset spec, when not the one the ledger recorded (the data moved).
+        spec: Vec<String>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show which samples step S of rank R sees (and from which DataLoader
+    /// worker), from the plan alone.
+    Explain {
+        /// Dataset spec: paths, file:// URLs, brace ranges, directories, URLs.
+        #[arg(required = true)]
+        spec: Vec<String>,
+        /// Epoch.
+        #[arg(long, default_value_t = 0)]
+        epoch: u64,
+        /// Rank.
+        #[arg(long, default_value_t = 0)]
+        rank: usize,
+        /// Step within the epoch, from 0 (the rank's batch number).
+        #[arg(long)]
+        step: u64,
+        /// Samples per batch (the DataLoader's batch_size).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        batch_size: u64,
+        /// Number of processes (ranks).
+        #[arg(long, default_value_t = 1)]
+        world_size: usize,
+        /// DataLoader workers per process (0 counts as 1: the main process).
+        #[arg(long, default_value_t = 1)]
+        num_workers: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Keep the listed shard order instead of shuffling it per epoch.
+        #[arg(long)]
+        no_shuffle: bool,
+        /// Plan as the dataset's count_samples=True does on one rank (with
+        /// several ranks, or a manifest, it always does).
+        #[arg(long)]
+        count_samples: bool,
+        /// The dataset's shuffle_buffer: explain answers for 0 only.
+        #[arg(long, default_value_t = 0)]
+        shuffle_buffer: usize,
+        /// Drop the samples that do not divide evenly among ranks, or pad.
+        #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
+        remainder: String,
+        /// Manifest to plan with (default: `manifest.json` beside the shards, if any).
+        #[arg(long, conflicts_with = "no_manifest")]
+        manifest: Option<PathBuf>,
+        /// Use no manifest, even when one is beside the shards.
+        #[arg(long)]
+        no_manifest: bool,
+    },
     /// Write WebDataset shards (and their manifest) from a folder of files,
     /// grouped into samples by name (`dir/a.jpg` + `dir/a.cls` is sample
     /// `dir/a`), or from Parquet files (one sample per row).
@@ -217,6 +280,49 @@ where
             write_shards(&src, &dest, source, options, &mut out)
         }
         Command::Inspect { shard, limit } => inspect(&shard, limit, &s3, &mut out),
+        Command::Verify { ledger, spec, json } => {
+            return verify_ledger(&ledger, &spec, json, &s3, &mut out);
+        }
+        Command::Explain {
+            spec,
+            epoch,
+            rank,
+            step,
+            batch_size,
+            world_size,
+            num_workers,
+            seed,
+            no_shuffle,
+            count_samples,
+            shuffle_buffer,
+            remainder,
+            manifest,
+            no_manifest,
+        } => {
+            let choice = match (manifest, no_manifest) {
+                (Some(path), _) => manifest::choice_of(&path.to_string_lossy()),
+                (None, true) => ManifestChoice::Off,
+                (None, false) => ManifestChoice::Auto,
+            };
+            remainder.parse().and_then(|remainder| {
+                let params = PlanParams {
+                    seed,
+                    epoch,
+                    shuffle_shards: !no_shuffle,
+                    world_size,
+                    num_workers: num_workers.max(1),
+                    remainder,
+                };
+                let step = ExplainStep {
+                    rank,
+                    step,
+                    batch_size,
+                    shuffle_buffer,
+                    count_samples,
+                };
+                explain(&spec, &choice, &params, &step, &s3, &mut out)
+            })
+        }
         Command::Index { spec, output, jobs } => {
             index(&spec, &output, &s3, usize::from(jobs), &mut out)
         }
@@ -469,6 +575,220 @@ fn print_plan(
                 None => writeln!(out, "  {}", shards[unit.shard].url)?,
             }
         }
+    }
+    Ok(())
+}
+
+/// Resolves `specs` with every shard's sample count (from a manifest or the
+/// headers of local tar shards), as a dataset of several ranks does.
+fn resolve_counted(
+    specs: &[String],
+    format: DatasetFormat,
+    choice: &ManifestChoice,
+    s3: &StoreOptions,
+) -> Result<Vec<Shard>> {
+    let (mut shards, attached) = resolve::resolve_indexed(specs, s3, format, choice, true)?;
+    if let Some(reason) = &attached.ignored {
+        eprintln!("warning: {reason}");
+    }
+    if *choice == ManifestChoice::Auto && attached.used.is_none() {
+        resolve::attach_beside_remote(specs, &mut shards, s3)?;
+    }
+    crate::count::count_local_tar(&mut shards, true)?;
+    if let Some(uncounted) = crate::count::first_uncounted(&shards) {
+        return Err(Error::Config {
+            name: "SPEC",
+            reason: format!(
+                "the sample count of {} is unknown: write a manifest with \
+                 `shardstream index SPEC -o manifest.json` beside the shards",
+                uncounted.url
+            ),
+        });
+    }
+    Ok(shards)
+}
+
+/// The dataset a ledger recorded (or `specs`, when given), resolved with
+/// its sample counts and the order options the ledger recorded.
+fn ledger_dataset(
+    generations: &[ledger::file::Generation],
+    specs: &[String],
+    s3: &StoreOptions,
+) -> std::result::Result<ledger::verify::Dataset, String> {
+    let last = &generations[generations.len() - 1];
+    let meta = &last.meta.dataset;
+    for g in generations {
+        let d = &g.meta.dataset;
+        if d.spec != meta.spec || d.options != meta.options {
+            return Err(format!(
+                "{} and {} recorded different datasets or options: verify checks one \
+                 dataset; move the generations of another job to their own folder",
+                g.dir.display(),
+                last.dir.display()
+            ));
+        }
+    }
+    let specs = if specs.is_empty() { &meta.spec } else { specs };
+    let defaults = crate::config::StreamOptions::default();
+    let format = match meta.option("format").as_str() {
+        Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
+        None => DatasetFormat::Auto,
+    };
+    let choice = match meta.option("manifest") {
+        serde_json::Value::String(path) => manifest::choice_of(path),
+        serde_json::Value::Bool(false) => ManifestChoice::Off,
+        _ => ManifestChoice::Auto,
+    };
+    let remainder = match meta.option("remainder").as_str() {
+        Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
+        None => defaults.remainder,
+    };
+    let shards = resolve_counted(specs, format, &choice, s3).map_err(|e| e.to_string())?;
+    let counts: Vec<u64> = shards
+        .iter()
+        .map(|s| s.info().samples.unwrap_or(0))
+        .collect();
+    let total: u64 = counts.iter().sum();
+    if meta.shards.is_some_and(|n| n != shards.len()) || meta.samples.is_some_and(|n| n != total) {
+        return Err(format!(
+            "the dataset resolves to {} shards of {total} samples, and the ledger was written \
+             over {} shards of {} samples: give the spec it was written with",
+            shards.len(),
+            meta.shards.map_or("?".into(), |n| n.to_string()),
+            meta.samples.map_or("?".into(), |n| n.to_string()),
+        ));
+    }
+    Ok(ledger::verify::Dataset {
+        urls: shards.into_iter().map(|s| s.url).collect(),
+        counts,
+        seed: meta.option("seed").as_u64().unwrap_or(defaults.seed),
+        shuffle_shards: meta
+            .option("shuffle_shards")
+            .as_bool()
+            .unwrap_or(defaults.shuffle_shards),
+        remainder,
+    })
+}
+
+/// `shardstream verify`: prints the report; 0 when every epoch checks, 1
+/// on a violation, 2 when the ledger or the dataset cannot be read.
+fn verify_ledger(
+    dir: &std::path::Path,
+    specs: &[String],
+    json: bool,
+    s3: &StoreOptions,
+    out: &mut dyn Write,
+) -> i32 {
+    let checked = ledger::file::read_ledger(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|generations| {
+            let dataset = ledger_dataset(&generations, specs, s3)?;
+            Ok(ledger::verify::verify(&generations, &dataset))
+        });
+    let report = match checked {
+        Ok(report) => report,
+        Err(reason) => {
+            eprintln!("error: {reason}");
+            return 2;
+        }
+    };
+    let written = if json {
+        serde_json::to_string_pretty(&report)
+            .map_err(std::io::Error::other)
+            .and_then(|text| writeln!(out, "{text}"))
+    } else {
+        write!(out, "{report}")
+    };
+    match written {
+        Err(e) => {
+            eprintln!("error: cannot write the report: {e}");
+            2
+        }
+        Ok(()) if report.ok => 0,
+        Ok(()) => 1,
+    }
+}
+
+/// The step `shardstream explain` asks about.
+struct ExplainStep {
+    rank: usize,
+    step: u64,
+    batch_size: u64,
+    shuffle_buffer: usize,
+    count_samples: bool,
+}
+
+fn explain(
+    specs: &[String],
+    choice: &ManifestChoice,
+    params: &PlanParams,
+    ask: &ExplainStep,
+    s3: &StoreOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    SlotSpec::new(params.world_size, ask.rank, params.num_workers, 0)?;
+    if ask.shuffle_buffer > 0 {
+        return Err(Error::Config {
+            name: "--shuffle-buffer",
+            reason: "with a shuffle buffer, which sample leaves it when depends on the bytes \
+                     of the samples it holds (shuffle_buffer_bytes), not on the plan alone: \
+                     explain answers for shuffle_buffer=0; the ledger (sample_ids=True) \
+                     records what each step saw"
+                .into(),
+        });
+    }
+    // The plan the dataset makes: over counted shards with several ranks
+    // or count_samples=True, else dealing whole shards (counted here only
+    // to cut them into batches).
+    let shards = resolve_counted(specs, DatasetFormat::Auto, choice, s3)?;
+    let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
+    let (planned, _) = resolve::resolve_indexed(specs, s3, DatasetFormat::Auto, choice, true)?;
+    let infos: Vec<_> = if params.world_size > 1 || ask.count_samples {
+        shards.iter().map(Shard::info).collect()
+    } else {
+        planned.iter().map(Shard::info).collect()
+    };
+    let found =
+        ledger::explain::explain_step(&infos, &counts, params, ask.rank, ask.step, ask.batch_size);
+    let step = match found {
+        Ok(step) => step,
+        Err(ledger::explain::ExplainError::PastTheEnd { steps }) => {
+            return Err(Error::Config {
+                name: "--step",
+                reason: format!(
+                    "rank {} takes {steps} steps in epoch {} (steps 0 to {}), not {}",
+                    ask.rank,
+                    params.epoch,
+                    steps.saturating_sub(1),
+                    ask.step
+                ),
+            })
+        }
+        Err(ledger::explain::ExplainError::CountsUnknown) => {
+            return Err(Error::Config {
+                name: "SPEC",
+                reason: "the plan deals whole shards (sample counts unknown): index the \
+                         dataset with `shardstream index`"
+                    .into(),
+            })
+        }
+    };
+    writeln!(
+        out,
+        "epoch {} rank {} step {}: worker {} (its batch {}), {} samples",
+        params.epoch,
+        ask.rank,
+        ask.step,
+        step.worker,
+        step.worker_batch,
+        step.samples.len()
+    )?;
+    for (shard, index) in step.samples {
+        let at = match &shards[shard].index {
+            Some(spans) => format!(" (bytes {}+{})", spans.offset(index), spans.length(index)),
+            None => String::new(),
+        };
+        writeln!(out, "  {} sample {index}{at}", shards[shard].url)?;
     }
     Ok(())
 }

@@ -59,7 +59,8 @@ impl Batch {
 
 /// Collates `samples`: a field whose values are all arrays of one shape
 /// and element type, or all `int`, all `float` or all `bool`, becomes one
-/// stacked array; with `pack_bytes`, a field whose values are all bytes
+/// stacked array, and one whose values are all tuples of `n` ints (such as
+/// `__id__`) an `int64` array of shape `(samples, n)`; with `pack_bytes`, a field whose values are all bytes
 /// becomes one [`Column::Packed`]; other fields become lists.
 ///
 /// Fails when a packed field's bytes are a view of a mapped local shard
@@ -180,6 +181,14 @@ fn stack(values: Vec<Value>) -> Column {
             _ => None,
         })
         .map(ArrayData::Bool),
+        Value::Tuple(head) => {
+            let width = head.len();
+            if let Some(rows) = int_rows(&values, width) {
+                let matrix = Array::new(vec![n, width], ArrayData::I64(rows));
+                return Column::Stacked(matrix.expect("width ints per sample"));
+            }
+            None
+        }
         Value::Array(head) => {
             let same = values.iter().all(|v| {
                 matches!(v, Value::Array(a)
@@ -204,6 +213,26 @@ fn stack(values: Vec<Value>) -> Column {
         Some(data) => Column::Stacked(Array::new(vec![n], data).expect("one per sample")),
         None => Column::Values(values),
     }
+}
+
+/// The ints of every value, row after row, when each is a tuple of
+/// `width` ints (`i64`); else `None`.
+fn int_rows(values: &[Value], width: usize) -> Option<Vec<i64>> {
+    let mut rows = Vec::with_capacity(values.len() * width);
+    for value in values {
+        match value {
+            Value::Tuple(items) if items.len() == width => {
+                for item in items {
+                    match item {
+                        Value::Int(i) => rows.push(*i),
+                        _ => return None,
+                    }
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(rows)
 }
 
 fn numbers<T>(values: &[Value], get: impl Fn(&Value) -> Option<T>) -> Option<Vec<T>> {
@@ -316,6 +345,42 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn tuples_of_ints_of_one_length_stack_into_a_matrix() {
+        let id = |e, s, i| Value::Tuple(vec![Value::Int(e), Value::Int(s), Value::Int(i)]);
+        let batch = collate(
+            vec![
+                sample(0, vec![("__id__", id(1, 2, 3))]),
+                sample(1, vec![("__id__", id(1, 4, 5))]),
+            ],
+            false,
+        )
+        .unwrap();
+        let [(_, Column::Stacked(ids))] = &batch.fields[..] else {
+            panic!("expected a stacked column: {:?}", batch.fields);
+        };
+        assert_eq!(ids.shape, [2, 3]);
+        assert_eq!(ids.data, ArrayData::I64(vec![1, 2, 3, 1, 4, 5]));
+        // Tuples of other lengths or of other values stay a list.
+        for odd in [
+            Value::Tuple(vec![Value::Int(1)]),
+            Value::Tuple(vec![Value::Int(1), Value::UInt(u64::MAX), Value::Int(3)]),
+        ] {
+            let batch = collate(
+                vec![
+                    sample(0, vec![("t", id(1, 2, 3))]),
+                    sample(1, vec![("t", odd.clone())]),
+                ],
+                false,
+            )
+            .unwrap();
+            assert_eq!(
+                batch.fields,
+                vec![("t".to_owned(), Column::Values(vec![id(1, 2, 3), odd]))]
+            );
+        }
     }
 
     #[test]

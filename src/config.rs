@@ -361,6 +361,10 @@ pub struct StreamOptions {
     /// shard), for Python transforms to draw their randomness from. It
     /// changes no sample's order, so resume states ignore it.
     pub sample_seed: bool,
+    /// Give each sample a `__id__` field: `(epoch, shard index, index in
+    /// the shard)`, the id a ledger records (`shardstream.Ledger`). It
+    /// changes no sample's order, so resume states ignore it.
+    pub sample_ids: bool,
 }
 
 /// A dataset option's default, as Python sees it.
@@ -461,7 +465,7 @@ fn core() -> StreamOptions {
 /// takes the [`SampleOrder::Holds`] options in this order, then the
 /// [`SampleOrder::Decides`] ones in this order: reordering them, or
 /// changing their bytes, invalidates every saved state.
-pub static DATASET_OPTIONS: [OptionDef; 28] = [
+pub static DATASET_OPTIONS: [OptionDef; 29] = [
     OptionDef {
         name: "seed",
         python_type: "int",
@@ -673,6 +677,15 @@ pub static DATASET_OPTIONS: [OptionDef; 28] = [
         order: SampleOrder::No,
     },
     OptionDef {
+        name: "sample_ids",
+        python_type: "bool",
+        default: || DefaultValue::Bool(core().sample_ids),
+        doc: "each sample gets a `__id__` `(epoch, shard index, index in shard)`, which \
+              `shardstream.Ledger` records \
+              ([docs/ledger.md](https://github.com/shardstream/shardstream/blob/main/docs/ledger.md))",
+        order: SampleOrder::No,
+    },
+    OptionDef {
         name: "model_parallel_size",
         python_type: "int",
         default: || DefaultValue::Int(1),
@@ -854,6 +867,7 @@ impl Default for StreamOptions {
             batch_rows: 8192,
             cache: None,
             sample_seed: false,
+            sample_ids: false,
         }
     }
 }
@@ -999,6 +1013,12 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Turns the per-sample `__id__` field on or off.
+    pub fn with_sample_ids(mut self, on: bool) -> Self {
+        self.options.sample_ids = on;
+        self
+    }
+
     /// Validates and returns the options.
     pub fn build(self) -> Result<StreamOptions> {
         let o = self.options;
@@ -1038,6 +1058,14 @@ impl StreamOptionsBuilder {
         if o.table_output == TableOutput::Arrow && o.sample_seed {
             return Err(Error::Config {
                 name: "sample_seed",
+                reason: "it adds a field to each sample, and Arrow batches hand out rows \
+                         without per-sample fields: use batch_format=\"dict\""
+                    .into(),
+            });
+        }
+        if o.table_output == TableOutput::Arrow && o.sample_ids {
+            return Err(Error::Config {
+                name: "sample_ids",
                 reason: "it adds a field to each sample, and Arrow batches hand out rows \
                          without per-sample fields: use batch_format=\"dict\""
                     .into(),
@@ -1264,7 +1292,7 @@ mod tests {
     /// it and a value other than its default. The pattern names every field
     /// (no `..`): a field added to the struct does not compile here until it
     /// is listed, with its options.
-    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 19] {
+    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 20] {
         let StreamOptions {
             seed: _,
             shuffle_shards: _,
@@ -1285,6 +1313,7 @@ mod tests {
             batch_rows: _,
             cache: _,
             sample_seed: _,
+            sample_ids: _,
         } = StreamOptions::default();
         let d = StreamOptions::default;
         [
@@ -1440,6 +1469,14 @@ mod tests {
                 &["sample_seed"],
                 StreamOptions {
                     sample_seed: true,
+                    ..d()
+                },
+            ),
+            (
+                "sample_ids",
+                &["sample_ids"],
+                StreamOptions {
+                    sample_ids: true,
                     ..d()
                 },
             ),

@@ -21,6 +21,7 @@ pub mod decode;
 pub mod error;
 pub mod format;
 pub mod index;
+pub mod ledger;
 pub mod location;
 pub mod manifest;
 pub mod pipeline;

@@ -36,6 +36,7 @@ from ._core import (
     resolve_shards,
 )
 from .accelerate import FrameworkWrapperError
+from .ledger import Ledger
 from .randomness import sample_generator, sample_rng, sample_seed
 from .s3 import S3Config
 from .state import elastic_state
@@ -52,6 +53,7 @@ __all__ = [
     "FieldDecodeError",
     "FrameworkWrapperError",
     "Image",
+    "Ledger",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",

@@ -275,6 +275,9 @@ class ShardList:
     ) -> tuple[Callable[..., ShardList], tuple[list[str], Options, str | None, bool, bytes]]:
         """Pickling keeps the resolved shards; see ``_rebuild_shard_list``."""
     @property
+    def specs(self) -> list[str]:
+        """The dataset spec, as given (before listing and expansion)."""
+    @property
     def urls(self) -> list[str]:
         """Shard URLs, in order."""
     @property

@@ -182,6 +182,12 @@ class StreamingDataset(IterableDataset[Any]):
             transformed the same way with any rank or worker count, after
             an exact or elastic resume, and in a ``Mix``. In a Rust batch
             it is an ``int64`` column. Resume states do not depend on it.
+        sample_ids: give each sample a field ``__id__``, the tuple
+            ``(epoch, shard index, index in shard)`` of ints that
+            ``shardstream.Ledger`` records and ``shardstream verify``
+            checks. DataLoader's default collate makes it a list of 3
+            ``int64`` tensors; a Rust batch an ``int64`` array of shape
+            ``(batch_size, 3)``. Resume states do not depend on it.
         model_parallel_size: ranks per model-parallel (tensor or context
             parallel) group: ranks ``g * size`` to ``(g + 1) * size - 1``
             form data-parallel rank ``g`` of ``world_size // size``, and

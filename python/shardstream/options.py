@@ -61,6 +61,7 @@ class DatasetOptions(TypedDict, total=False):
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
     sample_seed: bool
+    sample_ids: bool
     model_parallel_size: int
     cache_dir: str | os.PathLike[str] | None
     cache_limit_bytes: int | None

@@ -32,7 +32,7 @@ use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
 use crate::compression::Compression;
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
-use crate::format::Value;
+use crate::format::{SampleId, Value};
 use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
@@ -88,6 +88,8 @@ pub struct SampleStream {
     /// The dataset seed, when each sample gets its `__seed__` field
     /// (`sample_seed`).
     sample_seed: Option<u64>,
+    /// Whether each sample gets its `__id__` field (`sample_ids`).
+    sample_ids: bool,
     done: bool,
     finished: bool,
     counters: Arc<Counters>,
@@ -167,6 +169,7 @@ impl SampleStream {
             },
             compressed: CompressedShards::default(),
             sample_seed: options.sample_seed.then_some(options.seed),
+            sample_ids: options.sample_ids,
             done: false,
             finished,
             counters,
@@ -390,27 +393,46 @@ impl SampleStream {
         self.queued_counted = queued;
     }
 
-    /// `event` with its sample's `__seed__` field, when `sample_seed` is on:
-    /// added here, as the sample leaves, so that the shuffle buffer and
-    /// the read-ahead never hold it.
+    /// `event` with its sample's `__seed__` field, when `sample_seed` is
+    /// on, and its `__id__` field, when `sample_ids` is on: added here, as
+    /// the sample leaves, so that the shuffle buffer and the read-ahead
+    /// never hold them.
     fn with_seed(&self, event: Event) -> Event {
-        match (event, self.sample_seed) {
-            (Event::Sample(mut sample), Some(seed)) => {
-                let context = SampleContext {
-                    seed,
-                    epoch: self.identity.epoch,
-                    shard: sample.id.shard,
-                    index: sample.id.index,
-                };
-                sample.fields.push((
-                    TRANSFORM_SEED_FIELD.to_owned(),
-                    Value::Int(context.transform_seed()),
-                ));
+        match event {
+            Event::Sample(mut sample) => {
+                if let Some(seed) = self.sample_seed {
+                    let context = SampleContext {
+                        seed,
+                        epoch: self.identity.epoch,
+                        shard: sample.id.shard,
+                        index: sample.id.index,
+                    };
+                    sample.fields.push((
+                        TRANSFORM_SEED_FIELD.to_owned(),
+                        Value::Int(context.transform_seed()),
+                    ));
+                }
+                if self.sample_ids {
+                    sample.fields.push((
+                        SAMPLE_ID_FIELD.to_owned(),
+                        sample_id_value(self.identity.epoch, sample.id),
+                    ));
+                }
                 Event::Sample(sample)
             }
-            (event, _) => event,
+            event => event,
         }
     }
+}
+
+/// The field that carries a sample's id (`sample_ids`).
+pub const SAMPLE_ID_FIELD: &str = "__id__";
+
+/// A sample's `__id__`: the tuple `(epoch, shard index, index in shard)`,
+/// each an `int` (unsigned beyond `i64`).
+fn sample_id_value(epoch: u64, id: SampleId) -> Value {
+    let int = |n: u64| i64::try_from(n).map_or(Value::UInt(n), Value::Int);
+    Value::Tuple(vec![int(epoch), int(id.shard as u64), int(id.index)])
 }
 
 impl Iterator for SampleStream {

@@ -517,6 +517,7 @@ impl Options {
                     builder
                 }
                 "sample_seed" => builder.with_sample_seed(boolean(&name, &value)?),
+                "sample_ids" => builder.with_sample_ids(boolean(&name, &value)?),
                 // Ranks per model-parallel group, read by the Python side:
                 // consecutive ranks `g * size .. (g + 1) * size` read the
                 // same samples, as data-parallel rank `g`.

@@ -203,6 +203,12 @@ impl ShardList {
             .collect()
     }
 
+    /// The dataset spec, as given (before listing and expansion).
+    #[getter]
+    fn specs(&self) -> Vec<String> {
+        self.specs.clone()
+    }
+
     /// Shard URLs, in order.
     #[getter]
     fn urls(&self) -> Vec<String> {

@@ -234,6 +234,7 @@ OTHER_VALUES: dict[str, Any] = {
     "count_samples": True,
     "transform": identity,
     "sample_seed": True,
+    "sample_ids": True,
     "model_parallel_size": 1,
     "cache_dir": "CACHE",
     "cache_limit_bytes": 1 << 30,

@@ -64,6 +64,8 @@ def test_options_round_trip_through_pickle():
         ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
         ({"s3": 5}, TypeError, ["s3", "S3Config"]),
         ({"local_bytes_by_reference": None}, TypeError, ["local_bytes_by_reference"]),
+        ({"sample_ids": 1}, TypeError, ["sample_ids"]),
+        ({"sample_ids": None}, TypeError, ["sample_ids"]),
         ({"worker_shared_memory_bytes": -1}, ValueError, ["worker_shared_memory_bytes"]),
         ({"worker_shared_memory_bytes": True}, TypeError, ["worker_shared_memory_bytes", "int"]),
         ({"transform": "upper"}, TypeError, ["transform", "a callable or None", "'upper'"]),

@@ -1,0 +1,411 @@
+"""``shardstream.Ledger``: a per-rank record of the samples each optimizer
+step consumed, for ``shardstream verify`` to prove each epoch's coverage.
+
+The dataset must be made with ``sample_ids=True`` (every sample then carries
+``__id__ = (epoch, shard index, index in shard)``). The ledger is a folder::
+
+    LEDGER_DIR/gen-000000/meta.json      what the run was (dataset, layout, first step)
+    LEDGER_DIR/gen-000000/rank-00000.bin one append-only file of step records per rank
+
+A new generation starts with each run: at step 0, or at ``resume_step``
+after a resume, and its records of that step and later supersede, on every
+rank, what earlier generations recorded. docs/ledger.md has the file format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ._core import option_table
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .dataset import StreamingDataset
+
+__all__ = ["Ledger"]
+
+LEDGER_FORMAT = "shardstream.ledger"
+LEDGER_VERSION = 1
+
+TRAINED, SKIPPED, EPOCH_END = 0, 1, 2
+"""Record kinds: a step trained on its samples, skipped them, or the epoch ended."""
+
+_HEADER = struct.Struct("<QQII")
+
+
+def _generation_dir(generation: int) -> str:
+    return f"gen-{generation:06d}"
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.bin"
+
+
+def _existing_generations(directory: Path) -> list[int]:
+    """The generation numbers in ``directory`` (folders ``gen-NNNNNN``)."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for entry in directory.iterdir():
+        number = entry.name.removeprefix("gen-")
+        if entry.name.startswith("gen-") and number.isdigit() and entry.is_dir():
+            found.append(int(number))
+    return sorted(found)
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` as JSON takes it (other objects as their ``repr``)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return repr(value)
+
+
+def dataset_meta(dataset: StreamingDataset) -> dict[str, Any]:
+    """What ``shardstream verify`` needs to replay ``dataset``'s plan: its
+    spec as given, the options that decide the order of samples (the
+    options table's ``order`` marker), the manifest in use, and its size."""
+    given = dataset.options.to_dict()
+    options = {
+        row["name"]: _json_value(given[row["name"]])
+        for row in option_table()
+        if row["affects_order"] and row["name"] != "model_parallel_size"
+    }
+    shard_list = dataset.shard_list
+    if shard_list.manifest_path is not None and options.get("manifest") is not False:
+        options["manifest"] = os.fspath(shard_list.manifest_path)
+    counts = shard_list.sample_counts
+    return {
+        "spec": list(shard_list.specs),
+        "options": options,
+        "shards": len(shard_list),
+        "samples": None if counts is None else sum(counts),
+    }
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """A tensor (on any device), array, list or int as a numpy array."""
+    import numpy as np
+
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def sample_ids(batch: Any) -> np.ndarray:
+    """The ``(epoch, shard, index)`` rows of ``batch``'s ``__id__``: a
+    DataLoader batch (a list of 3 tensors), a Rust batch (a ``(B, 3)``
+    array) or one sample (a tuple of 3 ints). Raises ``ValueError`` when
+    there is none."""
+    import numpy as np
+
+    if not isinstance(batch, Mapping) or "__id__" not in batch:
+        kind = f"keys {sorted(batch)[:8]}" if isinstance(batch, Mapping) else type(batch).__name__
+        raise ValueError(
+            f"the batch has no __id__ field ({kind}): create the dataset with "
+            "sample_ids=True, and keep __id__ in the batch when a transform or collate_fn "
+            "rebuilds it"
+        )
+    ids = batch["__id__"]
+    if isinstance(ids, (list, tuple)) and len(ids) == 3 and not np.isscalar(ids[0]):
+        # default_collate: one tensor per component.
+        rows = np.stack([_as_array(part).reshape(-1) for part in ids], axis=1)
+    else:
+        rows = _as_array(ids)
+    rows = rows.reshape(-1, 3) if rows.ndim == 1 and rows.size == 3 else rows
+    if rows.ndim != 2 or rows.shape[1] != 3 or not np.issubdtype(rows.dtype, np.integer):
+        raise ValueError(
+            f"__id__ is not (epoch, shard, index) per sample: got an array of shape "
+            f"{rows.shape} and type {rows.dtype}"
+        )
+    return rows.astype(np.uint64)
+
+
+class Ledger:
+    """The sample ledger of one rank: the ids each step consumed, appended
+    to ``directory/gen-NNNNNN/rank-RRRRR.bin``, flushed per step.
+
+    Args:
+        directory: the ledger folder, shared by every rank (and run) of the job.
+        dataset: the ``StreamingDataset`` (made with ``sample_ids=True``).
+        resume_step: the first step this run takes after resuming from a
+            checkpoint (the number of steps done when it was saved, as
+            ``checkpoint()`` returned it); ``None`` for a fresh run (step 0).
+            This run's records of that step and later supersede, on every
+            rank, what earlier runs recorded.
+        rank, world_size: the data-parallel slot; default: the dataset's
+            (``torch.distributed``, else ``RANK``/``WORLD_SIZE``). Ranks of
+            one model-parallel group read the same samples: only the first
+            of each group writes.
+        num_workers: the DataLoader's ``num_workers`` (``track`` fills it
+            in from the loader when not given).
+
+    Each run opens a new generation, numbered after the folder's last.
+    Under an initialised ``torch.distributed`` process group rank 0 picks
+    the number and broadcasts it: the constructor is then a collective,
+    to be called on every rank. Without it, rank 0 makes the generation
+    and the other ranks join the newest one, so rank 0's ``Ledger`` must
+    be made first (in-process simulations, or ranks started without a
+    process group).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        dataset: StreamingDataset,
+        *,
+        resume_step: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_workers: int | None = None,
+    ) -> None:
+        for name, value in (
+            ("resume_step", resume_step),
+            ("rank", rank),
+            ("world_size", world_size),
+            ("num_workers", num_workers),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"Ledger {name}: expected None or an int, got {value!r}")
+            if value is not None and value < (1 if name in ("world_size", "num_workers") else 0):
+                raise ValueError(f"Ledger {name}: out of range, got {value}")
+        if not dataset.options["sample_ids"]:
+            raise ValueError(
+                "the dataset hands out no sample ids: create it with sample_ids=True for "
+                "a Ledger to record"
+            )
+        self.directory = Path(directory)
+        data_rank, data_world = dataset.distributed_slot()
+        process_rank, _ = dataset.process_slot()
+        group = int(dataset.options["model_parallel_size"])
+        self.rank = data_rank if rank is None else rank
+        self.world_size = data_world if world_size is None else world_size
+        if self.rank >= self.world_size:
+            raise ValueError(f"Ledger rank: {self.rank} is not below world_size {self.world_size}")
+        # Ranks of a model-parallel group see the same samples: one writes.
+        self._writes = rank is not None or process_rank % group == 0
+        self.start_step = 0 if resume_step is None else resume_step
+        self._num_workers_given = num_workers is not None
+        self._next_step = self.start_step
+        self._last_step: int | None = None
+        meta = {
+            "format": LEDGER_FORMAT,
+            "version": LEDGER_VERSION,
+            "generation": 0,
+            "start_step": self.start_step,
+            "world_size": self.world_size,
+            "num_workers": num_workers if num_workers is not None else 1,
+            "dataset": dataset_meta(dataset),
+        }
+        self.generation = self._open_generation(meta)
+        self._file: BinaryIO | None = None
+        if self._writes:
+            path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
+            self._file = open(path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+
+    @property
+    def path(self) -> Path:
+        """This generation's folder."""
+        return self.directory / _generation_dir(self.generation)
+
+    def _open_generation(self, meta: dict[str, Any]) -> int:
+        """The number of this run's generation, its folder made (by rank 0)."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            chosen: list[Any] = [None]
+            if dist.get_rank() == 0:
+                try:
+                    chosen = [self._create_generation(meta)]
+                except OSError as error:
+                    chosen = [f"cannot create the ledger generation in {self.directory}: {error}"]
+            dist.broadcast_object_list(chosen, src=0)
+            if isinstance(chosen[0], str):
+                raise OSError(chosen[0])
+            return int(chosen[0])
+        if self.rank == 0:
+            return self._create_generation(meta)
+        return self._join_generation(meta)
+
+    def _create_generation(self, meta: dict[str, Any]) -> int:
+        """Makes the folder's next generation with ``meta``; its number."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        existing = _existing_generations(self.directory)
+        generation = existing[-1] + 1 if existing else 0
+        while True:
+            folder = self.directory / _generation_dir(generation)
+            try:
+                folder.mkdir()
+                break
+            except FileExistsError:
+                generation += 1
+        meta["generation"] = generation
+        _write_json(folder / "meta.json", meta)
+        return generation
+
+    def _join_generation(self, meta: dict[str, Any]) -> int:
+        """The newest generation, made by rank 0 for this run."""
+        existing = _existing_generations(self.directory)
+        if not existing:
+            raise ValueError(
+                f"ledger {self.directory} has no generation for rank {self.rank} to join: "
+                "make rank 0's Ledger first (or initialise torch.distributed)"
+            )
+        generation = existing[-1]
+        folder = self.directory / _generation_dir(generation)
+        theirs = json.loads((folder / "meta.json").read_text())
+        mine = (self.start_step, self.world_size)
+        if (theirs["start_step"], theirs["world_size"]) != mine or (
+            folder / _rank_file(self.rank)
+        ).exists():
+            raise ValueError(
+                f"ledger {self.directory}: the newest generation ({folder.name}, from step "
+                f"{theirs['start_step']}, world_size {theirs['world_size']}) is not this "
+                f"run's (from step {self.start_step}, world_size {self.world_size}) or "
+                f"already has rank {self.rank}: make rank 0's Ledger of this run first"
+            )
+        return generation
+
+    def _write(self, step: int, epoch: int, kind: int, ids: np.ndarray) -> None:
+        import numpy as np
+
+        if self._file is None:
+            if self._writes:
+                raise ValueError(f"ledger {self.path} rank {self.rank} is closed")
+            return
+        body = np.ascontiguousarray(ids, dtype="<u8").tobytes()
+        # One write per record: a crash leaves at most the last one cut short.
+        self._file.write(_HEADER.pack(step, epoch, len(ids), kind) + body)
+
+    def record(self, batch: Any, step: int | None = None) -> int:
+        """Records the samples of ``batch`` as trained at ``step`` (default:
+        the step after the previous one; this run's first is
+        ``resume_step``). Returns the step."""
+        return self._record(batch, step, TRAINED)
+
+    def _record(self, batch: Any, step: int | None, kind: int) -> int:
+        import numpy as np
+
+        rows = sample_ids(batch)
+        epochs = np.unique(rows[:, 0])
+        if len(epochs) != 1:
+            raise ValueError(
+                f"a step's samples come from one epoch; this batch has epochs {epochs.tolist()}"
+            )
+        step = self._next_step if step is None else step
+        if step < self.start_step:
+            raise ValueError(
+                f"step {step} is before this run's first step {self.start_step} (resume_step)"
+            )
+        self._write(step, int(epochs[0]), kind, rows[:, 1:])
+        self._last_step = step
+        self._next_step = step + 1
+        return step
+
+    def epoch_end(self, epoch: int) -> None:
+        """Records that this rank has taken every batch of ``epoch``."""
+        import numpy as np
+
+        step = self._last_step if self._last_step is not None else self.start_step
+        self._write(step, epoch, EPOCH_END, np.empty((0, 2), dtype=np.uint64))
+
+    def track(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """Iterates ``loader`` (a DataLoader, or an iterator already
+        started), recording each batch as a step before handing it out, and
+        the end of the epoch when the iteration ends."""
+        workers = getattr(loader, "num_workers", None)
+        if not self._num_workers_given and isinstance(workers, int) and self._last_step is None:
+            self._set_num_workers(max(workers, 1))
+        epoch = None
+        for batch in loader:
+            self.record(batch)
+            epoch = int(sample_ids(batch)[0, 0])
+            yield batch
+        if epoch is not None:
+            self.epoch_end(epoch)
+
+    def _set_num_workers(self, num_workers: int) -> None:
+        """Writes ``num_workers`` into this generation's meta (rank 0, before any step)."""
+        if self.rank != 0 or not self._writes:
+            return
+        meta_path = self.path / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        if meta["num_workers"] != num_workers:
+            meta["num_workers"] = num_workers
+            _write_json(meta_path, meta)
+
+    def skip_steps(self, count: int, loader_iterator: Iterator[Any]) -> int:
+        """Draws ``count`` batches from ``loader_iterator`` and records them as
+        skipped (the data of a loss spike, left out on purpose): the
+        iterator goes on after them, and ``verify`` counts their samples
+        as taken. Returns the batches drawn (fewer when the epoch ends
+        first; its end is then recorded)."""
+        drawn = 0
+        epoch = None
+        for _ in range(count):
+            try:
+                batch = next(loader_iterator)
+            except StopIteration:
+                if epoch is not None:
+                    self.epoch_end(epoch)
+                break
+            self._record(batch, None, SKIPPED)
+            epoch = int(sample_ids(batch)[0, 0])
+            drawn += 1
+        return drawn
+
+    def checkpoint(self, step: int | None = None) -> int:
+        """Makes what this rank recorded durable (``fsync``): call it where
+        the training state is saved. Returns the step a run resumed from
+        this checkpoint takes first (``step`` when given, else the step
+        after the last recorded), its ``resume_step``."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+        return self._next_step if step is None else step
+
+    def close(self) -> None:
+        """Makes the records durable and closes this rank's file."""
+        if self._file is not None:
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+        self._writes = False
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Ledger({os.fspath(self.directory)!r}, generation={self.generation}, "
+            f"rank={self.rank}, world_size={self.world_size}, start_step={self.start_step})"
+        )
+
+
+def _write_json(path: Path, value: Mapping[str, Any]) -> None:
+    """Writes ``value`` to ``path`` whole or not at all (a renamed temporary file)."""
+    partial = path.with_suffix(".json.partial")
+    with open(partial, "w") as out:
+        json.dump(value, out, indent=1)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)

@@ -1,0 +1,390 @@
+//! The ledger on disk: one folder per generation (`gen-000000/`) holding
+//! `meta.json` and one append-only file of step records per rank
+//! (`rank-00000.bin`), read back whole. A record cut short at the end of a
+//! file (the writer died mid-write) is left out and reported, never read.
+//!
+//! A record, little-endian: `u64` step, `u64` epoch, `u32` count, `u32`
+//! kind ([`RecordKind`]), then `count` sample ids, each `u64` shard index
+//! and `u64` index in the shard.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The `format` field of every generation's `meta.json`.
+pub const LEDGER_FORMAT: &str = "shardstream.ledger";
+/// The ledger version this build reads.
+pub const LEDGER_VERSION: u32 = 1;
+/// Bytes of a record's header (step, epoch, count, kind).
+pub const HEADER_BYTES: usize = 24;
+/// Bytes of one sample id in a record.
+pub const ID_BYTES: usize = 16;
+
+/// A ledger that cannot be read: the file and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadError {
+    /// The file or folder.
+    pub path: String,
+    /// What is wrong, and how to fix it where that can be said.
+    pub reason: String,
+}
+
+impl fmt::Display for ReadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.reason)
+    }
+}
+
+impl std::error::Error for ReadError {}
+
+fn read_error(path: &Path, reason: impl Into<String>) -> ReadError {
+    ReadError {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// What the dataset of a ledger was: what replaying its plan needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DatasetMeta {
+    /// The dataset spec, as given to the dataset.
+    pub spec: Vec<String>,
+    /// The options that decide the order of samples (and how the shards
+    /// are found): `seed`, `shuffle_shards`, `remainder`, `manifest`,
+    /// `format`, ...
+    #[serde(default)]
+    pub options: serde_json::Map<String, serde_json::Value>,
+    /// Number of shards the dataset resolved to.
+    #[serde(default)]
+    pub shards: Option<usize>,
+    /// Samples in one epoch, when every shard's count was known.
+    #[serde(default)]
+    pub samples: Option<u64>,
+    /// The resume-state fingerprint of the dataset and options, if known.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
+}
+
+impl DatasetMeta {
+    /// Option `name` as a JSON value (`null` when not recorded).
+    pub fn option(&self, name: &str) -> &serde_json::Value {
+        self.options.get(name).unwrap_or(&serde_json::Value::Null)
+    }
+}
+
+/// A generation's `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Always [`LEDGER_FORMAT`].
+    pub format: String,
+    /// Always [`LEDGER_VERSION`].
+    pub version: u32,
+    /// The generation's number (its folder's).
+    pub generation: u64,
+    /// The first step this generation records: its records of this step
+    /// and later supersede every earlier generation's.
+    pub start_step: u64,
+    /// Ranks of the job.
+    pub world_size: usize,
+    /// DataLoader workers per rank.
+    pub num_workers: usize,
+    /// The dataset.
+    pub dataset: DatasetMeta,
+}
+
+/// What a record says of its step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordKind {
+    /// The step trained on its samples.
+    Trained,
+    /// The step's samples were drawn and deliberately not trained on
+    /// (`Ledger.skip_steps`).
+    Skipped,
+    /// The rank reached the end of the epoch (no samples).
+    EpochEnd,
+}
+
+impl RecordKind {
+    fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(RecordKind::Trained),
+            1 => Some(RecordKind::Skipped),
+            2 => Some(RecordKind::EpochEnd),
+            _ => None,
+        }
+    }
+
+    /// The kind's code in a record.
+    pub fn code(self) -> u32 {
+        match self {
+            RecordKind::Trained => 0,
+            RecordKind::Skipped => 1,
+            RecordKind::EpochEnd => 2,
+        }
+    }
+}
+
+/// One step of one rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The optimizer step.
+    pub step: u64,
+    /// The epoch of the step's samples.
+    pub epoch: u64,
+    /// What the record says.
+    pub kind: RecordKind,
+    /// The samples, as `(shard index, index in shard)`.
+    pub ids: Vec<(u64, u64)>,
+}
+
+impl Record {
+    /// The record's bytes, as the writer appends them.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(HEADER_BYTES + ID_BYTES * self.ids.len());
+        bytes.extend_from_slice(&self.step.to_le_bytes());
+        bytes.extend_from_slice(&self.epoch.to_le_bytes());
+        let count = u32::try_from(self.ids.len()).expect("at most u32::MAX samples a step");
+        bytes.extend_from_slice(&count.to_le_bytes());
+        bytes.extend_from_slice(&self.kind.code().to_le_bytes());
+        for (shard, index) in &self.ids {
+            bytes.extend_from_slice(&shard.to_le_bytes());
+            bytes.extend_from_slice(&index.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+/// The bytes at the end of a rank's file that do not make a whole record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TornTail {
+    /// Where the cut record starts.
+    pub offset: u64,
+    /// Its bytes present.
+    pub bytes: u64,
+}
+
+/// The records of one rank's file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RankLog {
+    /// The records, in file order.
+    pub records: Vec<Record>,
+    /// A record cut short at the end, left out.
+    pub torn: Option<TornTail>,
+}
+
+/// Parses a rank file's bytes; `path` names it in errors. A record cut
+/// short at the end is reported in [`RankLog::torn`]; a record of an
+/// unknown kind is an error.
+pub fn parse_records(bytes: &[u8], path: &Path) -> Result<RankLog, ReadError> {
+    let mut log = RankLog::default();
+    let mut at = 0usize;
+    let u64_at = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_le_bytes(bytes[i..i + 4].try_into().expect("4 bytes"));
+    while at < bytes.len() {
+        let left = bytes.len() - at;
+        let torn = TornTail {
+            offset: at as u64,
+            bytes: left as u64,
+        };
+        if left < HEADER_BYTES {
+            log.torn = Some(torn);
+            break;
+        }
+        let (step, epoch, count, code) =
+            (u64_at(at), u64_at(at + 8), u32_at(at + 16), u32_at(at + 20));
+        let Some(kind) = RecordKind::from_code(code) else {
+            return Err(read_error(
+                path,
+                format!(
+                    "the record at byte {at} has kind {code} (expected 0 trained, 1 skipped \
+                     or 2 epoch end): not a ledger file, or a damaged one"
+                ),
+            ));
+        };
+        if kind == RecordKind::EpochEnd && count != 0 {
+            return Err(read_error(
+                path,
+                format!("the epoch-end record at byte {at} lists {count} samples (expected 0)"),
+            ));
+        }
+        let body = count as usize * ID_BYTES;
+        if left - HEADER_BYTES < body {
+            log.torn = Some(torn);
+            break;
+        }
+        let ids = (0..count as usize)
+            .map(|i| {
+                let from = at + HEADER_BYTES + i * ID_BYTES;
+                (u64_at(from), u64_at(from + 8))
+            })
+            .collect();
+        log.records.push(Record {
+            step,
+            epoch,
+            kind,
+            ids,
+        });
+        at += HEADER_BYTES + body;
+    }
+    Ok(log)
+}
+
+/// One generation: its meta and each rank's records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its `meta.json`.
+    pub meta: Meta,
+    /// Each rank's records (`ranks[r]` for rank `r`; empty when the rank
+    /// wrote no file).
+    pub ranks: Vec<RankLog>,
+}
+
+/// The name of generation `generation`'s folder.
+pub fn generation_dir_name(generation: u64) -> String {
+    format!("gen-{generation:06}")
+}
+
+/// The name of rank `rank`'s file in a generation's folder.
+pub fn rank_file_name(rank: usize) -> String {
+    format!("rank-{rank:05}.bin")
+}
+
+/// Reads every generation of the ledger in `dir`, in generation order.
+pub fn read_ledger(dir: &Path) -> Result<Vec<Generation>, ReadError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        read_error(
+            dir,
+            format!("cannot list the ledger folder: {e} (give the folder passed to Ledger())"),
+        )
+    })?;
+    let mut generations = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| read_error(dir, format!("cannot list: {e}")))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(number) = name.strip_prefix("gen-") else {
+            continue;
+        };
+        if number.parse::<u64>().is_err() {
+            continue;
+        }
+        generations.push(read_generation(&entry.path())?);
+    }
+    if generations.is_empty() {
+        return Err(read_error(
+            dir,
+            "holds no generation (gen-NNNNNN/meta.json): not a ledger folder",
+        ));
+    }
+    generations.sort_by_key(|g| g.meta.generation);
+    Ok(generations)
+}
+
+/// Reads one generation's folder.
+pub fn read_generation(dir: &Path) -> Result<Generation, ReadError> {
+    let meta_path = dir.join("meta.json");
+    let text = std::fs::read_to_string(&meta_path)
+        .map_err(|e| read_error(&meta_path, format!("cannot read: {e}")))?;
+    let meta: Meta = serde_json::from_str(&text)
+        .map_err(|e| read_error(&meta_path, format!("not a ledger meta.json: {e}")))?;
+    if meta.format != LEDGER_FORMAT || meta.version != LEDGER_VERSION {
+        return Err(read_error(
+            &meta_path,
+            format!(
+                "expected format {LEDGER_FORMAT:?} version {LEDGER_VERSION}, got {:?} version {}",
+                meta.format, meta.version
+            ),
+        ));
+    }
+    let expected = generation_dir_name(meta.generation);
+    if dir
+        .file_name()
+        .is_some_and(|name| name != expected.as_str())
+    {
+        return Err(read_error(
+            &meta_path,
+            format!(
+                "says generation {}, in a folder not named {expected}",
+                meta.generation
+            ),
+        ));
+    }
+    if meta.world_size == 0 || meta.num_workers == 0 {
+        return Err(read_error(
+            &meta_path,
+            "world_size and num_workers must be at least 1",
+        ));
+    }
+    let mut ranks = Vec::with_capacity(meta.world_size);
+    for rank in 0..meta.world_size {
+        let path = dir.join(rank_file_name(rank));
+        let log = match std::fs::read(&path) {
+            Ok(bytes) => parse_records(&bytes, &path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RankLog::default(),
+            Err(e) => return Err(read_error(&path, format!("cannot read: {e}"))),
+        };
+        ranks.push(log);
+    }
+    Ok(Generation {
+        dir: dir.to_owned(),
+        meta,
+        ranks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(step: u64, kind: RecordKind, ids: &[(u64, u64)]) -> Record {
+        Record {
+            step,
+            epoch: 3,
+            kind,
+            ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn records_read_back_as_written() {
+        let records = vec![
+            record(0, RecordKind::Trained, &[(1, 2), (3, 4)]),
+            record(1, RecordKind::Skipped, &[(5, 6)]),
+            record(1, RecordKind::EpochEnd, &[]),
+        ];
+        let bytes: Vec<u8> = records.iter().flat_map(Record::to_bytes).collect();
+        assert_eq!(bytes.len(), 3 * HEADER_BYTES + 3 * ID_BYTES);
+        let log = parse_records(&bytes, Path::new("r")).unwrap();
+        assert_eq!((log.records, log.torn), (records, None));
+    }
+
+    #[test]
+    fn a_record_cut_short_is_left_out_and_reported() {
+        let first = record(0, RecordKind::Trained, &[(1, 2)]).to_bytes();
+        let second = record(1, RecordKind::Trained, &[(3, 4), (5, 6)]).to_bytes();
+        for cut in [1, HEADER_BYTES - 1, HEADER_BYTES, second.len() - 1] {
+            let bytes = [&first[..], &second[..cut]].concat();
+            let log = parse_records(&bytes, Path::new("r")).unwrap();
+            assert_eq!(log.records.len(), 1);
+            assert_eq!(
+                log.torn,
+                Some(TornTail {
+                    offset: first.len() as u64,
+                    bytes: cut as u64
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_kind_is_an_error_naming_the_file_and_offset() {
+        let mut bytes = record(0, RecordKind::Trained, &[]).to_bytes();
+        bytes[20] = 9;
+        let error = parse_records(&bytes, Path::new("gen-000000/rank-00000.bin")).unwrap_err();
+        assert!(error.to_string().contains("rank-00000.bin"), "{error}");
+        assert!(error.reason.contains("byte 0 has kind 9"), "{error}");
+    }
+}

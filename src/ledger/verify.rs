@@ -1,0 +1,907 @@
+//! The verifier: a ledger's records checked against the plan they came
+//! from. Pure: the ledger as read ([`super::file`]) and the dataset's shard
+//! counts and order options in, a [`Report`] out.
+//!
+//! For each step the record of the latest generation whose `start_step` is
+//! at or before it counts (a resumed run supersedes, job-wide, what the
+//! earlier run recorded from its checkpoint on). Each epoch the records
+//! cover is then replayed against the epoch's global sample sequence
+//! (shards in [`plan::epoch_order`], samples in shard order): no sample
+//! comes twice beyond what `remainder="pad"` repeats, no id lies outside
+//! the dataset, every rank of a generation took as many steps in the
+//! epoch, and a complete epoch left out no sample beyond what
+//! `remainder="drop"` leaves out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use super::file::{Generation, Record, RecordKind, TornTail};
+use crate::plan::{self, PlanParams, Remainder, ShardInfo};
+
+/// The dataset a ledger is checked against: its shards' URLs and sample
+/// counts, and the options that order an epoch.
+#[derive(Debug, Clone)]
+pub struct Dataset {
+    /// Shard URLs, in listed order (shard index = position).
+    pub urls: Vec<String>,
+    /// Each shard's sample count.
+    pub counts: Vec<u64>,
+    /// The job's seed.
+    pub seed: u64,
+    /// Whether each epoch shuffles the shard order.
+    pub shuffle_shards: bool,
+    /// The remainder policy of equal-length epochs.
+    pub remainder: Remainder,
+}
+
+/// Where a sample was taken: a step of a rank in a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Place {
+    /// Generation number.
+    pub generation: u64,
+    /// Rank.
+    pub rank: usize,
+    /// Optimizer step.
+    pub step: u64,
+    /// Whether the step skipped its samples rather than trained on them.
+    pub skipped: bool,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let skipped = if self.skipped { " (skipped)" } else { "" };
+        write!(
+            f,
+            "step {} of rank {} in generation {}{skipped}",
+            self.step, self.rank, self.generation
+        )
+    }
+}
+
+/// A sample, named by its shard and index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SampleName {
+    /// Shard index.
+    pub shard: u64,
+    /// The shard's URL, when the shard is one of the dataset's.
+    pub url: Option<String>,
+    /// Index in the shard.
+    pub index: u64,
+}
+
+impl fmt::Display for SampleName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.url {
+            Some(url) => write!(f, "sample {} of {url}", self.index),
+            None => write!(f, "sample {} of shard index {}", self.index, self.shard),
+        }
+    }
+}
+
+/// What broke exactly-once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Violation {
+    /// A sample came twice in one epoch (beyond what padding repeats).
+    Twice {
+        /// The epoch.
+        epoch: u64,
+        /// The sample.
+        sample: SampleName,
+        /// Where it came first.
+        first: Place,
+        /// Where it came again.
+        again: Place,
+    },
+    /// An id that is not one of the dataset's samples.
+    NotInDataset {
+        /// The epoch.
+        epoch: u64,
+        /// The id.
+        sample: SampleName,
+        /// Where it was recorded.
+        place: Place,
+    },
+    /// A complete epoch left a sample out (beyond what `remainder="drop"`
+    /// leaves out).
+    Missing {
+        /// The epoch.
+        epoch: u64,
+        /// The first sample left out, in epoch order.
+        sample: SampleName,
+        /// Samples left out beyond the remainder's allowance.
+        count: u64,
+        /// The generation whose plan held it (the epoch's first).
+        generation: u64,
+        /// The rank whose plan held it.
+        rank: usize,
+        /// The DataLoader worker of that rank whose plan held it.
+        worker: usize,
+    },
+    /// The ranks of a generation took different numbers of steps in an epoch.
+    UnequalSteps {
+        /// The epoch.
+        epoch: u64,
+        /// The generation.
+        generation: u64,
+        /// Steps each rank took (index = rank).
+        steps: Vec<u64>,
+    },
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Twice {
+                epoch,
+                sample,
+                first,
+                again,
+            } => write!(
+                f,
+                "{sample} came twice in epoch {epoch}: at {first} and again at {again}"
+            ),
+            Violation::NotInDataset {
+                epoch,
+                sample,
+                place,
+            } => write!(
+                f,
+                "{sample} (epoch {epoch}, at {place}) is not a sample of the dataset: \
+                 the ledger was written over other data"
+            ),
+            Violation::Missing {
+                epoch,
+                sample,
+                count,
+                generation,
+                rank,
+                worker,
+            } => write!(
+                f,
+                "epoch {epoch} is complete and {count} samples never came, the first \
+                 {sample}, which the plan of generation {generation} gave to rank {rank} \
+                 (worker {worker})"
+            ),
+            Violation::UnequalSteps {
+                epoch,
+                generation,
+                steps,
+            } => write!(
+                f,
+                "in epoch {epoch} the ranks of generation {generation} took unequal numbers \
+                 of steps: {steps:?} (by rank)"
+            ),
+        }
+    }
+}
+
+/// One generation as verify saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GenerationSummary {
+    /// Generation number.
+    pub generation: u64,
+    /// Its first step.
+    pub start_step: u64,
+    /// Its ranks.
+    pub world_size: usize,
+    /// Its DataLoader workers per rank.
+    pub num_workers: usize,
+    /// Its records that count (not superseded by a later generation).
+    pub records: u64,
+    /// Its records superseded by a later generation.
+    pub superseded: u64,
+}
+
+/// A rank file whose last record was cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TornRecord {
+    /// Generation number.
+    pub generation: u64,
+    /// Rank.
+    pub rank: usize,
+    /// The cut record.
+    #[serde(flatten)]
+    pub tail: TornTail,
+}
+
+/// One epoch's outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EpochReport {
+    /// The epoch.
+    pub epoch: u64,
+    /// Whether the epoch ended (every rank of its last generation marked
+    /// its end, or a later epoch began).
+    pub complete: bool,
+    /// Samples in the epoch's sequence.
+    pub expected: u64,
+    /// Samples trained on.
+    pub trained: u64,
+    /// Samples drawn and skipped (`Ledger.skip_steps`).
+    pub skipped: u64,
+    /// Distinct samples taken (trained or skipped).
+    pub distinct: u64,
+    /// Repeats that `remainder="pad"` accounts for.
+    pub padded: u64,
+    /// Samples left out that `remainder="drop"` accounts for (complete
+    /// epochs).
+    pub dropped: u64,
+    /// Steps (distinct step numbers) with samples.
+    pub steps: u64,
+    /// The generations with records in the epoch, in order.
+    pub generations: Vec<u64>,
+    /// Their world sizes, in the same order.
+    pub world_sizes: Vec<usize>,
+    /// The epoch's first violation, if any.
+    pub violation: Option<Violation>,
+}
+
+impl EpochReport {
+    /// `"exactly once"`, `"in progress"` or `"VIOLATION"`.
+    pub fn status(&self) -> &'static str {
+        match (&self.violation, self.complete) {
+            (Some(_), _) => "VIOLATION",
+            (None, true) => "exactly once",
+            (None, false) => "in progress (no repeat so far)",
+        }
+    }
+}
+
+/// What verify found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Whether every epoch checks.
+    pub ok: bool,
+    /// The generations, in order.
+    pub generations: Vec<GenerationSummary>,
+    /// Records cut short at the end of a rank file (left out).
+    pub torn: Vec<TornRecord>,
+    /// Each epoch the ledger covers, in order.
+    pub epochs: Vec<EpochReport>,
+    /// The first violation (of the first epoch that has one).
+    pub violation: Option<Violation>,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let layouts: Vec<String> = self
+            .generations
+            .iter()
+            .map(|g| {
+                format!(
+                    "{} (from step {}, {} ranks x {} workers)",
+                    g.generation, g.start_step, g.world_size, g.num_workers
+                )
+            })
+            .collect();
+        writeln!(f, "generations: {}", layouts.join(", "))?;
+        for torn in &self.torn {
+            writeln!(
+                f,
+                "note: generation {} rank {}: a record cut short at byte {} ({} bytes) was \
+                 left out (the process stopped while writing it)",
+                torn.generation, torn.rank, torn.tail.offset, torn.tail.bytes
+            )?;
+        }
+        for e in &self.epochs {
+            let skipped = if e.skipped > 0 {
+                format!(" + {} skipped", e.skipped)
+            } else {
+                String::new()
+            };
+            let extra = match (e.padded, e.dropped) {
+                (0, 0) => String::new(),
+                (p, 0) => format!(", {p} repeated by pad"),
+                (0, d) => format!(", {d} left out by drop"),
+                (p, d) => format!(", {p} repeated by pad, {d} left out by drop"),
+            };
+            let generations: Vec<String> = e.generations.iter().map(u64::to_string).collect();
+            let ranks: Vec<String> = e.world_sizes.iter().map(usize::to_string).collect();
+            writeln!(
+                f,
+                "epoch {}: {} of {} samples ({} trained{skipped}{extra}) in {} steps, ranks {}, \
+                 generations {}: {}",
+                e.epoch,
+                e.distinct,
+                e.expected,
+                e.trained,
+                e.steps,
+                ranks.join("/"),
+                generations.join(","),
+                e.status()
+            )?;
+        }
+        match &self.violation {
+            Some(v) => writeln!(f, "FAILED: {v}"),
+            None if self.epochs.is_empty() => writeln!(f, "ok: the ledger holds no step yet"),
+            None => writeln!(f, "ok: every sample exactly once"),
+        }
+    }
+}
+
+/// A record that counts, with where it came from.
+#[derive(Debug, Clone, Copy)]
+struct Entry<'a> {
+    /// Index into the generations.
+    generation: usize,
+    rank: usize,
+    record: &'a Record,
+}
+
+/// Checks `generations` (as [`super::file::read_ledger`] gives them, in
+/// generation order) against `dataset`.
+pub fn verify(generations: &[Generation], dataset: &Dataset) -> Report {
+    let mut summaries: Vec<GenerationSummary> = generations
+        .iter()
+        .map(|g| GenerationSummary {
+            generation: g.meta.generation,
+            start_step: g.meta.start_step,
+            world_size: g.meta.world_size,
+            num_workers: g.meta.num_workers,
+            records: 0,
+            superseded: 0,
+        })
+        .collect();
+    let mut torn = Vec::new();
+    let mut by_epoch: BTreeMap<u64, Vec<Entry<'_>>> = BTreeMap::new();
+    for (index, generation) in generations.iter().enumerate() {
+        for (rank, log) in generation.ranks.iter().enumerate() {
+            if let Some(tail) = log.torn {
+                torn.push(TornRecord {
+                    generation: generation.meta.generation,
+                    rank,
+                    tail,
+                });
+            }
+            for record in &log.records {
+                if owner(generations, record.step) == Some(index) {
+                    summaries[index].records += 1;
+                    by_epoch.entry(record.epoch).or_default().push(Entry {
+                        generation: index,
+                        rank,
+                        record,
+                    });
+                } else {
+                    summaries[index].superseded += 1;
+                }
+            }
+        }
+    }
+    let last_epoch = by_epoch.keys().next_back().copied();
+    let epochs: Vec<EpochReport> = by_epoch
+        .into_iter()
+        .map(|(epoch, mut entries)| {
+            entries.sort_by_key(|e| {
+                let kind = e.record.kind == RecordKind::EpochEnd;
+                (e.record.step, kind, e.generation, e.rank)
+            });
+            let later = last_epoch.is_some_and(|last| last > epoch);
+            check_epoch(generations, dataset, epoch, &entries, later)
+        })
+        .collect();
+    let violation = epochs.iter().find_map(|e| e.violation.clone());
+    Report {
+        ok: violation.is_none(),
+        generations: summaries,
+        torn,
+        epochs,
+        violation,
+    }
+}
+
+/// The generation (index) whose record of `step` counts: the latest whose
+/// `start_step` is at or before it.
+fn owner(generations: &[Generation], step: u64) -> Option<usize> {
+    generations.iter().rposition(|g| g.meta.start_step <= step)
+}
+
+/// The epoch's global sample sequence: where each shard's samples start in it.
+struct Sequence {
+    /// Shards in epoch order.
+    order: Vec<usize>,
+    /// `starts[shard]`: the position of the shard's first sample.
+    starts: Vec<u64>,
+    total: u64,
+}
+
+impl Sequence {
+    fn new(dataset: &Dataset, epoch: u64) -> Self {
+        let order = plan::epoch_order(dataset.counts.len(), &params(dataset, epoch, 1, 1));
+        let mut starts = vec![0; dataset.counts.len()];
+        let mut total = 0u64;
+        for &shard in &order {
+            starts[shard] = total;
+            total += dataset.counts[shard];
+        }
+        Sequence {
+            order,
+            starts,
+            total,
+        }
+    }
+
+    /// The position of sample `(shard, index)`, when it is one of the dataset's.
+    fn position(&self, dataset: &Dataset, (shard, index): (u64, u64)) -> Option<u64> {
+        let shard = usize::try_from(shard).ok()?;
+        (index < *dataset.counts.get(shard)?).then(|| self.starts[shard] + index)
+    }
+
+    /// The sample at `position`.
+    fn sample_at(&self, dataset: &Dataset, position: u64) -> (usize, u64) {
+        let mut at = position;
+        for &shard in &self.order {
+            if at < dataset.counts[shard] {
+                return (shard, at);
+            }
+            at -= dataset.counts[shard];
+        }
+        unreachable!("position {position} below the total")
+    }
+}
+
+fn params(dataset: &Dataset, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
+    PlanParams {
+        seed: dataset.seed,
+        epoch,
+        shuffle_shards: dataset.shuffle_shards,
+        world_size,
+        num_workers,
+        remainder: dataset.remainder,
+    }
+}
+
+fn name(dataset: &Dataset, (shard, index): (u64, u64)) -> SampleName {
+    SampleName {
+        shard,
+        url: usize::try_from(shard)
+            .ok()
+            .and_then(|s| dataset.urls.get(s).cloned()),
+        index,
+    }
+}
+
+fn place(generations: &[Generation], entry: &Entry<'_>) -> Place {
+    Place {
+        generation: generations[entry.generation].meta.generation,
+        rank: entry.rank,
+        step: entry.record.step,
+        skipped: entry.record.kind == RecordKind::Skipped,
+    }
+}
+
+fn check_epoch(
+    generations: &[Generation],
+    dataset: &Dataset,
+    epoch: u64,
+    entries: &[Entry<'_>],
+    later_epoch: bool,
+) -> EpochReport {
+    let sequence = Sequence::new(dataset, epoch);
+    let total = sequence.total;
+    // The generations of the epoch, in the order they took it up.
+    let mut order: Vec<usize> = Vec::new();
+    for entry in entries {
+        if !order.contains(&entry.generation) {
+            order.push(entry.generation);
+        }
+    }
+    let layout = |g: usize| {
+        (
+            generations[g].meta.world_size,
+            generations[g].meta.num_workers,
+        )
+    };
+    let first = order[0];
+    let (first_world, first_workers) = layout(first);
+    // What the remainder policy allows: the first layout's exact drop or
+    // pad; each change of layout within the epoch (an elastic resume)
+    // cuts the rest anew, which may drop or pad up to `world_size - 1` more.
+    let per_rank = plan::cut::samples_per_rank(total, first_world, dataset.remainder);
+    let cut_total = per_rank * first_world as u64;
+    let mut spare_layout_changes = 0u64;
+    for pair in order.windows(2) {
+        if layout(pair[0]) != layout(pair[1]) {
+            spare_layout_changes += layout(pair[1]).0 as u64 - 1;
+        }
+    }
+    let (mut spare_pad, mut spare_drop) = match dataset.remainder {
+        Remainder::Pad => (spare_layout_changes, 0),
+        Remainder::Drop => (0, spare_layout_changes),
+    };
+    // Repeats the first layout's padding makes: positions `0..pad` wrapped.
+    let mut pad_left: BTreeMap<u64, u64> = BTreeMap::new();
+    if dataset.remainder == Remainder::Pad && total > 0 {
+        for j in 0..cut_total.saturating_sub(total) {
+            *pad_left.entry(j % total).or_default() += 1;
+        }
+    }
+
+    let mut report = EpochReport {
+        epoch,
+        complete: false,
+        expected: total,
+        trained: 0,
+        skipped: 0,
+        distinct: 0,
+        padded: 0,
+        dropped: 0,
+        steps: 0,
+        generations: order
+            .iter()
+            .map(|&g| generations[g].meta.generation)
+            .collect(),
+        world_sizes: order.iter().map(|&g| layout(g).0).collect(),
+        violation: None,
+    };
+    let mut seen = vec![0u8; usize::try_from(total).unwrap_or(usize::MAX)];
+    let mut steps = BTreeSet::new();
+    let mut steps_of: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+    let mut ended: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for entry in entries {
+        let record = entry.record;
+        match record.kind {
+            RecordKind::EpochEnd => {
+                ended.insert((entry.generation, entry.rank));
+                continue;
+            }
+            RecordKind::Trained => report.trained += record.ids.len() as u64,
+            RecordKind::Skipped => report.skipped += record.ids.len() as u64,
+        }
+        steps.insert(record.step);
+        *steps_of.entry((entry.generation, entry.rank)).or_default() += 1;
+        for &id in &record.ids {
+            let Some(position) = sequence.position(dataset, id) else {
+                report.violation.get_or_insert(Violation::NotInDataset {
+                    epoch,
+                    sample: name(dataset, id),
+                    place: place(generations, entry),
+                });
+                continue;
+            };
+            let count = &mut seen[position as usize];
+            if *count == 0 {
+                *count = 1;
+                report.distinct += 1;
+                continue;
+            }
+            *count = count.saturating_add(1);
+            if let Some(left) = pad_left.get_mut(&position).filter(|left| **left > 0) {
+                *left -= 1;
+                report.padded += 1;
+            } else if spare_pad > 0 {
+                spare_pad -= 1;
+                report.padded += 1;
+            } else if report.violation.is_none() {
+                let first_entry = entries
+                    .iter()
+                    .find(|e| e.record.ids.contains(&id))
+                    .expect("seen before");
+                report.violation = Some(Violation::Twice {
+                    epoch,
+                    sample: name(dataset, id),
+                    first: place(generations, first_entry),
+                    again: place(generations, entry),
+                });
+            }
+        }
+    }
+    report.steps = steps.len() as u64;
+    // The generation of the epoch's last step.
+    let last = entries
+        .iter()
+        .filter(|e| e.record.kind != RecordKind::EpochEnd)
+        .map(|e| (e.record.step, e.generation))
+        .max()
+        .map_or(order[order.len() - 1], |(_, g)| g);
+    report.complete = later_epoch || (0..layout(last).0).all(|rank| ended.contains(&(last, rank)));
+    if !report.complete || report.violation.is_some() {
+        return report;
+    }
+    for &g in &order {
+        let steps: Vec<u64> = (0..layout(g).0)
+            .map(|rank| steps_of.get(&(g, rank)).copied().unwrap_or(0))
+            .collect();
+        if steps.iter().any(|&n| n != steps[0]) {
+            report.violation = Some(Violation::UnequalSteps {
+                epoch,
+                generation: generations[g].meta.generation,
+                steps,
+            });
+            return report;
+        }
+    }
+    // Samples never taken: the first layout's drop is the epoch's tail.
+    let dropped_from = match dataset.remainder {
+        Remainder::Drop => cut_total,
+        Remainder::Pad => total,
+    };
+    let mut first_missing = None;
+    let mut missing = 0u64;
+    for (position, &count) in seen.iter().enumerate() {
+        if count > 0 {
+            continue;
+        }
+        let position = position as u64;
+        if position >= dropped_from {
+            report.dropped += 1;
+        } else if spare_drop > 0 {
+            spare_drop -= 1;
+            report.dropped += 1;
+        } else {
+            missing += 1;
+            first_missing.get_or_insert(position);
+        }
+    }
+    if let Some(position) = first_missing {
+        let (shard, index) = sequence.sample_at(dataset, position);
+        let plan = plan::plan_epoch(
+            &dataset
+                .counts
+                .iter()
+                .map(|&n| ShardInfo {
+                    size: None,
+                    samples: Some(n),
+                })
+                .collect::<Vec<_>>(),
+            &params(dataset, epoch, first_world, first_workers),
+        );
+        let slot = plan
+            .slots
+            .iter()
+            .position(|units| {
+                units.iter().any(|u| {
+                    u.shard == shard && u.samples.as_ref().is_some_and(|r| r.contains(&index))
+                })
+            })
+            .unwrap_or(0);
+        report.violation = Some(Violation::Missing {
+            epoch,
+            sample: name(dataset, (shard as u64, index)),
+            count: missing,
+            generation: generations[first].meta.generation,
+            rank: slot / first_workers,
+            worker: slot % first_workers,
+        });
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::super::file::{DatasetMeta, Meta, RankLog, LEDGER_FORMAT, LEDGER_VERSION};
+    use super::*;
+
+    /// Three shards of 4, 3 and 5 samples, listed order.
+    fn dataset(remainder: Remainder) -> Dataset {
+        Dataset {
+            urls: vec!["a.tar".into(), "b.tar".into(), "c.tar".into()],
+            counts: vec![4, 3, 5],
+            seed: 0,
+            shuffle_shards: false,
+            remainder,
+        }
+    }
+
+    /// The epoch's sequence as ids.
+    fn sequence(d: &Dataset) -> Vec<(u64, u64)> {
+        (0..3u64)
+            .flat_map(|s| (0..d.counts[s as usize]).map(move |i| (s, i)))
+            .collect()
+    }
+
+    fn generation(number: u64, start_step: u64, world_size: usize) -> Generation {
+        Generation {
+            dir: PathBuf::from(format!("gen-{number:06}")),
+            meta: Meta {
+                format: LEDGER_FORMAT.into(),
+                version: LEDGER_VERSION,
+                generation: number,
+                start_step,
+                world_size,
+                num_workers: 1,
+                dataset: DatasetMeta {
+                    spec: vec![],
+                    options: Default::default(),
+                    shards: None,
+                    samples: None,
+                    fingerprint: None,
+                },
+            },
+            ranks: vec![RankLog::default(); world_size],
+        }
+    }
+
+    fn push(g: &mut Generation, rank: usize, step: u64, kind: RecordKind, ids: &[(u64, u64)]) {
+        g.ranks[rank].records.push(Record {
+            step,
+            epoch: 0,
+            kind,
+            ids: ids.to_vec(),
+        });
+    }
+
+    /// One rank trains `ids` in steps of `per_step` from `first_step`, then
+    /// ends the epoch.
+    fn run(g: &mut Generation, rank: usize, first_step: u64, ids: &[(u64, u64)], per_step: usize) {
+        let mut step = first_step;
+        for chunk in ids.chunks(per_step) {
+            push(g, rank, step, RecordKind::Trained, chunk);
+            step += 1;
+        }
+        push(g, rank, step.saturating_sub(1), RecordKind::EpochEnd, &[]);
+    }
+
+    #[test]
+    fn a_whole_epoch_once_checks() {
+        let d = dataset(Remainder::Drop);
+        let mut g = generation(0, 0, 1);
+        run(&mut g, 0, 0, &sequence(&d), 5);
+        let report = verify(&[g], &d);
+        assert!(report.ok, "{report}");
+        assert!(report.epochs[0].complete);
+        assert_eq!(report.epochs[0].distinct, 12);
+        assert!(report.to_string().contains("exactly once"), "{report}");
+    }
+
+    #[test]
+    fn a_resumed_generation_supersedes_the_steps_from_its_start() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        // Generation 0 took steps 0 to 2 (4 samples each) and died before
+        // its epoch-end marker; generation 1 redid steps 1 and 2 from the
+        // checkpoint of step 1.
+        let mut g0 = generation(0, 0, 1);
+        for (step, chunk) in all.chunks(4).enumerate() {
+            push(&mut g0, 0, step as u64, RecordKind::Trained, chunk);
+        }
+        let mut g1 = generation(1, 1, 1);
+        run(&mut g1, 0, 1, &all[4..], 4);
+        let report = verify(&[g0, g1], &d);
+        assert!(report.ok, "{report}");
+        assert_eq!(report.generations[0].superseded, 2);
+        assert_eq!(report.epochs[0].generations, [0, 1]);
+    }
+
+    #[test]
+    fn a_sample_twice_is_named_with_both_places() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g0 = generation(0, 0, 1);
+        push(&mut g0, 0, 0, RecordKind::Trained, &all[..4]);
+        push(&mut g0, 0, 1, RecordKind::Trained, &all[4..8]);
+        // Resumed from step 2 with the state of step 1: samples 4..8 again.
+        let mut g1 = generation(1, 2, 1);
+        run(&mut g1, 0, 2, &all[4..], 4);
+        let report = verify(&[g0, g1], &d);
+        assert!(!report.ok);
+        let Some(Violation::Twice {
+            sample,
+            first,
+            again,
+            ..
+        }) = &report.violation
+        else {
+            panic!("{report}");
+        };
+        assert_eq!((sample.url.as_deref(), sample.index), (Some("b.tar"), 0));
+        assert_eq!((first.generation, first.step), (0, 1));
+        assert_eq!((again.generation, again.step), (1, 2));
+        assert!(report.to_string().contains("sample 0 of b.tar came twice"));
+    }
+
+    #[test]
+    fn a_sample_never_taken_in_a_complete_epoch_is_named_with_its_rank() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g = generation(0, 0, 2);
+        run(&mut g, 0, 0, &all[..6], 3);
+        // Rank 1 skipped sample 1 of c.tar (position 8).
+        let rank1: Vec<_> = all[6..]
+            .iter()
+            .copied()
+            .filter(|&id| id != (2, 1))
+            .collect();
+        run(&mut g, 1, 0, &rank1, 3);
+        let report = verify(&[g], &d);
+        let Some(Violation::Missing {
+            sample,
+            rank,
+            count,
+            ..
+        }) = &report.violation
+        else {
+            panic!("{report}");
+        };
+        assert_eq!((sample.shard, sample.index, *rank, *count), (2, 1, 1, 1));
+    }
+
+    #[test]
+    fn drop_and_pad_remainders_are_accounted() {
+        // 12 samples over 5 ranks: drop leaves the last 2 out, pad repeats
+        // the first 3.
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g = generation(0, 0, 5);
+        for rank in 0..5 {
+            run(&mut g, rank, 0, &all[rank * 2..rank * 2 + 2], 2);
+        }
+        let report = verify(&[g.clone()], &d);
+        assert!(report.ok, "{report}");
+        assert_eq!(report.epochs[0].dropped, 2);
+
+        let d = dataset(Remainder::Pad);
+        let mut padded = all.clone();
+        padded.extend_from_slice(&all[..3]);
+        let mut g = generation(0, 0, 5);
+        for rank in 0..5 {
+            run(&mut g, rank, 0, &padded[rank * 3..rank * 3 + 3], 3);
+        }
+        let report = verify(&[g.clone()], &d);
+        assert!(report.ok, "{report}");
+        assert_eq!(report.epochs[0].padded, 3);
+        // A repeat outside the padding is a violation.
+        g.ranks[4].records[0].ids[2] = (1, 1);
+        assert!(matches!(
+            verify(&[g], &d).violation,
+            Some(Violation::Twice { .. })
+        ));
+    }
+
+    #[test]
+    fn an_epoch_without_its_end_is_in_progress_and_a_torn_record_is_reported() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g = generation(0, 0, 1);
+        push(&mut g, 0, 0, RecordKind::Trained, &all[..4]);
+        g.ranks[0].torn = Some(TornTail {
+            offset: 88,
+            bytes: 30,
+        });
+        let report = verify(&[g], &d);
+        assert!(report.ok, "{report}");
+        assert!(!report.epochs[0].complete);
+        assert_eq!(report.torn.len(), 1);
+        assert!(report.to_string().contains("cut short at byte 88"));
+    }
+
+    #[test]
+    fn unequal_steps_and_foreign_ids_are_violations() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g = generation(0, 0, 2);
+        run(&mut g, 0, 0, &all[..6], 3);
+        run(&mut g, 1, 0, &all[6..], 6);
+        let report = verify(&[g], &d);
+        assert_eq!(
+            report.violation,
+            Some(Violation::UnequalSteps {
+                epoch: 0,
+                generation: 0,
+                steps: vec![2, 1]
+            })
+        );
+        let mut g = generation(0, 0, 1);
+        push(&mut g, 0, 0, RecordKind::Trained, &[(0, 4)]);
+        assert!(matches!(
+            verify(&[g], &d).violation,
+            Some(Violation::NotInDataset { .. })
+        ));
+    }
+
+    #[test]
+    fn skipped_steps_count_as_taken() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        let mut g = generation(0, 0, 1);
+        push(&mut g, 0, 0, RecordKind::Trained, &all[..6]);
+        push(&mut g, 0, 1, RecordKind::Skipped, &all[6..]);
+        push(&mut g, 0, 1, RecordKind::EpochEnd, &[]);
+        let report = verify(&[g], &d);
+        assert!(report.ok, "{report}");
+        assert_eq!((report.epochs[0].trained, report.epochs[0].skipped), (6, 6));
+    }
+}
