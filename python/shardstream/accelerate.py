@@ -151,6 +151,8 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         non_blocking=accelerator.non_blocking,
         use_stateful_dataloader=accelerator.use_stateful_dataloader,
     )
+    if accelerator.use_stateful_dataloader:
+        _follow_loaded_epoch(prepared)
     if accelerator.use_stateful_dataloader and accelerator.num_processes > 1:
         _gather_states(prepared, accelerator.process_index, accelerator.num_processes)
     prepared._is_accelerate_prepared = True
@@ -191,6 +193,32 @@ def _check_processes(accelerator: Any) -> None:
         "Accelerator(cpu=True) (torchrun on CPU needs it), or start the job with "
         "`accelerate launch` (its configuration sets the processes up)"
     )
+
+
+def _follow_loaded_epoch(prepared: Any) -> None:
+    """Makes ``prepared.load_state_dict`` also set Accelerate's epoch count
+    (``iteration``, which it hands to ``set_epoch`` at each new iterator)
+    to the epoch the loaded state resumes: a fresh loader counts from 0,
+    and would otherwise set the resumed dataset back to an epoch it has
+    already streamed (after a state saved at an epoch's end, the next epoch
+    twice)."""
+    from .state import elastic_state
+
+    own_load_state_dict = prepared.load_state_dict
+
+    def load_state_dict(state: Mapping[str, Any]) -> None:
+        own_load_state_dict(state)
+        try:
+            slots = elastic_state(state)["slots"]
+        except ValueError:  # no shardstream state in it
+            return
+        epochs = {slot.get("epoch") for slot in slots}
+        if len(epochs) != 1 or not isinstance(epoch := epochs.pop(), int):
+            return
+        ended = bool(state.get("_iterator_finished")) or all(s.get("finished") for s in slots)
+        prepared.iteration = epoch + 1 if ended else epoch
+
+    prepared.load_state_dict = load_state_dict
 
 
 def _gather_states(prepared: Any, rank: int, world_size: int) -> None:

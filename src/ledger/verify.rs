@@ -487,6 +487,16 @@ fn check_epoch(
             order.push(entry.generation);
         }
     }
+    // An epoch whose first step is the first step of a resumed generation
+    // may have been planned by the generation before it: an elastic state
+    // saved before the epoch's first batch was cut by that layout, whose
+    // remainder then counts too.
+    if let Some(&first) = order.first() {
+        let first_step = entries.first().map(|e| e.record.step);
+        if first > 0 && first_step == Some(generations[first].meta.start_step) {
+            order.insert(0, first - 1);
+        }
+    }
     let layout = |g: usize| {
         (
             generations[g].meta.world_size,

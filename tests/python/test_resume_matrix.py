@@ -27,12 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from _shardtest import key_batch, slot_states, write_uneven_dataset
+from _shardtest import slot_states, write_uneven_dataset
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream
+from shardstream import Ledger
+from shardstream._core import run_cli
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
@@ -45,9 +48,19 @@ SEED, EPOCH, BATCH, SHUFFLE = 4, 3, 4, 6
 POINTS = ["before-first", "mid-epoch", "last-batch", "after-epoch"]
 
 
+def keys_and_ids(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``collate_fn``: the batch's keys, and its sample ids for the ledger
+    (an ``int64`` array of ``(epoch, shard, index)`` rows) when the samples
+    carry them."""
+    batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}
+    if samples and "__id__" in samples[0]:
+        batch["__id__"] = np.array([s["__id__"] for s in samples], dtype=np.int64)
+    return batch
+
+
 def key_batch_of(batch: Any) -> list[str]:
     """The keys of a batch as every path yields it."""
-    return list(batch)
+    return list(batch["keys"])
 
 
 class Route:
@@ -64,7 +77,7 @@ class Route:
             ds,
             batch_size=BATCH,
             num_workers=num_workers,
-            collate_fn=key_batch,
+            collate_fn=keys_and_ids,
             timeout=120 if num_workers else 0,
         )
 
@@ -90,7 +103,7 @@ class DatasetState(Route):
     workers = (0,)
 
     def loader(self, ds: Any, num_workers: int) -> Any:
-        return DataLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=key_batch)
+        return DataLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=keys_and_ids)
 
     def checkpoint(self, loader: Any, tmp: Path) -> Any:
         return json.loads(json.dumps(loader.dataset.state_dict()))
@@ -109,7 +122,7 @@ class Nodes(Route):
         from torchdata.nodes import Batcher, IterableWrapper, Loader, Mapper
 
         batches = Batcher(IterableWrapper(ds), batch_size=BATCH, drop_last=False)
-        return Loader(Mapper(batches, key_batch))
+        return Loader(Mapper(batches, keys_and_ids))
 
 
 class Accelerate(Route):
@@ -127,7 +140,7 @@ class Accelerate(Route):
         accelerator = Accelerator(
             cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
         )
-        plain = DataLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=key_batch)
+        plain = DataLoader(ds, batch_size=BATCH, num_workers=num_workers, collate_fn=keys_and_ids)
         return prepare_loader(accelerator, plain)
 
 
@@ -152,7 +165,7 @@ ROUTES = [Stateful(), DatasetState(), Nodes(), Accelerate(), Dcp()]
 
 def dataset(info: Any, epoch: int = EPOCH, **slot: Any) -> shardstream.StreamingDataset:
     ds = shardstream.StreamingDataset(
-        info.spec, seed=SEED, shuffle_buffer=SHUFFLE, remainder="drop", **slot
+        info.spec, seed=SEED, shuffle_buffer=SHUFFLE, remainder="drop", sample_ids=True, **slot
     )
     ds.set_epoch(epoch)
     return ds
@@ -163,26 +176,55 @@ def stop_at(point: str, n: int) -> int:
 
 
 def run_until(
-    route: Route, ds: Any, num_workers: int, point: str, n: int, tmp: Path
-) -> tuple[list[list[str]], Any]:
-    """The batches a run takes before the checkpoint at ``point``, and what
-    the checkpoint holds; the run's loader is then dropped."""
+    route: Route,
+    ds: Any,
+    num_workers: int,
+    point: str,
+    n: int,
+    tmp: Path,
+    ledger: Ledger | None = None,
+) -> tuple[list[list[str]], Any, int]:
+    """The batches a run takes before the checkpoint at ``point`` (each
+    recorded in ``ledger``), what the checkpoint holds, and the step a run
+    resumed from it takes first; the run's loader is then dropped."""
     loader = route.loader(ds, num_workers)
     taken: list[list[str]] = []
     if point != "before-first":
         iterator: Iterator[Any] | None = iter(loader)
         assert iterator is not None
-        taken = [key_batch_of(next(iterator)) for _ in range(stop_at(point, n))]
+        for _ in range(stop_at(point, n)):
+            batch = next(iterator)
+            if ledger is not None:
+                ledger.record(batch)
+            taken.append(key_batch_of(batch))
         if point == "after-epoch":
             assert next(iterator, None) is None
+            if ledger is not None:
+                ledger.epoch_end(int(batch["__id__"][0][0]))
         del iterator
     saved = route.checkpoint(loader, tmp)
+    step = ledger.checkpoint() if ledger is not None else 0
     del loader
-    return taken, saved
+    return taken, saved, step
 
 
-def passes(loader: Any, count: int) -> list[list[list[str]]]:
-    return [[key_batch_of(b) for b in loader] for _ in range(count)]
+def passes(loader: Any, count: int, ledger: Ledger | None = None) -> list[list[list[str]]]:
+    """``count`` passes over ``loader``, each recorded in ``ledger``."""
+    return [
+        [key_batch_of(b) for b in (ledger.track(loader) if ledger is not None else loader)]
+        for _ in range(count)
+    ]
+
+
+def verified(ledger_dir: Path, capfd: pytest.CaptureFixture[str]) -> str:
+    """``shardstream verify`` of the run's ledger: its report, after
+    checking that it proves every epoch exactly once."""
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert "exactly once" in out, out
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -197,16 +239,22 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
     [(r, w) for r in ROUTES for w in r.workers],
     ids=[f"{r.name}-w{w}" for r in ROUTES for w in r.workers],
 )
-def test_exact(data, tmp_path, route: Route, num_workers: int, point: str):
+def test_exact(data, tmp_path, capfd, route: Route, num_workers: int, point: str):
     full, following = passes(route.loader(dataset(data, route.epoch), num_workers), 2)
     assert sorted(k for b in full for k in b) == sorted(data.keys)
-    taken, saved = run_until(
-        route, dataset(data, route.epoch), num_workers, point, len(full), tmp_path
-    )
+    ledger_dir = tmp_path / "ledger"
+    first = dataset(data, route.epoch)
+    with Ledger(ledger_dir, first, num_workers=max(num_workers, 1)) as ledger:
+        taken, saved, step = run_until(
+            route, first, num_workers, point, len(full), tmp_path, ledger
+        )
     assert slot_states(saved), "the checkpoint holds no shardstream state"
-    loader = route.loader(dataset(data, epoch=0), num_workers)
+    second = dataset(data, epoch=0)
+    loader = route.loader(second, num_workers)
     route.restore(loader, saved)
-    rest = passes(loader, 2)
+    with Ledger(ledger_dir, second, resume_step=step, num_workers=max(num_workers, 1)) as ledger:
+        rest = passes(loader, 2, ledger)
+    verified(ledger_dir, capfd)
     if point == "after-epoch":
         assert taken == full
         # The dataset's own state of an ended epoch resumes to an empty pass
@@ -233,29 +281,40 @@ def test_exact(data, tmp_path, route: Route, num_workers: int, point: str):
     [(r, w) for r in ROUTES if r.elastic for w in r.workers],
     ids=[f"{r.name}-w{w}" for r in ROUTES if r.elastic for w in r.workers],
 )
-def test_elastic(data, tmp_path, route: Route, num_workers: int, point: str):
+def test_elastic(data, tmp_path, capfd, route: Route, num_workers: int, point: str):
     """2 ranks stop at ``point``; 3 ranks with another worker count take
     the rest (through a plain DataLoader over the loaded dataset, and two
-    more epochs after it)."""
+    more epochs after it). The ledger of both generations verifies."""
     old_world, new_world, new_workers = 2, 3, 0 if num_workers else 2
+    ledger_dir = tmp_path / "ledger"
     consumed: list[str] = []
     states = []
-    for rank in range(old_world):
-        ds = dataset(data, route.epoch, rank=rank, world_size=old_world)
-        n = len(passes(route.loader(ds, num_workers), 1)[0])
-        ds = dataset(data, route.epoch, rank=rank, world_size=old_world)
-        taken, saved = run_until(route, ds, num_workers, point, n, tmp_path)
+    old = [dataset(data, route.epoch, rank=r, world_size=old_world) for r in range(old_world)]
+    ledgers = [Ledger(ledger_dir, ds, num_workers=max(num_workers, 1)) for ds in old]
+    steps = []
+    for rank, (ds, ledger) in enumerate(zip(old, ledgers, strict=True)):
+        count = dataset(data, route.epoch, rank=rank, world_size=old_world)
+        n = len(passes(route.loader(count, num_workers), 1)[0])
+        taken, saved, step = run_until(route, ds, num_workers, point, n, tmp_path, ledger)
+        ledger.close()
         consumed += [k for b in taken for k in b]
         states.append(saved)
+        steps.append(step)
+    assert len(set(steps)) == 1, steps
     elastic = shardstream.elastic_state(*states)
+    new = [dataset(data, epoch=0, rank=r, world_size=new_world) for r in range(new_world)]
+    ledgers = [
+        Ledger(ledger_dir, ds, resume_step=steps[0], num_workers=max(new_workers, 1)) for ds in new
+    ]
     per_rank: list[list[str]] = []
     later: list[list[list[str]]] = []
-    for rank in range(new_world):
-        ds = dataset(data, epoch=0, rank=rank, world_size=new_world)
+    for ds, ledger in zip(new, ledgers, strict=True):
         ds.load_state_dict(elastic)
-        rest, *after = passes(route.loader(ds, new_workers), 3)
+        rest, *after = passes(route.loader(ds, new_workers), 3, ledger)
+        ledger.close()
         per_rank.append([k for b in rest for k in b])
         later.append([[k for b in p for k in b] for p in after])
+    verified(ledger_dir, capfd)
     everything = consumed + [k for keys in per_rank for k in keys]
     repeats = [k for k, c in Counter(everything).items() if c > 1]
     assert not repeats, f"came twice: {repeats[:5]}"
@@ -284,7 +343,7 @@ def test_mix_exact(data, tmp_path_factory, tmp_path, num_workers: int, point: st
     other = write_uneven_dataset(tmp_path_factory.mktemp("mix-other"), (7, 9), prefix="o")
     route = Stateful()
     full, following = passes(route.loader(mix_of(data, other), num_workers), 2)
-    taken, saved = run_until(route, mix_of(data, other), num_workers, point, len(full), tmp_path)
+    taken, saved, _ = run_until(route, mix_of(data, other), num_workers, point, len(full), tmp_path)
     loader = route.loader(mix_of(data, other), num_workers)
     route.restore(loader, saved)
     rest = passes(loader, 2)
@@ -311,8 +370,8 @@ def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
             self.layer = torch.nn.Linear(1, 1)
             self.seen: list[list[str]] = []
 
-        def training_step(self, batch: list[str], batch_idx: int) -> torch.Tensor:
-            self.seen.append(list(batch))
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            self.seen.append(list(batch["keys"]))
             return self.layer(torch.ones(1, 1)).sum()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -340,7 +399,7 @@ def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
             ds,
             batch_size=BATCH,
             num_workers=num_workers,
-            collate_fn=key_batch,
+            collate_fn=keys_and_ids,
             timeout=120 if num_workers else 0,
         )
         model = Recorder()
@@ -379,14 +438,14 @@ def test_lightning_refuses_a_stateful_loader_without_len(data, tmp_path):
             super().__init__()
             self.layer = torch.nn.Linear(1, 1)
 
-        def training_step(self, batch: list[str], batch_idx: int) -> torch.Tensor:
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
             return self.layer(torch.ones(1, 1)).sum()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     ds = shardstream.StreamingDataset(data.spec, seed=SEED, count_samples=False)
-    loader = StatefulDataLoader(ds, batch_size=BATCH, collate_fn=key_batch)
+    loader = StatefulDataLoader(ds, batch_size=BATCH, collate_fn=keys_and_ids)
     trainer = Trainer(
         max_epochs=1,
         accelerator="cpu",
