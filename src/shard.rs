@@ -56,8 +56,12 @@ pub struct Shard {
     pub size: Option<u64>,
     /// Byte spans of its samples, from a manifest.
     pub index: Option<Arc<SampleIndex>>,
-    /// The object's ETag, when a listing gave it.
+    /// The object's ETag, when a listing (or, for an object named outright,
+    /// its manifest) gave it.
     pub etag: Option<String>,
+    /// The modification time (nanoseconds since the epoch) that the
+    /// manifest records for a local file, which the file must still have.
+    pub mtime_ns: Option<u64>,
     /// What the shard holds.
     pub kind: ShardKind,
 }
@@ -70,6 +74,7 @@ impl Shard {
             size,
             index: None,
             etag: None,
+            mtime_ns: None,
             kind: ShardKind::Tar,
         }
     }

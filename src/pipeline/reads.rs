@@ -136,13 +136,18 @@ fn make_read(
             _ => (None, 0),
         },
     };
+    // A row group's size is its span's, not its file's.
+    let size = match &shard.kind {
+        ShardKind::Parquet(_) => None,
+        ShardKind::Tar | ShardKind::Raw => shard.size,
+    };
     Ok(Read {
         shard: shard_index,
         fetch: Some(FetchUnit {
             url: shard.url.clone(),
             location: shard.location(),
             range,
-            size: shard.size,
+            size,
             etag: shard.etag.clone(),
         }),
         first_index,
