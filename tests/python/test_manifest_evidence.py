@@ -105,3 +105,24 @@ def test_a_local_tar_appended_to_within_its_padding_is_refused(tmp_path):
     message = str(raised.value)
     assert str(path) in message and "modification time" in message, message
     assert str(recorded["mtime_ns"]) in message and "shardstream index" in message, message
+
+
+def test_a_sample_length_the_manifest_records_short_is_refused(tmp_path):
+    """The last sample of a shard recorded 1,024 bytes short (its last
+    member left out): a read runs to the next sample (or the shard's end),
+    and the sample's members must end where its length says."""
+    info = write_uneven_dataset(tmp_path / "d", COUNTS)
+    manifest_path = tmp_path / "d" / "manifest.json"
+    manifest = index_manifest([info.spec], manifest_path)
+    entry = manifest["shards"][1]
+    last = entry["samples"] - 1
+    entry["lengths"][last] -= 1024
+    manifest_path.write_text(json.dumps(manifest))
+    ds = StreamingDataset(info.spec, shuffle_buffer=0)
+    assert ds.shard_list.manifest_path == str(manifest_path)
+    with pytest.raises(ManifestMismatchError) as raised:
+        keys(ds)
+    message = str(raised.value)
+    start = entry["offsets"][last]
+    assert str(info.paths[1]) in message and f"sample {last}" in message, message
+    assert f"bytes {start}..{start + entry['lengths'][last]}" in message, message
