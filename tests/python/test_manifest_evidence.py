@@ -12,12 +12,14 @@ import io
 import json
 import os
 import tarfile
+import warnings
 
 import pytest
 from _shardtest import (
     collect,
     index_manifest,
     loader,
+    shard_keys,
     shardstream_cli,
     uneven_members,
     write_tar,
@@ -26,9 +28,12 @@ from _shardtest import (
 from http_server import running_http_server
 from s3_server import s3_config
 
+import shardstream
 from shardstream import (
     ManifestMismatchError,
+    ShardFormatError,
     ShardReadError,
+    ShardSkippedWarning,
     StreamingDataset,
 )
 
@@ -126,3 +131,42 @@ def test_a_sample_length_the_manifest_records_short_is_refused(tmp_path):
     start = entry["offsets"][last]
     assert str(info.paths[1]) in message and f"sample {last}" in message, message
     assert f"bytes {start}..{start + entry['lengths'][last]}" in message, message
+
+
+def test_a_damaged_local_shard_met_while_counting_under_warn_is_named_and_skipped(tmp_path):
+    """Counted for equal ranks under ``on_error="warn"``: the damaged shard
+    is skipped with a warning naming it and the offset, every rank plans
+    the same epoch without it, and no later message blames another."""
+    info = write_uneven_dataset(tmp_path / "d", COUNTS)
+    damaged = info.paths[2]
+    whole = damaged.read_bytes()
+    damaged.write_bytes(whole[:1536])  # cut inside the first member's data
+    healthy = [k for p in info.paths if p != damaged for k in shard_keys(info, p)]
+    per_rank = []
+    for rank in (0, 1):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ds = StreamingDataset(
+                info.spec, world_size=2, rank=rank, on_error="warn", shuffle_buffer=0
+            )
+        skipped = [w for w in caught if issubclass(w.category, ShardSkippedWarning)]
+        assert len(skipped) == 1, [str(w.message) for w in caught]
+        text = str(skipped[0].message)
+        assert str(damaged) in text and "truncated" in text and "byte offset" in text, text
+        assert ds.shard_list.sample_counts[2] == 0
+        got = keys(ds, 2)
+        assert len(got) == len(ds)
+        per_rank.append(got)
+    every = per_rank[0] + per_rank[1]
+    assert len(set(every)) == len(every) and set(every) <= set(healthy)
+    assert len(every) >= len(healthy) - 1
+    # A mixture counts the stream the same way: no error blaming a shard.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShardSkippedWarning)
+        stream = StreamingDataset(info.spec, on_error="warn", shuffle_buffer=0)
+        other = StreamingDataset(str(info.paths[0]), shuffle_buffer=0)
+        shardstream.Mix([stream, other], policy="stop")
+    assert stream.shard_list.sample_counts[2] == 0
+    # Under "raise" the counting error itself is raised, naming the shard.
+    with pytest.raises(ShardFormatError, match=str(damaged)):
+        StreamingDataset(info.spec, world_size=2, rank=0)
