@@ -189,6 +189,15 @@ impl ShardList {
         self.counted
     }
 
+    /// Raises if a local file of the shards (resolved by another process,
+    /// maybe on another node) is missing here or differs from what the
+    /// resolution says of it (size, and the modification time a manifest
+    /// records): one `stat` per local shard, nothing read.
+    fn check_local_files(&self, py: Python<'_>) -> PyResult<()> {
+        let shards = self.shards.clone();
+        interruptible(py, move || resolve::check_local_copies(&shards))
+    }
+
     /// Raises if a job of `world_size` ranks cannot give every rank the
     /// same number of samples (a shard's sample count is unknown).
     fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
