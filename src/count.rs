@@ -83,17 +83,27 @@ fn count_one(index: usize, shard: &Shard) -> Result<Option<SampleIndex>> {
     Ok(Some(SampleIndex::from_spans(&spans)))
 }
 
+/// What [`count_local_tar`] did.
+#[derive(Debug, Default)]
+pub struct Counted {
+    /// Shards counted.
+    pub counted: usize,
+    /// Why each shard that could not be counted was skipped (not `strict`).
+    pub skipped: Vec<Error>,
+}
+
 /// Gives every local plain tar shard of `shards` that has no sample index
 /// one, read from its headers. A shard that cannot be counted (missing,
-/// unreadable or malformed) is an error when `strict`, else it is left
-/// without counts (reading it later reports the error under the stream's
-/// error policy). Returns how many shards were counted.
-pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<usize> {
+/// unreadable or malformed) is an error when `strict`; else it is skipped:
+/// it gets no samples, so that every rank plans the same epoch without it,
+/// and the error (naming the shard and offset) is returned in
+/// [`Counted::skipped`] for the caller to warn of.
+pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<Counted> {
     let todo: Vec<usize> = (0..shards.len())
         .filter(|&i| countable(&shards[i]))
         .collect();
     if todo.is_empty() {
-        return Ok(0);
+        return Ok(Counted::default());
     }
     // Several shards at once: on a cold disk or a network file system each
     // header read waits for the device, not for a core.
@@ -125,19 +135,22 @@ pub fn count_local_tar(shards: &mut [Shard], strict: bool) -> Result<usize> {
         ));
     }
     results.sort_by_key(|(index, _)| *index);
-    let mut counted = 0;
+    let mut done = Counted::default();
     for (index, result) in results {
         match result {
             Ok(Some(sample_index)) => {
                 shards[index].index = Some(Arc::new(sample_index));
-                counted += 1;
+                done.counted += 1;
             }
             Ok(None) => {}
             Err(error) if strict => return Err(error),
-            Err(_) => {}
+            Err(error) => {
+                shards[index].index = Some(Arc::new(SampleIndex::from_spans(&[])));
+                done.skipped.push(error);
+            }
         }
     }
-    Ok(counted)
+    Ok(done)
 }
 
 /// Shards counted at once.
@@ -231,7 +244,7 @@ mod tests {
         );
         let url = path.to_str().unwrap().to_owned();
         let mut shards = vec![Shard::new(url.clone(), Some(0))];
-        assert_eq!(count_local_tar(&mut shards, true).unwrap(), 1);
+        assert_eq!(count_local_tar(&mut shards, true).unwrap().counted, 1);
         let index = shards[0].index.clone().unwrap();
         let bytes = std::fs::read(&path).unwrap();
         let mut full = Vec::new();
@@ -256,14 +269,14 @@ mod tests {
             Shard::new(path.to_str().unwrap(), Some(6)),
             Shard::new("s3://b/k.tar", None),
         ];
-        assert_eq!(count_local_tar(&mut shards, true).unwrap(), 0);
+        assert_eq!(count_local_tar(&mut shards, true).unwrap().counted, 0);
         let missing = first_uncounted(&shards).unwrap();
         let message = counts_needed(missing, 2).to_string();
         assert!(message.contains("compressed") && message.contains("shardstream index"));
     }
 
     #[test]
-    fn truncated_and_duplicate_fields_are_errors_when_strict() {
+    fn truncated_and_duplicate_fields_are_errors_when_strict_else_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let cut = dir.path().join("cut.tar");
         write_tar(&cut, &[("a.wav", 4000)]);
@@ -278,8 +291,12 @@ mod tests {
                 error.to_string().contains(path.to_str().unwrap()),
                 "{error}"
             );
-            assert_eq!(count_local_tar(&mut shards, false).unwrap(), 0);
-            assert!(shards[0].index.is_none());
+            // Not strict: skipped (no samples), the error kept to warn of.
+            let done = count_local_tar(&mut shards, false).unwrap();
+            assert_eq!(done.counted, 0);
+            assert_eq!(done.skipped.len(), 1);
+            assert_eq!(done.skipped[0].to_string(), error.to_string());
+            assert_eq!(shards[0].info().samples, Some(0));
         }
     }
 }

@@ -157,7 +157,8 @@ impl Manifest {
     }
 
     /// Gives each of `shards` its sample index from this manifest (read
-    /// from `manifest_path`), checking that the shard's size matches.
+    /// from `manifest_path`), checking each shard against what it records
+    /// (size, ETag, a local file's modification time).
     pub fn attach(&self, manifest_path: &Path, shards: &mut [Shard]) -> Result<()> {
         let base = manifest_path.parent().unwrap_or(Path::new(""));
         self.attach_entries(&manifest_path.display().to_string(), shards, |url| {
@@ -177,7 +178,11 @@ impl Manifest {
 
     /// Gives each shard its sample index from the entry whose identity
     /// (`entry_identity` of its URL) is the shard's; `name` names the
-    /// manifest in errors.
+    /// manifest in errors. The shard must match the entry: its listed ETag
+    /// and size, and, for a local file, its modification time (a tar
+    /// appended to within its padding keeps its size). A remote object
+    /// named outright (not listed: no size yet) takes the entry's size and
+    /// ETag, which its reads then check it against.
     fn attach_entries(
         &self,
         name: &str,
@@ -197,25 +202,51 @@ impl Manifest {
                     url: shard.url.clone(),
                     reason: format!("not listed in the manifest {manifest_path}"),
                 })?;
+            // What the shard is, and what the manifest says instead.
+            let mismatch = |is: String, says: String| Error::ManifestMismatch {
+                url: shard.url.clone(),
+                reason: format!(
+                    "{is}, the manifest {manifest_path} says {says}; the shard changed since \
+                     it was indexed: run `shardstream index` again"
+                ),
+            };
             if let (Some(etag), Some(listed)) = (&entry.etag, &shard.etag) {
                 if etag != listed {
-                    return Err(Error::ManifestMismatch {
-                        url: shard.url.clone(),
-                        reason: format!(
-                            "ETag is {listed}, the manifest {manifest_path} says {etag}"
-                        ),
-                    });
+                    return Err(mismatch(format!("ETag is {listed}"), etag.clone()));
                 }
             }
             if let Some(size) = shard.size {
                 if size != entry.size {
-                    return Err(Error::ManifestMismatch {
-                        url: shard.url.clone(),
-                        reason: format!(
-                            "size is {size} bytes, the manifest {manifest_path} says {}",
-                            entry.size
-                        ),
-                    });
+                    return Err(mismatch(
+                        format!("size is {size} bytes"),
+                        format!("{} bytes", entry.size),
+                    ));
+                }
+            }
+            match shard.location() {
+                Location::Local(path) => {
+                    // A tar appended to often keeps its size (records are
+                    // padded to 10,240 bytes): its modification time tells.
+                    if let (Some(recorded), Some(modified)) = (entry.mtime_ns, mtime_ns(&path)) {
+                        if recorded != modified {
+                            return Err(mismatch(
+                                format!(
+                                    "modification time is {modified} ns since the epoch (a \
+                                     copy keeps it with `cp -p` or `rsync -t`)"
+                                ),
+                                recorded.to_string(),
+                            ));
+                        }
+                    }
+                    shard.mtime_ns = entry.mtime_ns;
+                }
+                Location::S3 { .. } | Location::Http(_) => {
+                    // Named outright, not listed: the reads check the
+                    // object against what the manifest records.
+                    shard.size = Some(entry.size);
+                    if shard.etag.is_none() {
+                        shard.etag.clone_from(&entry.etag);
+                    }
                 }
             }
             entry.check().map_err(|reason| Error::Manifest {
@@ -474,7 +505,7 @@ mod tests {
             url: "a.tar".into(),
             size: 4096,
             etag: None,
-            mtime_ns: Some(1),
+            mtime_ns: None,
             compression: None,
             samples: 2,
             offsets: vec![0, 1024],
@@ -613,6 +644,66 @@ mod tests {
         assert!(matches!(err, Error::Manifest { .. }), "{err}");
         let wrong_version = ours.replace("\"version\":1", "\"version\":9");
         assert!(attach_with(&wrong_version, &ManifestChoice::Auto).is_err());
+    }
+
+    #[test]
+    fn attach_checks_a_local_files_modification_time_and_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.tar");
+        std::fs::write(&path, vec![0u8; 4096]).unwrap();
+        let manifest_path = dir.path().join(MANIFEST_FILE);
+        let modified = mtime_ns(&path).unwrap();
+        let recorded = |mtime_ns| {
+            Manifest::new(vec![ShardEntry {
+                mtime_ns: Some(mtime_ns),
+                ..entry()
+            }])
+        };
+        let mut shards = local_shard(&path);
+        recorded(modified)
+            .attach(&manifest_path, &mut shards)
+            .unwrap();
+        assert_eq!(shards[0].mtime_ns, Some(modified));
+        // Same size, another time: changed since it was indexed.
+        let mut shards = local_shard(&path);
+        let err = recorded(modified - 1)
+            .attach(&manifest_path, &mut shards)
+            .unwrap_err();
+        assert!(matches!(err, Error::ManifestMismatch { .. }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains("modification time")
+                && message.contains(&(modified - 1).to_string())
+                && message.contains("shardstream index"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn attach_gives_remote_objects_named_outright_the_size_and_etag_recorded() {
+        let manifest = Manifest::new(vec![ShardEntry {
+            url: "https://host/d/a.tar".into(),
+            etag: Some("\"e1\"".into()),
+            ..entry()
+        }]);
+        let mut shards = vec![Shard::new("https://host/d/a.tar", None)];
+        manifest
+            .attach_remote("https://host/d/manifest.json", &mut shards)
+            .unwrap();
+        assert_eq!(
+            (shards[0].size, shards[0].etag.as_deref()),
+            (Some(4096), Some("\"e1\""))
+        );
+        // Listed with another ETag: refused, naming both.
+        let mut listed = vec![Shard {
+            etag: Some("\"e2\"".into()),
+            ..Shard::new("https://host/d/a.tar", Some(4096))
+        }];
+        let err = manifest
+            .attach_remote("https://host/d/manifest.json", &mut listed)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("e1") && err.contains("e2"), "{err}");
     }
 
     #[test]

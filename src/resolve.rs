@@ -278,6 +278,53 @@ pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
     Ok(())
 }
 
+/// Checks the local files of `shards`, resolved by another process (rank 0
+/// of a job, whose node may hold other copies), against what that
+/// resolution says of them, with one `stat` each: a file it found must
+/// exist here, with its size and the modification time its manifest
+/// records (if it records one). The plan reads this node's copies by the
+/// sample spans of the resolving node's: a copy that differs would lose,
+/// repeat or garble samples.
+pub fn check_local_copies(shards: &[Shard]) -> Result<()> {
+    for shard in shards {
+        let (Location::Local(path), Some(size)) = (shard.location(), shard.size) else {
+            continue;
+        };
+        let meta = std::fs::metadata(&path).map_err(|error| {
+            let hint = format!(
+                "{error}; the dataset was resolved on another node, where it exists: every node \
+                 must hold the same files"
+            );
+            Error::from_open(&shard.url, std::io::Error::new(error.kind(), hint))
+        })?;
+        let mismatch = |is: String, says: String| Error::ManifestMismatch {
+            url: shard.url.clone(),
+            reason: format!(
+                "here its {is}, the dataset's resolution (made on another node, from its \
+                 manifest or counted sample spans) says {says}: every node must hold identical \
+                 copies of the shards (copied with their modification times, `cp -p` or \
+                 `rsync -t`, when a manifest records them)"
+            ),
+        };
+        if meta.len() != size {
+            return Err(mismatch(
+                format!("size is {} bytes", meta.len()),
+                format!("{size} bytes"),
+            ));
+        }
+        if let Some(recorded) = shard.mtime_ns {
+            let modified = manifest::mtime_ns(&path);
+            if modified != Some(recorded) {
+                let is = modified.map_or("modification time cannot be read".into(), |m| {
+                    format!("modification time is {m} ns since the epoch")
+                });
+                return Err(mismatch(is, recorded.to_string()));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Reads the footer of every Parquet file and replaces the file by one
 /// shard per row group (a file without rows gives none).
 fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &StoreOptions) -> Result<Vec<Shard>> {

@@ -3,7 +3,8 @@
 //! the shards its original resolved, without listing a prefix or reading a
 //! footer again, so it cannot see a dataset that changed in between.
 //!
-//! Everything a [`Shard`] holds is written: URL, size, ETag, kind, the
+//! Everything a [`Shard`] holds is written: URL, size, the modification
+//! time its manifest records, ETag, kind, the
 //! manifest's sample spans and, for a Parquet row group, its file's footer
 //! (written once per file, re-encoded from the decoded metadata) with the
 //! row group's index, span and rows. Decoding checks the re-decoded footer
@@ -19,7 +20,7 @@ use crate::format::parquet::{row_group_rows, row_group_span};
 use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
 
 /// The first bytes of an encoded list (and its version).
-const MAGIC: &[u8; 4] = b"SSL1";
+const MAGIC: &[u8; 4] = b"SSL2";
 
 /// Encodes `shards`.
 pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
@@ -52,6 +53,7 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
     for (shard, footer) in shards.iter().zip(footer_of) {
         out.bytes(shard.url.as_bytes());
         out.option(shard.size);
+        out.option(shard.mtime_ns);
         match &shard.etag {
             None => out.0.push(0),
             Some(etag) => {
@@ -117,6 +119,7 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
     for _ in 0..count {
         let url = r.string()?;
         let size = r.option()?;
+        let mtime_ns = r.option()?;
         let etag = match r.byte()? {
             0 => None,
             1 => Some(r.string()?),
@@ -158,6 +161,7 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
             size,
             index,
             etag,
+            mtime_ns,
             kind,
         });
     }
@@ -331,7 +335,10 @@ mod tests {
                 crate::format::parquet::FooterDecode::NeedTail(_) => unreachable!(),
             };
         let mut shards = vec![
-            Shard::new("a.tar", Some(3072)),
+            Shard {
+                mtime_ns: Some(1_700_000_000_123_456_789),
+                ..Shard::new("a.tar", Some(3072))
+            },
             Shard {
                 etag: Some("\"e1\"".into()),
                 kind: ShardKind::Raw,
@@ -386,7 +393,10 @@ mod tests {
                     ),
                     other => format!("{other:?}"),
                 };
-                format!("{} {:?} {:?} {kind} {index:?}", s.url, s.size, s.etag)
+                format!(
+                    "{} {:?} {:?} {:?} {kind} {index:?}",
+                    s.url, s.size, s.mtime_ns, s.etag
+                )
             })
             .collect()
     }

@@ -56,8 +56,12 @@ pub struct Shard {
     pub size: Option<u64>,
     /// Byte spans of its samples, from a manifest.
     pub index: Option<Arc<SampleIndex>>,
-    /// The object's ETag, when a listing gave it.
+    /// The object's ETag, when a listing (or, for an object named outright,
+    /// its manifest) gave it.
     pub etag: Option<String>,
+    /// The modification time (nanoseconds since the epoch) that the
+    /// manifest records for a local file, which the file must still have.
+    pub mtime_ns: Option<u64>,
     /// What the shard holds.
     pub kind: ShardKind,
 }
@@ -70,6 +74,7 @@ impl Shard {
             size,
             index: None,
             etag: None,
+            mtime_ns: None,
             kind: ShardKind::Tar,
         }
     }
@@ -154,10 +159,19 @@ impl SampleIndex {
         self.compression
     }
 
-    /// The byte range holding samples `samples` (non-empty, within the shard).
-    pub fn byte_range(&self, samples: &Range<u64>) -> Range<u64> {
+    /// The bytes a read of `samples` (non-empty, within the shard) of a
+    /// plain shard of `size` bytes (when known) fetches: from the first
+    /// one's offset to the next sample's, or, after the shard's last
+    /// sample, to its end. The read then sees where its last sample really
+    /// ends: a member of it past its recorded length is found, not cut off.
+    pub fn read_range(&self, samples: &Range<u64>, size: Option<u64>) -> Range<u64> {
         let last = samples.end as usize - 1;
-        self.offsets[samples.start as usize]..self.offsets[last] + self.lengths[last]
+        let last_end = self.offsets[last] + self.lengths[last];
+        let end = match self.offsets.get(samples.end as usize) {
+            Some(&next) => next,
+            None => size.filter(|&size| size >= last_end).unwrap_or(last_end),
+        };
+        self.offsets[samples.start as usize]..end
     }
 }
 
@@ -172,7 +186,9 @@ mod tests {
             lengths: vec![1024, 2048, 512],
             compression: None,
         };
-        assert_eq!(index.byte_range(&(1..3)), 1024..3584);
-        assert_eq!(index.byte_range(&(0..1)), 0..1024);
+        assert_eq!(index.read_range(&(1..3), Some(10240)), 1024..10240);
+        assert_eq!(index.read_range(&(1..3), None), 1024..3584);
+        assert_eq!(index.read_range(&(0..1), Some(10240)), 0..1024);
+        assert_eq!(index.read_range(&(0..2), None), 0..3072);
     }
 }

@@ -309,6 +309,10 @@ class ShardList:
     @property
     def counted(self) -> bool:
         """Whether the local tar shards were counted from their headers."""
+    def check_local_files(self) -> None:
+        """Raises ``ShardNotFoundError`` or ``ManifestMismatchError`` if a local file of the
+        shards (resolved by another process, maybe on another node) is missing here or differs
+        from what the resolution says of it: one ``stat`` per local shard, nothing read."""
     def check_equal_length(self, world_size: int) -> None:
         """Raises ``DatasetSpecError`` if ``world_size`` ranks cannot get the same number of
         samples (a shard's sample count is unknown)."""

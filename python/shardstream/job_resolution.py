@@ -124,6 +124,9 @@ def resolve_once(
         _publish(store, key, _encoded(shard_list))
     elif _wait(store, f"{key}/started", START_WAIT) and _wait(store, key, RESULT_WAIT):
         shard_list = _decoded(_fetch(store, key), options)
+        # This node's copies of local shards are read by the spans of rank
+        # 0's: one that is missing or differs is an error here, not mid-epoch.
+        shard_list.check_local_files()
         # Rank 0 spreads the counting (if any) over the ranks that say so.
         store.set(f"{key}/joined/{dist.get_rank()}", b"1")
     else:

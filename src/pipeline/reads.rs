@@ -128,7 +128,10 @@ fn make_read(
                 // Offsets in a compressed shard are offsets in its
                 // decompressed tar: read it from its start.
                 Some(_) => (None, 0),
-                None => (Some(index.byte_range(&(samples.start..end))), samples.start),
+                None => (
+                    Some(index.read_range(&(samples.start..end), shard.size)),
+                    samples.start,
+                ),
             }
         }
         None => match &shard.kind {
@@ -136,13 +139,18 @@ fn make_read(
             _ => (None, 0),
         },
     };
+    // A row group's size is its span's, not its file's.
+    let size = match &shard.kind {
+        ShardKind::Parquet(_) => None,
+        ShardKind::Tar | ShardKind::Raw => shard.size,
+    };
     Ok(Read {
         shard: shard_index,
         fetch: Some(FetchUnit {
             url: shard.url.clone(),
             location: shard.location(),
             range,
-            size: shard.size,
+            size,
             etag: shard.etag.clone(),
         }),
         first_index,
@@ -209,8 +217,9 @@ mod tests {
     }
 
     /// A manifest's plain shard is read by byte range from the piece's
-    /// first sample; a shard without one, or a compressed one, from its
-    /// first byte; a piece past a shard's last sample fetches nothing.
+    /// first sample to the next piece's (the shard's end after its last
+    /// sample); a shard without one, or a compressed one, from its first
+    /// byte; a piece past a shard's last sample fetches nothing.
     #[test]
     fn byte_ranges_follow_the_manifest() {
         let units = [
@@ -229,7 +238,7 @@ mod tests {
                 (1, Some(None), 0, format!("unit 1 {all:?}")),
                 (2, Some(None), 0, "unit 2 1..2".into()),
                 (0, None, 4, "unit 3 4..9".into()),
-                (0, Some(Some(0..400)), 0, format!("unit 4 {all:?}")),
+                (0, Some(Some(0..1024)), 0, format!("unit 4 {all:?}")),
             ]
         );
         assert_eq!(reads[0].fetch.as_ref().unwrap().size, Some(1024));
@@ -258,7 +267,7 @@ mod tests {
             [
                 (1, Some(None), 0, "restore [3, 7]".into()),
                 (0, Some(Some(200..300)), 2, "restore [2]".into()),
-                (0, Some(Some(200..400)), 2, "unit 1 2..4".into()),
+                (0, Some(Some(200..1024)), 2, "unit 1 2..4".into()),
                 (1, Some(None), 0, "unit 2 10..20".into()),
             ]
         );

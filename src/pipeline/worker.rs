@@ -18,7 +18,7 @@ use crate::format::{
     blob, compressed::TarStream, parquet, read_append_to_end, tar, ByteSource, Sample, SampleId,
     ShardRef,
 };
-use crate::shard::{RowGroup, ShardKind};
+use crate::shard::{RowGroup, SampleIndex, ShardKind};
 use crate::shuffle::ShuffleBuffer;
 use crate::source::{ReadAhead, ShardReader};
 use crate::state::Op;
@@ -337,21 +337,8 @@ impl Worker {
     ) -> ControlFlow<()> {
         let id = sample.id;
         if let Some(index) = &read.index {
-            if id.index >= index.len() || sample.offset != index.offset(id.index) {
-                *stop = Some(Stop::Failed(Error::ManifestMismatch {
-                    url: sample.url.to_string(),
-                    reason: format!(
-                        "sample {} ({:?}) starts at byte offset {}, the manifest says {}",
-                        id.index,
-                        sample.key,
-                        sample.offset,
-                        if id.index < index.len() {
-                            index.offset(id.index).to_string()
-                        } else {
-                            "it does not exist".into()
-                        }
-                    ),
-                }));
+            if let Err(error) = check_span(index, &sample) {
+                *stop = Some(Stop::Failed(error));
                 return ControlFlow::Break(());
             }
         }
@@ -534,6 +521,32 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// With a manifest (or counted spans), each sample must lie where it says:
+/// its members start at the recorded offset and end where its recorded
+/// length does (a read runs on to the next sample's offset, so a member
+/// past the recorded end is found, not cut off).
+fn check_span(index: &SampleIndex, sample: &Sample) -> Result<()> {
+    let id = sample.id.index;
+    let recorded = (id < index.len()).then(|| (index.offset(id), index.length(id)));
+    if recorded == Some((sample.offset, sample.length)) {
+        return Ok(());
+    }
+    let says = match recorded {
+        Some((offset, length)) => format!("bytes {offset}..{}", offset + length),
+        None => "it does not exist".into(),
+    };
+    Err(Error::ManifestMismatch {
+        url: sample.url.to_string(),
+        reason: format!(
+            "sample {id} ({:?}) spans bytes {}..{} (its members' headers and data), the manifest \
+             says {says}; run `shardstream index` again",
+            sample.key,
+            sample.offset,
+            sample.offset + sample.length
+        ),
+    })
 }
 
 /// With a manifest, a read from a shard's first byte must find the

@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::blocking::interruptible;
-use super::errors::{to_py, ManifestIgnoredWarning};
+use super::errors::{to_py, ManifestIgnoredWarning, ShardSkippedWarning};
 use super::options::Options;
 use crate::config::OnError;
 use crate::location::Location;
@@ -38,7 +38,8 @@ impl ShardList {
     /// footers and the manifest, and counts the samples of local tar
     /// shards that no manifest describes when `count_samples=True`. With
     /// `on_error="raise"` a local shard that is missing, or malformed when
-    /// counted, is an error here.
+    /// counted, is an error here; with `"warn"` one that cannot be counted
+    /// is skipped (no samples) with a `ShardSkippedWarning`.
     #[new]
     fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
         let o = options.get();
@@ -48,14 +49,15 @@ impl ShardList {
         let count = o.count_samples == Some(true);
         let cache = o.stream.cache.clone();
         let owned_specs = specs.clone();
-        let (shards, attached) = interruptible(py, move || {
+        let (shards, attached, skipped) = interruptible(py, move || {
             let (mut shards, mut attached) =
                 resolve::resolve_indexed(&owned_specs, &s3, format, &choice, strict)?;
+            let mut skipped = Vec::new();
             if count {
                 if choice == ManifestChoice::Auto && attached.used.is_none() {
                     attached = resolve::attach_beside_remote(&owned_specs, &mut shards, &s3)?;
                 }
-                crate::count::count_local_tar(&mut shards, strict)?;
+                skipped = crate::count::count_local_tar(&mut shards, strict)?.skipped;
                 if let Some(cache) = &cache {
                     attach_kept_counts(&mut shards, cache);
                 }
@@ -74,9 +76,10 @@ impl ShardList {
                     });
                 }
             }
-            Ok((shards, attached))
+            Ok((shards, attached, skipped))
         })?;
         warn_ignored(py, &attached)?;
+        warn_skipped(py, &skipped, 4)?;
         let manifest = attached.used;
         Ok(ShardList {
             shards: Arc::new(shards),
@@ -89,7 +92,8 @@ impl ShardList {
 
     /// Counts the samples of the local tar shards that have no counts yet
     /// (unless `count_samples=False`): a job of several ranks needs them.
-    /// With `on_error="raise"` a malformed shard is an error here.
+    /// With `on_error="raise"` a malformed shard is an error here; with
+    /// `"warn"` it is skipped (no samples) with a `ShardSkippedWarning`.
     fn count_samples(&mut self, py: Python<'_>) -> PyResult<()> {
         let o = self.options.get();
         if self.counted || o.count_samples == Some(false) {
@@ -100,16 +104,17 @@ impl ShardList {
         let s3 = o.stream.s3.clone();
         let specs = self.specs.clone();
         let mut shards = (*self.shards).clone();
-        let (shards, attached) = interruptible(py, move || {
+        let (shards, attached, skipped) = interruptible(py, move || {
             let attached = if look_beside {
                 resolve::attach_beside_remote(&specs, &mut shards, &s3)?
             } else {
                 Attached::default()
             };
-            crate::count::count_local_tar(&mut shards, strict)?;
-            Ok((shards, attached))
+            let skipped = crate::count::count_local_tar(&mut shards, strict)?.skipped;
+            Ok((shards, attached, skipped))
         })?;
         warn_ignored(py, &attached)?;
+        warn_skipped(py, &skipped, 2)?;
         if attached.used.is_some() {
             self.manifest = attached.used;
         }
@@ -182,6 +187,15 @@ impl ShardList {
     #[getter]
     fn counted(&self) -> bool {
         self.counted
+    }
+
+    /// Raises if a local file of the shards (resolved by another process,
+    /// maybe on another node) is missing here or differs from what the
+    /// resolution says of it (size, and the modification time a manifest
+    /// records): one `stat` per local shard, nothing read.
+    fn check_local_files(&self, py: Python<'_>) -> PyResult<()> {
+        let shards = self.shards.clone();
+        interruptible(py, move || resolve::check_local_copies(&shards))
     }
 
     /// Raises if a job of `world_size` ranks cannot give every rank the
@@ -315,6 +329,22 @@ fn warn_ignored(py: Python<'_>, attached: &Attached) -> PyResult<()> {
             .unwrap_or_else(|_| c"a manifest.json beside the shards was not used".to_owned());
         let category = py.get_type::<ManifestIgnoredWarning>();
         PyErr::warn(py, category.as_any(), &message, 4)?;
+    }
+    Ok(())
+}
+
+/// Warns of each local shard that could not be counted and is skipped
+/// (`on_error="warn"`), naming it and the offset of the damage; the
+/// warning points `stacklevel` frames up.
+fn warn_skipped(py: Python<'_>, skipped: &[crate::Error], stacklevel: i32) -> PyResult<()> {
+    for error in skipped {
+        let message = CString::new(format!(
+            "skipped a bad shard, left out of every epoch (its samples could not be counted): \
+             {error}"
+        ))
+        .unwrap_or_else(|_| c"skipped a bad shard whose samples could not be counted".to_owned());
+        let category = py.get_type::<ShardSkippedWarning>();
+        PyErr::warn(py, category.as_any(), &message, stacklevel)?;
     }
     Ok(())
 }

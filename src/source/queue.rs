@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
-use super::ranged::{stream_range, Sample, Tap, Target};
+use super::ranged::{expected, stream_range, Sample, Tap, Target};
 use crate::error::Error;
 use crate::stats::Counter;
 use crate::store::ranged::{short_part, Pinned, RangedObject};
@@ -756,9 +756,8 @@ impl PartQueue {
                 shared.clone(),
             ))
         });
-        // A unit of a byte range may give the range's size, not the object's.
         let role = Role::First {
-            pinned: Pinned::listed(unit.size.filter(|_| unit.range.is_none())),
+            pinned: expected(unit),
             clamp,
             answer: answer_tx,
         };

@@ -201,6 +201,9 @@ pub(super) async fn stream_range<O: RangedObject>(
                 body_end,
                 mut body,
             })) => {
+                if let Err(error) = pinned.check_listed_etag(url, position) {
+                    return Ok(Err(error));
+                }
                 // The read stops at the range's end, the GET's at `answered`.
                 let stop = answered.min(end.unwrap_or(u64::MAX));
                 end = Some(stop);
@@ -304,6 +307,13 @@ fn gone_means_changed(error: Error, pinned: &Pinned, url: &str, position: u64) -
     }
 }
 
+/// What is known of `unit`'s object before its first answer: the size and
+/// ETag it was listed with, or that its manifest records, which that answer
+/// must confirm, for a byte range as for the whole object.
+pub(super) fn expected(unit: &FetchUnit) -> Pinned {
+    Pinned::expecting(unit.size, unit.etag.clone())
+}
+
 /// Reads the unit's object (or byte range of it) as one streaming GET
 /// (resumed where it breaks) into budgeted chunks sent to `tx`, so that
 /// parsing starts with its first bytes. Used with `max_concurrency` 1;
@@ -319,8 +329,7 @@ pub(super) async fn read_ranged<O: RangedObject>(
         .range
         .clone()
         .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
-    // A unit of a byte range may give the range's size, not the object's.
-    let mut pinned = Pinned::listed(unit.size.filter(|_| unit.range.is_none()));
+    let mut pinned = expected(unit);
     let mut target = Target::Chunks {
         tx,
         budget: &fetcher.budget,

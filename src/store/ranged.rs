@@ -131,6 +131,9 @@ pub(crate) struct Pinned {
     /// Whether an answer gave `size`; else it is the size the object was
     /// listed with, which the first answer must confirm.
     pub(crate) confirmed: bool,
+    /// The ETag the object was listed with, or that its manifest records,
+    /// which its first answer must carry (else it is another version).
+    pub(crate) listed_etag: Option<String>,
     /// Whether an answer's body runs past the part it was taken for (a
     /// server that ignores `Range` sent the whole object, or the whole unit
     /// was asked for, as of a resource that may have no validator): the
@@ -151,6 +154,40 @@ impl Pinned {
             size,
             ..Pinned::default()
         }
+    }
+
+    /// Nothing known but the size and ETag the object was listed with (or
+    /// that its manifest records), if any: its first answer must confirm
+    /// both.
+    pub(crate) fn expecting(size: Option<u64>, etag: Option<String>) -> Self {
+        Pinned {
+            listed_etag: etag,
+            ..Pinned::listed(size)
+        }
+    }
+
+    /// An error when the first answer (now confirmed) gave another ETag
+    /// than the one the object was listed with (`listed_etag`).
+    pub(crate) fn check_listed_etag(&self, url: &str, position: u64) -> Result<(), Error> {
+        let Some(listed) = &self.listed_etag else {
+            return Ok(());
+        };
+        if !self.confirmed || self.etag.as_ref() == Some(listed) {
+            return Ok(());
+        }
+        let found = self.etag.as_deref().unwrap_or("none");
+        Err(Error::Read {
+            url: url.to_owned(),
+            offset: position,
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "the object's ETag is {found}, not the {listed} it was listed with or that \
+                     its manifest records: it changed since (if a manifest describes it, run \
+                     `shardstream index` again)"
+                ),
+            ),
+        })
     }
 }
 

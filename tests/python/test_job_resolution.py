@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _shardtest import run_bounded, write_uneven_dataset
+from _shardtest import index_manifest, run_bounded, write_uneven_dataset
 from fake_hub import running_fake_hub
 from fault_proxy import running_fault_proxy
 from http_server import running_http_server
@@ -39,6 +39,9 @@ if len(sys.argv) > 4 and sys.argv[4] == "no-process-group":
 else:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+if os.environ.get("NODE_DIRS"):
+    # A node of its own: relative paths name this rank's copies.
+    os.chdir(f"node-{rank}")
 try:
     # A transform that does not pickle: the shard list travels without it.
     ds = StreamingDataset(spec, transform=lambda sample: sample, **options)
@@ -306,3 +309,27 @@ def test_count_samples_on_remote_shards_named_outright(s3, s3_shards, tmp_path):
     assert len(ds) == sum(COUNTS) // 2
     assert len({sample["__key__"] for sample in ds}) == sum(COUNTS) // 2
     assert not list((tmp_path / "cache").glob("*.counts.json"))
+
+
+def test_each_rank_checks_its_own_copies_of_the_local_shards_at_construction(tmp_path):
+    """Rank 0's resolution of a local spec reaches every rank, and each
+    reads its own node's copies by rank 0's sample spans: each checks them
+    (a stat each: present, same size, the modification time the manifest
+    records) when it makes the dataset, so that a node with a missing or
+    other file fails there, naming it, not mid-epoch."""
+    info = write_uneven_dataset(tmp_path / "node-0" / "data", COUNTS)
+    index_manifest([info.spec], tmp_path / "node-0" / "data" / "manifest.json")
+    for rank in range(1, NPROC):
+        shutil.copytree(tmp_path / "node-0", tmp_path / f"node-{rank}")  # times kept
+    (tmp_path / "node-2" / "data" / info.paths[3].name).unlink()
+    touched = tmp_path / "node-3" / "data" / info.paths[1].name
+    stat = touched.stat()
+    os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    spec = f"data/part-{{000000..{len(COUNTS) - 1:06d}}}.tar"
+    records = launch(tmp_path, spec, {"shuffle_buffer": 0}, {"NODE_DIRS": "1"})
+    assert [r.get("error") for r in records[:2]] == [None, None], records
+    assert records[0]["shards"] == records[1]["shards"]
+    missing, other = records[2].get("error", ""), records[3].get("error", "")
+    assert missing.startswith("ShardNotFoundError") and info.paths[3].name in missing, missing
+    assert other.startswith("ManifestMismatchError") and info.paths[1].name in other, other
+    assert "modification time" in other, other

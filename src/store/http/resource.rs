@@ -107,8 +107,9 @@ pub(super) fn accept(
     match pinned.size {
         Some(listed) if listed != size && !pinned.confirmed => {
             return Err(invalid(format!(
-                "the resource is {size} bytes, not the {listed} bytes it was listed with (it \
-                 changed since)"
+                "the resource is {size} bytes, not the {listed} bytes it was listed with or \
+                 that its manifest records: it changed since (if a manifest describes it, run \
+                 `shardstream index` again)"
             )))
         }
         Some(known) if known != size => {

@@ -82,8 +82,9 @@ pub(super) fn accept(
     match pinned.size {
         Some(size) if size != served.size && !pinned.confirmed => {
             return Err(invalid(format!(
-                "the object is {} bytes, not the {size} bytes it was listed with (it changed \
-                 since)",
+                "the object is {} bytes, not the {size} bytes it was listed with or that its \
+                 manifest records: it changed since (if a manifest describes it, run \
+                 `shardstream index` again)",
                 served.size
             )))
         }
