@@ -9,10 +9,12 @@
 //! replaced since, confirms it again), and an object without a validator
 //! is not cached.
 //!
-//! A shard read by byte ranges (the sample runs a manifest or sample counts
-//! give) is cached too: the first read of a range of an object that has no
-//! copy reads the whole object, writing it to the cache and handing its
-//! reader the range only; its later ranges are read from the copy.
+//! A shard read by a byte range holding all its samples (a manifest's or
+//! sample counts' plain tar shards) is cached too: without a copy, the
+//! whole object is read, written to the cache and its reader handed the
+//! range only. A range of some of a shard's samples is read from a copy
+//! if there is one, and never fills one (that would fetch the other
+//! samples' bytes a second time in the epoch).
 //!
 //! A whole remote shard is written to a temporary file of the cache
 //! (`.tmp-<pid>-<random>`) as its bytes stream to the reader, with no extra
@@ -525,6 +527,7 @@ impl Cache {
                 range: Some(range),
                 size: Some(size),
                 etag: unit.etag.clone(),
+                all_samples: false,
             },
             path,
             file,
@@ -844,6 +847,7 @@ mod tests {
             range: None,
             size: Some(size),
             etag: Some("\"e1\"".into()),
+            all_samples: false,
         }
     }
 
@@ -898,6 +902,7 @@ mod tests {
         let a = FetchUnit {
             size: None,
             etag: None,
+            all_samples: false,
             ..unit("s3://b/a.tar", 100)
         };
         fill_as(&cache, &a, &[1; 100], "\"v1\"");

@@ -201,6 +201,10 @@ pub struct FetchUnit {
     pub size: Option<u64>,
     /// The shard's ETag, when listed.
     pub etag: Option<String>,
+    /// Whether `range` holds every sample of the shard (the rest of the
+    /// object is no sample's: a tar archive's end), so that a cache may
+    /// read the whole object instead without reading any byte twice.
+    pub all_samples: bool,
 }
 
 /// Where the bytes a [`ChunkSender`] sends are also written (a cache

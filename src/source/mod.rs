@@ -343,10 +343,11 @@ impl Dispatcher {
     /// The cached copy of a remote `unit`, if there is one of the object's
     /// identity as this process confirmed it for the dataset; on a miss,
     /// the bytes sent to `chunk_tx` are also written to the cache. A miss
-    /// on a byte range of an object this read-ahead did not read whole yet
-    /// makes `unit` the whole object, of which `chunk_tx` hands the reader
-    /// the range only. An object without a validator (or whose identity
-    /// cannot be had) is not cached.
+    /// on a byte range holding every sample of an object this read-ahead
+    /// did not read whole yet makes `unit` the whole object, of which
+    /// `chunk_tx` hands the reader the range only (see
+    /// [`Dispatcher::fill_on_miss`]). An object
+    /// without a validator (or whose identity cannot be had) is not cached.
     async fn cache_hit(&self, unit: &mut FetchUnit, chunk_tx: &ChunkSender) -> Option<cache::Hit> {
         let cache = self.cache.clone()?;
         let identity = self.identity(&cache, unit).await?;
@@ -371,11 +372,14 @@ impl Dispatcher {
 
     /// Has the bytes of `unit` (of the object of `identity`), which has no
     /// cached copy, also written to the cache as they are sent to
-    /// `chunk_tx`. A byte range is read as the whole object, so that the
-    /// copy is complete (once per read-ahead and object, when the object
-    /// is the size the plan knows and fits the cache), the reader handed
-    /// the range only; the bytes outside it pass through the budget as
-    /// they are written.
+    /// `chunk_tx`. A byte range that holds every sample of the shard is
+    /// read as the whole object, so that the copy is complete (once per
+    /// read-ahead and object, when the object is the size the plan knows
+    /// and fits the cache), the reader handed the range only; the bytes
+    /// outside it (no sample's) pass through the budget as they are
+    /// written. A range of some of the samples is not cached: reading the
+    /// whole object for it would fetch the other samples' bytes twice in
+    /// the epoch (the slot that reads them fetches them too).
     fn fill_on_miss(
         &self,
         unit: &mut FetchUnit,
@@ -392,7 +396,8 @@ impl Dispatcher {
             return;
         };
         let size = identity.size();
-        if range.end > size || unit.size.is_some_and(|planned| planned != size) {
+        let planned = unit.size.is_none_or(|planned| planned == size);
+        if !unit.all_samples || range.end > size || !planned {
             return;
         }
         let mut read = self.read_whole.lock().unwrap_or_else(|e| e.into_inner());
@@ -619,6 +624,7 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &StoreOptions) -> Result<Vec<V
                 range: Some(size - len.min(size)..size),
                 size: file.size,
                 etag: file.etag.clone(),
+                all_samples: false,
             }
         })
         .collect();
@@ -914,6 +920,7 @@ mod tests {
             range: None,
             size: None,
             etag: None,
+            all_samples: false,
         };
         let options = ReadAheadOptions {
             budget_bytes: 4 * chunk_bytes,
@@ -935,6 +942,7 @@ mod tests {
             range,
             size: None,
             etag: None,
+            all_samples: false,
         }
     }
 

@@ -1348,6 +1348,7 @@ mod tests {
                     range: None,
                     size: listed.then_some(len as u64),
                     etag: None,
+                    all_samples: false,
                 };
                 (Arc::new(object), unit)
             })
