@@ -843,6 +843,24 @@ pub struct CacheOptions {
     pub dir: std::path::PathBuf,
     /// Bytes of cached shards kept at most; `None`: no limit.
     pub limit_bytes: Option<u64>,
+    /// The dataset these options were made for: each process checks the
+    /// identity of a cached object once per dataset (a dataset made later
+    /// in the same process checks it again, so that an object replaced
+    /// since is never served from an older copy).
+    pub identity_scope: u64,
+}
+
+impl CacheOptions {
+    /// A cache in `dir` of at most `limit_bytes`, for a new dataset (with
+    /// an identity scope of its own).
+    pub fn new(dir: std::path::PathBuf, limit_bytes: Option<u64>) -> Self {
+        static SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        CacheOptions {
+            dir,
+            limit_bytes,
+            identity_scope: SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
 }
 
 impl Default for StreamOptions {
@@ -1457,10 +1475,7 @@ mod tests {
                 "cache",
                 &["cache_dir", "cache_limit_bytes"],
                 StreamOptions {
-                    cache: Some(CacheOptions {
-                        dir: "/tmp/cache".into(),
-                        limit_bytes: Some(7),
-                    }),
+                    cache: Some(CacheOptions::new("/tmp/cache".into(), Some(7))),
                     ..d()
                 },
             ),

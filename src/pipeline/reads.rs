@@ -111,6 +111,7 @@ fn make_read(
     purpose: ReadPurpose,
 ) -> Result<Read> {
     let index = shard.index.clone();
+    let mut all_samples = false;
     let (range, first_index) = match &index {
         Some(index) => {
             let end = samples.end.min(index.len());
@@ -128,10 +129,13 @@ fn make_read(
                 // Offsets in a compressed shard are offsets in its
                 // decompressed tar: read it from its start.
                 Some(_) => (None, 0),
-                None => (
-                    Some(index.read_range(&(samples.start..end), shard.size)),
-                    samples.start,
-                ),
+                None => {
+                    all_samples = samples.start == 0 && end == index.len();
+                    (
+                        Some(index.read_range(&(samples.start..end), shard.size)),
+                        samples.start,
+                    )
+                }
             }
         }
         None => match &shard.kind {
@@ -152,6 +156,7 @@ fn make_read(
             range,
             size,
             etag: shard.etag.clone(),
+            all_samples,
         }),
         first_index,
         index,
@@ -242,6 +247,13 @@ mod tests {
             ]
         );
         assert_eq!(reads[0].fetch.as_ref().unwrap().size, Some(1024));
+        // Only the read of every sample of a plain shard holds them all.
+        let all: Vec<bool> = reads
+            .iter()
+            .flat_map(|r| &r.fetch)
+            .map(|f| f.all_samples)
+            .collect();
+        assert_eq!(all, [false, false, false, true]);
         assert!(reads[1].index.is_none() && reads[0].index.is_some());
     }
 

@@ -568,10 +568,7 @@ impl Options {
             ));
         }
         if let Some(dir) = cache_dir {
-            let cache = CacheOptions {
-                dir,
-                limit_bytes: cache_limit,
-            };
+            let cache = CacheOptions::new(dir, cache_limit);
             crate::source::cache::prepare(&cache).map_err(to_py)?;
             builder = builder.with_cache(Some(cache));
         }

@@ -2,10 +2,19 @@
 //!
 //! A cached copy is tied to its object's identity (an [`Identity`]: size
 //! and validator, the ETag or else the Last-Modified date), which a request
-//! of this process confirms once per object (a HEAD of an S3 object, a GET
-//! of a resource's first byte; see [`confirmed`]) before the cache is looked
-//! at: a copy of another identity is never served, and an object without a
-//! validator is not cached.
+//! of this process confirms once per object and dataset (a HEAD of an S3
+//! object, a GET of a resource's first byte; see [`Cache::confirmed`])
+//! before the cache is looked at: a copy of another identity is never
+//! served (a dataset made later in the same process, over an object
+//! replaced since, confirms it again), and an object without a validator
+//! is not cached.
+//!
+//! A shard read by a byte range holding all its samples (a manifest's or
+//! sample counts' plain tar shards) is cached too: without a copy, the
+//! whole object is read, written to the cache and its reader handed the
+//! range only. A range of some of a shard's samples is read from a copy
+//! if there is one, and never fills one (that would fetch the other
+//! samples' bytes a second time in the epoch).
 //!
 //! A whole remote shard is written to a temporary file of the cache
 //! (`.tmp-<pid>-<random>`) as its bytes stream to the reader, with no extra
@@ -295,6 +304,11 @@ impl Identity {
         })
     }
 
+    /// The object's size.
+    pub(super) fn size(&self) -> u64 {
+        self.size
+    }
+
     /// Whether an answer with `validator` and `size` is this object.
     fn answered_by(&self, validator: Option<&str>, size: Option<u64>) -> bool {
         size == Some(self.size)
@@ -302,10 +316,11 @@ impl Identity {
     }
 }
 
-/// The identities of remote objects (by URL) that a request of this
-/// process confirmed (`None`: the object has no validator), and the
-/// process they belong to: a forked child confirms its own.
-type Confirmed = Option<(u32, HashMap<String, Option<Identity>>)>;
+/// The identities of remote objects (by identity scope, the dataset's, and
+/// URL) that a request of this process confirmed (`None`: the object has
+/// no validator), and the process they belong to: a forked child confirms
+/// its own.
+type Confirmed = Option<(u32, HashMap<(u64, String), Option<Identity>>)>;
 
 static CONFIRMED: Mutex<Confirmed> = Mutex::new(None);
 
@@ -329,7 +344,7 @@ extern "C" fn release_after_fork() {
 }
 
 /// Runs `f` on this process's confirmed identities.
-fn with_confirmed<T>(f: impl FnOnce(&mut HashMap<String, Option<Identity>>) -> T) -> T {
+fn with_confirmed<T>(f: impl FnOnce(&mut HashMap<(u64, String), Option<Identity>>) -> T) -> T {
     static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
     FORK_HANDLERS.call_once(|| {
         // SAFETY: registers `extern "C"` functions that only lock and
@@ -352,22 +367,24 @@ fn with_confirmed<T>(f: impl FnOnce(&mut HashMap<String, Option<Identity>>) -> T
 }
 
 /// The identity of the object at `url` a request of this process
-/// confirmed, if one did (`Some(None)`: it has no validator). Each object
-/// is checked once per process: a copy filled or replaced later by
-/// another process is checked against this identity.
-pub(super) fn confirmed(url: &str) -> Option<Option<Identity>> {
-    with_confirmed(|map| map.get(url).cloned())
+/// confirmed for the dataset of identity scope `scope`, if one did
+/// (`Some(None)`: it has no validator). Each object is checked once per
+/// process and dataset: a copy filled or replaced later by another process
+/// is checked against this identity.
+fn confirmed(scope: u64, url: &str) -> Option<Option<Identity>> {
+    with_confirmed(|map| map.get(&(scope, url.to_owned())).cloned())
 }
 
-/// Notes the identity a request of this process found for `url`.
-pub(super) fn confirm(url: &str, identity: Option<Identity>) {
-    with_confirmed(|map| map.insert(url.to_owned(), identity));
+/// Notes the identity a request of this process found for `url`, for the
+/// dataset of identity scope `scope`.
+fn confirm(scope: u64, url: &str, identity: Option<Identity>) {
+    with_confirmed(|map| map.insert((scope, url.to_owned()), identity));
 }
 
-/// Forgets the identity of `url`: an answer showed that it changed, so
-/// the next open asks again.
-fn forget(url: &str) {
-    with_confirmed(|map| map.remove(url));
+/// Forgets the identity of `url` in `scope`: an answer showed that it
+/// changed, so the next open asks again.
+fn forget(scope: u64, url: &str) {
+    with_confirmed(|map| map.remove(&(scope, url.to_owned())));
 }
 
 /// A cache directory in use.
@@ -425,6 +442,19 @@ impl Cache {
                 None
             }
         }
+    }
+
+    /// The identity of the object at `url` a request of this process
+    /// confirmed for this cache's dataset, if one did (`Some(None)`: it has
+    /// no validator).
+    pub(super) fn confirmed(&self, url: &str) -> Option<Option<Identity>> {
+        confirmed(self.options.identity_scope, url)
+    }
+
+    /// Notes the identity a request of this process found for `url`, for
+    /// this cache's dataset.
+    pub(super) fn confirm(&self, url: &str, identity: Option<Identity>) {
+        confirm(self.options.identity_scope, url, identity);
     }
 
     /// The final name of `unit`'s shard, when it can be cached (a remote
@@ -497,6 +527,7 @@ impl Cache {
                 range: Some(range),
                 size: Some(size),
                 etag: unit.etag.clone(),
+                all_samples: false,
             },
             path,
             file,
@@ -525,6 +556,7 @@ impl Cache {
                 size: unit.size,
                 etag: unit.etag.clone(),
                 identity,
+                scope: self.options.identity_scope,
                 crc: crc32fast::Hasher::new(),
                 written: 0,
                 limit: self.options.limit_bytes,
@@ -626,6 +658,8 @@ pub(super) struct Fill {
     etag: Option<String>,
     /// The object's identity, as this process confirmed it.
     identity: Identity,
+    /// The identity scope it was confirmed in (the dataset's).
+    scope: u64,
     crc: crc32fast::Hasher,
     written: u64,
     limit: Option<u64>,
@@ -674,7 +708,7 @@ impl Fill {
         };
         let written = Some(self.written);
         if !self.identity.answered_by(validator, size) {
-            forget(&self.url);
+            forget(self.scope, &self.url);
             return;
         }
         if size != written || self.size.is_some_and(|planned| Some(planned) != written) {
@@ -813,6 +847,7 @@ mod tests {
             range: None,
             size: Some(size),
             etag: Some("\"e1\"".into()),
+            all_samples: false,
         }
     }
 
@@ -821,10 +856,7 @@ mod tests {
     }
 
     fn cache(dir: &Path, limit: Option<u64>) -> Cache {
-        let options = CacheOptions {
-            dir: dir.to_owned(),
-            limit_bytes: limit,
-        };
+        let options = CacheOptions::new(dir.to_owned(), limit);
         prepare(&options).unwrap();
         Cache::open(options).unwrap()
     }
@@ -870,6 +902,7 @@ mod tests {
         let a = FetchUnit {
             size: None,
             etag: None,
+            all_samples: false,
             ..unit("s3://b/a.tar", 100)
         };
         fill_as(&cache, &a, &[1; 100], "\"v1\"");
@@ -890,12 +923,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache(dir.path(), None);
         let a = unit("http://h/other-identity.tar", 10);
-        confirm(&a.url, Some(identity(10, "\"e1\"")));
+        cache.confirm(&a.url, Some(identity(10, "\"e1\"")));
         let mut fill = cache.fill(&a, identity(10, "\"e1\"")).unwrap();
         fill.write(&[1; 10]);
         fill.commit(Some("\"other\""), Some(10));
         assert!(cache.lookup(&a, &identity(10, "\"e1\"")).is_none());
-        assert_eq!(confirmed(&a.url), None, "the next open asks again");
+        assert_eq!(cache.confirmed(&a.url), None, "the next open asks again");
         // An answer of another size than the bytes written: not cached.
         let mut fill = cache.fill(&a, identity(10, "\"e1\"")).unwrap();
         fill.write(&[1; 9]);

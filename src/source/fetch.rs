@@ -4,6 +4,7 @@
 //! The stores' readers (local files, S3, HTTP) depend on this module; it
 //! depends on none of them (only on the local reader's fault guard).
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
@@ -60,6 +61,11 @@ pub(super) struct ChunkSender {
     tx: Sender<Piece>,
     sent: AtomicU64,
     failed: AtomicBool,
+    /// Whether the reader was told the unit ended.
+    ended: AtomicBool,
+    /// When the fetch reads more than the reader asked for, the part of
+    /// the bytes that the reader gets.
+    window: Mutex<Option<Window>>,
     /// The cache file the bytes are also written to, if any.
     fill: Mutex<Option<Box<dyn Tee>>>,
     /// What the source answered with: its validator, and its size when
@@ -74,6 +80,8 @@ impl ChunkSender {
             tx,
             sent: AtomicU64::new(0),
             failed: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            window: Mutex::new(None),
             fill: Mutex::new(None),
             answered: Mutex::new((None, None)),
         }
@@ -84,31 +92,73 @@ impl ChunkSender {
         *self.fill.lock().unwrap_or_else(|e| e.into_inner()) = Some(fill);
     }
 
+    /// Hands the reader only the bytes `range` of the object, whose every
+    /// byte is then sent, from its first (a whole object read into the
+    /// cache for a range of it): the others go to the cache file only.
+    /// The reader is told the unit ended once the range was sent.
+    pub(super) fn window(&self, range: Range<u64>) {
+        *self.window.lock().unwrap_or_else(|e| e.into_inner()) = Some(Window { range, at: 0 });
+    }
+
     /// Notes what the source answered with: its validator, and its size
     /// when the answer confirmed it.
     pub(super) fn note_answer(&self, validator: Option<String>, size: Option<u64>) {
         *self.answered.lock().unwrap_or_else(|e| e.into_inner()) = (validator, size);
     }
 
-    /// Sends bytes or an error; `Err` when the reader is gone.
+    /// Sends bytes or an error; `Err` when the reader is gone. Once the
+    /// reader was told the unit ended (its window was sent), bytes go to
+    /// the cache file only, and an error only stops the copy.
     pub(super) fn send(&self, item: ChunkResult) -> std::result::Result<(), ConsumerGone> {
         let piece = match item {
-            Ok(chunk) => {
+            Ok(mut chunk) => {
                 if let Some(fill) = self.fill.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
                     fill.write(&chunk.bytes);
                 }
+                let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+                let mut window_sent = false;
+                if let Some(window) = window.as_mut() {
+                    let start = window.at;
+                    window.at += chunk.bytes.len() as u64;
+                    let within = |at: u64| (at.clamp(start, window.at) - start) as usize;
+                    let (from, to) = (within(window.range.start), within(window.range.end));
+                    chunk.bytes = chunk.bytes.slice(from..to);
+                    window_sent = window.at >= window.range.end;
+                }
+                drop(window);
+                if self.ended.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
                 self.sent
                     .fetch_add(chunk.bytes.len() as u64, Ordering::SeqCst);
-                Piece::Bytes(chunk)
+                if !chunk.bytes.is_empty() {
+                    self.tx
+                        .send(Piece::Bytes(chunk))
+                        .map_err(|_| ConsumerGone)?;
+                }
+                if window_sent {
+                    self.end();
+                }
+                return Ok(());
             }
             Err(error) => {
                 self.failed.store(true, Ordering::SeqCst);
                 // Dropped: its temporary file is removed.
                 self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
+                if self.ended.load(Ordering::SeqCst) {
+                    return Ok(());
+                }
                 Piece::Failed(error)
             }
         };
         self.tx.send(piece).map_err(|_| ConsumerGone)
+    }
+
+    /// Tells the reader that the unit ended, once.
+    fn end(&self) {
+        if !self.ended.swap(true, Ordering::SeqCst) {
+            let _ = self.tx.send(Piece::End { bytes: self.sent() });
+        }
     }
 
     /// Bytes sent so far.
@@ -116,7 +166,8 @@ impl ChunkSender {
         self.sent.load(Ordering::SeqCst)
     }
 
-    /// Tells the reader that every byte was sent, unless an error was.
+    /// Tells the reader that every byte was sent (unless an error was,
+    /// or it was told already), and keeps the cache file.
     pub(super) fn finish(&self) {
         if !self.failed.load(Ordering::SeqCst) {
             let fill = self.fill.lock().unwrap_or_else(|e| e.into_inner()).take();
@@ -124,9 +175,17 @@ impl ChunkSender {
                 let answered = self.answered.lock().unwrap_or_else(|e| e.into_inner());
                 fill.commit(answered.0.as_deref(), answered.1);
             }
-            let _ = self.tx.send(Piece::End { bytes: self.sent() });
+            self.end();
         }
     }
+}
+
+/// The bytes of an object a reader gets when the fetch reads more.
+struct Window {
+    /// The bytes the reader gets.
+    range: Range<u64>,
+    /// Where the next bytes sent lie in the object.
+    at: u64,
 }
 
 /// One read: a shard, or a byte range of it.
@@ -142,6 +201,10 @@ pub struct FetchUnit {
     pub size: Option<u64>,
     /// The shard's ETag, when listed.
     pub etag: Option<String>,
+    /// Whether `range` holds every sample of the shard (the rest of the
+    /// object is no sample's: a tar archive's end), so that a cache may
+    /// read the whole object instead without reading any byte twice.
+    pub all_samples: bool,
 }
 
 /// Where the bytes a [`ChunkSender`] sends are also written (a cache

@@ -306,6 +306,7 @@ mod tests {
             range,
             size: None,
             etag: None,
+            all_samples: false,
         };
         let options = super::super::ReadAheadOptions {
             budget_bytes: budget,

@@ -105,6 +105,7 @@ impl ReadAhead {
             s3: Arc::new(tokio::sync::OnceCell::new()),
             http: Arc::new(std::sync::OnceLock::new()),
             cache: options.cache.and_then(cache::Cache::open).map(Arc::new),
+            read_whole: Arc::default(),
         };
         let urls = units.iter().map(|u| u.url.clone()).collect();
         runtime.spawn(task.run(units, shard_tx));
@@ -181,6 +182,10 @@ struct Dispatcher {
     http: Arc<std::sync::OnceLock<std::result::Result<Arc<http::HttpClient>, String>>>,
     /// Where remote shards are cached, if anywhere.
     cache: Option<Arc<cache::Cache>>,
+    /// The URLs of the objects this read-ahead read whole into the cache
+    /// for a byte range of them (or tried to): their later ranges are read
+    /// from the copy, or else by range, never whole again.
+    read_whole: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Dispatcher {
@@ -194,7 +199,7 @@ impl Dispatcher {
         let ahead = self.s3_options.transport.max_concurrency.max(1);
         let mut queue = (ahead > 1).then(|| queue::PartQueue::new(&self));
         let mut in_flight = VecDeque::new();
-        for unit in units {
+        for mut unit in units {
             if self.cancelled.load(Ordering::SeqCst) {
                 return;
             }
@@ -206,8 +211,15 @@ impl Dispatcher {
             let sender = Arc::new(ChunkSender::new(chunk_tx));
             let (url, start) = (unit.url.clone(), unit.range.as_ref().map_or(0, |r| r.start));
             let remote = !matches!(unit.location, Location::Local(_));
+            if let Some(queue) = queue.as_mut().filter(|_| remote && self.read_whole(&unit)) {
+                // An earlier unit reads the object into the cache: this
+                // range is read from the copy, once the units before it are.
+                if queue.drain(&self).await.is_err() || !settle_all(&mut in_flight).await {
+                    return;
+                }
+            }
             let hit = match &queue {
-                Some(_) if remote => self.cache_hit(&unit, &sender).await,
+                Some(_) if remote => self.cache_hit(&mut unit, &sender).await,
                 _ => None,
             };
             let task = match queue.as_mut() {
@@ -329,12 +341,16 @@ impl Dispatcher {
     }
 
     /// The cached copy of a remote `unit`, if there is one of the object's
-    /// identity as this process confirmed it; on a miss, the bytes sent to
-    /// `chunk_tx` are also written to the cache. An object without a
-    /// validator (or whose identity cannot be had) is not cached.
-    async fn cache_hit(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Option<cache::Hit> {
+    /// identity as this process confirmed it for the dataset; on a miss,
+    /// the bytes sent to `chunk_tx` are also written to the cache. A miss
+    /// on a byte range holding every sample of an object this read-ahead
+    /// did not read whole yet makes `unit` the whole object, of which
+    /// `chunk_tx` hands the reader the range only (see
+    /// [`Dispatcher::fill_on_miss`]). An object
+    /// without a validator (or whose identity cannot be had) is not cached.
+    async fn cache_hit(&self, unit: &mut FetchUnit, chunk_tx: &ChunkSender) -> Option<cache::Hit> {
         let cache = self.cache.clone()?;
-        let identity = self.identity(unit).await?;
+        let identity = self.identity(&cache, unit).await?;
         let (looked_up, expected) = (unit.clone(), identity.clone());
         // A cached copy is read through the local source.
         let hit = tokio::task::spawn_blocking(move || cache.lookup(&looked_up, &expected))
@@ -342,21 +358,74 @@ impl Dispatcher {
             .ok()
             .flatten();
         if hit.is_none() {
-            if let Some(fill) = self.cache.as_ref().and_then(|c| c.fill(unit, identity)) {
-                chunk_tx.tee(Box::new(fill));
-            }
+            self.fill_on_miss(unit, identity, chunk_tx);
         }
         hit
+    }
+
+    /// Whether this read-ahead read (or began to read) `unit`'s object
+    /// whole into the cache.
+    fn read_whole(&self, unit: &FetchUnit) -> bool {
+        let read = self.read_whole.lock().unwrap_or_else(|e| e.into_inner());
+        read.contains(&unit.url)
+    }
+
+    /// Has the bytes of `unit` (of the object of `identity`), which has no
+    /// cached copy, also written to the cache as they are sent to
+    /// `chunk_tx`. A byte range that holds every sample of the shard is
+    /// read as the whole object, so that the copy is complete (once per
+    /// read-ahead and object, when the object is the size the plan knows
+    /// and fits the cache), the reader handed the range only; the bytes
+    /// outside it (no sample's) pass through the budget as they are
+    /// written. A range of some of the samples is not cached: reading the
+    /// whole object for it would fetch the other samples' bytes twice in
+    /// the epoch (the slot that reads them fetches them too).
+    fn fill_on_miss(
+        &self,
+        unit: &mut FetchUnit,
+        identity: cache::Identity,
+        chunk_tx: &ChunkSender,
+    ) {
+        let Some(cache) = self.cache.as_ref() else {
+            return;
+        };
+        let Some(range) = unit.range.clone() else {
+            if let Some(fill) = cache.fill(unit, identity) {
+                chunk_tx.tee(Box::new(fill));
+            }
+            return;
+        };
+        let size = identity.size();
+        let planned = unit.size.is_none_or(|planned| planned == size);
+        if !unit.all_samples || range.end > size || !planned {
+            return;
+        }
+        let mut read = self.read_whole.lock().unwrap_or_else(|e| e.into_inner());
+        if !read.insert(unit.url.clone()) {
+            return;
+        }
+        drop(read);
+        let whole = FetchUnit {
+            range: None,
+            size: Some(size),
+            ..unit.clone()
+        };
+        if let Some(fill) = cache.fill(&whole, identity) {
+            chunk_tx.tee(Box::new(fill));
+            chunk_tx.window(range);
+            *unit = whole;
+        }
     }
 
     /// The identity (size and validator) of a remote `unit`'s object, as a
     /// request of this process found it: a HEAD of an S3 object, a GET of
     /// the first byte of an HTTP(S) resource (GCS and the Hub included),
-    /// sent once per object and process ([`cache::confirmed`]), in the
-    /// I/O path, never when the plan is made. `None` for an object without
-    /// a validator, or when the request fails (the read then says why).
-    async fn identity(&self, unit: &FetchUnit) -> Option<cache::Identity> {
-        if let Some(known) = cache::confirmed(&unit.url) {
+    /// sent once per object, process and dataset
+    /// ([`cache::Cache::confirmed`]), in the I/O path, never when the plan
+    /// is made. `None` for an object without a validator, or when the
+    /// request fails (the read then says why).
+    async fn identity(&self, cache: &cache::Cache, unit: &FetchUnit) -> Option<cache::Identity> {
+        if let Some(known) = cache.confirmed(&unit.url) {
             return known;
         }
         self.count(Counter::Requests, 1);
@@ -373,7 +442,7 @@ impl Dispatcher {
             }
             Location::Local(_) => return None,
         };
-        cache::confirm(&unit.url, found.clone());
+        cache.confirm(&unit.url, found.clone());
         found
     }
 
@@ -402,11 +471,13 @@ impl Dispatcher {
     /// reader the unit ended (unless an error was sent instead).
     async fn read(&self, unit: &FetchUnit, chunk_tx: &ChunkSender) -> Result<(), ConsumerGone> {
         let remote = !matches!(unit.location, Location::Local(_));
+        let mut unit = unit.clone();
         if remote {
-            if let Some(hit) = self.cache_hit(unit, chunk_tx).await {
+            if let Some(hit) = self.cache_hit(&mut unit, chunk_tx).await {
                 return self.read_hit(&hit, chunk_tx).await;
             }
         }
+        let unit = &unit;
         match &unit.location {
             Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
             Location::S3 { bucket, key } => {
@@ -553,6 +624,7 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &StoreOptions) -> Result<Vec<V
                 range: Some(size - len.min(size)..size),
                 size: file.size,
                 etag: file.etag.clone(),
+                all_samples: false,
             }
         })
         .collect();
@@ -848,6 +920,7 @@ mod tests {
             range: None,
             size: None,
             etag: None,
+            all_samples: false,
         };
         let options = ReadAheadOptions {
             budget_bytes: 4 * chunk_bytes,
@@ -869,6 +942,7 @@ mod tests {
             range,
             size: None,
             etag: None,
+            all_samples: false,
         }
     }
 

@@ -1347,6 +1347,7 @@ mod tests {
                     range: None,
                     size: listed.then_some(len as u64),
                     etag: None,
+                    all_samples: false,
                 };
                 (Arc::new(object), unit)
             })

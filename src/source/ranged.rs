@@ -110,25 +110,28 @@ pub(super) struct Tap {
     kept: Mutex<Option<Kept>>,
 }
 
-/// A body kept: the offset of its next bytes, and those of them already
-/// received.
+/// A body kept: the offset of its next bytes, those of them already
+/// received, and where the body ends in the object (where its GET asked
+/// it to end, or the object's end).
 struct Kept {
     at: u64,
     pending: Bytes,
     body: Box<dyn Body>,
+    body_end: u64,
 }
 
 impl Tap {
     /// The body kept at byte offset `at`, with the bytes of it already
-    /// received, if any.
-    fn take(&self, at: u64) -> Option<(Bytes, Box<dyn Body>)> {
+    /// received and where it ends, if any.
+    fn take(&self, at: u64) -> Option<(Bytes, Box<dyn Body>, u64)> {
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         match kept.take() {
             Some(Kept {
                 at: offset,
                 pending,
                 body,
-            }) if offset == at => Some((pending, body)),
+                body_end,
+            }) if offset == at => Some((pending, body, body_end)),
             other => {
                 *kept = other;
                 None
@@ -136,9 +139,16 @@ impl Tap {
         }
     }
 
-    /// Keeps `body`, whose next bytes (after `pending`) are at `at`.
-    fn keep(&self, at: u64, pending: Bytes, body: Box<dyn Body>) {
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(Kept { at, pending, body });
+    /// Keeps `body`, whose next bytes (after `pending`) are at `at` and
+    /// which ends at `body_end`.
+    fn keep(&self, at: u64, pending: Bytes, body: Box<dyn Body>, body_end: u64) {
+        let kept = Kept {
+            at,
+            pending,
+            body,
+            body_end,
+        };
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
     }
 }
 
@@ -173,8 +183,9 @@ pub(super) async fn stream_range<O: RangedObject>(
         }
         let kept = tap.and_then(|tap| tap.take(position));
         let (answer, mut pending, first_byte) = match kept {
-            Some((pending, body)) => {
-                let body_end = pinned.size.unwrap_or(u64::MAX);
+            Some((pending, body, body_end)) => {
+                // Where the body ends: the end its GET asked for (a
+                // stream's), not the object's, which lies further on.
                 let stop = end.unwrap_or(body_end).min(body_end);
                 let answer = Answer {
                     stop,
@@ -213,7 +224,7 @@ pub(super) async fn stream_range<O: RangedObject>(
                 let broke = loop {
                     if position == stop && skip == 0 && runs_on {
                         if let Some(tap) = tap {
-                            tap.keep(position, std::mem::take(&mut pending), body);
+                            tap.keep(position, std::mem::take(&mut pending), body, body_end);
                         }
                         break None;
                     }

@@ -268,7 +268,11 @@ def test_s3_shards_are_cached_under_their_listed_etag(s3, s3_dataset, tmp_path):
     assert len(cached_files(cache)) == len(s3_dataset["urls"])
     second = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache))
     assert digests(collect(second)) == expected
-    assert second.stats()["requests"] == 0
+    # A new dataset checks each object's identity again (one HEAD), and
+    # reads every shard from its copy.
+    stats = second.stats()
+    assert stats["requests"] == stats["cache_hits"] == len(s3_dataset["urls"])
+    assert stats["bytes_read"] == 0
 
 
 def test_a_cache_dir_that_cannot_be_made_is_refused_at_construction(dataset, tmp_path):
@@ -661,3 +665,62 @@ def test_stats_count_cache_hits_and_bytes_apart_from_storage_bytes(http, dataset
     assert second["cache_hits"] == len(dataset.paths)
     assert second["cache_bytes"] == shard_bytes
     assert second["shards_opened"] == 2 * len(dataset.paths)
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_an_s3_object_replaced_between_two_datasets_of_one_process_is_read_anew(s3, tmp_path):
+    """A long-lived process (a notebook, a service) makes a second dataset
+    over an object replaced since the first read it: the second dataset
+    checks the object's identity again and reads the new samples, never the
+    old cached copy."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    spec = f"s3://{BUCKET}/replaced-in-process/a.tar"
+    key = spec.removeprefix(f"s3://{BUCKET}/")
+    cache = tmp_path / "cache"
+
+    def read() -> dict[str, str]:
+        ds = StreamingDataset(spec, s3=config(s3), cache_dir=str(cache), shuffle_buffer=0)
+        return {s["__key__"]: s["txt"].decode() for s in collect(ds)}
+
+    before, after = VERSIONS["same-size"]
+    client.put_object(Bucket=BUCKET, Key=key, Body=tar_of(before))
+    assert read() == samples_of(before)
+    assert len(cached_files(cache)) == 1
+    client.put_object(Bucket=BUCKET, Key=key, Body=tar_of(after))
+    assert read() == samples_of(after)
+    assert [copied_bytes(f) for f in cached_files(cache)] == [tar_of(after)]
+
+
+@pytest.mark.usefixtures("s3_credentials")
+def test_shards_read_by_sample_ranges_are_cached_for_every_rank(s3, s3_dataset, tmp_path):
+    """With sample counts and two ranks (the DDP set-up) every read is a
+    byte range of samples: the shards are still cached as they stream, so
+    that the second epoch of both ranks reads no byte from S3."""
+    cache = tmp_path / "cache"
+    spec = f"s3://{BUCKET}/audio/"
+    expected = {key: digest for key, (_, digest) in s3_dataset["expected"].items()}
+    ranks = [
+        StreamingDataset(
+            spec,
+            s3=config(s3),
+            cache_dir=str(cache),
+            count_samples=True,
+            world_size=2,
+            rank=rank,
+            shuffle_buffer=4,
+        )
+        for rank in range(2)
+    ]
+    for epoch in range(2):
+        got = [s for ds in ranks for s in collect(ds)]
+        keys = [s["__key__"] for s in got]
+        assert len(keys) == len(set(keys)), f"epoch {epoch}: a sample came twice"
+        assert digests(got) == {k: expected[k] for k in keys}
+        if epoch == 0:
+            first = [ds.stats() for ds in ranks]
+            assert len(cached_files(cache)) == len(s3_dataset["urls"])
+    second = [ds.stats() for ds in ranks]
+    for before, after in zip(first, second, strict=True):
+        assert after["cache_hits"] > before["cache_hits"]
+        assert after["bytes_read"] == before["bytes_read"], "the second epoch read from S3"

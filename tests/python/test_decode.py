@@ -385,3 +385,38 @@ def test_large_samples_decode_on_threads_in_order(tmp_path):
     assert [s["__key__"] for s in decoded] == raw
     for sample in decoded:
         np.testing.assert_array_equal(sample["png"], arrays[int(sample["__key__"][1:])])
+
+
+def npy_header_only(shape: str, descr: str = "<f4") -> bytes:
+    """A version-1 ``.npy`` file of ``shape`` (a Python tuple's text) with no
+    element bytes, padded as numpy pads it."""
+    header = f"{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin-1")
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [f"(0, {2**63 - 1})", f"(0, {2**32}, {2**32})", f"({2**64 - 1}, 0)", "(" + "0, " * 70 + ")"],
+)
+def test_an_npy_shape_numpy_cannot_make_is_a_field_decode_error(tmp_path, shape):
+    """A shape with no element whose other dimensions overflow numpy's
+    sizes (``npy_intp``, the byte size), or with more dimensions than numpy
+    takes, is refused from the header, naming shard, key and field, and
+    skipped under ``on_error="warn"``; the next shards are read."""
+    empty = io.BytesIO()
+    np.save(empty, np.zeros((0, 3), np.float32))
+    root = tmp_path / "shards"
+    root.mkdir()
+    write_tar(root / "a.tar", [("x.npy", empty.getvalue()), ("y.npy", npy_header_only(shape))])
+    write_tar(root / "b.tar", [("z.npy", empty.getvalue())])
+    strict = StreamingDataset(str(root), decode=True, shuffle_shards=False, shuffle_buffer=0)
+    with pytest.raises(shardstream.FieldDecodeError, match=r"a\.tar.*field \"npy\".*\"y\""):
+        collect(strict)
+    lenient = StreamingDataset(
+        str(root), decode=True, shuffle_shards=False, shuffle_buffer=0, on_error="warn"
+    )
+    with pytest.warns(shardstream.ShardSkippedWarning):
+        kept = collect(lenient)
+    assert [s["__key__"] for s in kept] == ["x", "z"]
+    assert all(s["npy"].shape == (0, 3) for s in kept)

@@ -307,3 +307,56 @@ def test_page_checksums_are_verified(tmp_path):
         kept, ds = rows(on_error="warn")
     assert [row["id"] for row in kept] == ids[:50]
     assert ds.stats()["errors_skipped"] == 1
+
+
+def varint(n: int) -> bytes:
+    """``n`` (not negative) as a ULEB128 varint, as Thrift's compact protocol writes it."""
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def thrift_i64(field_delta: int, value: int) -> bytes:
+    """A compact-protocol i64 field (type 6) ``field_delta`` ids after the one before."""
+    return bytes([field_delta << 4 | 6]) + varint(value << 1 if value >= 0 else ~value << 1 | 1)
+
+
+def with_dictionary_page_offset_zero(path: Path) -> None:
+    """Rewrites the footer of the Parquet file at ``path`` (one column with a
+    dictionary page, one row group) as parquet-mr wrote some: the column
+    chunk's ``data_page_offset`` at its first page, the dictionary page,
+    and ``dictionary_page_offset`` 0."""
+    data = path.read_bytes()
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    dictionary, first_data = column.dictionary_page_offset, column.data_page_offset
+    assert 0 < dictionary < first_data
+    metadata_len = int.from_bytes(data[-8:-4], "little")
+    metadata_start = len(data) - 8 - metadata_len
+    metadata = data[metadata_start:-8]
+    # ColumnMetaData field 9 (data_page_offset), then field 11.
+    written = thrift_i64(2, first_data) + thrift_i64(2, dictionary)
+    assert metadata.count(written) == 1, "the offsets as pyarrow writes them"
+    metadata = metadata.replace(written, thrift_i64(2, dictionary) + thrift_i64(2, 0))
+    footer = len(metadata).to_bytes(4, "little") + b"PAR1"
+    path.write_bytes(data[:metadata_start] + metadata + footer)
+
+
+def test_a_dictionary_page_offset_of_zero_means_none(tmp_path):
+    """parquet-mr wrote ``dictionary_page_offset = 0`` with the dictionary
+    page first in the chunk (parquet-testing's dict-page-offset-zero.parquet):
+    pyarrow and the Java reader take 0 as no offset and read the chunk from
+    its data page offset; so does shardstream."""
+    path = tmp_path / "dict-page-offset-zero.parquet"
+    words = pa.array([["low", "mid", "high"][i % 3] for i in range(90)])
+    pq.write_table(pa.table({"level": words}), path, use_dictionary=True)
+    with_dictionary_page_offset_zero(path)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    assert (column.dictionary_page_offset, column.data_page_offset) in {(0, 4), (None, 4)}
+    expected = pq.read_table(path).to_pylist()
+    assert expected == [{"level": w} for w in words.to_pylist()]
+    samples = collect(StreamingDataset(str(path), shuffle_buffer=0))
+    assert [row_of(s) for s in samples] == expected
+    assert [s["__key__"] for s in samples] == [str(i) for i in range(len(expected))]

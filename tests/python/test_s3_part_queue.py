@@ -203,3 +203,22 @@ def test_a_server_that_scales_with_concurrency_keeps_parallel_parts(proxy, large
     stats = read_large(proxy, large_objects)
     assert stats["requests"] >= 8 * LARGE, stats
     assert proxy.injected.max_active >= 4
+
+
+def test_a_fault_free_read_counts_no_retry_and_no_resumed_body(s3):
+    """One object of about 10 MB from a server without faults, read with
+    the default part queue: its switches between a stream and parts (the
+    tuner's probes) are neither retries nor resumed bodies, and no byte is
+    fetched twice."""
+    client = s3.client()
+    client.create_bucket(Bucket=BUCKET)
+    payloads = {f"m{i:03d}": hashlib.sha256(b"%d" % i).digest() * (8 << 10) for i in range(40)}
+    body = tar_bytes([(f"{key}.bin", data) for key, data in payloads.items()])
+    assert len(body) > 10_000_000
+    client.put_object(Bucket=BUCKET, Key="fault-free/shard.tar", Body=body)
+    ds = StreamingDataset(f"s3://{BUCKET}/fault-free/shard.tar", s3=s3_config(s3), shuffle_buffer=0)
+    samples = read_all(ds)
+    assert {s["__key__"]: s["bin"] for s in samples} == payloads
+    stats = ds.stats()
+    assert (stats["retries"], stats["resumed_bodies"]) == (0, 0), stats
+    assert stats["bytes_read"] == len(body)

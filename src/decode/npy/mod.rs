@@ -27,13 +27,7 @@ pub(super) fn decode(mut bytes: Vec<u8>) -> Result<Array, String> {
         fortran_order,
         shape,
     } = parse_header(&header)?;
-    let count = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| format!("shape {} is too large", ShapeText(&shape)))?;
-    let expected = count
-        .checked_mul(dtype.itemsize())
-        .ok_or_else(|| format!("shape {} is too large", ShapeText(&shape)))?;
+    let expected = byte_size(&shape, dtype.itemsize())?;
     let found = bytes.len() - data_start;
     if found != expected {
         return Err(format!(
@@ -73,6 +67,41 @@ pub(super) fn decode(mut bytes: Vec<u8>) -> Result<Array, String> {
         }
     };
     Ok(Array::new(shape, data).expect("element count was checked against the shape"))
+}
+
+/// The most dimensions of a numpy array (numpy 2, which the package
+/// requires; `NPY_MAXDIMS`).
+const NUMPY_MAX_DIMS: usize = 64;
+
+/// The bytes of the elements of an array of `shape` with `itemsize`-byte
+/// elements, when numpy can make such an array: at most
+/// [`NUMPY_MAX_DIMS`] dimensions, and the product of the dimensions other
+/// than 0, times `itemsize`, within `npy_intp` (`isize`). That is numpy's
+/// own check, which leaves zero dimensions out: a shape such as
+/// `(0, 2**63 - 1)` has no element, yet numpy makes no array of it.
+fn byte_size(shape: &[usize], itemsize: usize) -> Result<usize, String> {
+    if shape.len() > NUMPY_MAX_DIMS {
+        return Err(format!(
+            "shape {} has {} dimensions; numpy arrays have at most {NUMPY_MAX_DIMS}",
+            ShapeText(shape),
+            shape.len()
+        ));
+    }
+    let limit = isize::MAX.unsigned_abs();
+    let mut bytes = itemsize;
+    for &extent in shape.iter().filter(|&&extent| extent != 0) {
+        bytes = bytes
+            .checked_mul(extent)
+            .filter(|&b| b <= limit)
+            .ok_or_else(|| {
+                format!(
+                    "shape {} is too large for numpy: its dimensions other than 0 times the \
+                     {itemsize}-byte element exceed {limit} bytes",
+                    ShapeText(shape)
+                )
+            })?;
+    }
+    Ok(if shape.contains(&0) { 0 } else { bytes })
 }
 
 /// An element type read from `N` bytes in either byte order.
@@ -470,6 +499,40 @@ mod tests {
             &[]
         ))
         .contains("too large"));
+    }
+
+    /// Shapes whose element count is 0 but that numpy cannot make (a
+    /// dimension, or the product of those other than 0, past `npy_intp` in
+    /// bytes; too many dimensions) are refused from the header; the largest
+    /// numpy makes are taken.
+    #[test]
+    fn shapes_numpy_cannot_make_are_refused() {
+        let header = |descr: &str, shape: &str| {
+            format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}")
+        };
+        let max = i64::MAX;
+        for (descr, shape) in [
+            ("<f4", format!("(0, {max})")),
+            ("<f8", format!("({}, 0)", max / 8 + 1)),
+            ("|u1", format!("(0, {})", max as u64 + 1)),
+            ("|u1", format!("(0, {}, 0)", u64::MAX)),
+            ("<i2", format!("(0, {}, {})", 1u64 << 32, 1u64 << 32)),
+        ] {
+            let reason = npy_err(npy(&header(descr, &shape), &[]));
+            assert!(reason.contains("too large for numpy"), "{shape}: {reason}");
+        }
+        let many = format!("({})", "0, ".repeat(NUMPY_MAX_DIMS + 1));
+        let reason = npy_err(npy(&header("<f4", &many), &[]));
+        assert!(reason.contains("numpy arrays have at most 64"), "{reason}");
+        // numpy's own limits, reached but not passed: arrays with no element.
+        for (descr, shape) in [
+            ("|u1", format!("(0, {max})")),
+            ("<f8", format!("({}, 0)", max / 8)),
+            ("<f4", format!("({})", "0, ".repeat(NUMPY_MAX_DIMS))),
+        ] {
+            let array = array(npy(&header(descr, &shape), &[]));
+            assert_eq!(array.data.len(), 0, "{shape}");
+        }
     }
 
     #[test]

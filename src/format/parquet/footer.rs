@@ -119,9 +119,52 @@ pub fn decode_footer(url: &str, file_size: u64, tail: &[u8]) -> Result<FooterDec
             format!("undecodable Parquet metadata: {reason}"),
         )
     })?;
+    let metadata = zero_dictionary_offsets_as_absent(metadata).map_err(|reason| {
+        format_error(
+            url,
+            metadata_start,
+            format!("undecodable Parquet metadata: {reason}"),
+        )
+    })?;
     check_layout(&metadata, metadata_start)
         .map_err(|reason| format_error(url, metadata_start, reason))?;
     Ok(FooterDecode::Metadata(Arc::new(metadata)))
+}
+
+/// `metadata` with every `dictionary_page_offset` of 0 taken as absent, as
+/// pyarrow and the Java reader take it: parquet-mr wrote 0 for column
+/// chunks whose dictionary page, if any, is their first page, at the data
+/// page offset. Offset 0 is the file's leading magic, never a page.
+fn zero_dictionary_offsets_as_absent(
+    metadata: ParquetMetaData,
+) -> std::result::Result<ParquetMetaData, String> {
+    let zero = |column: &ColumnChunkMetaData| column.dictionary_page_offset() == Some(0);
+    let row_groups = metadata.row_groups();
+    if !row_groups.iter().any(|g| g.columns().iter().any(zero)) {
+        return Ok(metadata);
+    }
+    let mut builder = metadata.into_builder();
+    let row_groups = builder
+        .take_row_groups()
+        .into_iter()
+        .map(|row_group| {
+            let mut row_group = row_group.into_builder();
+            let columns = row_group
+                .take_columns()
+                .into_iter()
+                .map(|column| match zero(&column) {
+                    true => column
+                        .into_builder()
+                        .set_dictionary_page_offset(None)
+                        .build(),
+                    false => Ok(column),
+                })
+                .collect::<parquet::errors::Result<Vec<_>>>()?;
+            row_group.set_column_metadata(columns).build()
+        })
+        .collect::<parquet::errors::Result<Vec<_>>>()
+        .map_err(|e| e.to_string())?;
+    Ok(builder.set_row_groups(row_groups).build())
 }
 
 /// Checks that row counts are not negative and every column chunk lies

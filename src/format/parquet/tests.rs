@@ -788,3 +788,71 @@ fn batches_can_move_between_threads() {
     assert_send::<RowGroupBatches>();
     assert_send::<FooterDecode>();
 }
+
+/// parquet-mr wrote `dictionary_page_offset = 0` for column chunks whose
+/// dictionary page is their first page, at the data page offset
+/// (parquet-testing's `dict-page-offset-zero.parquet`): taken as no
+/// offset, as pyarrow takes it, the file reads as written.
+#[test]
+fn a_dictionary_page_offset_of_zero_is_no_offset() {
+    use parquet::file::metadata::ParquetMetaDataWriter;
+
+    let file = write_file(Compression::SNAPPY);
+    let written = metadata(&file);
+    let metadata_len = u32::from_le_bytes(file[file.len() - 8..file.len() - 4].try_into().unwrap());
+    let metadata_start = file.len() - 8 - metadata_len as usize;
+    let mut builder = ParquetMetaData::clone(&written).into_builder();
+    let mut zeroed = 0;
+    let row_groups = builder
+        .take_row_groups()
+        .into_iter()
+        .map(|row_group| {
+            let mut row_group = row_group.into_builder();
+            let columns = row_group
+                .take_columns()
+                .into_iter()
+                .map(|column| match column.dictionary_page_offset() {
+                    Some(dictionary) => {
+                        zeroed += 1;
+                        let column = column
+                            .into_builder()
+                            .set_data_page_offset(dictionary)
+                            .set_dictionary_page_offset(Some(0));
+                        column.build().unwrap()
+                    }
+                    None => column,
+                })
+                .collect();
+            row_group.set_column_metadata(columns).build().unwrap()
+        })
+        .collect();
+    let rewritten = builder.set_row_groups(row_groups).build();
+    assert!(zeroed > 0, "the file has dictionary pages");
+    let mut patched = file[..metadata_start].to_vec();
+    ParquetMetaDataWriter::new(&mut patched, &rewritten)
+        .finish()
+        .unwrap();
+
+    let read = metadata(&patched);
+    let offsets = |meta: &ParquetMetaData| -> Vec<(i64, Option<i64>)> {
+        let columns = meta.row_groups().iter().flat_map(|g| g.columns());
+        columns
+            .map(|c| (c.data_page_offset(), c.dictionary_page_offset()))
+            .collect()
+    };
+    assert!(offsets(&read)
+        .iter()
+        .all(|&(_, dictionary)| dictionary.is_none()));
+    assert_eq!(
+        offsets(&read).iter().map(|o| o.0).collect::<Vec<_>>(),
+        offsets(&written)
+            .iter()
+            .map(|&(data, dictionary)| dictionary.unwrap_or(data))
+            .collect::<Vec<_>>()
+    );
+    let samples = read_samples(&patched, None);
+    assert_eq!(samples.len(), ROWS);
+    for (i, sample) in samples.iter().enumerate() {
+        assert_eq!(sample.fields, expected_row(i), "row {i}");
+    }
+}
