@@ -137,6 +137,13 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     if getattr(loader, "_is_accelerate_prepared", False):
         return loader
     _check_processes(accelerator)
+    # Accelerate hands its own epoch count to set_epoch at each new
+    # iterator (and does not count a pass that yields nothing): it starts
+    # from the dataset's epoch, so a dataset set to an epoch, or holding a
+    # loaded state (one saved at an epoch's end streams the next epoch), is
+    # not sent back to an epoch it has streamed. Read before Accelerate
+    # makes its first iterator.
+    epoch = getattr(loader.dataset, "epoch", None)
     prepared = prepare_data_loader(
         loader,
         accelerator.device,
@@ -151,6 +158,8 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         non_blocking=accelerator.non_blocking,
         use_stateful_dataloader=accelerator.use_stateful_dataloader,
     )
+    if isinstance(epoch, int):
+        prepared.iteration = epoch
     if accelerator.use_stateful_dataloader:
         _follow_loaded_epoch(prepared)
     if accelerator.use_stateful_dataloader and accelerator.num_processes > 1:
