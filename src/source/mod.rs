@@ -66,6 +66,12 @@ pub struct ReadAhead {
     urls: Vec<String>,
     handed: AtomicUsize,
     cancelled: Arc<AtomicBool>,
+    /// With a cache, the task that dispatches the units; it ends once every
+    /// unit's read, and the cache copy written along with it, has ended.
+    dispatch: Option<tokio::task::JoinHandle<()>>,
+    /// The objects read whole into the cache for a range of them (shared
+    /// with the dispatching task).
+    read_whole: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     runtime: Option<tokio::runtime::Runtime>,
     io_timeout: Duration,
     before_wait: Option<BeforeWait>,
@@ -108,12 +114,16 @@ impl ReadAhead {
             read_whole: Arc::default(),
         };
         let urls = units.iter().map(|u| u.url.clone()).collect();
-        runtime.spawn(task.run(units, shard_tx));
+        let read_whole = task.read_whole.clone();
+        let caches = task.cache.is_some();
+        let dispatch = runtime.spawn(task.run(units, shard_tx));
         Ok(ReadAhead {
             shards: shard_rx,
             urls,
             handed: AtomicUsize::new(0),
             cancelled,
+            dispatch: caches.then_some(dispatch),
+            read_whole,
             runtime: Some(runtime),
             io_timeout: options.io_timeout,
             before_wait: None,
@@ -163,6 +173,23 @@ impl ReadAhead {
 
 impl Drop for ReadAhead {
     fn drop(&mut self) {
+        // Every shard was handed out and an object was read whole into the
+        // cache for a range of it: the copy still being written (the rest
+        // of the object past the range) is let to finish, within the I/O
+        // timeout, instead of being dropped at the epoch's end. Never from
+        // inside a runtime, where it cannot block.
+        let filling = !self
+            .read_whole
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        let handed_all = filling && self.handed.load(Ordering::SeqCst) >= self.urls.len();
+        let dispatch = self.dispatch.take();
+        if let (true, Some(runtime), Some(dispatch)) = (handed_all, &self.runtime, dispatch) {
+            if tokio::runtime::Handle::try_current().is_err() {
+                let _ = runtime.block_on(tokio::time::timeout(self.io_timeout, dispatch));
+            }
+        }
         self.cancelled.store(true, Ordering::SeqCst);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
