@@ -68,7 +68,12 @@ impl Worker {
         } else {
             match self.stream() {
                 Ok(ControlFlow::Break(())) => return,
-                Ok(ControlFlow::Continue(())) => Message::End(std::mem::take(&mut self.ops)),
+                Ok(ControlFlow::Continue(())) => {
+                    // The cache copies of this epoch's shards are complete
+                    // when the consumer hears of the end.
+                    self.read_ahead.finish_cache_copies();
+                    Message::End(std::mem::take(&mut self.ops))
+                }
                 Err(error) => Message::Failed(error),
             }
         };

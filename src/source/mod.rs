@@ -131,6 +131,28 @@ impl ReadAhead {
         })
     }
 
+    /// When every shard was handed out and an object was read whole into
+    /// the cache for a range of it: waits (within the I/O timeout) for the
+    /// copy still being written, the rest of the object past the range, so
+    /// that it is kept rather than dropped at the epoch's end. Call it before
+    /// telling the consumer the stream ended. Never blocks inside a runtime.
+    pub fn finish_cache_copies(&mut self) {
+        let filling = !self
+            .read_whole
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty();
+        let handed_all = filling && self.handed.load(Ordering::SeqCst) >= self.urls.len();
+        if !handed_all || tokio::runtime::Handle::try_current().is_ok() {
+            return;
+        }
+        if let (Some(runtime), Some(dispatch)) = (&self.runtime, self.dispatch.take()) {
+            let wait = self.io_timeout;
+            // The timer is made inside the runtime, which drives it.
+            let _ = runtime.block_on(async move { tokio::time::timeout(wait, dispatch).await });
+        }
+    }
+
     /// Has `hook` run before this read-ahead, or a shard reader it hands
     /// out, waits for what has not arrived yet.
     pub fn before_wait(&mut self, hook: BeforeWait) {
@@ -173,23 +195,7 @@ impl ReadAhead {
 
 impl Drop for ReadAhead {
     fn drop(&mut self) {
-        // Every shard was handed out and an object was read whole into the
-        // cache for a range of it: the copy still being written (the rest
-        // of the object past the range) is let to finish, within the I/O
-        // timeout, instead of being dropped at the epoch's end. Never from
-        // inside a runtime, where it cannot block.
-        let filling = !self
-            .read_whole
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty();
-        let handed_all = filling && self.handed.load(Ordering::SeqCst) >= self.urls.len();
-        let dispatch = self.dispatch.take();
-        if let (true, Some(runtime), Some(dispatch)) = (handed_all, &self.runtime, dispatch) {
-            if tokio::runtime::Handle::try_current().is_err() {
-                let _ = runtime.block_on(tokio::time::timeout(self.io_timeout, dispatch));
-            }
-        }
+        self.finish_cache_copies();
         self.cancelled.store(true, Ordering::SeqCst);
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
