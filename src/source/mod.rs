@@ -1106,6 +1106,8 @@ mod tests {
             urls: vec!["s3://bucket/a.tar".into(), "s3://bucket/b.tar".into()],
             handed: AtomicUsize::new(0),
             cancelled: Arc::new(AtomicBool::new(false)),
+            dispatch: None,
+            read_whole: Arc::default(),
             runtime: None,
             io_timeout: Duration::from_secs(10),
             before_wait: None,
