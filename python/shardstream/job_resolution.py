@@ -156,11 +156,16 @@ def _count_remote(shard_list: ShardList, store: Any = None, key: str = "") -> Sh
         parts = [shard_list.index_shards(todo, COUNT_JOBS)]
     else:
         parts = _count_spread(shard_list, todo, store, key)
+    # Counts are kept for shards whose identity a listing gave (a size and
+    # an ETag): shards named outright have neither until their counts,
+    # which record what the count read, are attached.
+    listed = all(size is not None for size in shard_list.sizes)
     for part in parts:
         shard_list.attach_counts(part)
-    packed = [json.loads(part) for part in parts]
-    merged = dict(packed[0], shards=[entry for part in packed for entry in part["shards"]])
-    shard_list.keep_counts(json.dumps(merged))
+    if listed:
+        packed = [json.loads(part) for part in parts]
+        merged = dict(packed[0], shards=[entry for part in packed for entry in part["shards"]])
+        shard_list.keep_counts(json.dumps(merged))
     return shard_list
 
 

@@ -624,11 +624,14 @@ def damaged_stream(root: Path) -> DatasetInfo:
     info = write_uneven_dataset(root, (12, 12), prefix="c", seed=3)
     index_manifest([info.spec], root / "manifest.json")
     path = Path(info.paths[1])
+    indexed = path.stat()
     data = bytearray(path.read_bytes())
     offsets = member_offsets(bytes(data))
     header = sorted(offset for offset, _ in offsets.values())[10] - 512
     data[header : header + 100] = b"\xff" * 100
     path.write_bytes(bytes(data))
+    # Damaged in place, as the manifest knows it: the read meets the damage.
+    os.utime(path, ns=(indexed.st_atime_ns, indexed.st_mtime_ns))
     return info
 
 
