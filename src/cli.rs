@@ -299,11 +299,7 @@ where
             manifest,
             no_manifest,
         } => {
-            let choice = match (manifest, no_manifest) {
-                (Some(path), _) => manifest::choice_of(&path.to_string_lossy()),
-                (None, true) => ManifestChoice::Off,
-                (None, false) => ManifestChoice::Auto,
-            };
+            let choice = manifest_choice(manifest.as_deref(), no_manifest);
             remainder.parse().and_then(|remainder| {
                 let params = PlanParams {
                     seed,
@@ -338,11 +334,7 @@ where
             no_count,
             remainder,
         } => {
-            let choice = match (manifest, no_manifest) {
-                (Some(path), _) => manifest::choice_of(&path.to_string_lossy()),
-                (None, true) => ManifestChoice::Off,
-                (None, false) => ManifestChoice::Auto,
-            };
+            let choice = manifest_choice(manifest.as_deref(), no_manifest);
             remainder.parse().and_then(|remainder| {
                 let params = PlanParams {
                     seed,
@@ -953,5 +945,15 @@ fn write_shards(
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
         Error::Stopped(format!("cannot write output: {e}"))
+    }
+}
+
+/// The manifest a command's `--manifest PATH` / `--no-manifest` choose:
+/// that one, none, or the one beside the shards.
+fn manifest_choice(manifest: Option<&std::path::Path>, no_manifest: bool) -> ManifestChoice {
+    match (manifest, no_manifest) {
+        (Some(path), _) => manifest::choice_of(&path.to_string_lossy()),
+        (None, true) => ManifestChoice::Off,
+        (None, false) => ManifestChoice::Auto,
     }
 }

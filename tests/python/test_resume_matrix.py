@@ -29,7 +29,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from _shardtest import slot_states, write_uneven_dataset
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -360,30 +362,52 @@ def test_mix_exact(data, tmp_path_factory, tmp_path, num_workers: int, point: st
         assert taken + rest[0] == full and rest[1] == following
 
 
+class Recorder(LightningModule):
+    """A model that records the keys of the batches it trains on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[list[str]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.seen.append(list(batch["keys"]))
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def lightning_fit(
+    loader: Any, tmp: Path, callbacks: list[Callback], resume: Path | None = None
+) -> list[list[str]]:
+    """One epoch of ``Trainer.fit`` with ``ShardStreamCallback`` on the
+    CPU (resumed from ``resume``): the batches it trained on."""
+    from shardstream.lightning import ShardStreamCallback
+
+    model = Recorder()
+    trainer = Trainer(
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[ShardStreamCallback(), *callbacks],
+        default_root_dir=tmp,
+    )
+    trainer.fit(model, loader, ckpt_path=resume)
+    return model.seen
+
+
 @pytest.mark.parametrize("point", ["before-first", "mid-epoch", "last-batch"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
     """A Lightning run (``ShardStreamCallback``, a ``StatefulDataLoader``)
     checkpointed at ``point`` and resumed from the checkpoint by a new
     Trainer trains on exactly the uninterrupted run's remaining batches."""
-    import torch
-    from lightning.pytorch import Callback, LightningModule, Trainer
-
-    from shardstream.lightning import ShardStreamCallback
-
-    class Recorder(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-            self.seen: list[list[str]] = []
-
-        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-            self.seen.append(list(batch["keys"]))
-            return self.layer(torch.ones(1, 1)).sum()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
     ckpt = tmp_path / "run.ckpt"
     n = -(-len(data.keys) // BATCH)
     at = stop_at(point, n)
@@ -397,75 +421,34 @@ def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
             if trainer.global_step == at:
                 trainer.save_checkpoint(ckpt)
 
-    def fit(callbacks: list[Callback], resume: Path | None) -> list[list[str]]:
+    def loader() -> StatefulDataLoader:
         # Counted, so len() works and Lightning reads no batch ahead.
         ds = shardstream.StreamingDataset(
             data.spec, seed=SEED, shuffle_buffer=SHUFFLE, count_samples=True
         )
-        loader = StatefulDataLoader(
+        return StatefulDataLoader(
             ds,
             batch_size=BATCH,
             num_workers=num_workers,
             collate_fn=keys_and_ids,
             timeout=120 if num_workers else 0,
         )
-        model = Recorder()
-        trainer = Trainer(
-            max_epochs=1,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            num_sanity_val_steps=0,
-            callbacks=[ShardStreamCallback(), *callbacks],
-            default_root_dir=tmp_path,
-        )
-        trainer.fit(model, loader, ckpt_path=resume)
-        return model.seen
 
-    full = fit([SaveAt()], None)
+    full = lightning_fit(loader(), tmp_path, [SaveAt()])
     assert len(full) == n and ckpt.exists()
-    rest = fit([], ckpt)
+    rest = lightning_fit(loader(), tmp_path, [], ckpt)
     assert full[:at] + rest == full
 
 
 def test_lightning_refuses_a_stateful_loader_without_len(data, tmp_path):
     """Without sample counts Lightning reads a batch ahead, so its
     checkpoints would resume a batch late: refused when training starts."""
-    import torch
-    from lightning.pytorch import LightningModule, Trainer
-
     from shardstream.accelerate import FrameworkWrapperError
-    from shardstream.lightning import ShardStreamCallback
-
-    class Model(LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(1, 1)
-
-        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-            return self.layer(torch.ones(1, 1)).sum()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.1)
 
     ds = shardstream.StreamingDataset(data.spec, seed=SEED, count_samples=False)
     loader = StatefulDataLoader(ds, batch_size=BATCH, collate_fn=keys_and_ids)
-    trainer = Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[ShardStreamCallback()],
-        default_root_dir=tmp_path,
-    )
     with pytest.raises(FrameworkWrapperError, match=r"a batch ahead.*count_samples=True"):
-        trainer.fit(Model(), loader)
+        lightning_fit(loader, tmp_path, [])
 
 
 @pytest.mark.parametrize("kind", ["dataset", "mix"])
