@@ -215,6 +215,11 @@ const MAX_HOLD: u64 = 1 << 16;
 /// a server that does not serve them faster gets the fewer requests.
 const MARGIN: f64 = 1.25;
 
+/// How far past its own parts a probe of parts is projected: to at most
+/// this many times [`PROBE_PARTS`] parts in flight (fewer where the budget
+/// or `max_concurrency` hold fewer).
+const PROJECTION_REACH: u32 = 4;
+
 /// How the later parts of an object (all but the first) are fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Mode {
@@ -242,18 +247,48 @@ impl Mode {
 /// [`STREAM_MIN_BYTES`] after their first part) are fetched, from the
 /// rate each way achieves. A probe fetches [`PROBE_PARTS`] later parts one
 /// way: it starts once no part of the queue is in flight, no part goes out
-/// while it is measured (its bytes over the time from its first part's
-/// issue to its last part's end; a probe already slower than the other
-/// way's last rate is cut short), so that it has the server to itself.
-/// The first round probes a stream, then parts; parts are taken if they
-/// were at least [`MARGIN`] times faster, else the stream, for a hold of
-/// [`FIRST_HOLD`] parts, after which both ways are probed again (the way
-/// not chosen first); the hold doubles each time the choice stands. No
-/// wait lasts longer than about [`PROBE_LIMIT`]. Which way a part is
-/// fetched never changes which bytes it holds.
+/// while it is measured, so that it has the server to itself.
+///
+/// A stream's probe measures one GET: the time to its answer and the rate
+/// of its body ([`OneGet`]). A probe of parts measures how much four GETs
+/// at once gain over the same parts fetched one after another (the time
+/// [`OneGet`] gives them): a server that serves GETs side by side, each at
+/// its own connection's rate (S3, a remote store), gains about four times;
+/// one whose total stays flat (a server on this machine answering one GET
+/// at a time) gains nothing. The gain fits Amdahl's law, which projects
+/// the parts' rate to the parts the queue keeps in flight (the budget and
+/// `max_concurrency` allow, at most [`PROJECTION_REACH`] times the probe's).
+/// A probe of parts that could no longer win even if its parts ended now
+/// is cut short. The first round probes a stream, then parts; parts are
+/// taken if they are at least [`MARGIN`] times faster, else the stream,
+/// for a hold of [`FIRST_HOLD`] parts, after which both ways are probed
+/// again (the way not chosen first); the hold doubles each time the choice
+/// stands. No wait lasts longer than about [`PROBE_LIMIT`]. Which way a
+/// part is fetched never changes which bytes it holds.
 #[derive(Debug)]
 pub(super) struct Tuner {
     state: Mutex<Tuning>,
+    /// The queue's budget (bytes) and its most requests in flight: what
+    /// bounds the parts a probe of parts is projected to.
+    budget: u64,
+    max_concurrency: u32,
+}
+
+/// One GET at a time, as a stream's probe measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OneGet {
+    /// Seconds from the request to its answer's first byte.
+    latency: f64,
+    /// Bytes per second of its body.
+    bandwidth: f64,
+}
+
+impl OneGet {
+    /// Seconds one GET at a time would take for `parts` parts of `bytes`
+    /// bytes in all.
+    fn serial_seconds(self, parts: u32, bytes: u64) -> f64 {
+        f64::from(parts) * self.latency + bytes as f64 / self.bandwidth
+    }
 }
 
 /// What a [`Tuner`] measured and decided so far.
@@ -265,8 +300,11 @@ struct Tuning {
     queued: VecDeque<Mode>,
     /// The probe under way.
     probe: Option<Probe>,
-    /// Each way's rate (bytes per second) in its last probe.
+    /// Each way's rate (bytes per second) in its last probe (of parts:
+    /// as projected).
     rates: [Option<f64>; 2],
+    /// One GET at a time, from the last stream probe measured whole.
+    one_get: Option<OneGet>,
     /// Parts to fetch the way chosen before the next probes.
     until_probe: u64,
     /// What `until_probe` is set to at the next choice that stands.
@@ -301,25 +339,30 @@ struct Probe {
 
 impl Probe {
     /// Whether it is measured at `now`: every part ended, or (a probe of
-    /// parts) it is slower than `other_rate` already, or it took
-    /// [`PROBE_LIMIT`].
-    fn measured(&self, now: Instant, other_rate: Option<f64>) -> bool {
+    /// parts) it could not reach [`MARGIN`] times `stream_rate` even if
+    /// its parts ended now, or it took [`PROBE_LIMIT`].
+    fn measured(&self, now: Instant, stream_rate: Option<f64>, projection: Projection) -> bool {
         let elapsed = now.saturating_duration_since(self.started);
         let behind = self.mode == Mode::Parts
-            && other_rate.is_some_and(|rate| elapsed.as_secs_f64() * rate > self.bytes as f64);
+            && stream_rate.is_some_and(|rate| self.rate(now, projection) < MARGIN * rate);
         self.pending == 0 || behind || elapsed >= PROBE_LIMIT
     }
 
-    /// The rate (bytes per second) it measured, at `now`. Of parts: its
-    /// bytes over the time from its first issue to its last end (to `now`
-    /// if cut short). Of a stream, whose GET is paid once per unit: the
+    /// The rate (bytes per second) it measured, at `now` (as if its parts
+    /// in flight ended now). Of parts: as projected (see [`Tuner`]), or
+    /// without a [`OneGet`] their bytes over the time from the first issue
+    /// to the last end. Of a stream, whose GET is paid once per unit: the
     /// rate of reading the rest of the first part's unit, from the time
     /// to its first part's end and the rate of the parts after it.
-    fn rate(&self, now: Instant) -> f64 {
+    fn rate(&self, now: Instant, projection: Projection) -> f64 {
         let last = self.last_end.filter(|_| self.pending == 0).unwrap_or(now);
         let seconds = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
-        let whole = self.bytes as f64 / seconds(self.started, last).max(1e-6);
-        let Some(first_end) = self.first_end.filter(|_| self.mode == Mode::Stream) else {
+        let elapsed = seconds(self.started, last).max(1e-6);
+        let whole = self.bytes as f64 / elapsed;
+        if self.mode == Mode::Parts {
+            return projection.rate(self.issued, self.bytes, elapsed);
+        }
+        let Some(first_end) = self.first_end else {
             return whole;
         };
         let (flow_bytes, flow_time) = (self.bytes - self.first_bytes, seconds(first_end, last));
@@ -329,6 +372,61 @@ impl Probe {
         let rest = self.span.saturating_sub(self.first_bytes) as f64;
         let time = seconds(self.started, first_end) + rest * flow_time / flow_bytes as f64;
         (self.span as f64 / time.max(1e-6)).max(whole)
+    }
+
+    /// One GET, from a stream's probe whose parts all ended well: its
+    /// body's rate after the first part, and the time to its answer (the
+    /// first part's end less that part's transfer).
+    fn one_get(&self) -> Option<OneGet> {
+        let (first_end, last_end) = (self.first_end?, self.last_end?);
+        if self.mode != Mode::Stream || self.failed || self.pending > 0 {
+            return None;
+        }
+        let flow_bytes = self
+            .bytes
+            .checked_sub(self.first_bytes)
+            .filter(|&b| b > 0)?;
+        let flow_time = last_end.saturating_duration_since(first_end).as_secs_f64();
+        let bandwidth = (flow_time > 0.0).then(|| flow_bytes as f64 / flow_time)?;
+        let answered = first_end
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
+        let latency = (answered - self.first_bytes as f64 / bandwidth).max(0.0);
+        Some(OneGet { latency, bandwidth })
+    }
+}
+
+/// What a probe of parts is projected with: one GET at a time as measured
+/// (if it was), and the parts the queue keeps in flight.
+#[derive(Debug, Clone, Copy)]
+struct Projection {
+    one_get: Option<OneGet>,
+    reach: f64,
+}
+
+impl Projection {
+    /// The rate of `parts` parts of `bytes` in all fetched at once in
+    /// `elapsed` seconds, projected to `reach` parts in flight. Their gain
+    /// over one GET at a time, `s = serial / elapsed`, fits Amdahl's law
+    /// `s(k) = k / (1 + (k - 1) c)` at `k = parts`, which gives the part
+    /// `c` of a GET's time that does not overlap with others'; `s(reach)`
+    /// times the one-at-a-time rate is the projection. No gain (`s <= 1`),
+    /// or no [`OneGet`]: the rate measured.
+    fn rate(self, parts: u32, bytes: u64, elapsed: f64) -> f64 {
+        let measured = bytes as f64 / elapsed;
+        let Some(one_get) = self.one_get else {
+            return measured;
+        };
+        let serial = one_get.serial_seconds(parts, bytes);
+        let gain = serial / elapsed;
+        let k = f64::from(parts);
+        if gain <= 1.0 || k < 2.0 || !serial.is_finite() {
+            return measured;
+        }
+        let contention = ((k / gain - 1.0) / (k - 1.0)).clamp(0.0, 1.0);
+        let reach = self.reach.max(k);
+        let projected = reach / (1.0 + (reach - 1.0) * contention);
+        (bytes as f64 / serial * projected).max(measured)
     }
 }
 
@@ -354,25 +452,53 @@ impl Drop for Flight {
     }
 }
 
-impl Default for Tuner {
-    fn default() -> Self {
+impl Tuner {
+    /// A tuner of a queue over `budget` bytes with at most
+    /// `max_concurrency` requests in flight.
+    pub(super) fn new(budget: u64, max_concurrency: usize) -> Self {
         Tuner {
             state: Mutex::new(Tuning {
                 chosen: Mode::Parts,
                 queued: VecDeque::from([Mode::Stream, Mode::Parts]),
                 probe: None,
                 rates: [None; 2],
+                one_get: None,
                 until_probe: 0,
                 hold: FIRST_HOLD / 2,
                 probes: 0,
                 active: 0,
                 quiet_wait: None,
             }),
+            budget,
+            max_concurrency: u32::try_from(max_concurrency).unwrap_or(u32::MAX),
         }
     }
-}
 
-impl Tuner {
+    /// How a probe of parts with `bytes` in `parts` parts is projected:
+    /// to the parts of that size the budget and `max_concurrency` keep in
+    /// flight, at most [`PROJECTION_REACH`] times [`PROBE_PARTS`].
+    fn projection(&self, tuning: &Tuning, parts: u32, bytes: u64) -> Projection {
+        let part = (bytes / u64::from(parts.max(1))).max(1);
+        let fit = u32::try_from(self.budget / part).unwrap_or(u32::MAX);
+        let reach = fit
+            .min(self.max_concurrency)
+            .min(PROJECTION_REACH * PROBE_PARTS)
+            .max(1);
+        Projection {
+            one_get: tuning.one_get,
+            reach: f64::from(reach),
+        }
+    }
+
+    /// The projection of the probe under way (if any).
+    fn probe_projection(&self, tuning: &Tuning) -> Projection {
+        let (issued, bytes) = tuning
+            .probe
+            .as_ref()
+            .map_or((1, 1), |p| (p.issued, p.bytes));
+        self.projection(tuning, issued, bytes)
+    }
+
     /// Lets an object's first part (never part of a probe) go, once no
     /// probe is being measured.
     pub(super) async fn first(self: &Arc<Self>, cancelled: &AtomicBool) -> Flight {
@@ -433,9 +559,10 @@ impl Tuner {
     /// What an object's first part does at `now`.
     fn step_first(&self, now: Instant) -> Step {
         let mut tuning = self.lock();
-        let rates = tuning.rates;
+        let stream_rate = tuning.rates[Mode::Stream.index()];
+        let projection = self.probe_projection(&tuning);
         let measuring = tuning.probe.as_ref().is_some_and(|probe| {
-            probe.issued == PROBE_PARTS && !probe.measured(now, rates[probe.mode.other().index()])
+            probe.issued == PROBE_PARTS && !probe.measured(now, stream_rate, projection)
         });
         if measuring {
             return Step::Wait;
@@ -450,7 +577,8 @@ impl Tuner {
         let mut tuning = self.lock();
         // A probe ends, the next starts, and the part goes: a few turns.
         for _ in 0..6 {
-            let rates = tuning.rates;
+            let stream_rate = tuning.rates[Mode::Stream.index()];
+            let projection = self.probe_projection(&tuning);
             if let Some(probe) = tuning.probe.as_mut() {
                 if probe.issued < PROBE_PARTS {
                     if probe.issued == 0 {
@@ -464,10 +592,10 @@ impl Tuner {
                     tuning.active += 1;
                     return issue;
                 }
-                if !probe.measured(now, rates[probe.mode.other().index()]) {
+                if !probe.measured(now, stream_rate, projection) {
                     return Step::Wait;
                 }
-                tuning.conclude(now);
+                tuning.conclude(now, projection);
             } else if !tuning.queued.is_empty() {
                 // A probe starts with the server to itself.
                 let since = *tuning.quiet_wait.get_or_insert(now);
@@ -541,14 +669,17 @@ impl Tuner {
 }
 
 impl Tuning {
-    /// Takes the probe under way as measured at `now`; chooses once no
-    /// probe is left in the round.
-    fn conclude(&mut self, now: Instant) {
+    /// Takes the probe under way as measured at `now` (of parts: with
+    /// `projection`); chooses once no probe is left in the round.
+    fn conclude(&mut self, now: Instant, projection: Projection) {
         let Some(probe) = self.probe.take() else {
             return;
         };
         if !probe.failed {
-            self.rates[probe.mode.index()] = Some(probe.rate(now));
+            self.rates[probe.mode.index()] = Some(probe.rate(now, projection));
+        }
+        if let Some(one_get) = probe.one_get() {
+            self.one_get = Some(one_get);
         }
         if !self.queued.is_empty() {
             return;
@@ -696,7 +827,7 @@ impl PartQueue {
             slots: Arc::new(Semaphore::new(options.transport.max_concurrency.max(1))),
             allowance: budget.saturating_sub(2 * sizes.ceiling()),
             sizes: Arc::new(sizes),
-            tuner: Arc::default(),
+            tuner: Arc::new(Tuner::new(budget, options.transport.max_concurrency)),
             window: look_ahead_units(options.transport.max_concurrency),
             opened: VecDeque::new(),
         }
@@ -1510,7 +1641,7 @@ mod tests {
         // A server that answers one GET at a time, each 100 ms: the stream
         // probe's first part ends after 10 ms and the stream runs on at
         // 100 MiB/s; the parts probe is cut short once behind it.
-        let serial = Tuner::default();
+        let serial = Tuner::new(64 << 20, 64);
         let t0 = Instant::now();
         let t1 = probe(&serial, Mode::Stream, t0, [10, 20, 30, 40]);
         let t2 = t1 + Duration::from_millis(1);
@@ -1556,7 +1687,7 @@ mod tests {
 
         // A remote store: 30 ms to the first part's end, a stream of
         // 25 MiB/s; four parts at once all end after 60 ms (66 MiB/s).
-        let remote = Tuner::default();
+        let remote = Tuner::new(64 << 20, 64);
         let t1 = probe(&remote, Mode::Stream, t0, [30, 70, 110, 150]);
         let t2 = probe(&remote, Mode::Parts, t1, [55, 58, 59, 60]);
         assert_eq!(
@@ -1567,9 +1698,93 @@ mod tests {
     }
 
     #[test]
+    fn parallel_parts_are_taken_behind_a_cap_per_connection_and_not_from_a_flat_server() {
+        let mib = 1 << 20;
+        let ms = Duration::from_millis;
+        // 20 ms to the first byte, 100 MiB/s per connection (S3, the bench
+        // server's proxy): four parts at once end after 33-36 ms, only 1.15
+        // times the stream's rate, but each kept its connection's rate: the
+        // queue's 16 parts in flight would be several times the stream.
+        let capped = Tuner::new(64 << 20, 64);
+        let t0 = Instant::now();
+        let t1 = probe(&capped, Mode::Stream, t0, [30, 40, 50, 60]);
+        let t2 = probe(&capped, Mode::Parts, t1, [33, 34, 35, 36]);
+        let one_get = capped
+            .lock()
+            .one_get
+            .expect("the stream probe measured one GET");
+        assert!((one_get.latency - 0.02).abs() < 1e-3, "{one_get:?}");
+        assert!(
+            (one_get.bandwidth / mib as f64 - 100.0).abs() < 1.0,
+            "{one_get:?}"
+        );
+        assert_eq!(
+            capped.step(mib, 64 * mib, t2),
+            Step::Issue(Mode::Parts, None)
+        );
+        let rates = capped.lock().rates;
+        let (parts, stream) = (rates[0].unwrap(), rates[1].unwrap());
+        assert!(parts > 2.0 * stream, "parts {parts}, stream {stream}");
+
+        // A server whose total stays flat: it answers one GET at a time,
+        // each after 20 ms (a server on this machine copying the object),
+        // bodies at 200 MiB/s. Once the parts can no longer win, even if
+        // they ended at once, the probe is cut short and the stream taken.
+        let flat = Tuner::new(64 << 20, 64);
+        let t1 = probe(&flat, Mode::Stream, t0, [25, 30, 35, 40]);
+        let t2 = t1 + ms(1);
+        let mut id = None;
+        for _ in 0..4 {
+            match flat.step(mib, 64 * mib, t2) {
+                Step::Issue(Mode::Parts, Some(probe)) => id = Some(probe),
+                other => panic!("{other:?}"),
+            }
+        }
+        flat.ended(id, true, t2 + ms(25));
+        assert_eq!(flat.step(mib, 64 * mib, t2 + ms(30)), Step::Wait);
+        assert_eq!(
+            flat.step(mib, 64 * mib, t2 + ms(50)),
+            Step::Issue(Mode::Stream, None)
+        );
+        assert_eq!(flat.lock().chosen, Mode::Stream);
+    }
+
+    #[test]
+    fn a_projection_never_falls_below_the_rate_measured_and_equals_it_at_the_probe_size() {
+        let one_get = Some(OneGet {
+            latency: 0.02,
+            bandwidth: 100e6,
+        });
+        for elapsed in [0.01, 0.03, 0.05, 0.08, 0.2, 1.0] {
+            let measured = 4e6 / elapsed;
+            let at_probe = Projection {
+                one_get,
+                reach: 4.0,
+            }
+            .rate(4, 4_000_000, elapsed);
+            assert!((at_probe - measured).abs() <= 1e-6 * measured, "{elapsed}");
+            let mut last = at_probe;
+            for reach in [8.0, 16.0, 64.0] {
+                let projected = Projection { one_get, reach }.rate(4, 4_000_000, elapsed);
+                assert!(projected >= last, "{elapsed} {reach}");
+                last = projected;
+            }
+            // No gain over one GET at a time (0.12 s serially): no projection.
+            if elapsed >= 0.12 {
+                assert_eq!(last, measured);
+            }
+            let unmeasured = Projection {
+                one_get: None,
+                reach: 64.0,
+            };
+            assert_eq!(unmeasured.rate(4, 4_000_000, elapsed), measured);
+        }
+    }
+
+    #[test]
     fn a_failed_probe_gives_no_rate_and_no_wait_outlasts_the_limit() {
         let mib = 1 << 20;
-        let tuner = Tuner::default();
+        let tuner = Tuner::new(64 << 20, 64);
         let t0 = Instant::now();
         let mut id = None;
         for _ in 0..4 {
