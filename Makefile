@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train bench-gpu clean
+.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-fast test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train bench-gpu clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -87,8 +87,20 @@ test: develop test-python test-rust ## Install everything and run every Rust and
 test-rust: $(STAMP) ## Run the Rust tests
 	cargo test $(CARGO_PROFILE) --features python
 
+# The Python tests run in PYTEST_WORKERS processes (pytest-xdist), each
+# test handed to the first idle one: most tests wait on servers, launched
+# jobs and worker processes, so four keep two cores busy.
+PYTEST_WORKERS ?= 4
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist worksteal
+
 test-python: develop ## Run the Python tests
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
+
+# The edit loop: the Rust unit tests and the Python tests not marked `slow`
+# (no launched jobs, frameworks, wheels or store servers; tests/python/conftest.py).
+test-fast: develop ## Run the fast tests only: Rust unit tests and the Python tests not marked slow
+	cargo test $(CARGO_PROFILE) --features python --lib
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) -m "not slow"
 
 # The mutation fuzz test of `make test` (tests/python/test_fuzz.py) with
 # many more cases and a new seed each run; FUZZ_SEED=n replays a run.

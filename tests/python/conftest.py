@@ -25,6 +25,32 @@ SHARDS = 8
 SAMPLES_PER_SHARD = 12
 TASKS = Path("/proc/self/task")
 
+# The modules whose tests launch jobs (torchrun, frameworks), build or install
+# wheels, start store servers or benchmarks: marked `slow`, so that
+# `make test-fast` leaves them out; `make test` runs every test.
+SLOW_MODULES = {
+    "test_accelerate",
+    "test_cache",
+    "test_dcp",
+    "test_distributed",
+    "test_fabric",
+    "test_job_resolution",
+    "test_lightning",
+    "test_mix_torchrun",
+    "test_ray",
+    "test_resume_matrix",
+    "test_store_conformance",
+    "test_torchrun",
+    "test_train_bench",
+    "test_wheel",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
 
 def stream_threads() -> int:
     """Native threads of shardstream streams (pipeline and I/O) in this process."""

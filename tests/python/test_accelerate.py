@@ -46,6 +46,7 @@ def run_ok(script: str, args: list[str], cwd: Path, out: Path) -> list[dict]:
     return records(out)
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_accelerate_loop_gives_every_sample_once_per_epoch_and_resumes_exactly(dataset, tmp_path):
     """``prepare_loader``: both epochs hold every sample once, the ranks run
     equal batches; ``save_state`` after 5 batches and ``load_state`` in a

@@ -50,6 +50,7 @@ def saved_job(tmp_path_factory):
     return tmp_path, info, full, saved
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_a_dcp_checkpoint_resumes_every_rank_exactly(saved_job):
     tmp_path, info, full, saved = saved_job
     # Two ranks of equal length that split the dataset (86 samples: none dropped).

@@ -40,6 +40,7 @@ def steps(out: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (out / f"steps-rank{rank}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_path):
     """Checkpoints every 5 steps through ``fabric.save`` with
     ``all_rank_states``; the run killed at step 17 resumes from step 15's
@@ -75,6 +76,7 @@ def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_pat
         assert got == steps(full, rank)[15:], f"rank {rank}"
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_loader_saved_as_it_is_is_refused_by_rank_1(dataset, tmp_path):
     """What the helpers are for: the loader itself in Fabric's state is
     saved as rank 0's state, and rank 1 refuses it on resume."""

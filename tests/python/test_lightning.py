@@ -36,6 +36,7 @@ def steps(out: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (out / f"steps-rank{rank}.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 @pytest.mark.parametrize("loader", ["stateful", "plain"])
 def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_path, loader):
     """``stateful``: a ``StatefulDataLoader``, checkpoints every 5 steps;

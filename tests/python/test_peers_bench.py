@@ -137,7 +137,9 @@ def test_cold_cache_run_counts_the_same_samples(
     result = bench.run_epoch(profiles["audio"], "shardstream", 2, cold=True)
     assert result["cold_cache"] is True
     assert (result["duplicates"], result["missing"]) == (0, 0)
-    assert result["device_read_bytes"] >= 0
+    # The dataset left the page cache first, so the epoch read it from the
+    # device (the workers' counters included).
+    assert result["device_read_bytes"] >= 0.9 * result["disk_bytes"], result
 
 
 def test_duplicates_and_missing_samples_are_counted(

@@ -13,10 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benches" / "train_bench.py"
 LIBRARIES = {"webdataset + PIL": "webdataset", "litdata + PIL": "litdata"}
 
 
+@pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
     batch, steps = 4, 2
     sizes = ("--batch", str(batch), "--steps", str(steps), "--warmup", "1")
