@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         # Workers forked from a DDP rank can hang at start on CPython before
         # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
         multiprocessing_context="spawn" if args.num_workers else None,
+        # Spawned workers start once, not at every epoch (each imports
+        # torch anew); epochs advance in them by themselves.
+        persistent_workers=args.num_workers > 0,
     )
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)

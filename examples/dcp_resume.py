@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
         # Workers forked from a DDP rank can hang at start on CPython before
         # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
         multiprocessing_context="spawn" if args.workers else None,
+        # Spawned workers start once, not at every epoch (each imports
+        # torch anew); epochs advance in them by themselves.
+        persistent_workers=args.workers > 0,
     )
     state = {"model": model.state_dict(), "dataloader": LoaderState(loader, rank)}
     if args.resume:

@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         # Spawned workers start from a fresh interpreter, so they cannot
         # inherit it.
         multiprocessing_context="spawn" if args.num_workers else None,
+        # Spawned workers start once, not at every epoch (each imports
+        # torch anew); epochs advance in them by themselves.
+        persistent_workers=args.num_workers > 0,
     )
     checkpoints = ModelCheckpoint(
         dirpath=args.out / "ckpt",
