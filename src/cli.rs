@@ -31,7 +31,7 @@ use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 #[command(
     name = "shardstream",
     version,
-    about = "Inspect shards, index datasets, print epoch plans, write shards, verify ledgers"
+    about = "Inspect shards, index datasets, print epoch plans, write shards, verify ledgers, measure the loader"
 )]
 struct Cli {
     #[command(flatten)]
@@ -232,6 +232,14 @@ enum Command {
         #[arg(long, value_parser = ["gz", "zst"])]
         compression: Option<String>,
     },
+    /// Measure the loader on a dataset: samples/s, MB/s, CPU per sample and
+    /// the stage that bounds it (runs in the Python package: `shardstream
+    /// bench --help` there lists its options).
+    Bench {
+        /// The command's arguments, read by the Python package.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 /// Runs the CLI on `args` (program name first); returns the exit code.
@@ -280,6 +288,13 @@ where
             write_shards(&src, &dest, source, options, &mut out)
         }
         Command::Inspect { shard, limit } => inspect(&shard, limit, &s3, &mut out),
+        Command::Bench { .. } => {
+            eprintln!(
+                "error: `shardstream bench` runs in the Python package: install it \
+                 (`pip install shardstream`) and run `shardstream bench` from there"
+            );
+            return 2;
+        }
         Command::Verify { ledger, spec, json } => {
             return verify_ledger(&ledger, &spec, json, &s3, &mut out);
         }

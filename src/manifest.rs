@@ -200,7 +200,11 @@ impl Manifest {
                 .get(&identity(&shard.url, Path::new("")))
                 .ok_or_else(|| Error::ManifestMismatch {
                     url: shard.url.clone(),
-                    reason: format!("not listed in the manifest {manifest_path}"),
+                    reason: format!(
+                        "not listed in the manifest {manifest_path}: a shard added after \
+                         the dataset was indexed; run `shardstream index` again (or pass \
+                         `manifest=False` to read without the manifest)"
+                    ),
                 })?;
             // What the shard is, and what the manifest says instead.
             let mismatch = |is: String, says: String| Error::ManifestMismatch {

@@ -15,15 +15,7 @@ def main() -> None:
         from .bench import main as bench
 
         sys.exit(bench(sys.argv[2:]))
-    code = run_cli(["shardstream", *sys.argv[1:]])
-    if sys.argv[1:] in (["--help"], ["-h"], ["help"]):
-        print(
-            "The bench command (Python): shardstream bench SPEC [--workers N] [--batch-size B] "
-            "[--decode FIELD=DECODER] [--epochs E | --samples S | --seconds T] [--json]: "
-            "samples/s, MB/s, CPU per sample and the stage that bounds the loader; "
-            "shardstream bench --help for every option"
-        )
-    sys.exit(code)
+    sys.exit(run_cli(["shardstream", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

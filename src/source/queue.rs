@@ -482,8 +482,7 @@ impl Tuner {
         let fit = u32::try_from(self.budget / part).unwrap_or(u32::MAX);
         let reach = fit
             .min(self.max_concurrency)
-            .min(PROJECTION_REACH * PROBE_PARTS)
-            .max(1);
+            .clamp(1, PROJECTION_REACH * PROBE_PARTS);
         Projection {
             one_get: tuning.one_get,
             reach: f64::from(reach),
