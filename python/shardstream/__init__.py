@@ -40,6 +40,7 @@ from .ledger import Ledger
 from .randomness import sample_generator, sample_rng, sample_seed
 from .s3 import S3Config
 from .state import elastic_state
+from .worker_sharing import WorkerStartError
 from .writer import ShardWriter
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ __all__ = [
     "StreamProcessError",
     "StreamingDataset",
     "TransformError",
+    "WorkerStartError",
     "__version__",
     "elastic_state",
     "plan_epoch",

@@ -39,6 +39,7 @@ from .local_bytes import LocalBytes
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
 from .telemetry import exposition, window
+from .worker_sharing import check_worker_start
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -572,6 +573,7 @@ class StreamingDataset(IterableDataset[Any]):
         return exposition([({}, self.stats(reset))])
 
     def __getstate__(self) -> dict[str, Any]:
+        check_worker_start()
         transform = self.options["transform"]
         if transform is not None:
             # A lambda would otherwise fail deep in the pickler, naming no option.

@@ -23,6 +23,7 @@ from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
 from .epochs import EpochAdvance
 from .telemetry import exposition
+from .worker_sharing import check_worker_start
 
 __all__ = ["MIX_FORMAT", "Mix"]
 
@@ -347,6 +348,7 @@ class Mix(IterableDataset[Any]):
         return exposition([({"stream": str(i)}, s) for i, s in enumerate(self.stats(reset))])
 
     def __getstate__(self) -> dict[str, Any]:
+        check_worker_start()
         state = self.__dict__.copy()
         state["_iterator"] = None
         # As for StreamingDataset: the wrapper a spawned worker cannot see.
