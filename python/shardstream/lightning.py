@@ -19,6 +19,7 @@ rank 0's objects only: ``all_rank_states(loader)`` (on every rank, before
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,9 +29,13 @@ from torch.utils.data import DataLoader
 
 from .accelerate import RANK_STATES, FrameworkWrapperError, rank_state
 from .dataset import StreamingDataset
+from .ledger import Ledger, sample_ids
 from .mix import Mix
 
 __all__ = ["ShardStreamCallback", "all_rank_states", "load_rank_state"]
+
+LEDGER_KEY = "shardstream_ledger"
+"""The checkpoint entry where ``ShardStreamCallback`` keeps the ledger's resume step."""
 
 
 class ShardStreamCallback(Callback):
@@ -52,9 +57,69 @@ class ShardStreamCallback(Callback):
     - a ``StatefulDataLoader`` whose dataset has no ``len()``: raises
       ``FrameworkWrapperError`` when training starts (Lightning would read
       a batch ahead, and its checkpoints resume a batch late).
+    - ``ledger_dir``: writes a ``shardstream.Ledger`` there (the train
+      loader's ``StreamingDataset`` made with ``sample_ids=True``, its
+      batches keeping ``__id__``): each train batch is recorded as a step
+      when it starts, the end of an epoch after its last batch, and a
+      checkpoint holds the step a run resumed from it records first, so
+      that ``shardstream verify LEDGER_DIR`` checks the whole run, resumes
+      included.
     """
 
+    def __init__(self, ledger_dir: str | os.PathLike[str] | None = None) -> None:
+        super().__init__()
+        self.ledger_dir = ledger_dir
+        self.ledger: Ledger | None = None
+        self._resume_step: int | None = None
+
+    def _open_ledger(self, trainer: Trainer) -> None:
+        if self.ledger_dir is None or self.ledger is not None:
+            return
+        loaders = list(_loaders(trainer.train_dataloader))
+        datasets = [getattr(loader, "dataset", None) for loader in loaders]
+        if len(loaders) != 1 or not isinstance(datasets[0], StreamingDataset):
+            kinds = ", ".join(type(d).__name__ for d in datasets) or "none"
+            raise FrameworkWrapperError(
+                f"ShardStreamCallback(ledger_dir=...) records one train loader over a "
+                f"StreamingDataset; this run trains on {len(loaders)} ({kinds})"
+            )
+        workers = getattr(loaders[0], "num_workers", 0)
+        self.ledger = Ledger(
+            self.ledger_dir,
+            datasets[0],
+            resume_step=self._resume_step,
+            num_workers=max(int(workers), 1),
+        )
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._check_no_read_ahead(trainer)
+        self._open_ledger(trainer)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Recorded before the step, so that a checkpoint saved at the
+        # step's end (ModelCheckpoint) finds it recorded.
+        if self.ledger is not None:
+            self.ledger.record(batch)
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if self.ledger is not None and batch_idx + 1 == trainer.num_training_batches:
+            self.ledger.epoch_end(int(sample_ids(batch)[0, 0]))
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.ledger is not None:
+            self.ledger.close()
+            self.ledger = None
+
+    def _check_no_read_ahead(self, trainer: Trainer) -> None:
         # Lightning reads one batch ahead when the train loader has no
         # len(): the loader state a checkpoint holds is then a batch ahead
         # of training, and the resumed run would skip that batch.
@@ -82,6 +147,8 @@ class ShardStreamCallback(Callback):
     def on_save_checkpoint(
         self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        if self.ledger is not None:
+            checkpoint[LEDGER_KEY] = {"resume_step": self.ledger.checkpoint()}
         fit_state = _fit_loop_state(checkpoint)
         states = fit_state.get("combined_loader") if fit_state is not None else None
         world_size = trainer.world_size
@@ -100,6 +167,9 @@ class ShardStreamCallback(Callback):
         # Runs before Lightning restores its loops and makes the first
         # iterator of the run (before any epoch hook): the loaders given
         # to fit() stream the epoch Lightning resumes at.
+        resume_step = checkpoint.get(LEDGER_KEY, {}).get("resume_step")
+        if isinstance(resume_step, int):
+            self._resume_step = resume_step
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress", {})
         epoch = progress.get("current", {}).get("processed")
         source = getattr(trainer.fit_loop, "_data_source", None)

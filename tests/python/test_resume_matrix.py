@@ -379,10 +379,15 @@ class Recorder(LightningModule):
 
 
 def lightning_fit(
-    loader: Any, tmp: Path, callbacks: list[Callback], resume: Path | None = None
+    loader: Any,
+    tmp: Path,
+    callbacks: list[Callback],
+    resume: Path | None = None,
+    ledger_dir: Path | None = None,
 ) -> list[list[str]]:
     """One epoch of ``Trainer.fit`` with ``ShardStreamCallback`` on the
-    CPU (resumed from ``resume``): the batches it trained on."""
+    CPU (resumed from ``resume``; writing its ledger to ``ledger_dir``):
+    the batches it trained on."""
     from shardstream.lightning import ShardStreamCallback
 
     model = Recorder()
@@ -395,7 +400,7 @@ def lightning_fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[ShardStreamCallback(), *callbacks],
+        callbacks=[ShardStreamCallback(ledger_dir=ledger_dir), *callbacks],
         default_root_dir=tmp,
     )
     trainer.fit(model, loader, ckpt_path=resume)
@@ -404,10 +409,11 @@ def lightning_fit(
 
 @pytest.mark.parametrize("point", ["before-first", "mid-epoch", "last-batch"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
+def test_lightning_callback_exact(data, tmp_path, capfd, num_workers: int, point: str):
     """A Lightning run (``ShardStreamCallback``, a ``StatefulDataLoader``)
     checkpointed at ``point`` and resumed from the checkpoint by a new
-    Trainer trains on exactly the uninterrupted run's remaining batches."""
+    Trainer trains on exactly the uninterrupted run's remaining batches;
+    the callback's ledger of both runs verifies."""
     ckpt = tmp_path / "run.ckpt"
     n = -(-len(data.keys) // BATCH)
     at = stop_at(point, n)
@@ -424,7 +430,7 @@ def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
     def loader() -> StatefulDataLoader:
         # Counted, so len() works and Lightning reads no batch ahead.
         ds = shardstream.StreamingDataset(
-            data.spec, seed=SEED, shuffle_buffer=SHUFFLE, count_samples=True
+            data.spec, seed=SEED, shuffle_buffer=SHUFFLE, count_samples=True, sample_ids=True
         )
         return StatefulDataLoader(
             ds,
@@ -434,10 +440,15 @@ def test_lightning_callback_exact(data, tmp_path, num_workers: int, point: str):
             timeout=120 if num_workers else 0,
         )
 
-    full = lightning_fit(loader(), tmp_path, [SaveAt()])
+    ledger_dir = tmp_path / "ledger"
+    full = lightning_fit(loader(), tmp_path, [SaveAt()], ledger_dir=ledger_dir)
     assert len(full) == n and ckpt.exists()
-    rest = lightning_fit(loader(), tmp_path, [], ckpt)
+    rest = lightning_fit(loader(), tmp_path, [], ckpt, ledger_dir=ledger_dir)
     assert full[:at] + rest == full
+    # Two generations: the run that went on past its checkpoint, and the
+    # run resumed from it, whose steps supersede the first's from there.
+    assert sorted(p.name for p in ledger_dir.iterdir()) == ["gen-000000", "gen-000001"]
+    verified(ledger_dir, capfd)
 
 
 def test_lightning_refuses_a_stateful_loader_without_len(data, tmp_path):
