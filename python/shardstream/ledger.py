@@ -39,6 +39,15 @@ TRAINED, SKIPPED, EPOCH_END = 0, 1, 2
 
 _HEADER = struct.Struct("<QQII")
 
+BUFFER_BYTES = 1 << 20
+"""The rank file's write buffer."""
+
+FLUSH_SAMPLES = 1 << 16
+"""Records are queued until they hold this many samples (or a checkpoint,
+an epoch's end or ``close`` comes), then written together."""
+
+_Columns = tuple["np.ndarray", "np.ndarray", "np.ndarray"]
+
 
 def _generation_dir(generation: int) -> str:
     return f"gen-{generation:06d}"
@@ -100,15 +109,17 @@ def _as_array(value: Any) -> np.ndarray:
     import numpy as np
 
     if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
+        if value.requires_grad or value.device.type != "cpu":
+            value = value.detach().cpu()
+        return value.numpy()
     return np.asarray(value)
 
 
-def sample_ids(batch: Any) -> np.ndarray:
-    """The ``(epoch, shard, index)`` rows of ``batch``'s ``__id__``: a
-    DataLoader batch (a list of 3 tensors), a Rust batch (a ``(B, 3)``
-    array) or one sample (a tuple of 3 ints). Raises ``ValueError`` when
-    there is none."""
+def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The epoch, shard and index columns (1-D ``uint64``, views where they
+    can be) of ``batch``'s ``__id__``: a DataLoader batch (a list of 3
+    tensors), a Rust batch (a ``(B, 3)`` array) or one sample (a tuple of 3
+    ints). Raises ``ValueError`` when there is none."""
     import numpy as np
 
     if not isinstance(batch, Mapping) or "__id__" not in batch:
@@ -121,16 +132,36 @@ def sample_ids(batch: Any) -> np.ndarray:
     ids = batch["__id__"]
     if isinstance(ids, (list, tuple)) and len(ids) == 3 and not np.isscalar(ids[0]):
         # default_collate: one tensor per component.
-        rows = np.stack([_as_array(part).reshape(-1) for part in ids], axis=1)
+        columns = [_as_array(part).reshape(-1) for part in ids]
     else:
         rows = _as_array(ids)
-    rows = rows.reshape(-1, 3) if rows.ndim == 1 and rows.size == 3 else rows
-    if rows.ndim != 2 or rows.shape[1] != 3 or not np.issubdtype(rows.dtype, np.integer):
-        raise ValueError(
-            f"__id__ is not (epoch, shard, index) per sample: got an array of shape "
-            f"{rows.shape} and type {rows.dtype}"
-        )
-    return rows.astype(np.uint64)
+        rows = rows.reshape(1, 3) if rows.ndim == 1 and rows.size == 3 else rows
+        if rows.ndim != 2 or rows.shape[1] != 3:
+            raise _not_ids(f"an array of shape {rows.shape} and type {rows.dtype}")
+        columns = [rows[:, 0], rows[:, 1], rows[:, 2]]
+    count = len(columns[0])
+    for column in columns:
+        integers = column.dtype == np.int64 or np.issubdtype(column.dtype, np.integer)
+        if not integers or len(column) != count:
+            shapes = ", ".join(f"{len(c)} of {c.dtype}" for c in columns)
+            raise _not_ids(f"3 columns of {shapes}")
+    # The ids are never negative: int64 columns are read as uint64 in place.
+    epoch, shard, index = (
+        c.view(np.uint64) if c.dtype == np.int64 else c.astype(np.uint64) for c in columns
+    )
+    return epoch, shard, index
+
+
+def _not_ids(got: str) -> ValueError:
+    return ValueError(f"__id__ is not (epoch, shard, index) per sample: got {got}")
+
+
+def sample_ids(batch: Any) -> np.ndarray:
+    """The ``(epoch, shard, index)`` rows of ``batch``'s ``__id__`` (see
+    ``id_columns``), as a ``(B, 3)`` ``uint64`` array."""
+    import numpy as np
+
+    return np.stack(id_columns(batch), axis=1)
 
 
 class Ledger:
@@ -211,9 +242,13 @@ class Ledger:
         }
         self.generation = self._open_generation(meta)
         self._file: BinaryIO | None = None
+        self._queued: list[tuple[int, int, int, _Columns | None]] = []
+        self._queued_samples = 0
+        self.last_epoch: int | None = None
+        """The epoch of the last batch recorded."""
         if self._writes:
             path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
-            self._file = open(path, "ab", buffering=0)  # noqa: SIM115 (closed by close())
+            self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (closed by close())
 
     @property
     def path(self) -> Path:
@@ -278,16 +313,52 @@ class Ledger:
             )
         return generation
 
-    def _write(self, step: int, epoch: int, kind: int, ids: np.ndarray) -> None:
-        import numpy as np
-
+    def _write(self, step: int, epoch: int, kind: int, columns: _Columns | None) -> None:
+        """Queues a record: written with the others at the next flush (when
+        the queue holds FLUSH_SAMPLES, and at checkpoints, epoch ends and
+        close), so that a step costs a few microseconds whatever its size."""
         if self._file is None:
             if self._writes:
                 raise ValueError(f"ledger {self.path} rank {self.rank} is closed")
             return
-        body = np.ascontiguousarray(ids, dtype="<u8").tobytes()
-        # One write per record: a crash leaves at most the last one cut short.
-        self._file.write(_HEADER.pack(step, epoch, len(ids), kind) + body)
+        self._queued.append((step, epoch, kind, columns))
+        self._queued_samples += 0 if columns is None else len(columns[0])
+        if self._queued_samples >= FLUSH_SAMPLES:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Writes the queued records: each its header and its (shard, index)
+        pairs. Buffered: a crash leaves at most the last record cut short,
+        and loses only records after the last checkpoint, which the resumed
+        run's generation supersedes."""
+        import numpy as np
+
+        queued, self._queued, self._queued_samples = self._queued, [], 0
+        if self._file is None or not queued:
+            return
+        taken = [(step, epoch, c) for step, epoch, _, c in queued if c is not None]
+        counts = np.array([len(c[0]) for _, _, c in taken], dtype=np.int64)
+        pairs = np.empty((int(counts.sum()), 2), dtype="<u8")
+        if taken:
+            epochs = np.concatenate([c[0] for _, _, c in taken])
+            firsts = np.array([epoch for _, epoch, _ in taken], dtype=np.uint64)
+            mixed = epochs != np.repeat(firsts, counts)
+            if mixed.any():
+                at = int(np.searchsorted(np.cumsum(counts), np.argmax(mixed), "right"))
+                step, _, columns = taken[at]
+                raise ValueError(
+                    f"a step's samples come from one epoch; step {step} has samples of "
+                    f"epochs {np.unique(columns[0]).tolist()}"
+                )
+            pairs[:, 0] = np.concatenate([c[1] for _, _, c in taken])
+            pairs[:, 1] = np.concatenate([c[2] for _, _, c in taken])
+        offset = 0
+        for step, epoch, kind, queued_columns in queued:
+            count = 0 if queued_columns is None else len(queued_columns[0])
+            self._file.write(_HEADER.pack(step, epoch, count, kind))
+            if count:
+                self._file.write(pairs[offset : offset + count].data)
+                offset += count
 
     def record(self, batch: Any, step: int | None = None) -> int:
         """Records the samples of ``batch`` as trained at ``step`` (default:
@@ -296,30 +367,26 @@ class Ledger:
         return self._record(batch, step, TRAINED)
 
     def _record(self, batch: Any, step: int | None, kind: int) -> int:
-        import numpy as np
-
-        rows = sample_ids(batch)
-        epochs = np.unique(rows[:, 0])
-        if len(epochs) != 1:
-            raise ValueError(
-                f"a step's samples come from one epoch; this batch has epochs {epochs.tolist()}"
-            )
+        columns = id_columns(batch)
+        if len(columns[0]) == 0:
+            raise ValueError("a step's batch has no samples")
         step = self._next_step if step is None else step
         if step < self.start_step:
             raise ValueError(
                 f"step {step} is before this run's first step {self.start_step} (resume_step)"
             )
-        self._write(step, int(epochs[0]), kind, rows[:, 1:])
+        # Every sample's epoch is checked against the first when written.
+        self.last_epoch = int(columns[0][0])
+        self._write(step, self.last_epoch, kind, columns)
         self._last_step = step
         self._next_step = step + 1
         return step
 
     def epoch_end(self, epoch: int) -> None:
         """Records that this rank has taken every batch of ``epoch``."""
-        import numpy as np
-
         step = self._last_step if self._last_step is not None else self.start_step
-        self._write(step, epoch, EPOCH_END, np.empty((0, 2), dtype=np.uint64))
+        self._write(step, epoch, EPOCH_END, None)
+        self._flush()
 
     def track(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Iterates ``loader`` (a DataLoader, or an iterator already
@@ -331,7 +398,7 @@ class Ledger:
         epoch = None
         for batch in loader:
             self.record(batch)
-            epoch = int(sample_ids(batch)[0, 0])
+            epoch = self.last_epoch
             yield batch
         if epoch is not None:
             self.epoch_end(epoch)
@@ -362,7 +429,7 @@ class Ledger:
                     self.epoch_end(epoch)
                 break
             self._record(batch, None, SKIPPED)
-            epoch = int(sample_ids(batch)[0, 0])
+            epoch = self.last_epoch
             drawn += 1
         return drawn
 
@@ -371,13 +438,17 @@ class Ledger:
         the training state is saved. Returns the step a run resumed from
         this checkpoint takes first (``step`` when given, else the step
         after the last recorded), its ``resume_step``."""
+        self._flush()
         if self._file is not None:
+            self._file.flush()
             os.fsync(self._file.fileno())
         return self._next_step if step is None else step
 
     def close(self) -> None:
         """Makes the records durable and closes this rank's file."""
+        self._flush()
         if self._file is not None:
+            self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None

@@ -87,6 +87,26 @@ def test_a_batch_without_ids_is_refused_naming_the_option(
         shardstream.Ledger(tmp_path, shardstream.StreamingDataset(dataset.spec))
 
 
+def test_a_batch_of_two_epochs_or_of_malformed_ids_is_refused(
+    dataset: DatasetInfo, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    ds = make(dataset.spec)
+    ledger = shardstream.Ledger(tmp_path, ds)
+    ledger.record({"__id__": np.array([[0, 1, 2], [0, 1, 3]])})
+    # Records are written together: a step mixing epochs is named when they are.
+    ledger.record({"__id__": np.array([[0, 1, 4], [1, 1, 5]])})
+    with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
+        ledger.checkpoint()
+    for ids in (np.array([[0, 1]]), [np.array([0]), np.array([1, 2]), np.array([3])]):
+        with pytest.raises(ValueError, match="not \\(epoch, shard, index\\)"):
+            ledger.record({"__id__": ids})
+    with pytest.raises(ValueError, match="no samples"):
+        ledger.record({"__id__": np.empty((0, 3), dtype=np.int64)})
+    ledger.close()
+
+
 def run_until(
     ds: Any, ledger: shardstream.Ledger, stop: int, save_at: set[int]
 ) -> dict[int, dict[str, Any]]:
