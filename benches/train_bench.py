@@ -26,12 +26,15 @@ ImageNet's; made by `augment_bench.make_dataset`) and their labels:
 Every pipeline hands uint8 `(N, 3, 224, 224)` to the same step, which
 converts and normalises on the device. `warmup` steps are not timed; images/s
 is over the next `steps` steps (synchronised with the device at both ends),
-and CPU ms per image is this process's and its DataLoader workers' user +
-system time over the same steps (the workers' share is also given alone:
-the loader's cost, apart from the training loop's). Each (pipeline, model, workers) runs in a
-fresh subprocess. A pipeline whose library is not installed is reported as
-such. Without a CUDA device the benchmark refuses to run unless
-`--device cpu` is given (a smoke run: CPU figures are not training figures).
+and CPU ms per image is the machine's busy time over the same steps (from
+/proc/stat: every process and kernel thread; "cores busy" is that time over
+the window's), and the workers' share is their user + system time
+(DataLoader workers alive and those an epoch's end retired, from /proc and
+`RUSAGE_CHILDREN`): the loader's cost, apart from the training loop's.
+Each (pipeline, model, workers) runs in a fresh subprocess. A pipeline
+whose library is not installed is reported as such. Without a CUDA device
+the benchmark refuses to run unless `--device cpu` is given (a smoke run:
+CPU figures are not training figures).
 """
 
 from __future__ import annotations
@@ -120,32 +123,48 @@ def gpu_augment(data: Any, offsets: Any, device: Any) -> Any:
     return out
 
 
+def machine_busy_seconds() -> float:
+    """Busy CPU seconds of the whole machine so far, every core together:
+    the first line of /proc/stat, every state but idle and iowait (guest
+    time is part of user time there)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    if fields[0] != "cpu":
+        raise RuntimeError(f"/proc/stat starts with {fields[0]!r}, not the cpu line")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu_seconds() -> tuple[float, float]:
-    """User + system CPU seconds so far of this process, and of its live
-    descendants (DataLoader workers, which `RUSAGE_CHILDREN` counts only
-    once they have been waited for), read from /proc."""
+    """User + system CPU seconds so far of this process, and of every
+    process it started (DataLoader workers): those waited for
+    (`RUSAGE_CHILDREN`: the workers of an epoch that ended) and those alive
+    or not yet waited for, with what they waited for themselves (read from
+    /proc). Each is counted once, so the figure only grows."""
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    waited = resource.getrusage(resource.RUSAGE_CHILDREN)
     tick = os.sysconf("SC_CLK_TCK")
     parents, cpu = {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             # After the parenthesised name: state, ppid, ..., utime (14th
-            # field of the line) and stime (15th).
+            # field of the line), stime, cutime and cstime (17th).
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         pid = int(stat.parent.name)
         parents[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / tick
-    mine, descendants = {os.getpid()}, 0.0
+        cpu[pid] = sum(int(v) for v in fields[11:15]) / tick
+    mine, descendants = {os.getpid()}, waited.ru_utime + waited.ru_stime
     grew = True
     while grew:
         grew = False
         for pid, parent in parents.items():
             if parent in mine and pid not in mine:
                 mine.add(pid)
+                # A live process's cutime holds its waited-for children;
+                # its own children still alive are counted on their own.
                 descendants += cpu[pid]
                 grew = True
     return usage.ru_utime + usage.ru_stime, descendants
@@ -269,18 +288,27 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
     for _ in range(args.warmup):
         step(*next(source))
     sync()
-    start, start_cpu, seen = time.perf_counter(), tree_cpu_seconds(), 0
+    start, start_cpu, start_busy, seen = (
+        time.perf_counter(),
+        tree_cpu_seconds(),
+        machine_busy_seconds(),
+        0,
+    )
     for _ in range(args.steps):
         images, labels = next(source)
         seen += len(images)
         step(images, labels)
     sync()
     seconds, end_cpu = time.perf_counter() - start, tree_cpu_seconds()
+    busy = machine_busy_seconds() - start_busy
     own, workers_cpu = (end - begin for end, begin in zip(end_cpu, start_cpu, strict=True))
     return {
         "images": seen,
         "seconds": seconds,
-        "cpu_seconds": own + workers_cpu,
+        # The machine's busy time over the window: what the run cost,
+        # whatever process (or kernel thread) spent it.
+        "cpu_seconds": busy,
+        "tree_cpu_seconds": own + workers_cpu,
         "worker_cpu_seconds": workers_cpu,
     }
 
@@ -398,6 +426,7 @@ def main() -> None:
                 row["cpu_ms_per_image"] = statistics.median(
                     1000 * r["cpu_seconds"] / r["images"] for r in runs
                 )
+                row["cores_busy"] = statistics.median(r["cpu_seconds"] / r["seconds"] for r in runs)
                 row["worker_cpu_ms_per_image"] = statistics.median(
                     1000 * r["worker_cpu_seconds"] / r["images"] for r in runs
                 )
@@ -411,10 +440,10 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup}"
     )
     print(
-        "| model | workers | pipeline | images/s | of ceiling | CPU ms per image "
-        "| of which workers |"
+        "| model | workers | pipeline | images/s | of ceiling | cores busy "
+        "| CPU ms per image | the loader's workers |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         ceiling = next(
             (
@@ -426,14 +455,16 @@ def main() -> None:
         )
         if "error" in row:
             print(
-                f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} | | | |"
+                f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} "
+                "| | | | |"
             )
             continue
         share = f"{row['images_per_s'] / ceiling:.0%}" if ceiling else "-"
         workers = "-" if row["pipeline"] == "ceiling" else row["workers"]
         print(
             f"| {row['model']} | {workers} | {row['pipeline']} | {row['images_per_s']:,.0f} "
-            f"| {share} | {row['cpu_ms_per_image']:.2f} | {row['worker_cpu_ms_per_image']:.2f} |"
+            f"| {share} | {row['cores_busy']:.2f} | {row['cpu_ms_per_image']:.2f} "
+            f"| {row['worker_cpu_ms_per_image']:.2f} |"
         )
 
 

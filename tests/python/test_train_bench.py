@@ -50,7 +50,11 @@ def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
         assert "error" not in row, row
         assert row["images"] == batch * steps, row
         assert row["images_per_s"] > 0 and row["cpu_ms_per_image"] > 0, row
-        assert 0 <= row["worker_cpu_ms_per_image"] <= row["cpu_ms_per_image"], row
+        assert 0 < row["cores_busy"] <= (os.cpu_count() or 1) + 0.5, row
+        # The machine's busy time holds the workers' (within a clock tick
+        # per image of the two counters' rounding).
+        tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
+        assert 0 <= row["worker_cpu_ms_per_image"] <= row["cpu_ms_per_image"] + tick_ms, row
     assert "| resnet18 | 2 | shardstream Image |" in out.stdout
 
 
@@ -70,14 +74,51 @@ def test_without_a_cuda_device_it_refuses_rather_than_measure_the_cpu(tmp_path):
     assert not (tmp_path / "train-data").exists()
 
 
-def test_cpu_time_counts_live_workers(tmp_path):
-    # DataLoader workers are alive while a run is measured, so RUSAGE_CHILDREN
-    # (waited-for children only) would miss their time.
+BUSY = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+
+
+def load_bench():
     spec = importlib.util.spec_from_file_location("train_bench", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    busy = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+    return bench
+
+
+def test_cpu_time_counts_workers_that_ended():
+    """Workers retired at an epoch's end (waited for, so gone from /proc)
+    still count: the figure never falls (it went negative across epochs)."""
+    bench = load_bench()
+    own_before, before = bench.tree_cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", BUSY])
+    readings = []
+    while child.poll() is None:
+        readings.append(bench.tree_cpu_seconds()[1])
+        time.sleep(0.05)
+    child.wait(timeout=30)
+    own_after, after = bench.tree_cpu_seconds()
+    assert after - before >= 0.4, (before, after)
+    pairs = zip([before, *readings], [*readings, after], strict=True)
+    assert all(earlier <= later + 0.02 for earlier, later in pairs), readings
+    assert own_after - own_before < after - before
+
+
+def test_the_machine_busy_time_sees_a_known_busy_loop():
+    """/proc/stat's busy time over a window holds a loop known to take 0.5
+    CPU seconds (other work on the machine only adds to it), and no more
+    than every core busy for the window."""
+    bench = load_bench()
+    start, wall = bench.machine_busy_seconds(), time.perf_counter()
+    exec(BUSY, {})
+    busy, wall = bench.machine_busy_seconds() - start, time.perf_counter() - wall
+    assert 0.45 <= busy <= wall * (os.cpu_count() or 1) + 0.05, (busy, wall)
+
+
+def test_cpu_time_counts_live_workers(tmp_path):
+    # DataLoader workers are alive while a run is measured, so RUSAGE_CHILDREN
+    # (waited-for children only) would miss their time.
+    bench = load_bench()
+    busy = BUSY
     done = tmp_path / "done"
     child = subprocess.Popen(
         [sys.executable, "-c", busy + f"open({str(done)!r}, 'w').close()\ntime.sleep(60)"]
