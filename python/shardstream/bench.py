@@ -31,6 +31,10 @@ __all__ = ["BenchResult", "main", "run_bench", "verdict"]
 STAGES = ("storage", "parse", "decode", "handoff", "consumer")
 """The stages a run can be bound by, in the order ``BenchResult.stages`` lists them."""
 
+OTHER = "other"
+"""The share of a run's time no stage accounts for (DataLoader workers
+starting, before the first batch), last in ``BenchResult.stages``."""
+
 DEFAULT_SECONDS = 60.0
 """How long a run lasts at most when no limit is given (else one epoch)."""
 
@@ -51,9 +55,13 @@ class BenchResult:
             DataLoader workers over the run.
         cpu_us_per_sample: ``cpu_seconds`` per sample, in microseconds.
         cores: cores this process may run on.
-        stages: the share of the run's time each stage took, per lane (the
-            pipeline of one DataLoader worker, or of the main process): the
-            largest is the bound.
+        stages: the share of the run's wall time each stage accounts for,
+            and ``other``, adding up to 1: ``consumer`` (the code the
+            batches go to), ``handoff`` (samples turned into Python objects
+            and passed on, by the DataLoader too), and the time the loader
+            waited for its pipelines, divided among ``storage``, ``parse``
+            and ``decode`` as the pipelines spent theirs; ``other`` is what
+            none accounts for. The largest stage is the bound.
         bound: the stage that bounds the run (one of ``STAGES``).
         advice: the bound in words, with the change that would help.
         decode_threads_busy: decode threads busy on average.
@@ -84,13 +92,16 @@ class BenchResult:
 
     def summary(self) -> str:
         """The result in a few lines of text."""
-        shares = ", ".join(f"{name} {share:.0%}" for name, share in self.stages.items())
+        names = {"consumer": "your code", OTHER: "other (workers starting)"}
+        shares = ", ".join(
+            f"{names.get(name, name)} {share:.0%}" for name, share in self.stages.items()
+        )
         return (
             f"{self.samples:,} samples in {self.seconds:.2f} s: "
             f"{self.samples_per_s:,.0f} samples/s, {self.mb_per_s:,.1f} MB/s\n"
             f"CPU: {self.cpu_us_per_sample:,.1f} us per sample "
-            f"({self.cpu_seconds:.2f} s on {self.cores} cores)\n"
-            f"time per stage: {shares}\n"
+            f"({self.cpu_seconds:.2f} CPU s, {self.cores} cores)\n"
+            f"where the time went: {shares}\n"
             f"{self.advice}"
         )
 
@@ -119,61 +130,91 @@ def verdict(
     cores: int,
     read_ahead_bytes: int | None = None,
     loader_seconds: float | None = None,
+    startup_seconds: float = 0.0,
     rust_batches: bool = False,
 ) -> tuple[dict[str, float], str, str, float, float]:
     """The stage that bounds a run, from its counters: each stage's share of
-    the run's ``seconds``, the pipeline's stages divided among ``lanes``
-    (DataLoader workers, or 1), the consumer's being ``consumer_seconds``
-    (time outside the loader). ``loader_seconds``, where the dataset is
-    iterated in the consumer's own thread (no workers), is the time spent
-    in the loader's ``next()``: what of it was neither a wait for the
-    pipeline nor the transform is the hand-off (the DataLoader's own
-    per-sample work included). ``rust_batches``: the dataset collates the
-    batches already, so the advice does not suggest it. Returns
-    ``(shares, bound, advice, decode_threads_busy, cores_idle)``."""
+    the run's ``seconds``, adding up to 1 with ``other``. The consumer's
+    share is ``consumer_seconds`` (time outside the loader); the rest is the
+    loader's. Where the dataset is iterated in the consumer's own thread (no
+    workers), ``loader_seconds`` is the time spent in the loader's
+    ``next()``: what of it was not a wait for the pipeline (nor the
+    transform) is the hand-off (the DataLoader's per-sample work included),
+    the wait is divided among storage, parse and decode as the pipeline
+    spent its time. With ``lanes`` DataLoader workers, the loader's time is
+    divided among the stages the workers spent theirs on, as far as they
+    were busy (each a lane); while they were not, the workers were starting
+    (until the first batch, ``startup_seconds``: other) or the main process
+    was receiving their batches (hand-off).
+    ``rust_batches``: the dataset collates the batches already, so the
+    advice does not suggest it. Returns ``(shares, bound, advice,
+    decode_threads_busy, cores_idle)``."""
     span = max(seconds, 1e-9)
 
-    def lane_share(*keys: str) -> float:
-        return sum(stats.get(key, 0) for key in keys) / 1e9 / lanes / span
+    def spent(*keys: str) -> float:
+        return sum(stats.get(key, 0) for key in keys) / 1e9
 
-    handoff = lane_share("handoff_ns")
-    if loader_seconds is not None:
-        waited = lane_share("next_wait_ns", "transform_ns")
-        handoff = max(handoff, loader_seconds / span - waited)
-    shares = {
-        "storage": lane_share("storage_wait_ns"),
-        "parse": lane_share("parse_ns"),
-        "decode": lane_share("decode_ns", "transform_ns"),
-        "handoff": handoff,
-        "consumer": consumer_seconds / span,
+    pipeline = {
+        "storage": spent("storage_wait_ns"),
+        "parse": spent("parse_ns"),
+        "decode": spent("decode_ns", "transform_ns"),
     }
-    bound = max(shares, key=lambda stage: shares[stage])
+    consumer = min(max(consumer_seconds, 0.0), span)
+    loader = span - consumer
+    shares = dict.fromkeys(STAGES, 0.0)
+    shares["consumer"] = consumer
+    other = 0.0
+    if loader_seconds is not None:
+        waited = min(spent("next_wait_ns", "transform_ns"), loader)
+        handoff = min(max(spent("handoff_ns"), loader - waited), loader)
+        shares["handoff"] = handoff
+        waiting, weights = loader - handoff, pipeline
+    else:
+        weights = {**pipeline, "handoff": spent("handoff_ns")}
+        busy_lanes = min(sum(weights.values()) / max(lanes, 1) / span, 1.0)
+        waiting = loader * busy_lanes
+        # Workers not busy while the main process waited: they were
+        # starting (until the first batch: other), or the main process was
+        # receiving their batches (the hand-off's part in it).
+        idle_lanes = loader - waiting
+        other = min(max(startup_seconds, 0.0), idle_lanes)
+        shares["handoff"] = idle_lanes - other
+    total = sum(weights.values())
+    if total > 0:
+        for stage, weight in weights.items():
+            shares[stage] += waiting * weight / total
+    else:
+        other += waiting
+    shares = {stage: value / span for stage, value in shares.items()}
+    shares[OTHER] = other / span
+    bound = max(STAGES, key=lambda stage: shares[stage])
     busy = stats.get("decode_busy_ns", 0) / 1e9 / span
     idle = max(0.0, cores - cpu_seconds / span)
     percent = f"{shares[bound]:.0%}"
     if bound == "storage":
         budget = f" (now {read_ahead_bytes:,})" if read_ahead_bytes is not None else ""
         advice = (
-            f"storage-bound: each pipeline waits on storage {percent} of the time; raise "
+            f"storage-bound: waiting on storage takes {percent} of the run; raise "
             f"read_ahead_bytes{budget} / more workers (num_workers), or cache_dir for "
             "data read more than once"
         )
     elif bound == "parse":
         advice = (
-            f"parse-bound: reading the shards' format takes {percent} of each pipeline's "
-            "time; more workers (num_workers) parse in parallel"
+            f"parse-bound: reading the shards' format takes {percent} of the run; more "
+            "workers (num_workers) parse in parallel"
         )
     elif bound == "decode":
-        python = lane_share("transform_ns")
+        python = spent("transform_ns") / max(pipeline["decode"], 1e-9)
         help_text = (
             "raise decode_threads / num_workers"
             if idle >= 1.0
-            else "every core is busy: lighten the decode or transform, or decode on the GPU"
+            else "less than one core is idle: lighten the decode or transform, or decode on "
+            "the GPU"
         )
         advice = (
-            f"decode-bound: {busy:.1f} decode threads busy, {idle:.1f} cores idle "
-            f"(decoding and transforms take {percent} of each pipeline's time, the Python "
-            f"transform {python:.0%}); {help_text}"
+            f"decode-bound: waiting for decoding and transforms takes {percent} of the run "
+            f"({python:.0%} of their time in the Python transform); {busy:.1f} decode threads "
+            f"busy, {idle:.1f} of {cores} cores idle; {help_text}"
         )
     elif bound == "handoff":
         collate = (
@@ -185,12 +226,12 @@ def verdict(
         )
         advice = (
             f"handoff-bound: turning samples into Python objects (and the DataLoader's "
-            f"per-sample work) takes {percent} of the time; {collate}more workers "
+            f"per-sample work) takes {percent} of the run; {collate}more workers "
             "(num_workers) spread it"
         )
     else:
         advice = (
-            f"consumer-bound: the loader waits on your code ({percent} of the time is "
+            f"consumer-bound: the loader waits on your code ({percent} of the run is "
             "spent outside the loader); a faster loader would not help"
         )
     return shares, bound, advice, busy, idle
@@ -250,6 +291,7 @@ def run_bench(
     deadline = started + seconds if seconds is not None else None
     # Progress shows at the first batch, then about twice a second.
     count, epoch, outside, shown = 0, 0, 0.0, started - 1.0
+    first_batch: float | None = None
     delay = consumer_delay_ms / 1000
     done = False
     while not done and (epochs is None or epoch < epochs):
@@ -260,6 +302,8 @@ def run_bench(
                 break
             count += _samples_in(batch) if rust_batches else len(batch)
             left_loader = time.perf_counter()
+            if first_batch is None:
+                first_batch = left_loader - started
             if consumer is not None:
                 consumer(batch)
             if delay:
@@ -297,6 +341,7 @@ def run_bench(
         cores=cores,
         read_ahead_bytes=dataset.options["read_ahead_bytes"],
         loader_seconds=elapsed - outside if workers == 0 else None,
+        startup_seconds=first_batch or 0.0,
         rust_batches=rust_batches,
     )
     fetched = stats.get("bytes_read", 0) + stats.get("cache_bytes", 0)
