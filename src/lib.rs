@@ -20,6 +20,7 @@ pub mod count;
 pub mod decode;
 pub mod error;
 pub mod format;
+pub mod hash;
 pub mod index;
 pub mod ledger;
 pub mod location;

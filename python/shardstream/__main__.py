@@ -15,7 +15,12 @@ def main() -> None:
         from .bench import main as bench
 
         sys.exit(bench(sys.argv[2:]))
-    sys.exit(run_cli(["shardstream", *sys.argv[1:]]))
+    try:
+        code = run_cli(["shardstream", *sys.argv[1:]])
+    except KeyboardInterrupt:
+        print("shardstream: interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
 
 
 if __name__ == "__main__":

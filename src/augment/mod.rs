@@ -19,6 +19,8 @@ pub mod jpeg;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
+use crate::hash::fnv1a;
+
 /// What a transform knows of the sample it transforms: enough to seed its
 /// random stream, nothing that depends on the reader.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,13 +63,6 @@ impl SampleContext {
 
 /// The field name of the seed handed to Python transforms.
 pub const TRANSFORM_SEED_FIELD: &str = "__seed__";
-
-/// The 64-bit FNV-1a hash: stable across builds and platforms.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
-        (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
 
 /// A uniform draw from `[low, high)` (53 random bits; `low` when the range
 /// is empty).

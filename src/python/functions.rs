@@ -5,6 +5,7 @@ use std::str::FromStr;
 
 use pyo3::prelude::*;
 
+use super::blocking::interruptible;
 use super::errors::to_py;
 use super::sample_stream::parse_resume;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
@@ -53,7 +54,8 @@ fn layout_part(
 
 #[pyfunction]
 pub fn resolve_shards(py: Python<'_>, specs: Vec<String>) -> PyResult<Vec<(String, Option<u64>)>> {
-    let shards = py.detach(|| resolve::resolve(&specs)).map_err(to_py)?;
+    // A listing may take long: Ctrl-C stops it, a panic is an exception.
+    let shards = interruptible(py, move || resolve::resolve(&specs))?;
     Ok(shards.into_iter().map(|s| (s.url, s.size)).collect())
 }
 
@@ -153,8 +155,10 @@ pub fn plan_samples(
         .collect())
 }
 
-/// Runs the `shardstream` command line with `argv` (program name first).
+/// Runs the `shardstream` command line with `argv` (program name first):
+/// its exit code; Ctrl-C raises `KeyboardInterrupt`, a panic a
+/// `ShardStreamError`.
 #[pyfunction]
-pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> i32 {
-    py.detach(|| crate::cli::run(argv))
+pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
+    interruptible(py, move || Ok(crate::cli::run(argv)))
 }

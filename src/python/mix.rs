@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyIterator};
 use serde_json::{Map, Value};
 
+use super::blocking::blocking;
 use super::errors::{to_py, ShardStreamError};
 use super::sample_stream::SampleStream;
 use crate::error::Error;
@@ -47,9 +48,9 @@ pub fn mix_order<'py>(
     generation: u32,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let policy = Policy::from_str(policy).map_err(to_py)?;
-    let order = py
-        .detach(|| mix::slot_order(policy, &weights, &counts, (seed, epoch), slot, generation))
-        .map_err(to_py)?;
+    let order = blocking(py, || {
+        mix::slot_order(policy, &weights, &counts, (seed, epoch), slot, generation)
+    })?;
     Ok(PyBytes::new(py, &order))
 }
 

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
 use crate::format::SampleId;
+use crate::hash::{splitmix64, Fnv1a, GOLDEN_GAMMA};
 use crate::plan::cut::Piece;
 use crate::plan::resume::{self, Replanner};
 use crate::plan::{self, SlotSpec, WorkUnit};
@@ -253,13 +254,6 @@ pub(crate) fn format_digest(digest: u64) -> String {
     format!("{digest:016x}")
 }
 
-/// The splitmix64 finaliser: a bijective mix of 64 bits.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 // Digests: sample `i` of shard `s` hashes to `c_s * g_s^i` in the integers
 // modulo the prime 2^61 - 1 (`c_s`, `g_s` drawn from `s`), and a digest is
 // the sum of the hashes of its ids. The sum does not depend on the order of
@@ -307,8 +301,8 @@ fn pow_mod(mut base: u64, mut exp: u64) -> u64 {
 
 /// `(c, g)` of a shard: `c` in `1..P`, `g` in `2..P`.
 fn shard_key(shard: u64) -> (u64, u64) {
-    let c = 1 + mix(shard ^ 0x9e37_79b9_7f4a_7c15) % (P - 1);
-    let g = 2 + mix(shard ^ 0xd1b5_4a32_d192_ed03) % (P - 2);
+    let c = 1 + splitmix64(shard ^ GOLDEN_GAMMA) % (P - 1);
+    let g = 2 + splitmix64(shard ^ 0xd1b5_4a32_d192_ed03) % (P - 2);
     (c, g)
 }
 
@@ -332,26 +326,6 @@ fn range_hash(shard: u64, samples: Range<u64>) -> u64 {
     mul_mod(mul_mod(c, pow_mod(g, samples.start)), series)
 }
 
-/// A 64-bit FNV-1a hash, stable across platforms and versions.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, bytes: &[u8]) -> &mut Self {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        self
-    }
-
-    fn u64(&mut self, v: u64) -> &mut Self {
-        self.bytes(&v.to_le_bytes())
-    }
-}
-
 /// Fingerprint of the dataset (URLs, sizes, sample spans) and of the options
 /// that decide which samples come in which order
 /// ([`StreamOptions::order_bytes`]: each option of
@@ -360,7 +334,7 @@ impl Fnv {
 /// (`sample_seed`, the I/O and output options), are left out: a state
 /// resumes with them changed.
 pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
-    let mut h = Fnv::new();
+    let mut h = Fnv1a::new();
     h.u64(shards.len() as u64);
     for shard in shards {
         h.u64(shard.url.len() as u64).bytes(shard.url.as_bytes());
@@ -384,7 +358,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
         };
     }
     h.bytes(&options.order_bytes());
-    format!("{:016x}", h.0)
+    format!("{:016x}", h.finish())
 }
 
 /// A change to the consumer's mirror of the pipeline, in pipeline order.

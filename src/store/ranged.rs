@@ -15,6 +15,7 @@ use bytes::Bytes;
 
 use crate::config::Transport;
 use crate::error::Error;
+use crate::hash::{splitmix64, Fnv1a, GOLDEN_GAMMA};
 use crate::stats::Counters;
 
 /// What a failed request or body means for the read.
@@ -69,9 +70,9 @@ pub(crate) struct Retries<'a> {
 
 impl<'a> Retries<'a> {
     pub(crate) fn new(transport: &'a Transport, url: &str, offset: u64) -> Self {
-        let seed = url.bytes().fold(offset ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
+        let seed = Fnv1a::with_basis(offset ^ GOLDEN_GAMMA)
+            .bytes(url.as_bytes())
+            .finish();
         Retries {
             transport,
             attempt: 0,
@@ -106,11 +107,8 @@ impl<'a> Retries<'a> {
             .saturating_mul(1 << self.attempt.min(16))
             .min(self.transport.backoff_max);
         // Full jitter: a uniform draw from [0, cap) (splitmix64 of our own seed).
-        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.seed;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
+        self.seed = self.seed.wrapping_add(GOLDEN_GAMMA);
+        let z = splitmix64(self.seed);
         let fraction = (z >> 11) as f64 / (1u64 << 53) as f64;
         tokio::time::sleep(cap.mul_f64(fraction)).await;
         Ok(())

@@ -145,6 +145,38 @@ def test_ctrl_c_interrupts_resolving_a_dataset():
     assert time.monotonic() - started < 10
 
 
+def test_ctrl_c_stops_the_command_line_at_once():
+    """`shardstream inspect` of a shard on a server that accepts and never
+    answers: Ctrl-C (SIGINT) ends the command within a second with status
+    130 and one line, long before the first-byte timeout."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    try:
+        command = [sys.executable, "-m", "shardstream", "inspect"]
+        process = subprocess.Popen(
+            [*command, f"http://127.0.0.1:{port}/shard.tar"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # Python started, the command waits on the server
+        assert process.poll() is None
+        interrupted = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+        assert time.monotonic() - interrupted < 5, stderr
+    finally:
+        server.close()
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr and "Traceback" not in stderr, stderr
+
+
 def open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
