@@ -208,8 +208,7 @@ def verdict(
         help_text = (
             "raise decode_threads / num_workers"
             if idle >= 1.0
-            else "less than one core is idle: lighten the decode or transform, or decode on "
-            "the GPU"
+            else "less than one core is idle: lighten the decode or transform, or decode on the GPU"
         )
         advice = (
             f"decode-bound: waiting for decoding and transforms takes {percent} of the run "
