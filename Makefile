@@ -130,7 +130,7 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@touch $@
 
-bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation (samples/s, MB/s, CPU, peak RSS) against peers, and the ledger's cost
+bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation (samples/s, MB/s, CPU, peak RSS) against peers, the ledger's cost and the epoch boundary's stall
 	$(PY) benches/loader_bench.py --out bench-results
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/http_bench.py --out bench-results
@@ -138,6 +138,7 @@ bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decod
 	$(PY) benches/augment_bench.py --out bench-results
 	$(PY) benches/audio_bench.py --out bench-results
 	$(PY) benches/ledger_bench.py --out bench-results
+	$(PY) benches/epoch_boundary_bench.py --out bench-results
 
 bench-startup: develop ## Start-up of one resolution per job at 1,000,000 shards: broadcast form size, ranks receiving it, worker memory, plan time
 	$(PY) benches/startup_bench.py --out bench-results
