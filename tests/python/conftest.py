@@ -38,6 +38,7 @@ SLOW_MODULES = {
     "test_lightning",
     "test_mix_torchrun",
     "test_ray",
+    "test_recipes",
     "test_resume_matrix",
     "test_store_conformance",
     "test_torchrun",
