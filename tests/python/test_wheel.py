@@ -26,6 +26,7 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
 from _shardtest import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -124,6 +125,7 @@ def run(
     return proc.stdout, proc.stderr
 
 
+@pytest.mark.timeout(900)  # a build and an install; `make test` shares the cores
 def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_quickstart(tmp_path):
     timings: dict[str, float] = {}
     started = time.monotonic()
@@ -222,6 +224,7 @@ def test_the_wheel_installs_into_a_fresh_virtualenv_and_runs_the_quickstart(tmp_
 SDIST_TIMEOUT = 1500
 
 
+@pytest.mark.timeout(SDIST_TIMEOUT + 60)  # its build is bounded by SDIST_TIMEOUT
 def test_the_sdist_builds_with_pip_and_reads_a_dataset(tmp_path):
     """``make sdist`` makes a source distribution that pip builds (Rust
     present) into a fresh virtualenv, where it imports and reads a dataset:
