@@ -22,26 +22,13 @@ import multiprocessing
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import zlib
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
-
-def write_shards(root: Path, shards: int, per_shard: int, size: int) -> str:
-    """``shards`` tars of ``per_shard`` samples of ``size`` bytes; their spec."""
-    root.mkdir(parents=True, exist_ok=True)
-    payload = bytes(range(256)) * (size // 256 + 1)
-    for shard in range(shards):
-        with tarfile.open(root / f"s-{shard:04d}.tar", "w") as tar:
-            for i in range(per_shard):
-                info = tarfile.TarInfo(f"{shard:04d}-{i:07d}.bin")
-                info.size = size
-                tar.addfile(info, BytesIO(payload[:size]))
-    return str(root / f"s-{{0000..{shards - 1:04d}}}.tar")
+from mix_bench import write_stream  # benches/, the directory of this script
 
 
 def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
@@ -112,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.out) as work:
-        spec = write_shards(Path(work), args.shards, args.per_shard, args.size)
+        spec = write_stream(Path(work) / "data", "s", args.shards, args.per_shard, args.size)
         for workers in args.workers:
             for persistent in (False, True):
                 stalls, waits = [], []
@@ -134,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                     "boundaries": len(stalls),
                     "stall_ms_median": 1000 * statistics.median(stalls),
                     "stall_ms_max": 1000 * max(stalls),
-                    "wait_ms_within_epochs": 1000 * statistics.median(waits),
+                    # No wait within epochs of one batch.
+                    "wait_ms_within_epochs": 1000 * statistics.median(waits) if waits else 0.0,
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)

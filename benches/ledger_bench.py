@@ -20,27 +20,14 @@ import argparse
 import json
 import shutil
 import statistics
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from mix_bench import write_stream  # benches/, the directory of this script
+
 from shardstream import Ledger, StreamingDataset
-
-
-def write_shards(root: Path, shards: int, per_shard: int, size: int) -> str:
-    """``shards`` tars of ``per_shard`` samples of ``size`` bytes; their spec."""
-    root.mkdir(parents=True, exist_ok=True)
-    payload = b"x" * size
-    for shard in range(shards):
-        with tarfile.open(root / f"s-{shard:04d}.tar", "w") as tar:
-            for i in range(per_shard):
-                info = tarfile.TarInfo(f"{shard:04d}-{i:08d}.bin")
-                info.size = size
-                tar.addfile(info, BytesIO(payload))
-    return str(root / f"s-{{0000..{shards - 1:04d}}}.tar")
 
 
 def one_epoch(
@@ -99,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ledger-bench-", dir=args.out))
     rows = []
     try:
-        spec = write_shards(work / "data", 8, args.samples // 8, args.size)
+        spec = write_stream(work / "data", "s", 8, args.samples // 8, args.size)
         for mode in ("rust", "dataloader"):
             plain, recorded, own_ns, disk = [], [], [], []
             for repeat in range(args.repeats):
