@@ -18,6 +18,9 @@ checkpoint with ``accelerator.save_state``, then resume from it exactly::
         --checkpoint /tmp/ckpt
     torchrun ... examples/accelerate_train.py /tmp/shards --out /tmp/b --resume /tmp/ckpt
 
+``--ledger DIR`` (in every run of a job) writes the sample ledger, resumes
+included, and ``shardstream verify DIR`` proves each epoch exactly once.
+
 ``--plain-prepare`` passes the DataLoader to ``accelerator.prepare`` instead,
 as most Accelerate code does: with several ranks shardstream then raises
 ``FrameworkWrapperError`` at the first batch, naming the fix (Accelerate
@@ -76,6 +79,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint", type=Path, help="where --stop-after saves the checkpoint")
     parser.add_argument("--resume", type=Path, help="a checkpoint to resume from")
+    parser.add_argument(
+        "--ledger",
+        type=Path,
+        help="write the sample ledger there (`shardstream verify LEDGER` checks the run)",
+    )
     return parser.parse_args(argv)
 
 
@@ -86,11 +94,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         sizes = [len(v) for k, v in sorted(sample.items()) if not k.startswith("__")]
         features.append([len(sizes) / 4, sum(sizes) / 65536, sizes[0] / 65536])
         targets.append([zlib.crc32(sample["__key__"].encode()) % 1000 / 1000])
-    return {
+    batch = {
         "keys": [s["__key__"] for s in samples],
         "features": torch.tensor(features),
         "targets": torch.tensor(targets),
     }
+    if "__id__" in samples[0]:  # sample_ids=True: what the ledger records
+        batch["__id__"] = torch.tensor([s["__id__"] for s in samples])
+    return batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         ),
         cpu=not torch.cuda.is_available(),
     )
-    dataset = StreamingDataset(args.data, seed=args.seed, shuffle_buffer=16)
+    dataset = StreamingDataset(
+        args.data, seed=args.seed, shuffle_buffer=16, sample_ids=args.ledger is not None
+    )
     loader_class = DataLoader if args.stateless else StatefulDataLoader
     loader = loader_class(
         dataset,
@@ -124,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     else:
         model, optimizer = accelerator.prepare(model, optimizer)
-        loader = prepare_loader(accelerator, loader)
+        # With a ledger, save_state/load_state keep its resume step too.
+        loader = prepare_loader(accelerator, loader, ledger_dir=args.ledger)
 
     first_epoch = 0
     if args.resume is not None:

@@ -18,13 +18,16 @@ Nothing here imports ``accelerate`` until ``prepare_loader`` runs.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from ._core import ShardStreamError
+from .ledger import Ledger
 
 __all__ = ["FrameworkWrapperError", "check_not_resplit", "prepare_loader"]
 
@@ -110,7 +113,9 @@ def check_not_resplit(dataset: Any, world_size: int) -> None:
     )
 
 
-def prepare_loader(accelerator: Any, loader: Any) -> Any:
+def prepare_loader(
+    accelerator: Any, loader: Any, *, ledger_dir: str | os.PathLike[str] | None = None
+) -> Any:
     """``accelerator.prepare(loader)`` for a DataLoader over a dataset that
     splits the data between ranks itself (``StreamingDataset``, ``Mix``):
     batches are placed on ``accelerator.device``, the loader takes part in
@@ -125,6 +130,15 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
     every rank, as ``accelerator.save_state`` does), so the one file
     Accelerate writes holds them all, and ``load_state_dict`` gives each
     rank its own back.
+
+    With ``ledger_dir``, the prepared loader writes a ``shardstream.Ledger``
+    there (the dataset made with ``sample_ids=True``; ``collate_fn`` keeping
+    ``__id__``): each batch is recorded as a step when the loader hands it
+    out, and the epoch's end with its last batch. The ledger is registered
+    with ``accelerator.register_for_checkpointing``: ``save_state`` makes
+    the records durable and keeps the step a resumed run records first, and
+    ``load_state`` starts the resumed run's generation there, so that
+    ``shardstream verify LEDGER_DIR`` checks the whole run, resumes included.
     """
     from accelerate.data_loader import prepare_data_loader  # type: ignore[import-untyped]
     from torch.utils.data import DataLoader
@@ -164,11 +178,102 @@ def prepare_loader(accelerator: Any, loader: Any) -> Any:
         _follow_loaded_epoch(prepared)
     if accelerator.use_stateful_dataloader and accelerator.num_processes > 1:
         _gather_states(prepared, accelerator.process_index, accelerator.num_processes)
+    if ledger_dir is not None:
+        recorder = LoaderLedger(ledger_dir, loader.dataset, loader.num_workers)
+        _record_batches(prepared, recorder)
+        accelerator.register_for_checkpointing(recorder)
     prepared._is_accelerate_prepared = True
     # What accelerator.prepare does with a loader it made: save_state,
     # load_state, skip_first_batches and free_memory find it here.
     accelerator._dataloaders.append(prepared)
     return prepared
+
+
+class LoaderLedger:
+    """The ledger of a loader prepared with ``prepare_loader(...,
+    ledger_dir=...)``, checkpointed by Accelerate with the loader:
+    ``state_dict`` (``save_state``) makes the records durable and holds the
+    step a run resumed from the checkpoint records first; ``load_state_dict``
+    (``load_state``) starts this run's generation at that step. The
+    generation is opened at the first batch (a collective under
+    ``torch.distributed``: every rank reads its loader), and closed when
+    the process exits, or by ``close()``."""
+
+    def __init__(self, directory: str | os.PathLike[str], dataset: Any, num_workers: int) -> None:
+        # A StreamingDataset (not imported here: the dataset module imports this one).
+        if not hasattr(dataset, "distributed_slot"):
+            raise TypeError(
+                f"prepare_loader(ledger_dir=...) records a DataLoader over a StreamingDataset, "
+                f"got one over {type(dataset).__name__}"
+            )
+        if not dataset.options["sample_ids"]:
+            raise ValueError(
+                "prepare_loader(ledger_dir=...): the dataset hands out no sample ids: create "
+                "it with sample_ids=True for the ledger to record"
+            )
+        self.directory = Path(directory)
+        self.dataset = dataset
+        self.num_workers = max(int(num_workers), 1)
+        self.resume_step: int | None = None
+        self.ledger: Ledger | None = None
+        atexit.register(self.close)
+
+    def record(self, batch: Any, last: bool) -> None:
+        """Records ``batch`` as the next step (and the epoch's end when it is the last)."""
+        if self.ledger is None:
+            self.ledger = Ledger(
+                self.directory,
+                self.dataset,
+                resume_step=self.resume_step,
+                num_workers=self.num_workers,
+            )
+        self.ledger.record(batch)
+        if last and self.ledger.last_epoch is not None:
+            self.ledger.epoch_end(self.ledger.last_epoch)
+
+    def state_dict(self) -> dict[str, int]:
+        """Makes the records durable; the step a run resumed from this checkpoint takes first."""
+        if self.ledger is not None:
+            return {"resume_step": self.ledger.checkpoint()}
+        return {"resume_step": self.resume_step or 0}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Starts a new generation at the checkpoint's step with the next batch."""
+        step = state.get("resume_step") if isinstance(state, Mapping) else None
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(
+                f"the checkpoint's shardstream ledger entry is not {{'resume_step': int}}: "
+                f"got {state!r}"
+            )
+        self.close()
+        self.resume_step = step
+
+    def close(self) -> None:
+        """Makes the records durable and closes this rank's file."""
+        if self.ledger is not None:
+            self.ledger.close()
+            self.ledger = None
+
+
+def _record_batches(prepared: Any, recorder: LoaderLedger) -> None:
+    """Makes ``prepared`` record each batch in ``recorder`` as it hands it
+    out (after Accelerate's one-batch read-ahead and skipped batches)."""
+    loader_class = type(prepared)  # not __class__: Accelerate's loaders report the wrapped class
+
+    def recorded(self: Any) -> Iterator[Any]:
+        for batch in loader_class.__iter__(self):
+            # Accelerate knows the last batch before it hands it out.
+            recorder.record(batch, last=bool(self.end_of_dataloader))
+            yield batch
+
+    recording = type(
+        f"Ledger{loader_class.__name__}",
+        (loader_class,),
+        {"__iter__": recorded, "__module__": __name__, "ledger": recorder},
+    )
+    # Accelerate's loaders make __class__ a read-only property; object's
+    # own slot sets the type.
+    object.__dict__["__class__"].__set__(prepared, recording)
 
 
 def _job_world_size() -> tuple[int, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +41,21 @@ def records(out: Path) -> list[dict]:
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
 
 
+def assert_verified(ledger_dir: Path, epochs: int) -> None:
+    """``shardstream verify`` proves ``epochs`` epochs of the ledger exactly once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardstream", "verify", str(ledger_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and len(report["epochs"]) == epochs, report
+    for epoch in report["epochs"]:
+        assert epoch["complete"] and epoch["distinct"] == epoch["expected"] > 0, epoch
+
+
 def run_ok(script: str, args: list[str], cwd: Path, out: Path) -> list[dict]:
     rc, stdout, stderr = torchrun(script, [*args, "--out", str(out)], cwd)
     assert rc == 0, f"stdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-6000:]}"
@@ -50,8 +66,12 @@ def run_ok(script: str, args: list[str], cwd: Path, out: Path) -> list[dict]:
 def test_accelerate_loop_gives_every_sample_once_per_epoch_and_resumes_exactly(dataset, tmp_path):
     """``prepare_loader``: both epochs hold every sample once, the ranks run
     equal batches; ``save_state`` after 5 batches and ``load_state`` in a
-    new job give each rank exactly the rest of the uninterrupted run."""
-    full = run_ok("accelerate_train.py", [dataset.spec], tmp_path, tmp_path / "full")
+    new job give each rank exactly the rest of the uninterrupted run. Each
+    job writes its ledger (``prepare_loader(ledger_dir=...)``), which
+    ``shardstream verify`` proves, the resumed one's across both runs."""
+    ledger = ["--ledger", str(tmp_path / "ledger-full")]
+    full = run_ok("accelerate_train.py", [dataset.spec, *ledger], tmp_path, tmp_path / "full")
+    assert_verified(tmp_path / "ledger-full", epochs=2)
     for epoch in (0, 1):
         per_rank = [r["epochs"][epoch]["keys"] for r in full]
         assert [r["epochs"][epoch]["epoch"] for r in full] == [epoch, epoch]
@@ -60,11 +80,12 @@ def test_accelerate_loop_gives_every_sample_once_per_epoch_and_resumes_exactly(d
         batches = [r["epochs"][epoch]["batches"] for r in full]
         assert batches[0] == batches[1] > 0
     checkpoint = tmp_path / "ckpt"
-    stop = ["--stop-after", "5", "--checkpoint", str(checkpoint)]
+    ledger = ["--ledger", str(tmp_path / "ledger")]
+    stop = ["--stop-after", "5", "--checkpoint", str(checkpoint), *ledger]
     stopped = run_ok("accelerate_train.py", [dataset.spec, *stop], tmp_path, tmp_path / "a")
-    resumed = run_ok(
-        "accelerate_train.py", [dataset.spec, "--resume", str(checkpoint)], tmp_path, tmp_path / "b"
-    )
+    resume = ["--resume", str(checkpoint), *ledger]
+    resumed = run_ok("accelerate_train.py", [dataset.spec, *resume], tmp_path, tmp_path / "b")
+    assert_verified(tmp_path / "ledger", epochs=2)
     for rank in range(NPROC):
         head = stopped[rank]["epochs"][0]["keys"]
         assert stopped[rank]["epochs"][0]["batches"] == 5

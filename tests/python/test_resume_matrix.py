@@ -362,6 +362,53 @@ def test_mix_exact(data, tmp_path_factory, tmp_path, num_workers: int, point: st
         assert taken + rest[0] == full and rest[1] == following
 
 
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_accelerate_writes_the_ledger(data, tmp_path, capfd, num_workers: int, point: str):
+    """``prepare_loader(ledger_dir=...)`` records the batches itself;
+    ``accelerator.save_state`` at ``point`` keeps the ledger's resume step
+    and ``load_state`` in a new Accelerator starts the resumed run's
+    generation there: the run is exact, and its ledger verifies with the
+    epochs complete."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    from shardstream.accelerate import prepare_loader
+
+    ledger_dir, checkpoint = tmp_path / "ledger", tmp_path / "checkpoint"
+
+    def prepared() -> tuple[Any, Any]:
+        accelerator = Accelerator(
+            cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+        )
+        plain = DataLoader(
+            dataset(data, 0), batch_size=BATCH, num_workers=num_workers, collate_fn=keys_and_ids
+        )
+        return accelerator, prepare_loader(accelerator, plain, ledger_dir=ledger_dir)
+
+    full, following = passes(Accelerate().loader(dataset(data, 0), num_workers), 2)
+    accelerator, loader = prepared()
+    taken = []
+    if point != "before-first":
+        iterator = iter(loader)
+        taken = [key_batch_of(next(iterator)) for _ in range(stop_at(point, len(full)))]
+        if point == "after-epoch":
+            assert next(iterator, None) is None
+        del iterator
+    accelerator.save_state(str(checkpoint))
+    loader.ledger.close()  # the process ends
+    accelerator, loader = prepared()
+    accelerator.load_state(str(checkpoint))
+    rest = passes(loader, 2)
+    loader.ledger.close()
+    report = verified(ledger_dir, capfd)
+    if point in ("last-batch", "after-epoch"):
+        assert taken == full and rest[0] == following
+    else:
+        assert taken + rest[0] == full and rest[1] == following
+    assert "in progress" not in report and report.count("exactly once") >= 2, report
+
+
 class Recorder(LightningModule):
     """A model that records the keys of the batches it trains on."""
 
