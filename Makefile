@@ -83,9 +83,12 @@ demo: develop ## Make a small audio dataset and stream it through a DataLoader
 test: develop test-python test-rust ## Install everything and run every Rust and Python test
 
 # The `python` feature too, so dependencies resolve to the same features as
-# maturin's build and are not compiled twice.
+# maturin's build and are not compiled twice. Every Rust test is in the
+# library's test program (src/end_to_end/ holds the tests on real files),
+# so `--lib` compiles the crate once: no second build as a library for
+# integration tests, the binary or doc tests.
 test-rust: $(STAMP) ## Run the Rust tests
-	cargo test $(CARGO_PROFILE) --features python
+	cargo test $(CARGO_PROFILE) --features python --lib
 
 # The Python tests run in PYTEST_WORKERS processes (pytest-xdist), each
 # test handed to the first idle one: most tests wait on servers, launched

@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric import Fabric
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import StreamingDataset
@@ -71,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+
+    # Imported here, not at the top: spawned DataLoader workers import this
+    # script again, and need torch, not Lightning (3 s of CPU each).
+    from lightning.fabric import Fabric
 
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
     fabric.launch()

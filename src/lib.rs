@@ -18,6 +18,8 @@ pub mod compression;
 pub mod config;
 pub mod count;
 pub mod decode;
+#[cfg(test)]
+mod end_to_end;
 pub mod error;
 pub mod format;
 pub mod hash;

@@ -489,3 +489,132 @@ def run_bounded(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+# --------------------------------------------------------------------------
+# New processes without torch's import each time
+# --------------------------------------------------------------------------
+
+# A server that imports torch and shardstream once, then forks one process
+# per request (from one thread: nothing else runs in it), so that a test
+# reading "in a new process" (a cache seen anew, no state in memory) pays a
+# fork, not the 2 CPU seconds of a new interpreter importing torch.
+_FORK_SERVER = r"""
+import importlib, os, pickle, struct, sys, tempfile, traceback
+sys.path[:0] = sys.argv[1:]
+import torch, shardstream.dataset
+requests, answers = sys.stdin.buffer, sys.stdout.buffer
+
+def read_exactly(size):
+    data = b""
+    while len(data) < size:
+        chunk = requests.read(size - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+while (head := read_exactly(8)) is not None:
+    module, name, args, env, cwd = pickle.loads(read_exactly(struct.unpack("<Q", head)[0]))
+    output = tempfile.TemporaryFile()
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(readable)
+        os.dup2(output.fileno(), 1)
+        os.dup2(output.fileno(), 2)
+        try:
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(cwd)
+            answer = (True, getattr(importlib.import_module(module), name)(*args))
+        except BaseException:
+            output.seek(0)
+            printed = output.read()[-4000:].decode(errors="replace")
+            answer = (False, traceback.format_exc() + "\noutput:\n" + printed)
+        with os.fdopen(writable, "wb") as pipe:
+            pipe.write(pickle.dumps(answer))
+        os._exit(0)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as pipe:
+        body = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not body:
+        output.seek(0)
+        printed = output.read()[-4000:].decode(errors="replace")
+        body = pickle.dumps((False, f"ended with wait status {status}, output:\n{printed}"))
+    output.close()
+    answers.write(struct.pack("<Q", len(body)) + body)
+    answers.flush()
+"""
+
+_fork_server: list[subprocess.Popen[bytes]] = []
+
+
+def _stop_fork_server() -> None:
+    for server in _fork_server:
+        kill_launch(server)
+    _fork_server.clear()
+
+
+def _running_fork_server() -> subprocess.Popen[bytes]:
+    if not _fork_server:
+        import atexit
+
+        server = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER, *sys.path],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _fork_server.append(server)
+        atexit.register(_stop_fork_server)
+    return _fork_server[0]
+
+
+def in_new_process(function: Any, *args: Any, timeout: float = 120) -> Any:
+    """``function(*args)`` run in a new process, forked from a server that
+    imported torch and shardstream (one per test process, started at the
+    first call); its return value. ``function`` is a module-level function
+    of a module the server can import (this one); the process sees this
+    process's environment and working directory. An exception there, or no
+    answer within ``timeout`` seconds, fails the test with what it printed."""
+    import pickle
+    import select
+    import struct
+
+    server = _running_fork_server()
+    assert server.stdin is not None and server.stdout is not None
+    request = (function.__module__, function.__qualname__, args, dict(os.environ), os.getcwd())
+    body = pickle.dumps(request)
+    server.stdin.write(struct.pack("<Q", len(body)) + body)
+    server.stdin.flush()
+    ready, _, _ = select.select([server.stdout], [], [], timeout)
+    if not ready:
+        _stop_fork_server()
+        pytest.fail(f"{function.__name__}{args!r} did not finish within {timeout} s")
+    (size,) = struct.unpack("<Q", server.stdout.read(8))
+    ok, value = pickle.loads(server.stdout.read(size))
+    if not ok:
+        pytest.fail(f"{function.__name__} failed in its process:\n{value}")
+    return value
+
+
+def read_digests(urls: list[str], options: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Every sample's digest, read in order (run by ``in_new_process``)."""
+    from shardstream import StreamingDataset
+
+    ds = StreamingDataset(urls, shuffle_buffer=0, shuffle_shards=False, **options)
+    return {s["__key__"]: sample_digest(s) for s in ds}
+
+
+def read_texts(spec: str, cache: str, endpoint: str) -> dict[str, str]:
+    """Each sample's ``txt``, read with ``cache_dir`` (from the S3 server
+    at ``endpoint`` when given; run by ``in_new_process``)."""
+    from shardstream import S3Config, StreamingDataset
+
+    options: dict[str, Any] = {"cache_dir": cache, "shuffle_buffer": 0}
+    if endpoint:
+        options["s3"] = S3Config(endpoint_url=endpoint, region="us-east-1", path_style=True)
+    return {s["__key__"]: s["txt"].decode() for s in StreamingDataset(spec, **options)}

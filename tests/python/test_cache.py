@@ -22,7 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _shardtest import DatasetInfo, assert_exactly_once, collect, loader, sample_digest
+from _shardtest import (
+    DatasetInfo,
+    assert_exactly_once,
+    collect,
+    in_new_process,
+    loader,
+    read_texts,
+    sample_digest,
+)
 from http_server import HttpServer, running_http_server
 from s3_server import BUCKET
 from s3_server import s3_config as config
@@ -520,20 +528,6 @@ def test_an_existing_cache_dir_others_may_write_in_is_refused(http, dataset, tmp
 # replaced at the same URL (a key named outright, which the plan resolves
 # without a request) is read anew, never served from the cache.
 
-REREAD = textwrap.dedent(
-    """
-    import json, sys
-    sys.path[:0] = sys.argv[4:]
-    from shardstream import S3Config, StreamingDataset
-    spec, cache, endpoint = sys.argv[1:4]
-    options = {"cache_dir": cache, "shuffle_buffer": 0}
-    if endpoint:
-        options["s3"] = S3Config(endpoint_url=endpoint, region="us-east-1", path_style=True)
-    ds = StreamingDataset(spec, **options)
-    print(json.dumps({s["__key__"]: s["txt"].decode() for s in ds}))
-    """
-)
-
 # (before, after): of the same size (the tar too), and of another size.
 VERSIONS = {
     "same-size": (b"version-1", b"version-2"),
@@ -542,14 +536,8 @@ VERSIONS = {
 
 
 def read_in_new_process(spec: str, cache: Path, endpoint: str = "") -> dict[str, str]:
-    process = subprocess.run(
-        [sys.executable, "-c", REREAD, spec, str(cache), endpoint, *sys.path],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert process.returncode == 0, process.stderr
-    return json.loads(process.stdout)
+    """Each sample's ``txt`` as a new process reads ``spec`` with ``cache``."""
+    return in_new_process(read_texts, spec, str(cache), endpoint)
 
 
 def tar_of(text: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """CONTRIBUTING.md's maps follow the tree: every Rust module file and folder
 under ``src/``, every module of ``python/shardstream/``, every file of the
-test suite (``tests/*.rs``, ``tests/python/*.py``) and every benchmark under
+test suite (``tests/python/*.py``; the Rust tests are in ``src/``) and every benchmark under
 ``benches/`` is named there as a path in backquotes, and every repository
 path it names, in backquotes or as a link, exists.
 
@@ -111,7 +111,7 @@ def test_module_map_names_every_python_module():
 
 def test_test_map_names_every_test_file():
     files = suite_files(REPO)
-    assert "tests/python/test_contributing.py" in files and "tests/resume.rs" in files
+    assert "tests/python/test_contributing.py" in files and "tests/python/test_api.py" in files
     missing = unnamed(files, contributing())
     assert not missing, f"CONTRIBUTING.md's test map does not name {missing}"
 

@@ -44,7 +44,9 @@ import pytest
 from _shardtest import (
     assert_exactly_once,
     collect,
+    in_new_process,
     loader,
+    read_digests,
     read_tar_samples,
     sample_digest,
     uneven_members,
@@ -532,30 +534,12 @@ def test_a_redirect_to_another_origin_takes_no_headers_along(
 # The cache
 # --------------------------------------------------------------------------
 
-READ_SCRIPT = """
-import json, sys
-from shardstream import StreamingDataset
-from _shardtest import sample_digest
-urls, options = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-ds = StreamingDataset(urls, shuffle_buffer=0, shuffle_shards=False, **options)
-print(json.dumps({s["__key__"]: sample_digest(s) for s in ds}))
-"""
-
 
 def read_in_new_process(store: Store, shards: Shards, cache: Path) -> dict[str, dict[str, str]]:
     """Every sample's digest as a new process reads it with ``cache``."""
     options: dict[str, Any] = {"cache_dir": str(cache)}
     options.update(store.options())
-    proc = subprocess.run(
-        [sys.executable, "-c", READ_SCRIPT, json.dumps(shards.urls), json.dumps(options)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
+    return in_new_process(read_digests, shards.urls, options)
 
 
 def cached_files(cache: Path) -> list[Path]:

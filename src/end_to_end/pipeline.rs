@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use shardstream::config::{OnError, StreamOptions};
-use shardstream::pipeline::{Event, SampleStream};
-use shardstream::plan::SlotSpec;
-use shardstream::resolve;
-use shardstream::shard::Shard;
-use shardstream::stats::{Counter, Counters};
-use shardstream::Error;
+use crate::config::{OnError, StreamOptions};
+use crate::pipeline::{Event, SampleStream};
+use crate::plan::SlotSpec;
+use crate::resolve;
+use crate::shard::Shard;
+use crate::stats::{Counter, Counters};
+use crate::Error;
 
 /// Appends a regular file `name` holding `data`.
 fn append_member(builder: &mut tar::Builder<std::fs::File>, name: &str, data: &[u8]) {
@@ -49,7 +49,7 @@ fn dataset(dir: &Path, shards: usize, samples: usize) -> Vec<Shard> {
     resolve::resolve(&[dir.to_str().unwrap().to_owned()]).unwrap()
 }
 
-fn options() -> shardstream::config::StreamOptionsBuilder {
+fn options() -> crate::config::StreamOptionsBuilder {
     StreamOptions::builder()
         .with_shuffle_buffer(16)
         .with_io_timeout(Duration::from_secs(20))
@@ -254,7 +254,7 @@ fn a_stalled_shard_times_out() {
 /// that sample must still arrive.
 #[test]
 fn ready_samples_do_not_wait_for_storage() {
-    use shardstream::pipeline::Poll;
+    use crate::pipeline::Poll;
     use std::io::Write;
 
     let dir = tempfile::tempdir().unwrap();

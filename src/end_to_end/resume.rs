@@ -6,15 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use shardstream::compression::Compression;
-use shardstream::config::StreamOptions;
-use shardstream::manifest::{self, Manifest, ManifestChoice};
-use shardstream::pipeline::{Event, SampleStream};
-use shardstream::plan::{Remainder, SlotSpec};
-use shardstream::resolve;
-use shardstream::shard::Shard;
-use shardstream::state::{Resume, SlotState};
-use shardstream::stats::Counters;
+use crate::compression::Compression;
+use crate::config::StreamOptions;
+use crate::manifest::{self, Manifest, ManifestChoice};
+use crate::pipeline::{Event, SampleStream};
+use crate::plan::{Remainder, SlotSpec};
+use crate::resolve;
+use crate::shard::Shard;
+use crate::state::{Resume, SlotState};
+use crate::stats::Counters;
 
 /// Shards of very uneven sample counts, with a skipped member now and then.
 fn write_dataset(dir: &Path, counts: &[usize]) -> Vec<String> {
@@ -76,7 +76,7 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     let mut args = vec!["shardstream".to_owned(), "index".into()];
     args.extend(urls.iter().cloned());
     args.extend(["-o".into(), out.to_str().unwrap().to_owned()]);
-    assert_eq!(shardstream::cli::run(args), 0);
+    assert_eq!(crate::cli::run(args), 0);
     let mut shards = resolve::resolve(&urls).unwrap();
     let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
     assert_eq!(attached.used, Some(out.display().to_string()));
@@ -329,9 +329,7 @@ fn manifest_gives_equal_ranks_and_reads_each_byte_once() {
                         *seen.entry(key).or_default() += 1;
                         n += 1;
                     }
-                    bytes += counters
-                        .snapshot()
-                        .get(shardstream::stats::Counter::BytesRead);
+                    bytes += counters.snapshot().get(crate::stats::Counter::BytesRead);
                 }
                 per_rank.push(n);
             }
@@ -489,8 +487,8 @@ mod properties {
 /// sample or a shorter epoch.
 mod damaged_states {
     use super::*;
-    use shardstream::state::Cursor;
-    use shardstream::Error;
+    use crate::state::Cursor;
+    use crate::Error;
 
     const COUNTS: [usize; 5] = [7, 19, 0, 12, 5];
 
@@ -976,7 +974,7 @@ mod damaged_states {
 
     /// Parses (possibly mutated) JSON of one state or a list of them the
     /// way the Python binding does.
-    fn parse(json: &serde_json::Value, elastic: bool) -> shardstream::Result<Resume> {
+    fn parse(json: &serde_json::Value, elastic: bool) -> crate::Result<Resume> {
         if elastic {
             let serde_json::Value::Array(items) = json else {
                 return Err(Error::StateMismatch("not a list".into()));
@@ -984,7 +982,7 @@ mod damaged_states {
             let states = items
                 .iter()
                 .map(|v| SlotState::from_json(&v.to_string()))
-                .collect::<shardstream::Result<Vec<_>>>()?;
+                .collect::<crate::Result<Vec<_>>>()?;
             Ok(Resume::Elastic(states))
         } else {
             Ok(Resume::Exact(SlotState::from_json(&json.to_string())?))
