@@ -2,9 +2,11 @@
 
 The Trainer passes its train DataLoader to ``accelerator.prepare``, which
 would split a ``StreamingDataset`` between ranks a second time (shardstream
-raises ``FrameworkWrapperError`` at the first batch instead). The recipe is
-one override: ``get_train_dataloader`` prepares the loader with
-``shardstream.accelerate.prepare_loader``::
+raises ``FrameworkWrapperError`` at the first batch instead).
+``shardstream.transformers.StreamingTrainer`` is the ``Trainer`` whose
+``get_train_dataloader`` prepares the loader with
+``shardstream.accelerate.prepare_loader`` (and writes the sample ledger with
+``--ledger DIR``; ``shardstream verify DIR`` checks it)::
 
     python examples/make_dataset.py /tmp/shards --shards 8 --samples-per-shard 12 \\
         --min-seconds 0.1 --max-seconds 0.3
@@ -28,7 +30,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 from transformers import (
     Trainer,
     TrainingArguments,
@@ -37,26 +38,9 @@ from transformers import (
 )
 
 from shardstream import StreamingDataset
-from shardstream.accelerate import prepare_loader
+from shardstream.transformers import StreamingTrainer
 
 CLIP = 1600  # samples of 16 kHz audio per example (0.1 s): cropped or zero-padded
-
-
-class StreamingTrainer(Trainer):
-    """``Trainer`` for datasets that split the data between ranks themselves."""
-
-    def get_train_dataloader(self) -> DataLoader:
-        loader = DataLoader(
-            self.train_dataset,
-            batch_size=self._train_batch_size,
-            collate_fn=self.data_collator,
-            num_workers=self.args.dataloader_num_workers,
-            pin_memory=self.args.dataloader_pin_memory,
-            # Workers forked from a DDP rank can hang at start on CPython
-            # before 3.12 (gh-112275; see docs/integrations.md).
-            multiprocessing_context="spawn" if self.args.dataloader_num_workers else None,
-        )
-        return prepare_loader(self.accelerator, loader)
 
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=2, help="epochs (default: 2)")
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers")
     parser.add_argument("--plain-trainer", action="store_true", help="transformers.Trainer as is")
+    parser.add_argument("--ledger", type=Path, help="write the sample ledger there")
     args = parser.parse_args(argv)
 
-    dataset = StreamingDataset(args.data, seed=0, shuffle_buffer=16)
+    dataset = StreamingDataset(
+        args.data, seed=0, shuffle_buffer=16, sample_ids=args.ledger is not None
+    )
     training_args = TrainingArguments(
         output_dir=str(args.out / "trainer"),
         per_device_train_batch_size=4,
@@ -135,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         use_cpu=not torch.cuda.is_available(),
     )
     trainer_class = recording(Trainer if args.plain_trainer else StreamingTrainer)
+    ledger = {} if args.plain_trainer else {"ledger_dir": args.ledger}
     trainer = trainer_class(
-        model=tiny_model(), args=training_args, train_dataset=dataset, data_collator=collate
+        model=tiny_model(),
+        args=training_args,
+        train_dataset=dataset,
+        data_collator=collate,
+        **ledger,
     )
     trainer.train()
     record = {

@@ -39,8 +39,8 @@ RANK_STATES = "shardstream.rank_states"
 FIX = (
     "prepare the DataLoader with shardstream.accelerate.prepare_loader(accelerator, loader) "
     "instead of accelerator.prepare(loader) (the model and optimizer still go through "
-    "accelerator.prepare); with the HF Trainer, override get_train_dataloader to return "
-    "it (see docs/integrations.md)"
+    "accelerator.prepare); with the HF Trainer, use shardstream.transformers.StreamingTrainer "
+    "(see docs/integrations.md)"
 )
 
 

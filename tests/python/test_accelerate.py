@@ -124,11 +124,14 @@ def test_accelerator_prepare_of_the_loader_raises_naming_the_fix(dataset, tmp_pa
 
 def test_hf_trainer_recipe_trains_on_every_sample_once_per_epoch(dataset, tmp_path):
     """``examples/hf_trainer_speech.py``: a tiny Wav2Vec2 classifier on the
-    WAV shards with the ``get_train_dataloader`` override; each epoch the
-    ranks train on disjoint halves that make up the whole dataset, in the
-    same number of steps."""
+    WAV shards with ``shardstream.transformers.StreamingTrainer``; each
+    epoch the ranks train on disjoint halves that make up the whole
+    dataset, in the same number of steps, and the ledger the Trainer
+    writes verifies."""
     out = tmp_path / "out"
-    full = run_ok("hf_trainer_speech.py", [dataset.spec], tmp_path, out)
+    ledger = ["--ledger", str(tmp_path / "ledger")]
+    full = run_ok("hf_trainer_speech.py", [dataset.spec, *ledger], tmp_path, out)
+    assert_verified(tmp_path / "ledger", epochs=2)
     assert full[0]["steps"] == full[1]["steps"] > 0
     for epoch in ("0", "1"):
         per_rank = [r["epochs"][epoch] for r in full]
@@ -149,7 +152,7 @@ def test_hf_trainer_without_the_recipe_raises_naming_the_fix(dataset, tmp_path):
         lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
         message = "\n".join(lines)
         assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
-        assert "with the HF Trainer, override get_train_dataloader" in message
+        assert "with the HF Trainer, use shardstream.transformers.StreamingTrainer" in message
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])

@@ -409,6 +409,80 @@ def test_accelerate_writes_the_ledger(data, tmp_path, capfd, num_workers: int, p
     assert "in progress" not in report and report.count("exactly once") >= 2, report
 
 
+class KeysModel(torch.nn.Module):
+    """A model for the HF Trainer that records the keys of its batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.seen: list[list[str]] = []
+
+    def forward(self, ones: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
+        self.seen.append(list(keys))
+        return {"loss": self.layer(ones).sum()}
+
+
+def keys_and_ones(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collator that knows nothing of sample ids: the Trainer adds them."""
+    assert all("__id__" not in s for s in samples)
+    return {"keys": [s["__key__"] for s in samples], "ones": torch.ones(len(samples), 1)}
+
+
+@pytest.mark.parametrize(
+    ("num_workers", "point"), [(0, "mid-epoch"), (2, "mid-epoch"), (2, "last-batch")]
+)
+def test_hf_trainer_writes_the_ledger(data, tmp_path, capfd, num_workers: int, point: str):
+    """``shardstream.transformers.StreamingTrainer(ledger_dir=...)``: a run
+    of 2 epochs saves a checkpoint at ``point`` and goes on; a new Trainer
+    resumed from that checkpoint trains on exactly the rest, and the
+    ledger of both runs verifies, both epochs complete."""
+    from transformers import TrainingArguments
+
+    from shardstream.transformers import StreamingTrainer
+
+    n = -(-len(data.keys) // BATCH)
+    at = stop_at(point, n)
+    ledger_dir = tmp_path / "ledger"
+
+    def train(resume: Path | None = None) -> list[list[str]]:
+        model = KeysModel()
+        args = TrainingArguments(
+            output_dir=str(tmp_path / "out"),
+            per_device_train_batch_size=BATCH,
+            num_train_epochs=2,
+            dataloader_num_workers=num_workers,
+            dataloader_persistent_workers=num_workers > 0,
+            remove_unused_columns=False,
+            save_strategy="steps",
+            save_steps=at,
+            save_only_model=False,
+            report_to=[],
+            disable_tqdm=True,
+            use_cpu=True,
+        )
+        ds = shardstream.StreamingDataset(
+            data.spec, seed=SEED, shuffle_buffer=SHUFFLE, count_samples=True, sample_ids=True
+        )
+        trainer = StreamingTrainer(
+            model=model,
+            args=args,
+            train_dataset=ds,
+            data_collator=keys_and_ones,
+            ledger_dir=ledger_dir,
+        )
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        return model.seen
+
+    full = train()
+    assert len(full) == 2 * n
+    assert sorted(k for b in full[:n] for k in b) == sorted(data.keys)
+    rest = train(tmp_path / "out" / f"checkpoint-{at}")
+    assert full[:at] + rest == full
+    assert sorted(p.name for p in ledger_dir.iterdir()) == ["gen-000000", "gen-000001"]
+    report = verified(ledger_dir, capfd)
+    assert "in progress" not in report and report.count("exactly once") == 3, report
+
+
 class Recorder(LightningModule):
     """A model that records the keys of the batches it trains on."""
 
