@@ -33,6 +33,10 @@ had not read once::
 
     torchrun --standalone --nproc_per_node 1 examples/dcp_resume.py \\
         '/tmp/shards/shard-{000000..000007}.tar' /tmp/ckpt /tmp/out-elastic --elastic-from 2
+
+``--ledger DIR`` (in every run of a job) writes the sample ledger; the
+checkpoint keeps its resume step, and ``shardstream verify DIR`` proves the
+epoch exactly once across the runs, elastic ones included.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardstream import StreamingDataset, elastic_state
+from shardstream import Ledger, StreamingDataset, elastic_state
 
 
 class LoaderState(Stateful):
@@ -87,6 +91,23 @@ class ElasticLoaderState(Stateful):
         self.dataset.load_state_dict(elastic_state(*states))
 
 
+class LedgerStep(Stateful):
+    """The step a run resumed from the checkpoint records first in the
+    sample ledger (the same on every rank, so one key serves them all).
+    Saving makes the ledger's records durable."""
+
+    def __init__(self) -> None:
+        self.ledger: Ledger | None = None
+        self.resume_step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        step = self.ledger.checkpoint() if self.ledger is not None else self.resume_step
+        return {"resume_step": str(step).encode()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.resume_step = int(state_dict["resume_step"])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Checkpoint the loader of every rank with torch.distributed.checkpoint."
@@ -108,13 +129,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank")
     parser.add_argument("--batch-size", type=int, default=4, help="samples per batch")
     parser.add_argument("--seed", type=int, default=0, help="dataset seed")
+    parser.add_argument("--ledger", type=Path, help="write the sample ledger there")
     return parser.parse_args(argv)
 
 
-def keys_only(samples: list[dict[str, Any]]) -> list[str]:
+def keys_only(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """A ``collate_fn`` keeping the sample keys (a training loop would
-    collate tensors)."""
-    return [s["__key__"] for s in samples]
+    collate tensors), and their ids for the ledger when they carry them."""
+    batch: dict[str, Any] = {"keys": [s["__key__"] for s in samples]}
+    if "__id__" in samples[0]:  # sample_ids=True
+        batch["__id__"] = torch.tensor([s["__id__"] for s in samples])
+    return batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     # rank and world size come from torch.distributed.
-    dataset = StreamingDataset(args.data_spec, seed=args.seed, shuffle_buffer=16)
+    dataset = StreamingDataset(
+        args.data_spec, seed=args.seed, shuffle_buffer=16, sample_ids=args.ledger is not None
+    )
     loader = StatefulDataLoader(
         dataset,
         batch_size=args.batch_size,
@@ -138,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         # torch anew); epochs advance in them by themselves.
         persistent_workers=args.workers > 0,
     )
-    state = {"model": model.state_dict(), "dataloader": LoaderState(loader, rank)}
+    state: dict[str, Any] = {"model": model.state_dict(), "dataloader": LoaderState(loader, rank)}
+    ledger_step = LedgerStep()
+    if args.ledger is not None:
+        state["ledger"] = ledger_step
     if args.resume:
         # Fills state["model"] in place and calls LoaderState.load_state_dict.
         dcp.load(state, checkpoint_id=str(args.checkpoint))
@@ -147,15 +177,26 @@ def main(argv: list[str] | None = None) -> None:
         elastic = {
             "model": state["model"],
             "dataloader": ElasticLoaderState(dataset, args.elastic_from),
+            **({"ledger": ledger_step} if args.ledger is not None else {}),
         }
         dcp.load(elastic, checkpoint_id=str(args.checkpoint))
         model.load_state_dict(state["model"])
+    batches: Any = loader
+    if args.ledger is not None:
+        # A new generation from the loaded step (a collective: every rank).
+        workers = max(args.workers, 1)
+        ledger_step.ledger = Ledger(
+            args.ledger, dataset, resume_step=ledger_step.resume_step, num_workers=workers
+        )
+        batches = ledger_step.ledger.track(loader)
     keys: list[str] = []
-    for step, batch in enumerate(loader, start=1):
-        keys += batch  # a training step would go here
+    for step, batch in enumerate(batches, start=1):
+        keys += batch["keys"]  # a training step would go here
         if args.steps is not None and step == args.steps:
             dcp.save(state, checkpoint_id=str(args.checkpoint))
             break
+    if ledger_step.ledger is not None:
+        ledger_step.ledger.close()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     record = {"rank": rank, "world_size": dist.get_world_size(), "keys": keys}
     (args.out_dir / f"rank-{rank}.json").write_text(json.dumps(record))

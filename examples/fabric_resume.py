@@ -17,7 +17,9 @@ for the checkpoint and ``load_rank_state`` loads each rank's own::
 CPU processes itself, Fabric's own launcher.) Each rank appends one JSON
 line per training step to ``OUT/steps-rank{rank}.jsonl``: ``{"step",
 "epoch", "keys"}``, written before the step, so a killed run leaves the
-steps it trained on. ``--loader-as-is`` puts the loader itself in Fabric's
+steps it trained on. ``--ledger DIR`` (in every run of a job) writes the
+sample ledger, which ``shardstream verify DIR`` checks across the kill and
+the resume. ``--loader-as-is`` puts the loader itself in Fabric's
 state instead, as for any other stateful object: rank 1 then refuses the
 resume.
 """
@@ -36,7 +38,7 @@ from typing import Any
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardstream import StreamingDataset
+from shardstream import Ledger, StreamingDataset
 from shardstream.lightning import all_rank_states, load_rank_state
 
 
@@ -47,11 +49,14 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
         sizes = [len(v) for k, v in sorted(sample.items()) if not k.startswith("__")]
         features.append([len(sizes) / 4, sum(sizes) / 65536, sizes[0] / 65536])
         targets.append([zlib.crc32(sample["__key__"].encode()) % 1000 / 1000])
-    return {
+    batch = {
         "keys": [s["__key__"] for s in samples],
         "features": torch.tensor(features),
         "targets": torch.tensor(targets),
     }
+    if "__id__" in samples[0]:  # sample_ids=True: what the ledger records
+        batch["__id__"] = torch.tensor([s["__id__"] for s in samples])
+    return batch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=5, help="checkpoint every N steps")
     parser.add_argument("--kill-at", type=int, help="SIGKILL every rank at this step")
     parser.add_argument("--resume", type=Path, help="a checkpoint to resume from")
+    parser.add_argument("--ledger", type=Path, help="write the sample ledger there")
     parser.add_argument(
         "--loader-as-is",
         action="store_true",
@@ -81,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Linear(3, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = fabric.setup(model, optimizer)
-    dataset = StreamingDataset(args.data, seed=0, shuffle_buffer=16)
+    dataset = StreamingDataset(
+        args.data, seed=0, shuffle_buffer=16, sample_ids=args.ledger is not None
+    )
     loader = fabric.setup_dataloaders(
         StatefulDataLoader(
             dataset,
@@ -106,10 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.loader_as_is:
             load_rank_state(loader, remainder["loader"])
         step, first_epoch = remainder["step"], remainder["epoch"]
+    # A new generation from the checkpoint's step (a collective: every rank).
+    ledger = None
+    if args.ledger is not None:
+        workers = max(args.num_workers, 1)
+        ledger = Ledger(args.ledger, dataset, resume_step=step, num_workers=workers)
 
     for epoch in range(first_epoch, args.epochs):
         dataset.set_epoch(epoch)  # a resumed epoch keeps its loaded state
-        for batch in loader:
+        for batch in ledger.track(loader) if ledger is not None else loader:
             step += 1
             if step == args.kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no last checkpoint
@@ -121,12 +134,16 @@ def main(argv: list[str] | None = None) -> int:
             fabric.backward(loss)
             optimizer.step()
             if step % args.every == 0:
+                if ledger is not None:
+                    ledger.checkpoint()  # durable up to this step, the resume step
                 # On every rank: all_rank_states is a collective, and so is fabric.save.
                 loader_state = loader if args.loader_as_is else all_rank_states(loader)
                 checkpoint = {"model": model, "optimizer": optimizer, "loader": loader_state}
                 fabric.save(
                     args.out / "ckpt" / "last.ckpt", {**checkpoint, "step": step, "epoch": epoch}
                 )
+    if ledger is not None:
+        ledger.close()
     return 0
 
 

@@ -458,6 +458,22 @@ def stacks(pid: int) -> str:
     return "\n".join(shown)
 
 
+def assert_verified(ledger_dir: Path, epochs: int) -> None:
+    """``shardstream verify`` (a new process) proves ``epochs`` epochs of the
+    ledger in ``ledger_dir`` complete, each sample exactly once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardstream", "verify", str(ledger_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["ok"] and len(report["epochs"]) == epochs, report
+    for epoch in report["epochs"]:
+        assert epoch["complete"] and epoch["distinct"] == epoch["expected"] > 0, epoch
+
+
 def run_bounded(
     command: list[str], *, cwd: Any, env: dict[str, str], timeout: float
 ) -> subprocess.CompletedProcess[str]:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _shardtest import EXAMPLES_DIR, run_bounded
+from _shardtest import EXAMPLES_DIR, assert_verified, run_bounded
 
 import shardstream
 
@@ -39,21 +38,6 @@ def torchrun(script: str, args: list[str], cwd: Path) -> tuple[int, str, str]:
 def records(out: Path) -> list[dict]:
     assert sorted(out.glob("rank-*.json")) == [out / f"rank-{r}.json" for r in range(NPROC)]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(NPROC)]
-
-
-def assert_verified(ledger_dir: Path, epochs: int) -> None:
-    """``shardstream verify`` proves ``epochs`` epochs of the ledger exactly once."""
-    done = subprocess.run(
-        [sys.executable, "-m", "shardstream", "verify", str(ledger_dir), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
-    assert report["ok"] and len(report["epochs"]) == epochs, report
-    for epoch in report["epochs"]:
-        assert epoch["complete"] and epoch["distinct"] == epoch["expected"] > 0, epoch
 
 
 def run_ok(script: str, args: list[str], cwd: Path, out: Path) -> list[dict]:

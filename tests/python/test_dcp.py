@@ -2,16 +2,24 @@
 workers each): the loader state of every rank saved mid-epoch through
 ``torch.distributed.checkpoint`` and loaded by a new job resumes exactly on
 both ranks, and a job of one rank and 3 workers takes over from it
-elastically."""
+elastically. Each job writes the sample ledger (``--ledger``), which
+``shardstream verify`` proves, resumes included."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
-from _shardtest import EXAMPLES_DIR, assert_exactly_once, run_bounded, write_uneven_dataset
+from _shardtest import (
+    EXAMPLES_DIR,
+    assert_exactly_once,
+    assert_verified,
+    run_bounded,
+    write_uneven_dataset,
+)
 
 LAUNCH_TIMEOUT = 240
 NPROC = 2
@@ -44,10 +52,18 @@ def saved_job(tmp_path_factory):
     rank read before it."""
     tmp_path = tmp_path_factory.mktemp("dcp")
     info = write_uneven_dataset(tmp_path / "data")
-    full = launch(info.spec, tmp_path, "full")
-    saved = launch(info.spec, tmp_path, "save", "--steps", str(STEPS))
+    full = launch(info.spec, tmp_path, "full", "--ledger", str(tmp_path / "ledger-full"))
+    assert_verified(tmp_path / "ledger-full", epochs=1)
+    ledger = ["--ledger", str(tmp_path / "ledger-save")]
+    saved = launch(info.spec, tmp_path, "save", "--steps", str(STEPS), *ledger)
     assert (tmp_path / "ckpt" / ".metadata").is_file()
     return tmp_path, info, full, saved
+
+
+def ledger_of_the_saved_job(tmp_path, name: str) -> list[str]:
+    """A copy of the saved job's ledger for a resumed job to continue."""
+    shutil.copytree(tmp_path / "ledger-save", tmp_path / name)
+    return ["--ledger", str(tmp_path / name)]
 
 
 @pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
@@ -56,7 +72,9 @@ def test_a_dcp_checkpoint_resumes_every_rank_exactly(saved_job):
     # Two ranks of equal length that split the dataset (86 samples: none dropped).
     assert len(full[0]) == len(full[1]) == len(info.keys) // NPROC
     assert_exactly_once(full[0] + full[1], info.keys)
-    resumed = launch(info.spec, tmp_path, "resume", "--resume")
+    ledger = ledger_of_the_saved_job(tmp_path, "ledger-resume")
+    resumed = launch(info.spec, tmp_path, "resume", "--resume", *ledger)
+    assert_verified(tmp_path / "ledger-resume", epochs=1)
     for rank in range(NPROC):
         assert len(saved[rank]) == 4 * STEPS
         assert saved[rank] + resumed[rank] == full[rank], f"rank {rank}"
@@ -65,6 +83,8 @@ def test_a_dcp_checkpoint_resumes_every_rank_exactly(saved_job):
 def test_a_dcp_checkpoint_resumes_elastically_on_another_layout(saved_job):
     tmp_path, info, _, saved = saved_job
     extra = ["--elastic-from", str(NPROC), "--workers", "3"]
+    extra += ledger_of_the_saved_job(tmp_path, "ledger-elastic")
     (resumed,) = launch(info.spec, tmp_path, "elastic", *extra, nproc=1)
+    assert_verified(tmp_path / "ledger-elastic", epochs=1)
     # One rank: nothing dropped, every sample the old job had not read once.
     assert_exactly_once(saved[0] + saved[1] + resumed, info.keys)

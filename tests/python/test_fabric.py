@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _shardtest import EXAMPLES_DIR, run_bounded
+from _shardtest import EXAMPLES_DIR, assert_verified, run_bounded
 from torch.utils.data import DataLoader
 
 from shardstream import StreamingDataset
@@ -45,9 +45,11 @@ def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_pat
     """Checkpoints every 5 steps through ``fabric.save`` with
     ``all_rank_states``; the run killed at step 17 resumes from step 15's
     checkpoint (``fabric.load`` and ``load_rank_state``) and every rank
-    trains on exactly the batches of the uninterrupted run from step 16 on."""
+    trains on exactly the batches of the uninterrupted run from step 16 on.
+    The ledger of each job (``--ledger``: ``Ledger.track`` and
+    ``checkpoint``) verifies, the killed and resumed one across both runs."""
     full, killed, resumed = tmp_path / "full", tmp_path / "killed", tmp_path / "resumed"
-    rc, stderr = launch([dataset.spec, "--out", str(full)], tmp_path)
+    rc, stderr = launch([dataset.spec, "--out", str(full), "--ledger", str(full / "L")], tmp_path)
     assert rc == 0, stderr[-6000:]
     for rank in range(NPROC):
         assert [s["step"] for s in steps(full, rank)] == list(range(1, 25))
@@ -61,15 +63,20 @@ def test_ddp_run_killed_mid_epoch_resumes_exactly_on_every_rank(dataset, tmp_pat
         ]
         assert sorted(keys) == sorted(dataset.keys), f"epoch {epoch}"
 
-    rc, stderr = launch([dataset.spec, "--out", str(killed), "--kill-at", str(KILL_AT)], tmp_path)
+    assert_verified(full / "L", epochs=2)
+    ledger = ["--ledger", str(tmp_path / "ledger")]
+    rc, stderr = launch(
+        [dataset.spec, "--out", str(killed), "--kill-at", str(KILL_AT), *ledger], tmp_path
+    )
     assert rc != 0
     for rank in range(NPROC):
         assert steps(killed, rank)[-1]["step"] == KILL_AT - 1
     checkpoint = killed / "ckpt" / "last.ckpt"
     rc, stderr = launch(
-        [dataset.spec, "--out", str(resumed), "--resume", str(checkpoint)], tmp_path
+        [dataset.spec, "--out", str(resumed), "--resume", str(checkpoint), *ledger], tmp_path
     )
     assert rc == 0, stderr[-6000:]
+    assert_verified(tmp_path / "ledger", epochs=2)
     for rank in range(NPROC):
         got = steps(resumed, rank)
         assert [s["step"] for s in got] == list(range(16, 25)), f"rank {rank}"
