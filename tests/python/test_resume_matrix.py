@@ -1,7 +1,7 @@
 """The resume matrix: every way a loader's state is saved and loaded (a
 plain DataLoader with the dataset's own state, ``StatefulDataLoader``,
 torchdata.nodes, Accelerate's ``prepare_loader``, torch.distributed.checkpoint,
-``Mix``, the Lightning callback) x ``num_workers`` x where the checkpoint is
+Lightning Fabric, ``Mix``, the Lightning callback, the HF Trainer) x ``num_workers`` x where the checkpoint is
 taken (before the first batch, mid-epoch, at the epoch's last batch, after
 the epoch ended) x exact or elastic resume. Each run is stopped at the
 checkpoint, its loader and dataset dropped, and a new one resumed from what
@@ -162,7 +162,35 @@ class Dcp(Route):
         return pickle.loads(holder["loader"])
 
 
-ROUTES = [Stateful(), DatasetState(), Nodes(), Accelerate(), Dcp()]
+class Fabric(Route):
+    """Lightning Fabric: ``setup_dataloaders`` over a ``StatefulDataLoader``,
+    ``fabric.save`` of ``all_rank_states`` and ``fabric.load`` (one device)."""
+
+    name = "fabric"
+
+    @staticmethod
+    def fabric() -> Any:
+        from lightning.fabric import Fabric
+
+        return Fabric(accelerator="cpu", devices=1)
+
+    def loader(self, ds: Any, num_workers: int) -> Any:
+        return self.fabric().setup_dataloaders(super().loader(ds, num_workers))
+
+    def checkpoint(self, loader: Any, tmp: Path) -> Any:
+        from shardstream.lightning import all_rank_states
+
+        fabric, where = self.fabric(), tmp / f"fabric-{id(loader)}.ckpt"
+        fabric.save(where, {"loader": all_rank_states(loader)})
+        return fabric.load(where)["loader"]
+
+    def restore(self, loader: Any, saved: Any) -> None:
+        from shardstream.lightning import load_rank_state
+
+        load_rank_state(loader, saved)
+
+
+ROUTES = [Stateful(), DatasetState(), Nodes(), Accelerate(), Dcp(), Fabric()]
 
 
 def dataset(info: Any, epoch: int = EPOCH, **slot: Any) -> shardstream.StreamingDataset:
