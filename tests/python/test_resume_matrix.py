@@ -1,9 +1,10 @@
-"""The resume matrix: every way a loader's state is saved and loaded (a
-plain DataLoader with the dataset's own state, ``StatefulDataLoader``,
-torchdata.nodes, Accelerate's ``prepare_loader``, torch.distributed.checkpoint,
-Lightning Fabric, ``Mix``, the Lightning callback, the HF Trainer) x
-``num_workers`` x where the checkpoint is taken (before the first batch,
-mid-epoch, at the epoch's last batch, after the epoch ended) x exact or elastic resume. Each run is stopped at the
+"""The resume matrix: every way a loader's state is saved and loaded (a plain
+DataLoader with the dataset's own state, ``StatefulDataLoader``,
+torchdata.nodes, Accelerate's ``prepare_loader``,
+torch.distributed.checkpoint, Lightning Fabric, ``Mix``, the Lightning
+callback, the HF Trainer) x ``num_workers`` x where the checkpoint is taken
+(before the first batch, mid-epoch, at the epoch's last batch, after the
+epoch ended) x exact or elastic resume. Each run is stopped at the
 checkpoint, its loader and dataset dropped, and a new one resumed from what
 the checkpoint holds, as a restarted process would.
 
