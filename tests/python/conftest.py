@@ -34,6 +34,7 @@ SLOW_MODULES = {
     "test_dcp",
     "test_distributed",
     "test_fabric",
+    "test_grain",
     "test_job_resolution",
     "test_lightning",
     "test_mix_torchrun",

@@ -62,3 +62,22 @@ def test_the_accelerate_recipe_runs_on_two_cpu_ranks(dataset, tmp_path):
     assert sorted(counts) == [(0, 0), (0, 1), (1, 0), (1, 1)], done.stdout
     for epoch in (0, 1):
         assert counts[0, epoch] == counts[1, epoch] == len(dataset.keys) // 2, counts
+
+
+@pytest.mark.timeout(600)  # Grain starts 2 processes; `make test` shares the cores
+def test_the_grain_recipe_reads_each_epoch_and_resumes(dataset, tmp_path):
+    """The Grain recipe as docs/integrations.md gives it: every sample in
+    each epoch, and the checkpoint of step 1 resumes to the rest."""
+    script = runnable("grain", dataset.spec, tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    done = run_bounded([sys.executable, str(script)], cwd=tmp_path, env=env, timeout=480)
+    assert done.returncode == 0, done.stderr[-6000:]
+    total = len(dataset.keys)
+    assert f"epoch 0: {total} samples" in done.stdout, done.stdout
+    assert f"epoch 1: {total} samples" in done.stdout, done.stdout
+    found = re.search(r"resumed: (\d+) samples after the (\d+) of steps", done.stdout)
+    assert found, done.stdout
+    rest, trained = int(found.group(1)), int(found.group(2))
+    assert 0 < trained <= 64 and rest + trained == total, done.stdout
