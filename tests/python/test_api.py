@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import subprocess
@@ -359,6 +360,11 @@ def test_a_dataloader_batching_rust_batches_again_is_an_error_naming_the_fix(dat
         # The DataLoader's default batch_size=1 would give (1, 4, ...) tensors.
         with pytest.raises(ValueError, match=r"batch_size=None"):
             next(iter(DataLoader(ds, num_workers=num_workers, timeout=120 if num_workers else 0)))
+    # The refused iterators (kept alive by the tracebacks pytest.raises
+    # held) are collected here, not in the workers forked next: CPython
+    # 3.11's import lock raises KeyError when a finalizer imports during an
+    # import (numpy.random's, in a worker), and the worker dies.
+    gc.collect()
     good = DataLoader(ds, batch_size=None, num_workers=2, timeout=120)
     batches = list(good)
     assert {len(b["__key__"]) for b in batches[:-1]} == {4}
