@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +18,7 @@ use crate::config::StoreOptions;
 use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
+use crate::ledger::explain::SavedPosition;
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
@@ -199,6 +200,12 @@ enum Command {
         /// Use no manifest, even when one is beside the shards.
         #[arg(long)]
         no_manifest: bool,
+        /// A saved loader state (JSON: a `StatefulDataLoader`'s
+        /// `state_dict()`, a dataset's, or every rank's, gathered): the
+        /// epoch, world size and workers come from it, and `--step` counts
+        /// from the first step after resuming from it.
+        #[arg(long, conflicts_with_all = ["epoch", "world_size", "num_workers"])]
+        state: Option<PathBuf>,
     },
     /// Write WebDataset shards (and their manifest) from a folder of files,
     /// grouped into samples by name (`dir/a.jpg` + `dir/a.cls` is sample
@@ -313,9 +320,19 @@ where
             remainder,
             manifest,
             no_manifest,
+            state,
         } => {
             let choice = manifest_choice(manifest.as_deref(), no_manifest);
+            let saved = state
+                .as_deref()
+                .map(|path| saved_state(path, rank))
+                .transpose();
             remainder.parse().and_then(|remainder| {
+                let saved = saved?;
+                let (epoch, world_size, num_workers) = match &saved {
+                    Some((layout, _)) => *layout,
+                    None => (epoch, world_size, num_workers),
+                };
                 let params = PlanParams {
                     seed,
                     epoch,
@@ -330,6 +347,7 @@ where
                     batch_size,
                     shuffle_buffer,
                     count_samples,
+                    saved: saved.map(|(_, position)| position),
                 };
                 explain(&spec, &choice, &params, &step, &s3, &mut out)
             })
@@ -723,6 +741,22 @@ struct ExplainStep {
     batch_size: u64,
     shuffle_buffer: usize,
     count_samples: bool,
+    /// Where the rank's workers stood in a saved state (`--state`).
+    saved: Option<SavedPosition>,
+}
+
+/// `(epoch, world_size, num_workers)` and the workers' position of rank
+/// `rank` in the loader state saved at `path` (`--state`).
+fn saved_state(path: &Path, rank: usize) -> Result<((u64, usize, usize), SavedPosition)> {
+    let config = |reason: String| Error::Config {
+        name: "--state",
+        reason,
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| config(format!("cannot read {}: {e}", path.display())))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| config(format!("{} is not JSON: {e}", path.display())))?;
+    ledger::explain::saved_position(&value, rank).map_err(config)
 }
 
 fn explain(
@@ -755,17 +789,40 @@ fn explain(
     } else {
         planned.iter().map(Shard::info).collect()
     };
-    let found =
-        ledger::explain::explain_step(&infos, &counts, params, ask.rank, ask.step, ask.batch_size);
+    let found = ledger::explain::explain_step(
+        &infos,
+        &counts,
+        params,
+        ask.rank,
+        ask.step,
+        ask.batch_size,
+        ask.saved.as_ref(),
+    );
     let step = match found {
         Ok(step) => step,
+        Err(ledger::explain::ExplainError::NotThisPlan { worker }) => {
+            return Err(Error::Config {
+                name: "--state",
+                reason: format!(
+                    "the samples worker {worker} of rank {} had handed out are not the first \
+                     ones of its slot in this plan: give the dataset's spec, --seed, \
+                     --no-shuffle, --remainder and --count-samples as the run had them",
+                    ask.rank
+                ),
+            })
+        }
         Err(ledger::explain::ExplainError::PastTheEnd { steps }) => {
             return Err(Error::Config {
                 name: "--step",
                 reason: format!(
-                    "rank {} takes {steps} steps in epoch {} (steps 0 to {}), not {}",
+                    "rank {} takes {steps} steps in epoch {}{} (steps 0 to {}), not {}",
                     ask.rank,
                     params.epoch,
+                    if ask.saved.is_some() {
+                        " after the resume"
+                    } else {
+                        ""
+                    },
                     steps.saturating_sub(1),
                     ask.step
                 ),
@@ -780,9 +837,14 @@ fn explain(
             })
         }
     };
+    let after = if ask.saved.is_some() {
+        " after the resume"
+    } else {
+        ""
+    };
     writeln!(
         out,
-        "epoch {} rank {} step {}: worker {} (its batch {}), {} samples",
+        "epoch {} rank {} step {}{after}: worker {} (its batch {}), {} samples",
         params.epoch,
         ask.rank,
         ask.step,

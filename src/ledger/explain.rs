@@ -1,12 +1,31 @@
 //! Which samples a step of a rank sees, from the plan alone (plans without
 //! a shuffle buffer): each DataLoader worker of the rank reads its slot's
 //! units in order and makes batches of `batch_size` consecutive samples
-//! (the last one shorter), a whole shard counted by its sample count; the DataLoader hands out the workers' batches in
-//! turn, worker 0 first, passing over a worker that has none left.
+//! (the last one shorter), a whole shard counted by its sample count; the
+//! DataLoader hands out the workers' batches in turn, worker 0 first,
+//! passing over a worker that has none left. From a saved state, each
+//! worker goes on after the samples it handed out, and the turn starts at
+//! the worker after the one whose batch came last (as `StatefulDataLoader`
+//! resumes).
 
 use std::ops::Range;
 
 use crate::plan::{self, PlanParams, ShardInfo, SlotSpec, WorkUnit};
+use crate::state::{runs_digest, SlotState, STATE_FORMAT};
+
+/// The `format` of a loader state that gathers every rank's.
+const RANK_STATES: &str = "shardstream.rank_states";
+
+/// Where the DataLoader workers of a rank stood when a state was saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SavedPosition {
+    /// Samples each worker had handed out (its state's `produced`).
+    pub produced: Vec<u64>,
+    /// Each worker's state's digest of them.
+    pub digests: Vec<u64>,
+    /// The worker whose batch comes first after the resume.
+    pub next_worker: usize,
+}
 
 /// The samples of one step.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +38,114 @@ pub struct StepSamples {
     pub samples: Vec<(usize, u64)>,
 }
 
+/// `(epoch, world_size, num_workers)` and where the workers of rank `rank`
+/// stood in a saved loader state: a `StatefulDataLoader`'s `state_dict()`
+/// (its workers' dataset states, and the worker whose batch came last), a
+/// dataset's own state, or every rank's loader state gathered
+/// (`shardstream.rank_states`). The error says why the state cannot be
+/// explained.
+pub fn saved_position(
+    value: &serde_json::Value,
+    rank: usize,
+) -> Result<((u64, usize, usize), SavedPosition), String> {
+    let value = match value.get("format").and_then(|f| f.as_str()) {
+        Some(RANK_STATES) => value
+            .get("ranks")
+            .and_then(|ranks| ranks.get(rank))
+            .ok_or_else(|| format!("the gathered states hold no loader state of rank {rank}"))?,
+        _ => value,
+    };
+    let mut states = Vec::new();
+    let mut last_worker = None;
+    collect_states(value, &mut states, &mut last_worker)?;
+    states.retain(|state| state.rank == rank);
+    let Some(first) = states.first() else {
+        return Err(format!(
+            "the file holds no shardstream state of rank {rank}"
+        ));
+    };
+    let (epoch, world_size, workers) = (first.epoch, first.world_size, first.num_workers);
+    let mut produced = vec![None; workers];
+    let mut digests = vec![0; workers];
+    for state in &states {
+        if (state.epoch, state.world_size, state.num_workers) != (epoch, world_size, workers) {
+            return Err(format!(
+                "the states of rank {rank} are of several epochs or layouts"
+            ));
+        }
+        if state.resumed_from.is_some() {
+            return Err(
+                "the state is of an elastic resume, whose workers do not read the \
+                        plan's slots: explain answers for states of a run that started at \
+                        its epoch's start (or resumed exactly)"
+                    .into(),
+            );
+        }
+        if !state.buffer.is_empty() || state.rng_word_pos != "0" {
+            return Err(
+                "the state was saved with a shuffle buffer: which sample leaves it \
+                        depends on the samples' bytes, not on the plan: explain answers for \
+                        shuffle_buffer=0"
+                    .into(),
+            );
+        }
+        if state.skipped > 0 {
+            return Err(format!(
+                "worker {} skipped {} samples (on_error=\"warn\"): the plan alone does not \
+                 say which",
+                state.worker_id, state.skipped
+            ));
+        }
+        let worker = state.worker_id;
+        let (Some(slot), Some(digest)) = (produced.get_mut(worker), digests.get_mut(worker)) else {
+            return Err(format!("worker {worker} is not one of {workers} workers"));
+        };
+        *slot = Some(state.produced);
+        *digest = state.digest_value().map_err(|e| e.to_string())?;
+    }
+    let produced = produced
+        .iter()
+        .enumerate()
+        .map(|(worker, n)| {
+            n.ok_or_else(|| format!("the file holds no state of worker {worker} of {workers}"))
+        })
+        .collect::<Result<Vec<u64>, String>>()?;
+    let next_worker = last_worker.map_or(0, |w| (w + 1) % workers);
+    let position = SavedPosition {
+        produced,
+        digests,
+        next_worker,
+    };
+    Ok(((epoch, world_size, workers), position))
+}
+
+/// The shardstream states in `value` (at any depth), and the first
+/// `_last_yielded_worker_id` (a `StatefulDataLoader`'s).
+fn collect_states(
+    value: &serde_json::Value,
+    states: &mut Vec<SlotState>,
+    last_worker: &mut Option<usize>,
+) -> Result<(), String> {
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.get("format").and_then(|f| f.as_str()) == Some(STATE_FORMAT) {
+                let state = SlotState::from_json(&value.to_string()).map_err(|e| e.to_string())?;
+                states.push(state);
+                return Ok(());
+            }
+            if let Some(worker) = map.get("_last_yielded_worker_id").and_then(|w| w.as_u64()) {
+                last_worker.get_or_insert(worker as usize);
+            }
+            map.values()
+                .try_for_each(|v| collect_states(v, states, last_worker))
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .try_for_each(|v| collect_states(v, states, last_worker)),
+        _ => Ok(()),
+    }
+}
+
 /// Why a step cannot be explained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExplainError {
@@ -29,13 +156,20 @@ pub enum ExplainError {
         /// Steps the rank takes in the epoch.
         steps: u64,
     },
+    /// A saved worker's samples are not the first ones of its slot in this
+    /// plan (another seed, dataset or options, or a state of a layout that
+    /// was itself resumed elastically).
+    NotThisPlan {
+        /// The worker.
+        worker: usize,
+    },
 }
 
-/// The samples step `step` (counted from 0 at the epoch's start) of `rank`
-/// sees with batches of `batch_size` (at least 1), under `params`: the
-/// plan is made of `shards` as the dataset knows them, and a whole shard
-/// that plan deals (no sample count known to it) holds `counts[shard]`
-/// samples.
+/// The samples step `step` of `rank` sees with batches of `batch_size` (at
+/// least 1), under `params`: the plan is made of `shards` as the dataset
+/// knows them, and a whole shard that plan deals (no sample count known to
+/// it) holds `counts[shard]` samples. Steps count from 0 at the epoch's
+/// start, or, with `saved`, at the first step after resuming from it.
 pub fn explain_step(
     shards: &[ShardInfo],
     counts: &[Option<u64>],
@@ -43,6 +177,7 @@ pub fn explain_step(
     rank: usize,
     step: u64,
     batch_size: u64,
+    saved: Option<&SavedPosition>,
 ) -> Result<StepSamples, ExplainError> {
     let workers: Vec<Vec<WorkUnit>> = (0..params.num_workers)
         .map(|worker| {
@@ -72,23 +207,46 @@ pub fn explain_step(
         .iter()
         .map(|r| r.iter().map(|(_, s)| s.end - s.start).sum())
         .collect();
-    let batches: Vec<u64> = counts.iter().map(|n| n.div_ceil(batch_size)).collect();
+    let workers = runs.len();
+    let (offsets, first) = match saved {
+        None => (vec![0; workers], 0),
+        Some(saved) => {
+            for worker in 0..workers {
+                let produced = saved.produced.get(worker).copied().unwrap_or(u64::MAX);
+                let handed_out = (produced <= counts[worker])
+                    .then(|| samples_between_runs(&runs[worker], 0..produced));
+                if handed_out.map(|runs| runs_digest(&runs)) != saved.digests.get(worker).copied() {
+                    return Err(ExplainError::NotThisPlan { worker });
+                }
+            }
+            (saved.produced.clone(), saved.next_worker % workers.max(1))
+        }
+    };
+    let batches: Vec<u64> = (0..workers)
+        .map(|w| (counts[w] - offsets[w]).div_ceil(batch_size))
+        .collect();
     let total: u64 = batches.iter().sum();
     if step >= total {
         return Err(ExplainError::PastTheEnd { steps: total });
     }
-    // Round `j` hands out batch `j` of every worker that has one.
+    // Round `j` hands out the `j`-th remaining batch of every worker that
+    // has one, in turn from `first`.
+    let turn: Vec<usize> = (0..workers).map(|i| (first + i) % workers).collect();
     let mut left = step;
     let mut round = 0u64;
     loop {
-        let active: Vec<usize> = (0..batches.len()).filter(|&w| batches[w] > round).collect();
+        let active: Vec<usize> = turn
+            .iter()
+            .copied()
+            .filter(|&w| batches[w] > round)
+            .collect();
         if left < active.len() as u64 {
             let worker = active[left as usize];
-            let from = round * batch_size;
+            let from = offsets[worker] + round * batch_size;
             let to = (from + batch_size).min(counts[worker]);
             return Ok(StepSamples {
                 worker,
-                worker_batch: round,
+                worker_batch: from / batch_size,
                 samples: samples_between(&runs[worker], from..to),
             });
         }
@@ -99,12 +257,25 @@ pub fn explain_step(
 
 /// The samples at positions `range` of a slot's runs, in order.
 fn samples_between(runs: &[(usize, Range<u64>)], range: Range<u64>) -> Vec<(usize, u64)> {
+    samples_between_runs(runs, range)
+        .into_iter()
+        .flat_map(|(shard, samples)| samples.map(move |index| (shard, index)))
+        .collect()
+}
+
+/// The samples at positions `range` of a slot's runs, as runs.
+fn samples_between_runs(
+    runs: &[(usize, Range<u64>)],
+    range: Range<u64>,
+) -> Vec<(usize, Range<u64>)> {
     let mut out = Vec::new();
     let mut at = 0u64;
     for (shard, samples) in runs {
         let len = samples.end - samples.start;
         let (from, to) = (range.start.max(at), range.end.min(at + len));
-        out.extend((from..to.max(from)).map(|p| (*shard, samples.start + p - at)));
+        if from < to {
+            out.push((*shard, samples.start + from - at..samples.start + to - at));
+        }
         at += len;
     }
     out
@@ -143,14 +314,14 @@ mod tests {
         let s = shards(&[6, 4]);
         let p = params(1, 2);
         let counts = [None, None];
-        let step = |n| explain_step(&s, &counts, &p, 0, n, 2).unwrap();
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
         assert_eq!(step(0).samples, [(0, 0), (0, 1)]);
         assert_eq!((step(1).worker, step(1).samples), (1, vec![(0, 5), (1, 0)]));
         assert_eq!(step(2).samples, [(0, 2), (0, 3)]);
         assert_eq!(step(4).samples, [(0, 4)]);
         assert_eq!(step(5).samples, [(1, 3)]);
         assert_eq!(
-            explain_step(&s, &counts, &p, 0, 6, 2),
+            explain_step(&s, &counts, &p, 0, 6, 2, None),
             Err(ExplainError::PastTheEnd { steps: 6 })
         );
     }
@@ -165,7 +336,7 @@ mod tests {
         for rank in 0..2 {
             let mut seen = Vec::new();
             let mut step = 0;
-            while let Ok(samples) = explain_step(&s, &[None; 4], &p, rank, step, 2) {
+            while let Ok(samples) = explain_step(&s, &[None; 4], &p, rank, step, 2, None) {
                 seen.extend(samples.samples);
                 step += 1;
             }
@@ -191,13 +362,50 @@ mod tests {
             .collect();
         let p = params(1, 2);
         let counts = [Some(3), Some(1), Some(2)];
-        let step = |n| explain_step(&s, &counts, &p, 0, n, 2).unwrap();
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
         assert_eq!((step(0).worker, step(0).samples), (0, vec![(0, 0), (0, 1)]));
         assert_eq!((step(1).worker, step(1).samples), (1, vec![(1, 0), (2, 0)]));
         assert_eq!(step(3).samples, [(2, 1)]);
         assert_eq!(
-            explain_step(&s, &[Some(3), None, Some(2)], &p, 0, 0, 2),
+            explain_step(&s, &[Some(3), None, Some(2)], &p, 0, 0, 2, None),
             Err(ExplainError::CountsUnknown)
         );
+    }
+
+    #[test]
+    fn a_saved_position_goes_on_after_each_worker_s_samples_in_turn() {
+        // As in the first test: worker 0 reads (0, 0..5), worker 1 (0, 5..6)
+        // and (1, 0..4). Saved after steps 0, 1 and 2: worker 0 handed out
+        // 4 samples, worker 1 two; worker 1's batch comes next.
+        let s = shards(&[6, 4]);
+        let p = params(1, 2);
+        let counts = [None, None];
+        let saved = SavedPosition {
+            produced: vec![4, 2],
+            digests: vec![
+                runs_digest(&[(0, 0..4)]),
+                runs_digest(&[(0, 5..6), (1, 0..1)]),
+            ],
+            next_worker: 1,
+        };
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Some(&saved));
+        let whole = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
+        for n in 0..3 {
+            assert_eq!(step(n).unwrap(), whole(n + 3), "step {n} after the resume");
+        }
+        assert_eq!(step(3), Err(ExplainError::PastTheEnd { steps: 3 }));
+        // Another plan's samples are named, with the worker.
+        let other = SavedPosition {
+            digests: vec![runs_digest(&[(0, 1..5)]), saved.digests[1]],
+            ..saved.clone()
+        };
+        let found = explain_step(&s, &counts, &p, 0, 0, 2, Some(&other));
+        assert_eq!(found, Err(ExplainError::NotThisPlan { worker: 0 }));
+        let too_many = SavedPosition {
+            produced: vec![4, 9],
+            ..saved
+        };
+        let found = explain_step(&s, &counts, &p, 0, 0, 2, Some(&too_many));
+        assert_eq!(found, Err(ExplainError::NotThisPlan { worker: 1 }));
     }
 }

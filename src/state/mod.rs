@@ -312,6 +312,14 @@ fn id_hash(shard: u64, index: u64) -> u64 {
     mul_mod(c, pow_mod(g, index))
 }
 
+/// The digest of the samples of `runs` (`(shard, samples)`), as a state's
+/// `digest` holds it for the samples a slot handed out.
+pub fn runs_digest(runs: &[(usize, Range<u64>)]) -> u64 {
+    runs.iter().fold(0, |digest, (shard, samples)| {
+        add_mod(digest, range_hash(*shard as u64, samples.clone()))
+    })
+}
+
 /// The digest of a run of samples of one shard.
 fn range_hash(shard: u64, samples: Range<u64>) -> u64 {
     if samples.start >= samples.end {
