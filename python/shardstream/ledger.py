@@ -32,10 +32,14 @@ if TYPE_CHECKING:
 __all__ = ["Ledger"]
 
 LEDGER_FORMAT = "shardstream.ledger"
-LEDGER_VERSION = 1
+LEDGER_VERSION = 2
 
 TRAINED, SKIPPED, EPOCH_END = 0, 1, 2
 """Record kinds: a step trained on its samples, skipped them, or the epoch ended."""
+
+NARROW_IDS = 0x100
+"""The bit of a record's kind that says its ids are narrow: ``u32`` shard
+index and ``u32`` index in the shard (8 bytes a sample, not 16)."""
 
 _HEADER = struct.Struct("<QQII")
 
@@ -150,6 +154,50 @@ def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         c.view(np.uint64) if c.dtype == np.int64 else c.astype(np.uint64) for c in columns
     )
     return epoch, shard, index
+
+
+def _plain_ids(batch: Any) -> Any:
+    """``batch``'s ``__id__`` as the common batches hold it, without a copy
+    or a check beyond its form: a ``(B, 3)`` ``int64`` array (Rust
+    batches), or three 1-D ``int64`` CPU tensors or arrays of one length
+    (DataLoader's default collate) as a tuple of arrays. ``None`` for any
+    other form, which ``id_columns`` reads (or refuses)."""
+    import numpy as np
+
+    ids = batch.get("__id__") if isinstance(batch, Mapping) else None
+    if type(ids) is np.ndarray:
+        if ids.ndim == 2 and ids.shape[1] == 3 and ids.dtype == np.int64 and len(ids):
+            return ids
+        return None
+    if type(ids) is not list or len(ids) != 3:
+        return None
+    columns = []
+    for column in ids:
+        if hasattr(column, "numpy") and type(column) is not np.ndarray:
+            try:
+                column = column.numpy()  # a tensor on the CPU, without grad: a view
+            except (TypeError, RuntimeError):
+                return None  # on a device, or with grad: id_columns copies it
+        if type(column) is not np.ndarray or column.ndim != 1 or column.dtype != np.int64:
+            return None
+        columns.append(column)
+    count = len(columns[0])
+    if count == 0 or len(columns[1]) != count or len(columns[2]) != count:
+        return None
+    return tuple(columns)
+
+
+def _id_columns_of(ids: Any) -> tuple[Any, Any, Any]:
+    """The ``int64`` epoch, shard and index columns (views) of what
+    ``_plain_ids`` returned or ``_record`` made of ``id_columns``."""
+    if isinstance(ids, tuple):
+        return ids  # type: ignore[return-value]
+    return ids[:, 0], ids[:, 1], ids[:, 2]
+
+
+def _id_count(ids: Any) -> int:
+    """The samples of what ``_plain_ids`` returned (or ``_record`` made)."""
+    return len(ids[0]) if isinstance(ids, tuple) else len(ids)
 
 
 def _not_ids(got: str) -> ValueError:
@@ -322,7 +370,7 @@ class Ledger:
                 raise ValueError(f"ledger {self.path} rank {self.rank} is closed")
             return
         self._queued.append((step, epoch, kind, columns))
-        self._queued_samples += 0 if columns is None else len(columns[0])
+        self._queued_samples += 0 if columns is None else _id_count(columns)
         if self._queued_samples >= FLUSH_SAMPLES:
             self._flush()
 
@@ -336,29 +384,44 @@ class Ledger:
         queued, self._queued, self._queued_samples = self._queued, [], 0
         if self._file is None or not queued:
             return
-        taken = [(step, epoch, c) for step, epoch, _, c in queued if c is not None]
-        counts = np.array([len(c[0]) for _, _, c in taken], dtype=np.int64)
-        pairs = np.empty((int(counts.sum()), 2), dtype="<u8")
-        if taken:
-            epochs = np.concatenate([c[0] for _, _, c in taken])
-            firsts = np.array([epoch for _, epoch, _ in taken], dtype=np.uint64)
-            mixed = epochs != np.repeat(firsts, counts)
-            if mixed.any():
-                at = int(np.searchsorted(np.cumsum(counts), np.argmax(mixed), "right"))
-                step, _, columns = taken[at]
-                raise ValueError(
-                    f"a step's samples come from one epoch; step {step} has samples of "
-                    f"epochs {np.unique(columns[0]).tolist()}"
-                )
-            pairs[:, 0] = np.concatenate([c[1] for _, _, c in taken])
-            pairs[:, 1] = np.concatenate([c[2] for _, _, c in taken])
+        payloads = [q[3] for q in queued if q[3] is not None]
+        counts = [0 if q[3] is None else _id_count(q[3]) for q in queued]
+        if payloads and all(type(ids) is np.ndarray for ids in payloads):
+            rows: np.ndarray = np.concatenate(payloads)  # Rust batches: one (B, 3) array each
+            epochs, shards, indices = rows[:, 0], rows[:, 1], rows[:, 2]
+        else:
+            parts: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+            for ids in payloads:
+                for part, column in zip(parts, _id_columns_of(ids), strict=True):
+                    part.append(column)
+            epochs, shards, indices = (
+                np.concatenate(part) if part else np.empty(0, np.int64) for part in parts
+            )
+        taken = np.array([n for n in counts if n], dtype=np.int64)
+        firsts = np.array([q[1] for q in queued if q[3] is not None], dtype=np.int64)
+        mixed = epochs != np.repeat(firsts, taken)
+        if mixed.any():
+            at = int(np.searchsorted(np.cumsum(taken), np.argmax(mixed), "right"))
+            step = [q[0] for q in queued if q[3] is not None][at]
+            raise ValueError(
+                f"a step's samples come from one epoch; step {step} has samples of "
+                f"epochs {np.unique(_id_columns_of(payloads[at])[0]).tolist()}"
+            )
+        # The ids are never negative: int64 is read as uint64 in place.
+        # Narrow ids (8 bytes a sample) when every one fits in 32 bits.
+        narrow = len(epochs) == 0 or max(int(shards.max()), int(indices.max())) < 1 << 32
+        pairs = np.empty((len(epochs), 2), dtype="<u4" if narrow else "<u8")
+        pairs[:, 0] = shards if narrow else shards.view(np.uint64)
+        pairs[:, 1] = indices if narrow else indices.view(np.uint64)
+        body = memoryview(pairs.tobytes())
+        id_bytes, flag = (8, NARROW_IDS) if narrow else (16, 0)
+        write, pack = self._file.write, _HEADER.pack
         offset = 0
-        for step, epoch, kind, queued_columns in queued:
-            count = 0 if queued_columns is None else len(queued_columns[0])
-            self._file.write(_HEADER.pack(step, epoch, count, kind))
+        for (step, epoch, kind, _), count in zip(queued, counts, strict=True):
+            write(pack(step, epoch, count, kind | flag if count else kind))
             if count:
-                self._file.write(pairs[offset : offset + count].data)
-                offset += count
+                write(body[offset : offset + id_bytes * count])
+                offset += id_bytes * count
 
     def record(self, batch: Any, step: int | None = None) -> int:
         """Records the samples of ``batch`` as trained at ``step`` (default:
@@ -367,17 +430,25 @@ class Ledger:
         return self._record(batch, step, TRAINED)
 
     def _record(self, batch: Any, step: int | None, kind: int) -> int:
-        columns = id_columns(batch)
-        if len(columns[0]) == 0:
-            raise ValueError("a step's batch has no samples")
+        import numpy as np
+
+        # The ids are kept as the batch holds them (no copy, no per-step
+        # check beyond their form): the records are checked and written
+        # together (``_flush``), so that a step costs a microsecond or two.
+        ids = _plain_ids(batch)
+        if ids is None:
+            columns = id_columns(batch)
+            if len(columns[0]) == 0:
+                raise ValueError("a step's batch has no samples")
+            ids = tuple(c.view(np.int64) for c in columns)
         step = self._next_step if step is None else step
         if step < self.start_step:
             raise ValueError(
                 f"step {step} is before this run's first step {self.start_step} (resume_step)"
             )
         # Every sample's epoch is checked against the first when written.
-        self.last_epoch = int(columns[0][0])
-        self._write(step, self.last_epoch, kind, columns)
+        self.last_epoch = int(ids[0][0]) if isinstance(ids, tuple) else int(ids[0, 0])
+        self._write(step, self.last_epoch, kind, ids)
         self._last_step = step
         self._next_step = step + 1
         return step

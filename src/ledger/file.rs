@@ -4,8 +4,9 @@
 //! file (the writer died mid-write) is left out and reported, never read.
 //!
 //! A record, little-endian: `u64` step, `u64` epoch, `u32` count, `u32`
-//! kind ([`RecordKind`]), then `count` sample ids, each `u64` shard index
-//! and `u64` index in the shard.
+//! kind ([`RecordKind`], with [`NARROW_IDS`] set when the ids are narrow),
+//! then `count` sample ids, each a shard index and an index in the shard:
+//! `u64` and `u64`, or `u32` and `u32` when narrow.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,12 +15,18 @@ use serde::{Deserialize, Serialize};
 
 /// The `format` field of every generation's `meta.json`.
 pub const LEDGER_FORMAT: &str = "shardstream.ledger";
-/// The ledger version this build reads.
-pub const LEDGER_VERSION: u32 = 1;
+/// The ledger version this build writes (in its tests) and reads, with the
+/// versions before it: version 2 added [`NARROW_IDS`].
+pub const LEDGER_VERSION: u32 = 2;
 /// Bytes of a record's header (step, epoch, count, kind).
 pub const HEADER_BYTES: usize = 24;
 /// Bytes of one sample id in a record.
 pub const ID_BYTES: usize = 16;
+/// Bytes of one narrow sample id in a record.
+pub const NARROW_ID_BYTES: usize = 8;
+/// The bit of a record's kind that says its ids are narrow (`u32` shard
+/// index and `u32` index in the shard; version 2 on).
+pub const NARROW_IDS: u32 = 0x100;
 
 /// A ledger that cannot be read: the file and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +85,7 @@ impl DatasetMeta {
 pub struct Meta {
     /// Always [`LEDGER_FORMAT`].
     pub format: String,
-    /// Always [`LEDGER_VERSION`].
+    /// [`LEDGER_VERSION`] or an earlier version.
     pub version: u32,
     /// The generation's number (its folder's).
     pub generation: u64,
@@ -194,12 +201,14 @@ pub fn parse_records(bytes: &[u8], path: &Path) -> Result<RankLog, ReadError> {
         }
         let (step, epoch, count, code) =
             (u64_at(at), u64_at(at + 8), u32_at(at + 16), u32_at(at + 20));
-        let Some(kind) = RecordKind::from_code(code) else {
+        let narrow = code & NARROW_IDS != 0;
+        let Some(kind) = RecordKind::from_code(code & !NARROW_IDS) else {
             return Err(read_error(
                 path,
                 format!(
                     "the record at byte {at} has kind {code} (expected 0 trained, 1 skipped \
-                     or 2 epoch end): not a ledger file, or a damaged one"
+                     or 2 epoch end, plus {NARROW_IDS} for narrow ids): not a ledger file, \
+                     or a damaged one"
                 ),
             ));
         };
@@ -209,15 +218,20 @@ pub fn parse_records(bytes: &[u8], path: &Path) -> Result<RankLog, ReadError> {
                 format!("the epoch-end record at byte {at} lists {count} samples (expected 0)"),
             ));
         }
-        let body = count as usize * ID_BYTES;
+        let id_bytes = if narrow { NARROW_ID_BYTES } else { ID_BYTES };
+        let body = count as usize * id_bytes;
         if left - HEADER_BYTES < body {
             log.torn = Some(torn);
             break;
         }
         let ids = (0..count as usize)
             .map(|i| {
-                let from = at + HEADER_BYTES + i * ID_BYTES;
-                (u64_at(from), u64_at(from + 8))
+                let from = at + HEADER_BYTES + i * id_bytes;
+                if narrow {
+                    (u64::from(u32_at(from)), u64::from(u32_at(from + 4)))
+                } else {
+                    (u64_at(from), u64_at(from + 8))
+                }
             })
             .collect();
         log.records.push(Record {
@@ -290,11 +304,12 @@ pub fn read_generation(dir: &Path) -> Result<Generation, ReadError> {
         .map_err(|e| read_error(&meta_path, format!("cannot read: {e}")))?;
     let meta: Meta = serde_json::from_str(&text)
         .map_err(|e| read_error(&meta_path, format!("not a ledger meta.json: {e}")))?;
-    if meta.format != LEDGER_FORMAT || meta.version != LEDGER_VERSION {
+    if meta.format != LEDGER_FORMAT || !(1..=LEDGER_VERSION).contains(&meta.version) {
         return Err(read_error(
             &meta_path,
             format!(
-                "expected format {LEDGER_FORMAT:?} version {LEDGER_VERSION}, got {:?} version {}",
+                "expected format {LEDGER_FORMAT:?} version 1 to {LEDGER_VERSION}, got {:?} \
+                 version {} (written by a newer shardstream?)",
                 meta.format, meta.version
             ),
         ));
@@ -377,6 +392,22 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn narrow_ids_read_as_the_wide_ones() {
+        let wide = record(3, RecordKind::Trained, &[(1, 2), (7, u64::from(u32::MAX))]);
+        let mut narrow = wide.to_bytes()[..HEADER_BYTES].to_vec();
+        narrow[20..24].copy_from_slice(&(NARROW_IDS | RecordKind::Trained.code()).to_le_bytes());
+        for (shard, index) in &wide.ids {
+            narrow.extend_from_slice(&(*shard as u32).to_le_bytes());
+            narrow.extend_from_slice(&(*index as u32).to_le_bytes());
+        }
+        let log = parse_records(&narrow, Path::new("rank-00000.bin")).unwrap();
+        assert_eq!((log.records, log.torn), (vec![wide], None));
+        // Cut inside the narrow body: torn at the record's start.
+        let log = parse_records(&narrow[..narrow.len() - 1], Path::new("r")).unwrap();
+        assert_eq!(log.torn.map(|t| t.offset), Some(0));
     }
 
     #[test]

@@ -634,3 +634,14 @@ def read_texts(spec: str, cache: str, endpoint: str) -> dict[str, str]:
     if endpoint:
         options["s3"] = S3Config(endpoint_url=endpoint, region="us-east-1", path_style=True)
     return {s["__key__"]: s["txt"].decode() for s in StreamingDataset(spec, **options)}
+
+
+def keys_and_ones(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """A collator for the HF Trainer tests that knows nothing of sample ids
+    (the Trainer adds them): the keys, and a column of ones. Here, not in
+    the test module, so that the spawned workers that unpickle it import
+    this light module only."""
+    import torch
+
+    assert all("__id__" not in s for s in samples)
+    return {"keys": [s["__key__"] for s in samples], "ones": torch.ones(len(samples), 1)}

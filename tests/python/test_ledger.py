@@ -343,3 +343,33 @@ def test_explain_refuses_a_state_it_cannot_follow(
     args = ["shardstream", "explain", dataset.spec, "--state", str(empty), "--num-workers", "2"]
     assert run_cli([*args, "--step", "0", "--batch-size", "4"]) == 2
     assert "cannot be used with" in capfd.readouterr().err
+
+
+def test_an_epoch_end_alone_is_written_and_ids_past_32_bits_stay_whole(
+    dataset: DatasetInfo, tmp_path: Path
+) -> None:
+    """Records are written 8 bytes a sample while every id fits in 32 bits,
+    16 otherwise; a flush of an epoch end alone writes it (the HF Trainer
+    records epoch ends after its last checkpoint)."""
+    import numpy as np
+
+    from shardstream.ledger import NARROW_IDS
+
+    ds = make(dataset.spec)
+    ledger = shardstream.Ledger(tmp_path, ds)
+    ledger.record({"__id__": np.array([[0, 1, 2], [0, 3, 4]])})
+    ledger.checkpoint()
+    ledger.epoch_end(0)
+    ledger.record({"__id__": np.array([[1, 1, 2**40], [1, 2, 5]])})
+    ledger.close()
+    data = (ledger.path / "rank-00000.bin").read_bytes()
+    header = struct.Struct("<QQII")
+    step, epoch, count, kind = header.unpack_from(data, 0)
+    assert (step, epoch, count, kind) == (0, 0, 2, NARROW_IDS)
+    assert struct.unpack_from("<4I", data, 24) == (1, 2, 3, 4)
+    at = 24 + 2 * 8
+    assert header.unpack_from(data, at) == (0, 0, 0, 2)  # the epoch end
+    at += 24
+    assert header.unpack_from(data, at) == (1, 1, 2, 0)  # wide: an index past 2^32
+    assert struct.unpack_from("<4Q", data, at + 24) == (1, 2**40, 2, 5)
+    assert len(data) == at + 24 + 2 * 16

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from _shardtest import slot_states, write_uneven_dataset
+from _shardtest import keys_and_ones, slot_states, write_uneven_dataset
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -449,12 +449,6 @@ class KeysModel(torch.nn.Module):
     def forward(self, ones: torch.Tensor, keys: list[str]) -> dict[str, torch.Tensor]:
         self.seen.append(list(keys))
         return {"loss": self.layer(ones).sum()}
-
-
-def keys_and_ones(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """A collator that knows nothing of sample ids: the Trainer adds them."""
-    assert all("__id__" not in s for s in samples)
-    return {"keys": [s["__key__"] for s in samples], "ones": torch.ones(len(samples), 1)}
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import shardstream
-from shardstream import StreamingDataset
+from shardstream import ShardStreamError, StreamingDataset
 
 
 def native_threads() -> int:
@@ -113,6 +113,13 @@ def test_a_stalled_shard_times_out_with_a_read_error(tmp_path: Path) -> None:
         pass
 
 
+def signal_masks(pid: int) -> str:
+    """The signals process ``pid`` blocks and ignores (/proc), to say why a
+    SIGINT did not reach it (SIGINT is bit 1)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return ", ".join(line for line in status if line.startswith(("SigBlk", "SigIgn")))
+
+
 def test_ctrl_c_interrupts_resolving_a_dataset():
     """Listing a prefix on a server that accepts and never answers: Ctrl-C
     (SIGINT) ends the constructor at once with KeyboardInterrupt, long
@@ -129,16 +136,19 @@ def test_ctrl_c_interrupts_resolving_a_dataset():
     try:
         timer.start()
         with pytest.raises(KeyboardInterrupt):
-            StreamingDataset(
-                "s3://bucket/prefix/",
-                s3={
-                    "endpoint_url": f"http://127.0.0.1:{port}",
-                    "path_style": True,
-                    "unsigned": True,
-                    "first_byte_timeout": 60.0,
-                    "max_attempts": 1,
-                },
-            )
+            try:
+                StreamingDataset(
+                    "s3://bucket/prefix/",
+                    s3={
+                        "endpoint_url": f"http://127.0.0.1:{port}",
+                        "path_style": True,
+                        "unsigned": True,
+                        "first_byte_timeout": 60.0,
+                        "max_attempts": 1,
+                    },
+                )
+            except ShardStreamError as error:
+                pytest.fail(f"not interrupted ({signal_masks(os.getpid())}): {error}")
     finally:
         timer.cancel()
         server.close()
@@ -170,8 +180,12 @@ def test_ctrl_c_stops_the_command_line_at_once():
         connection, _ = server.accept()
         assert process.poll() is None
         interrupted = time.monotonic()
+        masks = signal_masks(process.pid)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=30)
+        try:
+            _, stderr = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"not interrupted within 30 s (before SIGINT: {masks})")
         assert time.monotonic() - interrupted < 5, stderr
         connection.close()
     finally:
