@@ -139,3 +139,18 @@ def test_a_source_takes_only_shardstream_datasets_and_worker_slices(data):
         StreamSource([1, 2, 3])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="one worker slot"):
         StreamSource(dataset(data)).set_slice(slice(0, 10, 2))
+
+
+@pytest.mark.parametrize("new_workers", [0, 3])
+def test_a_grain_checkpoint_resumes_elastically_onto_other_processes(data, new_workers: int):
+    """The state of a pipeline of 2 Grain processes, 37 samples in, given
+    to ``shardstream.elastic_state`` and loaded into the dataset of a
+    pipeline of ``new_workers`` processes: every sample not yet taken comes
+    once (elastic resume needs sample counts)."""
+    iterator = iter(keys(StreamSource(dataset(data, count_samples=True)), 2))
+    taken = [next(iterator) for _ in range(37)]
+    state = json.loads(json.dumps(iterator.get_state()))
+    resumed = dataset(data, count_samples=True)
+    resumed.load_state_dict(shardstream.elastic_state(state))
+    rest = list(keys(StreamSource(resumed), new_workers))
+    assert_exactly_once(taken + rest, data.keys)
