@@ -48,6 +48,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from shardstream import StreamingDataset
 from shardstream.accelerate import prepare_loader
 
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="Accelerate's training loop over shardstream.")
@@ -123,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         num_workers=args.num_workers,
         collate_fn=collate,
-        # Workers forked from a DDP rank can hang at start on CPython before
-        # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
-        multiprocessing_context="spawn" if args.num_workers else None,
+        multiprocessing_context=WORKER_START if args.num_workers else None,
         # Spawned workers start once, not at every epoch (each imports
         # torch anew); epochs advance in them by themselves.
         persistent_workers=args.num_workers > 0,

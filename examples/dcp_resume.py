@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,11 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import Ledger, StreamingDataset, elastic_state
+
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
 
 
 class LoaderState(Stateful):
@@ -158,9 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         num_workers=args.workers,
         collate_fn=keys_only,
         timeout=120 if args.workers else 0,
-        # Workers forked from a DDP rank can hang at start on CPython before
-        # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
-        multiprocessing_context="spawn" if args.workers else None,
+        multiprocessing_context=WORKER_START if args.workers else None,
         # Spawned workers start once, not at every epoch (each imports
         # torch anew); epochs advance in them by themselves.
         persistent_workers=args.workers > 0,

@@ -52,6 +52,11 @@ from toy_batch import FEATURES, collate
 
 from shardstream import StreamingDataset
 
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -123,7 +128,7 @@ def train(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         # broadcast) may hold the interpreter's thread-state lock, which the
         # child then waits for forever. Spawned workers start from a fresh
         # interpreter.
-        multiprocessing_context="spawn" if args.num_workers > 0 else None,
+        multiprocessing_context=WORKER_START if args.num_workers > 0 else None,
     )
     torch.manual_seed(0)  # DDP broadcasts rank 0's weights anyway
     model = torch.nn.Linear(FEATURES, 1).to(device)

@@ -39,6 +39,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from shardstream import StreamingDataset
 from shardstream.lightning import ShardStreamCallback
 
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
+
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Stand-in features (byte counts of the fields) and a target from the key."""
@@ -105,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         # leave a gloo thread holding the interpreter's thread-state lock.
         # Spawned workers start from a fresh interpreter, so they cannot
         # inherit it.
-        multiprocessing_context="spawn" if args.num_workers else None,
+        multiprocessing_context=WORKER_START if args.num_workers else None,
         # Spawned workers start once, not at every epoch (each imports
         # torch anew); epochs advance in them by themselves.
         persistent_workers=args.num_workers > 0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -22,6 +23,11 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from shardstream import Mix, StreamingDataset
+
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             num_workers=args.workers,
             collate_fn=collate_keys,
-            # Workers forked from a DDP rank can hang at start on CPython before
-            # 3.12 (gh-112275; see docs/integrations.md): spawned ones cannot.
-            multiprocessing_context="spawn" if args.workers else None,
+            multiprocessing_context=WORKER_START if args.workers else None,
         )
         batches = [batch for batch in loader]
         # Every rank reaches this collective: no rank ran out early.

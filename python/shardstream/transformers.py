@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ __all__ = ["LEDGER_FILE", "StreamingTrainer"]
 
 LEDGER_FILE = "shardstream_ledger.json"
 """The file of a checkpoint folder that holds the step a run resumed from it records first."""
+
+
+# How DataLoader workers start in a DDP rank: forked ones can hang as they
+# start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
+# ones cannot; from 3.12 on the default (fork) is safe.
+WORKER_START = "spawn" if sys.version_info < (3, 12) else None
 
 
 class KeepSampleIds:
@@ -76,8 +83,8 @@ class StreamingTrainer(Trainer):  # type: ignore[misc]
     ``dataloader_pin_memory``, ``dataloader_persistent_workers``,
     ``dataloader_prefetch_factor``) and prepared with
     ``prepare_loader``; ``multiprocessing_context`` is ``"spawn"`` when there
-    are workers (forked workers can hang after a collective before CPython
-    3.12; docs/integrations.md).
+    are workers on CPython before 3.12 (forked workers can hang after a
+    collective there; docs/integrations.md), the default from 3.12 on.
     """
 
     def __init__(
@@ -118,7 +125,7 @@ class StreamingTrainer(Trainer):  # type: ignore[misc]
             pin_memory=args.dataloader_pin_memory,
             persistent_workers=bool(workers and args.dataloader_persistent_workers),
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
-            multiprocessing_context="spawn" if workers else None,
+            multiprocessing_context=WORKER_START if workers else None,
         )
         return prepare_loader(self.accelerator, loader)
 
