@@ -42,7 +42,7 @@ LEDGER_FILE = "shardstream_ledger.json"
 # How DataLoader workers start in a DDP rank: forked ones can hang as they
 # start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
 # ones cannot; from 3.12 on the default (fork) is safe.
-WORKER_START = "spawn" if sys.version_info < (3, 12) else None
+_WORKER_START = "spawn" if sys.version_info < (3, 12) else None
 
 
 class KeepSampleIds:
@@ -125,7 +125,7 @@ class StreamingTrainer(Trainer):  # type: ignore[misc]
             pin_memory=args.dataloader_pin_memory,
             persistent_workers=bool(workers and args.dataloader_persistent_workers),
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
-            multiprocessing_context=WORKER_START if workers else None,
+            multiprocessing_context=_WORKER_START if workers else None,
         )
         return prepare_loader(self.accelerator, loader)
 
