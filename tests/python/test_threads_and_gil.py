@@ -10,6 +10,7 @@ import tarfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,20 @@ def signal_masks(pid: int) -> str:
     return ", ".join(line for line in status if line.startswith(("SigBlk", "SigIgn")))
 
 
+@pytest.fixture
+def ctrl_c_handled() -> Any:
+    """SIGINT raises KeyboardInterrupt in this process (and is not ignored
+    by the processes it starts) for the test: a shell without job control
+    starts its background commands, pytest included, with SIGINT ignored,
+    and Python then leaves it ignored."""
+    import signal
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("ctrl_c_handled")
 def test_ctrl_c_interrupts_resolving_a_dataset():
     """Listing a prefix on a server that accepts and never answers: Ctrl-C
     (SIGINT) ends the constructor at once with KeyboardInterrupt, long
@@ -155,6 +170,7 @@ def test_ctrl_c_interrupts_resolving_a_dataset():
     assert time.monotonic() - started < 10
 
 
+@pytest.mark.usefixtures("ctrl_c_handled")
 def test_ctrl_c_stops_the_command_line_at_once():
     """`shardstream inspect` of a shard on a server that accepts and never
     answers: Ctrl-C (SIGINT) ends the command within seconds with status
