@@ -199,16 +199,21 @@ class LoaderLedger:
     ``torch.distributed``: every rank reads its loader), and closed when
     the process exits, or by ``close()``."""
 
-    def __init__(self, directory: str | os.PathLike[str], dataset: Any, num_workers: int) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        dataset: Any,
+        num_workers: int,
+        owner: str = "prepare_loader",
+    ) -> None:
         # A StreamingDataset (not imported here: the dataset module imports this one).
         if not hasattr(dataset, "distributed_slot"):
             raise TypeError(
-                f"prepare_loader(ledger_dir=...) records a DataLoader over a StreamingDataset, "
-                f"got one over {type(dataset).__name__}"
+                f"{owner}(ledger_dir=...) records a StreamingDataset, got {type(dataset).__name__}"
             )
         if not dataset.options["sample_ids"]:
             raise ValueError(
-                "prepare_loader(ledger_dir=...): the dataset hands out no sample ids: create "
+                f"{owner}(ledger_dir=...): the dataset hands out no sample ids: create "
                 "it with sample_ids=True for the ledger to record"
             )
         self.directory = Path(directory)
@@ -228,7 +233,12 @@ class LoaderLedger:
                 num_workers=self.num_workers,
             )
         self.ledger.record(batch)
-        if last and self.ledger.last_epoch is not None:
+        if last:
+            self.epoch_end()
+
+    def epoch_end(self) -> None:
+        """Records the end of the epoch of the last batch recorded (if any)."""
+        if self.ledger is not None and self.ledger.last_epoch is not None:
             self.ledger.epoch_end(self.ledger.last_epoch)
 
     def state_dict(self) -> dict[str, int]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,7 @@ from transformers.trainer_utils import (  # type: ignore[import-untyped]
     get_last_checkpoint,
 )
 
-from .accelerate import prepare_loader
-from .dataset import StreamingDataset
-from .ledger import Ledger
+from .accelerate import LoaderLedger, prepare_loader
 
 __all__ = ["LEDGER_FILE", "StreamingTrainer"]
 
@@ -92,21 +90,15 @@ class StreamingTrainer(Trainer):  # type: ignore[misc]
     ) -> None:
         super().__init__(*args, **kwargs)
         self.ledger_dir = ledger_dir
-        self.ledger: Ledger | None = None
-        self._resume_from: str | None = None
+        self.ledger: LoaderLedger | None = None
         if ledger_dir is not None:
-            dataset = self.train_dataset
-            if not isinstance(dataset, StreamingDataset):
-                raise TypeError(
-                    f"StreamingTrainer(ledger_dir=...) records a StreamingDataset; "
-                    f"train_dataset is {type(dataset).__name__}"
-                )
-            if not dataset.options["sample_ids"]:
-                raise ValueError(
-                    "StreamingTrainer(ledger_dir=...): the train_dataset hands out no sample "
-                    "ids: create it with sample_ids=True for the ledger to record"
-                )
-            self.add_callback(_LedgerCallback(self))
+            self.ledger = LoaderLedger(
+                ledger_dir,
+                self.train_dataset,
+                self.args.dataloader_num_workers,
+                owner="StreamingTrainer",
+            )
+            self.add_callback(_LedgerCallback(self.ledger))
 
     def get_train_dataloader(self) -> DataLoader:
         """The train loader over ``train_dataset``, prepared by ``prepare_loader``."""
@@ -136,80 +128,50 @@ class StreamingTrainer(Trainer):  # type: ignore[misc]
         step the checkpoint's ``shardstream_ledger.json`` holds."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
-        self._resume_from = (
-            resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        )
+        if self.ledger is not None:
+            # A new generation at the first step: from the checkpoint's step
+            # when resuming, else from step 0.
+            self.ledger.close()
+            self.ledger.resume_step = None
+            if isinstance(resume_from_checkpoint, str):
+                self.ledger.load_state_dict(_ledger_entry(Path(resume_from_checkpoint)))
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            self.close_ledger()
+            if self.ledger is not None:
+                self.ledger.close()
 
     def training_step(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         """Records the batch's samples (and takes their ids out of the model's
         inputs), then ``Trainer.training_step``."""
         if self.ledger is not None:
-            self.ledger.record({"__id__": inputs.pop("__id__")})
+            self.ledger.record({"__id__": inputs.pop("__id__")}, last=False)
         return super().training_step(model, inputs, *args, **kwargs)
 
-    def open_ledger(self) -> None:
-        """Starts this run's ledger generation (at train begin, on every rank)."""
-        if self.ledger_dir is None or self.ledger is not None:
-            return
-        resume_step = None
-        if self._resume_from is not None:
-            resume_step = _resume_step(Path(self._resume_from))
-        dataset = self.train_dataset
-        assert isinstance(dataset, StreamingDataset)  # checked at construction
-        self.ledger = Ledger(
-            self.ledger_dir,
-            dataset,
-            resume_step=resume_step,
-            num_workers=max(self.args.dataloader_num_workers, 1),
-        )
 
-    def close_ledger(self) -> None:
-        """Makes the ledger's records durable and closes it."""
-        if self.ledger is not None:
-            self.ledger.close()
-            self.ledger = None
-
-
-def _resume_step(checkpoint: Path) -> int:
-    """The step a run resumed from ``checkpoint`` records first."""
-    path = checkpoint / LEDGER_FILE
+def _ledger_entry(checkpoint: Path) -> Any:
+    """The ledger's entry of ``checkpoint`` (``{"resume_step": int}``)."""
     try:
-        entry = json.loads(path.read_text())
+        return json.loads((checkpoint / LEDGER_FILE).read_text())
     except FileNotFoundError:
         raise ValueError(
             f"the checkpoint {checkpoint} holds no {LEDGER_FILE}: it was saved by a run "
             "without ledger_dir, so the ledger cannot continue from it; start a new ledger "
             "folder for this run"
         ) from None
-    step = entry.get("resume_step") if isinstance(entry, Mapping) else None
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"{path}: not {{'resume_step': int}}: {entry!r}")
-    return step
 
 
 class _LedgerCallback(TrainerCallback):  # type: ignore[misc]
-    """The ledger's bookkeeping at train begin, epoch ends and checkpoints."""
+    """The ledger's bookkeeping at epoch ends and checkpoints."""
 
-    def __init__(self, trainer: StreamingTrainer) -> None:
-        self.trainer = trainer
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.trainer.open_ledger()
+    def __init__(self, ledger: LoaderLedger) -> None:
+        self.ledger = ledger
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        ledger = self.trainer.ledger
-        if ledger is not None and ledger.last_epoch is not None:
-            ledger.epoch_end(ledger.last_epoch)
+        self.ledger.epoch_end()
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        ledger = self.trainer.ledger
-        if ledger is None:
-            return
-        step = ledger.checkpoint()
+        entry = self.ledger.state_dict()  # on every rank: durable
         if state.is_world_process_zero:
             folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-            (folder / LEDGER_FILE).write_text(json.dumps({"resume_step": step}))
+            (folder / LEDGER_FILE).write_text(json.dumps(entry))
