@@ -14,16 +14,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
-use crate::config::StoreOptions;
+use crate::config::{StoreOptions, StreamOptions};
 use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
-use crate::ledger::explain::SavedPosition;
+use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::resolve;
 use crate::shard::Shard;
+use crate::shuffle::ShuffleBounds;
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
@@ -188,9 +189,15 @@ enum Command {
         /// several ranks, or a manifest, it always does).
         #[arg(long)]
         count_samples: bool,
-        /// The dataset's shuffle_buffer: explain answers for 0 only.
-        #[arg(long, default_value_t = 0)]
+        /// The dataset's shuffle_buffer (samples; 0: none).
+        #[arg(long, default_value_t = StreamOptions::default().shuffle_buffer)]
         shuffle_buffer: usize,
+        /// The dataset's shuffle_buffer_bytes.
+        #[arg(long, default_value_t = StreamOptions::default().shuffle_buffer_bytes)]
+        shuffle_buffer_bytes: usize,
+        /// The dataset's shuffle_initial.
+        #[arg(long, default_value_t = StreamOptions::default().shuffle_initial)]
+        shuffle_initial: usize,
         /// Drop the samples that do not divide evenly among ranks, or pad.
         #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
         remainder: String,
@@ -317,6 +324,8 @@ where
             no_shuffle,
             count_samples,
             shuffle_buffer,
+            shuffle_buffer_bytes,
+            shuffle_initial,
             remainder,
             manifest,
             no_manifest,
@@ -345,7 +354,11 @@ where
                     rank,
                     step,
                     batch_size,
-                    shuffle_buffer,
+                    shuffle: ShuffleBounds {
+                        max_items: shuffle_buffer,
+                        max_bytes: shuffle_buffer_bytes,
+                        initial: shuffle_initial,
+                    },
                     count_samples,
                     saved: saved.map(|(_, position)| position),
                 };
@@ -739,7 +752,8 @@ struct ExplainStep {
     rank: usize,
     step: u64,
     batch_size: u64,
-    shuffle_buffer: usize,
+    /// The dataset's shuffle buffer (`max_items` 0: none).
+    shuffle: ShuffleBounds,
     count_samples: bool,
     /// Where the rank's workers stood in a saved state (`--state`).
     saved: Option<SavedPosition>,
@@ -768,14 +782,10 @@ fn explain(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, ask.rank, params.num_workers, 0)?;
-    if ask.shuffle_buffer > 0 {
+    if ask.shuffle.max_bytes == 0 {
         return Err(Error::Config {
-            name: "--shuffle-buffer",
-            reason: "with a shuffle buffer, which sample leaves it when depends on the bytes \
-                     of the samples it holds (shuffle_buffer_bytes), not on the plan alone: \
-                     explain answers for shuffle_buffer=0; the ledger (sample_ids=True) \
-                     records what each step saw"
-                .into(),
+            name: "--shuffle-buffer-bytes",
+            reason: "must be at least 1, as the dataset's shuffle_buffer_bytes".into(),
         });
     }
     // The plan the dataset makes: over counted shards with several ranks
@@ -789,6 +799,24 @@ fn explain(
     } else {
         planned.iter().map(Shard::info).collect()
     };
+    // A held sample's bytes are at most its span in the shard (a manifest's).
+    let sample_bytes = |shard: usize, index: u64| {
+        let spans = shards.get(shard)?.index.as_ref()?;
+        Some(spans.length(index))
+    };
+    let replay = (ask.shuffle.max_items > 0).then_some(BufferReplay {
+        bounds: ask.shuffle,
+        sample_bytes: &sample_bytes,
+    });
+    let start = match (&ask.saved, &replay) {
+        // A state holding samples handed out was saved without a buffer
+        // (one with a buffer is refused when read): it goes on from there.
+        (Some(saved), Some(_)) if saved.produced.iter().all(|&n| n == 0) => {
+            Start::Fresh(replay.as_ref())
+        }
+        (Some(saved), _) => Start::Saved(saved),
+        (None, replay) => Start::Fresh(replay.as_ref()),
+    };
     let found = ledger::explain::explain_step(
         &infos,
         &counts,
@@ -796,7 +824,7 @@ fn explain(
         ask.rank,
         ask.step,
         ask.batch_size,
-        ask.saved.as_ref(),
+        start,
     );
     let step = match found {
         Ok(step) => step,
@@ -828,6 +856,19 @@ fn explain(
                 ),
             })
         }
+        Err(ledger::explain::ExplainError::BufferBytes { worker, position }) => {
+            return Err(Error::Config {
+                name: "--shuffle-buffer-bytes",
+                reason: format!(
+                    "the samples worker {worker}'s shuffle buffer holds may pass {} bytes \
+                     when sample {position} of its slot arrives (by their byte spans in the \
+                     manifest), which lets a sample out early: which one depends on their \
+                     bytes, so the plan alone cannot name this step's samples; the ledger \
+                     (sample_ids=True) records what each step saw",
+                    ask.shuffle.max_bytes
+                ),
+            })
+        }
         Err(ledger::explain::ExplainError::CountsUnknown) => {
             return Err(Error::Config {
                 name: "SPEC",
@@ -852,6 +893,14 @@ fn explain(
         step.worker_batch,
         step.samples.len()
     )?;
+    if step.buffer == BufferCheck::BytesUnknown {
+        eprintln!(
+            "note: the shuffle buffer is replayed by its sample count; this is exact unless \
+             the samples it held passed {} bytes (shuffle_buffer_bytes), which explain cannot \
+             check without a manifest (`shardstream index`) giving each sample's byte span",
+            ask.shuffle.max_bytes
+        );
+    }
     for (shard, index) in step.samples {
         let at = match &shards[shard].index {
             Some(spans) => format!(" (bytes {}+{})", spans.offset(index), spans.length(index)),

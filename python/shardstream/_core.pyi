@@ -49,6 +49,7 @@ __all__ = [
     "default_options",
     "default_s3_options",
     "default_writer_options",
+    "encode_ledger_records",
     "mix_counts",
     "mix_order",
     "option_table",
@@ -481,6 +482,18 @@ def mix_order(
 ) -> bytes:
     """The order in which a slot takes ``counts[s]`` samples of each stream ``s``: one
     byte per sample, the stream's index."""
+
+def encode_ledger_records(
+    steps: list[int],
+    epochs: list[int | None],
+    kinds: list[int],
+    counts: list[int],
+    ids: Any,
+) -> bytes:
+    """The bytes of ledger records ``(steps[r], epochs[r], kinds[r])`` (an epoch of
+    ``None``: the record's first sample's), record ``r`` holding the next ``counts[r]``
+    samples of ``ids`` (``int64``: a ``(N, 3)`` array or its three columns).
+    ``ValueError`` for a step whose samples are of several epochs."""
 
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ._core import option_table
+import numpy as np
+import torch
+
+from ._core import encode_ledger_records, option_table
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from .dataset import StreamingDataset
 
 __all__ = ["Ledger"]
@@ -41,8 +41,6 @@ NARROW_IDS = 0x100
 """The bit of a record's kind that says its ids are narrow: ``u32`` shard
 index and ``u32`` index in the shard (8 bytes a sample, not 16)."""
 
-_HEADER = struct.Struct("<QQII")
-
 BUFFER_BYTES = 1 << 20
 """The rank file's write buffer."""
 
@@ -50,7 +48,10 @@ FLUSH_SAMPLES = 1 << 16
 """Records are queued until they hold this many samples (or a checkpoint,
 an epoch's end or ``close`` comes), then written together."""
 
-_Columns = tuple["np.ndarray", "np.ndarray", "np.ndarray"]
+_Queued = tuple[int, int | None, int, Any, int]
+"""A record waiting to be written: step, epoch (``None``: its first
+sample's), kind, the ids as ``_plain_ids`` kept them (``None`` for an
+epoch's end) and their count."""
 
 
 def _generation_dir(generation: int) -> str:
@@ -110,8 +111,6 @@ def dataset_meta(dataset: StreamingDataset) -> dict[str, Any]:
 
 def _as_array(value: Any) -> np.ndarray:
     """A tensor (on any device), array, list or int as a numpy array."""
-    import numpy as np
-
     if hasattr(value, "detach"):
         if value.requires_grad or value.device.type != "cpu":
             value = value.detach().cpu()
@@ -124,8 +123,6 @@ def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     can be) of ``batch``'s ``__id__``: a DataLoader batch (a list of 3
     tensors), a Rust batch (a ``(B, 3)`` array) or one sample (a tuple of 3
     ints). Raises ``ValueError`` when there is none."""
-    import numpy as np
-
     if not isinstance(batch, Mapping) or "__id__" not in batch:
         kind = f"keys {sorted(batch)[:8]}" if isinstance(batch, Mapping) else type(batch).__name__
         raise ValueError(
@@ -156,48 +153,80 @@ def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return epoch, shard, index
 
 
-def _plain_ids(batch: Any) -> Any:
-    """``batch``'s ``__id__`` as the common batches hold it, without a copy
-    or a check beyond its form: a ``(B, 3)`` ``int64`` array (Rust
-    batches), or three 1-D ``int64`` CPU tensors or arrays of one length
-    (DataLoader's default collate) as a tuple of arrays. ``None`` for any
+def _plain_ids(batch: Any) -> tuple[Any, int] | None:
+    """``batch``'s ``__id__`` as the common batches hold it, kept without a
+    copy, and its sample count: a ``(B, 3)`` ``int64`` array (Rust
+    batches), or three 1-D columns of one length (DataLoader's default
+    collate): ``int64`` arrays, or tensors, whose type and device
+    ``_JoinBuffers.join`` checks when the records are written. ``None`` for any
     other form, which ``id_columns`` reads (or refuses)."""
-    import numpy as np
-
-    ids = batch.get("__id__") if isinstance(batch, Mapping) else None
-    if type(ids) is np.ndarray:
+    ids = batch.get("__id__") if type(batch) is dict or isinstance(batch, Mapping) else None
+    kind = type(ids)
+    if kind is np.ndarray:
         if ids.ndim == 2 and ids.shape[1] == 3 and ids.dtype == np.int64 and len(ids):
-            return ids
+            return ids, len(ids)
         return None
-    if type(ids) is not list or len(ids) != 3:
+    if kind is not list or len(ids) != 3:
         return None
-    columns = []
-    for column in ids:
-        if hasattr(column, "numpy") and type(column) is not np.ndarray:
-            try:
-                column = column.numpy()  # a tensor on the CPU, without grad: a view
-            except (TypeError, RuntimeError):
-                return None  # on a device, or with grad: id_columns copies it
-        if type(column) is not np.ndarray or column.ndim != 1 or column.dtype != np.int64:
+    first, second, third = ids
+    kind = type(first)
+    if kind is torch.Tensor:
+        if type(second) is not kind or type(third) is not kind:
             return None
-        columns.append(column)
-    count = len(columns[0])
-    if count == 0 or len(columns[1]) != count or len(columns[2]) != count:
+    elif kind is not np.ndarray or any(c.dtype != np.int64 for c in ids):
         return None
-    return tuple(columns)
+    shape = first.shape
+    if len(shape) != 1 or shape[0] == 0 or second.shape != shape or third.shape != shape:
+        return None
+    return ids, shape[0]
 
 
-def _id_columns_of(ids: Any) -> tuple[Any, Any, Any]:
-    """The ``int64`` epoch, shard and index columns (views) of what
-    ``_plain_ids`` returned or ``_record`` made of ``id_columns``."""
-    if isinstance(ids, tuple):
-        return ids  # type: ignore[return-value]
-    return ids[:, 0], ids[:, 1], ids[:, 2]
+class _JoinBuffers:
+    """Where a flush joins the ids it writes, kept from one flush to the
+    next: a fresh array of a flush's size (1.5 MB at ``FLUSH_SAMPLES``)
+    would be faulted in page by page at each flush, which costs more than
+    the rest of recording (16 ns a sample against 2, measured)."""
 
+    def __init__(self) -> None:
+        self.rows = np.empty((0, 3), np.int64)
+        self.columns = torch.empty((3, 0), dtype=torch.int64)
 
-def _id_count(ids: Any) -> int:
-    """The samples of what ``_plain_ids`` returned (or ``_record`` made)."""
-    return len(ids[0]) if isinstance(ids, tuple) else len(ids)
+    def join(self, payloads: list[Any], count: int) -> Any:
+        """The ids ``_plain_ids`` kept (or ``_record`` made of
+        ``id_columns``), ``count`` of them, in order, as
+        ``encode_ledger_records`` takes them: the Rust batches' arrays
+        joined in one ``(N, 3)`` array, tensors joined per column (one
+        transfer from a device for all of them), else three columns."""
+        if all(type(ids) is np.ndarray for ids in payloads):
+            if len(self.rows) < count:
+                self.rows = np.empty((max(count, FLUSH_SAMPLES), 3), np.int64)
+            return np.concatenate(payloads, out=self.rows[:count])
+        if all(type(ids[0]) is torch.Tensor for ids in payloads):
+            # Integer ids need no detach; another type, or tensors on
+            # several devices, fail the join and are read one by one below.
+            try:
+                if payloads[0][0].device.type != "cpu":
+                    joined = [torch.cat([ids[c] for ids in payloads]) for c in range(3)]
+                    if all(t.dtype == torch.int64 for t in joined):
+                        return tuple(t.cpu().numpy() for t in joined)
+                else:
+                    if self.columns.shape[1] < count:
+                        self.columns = torch.empty((3, max(count, FLUSH_SAMPLES)), dtype=torch.int64)
+                    out = self.columns[:, :count]
+                    for c in range(3):
+                        torch.cat([ids[c] for ids in payloads], out=out[c])
+                    return tuple(out.numpy())
+            except (RuntimeError, TypeError):
+                pass
+        parts: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
+        for ids in payloads:
+            if type(ids) is np.ndarray:
+                columns = (ids[:, 0], ids[:, 1], ids[:, 2])
+            else:
+                columns = tuple(c.view(np.int64) for c in id_columns({"__id__": ids}))
+            for part, column in zip(parts, columns, strict=True):
+                part.append(column)
+        return tuple(np.ascontiguousarray(np.concatenate(part)) for part in parts)
 
 
 def _not_ids(got: str) -> ValueError:
@@ -207,8 +236,6 @@ def _not_ids(got: str) -> ValueError:
 def sample_ids(batch: Any) -> np.ndarray:
     """The ``(epoch, shard, index)`` rows of ``batch``'s ``__id__`` (see
     ``id_columns``), as a ``(B, 3)`` ``uint64`` array."""
-    import numpy as np
-
     return np.stack(id_columns(batch), axis=1)
 
 
@@ -290,10 +317,10 @@ class Ledger:
         }
         self.generation = self._open_generation(meta)
         self._file: BinaryIO | None = None
-        self._queued: list[tuple[int, int, int, _Columns | None]] = []
+        self._queued: list[_Queued] = []
         self._queued_samples = 0
-        self.last_epoch: int | None = None
-        """The epoch of the last batch recorded."""
+        self._last_ids: Any = None
+        self._join = _JoinBuffers()
         if self._writes:
             path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
             self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (closed by close())
@@ -361,67 +388,40 @@ class Ledger:
             )
         return generation
 
-    def _write(self, step: int, epoch: int, kind: int, columns: _Columns | None) -> None:
+    def _write(self, step: int, epoch: int | None, kind: int, ids: Any, count: int) -> None:
         """Queues a record: written with the others at the next flush (when
         the queue holds FLUSH_SAMPLES, and at checkpoints, epoch ends and
-        close), so that a step costs a few microseconds whatever its size."""
+        close), so that a step costs a microsecond or two whatever its size."""
         if self._file is None:
             if self._writes:
                 raise ValueError(f"ledger {self.path} rank {self.rank} is closed")
             return
-        self._queued.append((step, epoch, kind, columns))
-        self._queued_samples += 0 if columns is None else _id_count(columns)
+        self._queued.append((step, epoch, kind, ids, count))
+        self._queued_samples += count
         if self._queued_samples >= FLUSH_SAMPLES:
             self._flush()
 
     def _flush(self) -> None:
         """Writes the queued records: each its header and its (shard, index)
-        pairs. Buffered: a crash leaves at most the last record cut short,
-        and loses only records after the last checkpoint, which the resumed
-        run's generation supersedes."""
-        import numpy as np
-
+        pairs (``encode_ledger_records``, which checks that each step's
+        samples are of one epoch). Buffered: a crash leaves at most the last
+        record cut short, and loses only records after the last checkpoint,
+        which the resumed run's generation supersedes."""
         queued, self._queued, self._queued_samples = self._queued, [], 0
         if self._file is None or not queued:
             return
-        payloads = [q[3] for q in queued if q[3] is not None]
-        counts = [0 if q[3] is None else _id_count(q[3]) for q in queued]
-        if payloads and all(type(ids) is np.ndarray for ids in payloads):
-            rows: np.ndarray = np.concatenate(payloads)  # Rust batches: one (B, 3) array each
-            epochs, shards, indices = rows[:, 0], rows[:, 1], rows[:, 2]
-        else:
-            parts: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
-            for ids in payloads:
-                for part, column in zip(parts, _id_columns_of(ids), strict=True):
-                    part.append(column)
-            epochs, shards, indices = (
-                np.concatenate(part) if part else np.empty(0, np.int64) for part in parts
+        payloads = [q[3] for q in queued if q[4]]
+        counts = [q[4] for q in queued]
+        ids = self._join.join(payloads, sum(counts)) if payloads else np.empty((0, 3), np.int64)
+        self._file.write(
+            encode_ledger_records(
+                [q[0] for q in queued],
+                [q[1] for q in queued],
+                [q[2] for q in queued],
+                counts,
+                ids,
             )
-        taken = np.array([n for n in counts if n], dtype=np.int64)
-        firsts = np.array([q[1] for q in queued if q[3] is not None], dtype=np.int64)
-        mixed = epochs != np.repeat(firsts, taken)
-        if mixed.any():
-            at = int(np.searchsorted(np.cumsum(taken), np.argmax(mixed), "right"))
-            step = [q[0] for q in queued if q[3] is not None][at]
-            raise ValueError(
-                f"a step's samples come from one epoch; step {step} has samples of "
-                f"epochs {np.unique(_id_columns_of(payloads[at])[0]).tolist()}"
-            )
-        # The ids are never negative: int64 is read as uint64 in place.
-        # Narrow ids (8 bytes a sample) when every one fits in 32 bits.
-        narrow = len(epochs) == 0 or max(int(shards.max()), int(indices.max())) < 1 << 32
-        pairs = np.empty((len(epochs), 2), dtype="<u4" if narrow else "<u8")
-        pairs[:, 0] = shards if narrow else shards.view(np.uint64)
-        pairs[:, 1] = indices if narrow else indices.view(np.uint64)
-        body = memoryview(pairs.tobytes())
-        id_bytes, flag = (8, NARROW_IDS) if narrow else (16, 0)
-        write, pack = self._file.write, _HEADER.pack
-        offset = 0
-        for (step, epoch, kind, _), count in zip(queued, counts, strict=True):
-            write(pack(step, epoch, count, kind | flag if count else kind))
-            if count:
-                write(body[offset : offset + id_bytes * count])
-                offset += id_bytes * count
+        )
 
     def record(self, batch: Any, step: int | None = None) -> int:
         """Records the samples of ``batch`` as trained at ``step`` (default:
@@ -429,26 +429,32 @@ class Ledger:
         ``resume_step``). Returns the step."""
         return self._record(batch, step, TRAINED)
 
-    def _record(self, batch: Any, step: int | None, kind: int) -> int:
-        import numpy as np
+    @property
+    def last_epoch(self) -> int | None:
+        """The epoch of the last batch recorded (``None`` before the first)."""
+        ids = self._last_ids
+        if ids is None:
+            return None
+        return int(ids[0, 0]) if type(ids) is np.ndarray else int(ids[0][0])
 
+    def _record(self, batch: Any, step: int | None, kind: int) -> int:
         # The ids are kept as the batch holds them (no copy, no per-step
         # check beyond their form): the records are checked and written
         # together (``_flush``), so that a step costs a microsecond or two.
-        ids = _plain_ids(batch)
-        if ids is None:
+        plain = _plain_ids(batch)
+        if plain is None:
             columns = id_columns(batch)
             if len(columns[0]) == 0:
                 raise ValueError("a step's batch has no samples")
-            ids = tuple(c.view(np.int64) for c in columns)
+            plain = [c.view(np.int64) for c in columns], len(columns[0])
+        ids, count = plain
         step = self._next_step if step is None else step
         if step < self.start_step:
             raise ValueError(
                 f"step {step} is before this run's first step {self.start_step} (resume_step)"
             )
-        # Every sample's epoch is checked against the first when written.
-        self.last_epoch = int(ids[0][0]) if isinstance(ids, tuple) else int(ids[0, 0])
-        self._write(step, self.last_epoch, kind, ids)
+        self._write(step, None, kind, ids, count)
+        self._last_ids = ids
         self._last_step = step
         self._next_step = step + 1
         return step
@@ -456,7 +462,7 @@ class Ledger:
     def epoch_end(self, epoch: int) -> None:
         """Records that this rank has taken every batch of ``epoch``."""
         step = self._last_step if self._last_step is not None else self.start_step
-        self._write(step, epoch, EPOCH_END, None)
+        self._write(step, epoch, EPOCH_END, None, 0)
         self._flush()
 
     def track(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -466,12 +472,13 @@ class Ledger:
         workers = getattr(loader, "num_workers", None)
         if not self._num_workers_given and isinstance(workers, int) and self._last_step is None:
             self._set_num_workers(max(workers, 1))
-        epoch = None
+        recorded = False
         for batch in loader:
             self.record(batch)
-            epoch = self.last_epoch
+            recorded = True
             yield batch
-        if epoch is not None:
+        epoch = self.last_epoch
+        if recorded and epoch is not None:
             self.epoch_end(epoch)
 
     def _set_num_workers(self, num_workers: int) -> None:

@@ -1,16 +1,26 @@
-//! Which samples a step of a rank sees, from the plan alone (plans without
-//! a shuffle buffer): each DataLoader worker of the rank reads its slot's
-//! units in order and makes batches of `batch_size` consecutive samples
-//! (the last one shorter), a whole shard counted by its sample count; the
-//! DataLoader hands out the workers' batches in turn, worker 0 first,
-//! passing over a worker that has none left. From a saved state, each
-//! worker goes on after the samples it handed out, and the turn starts at
-//! the worker after the one whose batch came last (as `StatefulDataLoader`
-//! resumes).
+//! Which samples a step of a rank sees, from the plan alone: each
+//! DataLoader worker of the rank reads its slot's units in order, passes
+//! them through its shuffle buffer (replayed with the slot's RNG, as the
+//! pipeline draws it), and makes batches of `batch_size` consecutive
+//! samples (the last one shorter), a whole shard counted by its sample
+//! count; the DataLoader hands out the workers' batches in turn, worker 0
+//! first, passing over a worker that has none left. From a saved state
+//! (plans without a shuffle buffer), each worker goes on after the samples
+//! it handed out, and the turn starts at the worker after the one whose
+//! batch came last (as `StatefulDataLoader` resumes).
+//!
+//! A buffer also lets a sample out early when the samples it holds pass
+//! its byte bound, which depends on their bytes: the replay is exact when
+//! that never happens, which it checks where each held sample's bytes have
+//! a known upper bound (a manifest's byte spans), and cannot check
+//! otherwise.
 
-use std::ops::Range;
+use std::ops::{ControlFlow, Range};
 
+use crate::byte_size::ByteSize;
+use crate::plan::order::{rng_for, Purpose};
 use crate::plan::{self, PlanParams, ShardInfo, SlotSpec, WorkUnit};
+use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::state::{runs_digest, SlotState, STATE_FORMAT};
 
 /// The `format` of a loader state that gathers every rank's.
@@ -27,6 +37,40 @@ pub struct SavedPosition {
     pub next_worker: usize,
 }
 
+/// Where the workers of a rank start.
+#[derive(Clone, Copy)]
+pub enum Start<'a> {
+    /// At the epoch's start, through their shuffle buffers (none: `None`).
+    Fresh(Option<&'a BufferReplay<'a>>),
+    /// Where a saved state left them (a plan without a shuffle buffer).
+    Saved(&'a SavedPosition),
+}
+
+/// The shuffle buffer of each worker, as explain replays it.
+#[derive(Clone, Copy)]
+pub struct BufferReplay<'a> {
+    /// The dataset's bounds (`shuffle_buffer`, `shuffle_buffer_bytes`,
+    /// `shuffle_initial`).
+    pub bounds: ShuffleBounds,
+    /// The bytes sample `(shard, index)` holds in the buffer at most, when
+    /// known: its byte span in the shard, from a manifest (its members'
+    /// headers name its key and fields, and the data follows them).
+    pub sample_bytes: &'a dyn Fn(usize, u64) -> Option<u64>,
+}
+
+/// Whether the replayed shuffle buffer is known to be exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferCheck {
+    /// No shuffle buffer.
+    NoBuffer,
+    /// The samples it held stayed within its byte bound, by their known
+    /// upper bounds: the replay is exact.
+    WithinBytes,
+    /// Some held sample's bytes are unknown: exact only if the samples it
+    /// held stayed within its byte bound.
+    BytesUnknown,
+}
+
 /// The samples of one step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepSamples {
@@ -36,6 +80,8 @@ pub struct StepSamples {
     pub worker_batch: u64,
     /// The samples, as `(shard index, index in shard)`, in batch order.
     pub samples: Vec<(usize, u64)>,
+    /// Whether the shuffle buffer's replay is known to be exact.
+    pub buffer: BufferCheck,
 }
 
 /// `(epoch, world_size, num_workers)` and where the workers of rank `rank`
@@ -163,13 +209,23 @@ pub enum ExplainError {
         /// The worker.
         worker: usize,
     },
+    /// The samples a worker's shuffle buffer held may have passed its byte
+    /// bound (by their upper bounds), which would let one out early: which
+    /// one depends on their bytes.
+    BufferBytes {
+        /// The worker.
+        worker: usize,
+        /// The sample (of its slot, from 0) whose arrival may have passed it.
+        position: u64,
+    },
 }
 
 /// The samples step `step` of `rank` sees with batches of `batch_size` (at
 /// least 1), under `params`: the plan is made of `shards` as the dataset
 /// knows them, and a whole shard that plan deals (no sample count known to
 /// it) holds `counts[shard]` samples. Steps count from 0 at the epoch's
-/// start, or, with `saved`, at the first step after resuming from it.
+/// start, or, from a saved position, at the first step after resuming
+/// from it.
 pub fn explain_step(
     shards: &[ShardInfo],
     counts: &[Option<u64>],
@@ -177,8 +233,12 @@ pub fn explain_step(
     rank: usize,
     step: u64,
     batch_size: u64,
-    saved: Option<&SavedPosition>,
+    start: Start<'_>,
 ) -> Result<StepSamples, ExplainError> {
+    let (saved, buffer) = match start {
+        Start::Fresh(buffer) => (None, buffer),
+        Start::Saved(saved) => (Some(saved), None),
+    };
     let workers: Vec<Vec<WorkUnit>> = (0..params.num_workers)
         .map(|worker| {
             let slot = SlotSpec {
@@ -244,15 +304,107 @@ pub fn explain_step(
             let worker = active[left as usize];
             let from = offsets[worker] + round * batch_size;
             let to = (from + batch_size).min(counts[worker]);
+            let (samples, check) = match buffer {
+                None => (
+                    samples_between(&runs[worker], from..to),
+                    BufferCheck::NoBuffer,
+                ),
+                Some(buffer) => {
+                    let slot = rank * params.num_workers + worker;
+                    let rng = rng_for(params.seed, params.epoch, Purpose::ShuffleBuffer { slot });
+                    let (mut out, check) = shuffled(&runs[worker], buffer, rng, to)
+                        .map_err(|position| ExplainError::BufferBytes { worker, position })?;
+                    (out.split_off(from as usize), check)
+                }
+            };
             return Ok(StepSamples {
                 worker,
                 worker_batch: from / batch_size,
-                samples: samples_between(&runs[worker], from..to),
+                samples,
+                buffer: check,
             });
         }
         left -= active.len() as u64;
         round += 1;
     }
+}
+
+/// A sample held by a replayed shuffle buffer: its shard and index, and
+/// its bytes at most when known. The replay bounds the buffer by items
+/// only, and checks the bytes apart.
+struct Held {
+    shard: usize,
+    index: u64,
+    bytes: Option<u64>,
+}
+
+impl ByteSize for Held {
+    fn byte_size(&self) -> usize {
+        0
+    }
+}
+
+/// The first `upto` samples a worker's shuffle buffer lets out of its
+/// slot's `runs`, as the pipeline's buffer does with `rng` (the slot's),
+/// and whether that is known to be exact; `Err(position)`: the held
+/// samples' upper bounds pass the byte bound when the sample at
+/// `position` arrives.
+fn shuffled(
+    runs: &[(usize, Range<u64>)],
+    replay: &BufferReplay<'_>,
+    rng: rand_chacha::ChaCha8Rng,
+    upto: u64,
+) -> Result<(Vec<(usize, u64)>, BufferCheck), u64> {
+    let bounds = ShuffleBounds {
+        max_bytes: usize::MAX,
+        ..replay.bounds
+    };
+    let limit = u64::try_from(replay.bounds.max_bytes).unwrap_or(u64::MAX);
+    let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
+    let mut out: Vec<(usize, u64)> = Vec::new();
+    // The held samples' bytes at most, while every one is known.
+    let mut held_bytes = Some(0u64);
+    let inputs = runs
+        .iter()
+        .flat_map(|(shard, samples)| samples.clone().map(move |index| (*shard, index)));
+    for (position, (shard, index)) in inputs.enumerate() {
+        if out.len() as u64 >= upto {
+            break;
+        }
+        let bytes = (replay.sample_bytes)(shard, index);
+        let held = Held {
+            shard,
+            index,
+            bytes,
+        };
+        // The buffer lets samples out while it holds its count; the
+        // pipeline's goes on while the bytes held and the new sample's
+        // pass the byte bound, which must not happen for the replay to
+        // be exact.
+        let _ = buffer.push(held, |evicted| {
+            let item = evicted.item;
+            held_bytes = held_bytes.zip(item.bytes).map(|(h, b)| h - b);
+            out.push((item.shard, item.index));
+            ControlFlow::Continue(())
+        });
+        held_bytes = held_bytes.zip(bytes).map(|(h, b)| h.saturating_add(b));
+        if held_bytes.is_some_and(|total| total > limit) && buffer.len() > 1 {
+            return Err(position as u64);
+        }
+    }
+    while (out.len() as u64) < upto {
+        let Some((_, item)) = buffer.pop_random() else {
+            break;
+        };
+        out.push((item.shard, item.index));
+    }
+    out.truncate(upto as usize);
+    let check = if held_bytes.is_some() {
+        BufferCheck::WithinBytes
+    } else {
+        BufferCheck::BytesUnknown
+    };
+    Ok((out, check))
 }
 
 /// The samples at positions `range` of a slot's runs, in order.
@@ -314,14 +466,14 @@ mod tests {
         let s = shards(&[6, 4]);
         let p = params(1, 2);
         let counts = [None, None];
-        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Fresh(None)).unwrap();
         assert_eq!(step(0).samples, [(0, 0), (0, 1)]);
         assert_eq!((step(1).worker, step(1).samples), (1, vec![(0, 5), (1, 0)]));
         assert_eq!(step(2).samples, [(0, 2), (0, 3)]);
         assert_eq!(step(4).samples, [(0, 4)]);
         assert_eq!(step(5).samples, [(1, 3)]);
         assert_eq!(
-            explain_step(&s, &counts, &p, 0, 6, 2, None),
+            explain_step(&s, &counts, &p, 0, 6, 2, Start::Fresh(None)),
             Err(ExplainError::PastTheEnd { steps: 6 })
         );
     }
@@ -336,7 +488,9 @@ mod tests {
         for rank in 0..2 {
             let mut seen = Vec::new();
             let mut step = 0;
-            while let Ok(samples) = explain_step(&s, &[None; 4], &p, rank, step, 2, None) {
+            while let Ok(samples) =
+                explain_step(&s, &[None; 4], &p, rank, step, 2, Start::Fresh(None))
+            {
                 seen.extend(samples.samples);
                 step += 1;
             }
@@ -351,6 +505,116 @@ mod tests {
     }
 
     #[test]
+    fn a_shuffle_buffer_reorders_each_worker_s_samples_as_the_pipeline_s_does() {
+        let s = shards(&[40, 25, 35]);
+        let p = PlanParams {
+            shuffle_shards: true,
+            seed: 5,
+            ..params(2, 2)
+        };
+        let bounds = ShuffleBounds {
+            max_items: 16,
+            max_bytes: 1 << 20,
+            initial: 4,
+        };
+        let unknown = |_: usize, _: u64| None;
+        let replay = BufferReplay {
+            bounds,
+            sample_bytes: &unknown,
+        };
+        for rank in 0..2 {
+            // Each worker's batches, in its order, from the plain plan.
+            let plain = |step| explain_step(&s, &[None; 3], &p, rank, step, 3, Start::Fresh(None));
+            let mut seen: Vec<Vec<(usize, u64)>> = vec![Vec::new(); 2];
+            let mut step = 0;
+            while let Ok(found) = explain_step(
+                &s,
+                &[None; 3],
+                &p,
+                rank,
+                step,
+                3,
+                Start::Fresh(Some(&replay)),
+            ) {
+                assert_eq!(found.buffer, BufferCheck::BytesUnknown);
+                // The same worker's turn as without a buffer.
+                assert_eq!(plain(step).unwrap().worker, found.worker);
+                seen[found.worker].extend(found.samples);
+                step += 1;
+            }
+            assert!(plain(step).is_err(), "as many steps as without a buffer");
+            for (worker, seen) in seen.iter().enumerate() {
+                // The real buffer, fed the worker's samples in plan order.
+                let slot = rank * 2 + worker;
+                let rng = rng_for(5, 0, Purpose::ShuffleBuffer { slot });
+                let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
+                let mut expected = Vec::new();
+                let units = plan::plan_epoch(&s, &p).slots[slot].clone();
+                for (shard, index) in units
+                    .iter()
+                    .flat_map(|u| u.samples.clone().unwrap().map(move |i| (u.shard, i)))
+                {
+                    let _ = buffer.push(
+                        Held {
+                            shard,
+                            index,
+                            bytes: None,
+                        },
+                        |e| {
+                            expected.push((e.item.shard, e.item.index));
+                            ControlFlow::Continue(())
+                        },
+                    );
+                }
+                while let Some((_, item)) = buffer.pop_random() {
+                    expected.push((item.shard, item.index));
+                }
+                assert_eq!(seen, &expected);
+                let mut in_order = expected.clone();
+                in_order.sort_unstable();
+                assert_ne!(in_order, expected, "the buffer reorders");
+            }
+        }
+    }
+
+    #[test]
+    fn a_buffer_s_byte_bound_is_checked_by_the_samples_known_bytes() {
+        let s = shards(&[50]);
+        let p = params(1, 1);
+        let bounds = ShuffleBounds {
+            max_items: 10,
+            max_bytes: 1000,
+            initial: 10,
+        };
+        let step = |bytes: u64, step: u64| {
+            let known = move |_: usize, _: u64| Some(bytes);
+            let replay = BufferReplay {
+                bounds,
+                sample_bytes: &known,
+            };
+            explain_step(&s, &[None], &p, 0, step, 5, Start::Fresh(Some(&replay)))
+        };
+        // 10 held samples of 100 bytes: within the bound, to the last step.
+        assert_eq!(step(100, 9).unwrap().buffer, BufferCheck::WithinBytes);
+        // 101 bytes each: the 10th sample's arrival may pass it.
+        assert_eq!(
+            step(101, 0),
+            Err(ExplainError::BufferBytes {
+                worker: 0,
+                position: 9
+            })
+        );
+        // A single sample past the bound is held alone, as the buffer does.
+        assert_eq!(
+            step(5000, 0).unwrap_err(),
+            ExplainError::BufferBytes {
+                worker: 0,
+                position: 1
+            }
+        );
+    }
+
+    #[test]
     fn whole_shards_are_batched_with_their_counts() {
         // Balanced by bytes: shard 0 to worker 0, shards 1 and 2 to worker 1.
         let s: Vec<ShardInfo> = [30, 10, 10]
@@ -362,12 +626,20 @@ mod tests {
             .collect();
         let p = params(1, 2);
         let counts = [Some(3), Some(1), Some(2)];
-        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Fresh(None)).unwrap();
         assert_eq!((step(0).worker, step(0).samples), (0, vec![(0, 0), (0, 1)]));
         assert_eq!((step(1).worker, step(1).samples), (1, vec![(1, 0), (2, 0)]));
         assert_eq!(step(3).samples, [(2, 1)]);
         assert_eq!(
-            explain_step(&s, &[Some(3), None, Some(2)], &p, 0, 0, 2, None),
+            explain_step(
+                &s,
+                &[Some(3), None, Some(2)],
+                &p,
+                0,
+                0,
+                2,
+                Start::Fresh(None)
+            ),
             Err(ExplainError::CountsUnknown)
         );
     }
@@ -388,8 +660,8 @@ mod tests {
             ],
             next_worker: 1,
         };
-        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Some(&saved));
-        let whole = |n| explain_step(&s, &counts, &p, 0, n, 2, None).unwrap();
+        let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Saved(&saved));
+        let whole = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Fresh(None)).unwrap();
         for n in 0..3 {
             assert_eq!(step(n).unwrap(), whole(n + 3), "step {n} after the resume");
         }
@@ -399,13 +671,13 @@ mod tests {
             digests: vec![runs_digest(&[(0, 1..5)]), saved.digests[1]],
             ..saved.clone()
         };
-        let found = explain_step(&s, &counts, &p, 0, 0, 2, Some(&other));
+        let found = explain_step(&s, &counts, &p, 0, 0, 2, Start::Saved(&other));
         assert_eq!(found, Err(ExplainError::NotThisPlan { worker: 0 }));
         let too_many = SavedPosition {
             produced: vec![4, 9],
             ..saved
         };
-        let found = explain_step(&s, &counts, &p, 0, 0, 2, Some(&too_many));
+        let found = explain_step(&s, &counts, &p, 0, 0, 2, Start::Saved(&too_many));
         assert_eq!(found, Err(ExplainError::NotThisPlan { worker: 1 }));
     }
 }

@@ -163,6 +163,94 @@ impl Record {
     }
 }
 
+/// A record to encode: its head, and how many of the ids that follow in
+/// the columns are its samples (0 for an epoch's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordHead {
+    /// The optimizer step.
+    pub step: u64,
+    /// The epoch of the step's samples; `None`: its first sample's.
+    pub epoch: Option<u64>,
+    /// What the record says.
+    pub kind: RecordKind,
+    /// Its samples.
+    pub count: usize,
+}
+
+/// A step whose samples are not all of the record's epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MixedEpochs {
+    /// The step.
+    pub step: u64,
+    /// The epochs its samples are of, ascending.
+    pub epochs: Vec<u64>,
+}
+
+impl fmt::Display for MixedEpochs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a step's samples come from one epoch; step {} has samples of epochs {:?}",
+            self.step, self.epochs
+        )
+    }
+}
+
+/// The bytes of `heads`' records, as the writer appends them: each head,
+/// then its `count` ids, taken in turn from `id(i)` = `(epoch, shard,
+/// index)` for `i` in `0..` the heads' total count; narrow ([`NARROW_IDS`])
+/// when each of a record's shard indices and indices fits in a `u32`. Every
+/// id's epoch must be its record's.
+pub fn encode_records(
+    heads: &[RecordHead],
+    id: impl Fn(usize) -> (u64, u64, u64),
+) -> Result<Vec<u8>, MixedEpochs> {
+    let total: usize = heads.iter().map(|h| h.count).sum();
+    let mut bytes = Vec::with_capacity(heads.len() * HEADER_BYTES + total * NARROW_ID_BYTES);
+    let mut next = 0usize;
+    for head in heads {
+        let ids = next..next + head.count;
+        next = ids.end;
+        let epoch = match head.epoch {
+            Some(epoch) => epoch,
+            None if head.count > 0 => id(ids.start).0,
+            None => 0,
+        };
+        let mut narrow = head.count > 0;
+        let mut mixed = false;
+        for i in ids.clone() {
+            let (of, shard, index) = id(i);
+            mixed |= of != epoch;
+            narrow &= (shard | index) >> 32 == 0;
+        }
+        if mixed {
+            let mut epochs: Vec<u64> = ids.map(|i| id(i).0).collect();
+            epochs.sort_unstable();
+            epochs.dedup();
+            return Err(MixedEpochs {
+                step: head.step,
+                epochs,
+            });
+        }
+        let count = u32::try_from(head.count).expect("at most u32::MAX samples a step");
+        let code = head.kind.code() | if narrow { NARROW_IDS } else { 0 };
+        bytes.extend_from_slice(&head.step.to_le_bytes());
+        bytes.extend_from_slice(&epoch.to_le_bytes());
+        bytes.extend_from_slice(&count.to_le_bytes());
+        bytes.extend_from_slice(&code.to_le_bytes());
+        for i in ids {
+            let (_, shard, index) = id(i);
+            if narrow {
+                bytes.extend_from_slice(&((index << 32) | shard).to_le_bytes());
+            } else {
+                bytes.extend_from_slice(&shard.to_le_bytes());
+                bytes.extend_from_slice(&index.to_le_bytes());
+            }
+        }
+    }
+    Ok(bytes)
+}
+
 /// The bytes at the end of a rank's file that do not make a whole record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct TornTail {
@@ -408,6 +496,89 @@ mod tests {
         // Cut inside the narrow body: torn at the record's start.
         let log = parse_records(&narrow[..narrow.len() - 1], Path::new("r")).unwrap();
         assert_eq!(log.torn.map(|t| t.offset), Some(0));
+    }
+
+    #[test]
+    fn encoded_records_read_back_narrow_where_they_fit() {
+        let ids = [(3, 1, 2), (3, 7, 9), (3, 1 << 32, 0), (3, 5, 6)];
+        let heads = [
+            RecordHead {
+                step: 4,
+                epoch: None,
+                kind: RecordKind::Trained,
+                count: 2,
+            },
+            RecordHead {
+                step: 5,
+                epoch: Some(3),
+                kind: RecordKind::Skipped,
+                count: 2,
+            },
+            RecordHead {
+                step: 5,
+                epoch: Some(3),
+                kind: RecordKind::EpochEnd,
+                count: 0,
+            },
+        ];
+        let bytes = encode_records(&heads, |i| ids[i]).unwrap();
+        // The first record narrow, the second wide (a shard index past u32).
+        assert_eq!(
+            bytes.len(),
+            3 * HEADER_BYTES + 2 * NARROW_ID_BYTES + 2 * ID_BYTES
+        );
+        let log = parse_records(&bytes, Path::new("r")).unwrap();
+        let expected = vec![
+            Record {
+                step: 4,
+                epoch: 3,
+                kind: RecordKind::Trained,
+                ids: vec![(1, 2), (7, 9)],
+            },
+            Record {
+                step: 5,
+                epoch: 3,
+                kind: RecordKind::Skipped,
+                ids: vec![(1 << 32, 0), (5, 6)],
+            },
+            Record {
+                step: 5,
+                epoch: 3,
+                kind: RecordKind::EpochEnd,
+                ids: vec![],
+            },
+        ];
+        assert_eq!((log.records, log.torn), (expected, None));
+    }
+
+    #[test]
+    fn a_step_of_two_epochs_is_refused_naming_the_step() {
+        let ids = [(1, 0, 0), (1, 0, 1), (2, 0, 2)];
+        let heads = [
+            RecordHead {
+                step: 0,
+                epoch: None,
+                kind: RecordKind::Trained,
+                count: 1,
+            },
+            RecordHead {
+                step: 1,
+                epoch: None,
+                kind: RecordKind::Trained,
+                count: 2,
+            },
+        ];
+        let error = encode_records(&heads, |i| ids[i]).unwrap_err();
+        assert_eq!(
+            error,
+            MixedEpochs {
+                step: 1,
+                epochs: vec![1, 2]
+            }
+        );
+        assert!(error
+            .to_string()
+            .contains("step 1 has samples of epochs [1, 2]"));
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod epoch_table;
 mod errors;
 mod functions;
 mod image;
+mod ledger;
 mod malloc;
 mod mix;
 mod options;
@@ -72,6 +73,8 @@ mod _core {
     };
     #[pymodule_export]
     use super::image::Image;
+    #[pymodule_export]
+    use super::ledger::encode_ledger_records;
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]
