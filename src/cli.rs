@@ -646,18 +646,29 @@ fn resolve_counted(
     Ok(shards)
 }
 
-/// The dataset a ledger recorded (or `specs`, when given), resolved with
-/// its sample counts and the order options the ledger recorded.
+/// What a ledger is checked against: a dataset, or a `Mix` of them.
+enum LedgerData {
+    /// A `StreamingDataset`.
+    Dataset(ledger::verify::Dataset),
+    /// A `Mix`.
+    Mix(ledger::verify_mix::MixDataset),
+}
+
+/// The dataset a ledger recorded (or `specs`, when given: a dataset's
+/// only), resolved with its sample counts and the order options the ledger
+/// recorded; each stream of a mixture the same way.
 fn ledger_dataset(
     generations: &[ledger::file::Generation],
     specs: &[String],
     s3: &StoreOptions,
-) -> std::result::Result<ledger::verify::Dataset, String> {
+) -> std::result::Result<LedgerData, String> {
     let last = &generations[generations.len() - 1];
     let meta = &last.meta.dataset;
     for g in generations {
-        let d = &g.meta.dataset;
-        if d.spec != meta.spec || d.options != meta.options {
+        if g.meta.dataset.spec != meta.spec
+            || g.meta.dataset.options != meta.options
+            || g.meta.dataset.mix != meta.mix
+        {
             return Err(format!(
                 "{} and {} recorded different datasets or options: verify checks one \
                  dataset; move the generations of another job to their own folder",
@@ -666,7 +677,40 @@ fn ledger_dataset(
             ));
         }
     }
-    let specs = if specs.is_empty() { &meta.spec } else { specs };
+    let Some(mix) = &meta.mix else {
+        let specs = if specs.is_empty() { &meta.spec } else { specs };
+        return resolved_dataset(meta, specs, s3).map(LedgerData::Dataset);
+    };
+    if !specs.is_empty() {
+        return Err(
+            "the ledger is of a Mix: verify resolves each stream's spec as the ledger \
+             recorded it (give no SPEC)"
+                .into(),
+        );
+    }
+    let streams = mix
+        .streams
+        .iter()
+        .enumerate()
+        .map(|(i, stream)| {
+            resolved_dataset(stream, &stream.spec, s3).map_err(|e| format!("stream {i}: {e}"))
+        })
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+    Ok(LedgerData::Mix(ledger::verify_mix::MixDataset {
+        streams,
+        policy: mix.policy.parse().map_err(|e: Error| e.to_string())?,
+        weights: mix.weights.clone(),
+        seed: mix.seed,
+    }))
+}
+
+/// `meta`'s dataset resolved from `specs`, with its sample counts (checked
+/// against the ones `meta` recorded) and order options.
+fn resolved_dataset(
+    meta: &ledger::file::DatasetMeta,
+    specs: &[String],
+    s3: &StoreOptions,
+) -> std::result::Result<ledger::verify::Dataset, String> {
     let defaults = crate::config::StreamOptions::default();
     let format = match meta.option("format").as_str() {
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
@@ -720,8 +764,10 @@ fn verify_ledger(
     let checked = ledger::file::read_ledger(dir)
         .map_err(|e| e.to_string())
         .and_then(|generations| {
-            let dataset = ledger_dataset(&generations, specs, s3)?;
-            Ok(ledger::verify::verify(&generations, &dataset))
+            Ok(match ledger_dataset(&generations, specs, s3)? {
+                LedgerData::Dataset(dataset) => ledger::verify::verify(&generations, &dataset),
+                LedgerData::Mix(mix) => ledger::verify_mix::verify_mix(&generations, &mix),
+            })
         });
     let report = match checked {
         Ok(report) => report,

@@ -28,6 +28,7 @@ from ._core import encode_ledger_records, option_table
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
+    from .mix import Mix
 
 __all__ = ["Ledger"]
 
@@ -85,6 +86,28 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_value(v) for v in value]
     return repr(value)
+
+
+def mixture_meta(mix: Mix) -> dict[str, Any]:
+    """What ``shardstream verify`` needs to replay a ``Mix``'s plan: each
+    stream's ``dataset_meta`` and the mixture's weights, policy and seed
+    (its samples' ids number the shards across streams and passes:
+    ``shardstream.mix.mixture_shards``)."""
+    from .mix import mixture_shards
+
+    _, total = mixture_shards(mix.datasets)
+    return {
+        "spec": [],
+        "options": {},
+        "shards": total,
+        "samples": None,
+        "mix": {
+            "streams": [dataset_meta(ds) for ds in mix.datasets],
+            "weights": list(mix.weights),
+            "policy": mix.policy,
+            "seed": mix.seed,
+        },
+    }
 
 
 def dataset_meta(dataset: StreamingDataset) -> dict[str, Any]:
@@ -245,7 +268,9 @@ class Ledger:
 
     Args:
         directory: the ledger folder, shared by every rank (and run) of the job.
-        dataset: the ``StreamingDataset`` (made with ``sample_ids=True``).
+        dataset: the ``StreamingDataset`` (made with ``sample_ids=True``),
+            or a ``Mix`` of such streams (``verify`` then replays the
+            mixture's plan).
         resume_step: the first step this run takes after resuming from a
             checkpoint (the number of steps done when it was saved, as
             ``checkpoint()`` returned it); ``None`` for a fresh run (step 0).
@@ -270,7 +295,7 @@ class Ledger:
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        dataset: StreamingDataset,
+        dataset: StreamingDataset | Mix,
         *,
         resume_step: int | None = None,
         rank: int | None = None,
@@ -287,15 +312,20 @@ class Ledger:
                 raise TypeError(f"Ledger {name}: expected None or an int, got {value!r}")
             if value is not None and value < (1 if name in ("world_size", "num_workers") else 0):
                 raise ValueError(f"Ledger {name}: out of range, got {value}")
-        if not dataset.options["sample_ids"]:
+        streams = getattr(dataset, "datasets", None)
+        mixture = isinstance(streams, list)
+        streams = streams if mixture else [dataset]
+        if not all(ds.options["sample_ids"] for ds in streams):
             raise ValueError(
                 "the dataset hands out no sample ids: create it with sample_ids=True for "
-                "a Ledger to record"
+                "a Ledger to record" + (" (every stream of the Mix)" if mixture else "")
             )
         self.directory = Path(directory)
-        data_rank, data_world = dataset.distributed_slot()
-        process_rank, _ = dataset.process_slot()
-        group = int(dataset.options["model_parallel_size"])
+        # A mixture's streams share one layout: the first one's.
+        layout = streams[0]
+        data_rank, data_world = layout.distributed_slot()
+        process_rank, _ = layout.process_slot()
+        group = int(layout.options["model_parallel_size"])
         self.rank = data_rank if rank is None else rank
         self.world_size = data_world if world_size is None else world_size
         if self.rank >= self.world_size:
@@ -313,7 +343,7 @@ class Ledger:
             "start_step": self.start_step,
             "world_size": self.world_size,
             "num_workers": num_workers if num_workers is not None else 1,
-            "dataset": dataset_meta(dataset),
+            "dataset": mixture_meta(dataset) if mixture else dataset_meta(dataset),  # type: ignore[arg-type]
         }
         self.generation = self._open_generation(meta)
         self._file: BinaryIO | None = None

@@ -362,6 +362,20 @@ class Mix(IterableDataset[Any]):
         )
 
 
+def mixture_shards(datasets: Sequence[StreamingDataset]) -> tuple[list[int], int]:
+    """How a mixture's ``__id__`` numbers its shards: pass ``p`` over stream
+    ``s``'s shard ``k`` is shard ``p * total + offsets[s] + k``, where
+    ``offsets[s]`` counts the shards of the streams before ``s`` and
+    ``total`` those of every stream (``shardstream verify`` reads them
+    back the same way, src/ledger/verify_mix.rs)."""
+    offsets = []
+    total = 0
+    for ds in datasets:
+        offsets.append(total)
+        total += len(ds.shard_list)
+    return offsets, total
+
+
 class _MixIterator:
     """One slot's mixture for one epoch (a ``MixSlot``), with each stream's
     own transform run on its samples as they leave the mixture: the
@@ -372,6 +386,19 @@ class _MixIterator:
         self.mix_slot = mix_slot
         self.epoch = mix_slot.epoch
         self.transforms = [ds.options["transform"] for ds in self.datasets]
+        self.id_shards = mixture_shards(self.datasets)
+
+    def _mixture_id(self, s: int, sample: Any) -> None:
+        """Rewrites ``sample``'s ``__id__`` (its stream's epoch, shard and
+        index) as the mixture's: the mixture's epoch, and the shard
+        numbered across the streams and passes (see ``mixture_shards``)."""
+        ids = sample.get("__id__") if type(sample) is dict else None
+        if ids is None:
+            return
+        epoch, shard, index = ids
+        offsets, total = self.id_shards
+        pass_, mixture_epoch = divmod(epoch, MIX_PASS_STRIDE)
+        sample["__id__"] = (mixture_epoch, pass_ * total + offsets[s] + shard, index)
 
     def __iter__(self) -> _MixIterator:
         return self
@@ -381,6 +408,7 @@ class _MixIterator:
             ds = self.datasets[s]
             if not ds._decode_checked:
                 ds.check_decode_fields(sample)
+            self._mixture_id(s, sample)
             transform = self.transforms[s]
             if transform is None:
                 return sample

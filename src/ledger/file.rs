@@ -71,6 +71,35 @@ pub struct DatasetMeta {
     /// The resume-state fingerprint of the dataset and options, if known.
     #[serde(default)]
     pub fingerprint: Option<String>,
+    /// For a `Mix`: its streams and how it mixes them (`spec` and
+    /// `options` are then empty). Its sample ids are [`MixMeta::id`]s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<MixMeta>,
+}
+
+/// What a `Mix` was: its streams (each as a dataset's meta) and the
+/// mixture's policy, weights and seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MixMeta {
+    /// Each stream's dataset.
+    pub streams: Vec<DatasetMeta>,
+    /// The streams' weights.
+    pub weights: Vec<f64>,
+    /// `stop`, `restart` or `continue`.
+    pub policy: String,
+    /// The mixture's seed.
+    pub seed: u64,
+}
+
+impl MixMeta {
+    /// The shard part of a mixture sample's id: pass `pass` over stream
+    /// `stream`'s shard `shard`, the streams' shards numbered one after the
+    /// other (`offsets[s]`: the shards of the streams before `s`; `total`:
+    /// all of them). The id's epoch is the mixture's, its index the
+    /// sample's in the shard.
+    pub fn id(total: u64, offset: u64, pass: u64, shard: u64) -> u64 {
+        pass * total + offset + shard
+    }
 }
 
 impl DatasetMeta {

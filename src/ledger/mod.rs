@@ -1,9 +1,11 @@
 //! The sample ledger: what each rank's optimizer steps consumed, written
 //! by `shardstream.Ledger` during training ([`file`]: the format, read
 //! back), and its verifier ([`verify`]: each epoch's coverage proved
-//! against the replayed plan, or the first violation named), and which
+//! against the replayed plan, or the first violation named; [`verify_mix`]:
+//! the same for a `Mix`), and which
 //! samples a step sees ([`explain`], from the plan alone).
 
 pub mod explain;
 pub mod file;
 pub mod verify;
+pub mod verify_mix;

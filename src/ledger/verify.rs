@@ -69,13 +69,20 @@ pub struct SampleName {
     pub url: Option<String>,
     /// Index in the shard.
     pub index: u64,
+    /// For a mixture: the stream and the pass over it (0, or a restart).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<(usize, u64)>,
 }
 
 impl fmt::Display for SampleName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.url {
-            Some(url) => write!(f, "sample {} of {url}", self.index),
-            None => write!(f, "sample {} of shard index {}", self.index, self.shard),
+            Some(url) => write!(f, "sample {} of {url}", self.index)?,
+            None => write!(f, "sample {} of shard index {}", self.index, self.shard)?,
+        }
+        match self.stream {
+            Some((stream, pass)) => write!(f, " (stream {stream}, pass {pass})"),
+            None => Ok(()),
         }
     }
 }
@@ -119,6 +126,30 @@ pub enum Violation {
         rank: usize,
         /// The DataLoader worker of that rank whose plan held it.
         worker: usize,
+    },
+    /// A mixture's step took a sample that its plan does not take in the
+    /// epoch (or takes fewer times).
+    NotPlanned {
+        /// The epoch.
+        epoch: u64,
+        /// The sample.
+        sample: SampleName,
+        /// Where it was recorded.
+        place: Place,
+    },
+    /// A complete epoch of a mixture took another number of samples of a
+    /// pass over a stream than its plan takes (a pass read in part).
+    PassCount {
+        /// The epoch.
+        epoch: u64,
+        /// The stream.
+        stream: usize,
+        /// The pass over it.
+        pass: u64,
+        /// Samples taken.
+        taken: u64,
+        /// Samples the plan takes.
+        planned: u64,
     },
     /// The ranks of a generation took different numbers of steps in an epoch.
     UnequalSteps {
@@ -164,6 +195,26 @@ impl fmt::Display for Violation {
                 "epoch {epoch} is complete and {count} samples never came, the first \
                  {sample}, which the plan of generation {generation} gave to rank {rank} \
                  (worker {worker})"
+            ),
+            Violation::NotPlanned {
+                epoch,
+                sample,
+                place,
+            } => write!(
+                f,
+                "{sample} was taken at {place} in epoch {epoch}, which the mixture's plan \
+                 does not take (or takes fewer times) in that epoch"
+            ),
+            Violation::PassCount {
+                epoch,
+                stream,
+                pass,
+                taken,
+                planned,
+            } => write!(
+                f,
+                "epoch {epoch} is complete and took {taken} samples of pass {pass} over \
+                 stream {stream}, whose plan takes {planned}"
             ),
             Violation::UnequalSteps {
                 epoch,
@@ -234,6 +285,10 @@ pub struct EpochReport {
     pub generations: Vec<u64>,
     /// Their world sizes, in the same order.
     pub world_sizes: Vec<usize>,
+    /// Whether a complete epoch's samples were checked against the plan's
+    /// (false for a mixture resumed onto another layout within the epoch,
+    /// whose rest was split anew: then no sample came twice is checked).
+    pub coverage_checked: bool,
     /// The epoch's first violation, if any.
     pub violation: Option<Violation>,
 }
@@ -243,6 +298,9 @@ impl EpochReport {
     pub fn status(&self) -> &'static str {
         match (&self.violation, self.complete) {
             (Some(_), _) => "VIOLATION",
+            (None, true) if !self.coverage_checked => {
+                "at most once (a mixture resumed onto another layout: its rest was split anew)"
+            }
             (None, true) => "exactly once",
             (None, false) => "in progress (no repeat so far)",
         }
@@ -323,16 +381,27 @@ impl fmt::Display for Report {
 
 /// A record that counts, with where it came from.
 #[derive(Debug, Clone, Copy)]
-struct Entry<'a> {
+pub(super) struct Entry<'a> {
     /// Index into the generations.
-    generation: usize,
-    rank: usize,
-    record: &'a Record,
+    pub(super) generation: usize,
+    pub(super) rank: usize,
+    pub(super) record: &'a Record,
 }
 
 /// Checks `generations` (as [`super::file::read_ledger`] gives them, in
 /// generation order) against `dataset`.
 pub fn verify(generations: &[Generation], dataset: &Dataset) -> Report {
+    check_epochs(generations, |epoch, entries, later| {
+        check_epoch(generations, dataset, epoch, entries, later)
+    })
+}
+
+/// The report of `generations`, each epoch's records that count (in step
+/// order) checked by `check(epoch, entries, a later epoch began)`.
+pub(super) fn check_epochs<'a>(
+    generations: &'a [Generation],
+    mut check: impl FnMut(u64, &[Entry<'a>], bool) -> EpochReport,
+) -> Report {
     let mut summaries: Vec<GenerationSummary> = generations
         .iter()
         .map(|g| GenerationSummary {
@@ -378,7 +447,7 @@ pub fn verify(generations: &[Generation], dataset: &Dataset) -> Report {
                 (e.record.step, kind, e.generation, e.rank)
             });
             let later = last_epoch.is_some_and(|last| last > epoch);
-            check_epoch(generations, dataset, epoch, &entries, later)
+            check(epoch, &entries, later)
         })
         .collect();
     let violation = epochs.iter().find_map(|e| e.violation.clone());
@@ -389,6 +458,29 @@ pub fn verify(generations: &[Generation], dataset: &Dataset) -> Report {
         epochs,
         violation,
     }
+}
+
+/// The first generation of `order` whose ranks took unequal numbers of
+/// steps in `epoch` (`steps_of[(generation, rank)]`).
+pub(super) fn unequal_steps(
+    generations: &[Generation],
+    epoch: u64,
+    order: &[usize],
+    steps_of: &BTreeMap<(usize, usize), u64>,
+) -> Option<Violation> {
+    order.iter().find_map(|&g| {
+        let steps: Vec<u64> = (0..generations[g].meta.world_size)
+            .map(|rank| steps_of.get(&(g, rank)).copied().unwrap_or(0))
+            .collect();
+        steps
+            .iter()
+            .any(|&n| n != steps[0])
+            .then(|| Violation::UnequalSteps {
+                epoch,
+                generation: generations[g].meta.generation,
+                steps,
+            })
+    })
 }
 
 /// The generation (index) whose record of `step` counts: the latest whose
@@ -441,7 +533,12 @@ impl Sequence {
     }
 }
 
-fn params(dataset: &Dataset, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
+pub(super) fn params(
+    dataset: &Dataset,
+    epoch: u64,
+    world_size: usize,
+    num_workers: usize,
+) -> PlanParams {
     PlanParams {
         seed: dataset.seed,
         epoch,
@@ -459,10 +556,11 @@ fn name(dataset: &Dataset, (shard, index): (u64, u64)) -> SampleName {
             .ok()
             .and_then(|s| dataset.urls.get(s).cloned()),
         index,
+        stream: None,
     }
 }
 
-fn place(generations: &[Generation], entry: &Entry<'_>) -> Place {
+pub(super) fn place(generations: &[Generation], entry: &Entry<'_>) -> Place {
     Place {
         generation: generations[entry.generation].meta.generation,
         rank: entry.rank,
@@ -543,6 +641,7 @@ fn check_epoch(
             .map(|&g| generations[g].meta.generation)
             .collect(),
         world_sizes: order.iter().map(|&g| layout(g).0).collect(),
+        coverage_checked: true,
         violation: None,
     };
     let mut seen = vec![0u8; usize::try_from(total).unwrap_or(usize::MAX)];
@@ -609,18 +708,9 @@ fn check_epoch(
     if !report.complete || report.violation.is_some() {
         return report;
     }
-    for &g in &order {
-        let steps: Vec<u64> = (0..layout(g).0)
-            .map(|rank| steps_of.get(&(g, rank)).copied().unwrap_or(0))
-            .collect();
-        if steps.iter().any(|&n| n != steps[0]) {
-            report.violation = Some(Violation::UnequalSteps {
-                epoch,
-                generation: generations[g].meta.generation,
-                steps,
-            });
-            return report;
-        }
+    if let Some(violation) = unequal_steps(generations, epoch, &order, &steps_of) {
+        report.violation = Some(violation);
+        return report;
     }
     // Samples never taken: the first layout's drop is the epoch's tail.
     let dropped_from = match dataset.remainder {
@@ -719,6 +809,7 @@ mod tests {
                     shards: None,
                     samples: None,
                     fingerprint: None,
+                    mix: None,
                 },
             },
             ranks: vec![RankLog::default(); world_size],

@@ -35,8 +35,13 @@ def make(spec: str, **options: Any) -> Any:
     return shardstream.StreamingDataset(spec, seed=SEED, sample_ids=True, **options)
 
 
+def ids_only(samples: list[dict[str, Any]]) -> Any:
+    """A collate of the samples' ids alone (a mixture's streams hold other fields)."""
+    return torch.utils.data.default_collate([{"__id__": s["__id__"]} for s in samples])
+
+
 def stateful(ds: Any) -> StatefulDataLoader:
-    return StatefulDataLoader(ds, batch_size=4, num_workers=2)
+    return StatefulDataLoader(ds, batch_size=4, num_workers=2, collate_fn=ids_only)
 
 
 def test_sample_ids_ride_with_each_sample_and_batch(dataset: DatasetInfo) -> None:
@@ -409,3 +414,43 @@ def test_an_epoch_end_alone_is_written_and_ids_past_32_bits_stay_whole(
     assert header.unpack_from(data, at) == (1, 1, 2, 0)  # wide: an index past 2^32
     assert struct.unpack_from("<4Q", data, at + 24) == (1, 2**40, 2, 5)
     assert len(data) == at + 24 + 2 * 16
+
+
+def mix_of(dataset: DatasetInfo, other: DatasetInfo, policy: str) -> shardstream.Mix:
+    a = make(dataset.spec, shuffle_buffer=5)
+    b = shardstream.StreamingDataset(other.spec, seed=SEED + 1, sample_ids=True, shuffle_buffer=3)
+    return shardstream.Mix([a, b], [0.7, 0.3], policy=policy, seed=7)
+
+
+@pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
+def test_a_mix_killed_and_resumed_verifies_and_a_wrong_resume_is_named(
+    dataset: DatasetInfo,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    policy: str,
+) -> None:
+    """A ``Mix`` ledger: killed at step 9 and resumed from its step-6
+    checkpoint, the job verifies against the mixture's plan (a restart's
+    second pass included); resumed instead with the step-3 state as if it
+    were step 6's, the repeat is named with its stream and pass."""
+    from _shardtest import write_uneven_dataset
+
+    other = write_uneven_dataset(tmp_path_factory.mktemp("other"), (7, 9), prefix="o")
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for ledger_dir in (good, bad):
+        mix = mix_of(dataset, other, policy)
+        saved = run_until(mix, shardstream.Ledger(ledger_dir, mix, num_workers=2), 9, {3, 6})
+        mix = mix_of(dataset, other, policy)
+        state = saved[6] if ledger_dir == good else saved[3]
+        resume(mix, shardstream.Ledger(ledger_dir, mix, resume_step=6), state)
+    code, out = verify(capfd, good, "--json")
+    assert code == 0, out
+    epoch = json.loads(out)["epochs"][0]
+    assert epoch["complete"] and epoch["coverage_checked"], out
+    assert epoch["distinct"] + epoch["padded"] == epoch["expected"] > 0, out
+    if policy == "restart":
+        # The shorter stream is read again: more samples than the two hold.
+        assert epoch["expected"] > 96 + 16, out
+    code, out = verify(capfd, bad)
+    assert code == 1 and "came twice in epoch 0" in out and "(stream " in out, out
