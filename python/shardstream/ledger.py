@@ -183,7 +183,7 @@ def _plain_ids(batch: Any) -> tuple[Any, int] | None:
     collate): ``int64`` arrays, or tensors, whose type and device
     ``_JoinBuffers.join`` checks when the records are written. ``None`` for any
     other form, which ``id_columns`` reads (or refuses)."""
-    ids = batch.get("__id__") if type(batch) is dict or isinstance(batch, Mapping) else None
+    ids: Any = batch.get("__id__") if type(batch) is dict or isinstance(batch, Mapping) else None
     kind = type(ids)
     if kind is np.ndarray:
         if ids.ndim == 2 and ids.shape[1] == 3 and ids.dtype == np.int64 and len(ids):
@@ -234,7 +234,8 @@ class _JoinBuffers:
                         return tuple(t.cpu().numpy() for t in joined)
                 else:
                     if self.columns.shape[1] < count:
-                        self.columns = torch.empty((3, max(count, FLUSH_SAMPLES)), dtype=torch.int64)
+                        size = (3, max(count, FLUSH_SAMPLES))
+                        self.columns = torch.empty(size, dtype=torch.int64)
                     out = self.columns[:, :count]
                     for c in range(3):
                         torch.cat([ids[c] for ids in payloads], out=out[c])
@@ -243,6 +244,7 @@ class _JoinBuffers:
                 pass
         parts: tuple[list[Any], list[Any], list[Any]] = ([], [], [])
         for ids in payloads:
+            columns: tuple[Any, ...]
             if type(ids) is np.ndarray:
                 columns = (ids[:, 0], ids[:, 1], ids[:, 2])
             else:
@@ -312,9 +314,9 @@ class Ledger:
                 raise TypeError(f"Ledger {name}: expected None or an int, got {value!r}")
             if value is not None and value < (1 if name in ("world_size", "num_workers") else 0):
                 raise ValueError(f"Ledger {name}: out of range, got {value}")
-        streams = getattr(dataset, "datasets", None)
-        mixture = isinstance(streams, list)
-        streams = streams if mixture else [dataset]
+        found = getattr(dataset, "datasets", None)
+        mixture = isinstance(found, list)
+        streams: list[Any] = found if isinstance(found, list) else [dataset]
         if not all(ds.options["sample_ids"] for ds in streams):
             raise ValueError(
                 "the dataset hands out no sample ids: create it with sample_ids=True for "
