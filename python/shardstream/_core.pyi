@@ -20,6 +20,7 @@ __all__ = [
     "EpochTable",
     "FieldDecodeError",
     "Image",
+    "LedgerRecords",
     "ManifestError",
     "ManifestIgnoredWarning",
     "ManifestMismatchError",
@@ -49,7 +50,6 @@ __all__ = [
     "default_options",
     "default_s3_options",
     "default_writer_options",
-    "encode_ledger_records",
     "mix_counts",
     "mix_order",
     "option_table",
@@ -121,6 +121,31 @@ class DecodeFieldWarning(UserWarning):
 
 class ManifestIgnoredWarning(UserWarning):
     """A manifest.json beside the shards is not a shardstream manifest and was not used."""
+
+@final
+class LedgerRecords:
+    """Ledger records, encoded as the ledger file holds them, kept until taken."""
+
+    def __new__(cls) -> LedgerRecords: ...
+    @property
+    def samples(self) -> int:
+        """Samples in the records held."""
+    def push_batch(self, step: int, kind: int, ids: Any) -> None:
+        """Appends the record of ``step`` holding a Rust batch's ``(B, 3)`` ``int64`` ids;
+        ``ValueError`` when its samples are of several epochs."""
+    def push(
+        self,
+        steps: list[int],
+        epochs: list[int | None],
+        kinds: list[int],
+        counts: list[int],
+        ids: Any,
+    ) -> None:
+        """Appends records ``(steps[r], epochs[r], kinds[r])`` (an epoch of ``None``: the
+        record's first sample's), record ``r`` holding the next ``counts[r]`` samples of
+        ``ids`` (``int64``: a ``(N, 3)`` array or its three columns)."""
+    def take(self) -> bytes:
+        """The records held, as bytes; the buffer is then empty."""
 
 @final
 class Counters:
@@ -482,18 +507,6 @@ def mix_order(
 ) -> bytes:
     """The order in which a slot takes ``counts[s]`` samples of each stream ``s``: one
     byte per sample, the stream's index."""
-
-def encode_ledger_records(
-    steps: list[int],
-    epochs: list[int | None],
-    kinds: list[int],
-    counts: list[int],
-    ids: Any,
-) -> bytes:
-    """The bytes of ledger records ``(steps[r], epochs[r], kinds[r])`` (an epoch of
-    ``None``: the record's first sample's), record ``r`` holding the next ``counts[r]``
-    samples of ``ids`` (``int64``: a ``(N, 3)`` array or its three columns).
-    ``ValueError`` for a step whose samples are of several epochs."""
 
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 import torch
 
-from ._core import encode_ledger_records, option_table
+from ._core import LedgerRecords, option_table
 
 if TYPE_CHECKING:
     from .dataset import StreamingDataset
@@ -48,6 +48,8 @@ BUFFER_BYTES = 1 << 20
 FLUSH_SAMPLES = 1 << 16
 """Records are queued until they hold this many samples (or a checkpoint,
 an epoch's end or ``close`` comes), then written together."""
+
+_NO_IDS = np.empty((0, 3), np.int64)
 
 _Queued = tuple[int, int | None, int, Any, int]
 """A record waiting to be written: step, epoch (``None``: its first
@@ -217,7 +219,7 @@ class _JoinBuffers:
     def join(self, payloads: list[Any], count: int) -> Any:
         """The ids ``_plain_ids`` kept (or ``_record`` made of
         ``id_columns``), ``count`` of them, in order, as
-        ``encode_ledger_records`` takes them: the Rust batches' arrays
+        ``LedgerRecords.push`` takes them: the Rust batches' arrays
         joined in one ``(N, 3)`` array, tensors joined per column (one
         transfer from a device for all of them), else three columns."""
         if all(type(ids) is np.ndarray for ids in payloads):
@@ -353,6 +355,7 @@ class Ledger:
         self._queued_samples = 0
         self._last_ids: Any = None
         self._join = _JoinBuffers()
+        self._records = LedgerRecords()
         if self._writes:
             path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
             self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (closed by close())
@@ -421,39 +424,44 @@ class Ledger:
         return generation
 
     def _write(self, step: int, epoch: int | None, kind: int, ids: Any, count: int) -> None:
-        """Queues a record: written with the others at the next flush (when
-        the queue holds FLUSH_SAMPLES, and at checkpoints, epoch ends and
-        close), so that a step costs a microsecond or two whatever its size."""
+        """Adds a record, written with the others at the next flush (when
+        they hold FLUSH_SAMPLES, and at checkpoints, epoch ends and close),
+        so that a step costs a microsecond or two whatever its size. A Rust
+        batch's ids (and an epoch's end) are encoded at once, while the
+        batch is fresh in the cache; tensors wait in a queue, joined at the
+        flush (the records keep their order: once one waits, the next ones
+        wait too)."""
         if self._file is None:
             if self._writes:
                 raise ValueError(f"ledger {self.path} rank {self.rank} is closed")
             return
-        self._queued.append((step, epoch, kind, ids, count))
-        self._queued_samples += count
-        if self._queued_samples >= FLUSH_SAMPLES:
+        if self._queued or not (ids is None or type(ids) is np.ndarray):
+            self._queued.append((step, epoch, kind, ids, count))
+            self._queued_samples += count
+        elif ids is None:
+            self._records.push([step], [epoch], [kind], [0], _NO_IDS)
+        else:
+            self._records.push_batch(step, kind, ids)
+        if self._queued_samples + self._records.samples >= FLUSH_SAMPLES:
             self._flush()
 
     def _flush(self) -> None:
-        """Writes the queued records: each its header and its (shard, index)
-        pairs (``encode_ledger_records``, which checks that each step's
+        """Writes the records held: each its header and its (shard, index)
+        pairs (encoded by ``LedgerRecords``, which checks that each step's
         samples are of one epoch). Buffered: a crash leaves at most the last
         record cut short, and loses only records after the last checkpoint,
         which the resumed run's generation supersedes."""
         queued, self._queued, self._queued_samples = self._queued, [], 0
-        if self._file is None or not queued:
-            return
-        payloads = [q[3] for q in queued if q[4]]
-        counts = [q[4] for q in queued]
-        ids = self._join.join(payloads, sum(counts)) if payloads else np.empty((0, 3), np.int64)
-        self._file.write(
-            encode_ledger_records(
-                [q[0] for q in queued],
-                [q[1] for q in queued],
-                [q[2] for q in queued],
-                counts,
-                ids,
+        if queued:
+            payloads = [q[3] for q in queued if q[4]]
+            counts = [q[4] for q in queued]
+            ids = self._join.join(payloads, sum(counts)) if payloads else _NO_IDS
+            self._records.push(
+                [q[0] for q in queued], [q[1] for q in queued], [q[2] for q in queued], counts, ids
             )
-        )
+        encoded = self._records.take()
+        if self._file is not None and encoded:
+            self._file.write(encoded)
 
     def record(self, batch: Any, step: int | None = None) -> int:
         """Records the samples of ``batch`` as trained at ``step`` (default:

@@ -225,17 +225,20 @@ impl fmt::Display for MixedEpochs {
     }
 }
 
-/// The bytes of `heads`' records, as the writer appends them: each head,
-/// then its `count` ids, taken in turn from `id(i)` = `(epoch, shard,
-/// index)` for `i` in `0..` the heads' total count; narrow ([`NARROW_IDS`])
-/// when each of a record's shard indices and indices fits in a `u32`. Every
-/// id's epoch must be its record's.
+/// Appends the bytes of `heads`' records to `out`, as the writer appends
+/// them: each head, then its `count` ids, taken in turn from `id(i)` =
+/// `(epoch, shard, index)` for `i` in `0..` the heads' total count; narrow
+/// ([`NARROW_IDS`]) when each of a record's shard indices and indices fits
+/// in a `u32`. Every id's epoch must be its record's: otherwise nothing is
+/// appended.
 pub fn encode_records(
     heads: &[RecordHead],
     id: impl Fn(usize) -> (u64, u64, u64),
-) -> Result<Vec<u8>, MixedEpochs> {
+    out: &mut Vec<u8>,
+) -> Result<(), MixedEpochs> {
     let total: usize = heads.iter().map(|h| h.count).sum();
-    let mut bytes = Vec::with_capacity(heads.len() * HEADER_BYTES + total * NARROW_ID_BYTES);
+    let start = out.len();
+    out.reserve(heads.len() * HEADER_BYTES + total * NARROW_ID_BYTES);
     let mut next = 0usize;
     for head in heads {
         let ids = next..next + head.count;
@@ -253,6 +256,7 @@ pub fn encode_records(
             narrow &= (shard | index) >> 32 == 0;
         }
         if mixed {
+            out.truncate(start);
             let mut epochs: Vec<u64> = ids.map(|i| id(i).0).collect();
             epochs.sort_unstable();
             epochs.dedup();
@@ -263,21 +267,21 @@ pub fn encode_records(
         }
         let count = u32::try_from(head.count).expect("at most u32::MAX samples a step");
         let code = head.kind.code() | if narrow { NARROW_IDS } else { 0 };
-        bytes.extend_from_slice(&head.step.to_le_bytes());
-        bytes.extend_from_slice(&epoch.to_le_bytes());
-        bytes.extend_from_slice(&count.to_le_bytes());
-        bytes.extend_from_slice(&code.to_le_bytes());
+        out.extend_from_slice(&head.step.to_le_bytes());
+        out.extend_from_slice(&epoch.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+        out.extend_from_slice(&code.to_le_bytes());
         for i in ids {
             let (_, shard, index) = id(i);
             if narrow {
-                bytes.extend_from_slice(&((index << 32) | shard).to_le_bytes());
+                out.extend_from_slice(&((index << 32) | shard).to_le_bytes());
             } else {
-                bytes.extend_from_slice(&shard.to_le_bytes());
-                bytes.extend_from_slice(&index.to_le_bytes());
+                out.extend_from_slice(&shard.to_le_bytes());
+                out.extend_from_slice(&index.to_le_bytes());
             }
         }
     }
-    Ok(bytes)
+    Ok(())
 }
 
 /// The bytes at the end of a rank's file that do not make a whole record.
@@ -550,7 +554,8 @@ mod tests {
                 count: 0,
             },
         ];
-        let bytes = encode_records(&heads, |i| ids[i]).unwrap();
+        let mut bytes = Vec::new();
+        encode_records(&heads, |i| ids[i], &mut bytes).unwrap();
         // The first record narrow, the second wide (a shard index past u32).
         assert_eq!(
             bytes.len(),
@@ -597,7 +602,9 @@ mod tests {
                 count: 2,
             },
         ];
-        let error = encode_records(&heads, |i| ids[i]).unwrap_err();
+        let mut bytes = b"kept".to_vec();
+        let error = encode_records(&heads, |i| ids[i], &mut bytes).unwrap_err();
+        assert_eq!(bytes, b"kept", "nothing appended");
         assert_eq!(
             error,
             MixedEpochs {

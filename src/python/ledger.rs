@@ -1,5 +1,6 @@
-//! The ledger's record encoder for `shardstream.Ledger`: the records a
-//! flush writes, encoded in one call ([`crate::ledger::file::encode_records`]),
+//! The ledger's record buffer for `shardstream.Ledger`: records encoded in
+//! Rust as they come ([`crate::ledger::file::encode_records`]), a Rust
+//! batch's ids while the batch is fresh, and kept until a flush writes them,
 //! so that recording a step costs Python no work per sample.
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
@@ -9,84 +10,169 @@ use pyo3::types::PyBytes;
 
 use crate::ledger::file::{encode_records, MixedEpochs, RecordHead, RecordKind};
 
-/// The bytes of records `(steps[r], epochs[r], kinds[r])` (an epoch of
-/// `None`: the record's first sample's), record `r` holding the next
-/// `counts[r]` samples of `ids` (their epoch, shard index and index in the
-/// shard, `int64`): a `(N, 3)` array, or its three columns. As the ledger
-/// file holds them (docs/ledger.md). `ValueError` for a step whose samples
-/// are of several epochs, or ids that do not match the counts.
-#[pyfunction]
-pub fn encode_ledger_records<'py>(
-    py: Python<'py>,
-    steps: Vec<u64>,
-    epochs: Vec<Option<u64>>,
-    kinds: Vec<u32>,
-    counts: Vec<usize>,
-    ids: &Bound<'py, PyAny>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let records = steps.len();
-    if epochs.len() != records || kinds.len() != records || counts.len() != records {
-        return Err(PyValueError::new_err(format!(
-            "{records} steps, {} epochs, {} kinds and {} counts: one of each per record",
-            epochs.len(),
-            kinds.len(),
-            counts.len()
-        )));
+/// Ledger records, encoded as the ledger file holds them (docs/ledger.md),
+/// kept until taken.
+#[pyclass(module = "shardstream._core")]
+pub struct LedgerRecords {
+    bytes: Vec<u8>,
+    samples: usize,
+}
+
+#[pymethods]
+impl LedgerRecords {
+    /// An empty buffer.
+    #[new]
+    fn new() -> Self {
+        LedgerRecords {
+            bytes: Vec::new(),
+            samples: 0,
+        }
     }
-    let mut heads = Vec::with_capacity(records);
-    for (r, &code) in kinds.iter().enumerate() {
-        let kind = [
-            RecordKind::Trained,
-            RecordKind::Skipped,
-            RecordKind::EpochEnd,
-        ]
-        .into_iter()
-        .find(|k| k.code() == code)
-        .ok_or_else(|| PyValueError::new_err(format!("record kind {code} is not 0, 1 or 2")))?;
-        heads.push(RecordHead {
-            step: steps[r],
-            epoch: epochs[r],
-            kind,
-            count: counts[r],
-        });
+
+    /// Samples in the records held.
+    #[getter]
+    fn samples(&self) -> usize {
+        self.samples
     }
-    let total: usize = counts.iter().sum();
-    // The ids are never negative: int64 is read as u64 (a negative one
-    // would be written wide, and found by verify as outside the dataset).
-    let encoded = if let Ok(rows) = ids.extract::<PyReadonlyArray2<'py, i64>>() {
-        let view = rows.as_array();
-        if view.dim() != (total, 3) {
-            return Err(wrong_ids(format!("{:?}", view.dim()), total));
+
+    /// Appends the record of `step` (`kind`: 0 trained, 1 skipped) holding
+    /// a Rust batch's `(B, 3)` `int64` ids (epoch, shard index, index in
+    /// the shard), at least one. `ValueError` when its samples are of
+    /// several epochs, or the ids are not of that form.
+    fn push_batch(&mut self, step: u64, kind: u32, ids: PyReadonlyArray2<'_, i64>) -> PyResult<()> {
+        let rows = ids.as_array();
+        let (count, width) = rows.dim();
+        if width != 3 || count == 0 {
+            return Err(PyValueError::new_err(format!(
+                "__id__ is not (epoch, shard, index) per sample: got an array of shape \
+                 ({count}, {width})"
+            )));
         }
-        match rows.as_slice() {
-            Ok(flat) => encode_records(&heads, |i| {
-                let row = &flat[3 * i..3 * i + 3];
-                (row[0] as u64, row[1] as u64, row[2] as u64)
-            }),
-            Err(_) => encode_records(&heads, |i| {
-                (
-                    view[[i, 0]] as u64,
-                    view[[i, 1]] as u64,
-                    view[[i, 2]] as u64,
-                )
-            }),
+        let head = [RecordHead {
+            step,
+            epoch: None,
+            kind: record_kind(kind)?,
+            count,
+        }];
+        let encoded = match ids.as_slice() {
+            Ok(flat) => encode_records(&head, |i| row(&flat[3 * i..3 * i + 3]), &mut self.bytes),
+            Err(_) => encode_records(
+                &head,
+                |i| {
+                    (
+                        rows[[i, 0]] as u64,
+                        rows[[i, 1]] as u64,
+                        rows[[i, 2]] as u64,
+                    )
+                },
+                &mut self.bytes,
+            ),
+        };
+        encoded.map_err(mixed_epochs)?;
+        self.samples += count;
+        Ok(())
+    }
+
+    /// Appends records `(steps[r], epochs[r], kinds[r])` (an epoch of
+    /// `None`: the record's first sample's), record `r` holding the next
+    /// `counts[r]` samples of `ids` (`int64`): a `(N, 3)` array, or its
+    /// three columns. `ValueError` for a step whose samples are of several
+    /// epochs, or ids that do not match the counts; nothing is appended
+    /// then.
+    fn push(
+        &mut self,
+        steps: Vec<u64>,
+        epochs: Vec<Option<u64>>,
+        kinds: Vec<u32>,
+        counts: Vec<usize>,
+        ids: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let records = steps.len();
+        if epochs.len() != records || kinds.len() != records || counts.len() != records {
+            return Err(PyValueError::new_err(format!(
+                "{records} steps, {} epochs, {} kinds and {} counts: one of each per record",
+                epochs.len(),
+                kinds.len(),
+                counts.len()
+            )));
         }
-    } else {
-        let columns: [PyReadonlyArray1<'py, i64>; 3] = ids.extract()?;
-        let [a, b, c] = columns.each_ref().map(|column| column.as_array());
-        if [a.len(), b.len(), c.len()] != [total; 3] {
-            let lengths = format!("{}, {} and {}", a.len(), b.len(), c.len());
-            return Err(wrong_ids(lengths, total));
+        let mut heads = Vec::with_capacity(records);
+        for (r, &code) in kinds.iter().enumerate() {
+            heads.push(RecordHead {
+                step: steps[r],
+                epoch: epochs[r],
+                kind: record_kind(code)?,
+                count: counts[r],
+            });
         }
-        match (a.as_slice(), b.as_slice(), c.as_slice()) {
-            (Some(a), Some(b), Some(c)) => {
-                encode_records(&heads, |i| (a[i] as u64, b[i] as u64, c[i] as u64))
+        let total: usize = counts.iter().sum();
+        let out = &mut self.bytes;
+        let encoded = if let Ok(rows) = ids.extract::<PyReadonlyArray2<'_, i64>>() {
+            let view = rows.as_array();
+            if view.dim() != (total, 3) {
+                return Err(wrong_ids(format!("{:?}", view.dim()), total));
             }
-            _ => encode_records(&heads, |i| (a[i] as u64, b[i] as u64, c[i] as u64)),
-        }
-    };
-    let bytes = encoded.map_err(|mixed: MixedEpochs| PyValueError::new_err(mixed.to_string()))?;
-    Ok(PyBytes::new(py, &bytes))
+            match rows.as_slice() {
+                Ok(flat) => encode_records(&heads, |i| row(&flat[3 * i..3 * i + 3]), out),
+                Err(_) => encode_records(
+                    &heads,
+                    |i| {
+                        (
+                            view[[i, 0]] as u64,
+                            view[[i, 1]] as u64,
+                            view[[i, 2]] as u64,
+                        )
+                    },
+                    out,
+                ),
+            }
+        } else {
+            let columns: [PyReadonlyArray1<'_, i64>; 3] = ids.extract()?;
+            let [a, b, c] = columns.each_ref().map(|column| column.as_array());
+            if [a.len(), b.len(), c.len()] != [total; 3] {
+                let lengths = format!("{}, {} and {}", a.len(), b.len(), c.len());
+                return Err(wrong_ids(lengths, total));
+            }
+            match (a.as_slice(), b.as_slice(), c.as_slice()) {
+                (Some(a), Some(b), Some(c)) => {
+                    encode_records(&heads, |i| (a[i] as u64, b[i] as u64, c[i] as u64), out)
+                }
+                _ => encode_records(&heads, |i| (a[i] as u64, b[i] as u64, c[i] as u64), out),
+            }
+        };
+        encoded.map_err(mixed_epochs)?;
+        self.samples += total;
+        Ok(())
+    }
+
+    /// The records held, as bytes; the buffer is then empty.
+    fn take<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        let bytes = PyBytes::new(py, &self.bytes);
+        self.bytes.clear();
+        self.samples = 0;
+        bytes
+    }
+}
+
+/// An id row as `u64`s. The ids are never negative: a negative one (not a
+/// sample's) would be written wide, and found by verify outside the dataset.
+fn row(row: &[i64]) -> (u64, u64, u64) {
+    (row[0] as u64, row[1] as u64, row[2] as u64)
+}
+
+fn record_kind(code: u32) -> PyResult<RecordKind> {
+    [
+        RecordKind::Trained,
+        RecordKind::Skipped,
+        RecordKind::EpochEnd,
+    ]
+    .into_iter()
+    .find(|k| k.code() == code)
+    .ok_or_else(|| PyValueError::new_err(format!("record kind {code} is not 0, 1 or 2")))
+}
+
+fn mixed_epochs(mixed: MixedEpochs) -> PyErr {
+    PyValueError::new_err(mixed.to_string())
 }
 
 fn wrong_ids(shape: String, total: usize) -> PyErr {

@@ -74,7 +74,7 @@ mod _core {
     #[pymodule_export]
     use super::image::Image;
     #[pymodule_export]
-    use super::ledger::encode_ledger_records;
+    use super::ledger::LedgerRecords;
     #[pymodule_export]
     use super::malloc::raise_malloc_thresholds;
     #[pymodule_export]

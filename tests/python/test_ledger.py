@@ -100,8 +100,13 @@ def test_a_batch_of_two_epochs_or_of_malformed_ids_is_refused(
     ds = make(dataset.spec)
     ledger = shardstream.Ledger(tmp_path, ds)
     ledger.record({"__id__": np.array([[0, 1, 2], [0, 1, 3]])})
-    # Records are written together: a step mixing epochs is named when they are.
-    ledger.record({"__id__": np.array([[0, 1, 4], [1, 1, 5]])})
+    # A Rust batch is encoded when recorded: one mixing epochs is refused then.
+    with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
+        ledger.record({"__id__": np.array([[0, 1, 4], [1, 1, 5]])})
+    # DataLoader tensors are encoded together at the flush, and named then.
+    import torch
+
+    ledger.record({"__id__": [torch.tensor([0, 1]), torch.tensor([1, 1]), torch.tensor([4, 5])]})
     with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
         ledger.checkpoint()
     for ids in (np.array([[0, 1]]), [np.array([0]), np.array([1, 2]), np.array([3])]):
@@ -110,8 +115,6 @@ def test_a_batch_of_two_epochs_or_of_malformed_ids_is_refused(
     with pytest.raises(ValueError, match="no samples"):
         ledger.record({"__id__": np.empty((0, 3), dtype=np.int64)})
     # Tensor columns are checked when written: float ones are refused then.
-    import torch
-
     ledger.record({"__id__": [torch.zeros(2), torch.zeros(2), torch.ones(2)]})
     with pytest.raises(ValueError, match="not \\(epoch, shard, index\\)"):
         ledger.checkpoint()
