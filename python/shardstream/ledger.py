@@ -21,14 +21,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-import torch
-
 from ._core import LedgerRecords, option_table
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
     from .dataset import StreamingDataset
     from .mix import Mix
+else:
+    # Imported by ``_array_modules`` when first needed: ``import
+    # shardstream`` imports neither numpy nor torch.
+    np = torch = None
 
 __all__ = ["Ledger"]
 
@@ -48,8 +52,6 @@ BUFFER_BYTES = 1 << 20
 FLUSH_SAMPLES = 1 << 16
 """Records are queued until they hold this many samples (or a checkpoint,
 an epoch's end or ``close`` comes), then written together."""
-
-_NO_IDS = np.empty((0, 3), np.int64)
 
 _Queued = tuple[int, int | None, int, Any, int]
 """A record waiting to be written: step, epoch (``None``: its first
@@ -134,6 +136,16 @@ def dataset_meta(dataset: StreamingDataset) -> dict[str, Any]:
     }
 
 
+def _array_modules() -> None:
+    """Imports numpy and torch into this module's globals (once)."""
+    global np, torch
+    if torch is None:
+        import numpy
+        import torch as torch_module
+
+        np, torch = numpy, torch_module
+
+
 def _as_array(value: Any) -> np.ndarray:
     """A tensor (on any device), array, list or int as a numpy array."""
     if hasattr(value, "detach"):
@@ -148,6 +160,7 @@ def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     can be) of ``batch``'s ``__id__``: a DataLoader batch (a list of 3
     tensors), a Rust batch (a ``(B, 3)`` array) or one sample (a tuple of 3
     ints). Raises ``ValueError`` when there is none."""
+    _array_modules()
     if not isinstance(batch, Mapping) or "__id__" not in batch:
         kind = f"keys {sorted(batch)[:8]}" if isinstance(batch, Mapping) else type(batch).__name__
         raise ValueError(
@@ -263,7 +276,8 @@ def _not_ids(got: str) -> ValueError:
 def sample_ids(batch: Any) -> np.ndarray:
     """The ``(epoch, shard, index)`` rows of ``batch``'s ``__id__`` (see
     ``id_columns``), as a ``(B, 3)`` ``uint64`` array."""
-    return np.stack(id_columns(batch), axis=1)
+    columns = id_columns(batch)
+    return np.stack(columns, axis=1)
 
 
 class Ledger:
@@ -306,6 +320,7 @@ class Ledger:
         world_size: int | None = None,
         num_workers: int | None = None,
     ) -> None:
+        _array_modules()
         for name, value in (
             ("resume_step", resume_step),
             ("rank", rank),
@@ -439,7 +454,7 @@ class Ledger:
             self._queued.append((step, epoch, kind, ids, count))
             self._queued_samples += count
         elif ids is None:
-            self._records.push([step], [epoch], [kind], [0], _NO_IDS)
+            self._records.push([step], [epoch], [kind], [0], self._join.rows[:0])
         else:
             self._records.push_batch(step, kind, ids)
         if self._queued_samples + self._records.samples >= FLUSH_SAMPLES:
@@ -455,7 +470,7 @@ class Ledger:
         if queued:
             payloads = [q[3] for q in queued if q[4]]
             counts = [q[4] for q in queued]
-            ids = self._join.join(payloads, sum(counts)) if payloads else _NO_IDS
+            ids = self._join.join(payloads, sum(counts)) if payloads else self._join.rows[:0]
             self._records.push(
                 [q[0] for q in queued], [q[1] for q in queued], [q[2] for q in queued], counts, ids
             )

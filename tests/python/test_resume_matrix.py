@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import pickle
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -367,11 +367,11 @@ def test_elastic(data, tmp_path, capfd, route: Route, num_workers: int, point: s
         assert len(epoch_keys) == len(set(epoch_keys)) >= len(data.keys) - (new_world - 1)
 
 
-def mix_of(info: Any, other: Any, **slot: Any) -> shardstream.Mix:
-    a = shardstream.StreamingDataset(info.spec, seed=1, shuffle_buffer=5, **slot)
-    b = shardstream.StreamingDataset(other.spec, seed=2, shuffle_buffer=3, **slot)
+def mix_of(info: Any, other: Any, epoch: int = EPOCH, **options: Any) -> shardstream.Mix:
+    a = shardstream.StreamingDataset(info.spec, seed=1, shuffle_buffer=5, **options)
+    b = shardstream.StreamingDataset(other.spec, seed=2, shuffle_buffer=3, **options)
     mix = shardstream.Mix([a, b], [0.6, 0.4], policy="stop", seed=7)
-    mix.set_epoch(EPOCH)
+    mix.set_epoch(epoch)
     return mix
 
 
@@ -399,6 +399,26 @@ def test_accelerate_writes_the_ledger(data, tmp_path, capfd, num_workers: int, p
     and ``load_state`` in a new Accelerator starts the resumed run's
     generation there: the run is exact, and its ledger verifies with the
     epochs complete."""
+    accelerate_ledger_run(lambda: dataset(data, 0), tmp_path, capfd, num_workers, point)
+
+
+def test_accelerate_writes_a_mix_ledger(data, tmp_path_factory, tmp_path, capfd):
+    """The same with a ``Mix`` saved mid-epoch (2 workers): its ledger
+    verifies against the mixture's plan."""
+    other = write_uneven_dataset(tmp_path_factory.mktemp("mix-other"), (7, 9), prefix="o")
+
+    def made() -> shardstream.Mix:
+        return mix_of(data, other, epoch=0, sample_ids=True)
+
+    accelerate_ledger_run(made, tmp_path, capfd, 2, "mid-epoch")
+
+
+def accelerate_ledger_run(
+    made: Callable[[], Any], tmp_path: Path, capfd: Any, num_workers: int, point: str
+) -> None:
+    """A run of ``made()`` through ``prepare_loader(ledger_dir=...)``,
+    saved at ``point``, resumed in a new Accelerator: checked exact, and
+    its ledger verified with the epochs complete."""
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
@@ -411,11 +431,11 @@ def test_accelerate_writes_the_ledger(data, tmp_path, capfd, num_workers: int, p
             cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
         )
         plain = DataLoader(
-            dataset(data, 0), batch_size=BATCH, num_workers=num_workers, collate_fn=keys_and_ids
+            made(), batch_size=BATCH, num_workers=num_workers, collate_fn=keys_and_ids
         )
         return accelerator, prepare_loader(accelerator, plain, ledger_dir=ledger_dir)
 
-    full, following = passes(Accelerate().loader(dataset(data, 0), num_workers), 2)
+    full, following = passes(Accelerate().loader(made(), num_workers), 2)
     accelerator, loader = prepared()
     taken = []
     if point != "before-first":
