@@ -206,15 +206,19 @@ class LoaderLedger:
         num_workers: int,
         owner: str = "prepare_loader",
     ) -> None:
-        # A StreamingDataset (not imported here: the dataset module imports this one).
-        if not hasattr(dataset, "distributed_slot"):
+        # A StreamingDataset or a Mix of them (not imported here: both
+        # modules import this one).
+        streams = getattr(dataset, "datasets", None)
+        sources = streams if isinstance(streams, list) else [dataset]
+        if not all(hasattr(ds, "distributed_slot") for ds in sources):
             raise TypeError(
-                f"{owner}(ledger_dir=...) records a StreamingDataset, got {type(dataset).__name__}"
+                f"{owner}(ledger_dir=...) records a StreamingDataset or a Mix, got "
+                f"{type(dataset).__name__}"
             )
-        if not dataset.options["sample_ids"]:
+        if not all(ds.options["sample_ids"] for ds in sources):
             raise ValueError(
                 f"{owner}(ledger_dir=...): the dataset hands out no sample ids: create "
-                "it with sample_ids=True for the ledger to record"
+                "it (every stream of a Mix) with sample_ids=True for the ledger to record"
             )
         self.directory = Path(directory)
         self.dataset = dataset
