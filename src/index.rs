@@ -167,7 +167,7 @@ pub fn index_shards(
 }
 
 /// Progress nobody watches.
-struct Silent;
+pub(crate) struct Silent;
 
 impl IndexProgress for Silent {
     fn start(&self, _shards: usize, _bytes: u64) {}

@@ -12,6 +12,7 @@
 
 pub mod augment;
 pub mod byte_size;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod collate;
 pub mod compression;

@@ -73,10 +73,8 @@ fn indexed(dir: &Path, counts: &[usize]) -> Vec<Shard> {
 fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     let urls = write_dataset_as(dir, counts, kinds);
     let out = dir.join("manifest.json");
-    let mut args = vec!["shardstream".to_owned(), "index".into()];
-    args.extend(urls.iter().cloned());
-    args.extend(["-o".into(), out.to_str().unwrap().to_owned()]);
-    assert_eq!(crate::cli::run(args), 0);
+    let s3 = crate::config::StoreOptions::default();
+    crate::index::index_dataset(&urls, &out, &s3, 2, &crate::index::Silent).unwrap();
     let mut shards = resolve::resolve(&urls).unwrap();
     let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
     assert_eq!(attached.used, Some(out.display().to_string()));

@@ -11,6 +11,7 @@
 //! shards and the manifest describing exactly them stay.
 
 mod encode;
+#[cfg(feature = "cli")]
 pub mod inputs;
 mod pattern;
 mod sink;
