@@ -369,7 +369,10 @@ impl Dispatcher {
     /// process; why it cannot be made.
     fn http_client(&self) -> std::result::Result<Arc<http::HttpClient>, String> {
         self.http
-            .get_or_init(|| http::HttpClient::new(&self.s3_options.transport).map(Arc::new))
+            .get_or_init(|| {
+                let credentials = crate::store::http_credentials();
+                http::HttpClient::new(&self.s3_options.transport, credentials).map(Arc::new)
+            })
             .clone()
     }
 

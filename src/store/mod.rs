@@ -42,6 +42,16 @@ fn with_s3_client<T>(
     })
 }
 
+/// The credentials every HTTP(S) client reading shards sends: the Hugging
+/// Face token to the Hub, a Google Cloud access token to Cloud Storage,
+/// each to its endpoint only.
+pub fn http_credentials() -> Vec<Box<dyn http::OriginCredentials>> {
+    hub::auth::credentials()
+        .into_iter()
+        .chain(gcs::auth::credentials())
+        .collect()
+}
+
 /// Fills in the size and ETag of the S3 and HTTP(S) shards that lack a
 /// size (a HEAD of each S3 object, a GET of each resource's first byte).
 pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> Result<()> {
@@ -66,7 +76,7 @@ pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> 
         })?;
     }
     if shards.iter().any(|s| unknown(s, true)) {
-        http::with_http_client(&options.transport, async |client| {
+        http::with_http_client(&options.transport, http_credentials(), async |client| {
             for shard in shards.iter_mut().filter(|s| unknown(s, true)) {
                 let (size, etag) = client.describe(&shard.url).await?;
                 shard.size = Some(size);
@@ -90,9 +100,11 @@ pub fn read_small_object(
         Location::S3 { bucket, key } => with_s3_client(options, async |client| {
             client.get_small(url, &bucket, &key, limit).await
         }),
-        Location::Http(_) => http::with_http_client(&options.transport, async |client| {
-            client.get_small(url, limit).await.map(|(_, body)| body)
-        }),
+        Location::Http(_) => {
+            http::with_http_client(&options.transport, http_credentials(), async |client| {
+                client.get_small(url, limit).await.map(|(_, body)| body)
+            })
+        }
         Location::Local(path) => std::fs::read(&path).map_err(|e| Error::Manifest {
             path: url.to_owned(),
             reason: e.to_string(),

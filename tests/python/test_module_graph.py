@@ -460,3 +460,21 @@ def test_stores_never_import_the_read_ahead_or_what_reads_through_it():
     assert not upward, "store modules import the layers above them:\n" + "\n".join(upward)
     # And the read-ahead does reach the stores through them.
     assert any(t.startswith("store") for m in graph if m.startswith("source") for t in graph[m])
+
+
+def test_the_http_client_imports_none_of_the_backends_it_carries():
+    """``store`` is one way inside too: the HTTP(S) client is the transport
+    of the GCS and Hub backends, which give it their credentials
+    (``OriginCredentials``); it imports none of them."""
+    graph, where = every_module_graph(SRC)
+    http = [m for m in graph if m == "store::http" or m.startswith("store::http::")]
+    assert http, "the graph was not read"
+    upward = [
+        f"{m} -> {t}: {', '.join(where[(m, t)][:3])}"
+        for m in sorted(http)
+        for t in sorted(graph[m])
+        if t.startswith(("store::gcs", "store::hub"))
+    ]
+    assert not upward, "the HTTP(S) client imports the backends above it:\n" + "\n".join(upward)
+    for backend in ("store::gcs", "store::hub"):
+        assert any(t.startswith("store::http") for t in graph.get(backend, ())), backend

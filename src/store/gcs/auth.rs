@@ -29,6 +29,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::PrivatePkcs8KeyDer;
 use tokio::sync::Mutex;
 
+use crate::store::http::{AuthorizationFuture, OriginCredentials};
+
 /// The public endpoint of Google Cloud Storage.
 const PUBLIC_ENDPOINT: &str = "https://storage.googleapis.com";
 
@@ -88,7 +90,7 @@ fn endpoint_of(emulator: Option<&str>) -> String {
 /// Whether a request for `url` (at the GCS endpoint) may carry the access
 /// token: not when it is a signed URL, which carries its own authorization
 /// (GCS refuses a request with two).
-pub fn takes_token(url: &url::Url) -> bool {
+fn takes_token(url: &url::Url) -> bool {
     !url.query_pairs().any(|(name, _)| {
         name.eq_ignore_ascii_case("x-goog-signature") || name.eq_ignore_ascii_case("signature")
     })
@@ -426,14 +428,48 @@ struct AuthState {
 /// credentials are looked for at the first request, the token kept until
 /// shortly before it expires and shared by all requests of a client.
 #[derive(Default)]
-pub struct GoogleAuth {
+struct GoogleAuth {
     state: Mutex<AuthState>,
+}
+
+/// Google Cloud Storage's credentials for the HTTP(S) client: an access
+/// token for requests to its endpoint (not for signed URLs).
+pub fn credentials() -> Option<Box<dyn OriginCredentials>> {
+    let endpoint = url::Url::parse(&gcs_endpoint()).ok()?;
+    Some(Box::new(GcsToken {
+        endpoint,
+        auth: GoogleAuth::default(),
+    }))
+}
+
+/// The access token of requests to the GCS endpoint.
+struct GcsToken {
+    endpoint: url::Url,
+    auth: GoogleAuth,
+}
+
+impl OriginCredentials for GcsToken {
+    fn endpoint(&self) -> &url::Url {
+        &self.endpoint
+    }
+
+    fn authorization<'a>(&'a self, url: &'a url::Url) -> AuthorizationFuture<'a> {
+        Box::pin(async move {
+            if !takes_token(url) {
+                return Ok(None);
+            }
+            self.auth
+                .bearer()
+                .await
+                .map_err(|reason| format!("{NO_TOKEN}: {reason}"))
+        })
+    }
 }
 
 impl GoogleAuth {
     /// The `Bearer` header value to send (`None`: anonymous), or why none
     /// can be had.
-    pub async fn bearer(&self) -> Result<Option<HeaderValue>, String> {
+    async fn bearer(&self) -> Result<Option<HeaderValue>, String> {
         let mut state = self.state.lock().await;
         if let Some((value, renew_at)) = &state.token {
             if Instant::now() < *renew_at {

@@ -191,36 +191,42 @@ impl<'a> Resolver<'a> {
             spec: url.to_owned(),
             reason,
         })?;
-        with_http_client(self.transport, async |client| {
-            let mut objects = if path.is_empty() || path.ends_with('/') {
-                let listed = self.list(client, url, bucket, path).await?;
-                let kept: Vec<Object> = listed
+        with_http_client(
+            self.transport,
+            auth::credentials().into_iter().collect(),
+            async |client| {
+                let mut objects = if path.is_empty() || path.ends_with('/') {
+                    let listed = self.list(client, url, bucket, path).await?;
+                    let kept: Vec<Object> = listed
+                        .into_iter()
+                        .filter(|(key, ..)| !key.ends_with('/') && keep(key))
+                        .collect();
+                    if kept.is_empty() {
+                        return Err(Error::Spec {
+                            spec: url.to_owned(),
+                            reason: format!(
+                                "no shard under the prefix {path:?} of bucket {bucket}"
+                            ),
+                        });
+                    }
+                    kept
+                } else {
+                    vec![self.object(client, url, bucket, path).await?]
+                };
+                objects.sort();
+                Ok(objects
                     .into_iter()
-                    .filter(|(key, ..)| !key.ends_with('/') && keep(key))
-                    .collect();
-                if kept.is_empty() {
-                    return Err(Error::Spec {
-                        spec: url.to_owned(),
-                        reason: format!("no shard under the prefix {path:?} of bucket {bucket}"),
-                    });
-                }
-                kept
-            } else {
-                vec![self.object(client, url, bucket, path).await?]
-            };
-            objects.sort();
-            Ok(objects
-                .into_iter()
-                .map(|(key, size, generation)| {
-                    let media = format!(
+                    .map(|(key, size, generation)| {
+                        let media = format!(
                         "{}/download/storage/v1/b/{bucket}/o/{}?alt=media&generation={generation}",
                         self.endpoint,
                         percent_encode(&key)
                     );
-                    (media, size)
-                })
-                .collect())
-        })
+                        (media, size)
+                    })
+                    .collect())
+            },
+        )
     }
 
     /// A JSON answer of the API, as a `T`: not JSON, or JSON of another

@@ -15,13 +15,14 @@
 //! past the bytes already delivered; every answer must carry the bytes its
 //! `Content-Length` announces. Redirects are followed (at most
 //! [`MAX_REDIRECTS`]); headers from the `http_headers` option go to the
-//! shard's own origin only, and the Hugging Face token (`HF_TOKEN`, or the
-//! file huggingface_hub writes) to the Hub's endpoint only; a Google Cloud Storage access token
-//! ([`GoogleAuth`]) to the GCS endpoint only. No header value appears in an
-//! error.
+//! shard's own origin only, and the [`OriginCredentials`] the client is
+//! given (the Hugging Face token, a Google Cloud Storage access token) to
+//! their endpoint's origin only. No header value appears in an error.
 
 mod resource;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -34,8 +35,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::gcs::auth::{gcs_endpoint, takes_token, GoogleAuth, NO_TOKEN};
-use super::hub::auth::{hub_endpoint, hub_token};
 use super::ranged::{check_response, error_chain, Failure, Retries};
 use super::runtime::on_io_runtime;
 use crate::config::Transport;
@@ -56,6 +55,23 @@ pub(crate) fn origin(url: &url::Url) -> Origin {
     )
 }
 
+/// What the `Authorization` header of a request for `url` is, asked of
+/// [`OriginCredentials::authorization`]: `None` when `url` takes none, or
+/// why the credentials cannot be had (an access-denied error).
+pub type AuthorizationFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<HeaderValue>, String>> + Send + 'a>>;
+
+/// Credentials the client sends to the origin of one endpoint, as its
+/// `Authorization` header, unless the `http_headers` option gives one. They
+/// are asked for at each request there, so a provider may refresh a token
+/// that expires.
+pub trait OriginCredentials: Send + Sync {
+    /// The endpoint whose origin takes them.
+    fn endpoint(&self) -> &url::Url;
+    /// The header for a request for `url`, at the endpoint's origin.
+    fn authorization<'a>(&'a self, url: &'a url::Url) -> AuthorizationFuture<'a>;
+}
+
 /// A client for one stream's HTTP(S) requests, made in the process that
 /// reads (after fork).
 pub struct HttpClient {
@@ -63,10 +79,8 @@ pub struct HttpClient {
     transport: Transport,
     /// The `http_headers` option, parsed.
     headers: Vec<(HeaderName, HeaderValue)>,
-    /// The Hub's endpoint and `Bearer` token, when a token is found.
-    hub: Option<(url::Url, HeaderValue)>,
-    /// The Google Cloud Storage endpoint and its credentials.
-    gcs: Option<(url::Url, GoogleAuth)>,
+    /// The credentials it sends, each to its endpoint's origin.
+    credentials: Vec<Box<dyn OriginCredentials>>,
     /// Origins whose last first answer carried a validator (ETag or
     /// Last-Modified): the first GET of a resource there asks for its first
     /// part only; elsewhere for the whole unit, read as one stream.
@@ -81,9 +95,13 @@ struct Answer {
 }
 
 impl HttpClient {
-    /// A client with `transport`'s timeouts, retries and headers; the Hub's
-    /// token from the environment. Fails only when no TLS setup can be made.
-    pub fn new(transport: &Transport) -> Result<Self, String> {
+    /// A client with `transport`'s timeouts, retries and headers, sending
+    /// `credentials` to their endpoints. Fails only when no TLS setup can
+    /// be made.
+    pub fn new(
+        transport: &Transport,
+        credentials: Vec<Box<dyn OriginCredentials>>,
+    ) -> Result<Self, String> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(transport.connect_timeout));
@@ -106,28 +124,18 @@ impl HttpClient {
             value.set_sensitive(true);
             headers.push((name, value));
         }
-        let hub = hub_token().and_then(|token| {
-            let endpoint = url::Url::parse(&hub_endpoint()).ok()?;
-            let mut value = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
-            value.set_sensitive(true);
-            Some((endpoint, value))
-        });
-        let gcs = url::Url::parse(&gcs_endpoint())
-            .ok()
-            .map(|endpoint| (endpoint, GoogleAuth::default()));
         Ok(HttpClient {
             client,
             transport: transport.clone(),
             headers,
-            hub,
-            gcs,
+            credentials,
             pinnable: std::sync::Mutex::default(),
         })
     }
 
     /// Sends one request for `url` (at byte `offset`, for errors) with
     /// `extra` headers, following redirects. The `http_headers` go to the
-    /// origin of `url` only, the Hub token to the Hub's endpoint only.
+    /// origin of `url` only, each credentials to their endpoint's only.
     async fn send(
         &self,
         method: &Method,
@@ -164,25 +172,24 @@ impl HttpClient {
                     request = request.header(name, value.clone());
                 }
             }
-            if let Some((endpoint, token)) = &self.hub {
-                if !authorized && origin(&current) == origin(endpoint) {
-                    request = request.header(header::AUTHORIZATION, token.clone());
+            for credentials in &self.credentials {
+                if authorized || origin(&current) != origin(credentials.endpoint()) {
+                    continue;
                 }
-            }
-            if let Some((endpoint, auth)) = &self.gcs {
-                if !authorized && origin(&current) == origin(endpoint) && takes_token(&current) {
-                    match auth.bearer().await {
-                        Ok(Some(token)) => request = request.header(header::AUTHORIZATION, token),
-                        Ok(None) => {}
-                        Err(reason) => {
-                            return Err(Failure::Fatal(Error::AccessDenied {
-                                url: url.to_owned(),
-                                source: std::io::Error::new(
-                                    std::io::ErrorKind::PermissionDenied,
-                                    format!("{NO_TOKEN}: {reason}"),
-                                ),
-                            }))
-                        }
+                match credentials.authorization(&current).await {
+                    Ok(Some(value)) => {
+                        request = request.header(header::AUTHORIZATION, value);
+                        authorized = true;
+                    }
+                    Ok(None) => {}
+                    Err(reason) => {
+                        return Err(Failure::Fatal(Error::AccessDenied {
+                            url: url.to_owned(),
+                            source: std::io::Error::new(
+                                std::io::ErrorKind::PermissionDenied,
+                                reason,
+                            ),
+                        }))
                     }
                 }
             }
@@ -443,14 +450,16 @@ fn is_strong(etag: &str) -> bool {
     !etag.starts_with("W/")
 }
 
-/// Runs `work` with a fresh HTTP client ([`on_io_runtime`]).
+/// Runs `work` with a fresh HTTP client sending `credentials`
+/// ([`on_io_runtime`]).
 pub fn with_http_client<T>(
     transport: &Transport,
+    credentials: Vec<Box<dyn OriginCredentials>>,
     work: impl AsyncFnOnce(&HttpClient) -> Result<T, Error>,
 ) -> Result<T, Error> {
     transport.validate()?;
     on_io_runtime(async {
-        let client = HttpClient::new(transport).map_err(Error::Stopped)?;
+        let client = HttpClient::new(transport, credentials).map_err(Error::Stopped)?;
         work(&client).await
     })
 }

@@ -1,6 +1,36 @@
 //! Who the Hugging Face Hub is and what proves the user to it: its
 //! endpoint and the token huggingface_hub would send, which the HTTP(S)
-//! client (`store/http/`) sends to that endpoint only.
+//! client (`store/http/`) is given to send to that endpoint only.
+
+use http::HeaderValue;
+
+use crate::store::http::{AuthorizationFuture, OriginCredentials};
+
+/// The Hub's token, as the `Bearer` header of requests to its endpoint.
+struct HubToken {
+    endpoint: url::Url,
+    header: HeaderValue,
+}
+
+impl OriginCredentials for HubToken {
+    fn endpoint(&self) -> &url::Url {
+        &self.endpoint
+    }
+
+    fn authorization<'a>(&'a self, _url: &'a url::Url) -> AuthorizationFuture<'a> {
+        Box::pin(async move { Ok(Some(self.header.clone())) })
+    }
+}
+
+/// The Hub's credentials for the HTTP(S) client: its token, when one is
+/// found, for its endpoint.
+pub fn credentials() -> Option<Box<dyn OriginCredentials>> {
+    let token = hub_token()?;
+    let endpoint = url::Url::parse(&hub_endpoint()).ok()?;
+    let mut header = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    header.set_sensitive(true);
+    Some(Box::new(HubToken { endpoint, header }))
+}
 
 /// The Hugging Face Hub's endpoint: `HF_ENDPOINT`, else huggingface.co.
 pub fn hub_endpoint() -> String {
@@ -16,7 +46,7 @@ pub fn hub_endpoint() -> String {
 /// The Hugging Face token, as huggingface_hub finds it: `HF_TOKEN`, else
 /// the file at `HF_TOKEN_PATH`, else `$HF_HOME/token` (`HF_HOME` defaulting
 /// to `$XDG_CACHE_HOME/huggingface`, else `~/.cache/huggingface`).
-pub fn hub_token() -> Option<String> {
+fn hub_token() -> Option<String> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     if let Some(token) = env("HF_TOKEN") {
         return Some(token.trim().to_owned());

@@ -330,63 +330,67 @@ impl<'a> Resolver<'a> {
             reason,
         })?;
         let transport = self.transport;
-        with_http_client(transport, async |client| {
-            let commit = self.commit(client, url, &hub).await?;
-            let path = hub.path.as_str();
-            let mut files: Vec<(String, u64)> = if is_glob(path) {
-                let fixed = &path[..path.find(['*', '?', '[']).unwrap_or(0)];
-                let folder = &fixed[..fixed.rfind('/').map_or(0, |i| i + 1)];
-                let pattern: Vec<char> = path.chars().collect();
-                self.list(client, url, &hub, &commit, folder, true)
-                    .await?
-                    .into_iter()
-                    .filter(|(p, _, dir)| {
-                        !dir && keep(p) && glob_match(&pattern, &p.chars().collect::<Vec<_>>())
-                    })
-                    .map(|(p, size, _)| (p, size))
-                    .collect()
-            } else if path.is_empty() || path.ends_with('/') {
-                self.folder(client, url, &hub, &commit, path, keep).await?
-            } else {
-                let parent = &path[..path.rfind('/').map_or(0, |i| i + 1)];
-                let listed = self.list(client, url, &hub, &commit, parent, false).await?;
-                match listed.into_iter().find(|(p, _, _)| p == path) {
-                    Some((_, _, true)) => {
-                        self.folder(client, url, &hub, &commit, &format!("{path}/"), keep)
-                            .await?
-                    }
-                    Some((p, size, false)) => vec![(p, size)],
-                    None => {
-                        return Err(Error::NotFound {
-                            url: url.to_owned(),
-                            source: std::io::Error::new(
-                                std::io::ErrorKind::NotFound,
-                                format!("no file {path:?} in {} at commit {commit}", hub.repo),
-                            ),
+        with_http_client(
+            transport,
+            auth::credentials().into_iter().collect(),
+            async |client| {
+                let commit = self.commit(client, url, &hub).await?;
+                let path = hub.path.as_str();
+                let mut files: Vec<(String, u64)> = if is_glob(path) {
+                    let fixed = &path[..path.find(['*', '?', '[']).unwrap_or(0)];
+                    let folder = &fixed[..fixed.rfind('/').map_or(0, |i| i + 1)];
+                    let pattern: Vec<char> = path.chars().collect();
+                    self.list(client, url, &hub, &commit, folder, true)
+                        .await?
+                        .into_iter()
+                        .filter(|(p, _, dir)| {
+                            !dir && keep(p) && glob_match(&pattern, &p.chars().collect::<Vec<_>>())
                         })
+                        .map(|(p, size, _)| (p, size))
+                        .collect()
+                } else if path.is_empty() || path.ends_with('/') {
+                    self.folder(client, url, &hub, &commit, path, keep).await?
+                } else {
+                    let parent = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+                    let listed = self.list(client, url, &hub, &commit, parent, false).await?;
+                    match listed.into_iter().find(|(p, _, _)| p == path) {
+                        Some((_, _, true)) => {
+                            self.folder(client, url, &hub, &commit, &format!("{path}/"), keep)
+                                .await?
+                        }
+                        Some((p, size, false)) => vec![(p, size)],
+                        None => {
+                            return Err(Error::NotFound {
+                                url: url.to_owned(),
+                                source: std::io::Error::new(
+                                    std::io::ErrorKind::NotFound,
+                                    format!("no file {path:?} in {} at commit {commit}", hub.repo),
+                                ),
+                            })
+                        }
                     }
+                };
+                if files.is_empty() {
+                    return Err(Error::Spec {
+                        spec: url.to_owned(),
+                        reason: format!(
+                            "no file of {} at commit {commit} matches {path:?}",
+                            hub.repo
+                        ),
+                    });
                 }
-            };
-            if files.is_empty() {
-                return Err(Error::Spec {
-                    spec: url.to_owned(),
-                    reason: format!(
-                        "no file of {} at commit {commit} matches {path:?}",
-                        hub.repo
-                    ),
-                });
-            }
-            files.sort();
-            let base = format!(
-                "{}/datasets/{}/resolve/{commit}",
-                self.endpoint,
-                encode(&hub.repo, true)
-            );
-            Ok(files
-                .into_iter()
-                .map(|(p, size)| (format!("{base}/{}", encode(&p, true)), size))
-                .collect())
-        })
+                files.sort();
+                let base = format!(
+                    "{}/datasets/{}/resolve/{commit}",
+                    self.endpoint,
+                    encode(&hub.repo, true)
+                );
+                Ok(files
+                    .into_iter()
+                    .map(|(p, size)| (format!("{base}/{}", encode(&p, true)), size))
+                    .collect())
+            },
+        )
     }
 
     /// The files under `folder` (recursively) that `keep` takes.
