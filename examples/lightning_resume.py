@@ -28,16 +28,16 @@ import signal
 import sys
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import StreamingDataset
-from shardstream.lightning import ShardStreamCallback
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
 
 # How DataLoader workers start in a DDP rank: forked ones can hang as they
 # start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
@@ -59,26 +59,32 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-class Model(pl.LightningModule):
-    def __init__(self, out: Path, kill_at: int | None) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(3, 1)
-        self.out = out
-        self.kill_at = kill_at
+def make_model(out: Path, kill_at: int | None) -> pl.LightningModule:
+    """The model. Lightning is imported here, not at the top: the spawned
+    DataLoader workers import this script (to find ``collate``), and need
+    not import Lightning too."""
+    import lightning.pytorch as pl
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        step = self.trainer.global_step + 1
-        if step == self.kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no last checkpoint
-        line = {"step": step, "epoch": self.current_epoch, "keys": batch["keys"]}
-        with open(self.out / f"steps-rank{self.global_rank}.jsonl", "a") as f:
-            f.write(json.dumps(line) + "\n")
-        prediction = self.layer(batch["features"])
-        return torch.nn.functional.mse_loss(prediction, batch["targets"])
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(3, 1)
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            step = self.trainer.global_step + 1
+            if step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)  # no clean-up, no last checkpoint
+            line = {"step": step, "epoch": self.current_epoch, "keys": batch["keys"]}
+            with open(out / f"steps-rank{self.global_rank}.jsonl", "a") as f:
+                f.write(json.dumps(line) + "\n")
+            prediction = self.layer(batch["features"])
+            return torch.nn.functional.mse_loss(prediction, batch["targets"])
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Model()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from shardstream.lightning import ShardStreamCallback
 
     dataset = StreamingDataset(args.data, seed=0, shuffle_buffer=16)
     loader_class = DataLoader if args.plain_loader else StatefulDataLoader
@@ -132,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(Model(args.out, args.kill_at), loader, ckpt_path=args.resume)
+    trainer.fit(make_model(args.out, args.kill_at), loader, ckpt_path=args.resume)
     return 0
 
 
