@@ -41,12 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import StreamingDataset
-from shardstream.accelerate import prepare_loader
 
 # How DataLoader workers start in a DDP rank: forked ones can hang as they
 # start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
@@ -110,6 +108,12 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Imported here, not at the top: spawned DataLoader workers import this
+    # script again (to find ``collate``), and need torch, not Accelerate.
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    from shardstream.accelerate import prepare_loader
+
     args = parse_args(argv)
     accelerator = Accelerator(
         dataloader_config=DataLoaderConfiguration(

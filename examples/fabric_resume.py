@@ -39,7 +39,6 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import Ledger, StreamingDataset
-from shardstream.lightning import all_rank_states, load_rank_state
 
 # How DataLoader workers start in a DDP rank: forked ones can hang as they
 # start on CPython before 3.12 (gh-112275; docs/integrations.md), spawned
@@ -85,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     # Imported here, not at the top: spawned DataLoader workers import this
     # script again, and need torch, not Lightning (3 s of CPU each).
     from lightning.fabric import Fabric
+
+    from shardstream.lightning import all_rank_states, load_rank_state
 
     fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
     fabric.launch()

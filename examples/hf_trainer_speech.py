@@ -26,19 +26,19 @@ import json
 import sys
 import wave
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from transformers import (
-    Trainer,
-    TrainingArguments,
-    Wav2Vec2Config,
-    Wav2Vec2ForSequenceClassification,
-)
 
 from shardstream import StreamingDataset
-from shardstream.transformers import StreamingTrainer
+
+if TYPE_CHECKING:
+    from transformers import Trainer, Wav2Vec2ForSequenceClassification
+
+# transformers is imported where it is used, not at the top: spawned
+# DataLoader workers import this script again (to find ``collate``), and
+# need numpy and torch, not transformers (seconds of CPU each).
 
 CLIP = 1600  # samples of 16 kHz audio per example (0.1 s): cropped or zero-padded
 
@@ -61,6 +61,8 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def tiny_model() -> Wav2Vec2ForSequenceClassification:
+    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
     config = Wav2Vec2Config(
         hidden_size=16,
         num_hidden_layers=1,
@@ -97,6 +99,10 @@ def recording(base: type[Trainer]) -> type[Trainer]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transformers import Trainer, TrainingArguments
+
+    from shardstream.transformers import StreamingTrainer
+
     parser = argparse.ArgumentParser(description="HF Trainer over WAV shards with shardstream.")
     parser.add_argument("data", help="dataset spec of WAV + JSON tar shards")
     parser.add_argument("--out", type=Path, required=True, help="where to write rank-{rank}.json")
