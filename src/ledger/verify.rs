@@ -460,27 +460,78 @@ pub(super) fn check_epochs<'a>(
     }
 }
 
-/// The first generation of `order` whose ranks took unequal numbers of
-/// steps in `epoch` (`steps_of[(generation, rank)]`).
-pub(super) fn unequal_steps(
-    generations: &[Generation],
-    epoch: u64,
-    order: &[usize],
-    steps_of: &BTreeMap<(usize, usize), u64>,
-) -> Option<Violation> {
-    order.iter().find_map(|&g| {
-        let steps: Vec<u64> = (0..generations[g].meta.world_size)
-            .map(|rank| steps_of.get(&(g, rank)).copied().unwrap_or(0))
-            .collect();
-        steps
+/// The steps an epoch's records take, per generation and rank, and the
+/// ranks that recorded the epoch's end.
+#[derive(Default)]
+pub(super) struct StepTally {
+    steps: BTreeSet<u64>,
+    steps_of: BTreeMap<(usize, usize), u64>,
+    ended: BTreeSet<(usize, usize)>,
+}
+
+impl StepTally {
+    /// Counts `entry`, its samples as trained or skipped in `report`;
+    /// false for an epoch's end, which holds no samples.
+    pub(super) fn count(&mut self, entry: &Entry<'_>, report: &mut EpochReport) -> bool {
+        let record = entry.record;
+        match record.kind {
+            RecordKind::EpochEnd => {
+                self.ended.insert((entry.generation, entry.rank));
+                return false;
+            }
+            RecordKind::Trained => report.trained += record.ids.len() as u64,
+            RecordKind::Skipped => report.skipped += record.ids.len() as u64,
+        }
+        self.steps.insert(record.step);
+        *self
+            .steps_of
+            .entry((entry.generation, entry.rank))
+            .or_default() += 1;
+        true
+    }
+
+    /// Fills in `report`'s steps and whether its epoch is complete (every
+    /// rank of the generation of its last step recorded its end, or a
+    /// later epoch began), and names the ranks of a generation of `order`
+    /// that took unequal steps in a complete one. Whether the epoch's
+    /// coverage is to be checked next: complete, no violation.
+    pub(super) fn finish(
+        &self,
+        generations: &[Generation],
+        entries: &[Entry<'_>],
+        order: &[usize],
+        later_epoch: bool,
+        report: &mut EpochReport,
+    ) -> bool {
+        report.steps = self.steps.len() as u64;
+        let last = entries
             .iter()
-            .any(|&n| n != steps[0])
-            .then(|| Violation::UnequalSteps {
-                epoch,
-                generation: generations[g].meta.generation,
-                steps,
-            })
-    })
+            .filter(|e| e.record.kind != RecordKind::EpochEnd)
+            .map(|e| (e.record.step, e.generation))
+            .max()
+            .map_or(order[order.len() - 1], |(_, g)| g);
+        report.complete = later_epoch
+            || (0..generations[last].meta.world_size)
+                .all(|rank| self.ended.contains(&(last, rank)));
+        if !report.complete || report.violation.is_some() {
+            return false;
+        }
+        let unequal = order.iter().find_map(|&g| {
+            let steps: Vec<u64> = (0..generations[g].meta.world_size)
+                .map(|rank| self.steps_of.get(&(g, rank)).copied().unwrap_or(0))
+                .collect();
+            steps
+                .iter()
+                .any(|&n| n != steps[0])
+                .then(|| Violation::UnequalSteps {
+                    epoch: report.epoch,
+                    generation: generations[g].meta.generation,
+                    steps,
+                })
+        });
+        report.violation = unequal;
+        report.violation.is_none()
+    }
 }
 
 /// The generation (index) whose record of `step` counts: the latest whose
@@ -645,21 +696,12 @@ fn check_epoch(
         violation: None,
     };
     let mut seen = vec![0u8; usize::try_from(total).unwrap_or(usize::MAX)];
-    let mut steps = BTreeSet::new();
-    let mut steps_of: BTreeMap<(usize, usize), u64> = BTreeMap::new();
-    let mut ended: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut tally = StepTally::default();
     for entry in entries {
-        let record = entry.record;
-        match record.kind {
-            RecordKind::EpochEnd => {
-                ended.insert((entry.generation, entry.rank));
-                continue;
-            }
-            RecordKind::Trained => report.trained += record.ids.len() as u64,
-            RecordKind::Skipped => report.skipped += record.ids.len() as u64,
+        if !tally.count(entry, &mut report) {
+            continue;
         }
-        steps.insert(record.step);
-        *steps_of.entry((entry.generation, entry.rank)).or_default() += 1;
+        let record = entry.record;
         for &id in &record.ids {
             let Some(position) = sequence.position(dataset, id) else {
                 report.violation.get_or_insert(Violation::NotInDataset {
@@ -696,20 +738,7 @@ fn check_epoch(
             }
         }
     }
-    report.steps = steps.len() as u64;
-    // The generation of the epoch's last step.
-    let last = entries
-        .iter()
-        .filter(|e| e.record.kind != RecordKind::EpochEnd)
-        .map(|e| (e.record.step, e.generation))
-        .max()
-        .map_or(order[order.len() - 1], |(_, g)| g);
-    report.complete = later_epoch || (0..layout(last).0).all(|rank| ended.contains(&(last, rank)));
-    if !report.complete || report.violation.is_some() {
-        return report;
-    }
-    if let Some(violation) = unequal_steps(generations, epoch, &order, &steps_of) {
-        report.violation = Some(violation);
+    if !tally.finish(generations, entries, &order, later_epoch, &mut report) {
         return report;
     }
     // Samples never taken: the first layout's drop is the epoch's tail.

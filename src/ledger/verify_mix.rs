@@ -9,11 +9,11 @@
 //! epoch resumed onto another layout is checked for the first three only:
 //! an elastic resume splits the mixture's rest anew.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::HashMap;
 
-use super::file::{Generation, RecordKind};
+use super::file::Generation;
 use super::verify::{
-    check_epochs, params, place, unequal_steps, Dataset, Entry, EpochReport, Report, SampleName,
+    check_epochs, params, place, Dataset, Entry, EpochReport, Report, SampleName, StepTally,
     Violation,
 };
 use crate::plan::mix::{pass_epoch, Policy, SlotMixture, SlotPlan, MAX_PASSES};
@@ -147,21 +147,12 @@ fn check_mix_epoch(
     let mut pads: HashMap<(u64, usize), u64> = HashMap::new();
     // Each sample taken: how often, and the entry that took it first.
     let mut seen: HashMap<MixSample, (u64, usize)> = HashMap::new();
-    let mut steps = BTreeSet::new();
-    let mut steps_of: BTreeMap<(usize, usize), u64> = BTreeMap::new();
-    let mut ended: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut tally = StepTally::default();
     for (at, entry) in entries.iter().enumerate() {
-        let record = entry.record;
-        match record.kind {
-            RecordKind::EpochEnd => {
-                ended.insert((entry.generation, entry.rank));
-                continue;
-            }
-            RecordKind::Trained => report.trained += record.ids.len() as u64,
-            RecordKind::Skipped => report.skipped += record.ids.len() as u64,
+        if !tally.count(entry, &mut report) {
+            continue;
         }
-        steps.insert(record.step);
-        *steps_of.entry((entry.generation, entry.rank)).or_default() += 1;
+        let record = entry.record;
         for &id in &record.ids {
             let Some(sample) = mix.sample(offsets, id) else {
                 report.violation.get_or_insert(Violation::NotInDataset {
@@ -194,19 +185,7 @@ fn check_mix_epoch(
             }
         }
     }
-    report.steps = steps.len() as u64;
-    let last = entries
-        .iter()
-        .filter(|e| e.record.kind != RecordKind::EpochEnd)
-        .map(|e| (e.record.step, e.generation))
-        .max()
-        .map_or(order[order.len() - 1], |(_, g)| g);
-    report.complete = later_epoch || (0..layout(last).0).all(|rank| ended.contains(&(last, rank)));
-    if !report.complete || report.violation.is_some() {
-        return report;
-    }
-    if let Some(violation) = unequal_steps(generations, epoch, &order, &steps_of) {
-        report.violation = Some(violation);
+    if !tally.finish(generations, entries, &order, later_epoch, &mut report) {
         return report;
     }
     if !same_layout {
@@ -432,7 +411,9 @@ fn planned_samples(mix: &MixDataset, epoch: u64, layout: (usize, usize)) -> Opti
 mod tests {
     use std::path::PathBuf;
 
-    use super::super::file::{DatasetMeta, Meta, RankLog, Record, LEDGER_FORMAT, LEDGER_VERSION};
+    use super::super::file::{
+        DatasetMeta, Meta, RankLog, Record, RecordKind, LEDGER_FORMAT, LEDGER_VERSION,
+    };
     use super::*;
 
     /// Two streams: shards of 4 and 3 samples; one shard of 5.

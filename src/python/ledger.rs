@@ -54,21 +54,7 @@ impl LedgerRecords {
             kind: record_kind(kind)?,
             count,
         }];
-        let encoded = match ids.as_slice() {
-            Ok(flat) => encode_records(&head, |i| row(&flat[3 * i..3 * i + 3]), &mut self.bytes),
-            Err(_) => encode_records(
-                &head,
-                |i| {
-                    (
-                        rows[[i, 0]] as u64,
-                        rows[[i, 1]] as u64,
-                        rows[[i, 2]] as u64,
-                    )
-                },
-                &mut self.bytes,
-            ),
-        };
-        encoded.map_err(mixed_epochs)?;
+        encode_rows(&head, &ids, &mut self.bytes).map_err(mixed_epochs)?;
         self.samples += count;
         Ok(())
     }
@@ -112,20 +98,7 @@ impl LedgerRecords {
             if view.dim() != (total, 3) {
                 return Err(wrong_ids(format!("{:?}", view.dim()), total));
             }
-            match rows.as_slice() {
-                Ok(flat) => encode_records(&heads, |i| row(&flat[3 * i..3 * i + 3]), out),
-                Err(_) => encode_records(
-                    &heads,
-                    |i| {
-                        (
-                            view[[i, 0]] as u64,
-                            view[[i, 1]] as u64,
-                            view[[i, 2]] as u64,
-                        )
-                    },
-                    out,
-                ),
-            }
+            encode_rows(&heads, &rows, out)
         } else {
             let columns: [PyReadonlyArray1<'_, i64>; 3] = ids.extract()?;
             let [a, b, c] = columns.each_ref().map(|column| column.as_array());
@@ -154,10 +127,42 @@ impl LedgerRecords {
     }
 }
 
-/// An id row as `u64`s. The ids are never negative: a negative one (not a
-/// sample's) would be written wide, and found by verify outside the dataset.
-fn row(row: &[i64]) -> (u64, u64, u64) {
-    (row[0] as u64, row[1] as u64, row[2] as u64)
+/// Appends `heads`' records, their ids the rows of `rows` (`(N, 3)`,
+/// checked by the caller). The ids are never negative: a negative one (not
+/// a sample's) would be written wide, and found by verify outside the
+/// dataset.
+fn encode_rows(
+    heads: &[RecordHead],
+    rows: &PyReadonlyArray2<'_, i64>,
+    out: &mut Vec<u8>,
+) -> Result<(), MixedEpochs> {
+    match rows.as_slice() {
+        Ok(flat) => encode_records(
+            heads,
+            |i| {
+                (
+                    flat[3 * i] as u64,
+                    flat[3 * i + 1] as u64,
+                    flat[3 * i + 2] as u64,
+                )
+            },
+            out,
+        ),
+        Err(_) => {
+            let view = rows.as_array();
+            encode_records(
+                heads,
+                |i| {
+                    (
+                        view[[i, 0]] as u64,
+                        view[[i, 1]] as u64,
+                        view[[i, 2]] as u64,
+                    )
+                },
+                out,
+            )
+        }
+    }
 }
 
 fn record_kind(code: u32) -> PyResult<RecordKind> {
