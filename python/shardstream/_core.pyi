@@ -431,6 +431,7 @@ class SampleStream(Iterator[Any]):
         counters: Counters | None = None,
         local_bytes: Callable[..., bytes] | None = None,
         shared_bytes: Callable[..., bytes] | None = None,
+        on_skip: Callable[[int, int, int, int | None, str], object] | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:

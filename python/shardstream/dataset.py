@@ -44,6 +44,7 @@ from .worker_sharing import check_worker_start
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .ledger import SkipLog
     from .options import DatasetOptions
 
 __all__ = ["Batch", "StreamingDataset"]
@@ -267,6 +268,10 @@ class StreamingDataset(IterableDataset[Any]):
         self._stats_since: dict[str, int] | None = None
         self._stream: SampleStream | None = None
         self._decode_checked = False
+        self.skip_log: SkipLog | None = None
+        """Where this dataset's streams record the samples they leave out
+        under ``on_error="warn"`` (a ``Ledger`` sets it): DataLoader
+        workers made after it is set record there too."""
 
     @property
     def shards(self) -> list[tuple[str, int | None]]:
@@ -412,7 +417,8 @@ class StreamingDataset(IterableDataset[Any]):
         transform = self.options["transform"]
         if transform is None:
             return items
-        return _Transformed(items, transform, self.options["on_error"] == "warn", self._counters)
+        skip = self.options["on_error"] == "warn"
+        return _Transformed(items, transform, skip, self._counters, self.skip_log)
 
     def check_decode_fields(self, item: Any) -> None:
         """Warns with a ``DecodeFieldWarning`` if a key of the ``decode``
@@ -538,6 +544,7 @@ class StreamingDataset(IterableDataset[Any]):
                 else None
             ),
             shared_bytes=SharedBytes if shared_limit else None,
+            on_skip=self.skip_log,
         )
 
     def stats(self, reset: bool = False) -> dict[str, int]:
@@ -625,7 +632,7 @@ class _Transformed:
     is as exact as without a transform. The transform's time is counted
     (``transform_ns``)."""
 
-    __slots__ = ("_counters", "_skip", "_stream", "_transform")
+    __slots__ = ("_counters", "_skip", "_skip_log", "_stream", "_transform")
 
     def __init__(
         self,
@@ -633,11 +640,13 @@ class _Transformed:
         transform: Callable[[Any], Any],
         skip: bool,
         counters: Counters,
+        skip_log: SkipLog | None,
     ) -> None:
         self._stream = stream
         self._transform = transform
         self._skip = skip
         self._counters = counters
+        self._skip_log = skip_log
 
     def __iter__(self) -> _Transformed:
         return self
@@ -646,7 +655,9 @@ class _Transformed:
         while True:
             taken = next(self._stream)
             started = time.perf_counter_ns()
-            item = apply_transform(self._transform, taken, self._skip, self._counters)
+            item = apply_transform(
+                self._transform, taken, self._skip, self._counters, self._skip_log
+            )
             self._counters.count_transform(time.perf_counter_ns() - started)
             if item is not SKIPPED:
                 return item
@@ -771,14 +782,19 @@ SKIPPED = object()
 
 
 def apply_transform(
-    transform: Callable[[Any], Any], item: Any, skip: bool, counters: Counters
+    transform: Callable[[Any], Any],
+    item: Any,
+    skip: bool,
+    counters: Counters,
+    skip_log: SkipLog | None = None,
 ) -> Any:
     """``transform(item)``; an exception in it raises ``TransformError``
     naming the shard and key, or, with ``skip``, warns with a
-    ``SampleSkippedWarning``, counts the item as skipped and returns
-    ``SKIPPED``."""
+    ``SampleSkippedWarning``, counts the item as skipped, records its
+    ``__id__`` in ``skip_log`` (if any) and returns ``SKIPPED``."""
     # Named before the call: the transform may change the item.
     where = _where(item)
+    ids = item.get("__id__") if skip_log is not None and isinstance(item, dict) else None
     try:
         return transform(item)
     except Exception as error:
@@ -786,6 +802,8 @@ def apply_transform(
         if not skip:
             raise TransformError(message) from error
         counters.count_skipped()
+        if ids is not None and skip_log is not None:
+            skip_log.samples(ids, message)
         warnings.warn(f"skipped {message}", SampleSkippedWarning, stacklevel=3)
         return SKIPPED
 

@@ -34,7 +34,7 @@ else:
     # shardstream`` imports neither numpy nor torch.
     np = torch = None
 
-__all__ = ["Ledger"]
+__all__ = ["Ledger", "SkipLog"]
 
 LEDGER_FORMAT = "shardstream.ledger"
 LEDGER_VERSION = 2
@@ -374,6 +374,17 @@ class Ledger:
         if self._writes:
             path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
             self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (closed by close())
+            # The streams record what on_error="warn" leaves out beside it:
+            # DataLoader workers made after this get the log with the dataset.
+            skips = self.path / _skips_file(self.rank)
+            if mixture:
+                from .mix import mixture_shards
+
+                offsets, total = mixture_shards(streams)
+                for s, ds in enumerate(streams):
+                    ds.skip_log = SkipLog(skips, (s, offsets, total))
+            else:
+                dataset.skip_log = SkipLog(skips)  # type: ignore[union-attr]
 
     @property
     def path(self) -> Path:
@@ -603,6 +614,80 @@ class Ledger:
             f"Ledger({os.fspath(self.directory)!r}, generation={self.generation}, "
             f"rank={self.rank}, world_size={self.world_size}, start_step={self.start_step})"
         )
+
+
+def _skips_file(rank: int) -> str:
+    return f"rank-{rank:05d}.skips.jsonl"
+
+
+class SkipLog:
+    """Where a rank's streams record the samples they leave out under
+    ``on_error="warn"`` (``gen-NNNNNN/rank-RRRRR.skips.jsonl``), so that
+    ``shardstream verify`` accounts for them. The ``Ledger`` gives one to
+    its dataset (to each stream of a ``Mix``); DataLoader workers get it
+    with their copy of the dataset and append to the same file, one line
+    per skip, each written whole (``O_APPEND``) and made durable at once.
+
+    Args:
+        path: the skips file.
+        stream: for a ``Mix``, the stream this log is its dataset's, with
+            the mixture's shard numbering (``mixture_shards``): a stream's
+            epoch and shard are then written as the mixture's ids.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], stream: tuple[int, list[int], int] | None = None
+    ) -> None:
+        self.path = os.fspath(path)
+        self.stream = stream
+
+    def __call__(self, epoch: int, shard: int, first: int, end: int | None, reason: str) -> None:
+        """Records that a stream of ``epoch`` left out samples ``first..end``
+        of ``shard`` (``end`` ``None``: to the shard's end); the stream's
+        ``on_skip``."""
+        if self.stream is not None:
+            from .mix import MIX_PASS_STRIDE
+
+            s, offsets, total = self.stream
+            pass_, epoch = divmod(epoch, MIX_PASS_STRIDE)
+            shard = pass_ * total + offsets[s] + shard
+        self._append([(epoch, shard, first, end)], reason)
+
+    def samples(self, ids: Any, reason: str) -> None:
+        """Records that the samples ``ids`` (an item's ``__id__``: one
+        ``(epoch, shard, index)``, or a batch's) were left out: a transform
+        raised on them. The ids are the ledger's already (a ``Mix`` gives
+        its transforms the mixture's)."""
+        try:
+            columns = id_columns({"__id__": ids})
+        except ValueError:
+            return
+        self._append(
+            [(int(e), int(s), int(i), int(i) + 1) for e, s, i in zip(*columns, strict=True)],
+            reason,
+        )
+
+    def _append(self, ranges: list[tuple[int, int, int, int | None]], reason: str) -> None:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker = None if info is None else info.id
+        lines = "".join(
+            json.dumps(
+                {"epoch": e, "shard": s, "first": f, "end": n, "worker": worker, "reason": reason}
+            )
+            + "\n"
+            for e, s, f, n in ranges
+        )
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, lines.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"SkipLog({self.path!r})"
 
 
 def _write_json(path: Path, value: Mapping[str, Any]) -> None:

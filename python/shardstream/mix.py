@@ -413,7 +413,7 @@ class _MixIterator:
             if transform is None:
                 return sample
             skip = ds.options["on_error"] == "warn"
-            sample = apply_transform(transform, sample, skip, ds._counters)
+            sample = apply_transform(transform, sample, skip, ds._counters, ds.skip_log)
             if sample is not SKIPPED:
                 return sample
         raise StopIteration

@@ -11,6 +11,7 @@ use crate::pipeline::{Event, SampleStream};
 use crate::plan::SlotSpec;
 use crate::resolve;
 use crate::shard::Shard;
+use crate::state::SkippedSamples;
 use crate::stats::{Counter, Counters};
 use crate::Error;
 
@@ -168,18 +169,34 @@ fn warn_policy_skips_bad_shards_and_counts_them() {
     let options = options().with_on_error(OnError::Warn).build().unwrap();
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();
-    let stream = SampleStream::new(&shards, &options, 0, slot, counters.clone(), None).unwrap();
+    let mut stream = SampleStream::new(&shards, &options, 0, slot, counters.clone(), None).unwrap();
     let (mut good, mut skipped, mut cut_samples) = (0, Vec::new(), 0);
-    for event in stream {
+    let mut left_out = Vec::new();
+    while let Some(event) = stream.next() {
         match event.unwrap() {
             Event::Sample(s) if s.key.starts_with("cut/") => cut_samples += 1,
             Event::Sample(_) => good += 1,
-            Event::Skipped(error) => skipped.push(error),
+            Event::Skipped(error) => {
+                skipped.push(error);
+                // What the skip left out comes with it.
+                let taken = stream.take_skipped();
+                assert_eq!(taken.len(), 1, "{taken:?}");
+                left_out.push(taken[0]);
+            }
             Event::Batch(table) => panic!("unexpected Arrow batch from {}", table.url),
         }
     }
     assert_eq!(good, 12);
     assert!(cut_samples < 5, "a truncated sample was produced");
+    // Counts unknown: each skip runs from the first sample not handed out
+    // to the shard's end.
+    left_out.sort_by_key(|s| s.shard);
+    let expected = [(3, 0), (4, cut_samples), (5, 0)].map(|(shard, first)| SkippedSamples {
+        shard,
+        first,
+        end: None,
+    });
+    assert_eq!(left_out, expected);
     assert_eq!(skipped.len(), 3);
     assert!(skipped.iter().any(|e| matches!(e, Error::NotFound { .. })));
     assert!(skipped

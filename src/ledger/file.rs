@@ -300,6 +300,59 @@ pub struct RankLog {
     pub records: Vec<Record>,
     /// A record cut short at the end, left out.
     pub torn: Option<TornTail>,
+    /// The samples the rank's streams left out under `on_error="warn"`
+    /// (its skips file), in file order.
+    pub error_skips: Vec<ErrorSkip>,
+}
+
+/// Samples a stream left out under `on_error="warn"`: a line of a rank's
+/// skips file (`rank-RRRRR.skips.jsonl`), appended by the process that met
+/// the error (a DataLoader worker, or the rank's own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorSkip {
+    /// The epoch (the ledger's: a mixture's for a `Mix`).
+    pub epoch: u64,
+    /// The shard index (the ledger's: numbered across a mixture's streams
+    /// and passes for a `Mix`).
+    pub shard: u64,
+    /// The first sample left out.
+    pub first: u64,
+    /// The sample after the last left out; `None`: to the shard's end.
+    pub end: Option<u64>,
+    /// The DataLoader worker that met the error, if any.
+    #[serde(default)]
+    pub worker: Option<usize>,
+    /// The error, as it was warned of.
+    pub reason: String,
+}
+
+impl ErrorSkip {
+    /// Whether sample `(shard, index)` of `epoch` is one this skip left out.
+    pub fn covers(&self, epoch: u64, (shard, index): (u64, u64)) -> bool {
+        self.epoch == epoch
+            && self.shard == shard
+            && index >= self.first
+            && self.end.is_none_or(|end| index < end)
+    }
+}
+
+/// Parses a skips file's text; `path` names it in errors. A last line
+/// without its newline (the writer died mid-write) is left out.
+pub fn parse_error_skips(text: &str, path: &Path) -> Result<Vec<ErrorSkip>, ReadError> {
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    complete
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            serde_json::from_str(line).map_err(|e| {
+                read_error(path, format!("line {}: not a skip record: {e}", number + 1))
+            })
+        })
+        .collect()
 }
 
 /// Parses a rank file's bytes; `path` names it in errors. A record cut
@@ -388,6 +441,11 @@ pub fn rank_file_name(rank: usize) -> String {
     format!("rank-{rank:05}.bin")
 }
 
+/// The name of rank `rank`'s skips file in a generation's folder.
+pub fn skips_file_name(rank: usize) -> String {
+    format!("rank-{rank:05}.skips.jsonl")
+}
+
 /// Reads every generation of the ledger in `dir`, in generation order.
 pub fn read_ledger(dir: &Path) -> Result<Vec<Generation>, ReadError> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
@@ -457,9 +515,15 @@ pub fn read_generation(dir: &Path) -> Result<Generation, ReadError> {
     let mut ranks = Vec::with_capacity(meta.world_size);
     for rank in 0..meta.world_size {
         let path = dir.join(rank_file_name(rank));
-        let log = match std::fs::read(&path) {
+        let mut log = match std::fs::read(&path) {
             Ok(bytes) => parse_records(&bytes, &path)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => RankLog::default(),
+            Err(e) => return Err(read_error(&path, format!("cannot read: {e}"))),
+        };
+        let path = dir.join(skips_file_name(rank));
+        log.error_skips = match std::fs::read_to_string(&path) {
+            Ok(text) => parse_error_skips(&text, &path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(read_error(&path, format!("cannot read: {e}"))),
         };
         ranks.push(log);
@@ -624,5 +688,24 @@ mod tests {
         let error = parse_records(&bytes, Path::new("gen-000000/rank-00000.bin")).unwrap_err();
         assert!(error.to_string().contains("rank-00000.bin"), "{error}");
         assert!(error.reason.contains("byte 0 has kind 9"), "{error}");
+    }
+
+    /// A skips file's lines parse; a last line cut short is left out; a
+    /// bad line in the middle is named.
+    #[test]
+    fn skips_files_parse_and_a_cut_last_line_is_left_out() {
+        let path = Path::new("rank-00000.skips.jsonl");
+        let line =
+            r#"{"epoch": 1, "shard": 2, "first": 3, "end": null, "worker": 0, "reason": "r"}"#;
+        let text = format!("{line}\n{line}\n{{\"epoch\": 1, \"sh");
+        let skips = parse_error_skips(&text, path).unwrap();
+        assert_eq!(skips.len(), 2);
+        assert!(skips[0].covers(1, (2, 3)) && skips[0].covers(1, (2, u64::MAX)));
+        assert!(!skips[0].covers(1, (2, 2)) && !skips[0].covers(0, (2, 3)));
+        let error = parse_error_skips(&format!("{line}\nnot json\n{line}\n"), path).unwrap_err();
+        assert!(
+            error.reason.starts_with("line 2: not a skip record"),
+            "{error}"
+        );
     }
 }

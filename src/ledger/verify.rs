@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::file::{Generation, Record, RecordKind, TornTail};
+use super::file::{ErrorSkip, Generation, Record, RecordKind, TornTail};
 use crate::plan::{self, PlanParams, Remainder, ShardInfo};
 
 /// The dataset a ledger is checked against: its shards' URLs and sample
@@ -258,6 +258,19 @@ pub struct TornRecord {
     pub tail: TornTail,
 }
 
+/// A skip under `on_error="warn"`, with the rank and generation whose
+/// skips file holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordedSkip {
+    /// Generation number.
+    pub generation: u64,
+    /// Rank.
+    pub rank: usize,
+    /// What was left out, and why.
+    #[serde(flatten)]
+    pub skip: ErrorSkip,
+}
+
 /// One epoch's outcome.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EpochReport {
@@ -279,6 +292,10 @@ pub struct EpochReport {
     /// Samples left out that `remainder="drop"` accounts for (complete
     /// epochs).
     pub dropped: u64,
+    /// Samples never taken that a stream left out under
+    /// `on_error="warn"`, as its rank's skips file records (complete
+    /// epochs).
+    pub left_out_on_error: u64,
     /// Steps (distinct step numbers) with samples.
     pub steps: u64,
     /// The generations with records in the epoch, in order.
@@ -316,6 +333,8 @@ pub struct Report {
     pub generations: Vec<GenerationSummary>,
     /// Records cut short at the end of a rank file (left out).
     pub torn: Vec<TornRecord>,
+    /// The skips under `on_error="warn"` the ledger records.
+    pub error_skips: Vec<RecordedSkip>,
     /// Each epoch the ledger covers, in order.
     pub epochs: Vec<EpochReport>,
     /// The first violation (of the first epoch that has one).
@@ -343,18 +362,34 @@ impl fmt::Display for Report {
                 torn.generation, torn.rank, torn.tail.offset, torn.tail.bytes
             )?;
         }
+        for recorded in &self.error_skips {
+            let s = &recorded.skip;
+            let end = s
+                .end
+                .map_or_else(|| "its end".to_owned(), |end| end.to_string());
+            let worker = s.worker.map(|w| format!(" worker {w}")).unwrap_or_default();
+            writeln!(
+                f,
+                "note: epoch {}: rank {}{worker} (generation {}) left out samples {} to {end} \
+                 of shard index {} under on_error=\"warn\": {}",
+                s.epoch, recorded.rank, recorded.generation, s.first, s.shard, s.reason
+            )?;
+        }
         for e in &self.epochs {
             let skipped = if e.skipped > 0 {
                 format!(" + {} skipped", e.skipped)
             } else {
                 String::new()
             };
-            let extra = match (e.padded, e.dropped) {
+            let mut extra = match (e.padded, e.dropped) {
                 (0, 0) => String::new(),
                 (p, 0) => format!(", {p} repeated by pad"),
                 (0, d) => format!(", {d} left out by drop"),
                 (p, d) => format!(", {p} repeated by pad, {d} left out by drop"),
             };
+            if e.left_out_on_error > 0 {
+                extra += &format!(", {} left out by on_error=\"warn\"", e.left_out_on_error);
+            }
             let generations: Vec<String> = e.generations.iter().map(u64::to_string).collect();
             let ranks: Vec<String> = e.world_sizes.iter().map(usize::to_string).collect();
             writeln!(
@@ -414,9 +449,15 @@ pub(super) fn check_epochs<'a>(
         })
         .collect();
     let mut torn = Vec::new();
+    let mut error_skips = Vec::new();
     let mut by_epoch: BTreeMap<u64, Vec<Entry<'_>>> = BTreeMap::new();
     for (index, generation) in generations.iter().enumerate() {
         for (rank, log) in generation.ranks.iter().enumerate() {
+            error_skips.extend(log.error_skips.iter().map(|skip| RecordedSkip {
+                generation: generation.meta.generation,
+                rank,
+                skip: skip.clone(),
+            }));
             if let Some(tail) = log.torn {
                 torn.push(TornRecord {
                     generation: generation.meta.generation,
@@ -455,6 +496,7 @@ pub(super) fn check_epochs<'a>(
         ok: violation.is_none(),
         generations: summaries,
         torn,
+        error_skips,
         epochs,
         violation,
     }
@@ -532,6 +574,21 @@ impl StepTally {
         report.violation = unequal;
         report.violation.is_none()
     }
+}
+
+/// Whether a stream left sample `(shard, index)` of `epoch` out under
+/// `on_error="warn"`, as any rank's skips file of any generation records
+/// (a resumed run does not read again what its state says was skipped).
+pub(super) fn left_out_on_error(generations: &[Generation], epoch: u64, id: (u64, u64)) -> bool {
+    error_skips(generations).any(|skip| skip.covers(epoch, id))
+}
+
+/// Every skip under `on_error="warn"` that `generations` record.
+pub(super) fn error_skips(generations: &[Generation]) -> impl Iterator<Item = &ErrorSkip> {
+    generations
+        .iter()
+        .flat_map(|g| &g.ranks)
+        .flat_map(|log| &log.error_skips)
 }
 
 /// The generation (index) whose record of `step` counts: the latest whose
@@ -686,6 +743,7 @@ fn check_epoch(
         distinct: 0,
         padded: 0,
         dropped: 0,
+        left_out_on_error: 0,
         steps: 0,
         generations: order
             .iter()
@@ -755,6 +813,11 @@ fn check_epoch(
         let position = position as u64;
         if position >= dropped_from {
             report.dropped += 1;
+        } else if left_out_on_error(generations, epoch, {
+            let (shard, index) = sequence.sample_at(dataset, position);
+            (shard as u64, index)
+        }) {
+            report.left_out_on_error += 1;
         } else if spare_drop > 0 {
             spare_drop -= 1;
             report.dropped += 1;
@@ -801,7 +864,9 @@ fn check_epoch(
 mod tests {
     use std::path::PathBuf;
 
-    use super::super::file::{DatasetMeta, Meta, RankLog, LEDGER_FORMAT, LEDGER_VERSION};
+    use super::super::file::{
+        DatasetMeta, ErrorSkip, Meta, RankLog, LEDGER_FORMAT, LEDGER_VERSION,
+    };
     use super::*;
 
     /// Three shards of 4, 3 and 5 samples, listed order.
@@ -1033,5 +1098,53 @@ mod tests {
         let report = verify(&[g], &d);
         assert!(report.ok, "{report}");
         assert_eq!((report.epochs[0].trained, report.epochs[0].skipped), (6, 6));
+    }
+
+    /// Samples a stream left out under `on_error="warn"` (its rank's skips
+    /// file) are accounted; only those: of another epoch, shard or range
+    /// they are missing.
+    #[test]
+    fn samples_left_out_under_warn_are_accounted() {
+        let d = dataset(Remainder::Drop);
+        let all = sequence(&d);
+        // Samples 1.. of b.tar (shard 1) and sample 2 of c.tar never came.
+        let taken: Vec<(u64, u64)> = all
+            .iter()
+            .copied()
+            .filter(|&(s, i)| !(s == 1 && i >= 1) && (s, i) != (2, 2))
+            .collect();
+        let skip = |epoch, shard, first, end| ErrorSkip {
+            epoch,
+            shard,
+            first,
+            end,
+            worker: Some(0),
+            reason: "bad".into(),
+        };
+        let check = |skips: Vec<ErrorSkip>| {
+            let mut g = generation(0, 0, 1);
+            run(&mut g, 0, 0, &taken, 4);
+            g.ranks[0].error_skips = skips;
+            verify(&[g], &d)
+        };
+        let report = check(vec![skip(0, 1, 1, None), skip(0, 2, 2, Some(3))]);
+        assert!(report.ok, "{report}");
+        assert_eq!(report.epochs[0].left_out_on_error, 3);
+        assert_eq!(report.error_skips.len(), 2);
+        assert!(
+            report.to_string().contains("3 left out by on_error"),
+            "{report}"
+        );
+        for (wrong, missing) in [
+            (vec![skip(1, 1, 1, None), skip(0, 2, 2, Some(3))], 2),
+            (vec![skip(0, 1, 2, None), skip(0, 2, 2, Some(3))], 1),
+            (vec![skip(0, 1, 1, None), skip(0, 2, 3, None)], 1),
+        ] {
+            let report = check(wrong);
+            assert!(
+                matches!(report.violation, Some(Violation::Missing { count, .. }) if count == missing),
+                "{report}"
+            );
+        }
     }
 }

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 
 use super::file::Generation;
 use super::verify::{
-    check_epochs, params, place, Dataset, Entry, EpochReport, Report, SampleName, StepTally,
-    Violation,
+    check_epochs, error_skips, left_out_on_error, params, place, Dataset, Entry, EpochReport,
+    Report, SampleName, StepTally, Violation,
 };
 use crate::plan::mix::{pass_epoch, Policy, SlotMixture, SlotPlan, MAX_PASSES};
 use crate::plan::{self, cut, Remainder, ShardInfo, WorkUnit};
@@ -123,6 +123,7 @@ fn check_mix_epoch(
         distinct: 0,
         padded: 0,
         dropped: 0,
+        left_out_on_error: 0,
         steps: 0,
         generations: order
             .iter()
@@ -235,6 +236,20 @@ fn check_mix_epoch(
             .filter(|((p, s, _, _), _)| (*p, *s) == (pass, stream))
             .map(|(_, (n, _))| n)
             .sum();
+        // A stream that skipped a bad shard under on_error="warn" passes
+        // over its remaining places in the order: fewer are taken.
+        let skipped_in_pass = || {
+            error_skips(generations).any(|skip| {
+                skip.epoch == epoch
+                    && mix
+                        .shard_of(offsets, skip.shard)
+                        .is_some_and(|(p, s, _)| (p, s) == (pass, stream))
+            })
+        };
+        if taken < pass_take.take && skipped_in_pass() {
+            report.left_out_on_error += pass_take.take - taken;
+            continue;
+        }
         if taken != pass_take.take {
             report.violation = Some(Violation::PassCount {
                 epoch,
@@ -246,14 +261,18 @@ fn check_mix_epoch(
             return report;
         }
     }
-    let mut missing: Vec<(usize, MixSample)> = planned
-        .samples
-        .iter()
-        .filter(|(sample, (n, _))| {
-            !is_cut(**sample) && seen.get(*sample).map_or(0, |(taken, _)| *taken) < *n
-        })
-        .map(|(sample, (_, slot))| (*slot, *sample))
-        .collect();
+    let mut missing: Vec<(usize, MixSample)> = Vec::new();
+    for (&sample, &(n, slot)) in &planned.samples {
+        let taken = seen.get(&sample).map_or(0, |(taken, _)| *taken);
+        if is_cut(sample) || taken >= n {
+            continue;
+        }
+        if left_out_on_error(generations, epoch, id_of(sample)) {
+            report.left_out_on_error += n - taken;
+        } else {
+            missing.push((slot, sample));
+        }
+    }
     missing.sort_unstable();
     if let Some(&(slot, sample)) = missing.first() {
         report.violation = Some(Violation::Missing {
@@ -459,7 +478,7 @@ mod tests {
                 .into_iter()
                 .map(|records| RankLog {
                     records,
-                    torn: None,
+                    ..RankLog::default()
                 })
                 .collect(),
         }

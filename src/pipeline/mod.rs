@@ -37,7 +37,7 @@ use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::source::{ReadAhead, ReadAheadOptions};
-use crate::state::{self, Mirror, Resume, SlotState};
+use crate::state::{self, Mirror, Resume, SkippedSamples, SlotState};
 use crate::stats::{Counter, Counters};
 
 /// The most decode threads a stream starts by itself (`decode_threads`
@@ -98,6 +98,9 @@ pub struct SampleStream {
     sent: Arc<AtomicU64>,
     received: u64,
     queued_counted: u64,
+    /// What units that ended at a skipped error left out, not yet taken
+    /// ([`SampleStream::take_skipped`]).
+    skipped: Vec<SkippedSamples>,
 }
 
 /// What the pipeline thread needs, kept until the stream starts.
@@ -176,6 +179,7 @@ impl SampleStream {
             sent: Arc::default(),
             received: 0,
             queued_counted: 0,
+            skipped: Vec::new(),
         })
     }
 
@@ -254,6 +258,13 @@ impl SampleStream {
     /// The work units this slot reads in the epoch, in order.
     pub fn units(&self) -> &[WorkUnit] {
         &self.units
+    }
+
+    /// What the units that ended at an error skipped under
+    /// `on_error="warn"` left out, since the last call: taken with the
+    /// [`Event::Skipped`] of each.
+    pub fn take_skipped(&mut self) -> Vec<SkippedSamples> {
+        std::mem::take(&mut self.skipped)
     }
 
     /// The epoch being streamed.
@@ -361,7 +372,8 @@ impl SampleStream {
                 Message::End(ops) => {
                     // Without a shuffle buffer the last units end after
                     // the last sample: their ops come with the end.
-                    self.mirror.apply(&ops, &self.units);
+                    let skipped = self.mirror.apply(&ops, &self.units);
+                    self.skipped.extend(skipped);
                     self.done = true;
                     self.finished = true;
                     return Ok(Poll::End);
@@ -371,7 +383,8 @@ impl SampleStream {
         let Some(Delivery { ops, event }) = self.ready.pop_front() else {
             return Ok(Poll::Pending);
         };
-        self.mirror.apply(&ops, &self.units);
+        let skipped = self.mirror.apply(&ops, &self.units);
+        self.skipped.extend(skipped);
         Ok(Poll::Ready(self.with_seed(event)))
     }
 

@@ -484,7 +484,7 @@ impl Worker {
             Err(error) if self.on_error == OnError::Warn && error.is_shard_error() => {
                 self.counters.add(Counter::ErrorsSkipped, 1);
                 if let ReadPurpose::Unit { position, .. } = read.purpose {
-                    self.ops.push(Op::UnitDone { unit: position });
+                    self.ops.push(Op::UnitSkipped { unit: position });
                 }
                 Ok(self.outbox.send(&mut self.ops, Event::Skipped(error)))
             }

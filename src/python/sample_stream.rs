@@ -18,7 +18,7 @@ use crate::collate::collate;
 use crate::format::Sample;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::SlotSpec;
-use crate::state::{Resume, SlotState};
+use crate::state::{Resume, SkippedSamples, SlotState};
 use crate::stats;
 
 /// How long one wait for a sample lasts before Python signals are checked.
@@ -46,8 +46,12 @@ pub struct SampleStream {
     /// calls, so an exception (a signal, a warning turned error) between
     /// taking and handing out loses none.
     held: Mutex<Vec<Sample>>,
-    /// Shards skipped while samples were collected, warned of after the wait.
-    skipped: Mutex<Vec<crate::Error>>,
+    /// Shards skipped while samples were collected, with what each left
+    /// out: warned of (and told to `on_skip`) after the wait.
+    skipped: Mutex<Vec<(crate::Error, Vec<SkippedSamples>)>>,
+    /// Called with `(epoch, shard, first, end, reason)` for each skip
+    /// (`end` `None`: to the shard's end), before its warning.
+    on_skip: Option<Py<PyAny>>,
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::Worker`].
     local_bytes: Option<Py<PyAny>>,
@@ -106,10 +110,13 @@ impl SampleStream {
     /// of `world_size` ranks of `num_workers` workers. `local_bytes` makes
     /// the `bytes` of local shards' long members (see `LocalBytes`),
     /// `shared_bytes` those of the other long members (see `SharedBytes`).
+    /// `on_skip(epoch, shard, first, end, reason)` is called for each bad
+    /// shard skipped under `on_error="warn"` with the samples it left out
+    /// (`first..end` of the shard; `end` `None` when its count is unknown).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
-        resume = None, counters = None, local_bytes = None, shared_bytes = None,
+        resume = None, counters = None, local_bytes = None, shared_bytes = None, on_skip = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -124,6 +131,7 @@ impl SampleStream {
         counters: Option<PyRef<'_, Counters>>,
         local_bytes: Option<Py<PyAny>>,
         shared_bytes: Option<Py<PyAny>>,
+        on_skip: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let options = shards.options.bind(py).get();
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
@@ -148,6 +156,7 @@ impl SampleStream {
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
+            on_skip,
             local_bytes,
             shared_bytes,
             names: Mutex::new(NameCache::default()),
@@ -266,7 +275,13 @@ impl SampleStream {
             .map_err(|panic| panic_to_py(panic.as_ref()))?;
             let skipped =
                 std::mem::take(&mut *self.skipped.lock().unwrap_or_else(|e| e.into_inner()));
-            for error in skipped {
+            for (error, left_out) in skipped {
+                if let Some(on_skip) = &self.on_skip {
+                    let reason = error.to_string();
+                    for s in left_out {
+                        on_skip.call1(py, (self.epoch, s.shard, s.first, s.end, &reason))?;
+                    }
+                }
                 warn_skipped(py, &error)?;
             }
             let held = || std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
@@ -333,10 +348,11 @@ impl SampleStream {
                 }
                 Ok(Poll::Ready(Event::Batch(table))) => return Collected::Table(table),
                 Ok(Poll::Ready(Event::Skipped(error))) => {
+                    let left_out = stream.take_skipped();
                     self.skipped
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push(error);
+                        .push((error, left_out));
                     if held.is_empty() {
                         return Collected::Pending;
                     }

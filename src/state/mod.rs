@@ -379,8 +379,14 @@ pub enum Op {
         /// The sample.
         id: SampleId,
     },
-    /// The unit at `unit` has been read to its end (or skipped).
+    /// The unit at `unit` has been read to its end.
     UnitDone {
+        /// Unit position.
+        unit: usize,
+    },
+    /// The unit at `unit` ended at an error skipped under
+    /// `on_error="warn"`: what it had left is skipped.
+    UnitSkipped {
         /// Unit position.
         unit: usize,
     },
@@ -392,6 +398,19 @@ pub enum Op {
         /// RNG word position after the draw.
         rng_word_pos: u128,
     },
+}
+
+/// The samples a unit left out when it ended at an error skipped under
+/// `on_error="warn"`: `first..end` of shard `shard` (`end` `None`: to the
+/// shard's end, its count unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SkippedSamples {
+    /// Index of the shard in the dataset.
+    pub shard: usize,
+    /// The first sample left out.
+    pub first: u64,
+    /// The sample after the last left out, when the unit's count is known.
+    pub end: Option<u64>,
 }
 
 /// The consumer's copy of the pipeline position as of the last sample handed out.
@@ -454,8 +473,10 @@ impl Mirror {
     }
 
     /// Applies the ops of one message to the mirror of a slot reading
-    /// `units`; a `Pop` counts one sample handed out.
-    pub fn apply(&mut self, ops: &[Op], units: &[WorkUnit]) {
+    /// `units`; a `Pop` counts one sample handed out. Returns what each
+    /// [`Op::UnitSkipped`] left out.
+    pub fn apply(&mut self, ops: &[Op], units: &[WorkUnit]) -> Vec<SkippedSamples> {
+        let mut skips = Vec::new();
         for op in ops {
             match *op {
                 Op::Push { unit, id } => {
@@ -479,21 +500,35 @@ impl Mirror {
                         next_sample: Some(id.index.saturating_add(1)),
                     };
                 }
-                Op::UnitDone { unit } => {
+                Op::UnitDone { unit } | Op::UnitSkipped { unit } => {
                     // What the unit had left when it ended was skipped.
-                    if let Some(work) = units.get(unit) {
-                        if let Some(samples) = &work.samples {
-                            let from = match self.cursor {
-                                Cursor {
-                                    unit: at,
-                                    next_sample: Some(next),
-                                } if at == unit => next.max(samples.start),
-                                _ => samples.start,
-                            };
-                            let left = from..samples.end.max(from);
-                            self.skipped = self.skipped.saturating_add(left.end - left.start);
-                            self.digest = add_mod(self.digest, range_hash(work.shard as u64, left));
-                        }
+                    let from = match self.cursor {
+                        Cursor {
+                            unit: at,
+                            next_sample: Some(next),
+                        } if at == unit => Some(next),
+                        _ => None,
+                    };
+                    let work = units.get(unit);
+                    if let Some((work, samples)) =
+                        work.and_then(|w| w.samples.as_ref().map(|s| (w, s)))
+                    {
+                        let from = from.map_or(samples.start, |next| next.max(samples.start));
+                        let left = from..samples.end.max(from);
+                        self.skipped = self.skipped.saturating_add(left.end - left.start);
+                        self.digest = add_mod(self.digest, range_hash(work.shard as u64, left));
+                    }
+                    if let (Op::UnitSkipped { .. }, Some(work)) = (op, work) {
+                        let (start, end) = work
+                            .samples
+                            .as_ref()
+                            .map_or((0, None), |s| (s.start, Some(s.end)));
+                        let first = from.map_or(start, |next| next.max(start));
+                        skips.push(SkippedSamples {
+                            shard: work.shard,
+                            first,
+                            end: end.map(|end| end.max(first)),
+                        });
                     }
                     self.cursor = Cursor {
                         unit: unit + 1,
@@ -512,6 +547,7 @@ impl Mirror {
                 }
             }
         }
+        skips
     }
 }
 
@@ -1157,15 +1193,23 @@ mod tests {
         );
         assert_eq!(mirror.digest, id_hash(2, 0));
         // The unit ends early (a skipped shard): samples 3 and 4 are skipped.
-        mirror.apply(
+        let skips = mirror.apply(
             &[
-                Op::UnitDone { unit: 0 },
+                Op::UnitSkipped { unit: 0 },
                 Op::Pop {
                     index: 1,
                     rng_word_pos: 12,
                 },
             ],
             &units,
+        );
+        assert_eq!(
+            skips,
+            [SkippedSamples {
+                shard: 2,
+                first: 3,
+                end: Some(5)
+            }]
         );
         assert_eq!(mirror.buffer, vec![id(2)]);
         assert_eq!((mirror.produced, mirror.rng_word_pos), (2, 12));

@@ -419,6 +419,100 @@ def test_an_epoch_end_alone_is_written_and_ids_past_32_bits_stay_whole(
     assert len(data) == at + 24 + 2 * 16
 
 
+def raise_on_one(sample: dict[str, Any]) -> dict[str, Any]:
+    """A transform that raises on one sample (shard 3's fifth)."""
+    if sample["__key__"] == "s3-000004":
+        raise ValueError("a transform's bug")
+    return sample
+
+
+def write_damaged_shards(root: Path) -> str:
+    """4 shards of 6 samples with a json field each; shard 1's third json
+    is not JSON. Their brace spec."""
+    from _shardtest import write_tar
+
+    for shard in range(4):
+        members = []
+        for i in range(6):
+            text = b"{bad" if (shard, i) == (1, 2) else json.dumps({"i": i}).encode()
+            members.append((f"s{shard}-{i:06d}.json", text))
+        write_tar(root / f"s{shard}.tar", members)
+    return str(root / "s{0..3}.tar")
+
+
+@pytest.mark.filterwarnings("ignore::shardstream.ShardSkippedWarning")
+@pytest.mark.filterwarnings("ignore::shardstream.SampleSkippedWarning")
+@pytest.mark.parametrize("count_samples", [False, True])
+def test_samples_left_out_under_on_error_warn_are_recorded_and_accounted(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], count_samples: bool
+) -> None:
+    """Under ``on_error="warn"`` a bad shard's rest (a decode error in a
+    DataLoader worker) and a sample whose transform raised are left out;
+    the workers record them beside the ledger (the skip's end known with
+    counted shards, else "to the shard's end"), and verify accounts for
+    them. Without that record the same run is named incomplete."""
+    spec = write_damaged_shards(tmp_path / "data")
+    ds = make(
+        spec,
+        decode={"json": "json"},
+        on_error="warn",
+        transform=raise_on_one,
+        count_samples=count_samples,
+    )
+    ledger_dir = tmp_path / "ledger"
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=ids_only)
+    with shardstream.Ledger(ledger_dir, ds) as ledger:
+        trained = sum(len(batch["__id__"][0]) for batch in ledger.track(loader))
+    assert trained == 24 - 4 - 1
+    skips = [
+        json.loads(line)
+        for line in (ledger_dir / "gen-000000" / "rank-00000.skips.jsonl").read_text().splitlines()
+    ]
+    left_out = sorted((s["shard"], s["first"], s["end"]) for s in skips)
+    assert left_out == [(1, 2, 6 if count_samples else None), (3, 4, 5)], skips
+    assert {s["worker"] for s in skips} <= {0, 1} and all(s["epoch"] == 0 for s in skips)
+    code, out = verify(capfd, ledger_dir, "--json")
+    assert code == 0, out
+    epoch = json.loads(out)["epochs"][0]
+    assert (epoch["distinct"], epoch["left_out_on_error"]) == (19, 5), out
+    code, out = verify(capfd, ledger_dir)
+    assert "5 left out by on_error" in out and "left out samples 2 to" in out, out
+    (ledger_dir / "gen-000000" / "rank-00000.skips.jsonl").unlink()
+    code, out = verify(capfd, ledger_dir)
+    assert code == 1 and "5 samples never came" in out, out
+
+
+@pytest.mark.filterwarnings("ignore::shardstream.ShardSkippedWarning")
+@pytest.mark.filterwarnings("ignore::shardstream.SampleSkippedWarning")
+@pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
+def test_a_mix_whose_stream_left_samples_out_under_warn_verifies(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], policy: str
+) -> None:
+    """A ``Mix`` whose second stream skips a bad shard's rest and a
+    transform's sample: the skips are recorded as the mixture's ids (its
+    pass over the stream), and verify accounts for them."""
+    spec = write_damaged_shards(tmp_path / "data")
+    good = make(dataset.spec, shuffle_buffer=5)
+    damaged = make(spec, decode={"json": "json"}, on_error="warn", transform=raise_on_one)
+    mix = shardstream.Mix([good, damaged], [0.7, 0.3], policy=policy, seed=7)
+    ledger_dir = tmp_path / "ledger"
+    loader = DataLoader(mix, batch_size=4, num_workers=2, collate_fn=ids_only)
+    with shardstream.Ledger(ledger_dir, mix) as ledger:
+        steps = sum(1 for _ in ledger.track(loader))
+    assert steps > 0
+    skips = (ledger_dir / "gen-000000" / "rank-00000.skips.jsonl").read_text().splitlines()
+    # The damaged stream's shards are numbered after the good stream's 8.
+    assert {json.loads(line)["shard"] % 12 for line in skips} <= {8 + 1, 8 + 3}, skips
+    code, out = verify(capfd, ledger_dir, "--json")
+    assert code == 0, out
+    epoch = json.loads(out)["epochs"][0]
+    assert epoch["complete"] and epoch["coverage_checked"], out
+    assert epoch["left_out_on_error"] > 0, out
+    (ledger_dir / "gen-000000" / "rank-00000.skips.jsonl").unlink()
+    code, out = verify(capfd, ledger_dir)
+    assert code == 1, out
+
+
 def mix_of(dataset: DatasetInfo, other: DatasetInfo, policy: str) -> shardstream.Mix:
     a = make(dataset.spec, shuffle_buffer=5)
     b = shardstream.StreamingDataset(other.spec, seed=SEED + 1, sample_ids=True, shuffle_buffer=3)
