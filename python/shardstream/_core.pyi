@@ -133,6 +133,10 @@ class LedgerRecords:
     def push_batch(self, step: int, kind: int, ids: Any) -> None:
         """Appends the record of ``step`` holding a Rust batch's ``(B, 3)`` ``int64`` ids;
         ``ValueError`` when its samples are of several epochs."""
+    def push_tensors(self, step: int, kind: int, epoch: Any, shard: Any, index: Any) -> int:
+        """Appends the record of ``step`` holding a DataLoader batch's three ``int64`` CPU
+        tensor columns of ids; the samples now held, or 0 (nothing appended) for other
+        columns."""
     def push(
         self,
         steps: list[int],

@@ -504,9 +504,24 @@ class Ledger:
         return int(ids[0, 0]) if type(ids) is np.ndarray else int(ids[0][0])
 
     def _record(self, batch: Any, step: int | None, kind: int) -> int:
-        # The ids are kept as the batch holds them (no copy, no per-step
-        # check beyond their form): the records are checked and written
-        # together (``_flush``), so that a step costs a microsecond or two.
+        step = self._next_step if step is None else step
+        if step < self.start_step:
+            raise ValueError(
+                f"step {step} is before this run's first step {self.start_step} (resume_step)"
+            )
+        # A DataLoader batch's three CPU tensors are encoded now, while
+        # fresh in the cache (``LedgerRecords.push_tensors``); other ids are
+        # kept as the batch holds them (no copy, no per-step check beyond
+        # their form), checked and written together (``_flush``), so that
+        # a step costs a microsecond or two.
+        ids = batch.get("__id__") if type(batch) is dict else None
+        if type(ids) is list and len(ids) == 3 and self._file is not None and not self._queued:
+            held = self._records.push_tensors(step, kind, ids[0], ids[1], ids[2])
+            if held:
+                if held >= FLUSH_SAMPLES:
+                    self._flush()
+                self._last_ids, self._last_step, self._next_step = ids, step, step + 1
+                return step
         plain = _plain_ids(batch)
         if plain is None:
             columns = id_columns(batch)
@@ -514,15 +529,8 @@ class Ledger:
                 raise ValueError("a step's batch has no samples")
             plain = [c.view(np.int64) for c in columns], len(columns[0])
         ids, count = plain
-        step = self._next_step if step is None else step
-        if step < self.start_step:
-            raise ValueError(
-                f"step {step} is before this run's first step {self.start_step} (resume_step)"
-            )
         self._write(step, None, kind, ids, count)
-        self._last_ids = ids
-        self._last_step = step
-        self._next_step = step + 1
+        self._last_ids, self._last_step, self._next_step = ids, step, step + 1
         return step
 
     def epoch_end(self, epoch: int) -> None:

@@ -5,6 +5,7 @@
 
 use numpy::{PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -16,6 +17,9 @@ use crate::ledger::file::{encode_records, MixedEpochs, RecordHead, RecordKind};
 pub struct LedgerRecords {
     bytes: Vec<u8>,
     samples: usize,
+    /// `torch.Tensor` and `torch.int64`, once a step's tensors have been
+    /// pushed.
+    torch: Option<[Py<PyAny>; 2]>,
 }
 
 #[pymethods]
@@ -26,6 +30,7 @@ impl LedgerRecords {
         LedgerRecords {
             bytes: Vec::new(),
             samples: 0,
+            torch: None,
         }
     }
 
@@ -57,6 +62,72 @@ impl LedgerRecords {
         encode_rows(&head, &ids, &mut self.bytes).map_err(mixed_epochs)?;
         self.samples += count;
         Ok(())
+    }
+
+    /// Appends the record of `step` (`kind`: 0 trained, 1 skipped) holding
+    /// the ids of a DataLoader batch (`default_collate`'s three columns:
+    /// epoch, shard index, index in the shard), encoded now, while the
+    /// batch is fresh. Returns the samples the records held now hold; 0,
+    /// appending nothing, when the columns are not three `torch.Tensor`s
+    /// of `int64`, on the CPU, contiguous, of one non-zero length (the
+    /// caller reads them another way). `ValueError` when the step's
+    /// samples are of several epochs.
+    fn push_tensors(
+        &mut self,
+        py: Python<'_>,
+        step: u64,
+        kind: u32,
+        epoch: &Bound<'_, PyAny>,
+        shard: &Bound<'_, PyAny>,
+        index: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let kind = record_kind(kind)?;
+        if self.torch.is_none() {
+            let torch = py.import("torch")?;
+            let name = |name: &str| torch.getattr(name).map(Bound::unbind);
+            self.torch = Some([name("Tensor")?, name("int64")?]);
+        }
+        let [tensor, int64] = self.torch.as_ref().expect("set above");
+        let (tensor, int64) = (tensor.bind(py), int64.bind(py));
+        let mut views: [&[i64]; 3] = [&[]; 3];
+        for (view, column) in views.iter_mut().zip([epoch, shard, index]) {
+            // A sparse or other unstrided tensor raises in `is_contiguous`
+            // or `data_ptr`: not a plain column either.
+            match plain_int64_column(column, tensor, int64) {
+                // SAFETY: the column is a `torch.Tensor` (not a subclass)
+                // of `int64` on the CPU and contiguous: its `numel()`
+                // elements lie at `data_ptr()` (checked aligned and
+                // non-null), in memory its storage owns. The tensor is
+                // alive (the caller's) and the GIL is held while the slice
+                // lives, so no Python code can resize or free it meanwhile
+                // (as for `Tensor.numpy()`, a torch op on this very tensor
+                // already running without the GIL in another thread is the
+                // caller's not to start while it records the batch).
+                Ok(Some((address, len))) => {
+                    *view = unsafe { std::slice::from_raw_parts(address as *const i64, len) };
+                }
+                Ok(None) | Err(_) => return Ok(0),
+            }
+        }
+        let [a, b, c] = views;
+        let count = a.len();
+        if b.len() != count || c.len() != count {
+            return Ok(0);
+        }
+        let head = [RecordHead {
+            step,
+            epoch: None,
+            kind,
+            count,
+        }];
+        encode_records(
+            &head,
+            |i| (a[i] as u64, b[i] as u64, c[i] as u64),
+            &mut self.bytes,
+        )
+        .map_err(mixed_epochs)?;
+        self.samples += count;
+        Ok(self.samples)
     }
 
     /// Appends records `(steps[r], epochs[r], kinds[r])` (an epoch of
@@ -163,6 +234,30 @@ fn encode_rows(
             )
         }
     }
+}
+
+/// The address and length of `column`'s elements when it is a
+/// `torch.Tensor` (not a subclass) of `int64`, on the CPU, contiguous, of
+/// at least one element, at an aligned non-null address.
+fn plain_int64_column(
+    column: &Bound<'_, PyAny>,
+    tensor: &Bound<'_, PyAny>,
+    int64: &Bound<'_, PyAny>,
+) -> PyResult<Option<(usize, usize)>> {
+    let py = column.py();
+    let plain = column.get_type().is(tensor)
+        && column.getattr(intern!(py, "dtype"))?.is(int64)
+        && column.getattr(intern!(py, "is_cpu"))?.is_truthy()?
+        && column
+            .call_method0(intern!(py, "is_contiguous"))?
+            .is_truthy()?;
+    if !plain {
+        return Ok(None);
+    }
+    let len: usize = column.call_method0(intern!(py, "numel"))?.extract()?;
+    let address: usize = column.call_method0(intern!(py, "data_ptr"))?.extract()?;
+    let usable = len > 0 && address != 0 && address.is_multiple_of(align_of::<i64>());
+    Ok(usable.then_some((address, len)))
 }
 
 fn record_kind(code: u32) -> PyResult<RecordKind> {

@@ -103,10 +103,17 @@ def test_a_batch_of_two_epochs_or_of_malformed_ids_is_refused(
     # A Rust batch is encoded when recorded: one mixing epochs is refused then.
     with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
         ledger.record({"__id__": np.array([[0, 1, 4], [1, 1, 5]])})
-    # DataLoader tensors are encoded together at the flush, and named then.
+    # DataLoader tensors (int64 on the CPU) too.
     import torch
 
-    ledger.record({"__id__": [torch.tensor([0, 1]), torch.tensor([1, 1]), torch.tensor([4, 5])]})
+    with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
+        ledger.record(
+            {"__id__": [torch.tensor([0, 1]), torch.tensor([1, 1]), torch.tensor([4, 5])]}
+        )
+    # Other tensors are encoded together at the flush, and named then.
+    ledger.record(
+        {"__id__": [torch.tensor([0, 1])[:2:1].int(), torch.tensor([1, 1]), torch.tensor([4, 5])]}
+    )
     with pytest.raises(ValueError, match=r"step 1 has samples of epochs \[0, 1\]"):
         ledger.checkpoint()
     for ids in (np.array([[0, 1]]), [np.array([0]), np.array([1, 2]), np.array([3])]):
@@ -119,6 +126,38 @@ def test_a_batch_of_two_epochs_or_of_malformed_ids_is_refused(
     with pytest.raises(ValueError, match="not \\(epoch, shard, index\\)"):
         ledger.checkpoint()
     ledger.close()
+
+
+def test_every_form_of_tensor_ids_is_recorded_alike(dataset: DatasetInfo, tmp_path: Path) -> None:
+    """DataLoader ids encoded as they are recorded (three contiguous int64
+    CPU tensors) and ids of other forms (int32, strided views, numpy
+    columns, one (B, 3) array), queued and joined at the flush, write the
+    same bytes."""
+    ds = make(dataset.spec)
+    epoch, shard, index = (
+        torch.zeros(8, dtype=torch.int64),
+        torch.arange(8) % 3,
+        torch.arange(100, 108),
+    )
+    forms = {
+        "tensors": [epoch, shard, index],
+        "int32": [epoch.int(), shard.int(), index.int()],
+        "strided": [torch.stack([c, c], dim=1)[:, 0] for c in (epoch, shard, index)],
+        "numpy": [c.numpy() for c in (epoch, shard, index)],
+        "rows": torch.stack([epoch, shard, index], dim=1).numpy(),
+    }
+    written = {}
+    for name, ids in forms.items():
+        folder = tmp_path / name
+        with shardstream.Ledger(folder, ds) as ledger:
+            for half in (slice(0, 4), slice(4, 8)):
+                part = ids[half] if name == "rows" else [c[half] for c in ids]
+                ledger.record({"__id__": part})
+            ledger.epoch_end(0)
+        written[name] = (folder / "gen-000000" / "rank-00000.bin").read_bytes()
+    assert not forms["strided"][0].is_contiguous()
+    assert len(set(written.values())) == 1, {k: len(v) for k, v in written.items()}
+    assert len(written["tensors"]) == 3 * 24 + 8 * 8
 
 
 def run_until(
