@@ -22,6 +22,7 @@ pub mod decode;
 #[cfg(test)]
 mod end_to_end;
 pub mod error;
+pub mod fork;
 pub mod format;
 pub mod hash;
 pub mod index;

@@ -15,6 +15,7 @@ use super::errors::{
 };
 use super::shard_list::{check_counts, ShardList};
 use crate::collate::collate;
+use crate::fork::{self, ForkHandlers};
 use crate::format::Sample;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::SlotSpec;
@@ -418,16 +419,15 @@ impl SampleStream {
 /// This process's id, asked of the system once per process rather than at
 /// every `next()` (a system call): a fork's child forgets the parent's.
 fn process_id() -> u32 {
-    static FORK_HANDLER: std::sync::Once = std::sync::Once::new();
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    static FORK_HANDLERS: ForkHandlers = ForkHandlers {
+        prepare: None,
+        parent: None,
+        child: Some(forget_process_id),
+    };
     // Registered before the first id is kept, so no fork can copy a kept id
     // into a child without clearing it there.
-    FORK_HANDLER.call_once(|| {
-        // SAFETY: registers an `extern "C"` function that only stores to an
-        // atomic in the child.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(forget_process_id));
-        }
-    });
+    REGISTERED.call_once(|| fork::register(&FORK_HANDLERS));
     match PROCESS_ID.load(Ordering::SeqCst) {
         0 => {
             let pid = std::process::id();
@@ -442,7 +442,7 @@ fn process_id() -> u32 {
 static PROCESS_ID: AtomicU32 = AtomicU32::new(0);
 
 /// In a fork's child: the parent's id is not this process's.
-extern "C" fn forget_process_id() {
+fn forget_process_id() {
     PROCESS_ID.store(0, Ordering::SeqCst);
 }
 

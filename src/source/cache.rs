@@ -52,6 +52,7 @@ use sha2::{Digest, Sha256};
 use super::fetch::{FetchUnit, Tee};
 use crate::config::CacheOptions;
 use crate::error::{Error, Result};
+use crate::fork::{self, ForkHandlers};
 use crate::location::Location;
 use crate::store::local;
 
@@ -333,30 +334,27 @@ thread_local! {
 /// Before a fork: takes the lock of [`CONFIRMED`], so that no other thread
 /// holds it at the moment of the fork (a DataLoader worker would inherit
 /// it locked and wait for it forever).
-extern "C" fn hold_across_fork() {
+fn hold_across_fork() {
     let guard = CONFIRMED.lock().unwrap_or_else(|e| e.into_inner());
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = Some(guard));
 }
 
 /// After a fork, in the parent and in the child: lets the lock go.
-extern "C" fn release_after_fork() {
+fn release_after_fork() {
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = None);
 }
 
+/// This module's handlers around a `fork`.
+static FORK_HANDLERS: ForkHandlers = ForkHandlers {
+    prepare: Some(hold_across_fork),
+    parent: Some(release_after_fork),
+    child: Some(release_after_fork),
+};
+
 /// Runs `f` on this process's confirmed identities.
 fn with_confirmed<T>(f: impl FnOnce(&mut HashMap<(u64, String), Option<Identity>>) -> T) -> T {
-    static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
-    FORK_HANDLERS.call_once(|| {
-        // SAFETY: registers `extern "C"` functions that only lock and
-        // unlock `CONFIRMED` on the forking thread.
-        unsafe {
-            libc::pthread_atfork(
-                Some(hold_across_fork),
-                Some(release_after_fork),
-                Some(release_after_fork),
-            );
-        }
-    });
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| fork::register(&FORK_HANDLERS));
     let mut guard = CONFIRMED.lock().unwrap_or_else(|e| e.into_inner());
     let pid = std::process::id();
     let (_, map) = match &mut *guard {

@@ -27,6 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::Error;
+use crate::fork::{self, ForkHandlers};
 
 /// The shortest member handed out as a view of its mapped chunk (and, in
 /// a DataLoader worker, as a reference to its place in the file) rather
@@ -291,19 +292,16 @@ fn mapped_chunks() -> MappedChunksGuard {
 /// Registers, once, the functions that hold this module's locks across a
 /// `fork` (see [`hold_across_fork`]).
 fn register_fork_handlers() {
-    static FORK_HANDLERS: std::sync::Once = std::sync::Once::new();
-    FORK_HANDLERS.call_once(|| {
-        // SAFETY: registers three `extern "C"` functions that only lock and
-        // unlock this module's locks on the forking thread.
-        unsafe {
-            libc::pthread_atfork(
-                Some(hold_across_fork),
-                Some(release_after_fork),
-                Some(release_after_fork),
-            );
-        }
-    });
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| fork::register(&FORK_HANDLERS));
 }
+
+/// This module's handlers around a `fork`.
+static FORK_HANDLERS: ForkHandlers = ForkHandlers {
+    prepare: Some(hold_across_fork),
+    parent: Some(release_after_fork),
+    child: Some(release_after_fork),
+};
 
 /// The locks held by the forking thread while it forks.
 type HeldLocks = (
@@ -320,14 +318,14 @@ thread_local! {
 /// Before a fork: takes this module's locks (never held one inside the
 /// other), so that no other thread holds one at the moment of the fork (a
 /// DataLoader worker would inherit it locked and wait for it forever).
-extern "C" fn hold_across_fork() {
+fn hold_across_fork() {
     let chunks = MAPPED_CHUNKS.lock().unwrap_or_else(|e| e.into_inner());
     let opener = opener::OPENER.lock().unwrap_or_else(|e| e.into_inner());
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = (Some(chunks), Some(opener)));
 }
 
 /// After a fork, in the parent and in the child: lets the locks go.
-extern "C" fn release_after_fork() {
+fn release_after_fork() {
     HELD_ACROSS_FORK.with(|held| *held.borrow_mut() = (None, None));
 }
 
