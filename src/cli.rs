@@ -290,7 +290,7 @@ where
                     Some(_) => Some(Compression::Zstd),
                     None => None,
                 },
-                s3: s3.clone(),
+                store: s3.clone(),
             };
             let source = match key_column {
                 Some(key_column) => WriteSource::Parquet {
@@ -408,11 +408,11 @@ where
 /// Returns the compression of each compressed shard, by shard index.
 fn scan(
     shards: &[Shard],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
 ) -> Result<HashMap<usize, Compression>> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
-    let options = index::scan_options(s3)?;
+    let options = index::scan_options(store_options)?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
     let mut stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;
@@ -430,14 +430,19 @@ fn scan(
     Ok(stream.compressed_shards())
 }
 
-fn inspect(url: &str, limit: Option<usize>, s3: &StoreOptions, out: &mut dyn Write) -> Result<()> {
-    let mut shards = resolve::resolve_with(&[url.to_owned()], s3)?;
+fn inspect(
+    url: &str,
+    limit: Option<usize>,
+    store_options: &StoreOptions,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let mut shards = resolve::resolve_with(&[url.to_owned()], store_options)?;
     // A remote shard named outright is resolved without a request: its
     // size comes from a HEAD (S3) or a GET of its first byte (HTTP).
-    crate::store::describe_remote_objects(s3, &mut shards)?;
+    crate::store::describe_remote_objects(store_options, &mut shards)?;
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
     let (mut samples, mut field_bytes) = (0u64, 0u64);
-    let compressed = scan(&shards, s3, |sample, progress| {
+    let compressed = scan(&shards, store_options, |sample, progress| {
         samples += 1;
         field_bytes += sample
             .fields
@@ -468,7 +473,7 @@ fn inspect(url: &str, limit: Option<usize>, s3: &StoreOptions, out: &mut dyn Wri
 fn index(
     specs: &[String],
     output: &std::path::Path,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     jobs: usize,
     out: &mut dyn Write,
 ) -> Result<()> {
@@ -477,7 +482,7 @@ fn index(
         shards: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     };
-    let report = index::index_dataset(specs, output, s3, jobs, &progress)?;
+    let report = index::index_dataset(specs, output, store_options, jobs, &progress)?;
     progress.bar.finish_and_clear();
     let resumed = match report.resumed {
         0 => String::new(),
@@ -526,12 +531,12 @@ fn print_plan(
     choice: &ManifestChoice,
     count: bool,
     params: &PlanParams,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
     let (mut shards, attached) =
-        resolve::resolve_indexed(specs, s3, DatasetFormat::Auto, choice, true)?;
+        resolve::resolve_indexed(specs, store_options, DatasetFormat::Auto, choice, true)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
@@ -623,14 +628,15 @@ fn resolve_counted(
     specs: &[String],
     format: DatasetFormat,
     choice: &ManifestChoice,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
 ) -> Result<Vec<Shard>> {
-    let (mut shards, attached) = resolve::resolve_indexed(specs, s3, format, choice, true)?;
+    let (mut shards, attached) =
+        resolve::resolve_indexed(specs, store_options, format, choice, true)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
     if *choice == ManifestChoice::Auto && attached.used.is_none() {
-        resolve::attach_beside_remote(specs, &mut shards, s3)?;
+        resolve::attach_beside_remote(specs, &mut shards, store_options)?;
     }
     crate::count::count_local_tar(&mut shards, true)?;
     if let Some(uncounted) = crate::count::first_uncounted(&shards) {
@@ -660,7 +666,7 @@ enum LedgerData {
 fn ledger_dataset(
     generations: &[ledger::file::Generation],
     specs: &[String],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
 ) -> std::result::Result<LedgerData, String> {
     let last = &generations[generations.len() - 1];
     let meta = &last.meta.dataset;
@@ -679,7 +685,7 @@ fn ledger_dataset(
     }
     let Some(mix) = &meta.mix else {
         let specs = if specs.is_empty() { &meta.spec } else { specs };
-        return resolved_dataset(meta, specs, s3).map(LedgerData::Dataset);
+        return resolved_dataset(meta, specs, store_options).map(LedgerData::Dataset);
     };
     if !specs.is_empty() {
         return Err(
@@ -693,7 +699,8 @@ fn ledger_dataset(
         .iter()
         .enumerate()
         .map(|(i, stream)| {
-            resolved_dataset(stream, &stream.spec, s3).map_err(|e| format!("stream {i}: {e}"))
+            resolved_dataset(stream, &stream.spec, store_options)
+                .map_err(|e| format!("stream {i}: {e}"))
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
     Ok(LedgerData::Mix(ledger::verify_mix::MixDataset {
@@ -709,7 +716,7 @@ fn ledger_dataset(
 fn resolved_dataset(
     meta: &ledger::file::DatasetMeta,
     specs: &[String],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
 ) -> std::result::Result<ledger::verify::Dataset, String> {
     let defaults = crate::config::StreamOptions::default();
     let format = match meta.option("format").as_str() {
@@ -725,7 +732,8 @@ fn resolved_dataset(
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
         None => defaults.remainder,
     };
-    let shards = resolve_counted(specs, format, &choice, s3).map_err(|e| e.to_string())?;
+    let shards =
+        resolve_counted(specs, format, &choice, store_options).map_err(|e| e.to_string())?;
     let counts: Vec<u64> = shards
         .iter()
         .map(|s| s.info().samples.unwrap_or(0))
@@ -758,13 +766,13 @@ fn verify_ledger(
     dir: &std::path::Path,
     specs: &[String],
     json: bool,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     out: &mut dyn Write,
 ) -> i32 {
     let checked = ledger::file::read_ledger(dir)
         .map_err(|e| e.to_string())
         .and_then(|generations| {
-            Ok(match ledger_dataset(&generations, specs, s3)? {
+            Ok(match ledger_dataset(&generations, specs, store_options)? {
                 LedgerData::Dataset(dataset) => ledger::verify::verify(&generations, &dataset),
                 LedgerData::Mix(mix) => ledger::verify_mix::verify_mix(&generations, &mix),
             })
@@ -824,7 +832,7 @@ fn explain(
     choice: &ManifestChoice,
     params: &PlanParams,
     ask: &ExplainStep,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, ask.rank, params.num_workers, 0)?;
@@ -837,9 +845,10 @@ fn explain(
     // The plan the dataset makes: over counted shards with several ranks
     // or count_samples=True, else dealing whole shards (counted here only
     // to cut them into batches).
-    let shards = resolve_counted(specs, DatasetFormat::Auto, choice, s3)?;
+    let shards = resolve_counted(specs, DatasetFormat::Auto, choice, store_options)?;
     let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
-    let (planned, _) = resolve::resolve_indexed(specs, s3, DatasetFormat::Auto, choice, true)?;
+    let (planned, _) =
+        resolve::resolve_indexed(specs, store_options, DatasetFormat::Auto, choice, true)?;
     let infos: Vec<_> = if params.world_size > 1 || ask.count_samples {
         shards.iter().map(Shard::info).collect()
     } else {

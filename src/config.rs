@@ -340,8 +340,8 @@ pub struct StreamOptions {
     pub on_error: OnError,
     /// Remainder policy of equal-length epochs (with a manifest).
     pub remainder: Remainder,
-    /// How to reach S3.
-    pub s3: StoreOptions,
+    /// How to reach every store: S3, HTTP(S), GCS and the Hub (the `s3=` option).
+    pub store: StoreOptions,
     /// Field decoders applied to every sample.
     pub decode: FieldDecoders,
     /// Threads that decode a stream's fields (the pipeline thread
@@ -877,7 +877,7 @@ impl Default for StreamOptions {
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
             remainder: Remainder::Drop,
-            s3: StoreOptions::default(),
+            store: StoreOptions::default(),
             decode: FieldDecoders::default(),
             decode_threads: None,
             columns: None,
@@ -974,17 +974,18 @@ impl StreamOptionsBuilder {
     }
 
     /// Sets how to reach S3 (keeping the HTTP headers set, unless `s3` has some).
-    pub fn with_s3(mut self, mut s3: StoreOptions) -> Self {
+    pub fn with_store(mut self, mut s3: StoreOptions) -> Self {
         if s3.transport.http_headers.0.is_empty() {
-            s3.transport.http_headers = std::mem::take(&mut self.options.s3.transport.http_headers);
+            s3.transport.http_headers =
+                std::mem::take(&mut self.options.store.transport.http_headers);
         }
-        self.options.s3 = s3;
+        self.options.store = s3;
         self
     }
 
     /// Sets the headers of HTTP(S) requests.
     pub fn with_http_headers(mut self, headers: HttpHeaders) -> Self {
-        self.options.s3.transport.http_headers = headers;
+        self.options.store.transport.http_headers = headers;
         self
     }
 
@@ -1089,7 +1090,7 @@ impl StreamOptionsBuilder {
                     .into(),
             });
         }
-        o.s3.validate()?;
+        o.store.validate()?;
         for (name, value) in [
             ("read_ahead_bytes", o.read_ahead_bytes),
             ("shuffle_buffer_bytes", o.shuffle_buffer_bytes),
@@ -1136,7 +1137,7 @@ mod tests {
 
     /// The option named by the error of building with `s3`.
     fn refused(s3: StoreOptions) -> &'static str {
-        match StreamOptions::builder().with_s3(s3.clone()).build() {
+        match StreamOptions::builder().with_store(s3.clone()).build() {
             Err(Error::Config { name, reason }) => {
                 // The same from the store options alone (listing, HEAD).
                 assert!(matches!(s3.validate(), Err(Error::Config { name: n, .. }) if n == name));
@@ -1323,7 +1324,7 @@ mod tests {
             io_timeout: _,
             on_error: _,
             remainder: _,
-            s3: _,
+            store: _,
             decode: _,
             decode_threads: _,
             columns: _,
@@ -1420,7 +1421,7 @@ mod tests {
                 "s3",
                 &["s3", "http_headers"],
                 StreamOptions {
-                    s3: StoreOptions {
+                    store: StoreOptions {
                         region: Some("eu-west-1".into()),
                         transport: Transport {
                             http_headers: HttpHeaders(vec![("a".into(), "b".into())]),

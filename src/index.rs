@@ -64,7 +64,7 @@ pub trait IndexProgress: Sync {
 pub fn index_dataset(
     specs: &[String],
     output: &Path,
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     jobs: usize,
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
@@ -74,8 +74,13 @@ pub fn index_dataset(
     // with the same errors, a missing local shard among them, before any
     // shard is scanned. Manifests describe tar shards: listings keep tar
     // names, and a Parquet file named is refused (its footer gives counts).
-    let (mut shards, _) =
-        resolve::resolve_indexed(specs, s3, DatasetFormat::Tar, &ManifestChoice::Off, true)?;
+    let (mut shards, _) = resolve::resolve_indexed(
+        specs,
+        store_options,
+        DatasetFormat::Tar,
+        &ManifestChoice::Off,
+        true,
+    )?;
     if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
         return Err(Error::Spec {
             spec: parquet.url.clone(),
@@ -84,7 +89,7 @@ pub fn index_dataset(
                 .into(),
         });
     }
-    crate::store::describe_remote_objects(s3, &mut shards)?;
+    crate::store::describe_remote_objects(store_options, &mut shards)?;
     let identities = shards
         .iter()
         .map(|shard| Identity::of(shard, output))
@@ -106,7 +111,7 @@ pub fn index_dataset(
         .filter(|&i| entries[i].is_none())
         .collect();
     let todo_shards: Vec<Shard> = todo.iter().map(|&i| shards[i].clone()).collect();
-    scan_concurrently(&todo_shards, s3, jobs, progress, |scanned| {
+    scan_concurrently(&todo_shards, store_options, jobs, progress, |scanned| {
         let position = todo[scanned.shard];
         let entry = identities[position].entry(scanned);
         journal.append(&entry)?;
@@ -120,7 +125,7 @@ pub fn index_dataset(
     let manifest = Manifest::new(entries);
     let target = output.to_string_lossy();
     if target.contains("://") && !target.starts_with("file://") {
-        crate::store::write_small_object(s3, &target, manifest.to_json().into_bytes())?;
+        crate::store::write_small_object(store_options, &target, manifest.to_json().into_bytes())?;
     } else {
         manifest.save(output)?;
     }
@@ -140,13 +145,13 @@ pub fn index_dataset(
 pub fn index_shards(
     shards: &[Shard],
     positions: &[usize],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     jobs: usize,
 ) -> Result<Vec<ShardEntry>> {
     let mut picked: Vec<Shard> = positions.iter().map(|&i| shards[i].clone()).collect();
     // A remote shard named outright (not listed) has no size yet.
     if picked.iter().any(|shard| shard.size.is_none()) {
-        crate::store::describe_remote_objects(s3, &mut picked)?;
+        crate::store::describe_remote_objects(store_options, &mut picked)?;
     }
     let identities = picked
         .iter()
@@ -158,7 +163,7 @@ pub fn index_shards(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut entries: Vec<Option<ShardEntry>> = vec![None; picked.len()];
-    scan_concurrently(&picked, s3, jobs, &Silent, |scanned| {
+    scan_concurrently(&picked, store_options, jobs, &Silent, |scanned| {
         let at = scanned.shard;
         entries[at] = Some(identities[at].entry(scanned));
         Ok(())
@@ -408,7 +413,7 @@ struct ScannedShard {
 /// error stops every stream and is returned.
 fn scan_concurrently(
     shards: &[Shard],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     jobs: usize,
     progress: &dyn IndexProgress,
     mut done: impl FnMut(ScannedShard) -> Result<()>,
@@ -418,7 +423,7 @@ fn scan_concurrently(
         return Ok(());
     }
     let jobs = jobs.clamp(1, shards.len());
-    let options = scan_options(s3)?;
+    let options = scan_options(store_options)?;
     let counters = Arc::new(Counters::new());
     let stop = AtomicBool::new(false);
     let (sender, receiver) = mpsc::channel::<Result<ScannedShard>>();
@@ -510,11 +515,11 @@ fn scan_slot(
 
 /// The stream options of a scan of shards through: listed order, no
 /// shuffle buffer, the given S3 settings.
-pub fn scan_options(s3: &StoreOptions) -> Result<StreamOptions> {
+pub fn scan_options(store_options: &StoreOptions) -> Result<StreamOptions> {
     StreamOptions::builder()
         .with_shuffle_shards(false)
         .with_shuffle_buffer(0)
-        .with_s3(s3.clone())
+        .with_store(store_options.clone())
         .build()
 }
 

@@ -47,18 +47,18 @@ fn holds(format: DatasetFormat, url: &str) -> Holds {
 /// is an error here ([`check_local_shards_exist`]).
 pub fn resolve_indexed(
     specs: &[String],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     format: DatasetFormat,
     manifest: &ManifestChoice,
     strict: bool,
 ) -> Result<(Vec<Shard>, Attached)> {
-    let mut shards = resolve_dataset(specs, s3, format)?;
+    let mut shards = resolve_dataset(specs, store_options, format)?;
     if strict {
         check_local_shards_exist(&shards)?;
     }
     let attached = match manifest {
         ManifestChoice::Url(url) => {
-            let Some(json) = read_remote_manifest(url, s3)? else {
+            let Some(json) = read_remote_manifest(url, store_options)? else {
                 return Err(Error::Manifest {
                     path: url.clone(),
                     reason: "not found".into(),
@@ -81,7 +81,7 @@ pub fn resolve_indexed(
 pub fn attach_beside_remote(
     specs: &[String],
     shards: &mut [Shard],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
 ) -> Result<Attached> {
     if shards.iter().any(|s| s.index.is_some()) {
         return Ok(Attached::default());
@@ -89,7 +89,7 @@ pub fn attach_beside_remote(
     let Some(url) = remote_beside(specs, shards)? else {
         return Ok(Attached::default());
     };
-    match read_remote_manifest(&url, s3) {
+    match read_remote_manifest(&url, store_options) {
         Ok(Some(json)) => manifest::attach_text(shards, &url, &json, false),
         Ok(None) => Ok(Attached::default()),
         // A store that denies a key it does not hold (S3 without
@@ -123,11 +123,11 @@ fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
 
 /// The text of the manifest at the remote `url` (`gs://` and `hf://`
 /// resolved to their download URLs first), or `None` when there is none.
-fn read_remote_manifest(url: &str, s3: &StoreOptions) -> Result<Option<String>> {
+fn read_remote_manifest(url: &str, store_options: &StoreOptions) -> Result<Option<String>> {
     let found = if gcs::is_gcs_url(url) {
-        gcs::Resolver::new(&s3.transport).resolve(url, |_| true)
+        gcs::Resolver::new(&store_options.transport).resolve(url, |_| true)
     } else if hub::is_hub_url(url) {
-        hub::Resolver::new(&s3.transport).resolve(url, |_| true)
+        hub::Resolver::new(&store_options.transport).resolve(url, |_| true)
     } else {
         Ok(vec![(url.to_owned(), 0)])
     };
@@ -136,7 +136,7 @@ fn read_remote_manifest(url: &str, s3: &StoreOptions) -> Result<Option<String>> 
         Ok(_) | Err(Error::NotFound { .. }) => return Ok(None),
         Err(error) => return Err(error),
     };
-    let Some(bytes) = store::read_small_object(s3, &download, MANIFEST_LIMIT)? else {
+    let Some(bytes) = store::read_small_object(store_options, &download, MANIFEST_LIMIT)? else {
         return Ok(None);
     };
     String::from_utf8(bytes)
@@ -153,8 +153,8 @@ pub fn resolve(specs: &[String]) -> Result<Vec<Shard>> {
 }
 
 /// Resolves specs of tar shards (and Parquet files by name); see [`resolve_dataset`].
-pub fn resolve_with(specs: &[String], s3: &StoreOptions) -> Result<Vec<Shard>> {
-    resolve_dataset(specs, s3, DatasetFormat::Auto)
+pub fn resolve_with(specs: &[String], store_options: &StoreOptions) -> Result<Vec<Shard>> {
+    resolve_dataset(specs, store_options, DatasetFormat::Auto)
 }
 
 /// Resolves specs (paths, `file://` and `s3://` URLs, brace patterns,
@@ -167,14 +167,14 @@ pub fn resolve_with(specs: &[String], s3: &StoreOptions) -> Result<Vec<Shard>> {
 /// a shard of its own.
 pub fn resolve_dataset(
     specs: &[String],
-    s3: &StoreOptions,
+    store_options: &StoreOptions,
     format: DatasetFormat,
 ) -> Result<Vec<Shard>> {
     let keep = format.listing_filter();
     let mut shards = Vec::new();
     let mut listings = Vec::new();
-    let mut hub = hub::Resolver::new(&s3.transport);
-    let gcs = gcs::Resolver::new(&s3.transport);
+    let mut hub = hub::Resolver::new(&store_options.transport);
+    let gcs = gcs::Resolver::new(&store_options.transport);
     for spec in specs {
         check_scheme(spec)?;
         for url in expand_braces(spec)? {
@@ -207,7 +207,7 @@ pub fn resolve_dataset(
         }
     }
     if !listings.is_empty() {
-        let listed = store::list_s3_prefixes(s3, &listings, keep)?;
+        let listed = store::list_s3_prefixes(store_options, &listings, keep)?;
         for ((at, ..), objects) in listings.iter().zip(listed).rev() {
             shards.splice(*at..*at, objects);
         }
@@ -243,7 +243,7 @@ pub fn resolve_dataset(
         }
     }
     if holds.contains(&Holds::ParquetFile) {
-        shards = expand_row_groups(shards, &holds, s3)?;
+        shards = expand_row_groups(shards, &holds, store_options)?;
         if shards.is_empty() {
             return Err(Error::Spec {
                 spec: specs.join(" "),
@@ -327,21 +327,25 @@ pub fn check_local_copies(shards: &[Shard]) -> Result<()> {
 
 /// Reads the footer of every Parquet file and replaces the file by one
 /// shard per row group (a file without rows gives none).
-fn expand_row_groups(shards: Vec<Shard>, holds: &[Holds], s3: &StoreOptions) -> Result<Vec<Shard>> {
+fn expand_row_groups(
+    shards: Vec<Shard>,
+    holds: &[Holds],
+    store_options: &StoreOptions,
+) -> Result<Vec<Shard>> {
     let mut files: Vec<Shard> = shards
         .iter()
         .zip(holds)
         .filter(|(_, holds)| **holds == Holds::ParquetFile)
         .map(|(shard, _)| shard.clone())
         .collect();
-    store::describe_remote_objects(s3, &mut files)?;
+    store::describe_remote_objects(store_options, &mut files)?;
     for file in &files {
         if file.size.is_none() {
             let missing = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
             return Err(Error::from_open(&file.url, missing));
         }
     }
-    let footers = source::read_footers(&files.iter().collect::<Vec<_>>(), s3)?;
+    let footers = source::read_footers(&files.iter().collect::<Vec<_>>(), store_options)?;
     let mut files = files.into_iter().zip(footers);
     let mut out = Vec::with_capacity(shards.len());
     for (shard, holds) in shards.into_iter().zip(holds) {

@@ -198,7 +198,7 @@ impl SampleStream {
                 budget_bytes: options.read_ahead_bytes,
                 chunk_bytes: options.chunk_bytes,
                 io_timeout: options.io_timeout,
-                s3: options.s3.clone(),
+                store: options.store.clone(),
                 cache: options.cache.clone(),
             },
             counters.clone(),

@@ -91,7 +91,7 @@ pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<Writ
                     }
                 }
             }
-            "s3" => o.s3 = s3_options(&value)?,
+            "s3" => o.store = s3_options(&value)?,
             other => {
                 return Err(PyTypeError::new_err(format!(
                     "unknown option {other:?} (expected one of: {})",
@@ -437,7 +437,7 @@ impl Options {
                 "on_error" => builder.with_on_error(choice::<OnError>(&name, &value)?),
                 "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
                 "remainder" => builder.with_remainder(choice::<Remainder>(&name, &value)?),
-                "s3" => builder.with_s3(s3_options(&value)?),
+                "s3" => builder.with_store(s3_options(&value)?),
                 "http_headers" => {
                     headers = Some(http_headers(&value)?);
                     builder

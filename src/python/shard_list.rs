@@ -44,7 +44,7 @@ impl ShardList {
     fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
         let o = options.get();
         let strict = o.stream.on_error == OnError::Raise;
-        let (s3, format, choice) = (o.stream.s3.clone(), o.format, o.manifest.clone());
+        let (s3, format, choice) = (o.stream.store.clone(), o.format, o.manifest.clone());
         let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
         let count = o.count_samples == Some(true);
         let cache = o.stream.cache.clone();
@@ -101,7 +101,7 @@ impl ShardList {
         }
         let strict = o.stream.on_error == OnError::Raise;
         let look_beside = o.manifest == ManifestChoice::Auto && self.manifest.is_none();
-        let s3 = o.stream.s3.clone();
+        let s3 = o.stream.store.clone();
         let specs = self.specs.clone();
         let mut shards = (*self.shards).clone();
         let (shards, attached, skipped) = interruptible(py, move || {
@@ -144,7 +144,7 @@ impl ShardList {
             )));
         }
         let shards = self.shards.clone();
-        let s3 = self.options.get().stream.s3.clone();
+        let s3 = self.options.get().stream.store.clone();
         interruptible(py, move || {
             let entries = crate::index::index_shards(&shards, &positions, &s3, jobs.max(1))?;
             Ok(Manifest::new(entries).to_json())
@@ -278,7 +278,7 @@ impl ShardList {
         let counted = pyo3::types::PyBool::new(py, this.counted)
             .to_owned()
             .into_any();
-        let encoded = crate::resolved::encode(&this.shards).map_err(|reason| {
+        let encoded = crate::shard_list_codec::encode(&this.shards).map_err(|reason| {
             to_py(crate::Error::Spec {
                 spec: this.specs.join(" "),
                 reason,
@@ -304,7 +304,7 @@ pub fn _rebuild_shard_list(
     counted: bool,
     shards: &[u8],
 ) -> PyResult<ShardList> {
-    let shards = crate::resolved::decode(shards).map_err(|reason| {
+    let shards = crate::shard_list_codec::decode(shards).map_err(|reason| {
         to_py(crate::Error::Spec {
             spec: specs.join(" "),
             reason: format!("its pickled shard list {reason}"),

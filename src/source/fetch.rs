@@ -238,7 +238,7 @@ pub(super) struct Fetcher {
     /// The budget's size.
     pub(super) budget_total: usize,
     /// The transport settings of remote reads.
-    pub(super) s3_options: Arc<StoreOptions>,
+    pub(super) store_options: Arc<StoreOptions>,
 }
 
 impl Fetcher {

@@ -6,13 +6,13 @@
 //! ranged parts of one queue over the budget, up to `max_concurrency` GETs
 //! at once, so a slow first byte or a per-connection bandwidth limit is
 //! paid in parallel. A new remote source implements
-//! [`ranged::RangedObject`] and gets a [`Location`] variant.
+//! [`store::ranged::RangedObject`] and gets a [`Location`] variant.
 
 pub mod cache;
 mod fetch;
-mod local;
+mod local_reads;
 mod queue;
-mod ranged;
+mod remote_reads;
 
 use crate::store::local::SHARE_MIN_BYTES;
 use crate::store::{self, http, s3};
@@ -49,8 +49,8 @@ pub struct ReadAheadOptions {
     pub chunk_bytes: usize,
     /// Longest wait of a [`ShardReader`] for its next bytes.
     pub io_timeout: Duration,
-    /// How to reach S3.
-    pub s3: StoreOptions,
+    /// How to reach every store (S3, HTTP(S), GCS, the Hub).
+    pub store: StoreOptions,
     /// Where remote shards are cached, if anywhere.
     pub cache: Option<CacheOptions>,
 }
@@ -86,7 +86,7 @@ impl ReadAhead {
         options: ReadAheadOptions,
         counters: Arc<Counters>,
     ) -> Result<Self> {
-        options.s3.validate()?;
+        options.store.validate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(2)
@@ -106,7 +106,7 @@ impl ReadAhead {
                 io_timeout: options.io_timeout,
                 counters: counters.clone(),
                 budget_total,
-                s3_options: Arc::new(options.s3),
+                store_options: Arc::new(options.store),
             },
             s3: Arc::new(tokio::sync::OnceCell::new()),
             http: Arc::new(std::sync::OnceLock::new()),
@@ -229,7 +229,7 @@ impl Dispatcher {
     /// alone: after every unit before it was fetched, and before any unit
     /// after it is begun, so that every read takes the budget in order.
     async fn run(self, units: Vec<FetchUnit>, shard_tx: Sender<ShardReader>) {
-        let ahead = self.s3_options.transport.max_concurrency.max(1);
+        let ahead = self.store_options.transport.max_concurrency.max(1);
         let mut queue = (ahead > 1).then(|| queue::PartQueue::new(&self));
         let mut in_flight = VecDeque::new();
         for mut unit in units {
@@ -360,7 +360,7 @@ impl Dispatcher {
     /// The S3 client, made at the first S3 unit, in the reading process.
     async fn s3_client(&self) -> Arc<s3::S3Client> {
         self.s3
-            .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.s3_options).await) })
+            .get_or_init(|| async { Arc::new(s3::S3Client::new(&self.store_options).await) })
             .await
             .clone()
     }
@@ -371,7 +371,7 @@ impl Dispatcher {
         self.http
             .get_or_init(|| {
                 let credentials = crate::store::http_credentials();
-                http::HttpClient::new(&self.s3_options.transport, credentials).map(Arc::new)
+                http::HttpClient::new(&self.store_options.transport, credentials).map(Arc::new)
             })
             .clone()
     }
@@ -488,7 +488,8 @@ impl Dispatcher {
         self.count(Counter::CacheHits, 1);
         match hit.opened() {
             Ok(opened) => {
-                local::read_opened(self, &hit.unit, (&hit.path, false), opened, chunk_tx).await?
+                local_reads::read_opened(self, &hit.unit, (&hit.path, false), opened, chunk_tx)
+                    .await?
             }
             Err(source) => {
                 let _ = chunk_tx.send(Err(Error::Read {
@@ -515,17 +516,19 @@ impl Dispatcher {
         }
         let unit = &unit;
         match &unit.location {
-            Location::Local(path) => local::read_file(self, unit, (path, true), chunk_tx).await?,
+            Location::Local(path) => {
+                local_reads::read_file(self, unit, (path, true), chunk_tx).await?
+            }
             Location::S3 { bucket, key } => {
                 let client = self.s3_client().await;
                 let object = client.object(self.counters.clone(), &unit.url, (bucket, key));
-                ranged::read_ranged(self, object, unit, chunk_tx).await?
+                remote_reads::read_ranged(self, object, unit, chunk_tx).await?
             }
             Location::Http(_) => match self.http_client() {
                 Ok(client) => {
                     let end = unit.range.as_ref().map(|range| range.end);
                     let resource = client.resource(self.counters.clone(), &unit.url, end);
-                    ranged::read_ranged(self, resource, unit, chunk_tx).await?
+                    remote_reads::read_ranged(self, resource, unit, chunk_tx).await?
                 }
                 Err(reason) => {
                     let _ = chunk_tx.send(Err(client_error(unit, reason)));
@@ -600,7 +603,10 @@ fn client_error(unit: &FetchUnit, reason: String) -> Error {
 /// Reads the footer of each Parquet file (`files` have known sizes): a
 /// probe of its last bytes, then the whole footer when it is longer. The
 /// reads run on a runtime that is shut down before returning.
-pub fn read_footers(files: &[&Shard], s3: &StoreOptions) -> Result<Vec<Arc<ParquetMetaData>>> {
+pub fn read_footers(
+    files: &[&Shard],
+    store_options: &StoreOptions,
+) -> Result<Vec<Arc<ParquetMetaData>>> {
     let size = |file: &Shard| file.size.unwrap_or(0);
     let probes = files
         .iter()
@@ -608,7 +614,10 @@ pub fn read_footers(files: &[&Shard], s3: &StoreOptions) -> Result<Vec<Arc<Parqu
         .collect::<Vec<_>>();
     let mut footers = Vec::with_capacity(files.len());
     let mut longer = Vec::new();
-    for (i, tail) in read_tails(files, &probes, s3)?.into_iter().enumerate() {
+    for (i, tail) in read_tails(files, &probes, store_options)?
+        .into_iter()
+        .enumerate()
+    {
         match parquet::decode_footer(&files[i].url, size(files[i]), &tail)? {
             FooterDecode::Metadata(metadata) => footers.push(Some(metadata)),
             FooterDecode::NeedTail(len) => {
@@ -620,7 +629,7 @@ pub fn read_footers(files: &[&Shard], s3: &StoreOptions) -> Result<Vec<Arc<Parqu
     if !longer.is_empty() {
         let retry: Vec<&Shard> = longer.iter().map(|&(i, _)| files[i]).collect();
         let lens: Vec<u64> = longer.iter().map(|&(_, len)| len).collect();
-        for ((i, _), tail) in longer.iter().zip(read_tails(&retry, &lens, s3)?) {
+        for ((i, _), tail) in longer.iter().zip(read_tails(&retry, &lens, store_options)?) {
             let file = files[*i];
             match parquet::decode_footer(&file.url, size(file), &tail)? {
                 FooterDecode::Metadata(metadata) => footers[*i] = Some(metadata),
@@ -648,7 +657,11 @@ fn file_format_error(file: &Shard, reason: &str) -> Error {
 
 /// The last `lens[i]` bytes of each file, read through a [`ReadAhead`]
 /// that is dropped (its runtime shut down) before returning.
-fn read_tails(files: &[&Shard], lens: &[u64], s3: &StoreOptions) -> Result<Vec<Vec<u8>>> {
+fn read_tails(
+    files: &[&Shard],
+    lens: &[u64],
+    store_options: &StoreOptions,
+) -> Result<Vec<Vec<u8>>> {
     let units = files
         .iter()
         .zip(lens)
@@ -671,7 +684,7 @@ fn read_tails(files: &[&Shard], lens: &[u64], s3: &StoreOptions) -> Result<Vec<V
             budget_bytes: defaults.read_ahead_bytes,
             chunk_bytes: defaults.chunk_bytes,
             io_timeout: defaults.io_timeout,
-            s3: s3.clone(),
+            store: store_options.clone(),
             cache: None,
         },
         Arc::new(Counters::new()),
@@ -962,7 +975,7 @@ mod tests {
             budget_bytes: 4 * chunk_bytes,
             chunk_bytes,
             io_timeout: Duration::from_secs(20),
-            s3: StoreOptions::default(),
+            store: StoreOptions::default(),
             cache: None,
         };
         ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()

@@ -50,7 +50,7 @@ pub struct WriterOptions {
     /// How shards are compressed (`None`: as the pattern's suffix says).
     pub compression: Option<Compression>,
     /// How to reach S3 (its `part_size` is the upload's part size, at least 5 MiB).
-    pub s3: StoreOptions,
+    pub store: StoreOptions,
 }
 
 impl Default for WriterOptions {
@@ -60,7 +60,7 @@ impl Default for WriterOptions {
             max_count: Some(100_000),
             max_bytes: Some(3_000_000_000),
             compression: None,
-            s3: StoreOptions::default(),
+            store: StoreOptions::default(),
         }
     }
 }
@@ -219,10 +219,10 @@ pub struct ShardWriter {
 /// Writes `manifest` to `url`: a local path or `file://` URL (under a
 /// temporary name, synced and renamed into place) or an `s3://` URL (one
 /// `PutObject`, with the retries of `s3`).
-pub fn write_manifest(url: &str, manifest: &Manifest, s3: &StoreOptions) -> Result<()> {
+pub fn write_manifest(url: &str, manifest: &Manifest, store_options: &StoreOptions) -> Result<()> {
     let json = manifest.to_json().into_bytes();
     if url.contains("://") && !url.starts_with("file://") {
-        return crate::store::write_small_object(s3, url, json);
+        return crate::store::write_small_object(store_options, url, json);
     }
     let path = std::path::Path::new(url.strip_prefix("file://").unwrap_or(url));
     // A bare file name is in the current directory, which is synced.
@@ -249,7 +249,7 @@ impl ShardWriter {
                 });
             }
         }
-        options.s3.validate()?;
+        options.store.validate()?;
         let pattern = ShardPattern::parse(pattern, options.compression)?;
         let s3 = match &pattern.destination {
             Destination::Local { dir } => {
@@ -269,7 +269,7 @@ impl ShardWriter {
                     .enable_all()
                     .build()
                     .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
-                let client = runtime.block_on(crate::store::s3::S3Client::new(&options.s3));
+                let client = runtime.block_on(crate::store::s3::S3Client::new(&options.store));
                 let target = S3Target {
                     runtime: Arc::new(runtime),
                     client: Arc::new(client),
@@ -458,7 +458,7 @@ impl ShardWriter {
                 target.clone(),
                 bucket,
                 &name,
-                self.options.s3.transport.part_size,
+                self.options.store.transport.part_size,
             ),
             _ => Sink::local(std::path::Path::new(&name))?,
         };

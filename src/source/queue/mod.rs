@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use super::fetch::{Chunk, ChunkSender, ConsumerGone, FetchUnit, Fetcher};
-use super::ranged::{expected, stream_range, Tap, Target};
+use super::remote_reads::{expected, stream_range, Tap, Target};
 use crate::error::Error;
 use crate::stats::Counter;
 use crate::store::ranged::{short_part, Pinned, RangedObject};
@@ -154,7 +154,7 @@ pub(super) struct PartQueue {
 impl PartQueue {
     /// A queue over `fetcher`'s budget.
     pub(super) fn new(fetcher: &Fetcher) -> Self {
-        let options = &fetcher.s3_options;
+        let options = &fetcher.store_options;
         let budget = fetcher.budget_bytes() as u64;
         let sizes = PartSizes::new(
             budget,
@@ -738,7 +738,7 @@ mod tests {
             io_timeout: Duration::from_secs(20),
             counters: Arc::new(Counters::new()),
             budget_total: budget,
-            s3_options: Arc::new(StoreOptions {
+            store_options: Arc::new(StoreOptions {
                 transport: Transport {
                     part_size,
                     max_concurrency,

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::super::ranged::Sample;
+use super::super::remote_reads::Sample;
 
 /// The first part of an object, at most: small, so that parsing starts
 /// after one short request.

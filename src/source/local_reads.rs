@@ -312,7 +312,7 @@ mod tests {
             budget_bytes: budget,
             chunk_bytes: chunk,
             io_timeout: Duration::from_secs(20),
-            s3: crate::config::StoreOptions::default(),
+            store: crate::config::StoreOptions::default(),
             cache: None,
         };
         let counters = Arc::new(crate::stats::Counters::new());

@@ -2,7 +2,7 @@
 //! into the read-ahead: the body-streaming loop every read of a range goes
 //! through ([`stream_range`]), retried and resumed, its bytes cut into
 //! budgeted chunks, and one streaming read of a unit ([`read_ranged`];
-//! parallel parts are the part queue's, `queue.rs`).
+//! parallel parts are the part queue's, `queue/`).
 
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -328,7 +328,7 @@ pub(super) fn expected(unit: &FetchUnit) -> Pinned {
 /// Reads the unit's object (or byte range of it) as one streaming GET
 /// (resumed where it breaks) into budgeted chunks sent to `tx`, so that
 /// parsing starts with its first bytes. Used with `max_concurrency` 1;
-/// otherwise the part queue (`queue.rs`) reads remote units as parts.
+/// otherwise the part queue (`queue/`) reads remote units as parts.
 pub(super) async fn read_ranged<O: RangedObject>(
     fetcher: &Fetcher,
     object: Arc<O>,
