@@ -168,7 +168,7 @@ def check_generated(path: Path, heading: str, head: str, table: list[dict[str, A
         lines[first:end] = expected
         path.write_text("\n".join(lines))
     assert lines[first:end] == expected, (
-        f"{path.name}'s table under {heading!r} is made from the option table in src/config.rs: "
+        f"{path.name}'s table under {heading!r} is made from the option table in src/config/table.rs: "
         "change the text there, rebuild, and run this test with SHARDSTREAM_BLESS=1"
     )
     for option in table:

@@ -1,0 +1,126 @@
+//! The options of one stream ([`StreamOptions`]) and their defaults, and
+//! the node-local cache's ([`CacheOptions`]).
+
+use std::time::Duration;
+
+use crate::plan::Remainder;
+
+use super::store::StoreOptions;
+use super::values::{FieldDecoders, OnError, TableOutput};
+
+/// The largest byte budget an option may set (read-ahead, shuffle buffer):
+/// far above any machine's memory, far below what would overflow the
+/// budget's counters.
+pub const MAX_BUDGET_BYTES: u64 = 1 << 40;
+
+/// The largest count of samples or rows an option may set.
+pub const MAX_ITEMS: u64 = 1 << 32;
+
+/// Options of one stream. Build with [`StreamOptions::builder`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamOptions {
+    /// Seed for shard order and shuffle buffer.
+    pub seed: u64,
+    /// Shuffle the shard order every epoch.
+    pub shuffle_shards: bool,
+    /// Shuffle buffer size in samples; 0 disables sample shuffling.
+    pub shuffle_buffer: usize,
+    /// Byte budget of the shuffle buffer.
+    pub shuffle_buffer_bytes: usize,
+    /// Samples the shuffle buffer holds before its first sample leaves; it
+    /// then grows by one per sample out until it holds `shuffle_buffer`.
+    pub shuffle_initial: usize,
+    /// Bytes read ahead of the parser, across shard boundaries.
+    pub read_ahead_bytes: usize,
+    /// Size of one read from storage.
+    pub chunk_bytes: usize,
+    /// Samples queued for the consumer. They are sent in groups of
+    /// `output_queue / 4` (1 to 64), a group going out early once its
+    /// samples hold 1 MiB, so up to one more group may wait.
+    pub output_queue: usize,
+    /// Longest wait for the next bytes of a shard.
+    pub io_timeout: Duration,
+    /// Error policy.
+    pub on_error: OnError,
+    /// Remainder policy of equal-length epochs (with a manifest).
+    pub remainder: Remainder,
+    /// How to reach every store: S3, HTTP(S), GCS and the Hub (the `s3=` option).
+    pub store: StoreOptions,
+    /// Field decoders applied to every sample.
+    pub decode: FieldDecoders,
+    /// Threads that decode a stream's fields (the pipeline thread
+    /// included); `None`: as many as the cores allow, shared among the
+    /// processes that decode (the pipeline's `auto_decode_threads`).
+    pub decode_threads: Option<usize>,
+    /// Table columns to read (all when `None`).
+    pub columns: Option<Vec<String>>,
+    /// How table rows are handed out.
+    pub table_output: TableOutput,
+    /// Rows per decoded table batch.
+    pub batch_rows: usize,
+    /// Where remote shards are cached, if anywhere.
+    pub cache: Option<CacheOptions>,
+    /// Give each sample a `__seed__` field: an int of 63 bits drawn from
+    /// the sample's identity (seed, epoch, shard index, index in the
+    /// shard), for Python transforms to draw their randomness from. It
+    /// changes no sample's order, so resume states ignore it.
+    pub sample_seed: bool,
+    /// Give each sample a `__id__` field: `(epoch, shard index, index in
+    /// the shard)`, the id a ledger records (`shardstream.Ledger`). It
+    /// changes no sample's order, so resume states ignore it.
+    pub sample_ids: bool,
+}
+
+/// A node-local cache of remote shards: where, and how large it may grow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// The cache directory, shared by every process of the node.
+    pub dir: std::path::PathBuf,
+    /// Bytes of cached shards kept at most; `None`: no limit.
+    pub limit_bytes: Option<u64>,
+    /// The dataset these options were made for: each process checks the
+    /// identity of a cached object once per dataset (a dataset made later
+    /// in the same process checks it again, so that an object replaced
+    /// since is never served from an older copy).
+    pub identity_scope: u64,
+}
+
+impl CacheOptions {
+    /// A cache in `dir` of at most `limit_bytes`, for a new dataset (with
+    /// an identity scope of its own).
+    pub fn new(dir: std::path::PathBuf, limit_bytes: Option<u64>) -> Self {
+        static SCOPES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        CacheOptions {
+            dir,
+            limit_bytes,
+            identity_scope: SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            seed: 0,
+            shuffle_shards: true,
+            shuffle_buffer: 1000,
+            shuffle_buffer_bytes: 256 << 20,
+            shuffle_initial: 100,
+            read_ahead_bytes: 32 << 20,
+            chunk_bytes: 1 << 20,
+            output_queue: 256,
+            io_timeout: Duration::from_secs(120),
+            on_error: OnError::Raise,
+            remainder: Remainder::Drop,
+            store: StoreOptions::default(),
+            decode: FieldDecoders::default(),
+            decode_threads: None,
+            columns: None,
+            table_output: TableOutput::Rows,
+            batch_rows: 8192,
+            cache: None,
+            sample_seed: false,
+            sample_ids: false,
+        }
+    }
+}
