@@ -169,7 +169,8 @@ def check_generated(path: Path, heading: str, head: str, table: list[dict[str, A
         path.write_text("\n".join(lines))
     assert lines[first:end] == expected, (
         f"{path.name}'s table under {heading!r} is made from the option table in "
-        "src/config/table.rs: change the text there, rebuild, and run this test with SHARDSTREAM_BLESS=1"
+        "src/config/table.rs: change the text there, rebuild, and run this test with "
+        "SHARDSTREAM_BLESS=1"
     )
     for option in table:
         rows = [line for line in lines if line.startswith(f"| `{option['name']}` |")]
