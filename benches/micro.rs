@@ -41,8 +41,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use image::codecs::jpeg::JpegEncoder;
-use image::{ExtendedColorType, ImageEncoder};
 use pyo3::types::PyDictMethods;
 use pyo3::Python;
 
@@ -258,11 +256,7 @@ fn jpeg_256() -> Vec<u8> {
             pixels.extend_from_slice(&[x as u8 / 2 + g, y as u8 / 2 + g, (x ^ y) as u8 / 2 + g]);
         }
     }
-    let mut out = Vec::new();
-    JpegEncoder::new_with_quality(&mut out, 90)
-        .write_image(&pixels, width, height, ExtendedColorType::Rgb8)
-        .expect("JPEG encodes");
-    out
+    shardstream::augment::jpeg::encode(&pixels, width, height, false, 90).expect("JPEG encodes")
 }
 
 fn wav_4s_16k() -> Vec<u8> {

@@ -16,9 +16,9 @@
 //! around it. When the box, scaled down by 1/2, 1/4 or 1/8, still covers
 //! the output size, that part is decoded at that scale in the DCT domain,
 //! the way PIL's `draft` mode does: most of the decode and resize work of
-//! a large image is skipped. JPEGs libjpeg-turbo cannot give as RGB that
-//! way (CMYK, 12-bit, lossless) are decoded in full by zune-jpeg, PNGs by
-//! the png crate, both through the image crate as the `rgb8` decoder does.
+//! a large image is skipped. JPEGs libjpeg-turbo cannot crop or scale
+//! (CMYK, lossless) are decoded whole by libjpeg-turbo as the `rgb8`
+//! decoder decodes them; PNGs by the png crate, through the image crate.
 
 use std::fmt;
 
@@ -570,8 +570,9 @@ fn center_plan(width: u32, height: u32, resize: u32, (out_w, out_h): (u32, u32))
 pub fn sniff(bytes: &[u8]) -> Result<ImageFormat, String> {
     if bytes.starts_with(JPEG_MAGIC) {
         if is_truncated_jpeg(bytes) {
-            // zune-jpeg (run leniently by the image crate) would fill the
-            // missing part with gray; PIL refuses such files, and so do we.
+            // libjpeg-turbo, which recovers from a missing end with a
+            // warning, would fill the missing part in; PIL refuses such
+            // files, and so do we.
             return Err(
                 "truncated JPEG image (no end-of-image marker after the last scan)".to_owned(),
             );
@@ -656,14 +657,17 @@ fn check_size(width: u32, height: u32) -> Result<(), String> {
 /// checking from its header that they fit [`MAX_DECODED_BYTES`] (the RGB
 /// output, not only the decoder's own buffer: a grayscale image triples).
 pub fn decode_rgb(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32, Vec<u8>), String> {
-    let (width, height) = header_dimensions(bytes, format)?;
-    check_size(width, height)?;
+    checked_header(bytes, format)?;
     decode_full(bytes, format)
 }
 
-/// A whole JPEG or PNG decoded by the image crate into RGB pixels, with
-/// its errors worded for users; the caller has checked their size.
+/// A whole JPEG (by libjpeg-turbo) or PNG (by the image crate) decoded
+/// into RGB pixels, with its errors worded for users; the caller has
+/// checked their size.
 fn decode_full(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32, Vec<u8>), String> {
+    if format == ImageFormat::Jpeg {
+        return jpeg::decode_whole(bytes);
+    }
     let name = format_name(format);
     let image = image::load_from_memory_with_format(bytes, format).map_err(|e| match e {
         ImageError::Limits(limit) => format!("{name} image too large to decode: {limit}"),
@@ -685,8 +689,8 @@ fn format_name(format: ImageFormat) -> &'static str {
     }
 }
 
-/// An image's `(width, height)` as the image crate's decoder of `format`
-/// reads them from its header.
+/// A PNG's `(width, height)` as the image crate's decoder reads them from
+/// its header (a JPEG's are libjpeg-turbo's, [`jpeg::header`]).
 fn header_dimensions(bytes: &[u8], format: ImageFormat) -> Result<(u32, u32), String> {
     let reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     reader
@@ -740,7 +744,6 @@ fn decode(
 mod tests {
     use super::*;
     use crate::augment::SampleContext;
-    use image::codecs::jpeg::JpegEncoder;
     use image::codecs::png::PngEncoder;
     use image::{ExtendedColorType, ImageEncoder};
     use proptest::prelude::*;
@@ -778,12 +781,12 @@ mod tests {
     fn encoded(width: u32, height: u32, as_png: bool) -> Vec<u8> {
         let (mut out, pixels) = (Vec::new(), picture(width, height));
         let color = ExtendedColorType::Rgb8;
-        let written = if as_png {
-            PngEncoder::new(&mut out).write_image(&pixels, width, height, color)
-        } else {
-            JpegEncoder::new_with_quality(&mut out, 95).write_image(&pixels, width, height, color)
-        };
-        written.unwrap();
+        if !as_png {
+            return jpeg::encode(&pixels, width, height, false, 95).unwrap();
+        }
+        PngEncoder::new(&mut out)
+            .write_image(&pixels, width, height, color)
+            .unwrap();
         out
     }
 

@@ -5,9 +5,11 @@
 //!
 //! Decoding only the crop box (plus the margin the resize filter reads) is
 //! what brings `Image` to 0.36x the CPU of PIL + torchvision's
-//! RandomResizedCrop on 500x375 JPEGs; zune-jpeg's whole-image decode gave
-//! 0.50x (docs/performance.md, "Which JPEG decoder"). Each thread keeps one
-//! decompression handle and reuses it.
+//! RandomResizedCrop on 500x375 JPEGs; zune-jpeg's whole-image decode (the
+//! crate's other JPEG decoder until then) gave 0.50x (docs/performance.md, "Which JPEG decoder"). Each decode has a
+//! handle of its own (a reused one can keep a previous image's header).
+//! The `rgb8` decoder decodes whole images here too: libjpeg-turbo is the
+//! one JPEG decoder of the crate.
 //!
 //! Like PIL, which decodes with libjpeg(-turbo) too, a warning (corrupt
 //! data the decoder recovered from, such as extraneous bytes before a
@@ -16,7 +18,6 @@
 //! [`SCAN_LIMIT`] scans are refused, as libjpeg-turbo advises for
 //! untrusted input.
 
-use std::cell::RefCell;
 use std::ffi::CStr;
 
 use turbojpeg_sys as tj;
@@ -24,6 +25,18 @@ use turbojpeg_sys as tj;
 /// The most scans a progressive JPEG may have. Encoders write about ten;
 /// a crafted file with thousands makes each decode take seconds.
 pub const SCAN_LIMIT: i32 = 500;
+
+/// turbojpeg.h's `TJUNSCALED` (a static constant of the header, not a
+/// symbol of the library): decode at full size.
+const UNSCALED: tj::tjscalingfactor = tj::tjscalingfactor { num: 1, denom: 1 };
+
+/// turbojpeg.h's `TJUNCROPPED`: decode the whole image.
+const UNCROPPED: tj::tjregion = tj::tjregion {
+    x: 0,
+    y: 0,
+    w: 0,
+    h: 0,
+};
 
 /// Width in pixels of an iMCU for each TJSAMP_* chroma subsampling
 /// (turbojpeg.h's `tjMCUWidth`, a static array the library does not
@@ -82,26 +95,14 @@ impl Drop for Decompressor {
     }
 }
 
-thread_local! {
-    /// This thread's handle, made on first use.
-    static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
-}
-
-/// Runs `f` with this thread's handle (or a fresh one, should the
-/// thread's be in use).
+/// Runs `f` with a new handle. A handle is not reused: a datastream of
+/// tables only (no frame, as in garbage after the first marker) leaves
+/// the header fields of the image a handle read before, which would then
+/// be taken for this one's.
 fn with_decompressor<T>(
     f: impl FnOnce(&mut Decompressor) -> Result<T, String>,
 ) -> Result<T, String> {
-    DECOMPRESSOR.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut slot) => {
-            let decompressor = match slot.as_mut() {
-                Some(decompressor) => decompressor,
-                None => slot.insert(Decompressor::new()?),
-            };
-            f(decompressor)
-        }
-        Err(_) => f(&mut Decompressor::new()?),
-    })
+    f(&mut Decompressor::new()?)
 }
 
 impl Decompressor {
@@ -238,11 +239,90 @@ impl Decompressor {
         self.check(rc)?;
         Ok((region.w, region.h, pixels))
     }
+
+    /// Decodes the whole image into RGB: 8-bit images of any color space
+    /// (CMYK and YCCK ones through [`cmyk_to_rgb`], as PIL turns them into
+    /// RGB), lossy or lossless.
+    fn decode_whole(&mut self, bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), String> {
+        let header = self.read_header(bytes)?;
+        let precision = self.get(tj::TJPARAM_TJPARAM_PRECISION);
+        if precision != 8 {
+            return Err(format!(
+                "unsupported JPEG image: {precision}-bit samples (8-bit JPEGs are read)"
+            ));
+        }
+        let colorspace = u32::try_from(self.get(tj::TJPARAM_TJPARAM_COLORSPACE));
+        let cmyk = colorspace.is_ok_and(|c| [tj::TJCS_TJCS_CMYK, tj::TJCS_TJCS_YCCK].contains(&c));
+        // A handle that decoded a region before is set back to the whole
+        // image at full scale.
+        // SAFETY: `handle` is live; the factor and region are passed by value.
+        let rc = unsafe { tj::tj3SetScalingFactor(self.handle, UNSCALED) };
+        self.check(rc)?;
+        // SAFETY: as above.
+        let rc = unsafe { tj::tj3SetCroppingRegion(self.handle, UNCROPPED) };
+        self.check(rc)?;
+        let (format, channels) = if cmyk {
+            (tj::TJPF_TJPF_CMYK, 4)
+        } else {
+            (tj::TJPF_TJPF_RGB, 3)
+        };
+        let (width, height) = (header.width, header.height);
+        let row = width as usize * channels;
+        let pitch = i32::try_from(row).map_err(|_| "JPEG image too wide".to_owned())?;
+        let mut pixels = vec![0u8; row * height as usize];
+        // SAFETY: `handle` is live; `bytes` is a live slice of the given
+        // length, only read; `pixels` is a live, writable buffer of
+        // `height` rows of `row` bytes (the pitch passed), the size of the
+        // unscaled, uncropped image in `format` that the header read
+        // above gives.
+        let rc = unsafe {
+            tj::tj3Decompress8(
+                self.handle,
+                bytes.as_ptr(),
+                bytes.len() as u64,
+                pixels.as_mut_ptr(),
+                pitch,
+                format as libc::c_int,
+            )
+        };
+        self.check(rc)?;
+        if cmyk {
+            pixels = cmyk_to_rgb(&pixels);
+        }
+        Ok((width, height, pixels))
+    }
+}
+
+/// CMYK pixels as libjpeg gives them from a JPEG (stored inverted, as
+/// Adobe's encoders and PIL write them) turned into RGB as PIL turns them:
+/// each channel `(255 - k) - c * (255 - k) / 255` of the inverted values,
+/// the division rounded as PIL's `MULDIV255`.
+fn cmyk_to_rgb(cmyk: &[u8]) -> Vec<u8> {
+    let muldiv255 = |a: u32, b: u32| {
+        let t = a * b + 128;
+        ((t >> 8) + t) >> 8
+    };
+    let mut rgb = Vec::with_capacity(cmyk.len() / 4 * 3);
+    for pixel in cmyk.chunks_exact(4) {
+        let [c, m, y, k] = [0, 1, 2, 3].map(|i| 255 - u32::from(pixel[i]));
+        let nk = 255 - k;
+        for v in [c, m, y] {
+            rgb.push((nk - muldiv255(v, nk)) as u8);
+        }
+    }
+    rgb
 }
 
 /// The header of the JPEG `bytes`.
 pub fn header(bytes: &[u8]) -> Result<Header, String> {
     with_decompressor(|d| d.read_header(bytes))
+}
+
+/// The whole JPEG `bytes` as RGB `(width, height, pixels)`: any 8-bit
+/// JPEG (CMYK ones turned into RGB as PIL does); the caller has checked
+/// from its header that the pixels fit.
+pub fn decode_whole(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), String> {
+    with_decompressor(|d| d.decode_whole(bytes))
 }
 
 /// `region` of the JPEG `bytes` at `eighths`/8 scale (8, 4, 2 or 1), as
@@ -257,16 +337,95 @@ pub fn decode_region(
     with_decompressor(|d| d.decode(bytes, eighths, region))
 }
 
+/// `pixels` (`width` x `height`, RGB, or gray when `gray`) encoded as a
+/// JPEG of `quality` (1 to 100) by libjpeg-turbo, without chroma
+/// subsampling (4:4:4): the JPEGs the tests and benchmarks decode.
+pub fn encode(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    gray: bool,
+    quality: i32,
+) -> Result<Vec<u8>, String> {
+    let channels: u32 = if gray { 1 } else { 3 };
+    let int = |v: u32| i32::try_from(v).map_err(|_| "image too large to encode".to_owned());
+    let (w, h, pitch) = (
+        int(width)?,
+        int(height)?,
+        int(width.saturating_mul(channels))?,
+    );
+    if width == 0
+        || height == 0
+        || pixels.len() as u64 != u64::from(width * channels) * u64::from(height)
+    {
+        return Err(format!(
+            "{} bytes are not a {width}x{height} image of {channels} channels",
+            pixels.len()
+        ));
+    }
+    let (format, subsampling) = if gray {
+        (tj::TJPF_TJPF_GRAY, tj::TJSAMP_TJSAMP_GRAY)
+    } else {
+        (tj::TJPF_TJPF_RGB, tj::TJSAMP_TJSAMP_444)
+    };
+    // SAFETY: `tj3Init` takes no pointers; a null result is checked.
+    let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_COMPRESS as libc::c_int) };
+    if handle.is_null() {
+        return Err("cannot start the JPEG encoder (out of memory)".to_owned());
+    }
+    let (mut out, mut size): (*mut libc::c_uchar, tj::size_t) = (std::ptr::null_mut(), 0);
+    // SAFETY: `handle` is live until destroyed below; `pixels` is a live
+    // slice of `height` rows of `pitch` bytes (checked above), only read;
+    // `out` and `size` receive a buffer the library allocates.
+    let rc = unsafe {
+        let set = |param: tj::TJPARAM, value: i32| tj::tj3Set(handle, param as libc::c_int, value);
+        if set(tj::TJPARAM_TJPARAM_QUALITY, quality) != 0
+            || set(tj::TJPARAM_TJPARAM_SUBSAMP, subsampling) != 0
+        {
+            -1
+        } else {
+            tj::tj3Compress8(
+                handle,
+                pixels.as_ptr(),
+                w,
+                pitch,
+                h,
+                format as libc::c_int,
+                &mut out,
+                &mut size,
+            )
+        }
+    };
+    let encoded = if rc == 0 && !out.is_null() {
+        // SAFETY: on success `out` holds `size` bytes the library wrote.
+        Ok(unsafe { std::slice::from_raw_parts(out, size as usize) }.to_vec())
+    } else {
+        Err(format!("cannot encode the JPEG (quality {quality})"))
+    };
+    // SAFETY: `out` is null or the library's buffer, freed once; `handle`
+    // is live and destroyed once.
+    unsafe {
+        tj::tj3Free(out.cast());
+        tj::tj3Destroy(handle);
+    }
+    encoded
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use image::codecs::jpeg::JpegEncoder;
-    use image::{ExtendedColorType, ImageEncoder};
     use proptest::prelude::*;
 
-    /// A `width` x `height` JPEG of a smooth pattern with edges, 4:2:0.
-    fn jpeg(width: u32, height: u32, color: ExtendedColorType) -> Vec<u8> {
-        let channels = if color == ExtendedColorType::L8 { 1 } else { 3 };
+    /// Whether a test image is RGB or gray.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Color {
+        Rgb,
+        Gray,
+    }
+
+    /// A `width` x `height` JPEG of a smooth pattern with edges, 4:4:4.
+    fn jpeg(width: u32, height: u32, color: Color) -> Vec<u8> {
+        let channels = if color == Color::Gray { 1 } else { 3 };
         let mut pixels = Vec::new();
         for y in 0..height {
             for x in 0..width {
@@ -278,11 +437,7 @@ mod tests {
                 pixels.extend(v.iter().take(channels).map(|&c| c as u8));
             }
         }
-        let mut out = Vec::new();
-        JpegEncoder::new_with_quality(&mut out, 90)
-            .write_image(&pixels, width, height, color)
-            .unwrap();
-        out
+        encode(&pixels, width, height, color == Color::Gray, 90).unwrap()
     }
 
     fn whole(bytes: &[u8], eighths: u32) -> (u32, u32, Vec<u8>) {
@@ -306,16 +461,16 @@ mod tests {
 
     #[test]
     fn the_header_gives_the_size_and_whether_a_partial_decode_is_possible() {
-        let h = header(&jpeg(100, 60, ExtendedColorType::Rgb8)).unwrap();
+        let h = header(&jpeg(100, 60, Color::Rgb)).unwrap();
         assert_eq!((h.width, h.height, h.partial), (100, 60, true));
-        let gray = header(&jpeg(33, 17, ExtendedColorType::L8)).unwrap();
+        let gray = header(&jpeg(33, 17, Color::Gray)).unwrap();
         assert_eq!((gray.width, gray.height, gray.partial), (33, 17, true));
         assert_eq!(gray.scaled_mcu_width(8), 8);
     }
 
     #[test]
     fn a_gray_jpeg_comes_out_as_rgb_with_equal_channels() {
-        let (w, h, pixels) = whole(&jpeg(33, 17, ExtendedColorType::L8), 8);
+        let (w, h, pixels) = whole(&jpeg(33, 17, Color::Gray), 8);
         assert_eq!((w, h, pixels.len()), (33, 17, 33 * 17 * 3));
         assert!(pixels.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]));
         assert!(pixels.iter().any(|&v| v != pixels[0]));
@@ -323,7 +478,7 @@ mod tests {
 
     #[test]
     fn scaled_decodes_have_the_scaled_size() {
-        let bytes = jpeg(101, 67, ExtendedColorType::Rgb8);
+        let bytes = jpeg(101, 67, Color::Rgb);
         for (eighths, size) in [(4, (51, 34)), (2, (26, 17)), (1, (13, 9))] {
             let (w, h, pixels) = whole(&bytes, eighths);
             assert_eq!((w, h), size, "at {eighths}/8");
@@ -336,7 +491,7 @@ mod tests {
         let err = header(b"\xff\xd8\xff\xe0 not a jpeg").unwrap_err();
         assert!(err.starts_with("corrupt JPEG image: "), "{err}");
         assert!(!err.contains("tj3"), "{err}");
-        let bytes = jpeg(64, 48, ExtendedColorType::Rgb8);
+        let bytes = jpeg(64, 48, Color::Rgb);
         let outside = Region {
             x: 0,
             y: 0,
@@ -356,11 +511,27 @@ mod tests {
         assert_eq!(whole(&bytes, 8).0, 64);
     }
 
+    /// A header the decoder reads with a warning only (garbage after the
+    /// first marker) does not take the size of the image the thread's
+    /// handle read before: it is an error, for a region and a whole decode.
     #[test]
-    fn a_decode_on_a_thread_whose_handle_is_busy_uses_a_fresh_one() {
-        let bytes = jpeg(40, 24, ExtendedColorType::Rgb8);
-        let nested = with_decompressor(|_| Ok(header(&bytes))).unwrap().unwrap();
-        assert_eq!((nested.width, nested.height), (40, 24));
+    fn a_header_read_with_a_warning_does_not_keep_the_previous_images_size() {
+        let good = jpeg(40, 24, Color::Rgb);
+        let mut garbage = good[..4].to_vec();
+        garbage.extend(std::iter::repeat_n(0x5a, 200));
+        for _ in 0..2 {
+            assert_eq!(header(&good).unwrap().width, 40);
+            assert!(header(&garbage).is_err());
+            assert_eq!(whole(&good, 8).0, 40);
+            assert!(decode_whole(&garbage).is_err());
+            let region = Region {
+                x: 0,
+                y: 0,
+                w: 8,
+                h: 8,
+            };
+            assert!(decode_region(&garbage, 8, region).is_err());
+        }
     }
 
     proptest! {
@@ -373,7 +544,7 @@ mod tests {
             eighths in prop::sample::select(vec![1u32, 2, 4, 8]),
             fx in 0.0f64..1.0, fy in 0.0f64..1.0, fw in 0.0f64..1.0, fh in 0.0f64..1.0,
         ) {
-            let bytes = jpeg(160, 120, ExtendedColorType::Rgb8);
+            let bytes = jpeg(160, 120, Color::Rgb);
             let (sw, sh, full) = whole(&bytes, eighths);
             let mcu = header(&bytes).unwrap().scaled_mcu_width(eighths);
             let x = ((fx * f64::from(sw)) as u32).min(sw - 1) / mcu * mcu;

@@ -2,12 +2,14 @@
 //! `[height, width, 3]`, like `np.asarray(PIL.Image.open(f).convert("RGB"))`.
 //!
 //! The format is chosen from the magic bytes (`FF D8 FF` for JPEG,
-//! `89 50 4E 47 0D 0A 1A 0A` for PNG), not from the field name, and the
-//! image crate decodes it (JPEG through zune-jpeg) once its header shows
-//! that the RGB output fits 512 MiB (so a small file declaring a huge image
-//! is refused before anything is allocated). The pixels are then converted with
-//! the image crate's `into_rgb8`: grayscale is replicated into the three
-//! channels and alpha is dropped (not composited), as PIL's
+//! `89 50 4E 47 0D 0A 1A 0A` for PNG), not from the field name, and decoded
+//! once its header shows that the RGB output fits 512 MiB (so a small file
+//! declaring a huge image is refused before anything is allocated). A JPEG
+//! is decoded by libjpeg-turbo as PIL decodes it (the same library and
+//! defaults: the same pixels; CMYK turned into RGB by PIL's formula; 12-bit
+//! JPEGs refused, as PIL refuses them). A PNG is decoded by the image crate
+//! and converted with its `into_rgb8`: grayscale is replicated into the
+//! three channels and alpha is dropped (not composited), as PIL's
 //! `convert("RGB")` does for 8-bit images. 16-bit PNGs are reduced by the
 //! image crate's rule, `round(v * 255 / 65535)`, which is not what PIL
 //! does with 16-bit modes. EXIF orientation is not applied (PIL does not
@@ -32,7 +34,6 @@ mod tests {
     use super::*;
     use crate::decode::Decoder;
     use crate::value::Value;
-    use image::codecs::jpeg::JpegEncoder;
     use image::codecs::png::PngEncoder;
     use image::{ExtendedColorType, ImageEncoder};
 
@@ -45,11 +46,8 @@ mod tests {
     }
 
     fn jpeg(pixels: &[u8], width: u32, height: u32, color: ExtendedColorType) -> Vec<u8> {
-        let mut out = Vec::new();
-        JpegEncoder::new_with_quality(&mut out, 100)
-            .write_image(pixels, width, height, color)
-            .unwrap();
-        out
+        let gray = color == ExtendedColorType::L8;
+        crate::augment::jpeg::encode(pixels, width, height, gray, 100).unwrap()
     }
 
     fn rgb8(bytes: Vec<u8>) -> (Vec<usize>, Vec<u8>) {
@@ -197,7 +195,8 @@ mod tests {
         let png = png(&pixels, 9, 6, ExtendedColorType::Rgb8);
 
         assert!(rgb8_err(&jpeg[..3]).starts_with("corrupt JPEG image"));
-        // Cut inside the scan data: zune-jpeg would pad it, we refuse it.
+        // Cut inside the scan data: a lenient decoder would pad it; PIL
+        // refuses it, and so do we.
         assert_eq!(
             rgb8_err(&jpeg[..jpeg.len() - 40]),
             "truncated JPEG image (no end-of-image marker after the last scan)"

@@ -230,20 +230,39 @@ def test_center_crop_is_close_to_torchvision(tmp_path, height, width):
 )
 def test_jpegs_decode_to_the_pixels_pil_gives(tmp_path, mode, options):
     """Every kind of JPEG (chroma subsampling 4:4:4, 4:2:2, 4:2:0,
-    progressive, restart markers, gray) gives PIL's pixels exactly: both
-    decode with libjpeg-turbo's defaults. CMYK, which libjpeg-turbo does
-    not turn into RGB, is decoded by zune-jpeg: within 1 level. A crop's
+    progressive, restart markers, gray, CMYK) gives PIL's pixels exactly,
+    through `Image` and the `rgb8` decoder alike: both decode with
+    libjpeg-turbo's defaults, CMYK turned into RGB as PIL does. A crop's
     region decode is checked against the whole decode in Rust."""
     pixels = photo(np.random.default_rng(7), 101, 77)
     buffer = io.BytesIO()
     PILImage.fromarray(pixels).convert(mode).save(buffer, "JPEG", quality=90, **options)
     jpeg = buffer.getvalue()
     path = write_tar(tmp_path / "one.tar", [("a.jpg", jpeg)])
-    (sample,) = collect(StreamingDataset(str(path), decode={"jpg": Image(crop=None, layout="HWC")}))
     expected = np.asarray(PILImage.open(io.BytesIO(jpeg)).convert("RGB"))
-    assert sample["jpg"].shape == expected.shape == (101, 77, 3)
-    diff = np.abs(sample["jpg"].astype(int) - expected.astype(int))
-    assert diff.max() <= (1 if mode == "CMYK" else 0), diff.max()
+    for decoder in (Image(crop=None, layout="HWC"), "rgb8"):
+        (sample,) = collect(StreamingDataset(str(path), decode={"jpg": decoder}))
+        assert sample["jpg"].shape == expected.shape == (101, 77, 3)
+        diff = np.abs(sample["jpg"].astype(int) - expected.astype(int))
+        assert diff.max() == 0, (decoder, diff.max())
+
+
+@pytest.mark.parametrize("decoder", [Image(crop=None, layout="HWC"), "rgb8"])
+def test_a_jpeg_without_a_frame_after_a_good_one_is_an_error(tmp_path, decoder):
+    """Garbage after a JPEG's first marker (a datastream of tables only)
+    decoded after a good JPEG is a FieldDecodeError naming the sample, not
+    an image of the good one's size (it came out all zeros through a
+    decoder handle reused from the good image)."""
+    buffer = io.BytesIO()
+    PILImage.fromarray(np.full((24, 40, 3), 100, np.uint8)).save(buffer, "JPEG")
+    good = buffer.getvalue()
+    garbage = good[:4] + b"\x5a" * 200
+    path = write_tar(tmp_path / "two.tar", [("a.jpg", good), ("b.jpg", garbage)])
+    dataset = StreamingDataset(
+        str(path), shuffle_buffer=0, shuffle_shards=False, decode={"jpg": decoder}, decode_threads=1
+    )
+    with pytest.raises(shardstream.FieldDecodeError, match='sample "b"'):
+        collect(dataset)
 
 
 def test_flip_one_mirrors_the_image(tmp_path):
