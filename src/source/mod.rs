@@ -15,7 +15,9 @@ mod queue;
 mod remote_reads;
 
 use crate::store::local::SHARE_MIN_BYTES;
+use crate::store::ranged::RangedObject;
 use crate::store::{self, http, s3};
+use remote_reads::RemoteObject;
 
 pub use fetch::FetchUnit;
 
@@ -333,28 +335,41 @@ impl Dispatcher {
         unit: &FetchUnit,
         sender: Arc<ChunkSender>,
     ) -> Result<tokio::task::JoinHandle<Result<(), ConsumerGone>>, ConsumerGone> {
-        match &unit.location {
+        if matches!(unit.location, Location::Local(_)) {
+            return Ok(self.spawn_read(unit.clone(), sender, None));
+        }
+        match self.remote_object(unit).await {
+            Ok(object) => queue.push(self, object, unit, sender).await,
+            Err(reason) => {
+                let error = client_error(unit, reason);
+                Ok(tokio::spawn(async move {
+                    let _ = sender.send(Err(error));
+                    Ok(())
+                }))
+            }
+        }
+    }
+
+    /// The object a remote `unit` is read as, through this process's
+    /// client of its store; why the client cannot be made (or, for a local
+    /// unit, which callers read as a file, that it is not remote). The one
+    /// place a unit's location picks its store.
+    async fn remote_object(
+        &self,
+        unit: &FetchUnit,
+    ) -> std::result::Result<Arc<RemoteObject<impl RangedObject, impl RangedObject>>, String> {
+        Ok(Arc::new(match &unit.location {
             Location::S3 { bucket, key } => {
                 let client = self.s3_client().await;
-                let object = client.object(self.counters.clone(), &unit.url, (bucket, key));
-                queue.push(self, object, unit, sender).await
+                RemoteObject::S3(client.object(self.counters.clone(), &unit.url, (bucket, key)))
             }
-            Location::Http(_) => match self.http_client() {
-                Ok(client) => {
-                    let end = unit.range.as_ref().map(|range| range.end);
-                    let resource = client.resource(self.counters.clone(), &unit.url, end);
-                    queue.push(self, resource, unit, sender).await
-                }
-                Err(reason) => {
-                    let error = client_error(unit, reason);
-                    Ok(tokio::spawn(async move {
-                        let _ = sender.send(Err(error));
-                        Ok(())
-                    }))
-                }
-            },
-            Location::Local(_) => Ok(self.spawn_read(unit.clone(), sender, None)),
-        }
+            Location::Http(_) => {
+                let end = unit.range.as_ref().map(|range| range.end);
+                let client = self.http_client()?;
+                RemoteObject::Http(client.resource(self.counters.clone(), &unit.url, end))
+            }
+            Location::Local(_) => return Err("a local file is read as a file".to_owned()),
+        }))
     }
 
     /// The S3 client, made at the first S3 unit, in the reading process.
@@ -515,26 +530,16 @@ impl Dispatcher {
             }
         }
         let unit = &unit;
-        match &unit.location {
-            Location::Local(path) => {
-                local_reads::read_file(self, unit, (path, true), chunk_tx).await?
-            }
-            Location::S3 { bucket, key } => {
-                let client = self.s3_client().await;
-                let object = client.object(self.counters.clone(), &unit.url, (bucket, key));
-                remote_reads::read_ranged(self, object, unit, chunk_tx).await?
-            }
-            Location::Http(_) => match self.http_client() {
-                Ok(client) => {
-                    let end = unit.range.as_ref().map(|range| range.end);
-                    let resource = client.resource(self.counters.clone(), &unit.url, end);
-                    remote_reads::read_ranged(self, resource, unit, chunk_tx).await?
-                }
+        if let Location::Local(path) = &unit.location {
+            local_reads::read_file(self, unit, (path, true), chunk_tx).await?;
+        } else {
+            match self.remote_object(unit).await {
+                Ok(object) => remote_reads::read_ranged(self, object, unit, chunk_tx).await?,
                 Err(reason) => {
                     let _ = chunk_tx.send(Err(client_error(unit, reason)));
                     return Ok(());
                 }
-            },
+            }
         }
         chunk_tx.finish();
         Ok(())

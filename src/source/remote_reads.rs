@@ -325,6 +325,59 @@ pub(super) fn expected(unit: &FetchUnit) -> Pinned {
     Pinned::expecting(unit.size, unit.etag.clone())
 }
 
+/// The object a remote unit is read as: an S3 object or an HTTP(S)
+/// resource (GCS and the Hub included), either one read through the same
+/// [`RangedObject`] calls.
+pub(super) enum RemoteObject<S, H> {
+    /// An S3 object.
+    S3(Arc<S>),
+    /// An HTTP(S) resource.
+    Http(Arc<H>),
+}
+
+impl<S: RangedObject, H: RangedObject> RangedObject for RemoteObject<S, H> {
+    fn url(&self) -> &str {
+        match self {
+            RemoteObject::S3(o) => o.url(),
+            RemoteObject::Http(o) => o.url(),
+        }
+    }
+
+    fn transport(&self) -> &crate::config::Transport {
+        match self {
+            RemoteObject::S3(o) => o.transport(),
+            RemoteObject::Http(o) => o.transport(),
+        }
+    }
+
+    fn counters(&self) -> &crate::stats::Counters {
+        match self {
+            RemoteObject::S3(o) => o.counters(),
+            RemoteObject::Http(o) => o.counters(),
+        }
+    }
+
+    fn part_issued(&self, part: &Range<u64>) {
+        match self {
+            RemoteObject::S3(o) => o.part_issued(part),
+            RemoteObject::Http(o) => o.part_issued(part),
+        }
+    }
+
+    async fn get(
+        &self,
+        position: u64,
+        end: Option<u64>,
+        clamp: bool,
+        pinned: &mut Pinned,
+    ) -> Result<Option<Answer>, Failure> {
+        match self {
+            RemoteObject::S3(o) => o.get(position, end, clamp, pinned).await,
+            RemoteObject::Http(o) => o.get(position, end, clamp, pinned).await,
+        }
+    }
+}
+
 /// Reads the unit's object (or byte range of it) as one streaming GET
 /// (resumed where it breaks) into budgeted chunks sent to `tx`, so that
 /// parsing starts with its first bytes. Used with `max_concurrency` 1;
