@@ -507,15 +507,16 @@ mod tests {
         };
         let err = decode_region(&bytes, 8, unaligned).unwrap_err();
         assert!(err.contains("not divisible"), "{err}");
-        // The handle still works after errors.
+        // Decoding still works after errors.
         assert_eq!(whole(&bytes, 8).0, 64);
     }
 
-    /// A header the decoder reads with a warning only (garbage after the
-    /// first marker) does not take the size of the image the thread's
-    /// handle read before: it is an error, for a region and a whole decode.
+    /// A JPEG that is garbage after its first marker (tables only, no
+    /// frame) does not take the size of the image decoded before it (as it
+    /// did through a reused handle): it is an error, for a region and a
+    /// whole decode alike.
     #[test]
-    fn a_header_read_with_a_warning_does_not_keep_the_previous_images_size() {
+    fn a_jpeg_without_a_frame_does_not_take_the_previous_images_size() {
         let good = jpeg(40, 24, Color::Rgb);
         let mut garbage = good[..4].to_vec();
         garbage.extend(std::iter::repeat_n(0x5a, 200));
