@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -44,10 +44,21 @@ from .worker_sharing import check_worker_start
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .ledger import SkipLog
     from .options import DatasetOptions
 
 __all__ = ["Batch", "StreamingDataset"]
+
+
+class SkipLog(Protocol):
+    """Where a dataset's streams record what ``on_error="warn"`` leaves out
+    (``shardstream.ledger.SkipLog`` is one)."""
+
+    def __call__(self, epoch: int, shard: int, first: int, end: int | None, reason: str) -> None:
+        """Samples ``first..end`` of ``shard`` in ``epoch`` (``end``
+        ``None``: to the shard's end) were left out, for ``reason``."""
+
+    def samples(self, ids: Any, reason: str) -> None:
+        """The samples ``ids`` (an item's ``__id__``) were left out."""
 
 
 class StreamingDataset(IterableDataset[Any]):
