@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 use crate::config::{StoreOptions, StreamOptions};
+use crate::dataset::{self, resolve, Resolved, Resolving};
 use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
@@ -22,7 +23,6 @@ use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
-use crate::resolve;
 use crate::shard::Shard;
 use crate::shuffle::ShuffleBounds;
 use crate::spec::DatasetFormat;
@@ -535,18 +535,26 @@ fn print_plan(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    let (mut shards, attached) =
-        resolve::resolve_indexed(specs, store_options, DatasetFormat::Auto, choice, true)?;
+    let how = Resolving {
+        specs,
+        store_options,
+        format: DatasetFormat::Auto,
+        manifest: choice,
+        strict: true,
+    };
+    let Resolved {
+        shards, attached, ..
+    } = dataset::resolve_shards(&how, count && params.world_size > 1)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
     let manifest_path = attached.used;
-    if count && params.world_size > 1 {
-        crate::count::count_local_tar(&mut shards, true)?;
-    }
     if params.world_size > 1 {
-        if let Some(uncounted) = crate::count::first_uncounted(&shards) {
-            return Err(crate::count::counts_needed(uncounted, params.world_size));
+        if let Some(uncounted) = crate::dataset::count::first_uncounted(&shards) {
+            return Err(crate::dataset::count::counts_needed(
+                uncounted,
+                params.world_size,
+            ));
         }
     }
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
@@ -630,16 +638,20 @@ fn resolve_counted(
     choice: &ManifestChoice,
     store_options: &StoreOptions,
 ) -> Result<Vec<Shard>> {
-    let (mut shards, attached) =
-        resolve::resolve_indexed(specs, store_options, format, choice, true)?;
+    let how = Resolving {
+        specs,
+        store_options,
+        format,
+        manifest: choice,
+        strict: true,
+    };
+    let Resolved {
+        shards, attached, ..
+    } = dataset::resolve_shards(&how, true)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
-    if *choice == ManifestChoice::Auto && attached.used.is_none() {
-        resolve::attach_beside_remote(specs, &mut shards, store_options)?;
-    }
-    crate::count::count_local_tar(&mut shards, true)?;
-    if let Some(uncounted) = crate::count::first_uncounted(&shards) {
+    if let Some(uncounted) = crate::dataset::count::first_uncounted(&shards) {
         return Err(Error::Config {
             name: "SPEC",
             reason: format!(

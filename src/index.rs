@@ -20,13 +20,13 @@ use std::sync::{mpsc, Arc};
 
 use crate::compression::Compression;
 use crate::config::{StoreOptions, StreamOptions};
+use crate::dataset::resolve;
 use crate::error::{Error, Result};
 use crate::format::Sample;
 use crate::location::Location;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::SlotSpec;
-use crate::resolve;
 use crate::shard::Shard;
 use crate::spec::{is_parquet_name, DatasetFormat};
 use crate::stats::{Counter, Counters};

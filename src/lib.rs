@@ -17,7 +17,7 @@ pub mod cli;
 pub mod collate;
 pub mod compression;
 pub mod config;
-pub mod count;
+pub mod dataset;
 pub mod decode;
 #[cfg(test)]
 mod end_to_end;
@@ -31,9 +31,7 @@ pub mod location;
 pub mod manifest;
 pub mod pipeline;
 pub mod plan;
-pub mod resolve;
 pub mod shard;
-pub mod shard_list_codec;
 pub mod shuffle;
 pub mod source;
 pub mod spec;

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::{OnError, StreamOptions};
+use crate::dataset::resolve;
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::SlotSpec;
-use crate::resolve;
 use crate::shard::Shard;
 use crate::state::SkippedSamples;
 use crate::stats::{Counter, Counters};

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use crate::compression::Compression;
 use crate::config::StreamOptions;
+use crate::dataset::resolve;
 use crate::manifest::{self, Manifest, ManifestChoice};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::{Remainder, SlotSpec};
-use crate::resolve;
 use crate::shard::Shard;
 use crate::state::{Resume, SlotState};
 use crate::stats::Counters;

@@ -8,8 +8,8 @@ use pyo3::prelude::*;
 use super::blocking::interruptible;
 use super::errors::to_py;
 use super::sample_stream::parse_resume;
+use crate::dataset::resolve;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
-use crate::resolve;
 
 /// Checks that `state` (JSON) is a shardstream state or list of them.
 #[pyfunction]

@@ -12,10 +12,10 @@ use super::blocking::interruptible;
 use super::errors::{to_py, ManifestIgnoredWarning, ShardSkippedWarning};
 use super::options::Options;
 use crate::config::OnError;
+use crate::dataset::{self, resolve, Resolved, Resolving};
 use crate::location::Location;
-use crate::manifest::{Attached, Manifest, ManifestChoice};
+use crate::manifest::{Attached, Manifest};
 use crate::plan::{cut, Remainder, SlotSpec};
-use crate::resolve;
 use crate::shard::{Shard, ShardKind};
 
 /// The resolved shards of a dataset, with their sample counts (from a
@@ -50,17 +50,20 @@ impl ShardList {
         let cache = o.stream.cache.clone();
         let owned_specs = specs.clone();
         let (shards, attached, skipped) = interruptible(py, move || {
-            let (mut shards, mut attached) =
-                resolve::resolve_indexed(&owned_specs, &s3, format, &choice, strict)?;
-            let mut skipped = Vec::new();
-            if count {
-                if choice == ManifestChoice::Auto && attached.used.is_none() {
-                    attached = resolve::attach_beside_remote(&owned_specs, &mut shards, &s3)?;
-                }
-                skipped = crate::count::count_local_tar(&mut shards, strict)?.skipped;
-                if let Some(cache) = &cache {
-                    attach_kept_counts(&mut shards, cache);
-                }
+            let how = Resolving {
+                specs: &owned_specs,
+                store_options: &s3,
+                format,
+                manifest: &choice,
+                strict,
+            };
+            let Resolved {
+                mut shards,
+                attached,
+                skipped,
+            } = dataset::resolve_shards(&how, count)?;
+            if let (true, Some(cache)) = (count, &cache) {
+                attach_kept_counts(&mut shards, cache);
             }
             if arrow {
                 if let Some(shard) = shards
@@ -100,17 +103,19 @@ impl ShardList {
             return Ok(());
         }
         let strict = o.stream.on_error == OnError::Raise;
-        let look_beside = o.manifest == ManifestChoice::Auto && self.manifest.is_none();
-        let s3 = o.stream.store.clone();
+        let in_use = self.manifest.is_some();
+        let (s3, format, choice) = (o.stream.store.clone(), o.format, o.manifest.clone());
         let specs = self.specs.clone();
         let mut shards = (*self.shards).clone();
         let (shards, attached, skipped) = interruptible(py, move || {
-            let attached = if look_beside {
-                resolve::attach_beside_remote(&specs, &mut shards, &s3)?
-            } else {
-                Attached::default()
+            let how = Resolving {
+                specs: &specs,
+                store_options: &s3,
+                format,
+                manifest: &choice,
+                strict,
             };
-            let skipped = crate::count::count_local_tar(&mut shards, strict)?.skipped;
+            let (attached, skipped) = dataset::count_shards(&how, &mut shards, in_use)?;
             Ok((shards, attached, skipped))
         })?;
         warn_ignored(py, &attached)?;
@@ -278,7 +283,7 @@ impl ShardList {
         let counted = pyo3::types::PyBool::new(py, this.counted)
             .to_owned()
             .into_any();
-        let encoded = crate::shard_list_codec::encode(&this.shards).map_err(|reason| {
+        let encoded = crate::dataset::shard_list_codec::encode(&this.shards).map_err(|reason| {
             to_py(crate::Error::Spec {
                 spec: this.specs.join(" "),
                 reason,
@@ -304,7 +309,7 @@ pub fn _rebuild_shard_list(
     counted: bool,
     shards: &[u8],
 ) -> PyResult<ShardList> {
-    let shards = crate::shard_list_codec::decode(shards).map_err(|reason| {
+    let shards = crate::dataset::shard_list_codec::decode(shards).map_err(|reason| {
         to_py(crate::Error::Spec {
             spec: specs.join(" "),
             reason: format!("its pickled shard list {reason}"),
@@ -352,8 +357,8 @@ fn warn_skipped(py: Python<'_>, skipped: &[crate::Error], stacklevel: i32) -> Py
 /// An error when `world_size > 1` and a shard's sample count is unknown.
 pub(super) fn check_counts(shards: &[Shard], world_size: usize) -> crate::Result<()> {
     if world_size > 1 {
-        if let Some(uncounted) = crate::count::first_uncounted(shards) {
-            return Err(crate::count::counts_needed(uncounted, world_size));
+        if let Some(uncounted) = crate::dataset::count::first_uncounted(shards) {
+            return Err(crate::dataset::count::counts_needed(uncounted, world_size));
         }
     }
     Ok(())

@@ -441,7 +441,7 @@ def test_the_every_module_check_sees_parents_children_and_reexports(tmp_path: Pa
 # may not import: the read-ahead that reads through it, and every stage
 # above that. A store knows of objects and byte ranges, not of chunks,
 # budgets, shards being parsed or slots.
-ABOVE_THE_STORES = ("source", "pipeline", "format", "plan", "resolve", "index", "write")
+ABOVE_THE_STORES = ("source", "pipeline", "format", "plan", "dataset", "index", "write")
 
 
 def test_stores_never_import_the_read_ahead_or_what_reads_through_it():
