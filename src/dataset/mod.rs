@@ -1,13 +1,17 @@
-//! A dataset before any byte of a shard is read for its samples: its specs
-//! resolved to shards ([`resolve`]), their manifest attached, the sample
+//! A dataset before any byte of a shard is read for its samples: its
+//! options, checked together ([`DatasetOptions`]), its specs resolved to
+//! shards ([`resolve`]), their manifest attached, the sample
 //! counts of local tar shards read from their headers ([`count`]), and the
 //! resolved list in the compact form a copy of the dataset takes with it
 //! ([`shard_list_codec`]). [`resolve_shards`] and [`count_shards`] are the
 //! steps a `StreamingDataset` and the command line take alike.
 
 pub mod count;
+pub mod options;
 pub mod resolve;
 pub mod shard_list_codec;
+
+pub use options::{DatasetOptions, DatasetOptionsBuilder};
 
 use crate::config::StoreOptions;
 use crate::error::{Error, Result};

@@ -14,13 +14,13 @@ use pyo3::IntoPyObjectExt;
 use super::errors::{to_py, wrong_type};
 use crate::compression::Compression;
 use crate::config::{
-    CacheOptions, DefaultValue, FieldDecoders, HttpHeaders, OnError, OptionDef, StoreOptions,
-    StreamOptions, TableOutput, Transport, DATASET_OPTIONS, S3_OPTIONS,
+    DefaultValue, FieldDecoders, HttpHeaders, OnError, OptionDef, StoreOptions, StreamOptions,
+    TableOutput, Transport, DATASET_OPTIONS, S3_OPTIONS,
 };
+use crate::dataset::DatasetOptions;
 use crate::decode::Decoder;
 use crate::manifest::ManifestChoice;
 use crate::plan::Remainder;
-use crate::spec::DatasetFormat;
 use crate::write::WriterOptions;
 
 /// The names of the options of `table`, in documentation order.
@@ -32,20 +32,8 @@ fn names(table: &[OptionDef]) -> String {
 /// subset of [`DATASET_OPTIONS`]; the others take their defaults).
 #[pyclass(module = "shardstream._core", frozen)]
 pub struct Options {
-    /// Options of each slot's stream.
-    pub(crate) stream: StreamOptions,
-    /// Which manifest to use.
-    pub(crate) manifest: ManifestChoice,
-    /// What the shards hold.
-    pub(crate) format: DatasetFormat,
-    /// Samples per collated batch, if batches are handed out.
-    pub(crate) batch_size: Option<usize>,
-    /// Whether each bytes field of a batch is packed into one buffer with
-    /// offsets (needs `batch_size`).
-    pub(crate) pack_bytes: bool,
-    /// Count the samples of local tar shards that no manifest describes:
-    /// `None` when several ranks need the counts, else always or never.
-    pub(crate) count_samples: Option<bool>,
+    /// The options, checked ([`DatasetOptions::builder`]).
+    pub(crate) dataset: DatasetOptions,
     /// The keywords as given, for pickling.
     given: Py<PyDict>,
 }
@@ -392,7 +380,8 @@ impl Options {
     /// output, or Arrow record batches).
     #[getter]
     fn batches(&self) -> bool {
-        self.batch_size.is_some() || self.stream.table_output == TableOutput::Arrow
+        self.dataset.batch_size().is_some()
+            || self.dataset.stream().table_output == TableOutput::Arrow
     }
 
     /// Pickling keeps the keywords as given.
@@ -415,14 +404,8 @@ impl Options {
     /// Parses and validates the options in `given` (keyword to value).
     pub(crate) fn from_dict(given: &Bound<'_, PyDict>) -> PyResult<Self> {
         let mut builder = StreamOptions::builder();
-        let mut manifest = ManifestChoice::Auto;
-        let mut format = DatasetFormat::default();
-        let mut batch_size = None;
-        let mut pack_bytes = false;
-        let mut table_output = TableOutput::default();
-        let mut count_samples = None;
+        let mut dataset = DatasetOptions::builder(StreamOptions::builder());
         let mut headers = None;
-        let (mut cache_dir, mut cache_limit) = (None, None);
         for (key, value) in given.iter() {
             let name: String = key.extract()?;
             builder = match name.as_str() {
@@ -466,31 +449,28 @@ impl Options {
                     builder.with_columns(columns)
                 }
                 "manifest" => {
-                    manifest = manifest_choice(&value)?;
+                    dataset = dataset.with_manifest(manifest_choice(&value)?);
                     builder
                 }
                 "format" => {
-                    format = choice(&name, &value)?;
+                    dataset = dataset.with_format(choice(&name, &value)?);
                     builder
                 }
                 "batch_format" => {
-                    table_output = choice(&name, &value)?;
+                    dataset = dataset.with_table_output(choice(&name, &value)?);
                     builder
                 }
                 "batch_size" => {
-                    if !value.is_none() {
-                        let n: usize = integer(&name, &value)?;
-                        if n == 0 {
-                            return Err(PyValueError::new_err(
-                                "invalid option batch_size: expected None or an int of at least 1, got 0",
-                            ));
-                        }
-                        batch_size = Some(n);
-                    }
+                    let size = if value.is_none() {
+                        None
+                    } else {
+                        Some(integer(&name, &value)?)
+                    };
+                    dataset = dataset.with_batch_size(size);
                     builder
                 }
                 "pack_bytes" => {
-                    pack_bytes = boolean(&name, &value)?;
+                    dataset = dataset.with_pack_bytes(boolean(&name, &value)?);
                     builder
                 }
                 // Read by the Python side (DataLoader workers); checked here.
@@ -504,9 +484,12 @@ impl Options {
                     builder
                 }
                 "count_samples" => {
-                    if !value.is_none() {
-                        count_samples = Some(boolean(&name, &value)?);
-                    }
+                    let count = if value.is_none() {
+                        None
+                    } else {
+                        Some(boolean(&name, &value)?)
+                    };
+                    dataset = dataset.with_count_samples(count);
                     builder
                 }
                 // Called by the Python side, in the process that iterates.
@@ -522,33 +505,29 @@ impl Options {
                 // consecutive ranks `g * size .. (g + 1) * size` read the
                 // same samples, as data-parallel rank `g`.
                 "model_parallel_size" => {
-                    if integer::<usize>(&name, &value)? == 0 {
-                        return Err(PyValueError::new_err(
-                            "invalid option model_parallel_size: expected an int of at least 1, got 0",
-                        ));
-                    }
+                    dataset = dataset.with_model_parallel_size(integer(&name, &value)?);
                     builder
                 }
                 "cache_dir" => {
-                    if !value.is_none() {
-                        cache_dir = Some(
+                    let dir = if value.is_none() {
+                        None
+                    } else {
+                        Some(
                             value
                                 .extract::<PathBuf>()
                                 .map_err(|_| invalid(&name, "None or a path", &value))?,
-                        );
-                    }
+                        )
+                    };
+                    dataset = dataset.with_cache_dir(dir);
                     builder
                 }
                 "cache_limit_bytes" => {
-                    if !value.is_none() {
-                        let limit: u64 = integer(&name, &value)?;
-                        if limit == 0 {
-                            return Err(PyValueError::new_err(
-                                "invalid option cache_limit_bytes: expected None or an int of at least 1, got 0",
-                            ));
-                        }
-                        cache_limit = Some(limit);
-                    }
+                    let limit = if value.is_none() {
+                        None
+                    } else {
+                        Some(integer(&name, &value)?)
+                    };
+                    dataset = dataset.with_cache_limit_bytes(limit);
                     builder
                 }
                 other => {
@@ -562,48 +541,15 @@ impl Options {
         if let Some(headers) = headers {
             builder = builder.with_http_headers(headers);
         }
-        if cache_limit.is_some() && cache_dir.is_none() {
-            return Err(PyValueError::new_err(
-                "invalid option cache_limit_bytes: it limits the cache, and cache_dir is not given",
-            ));
+        let dataset = dataset.with_stream(builder).build().map_err(to_py)?;
+        // Every process that takes the options (each rank, each spawned
+        // DataLoader worker) prepares the cache directory of its node, and
+        // one it may not use is refused when the dataset is made.
+        if let Some(cache) = &dataset.stream().cache {
+            crate::source::cache::prepare(cache).map_err(to_py)?;
         }
-        if let Some(dir) = cache_dir {
-            let cache = CacheOptions::new(dir, cache_limit);
-            crate::source::cache::prepare(&cache).map_err(to_py)?;
-            builder = builder.with_cache(Some(cache));
-        }
-        builder = builder.with_table_output(table_output);
-        if let (Some(rows), TableOutput::Arrow) = (batch_size, table_output) {
-            builder = builder.with_batch_rows(rows);
-        }
-        if table_output == TableOutput::Arrow && format == DatasetFormat::Tar {
-            return Err(PyValueError::new_err(
-                "invalid option batch_format: \"arrow\" is for Parquet datasets, and format is \"tar\"",
-            ));
-        }
-        if table_output == TableOutput::Arrow && format == DatasetFormat::Raw {
-            return Err(PyValueError::new_err(
-                "invalid option batch_format: \"arrow\" is for Parquet datasets, and format is \"raw\"",
-            ));
-        }
-        if pack_bytes && table_output == TableOutput::Arrow {
-            return Err(PyValueError::new_err(
-                "invalid option pack_bytes: it packs the bytes fields of dict batches, and batch_format is \"arrow\"",
-            ));
-        }
-        if pack_bytes && batch_size.is_none() {
-            return Err(PyValueError::new_err(
-                "invalid option pack_bytes: it packs the bytes fields of the batches batch_size makes, and batch_size is not given",
-            ));
-        }
-        let stream = builder.build().map_err(to_py)?;
         Ok(Options {
-            stream,
-            manifest,
-            format,
-            batch_size: batch_size.filter(|_| table_output == TableOutput::Rows),
-            pack_bytes,
-            count_samples,
+            dataset,
             given: given.clone().unbind(),
         })
     }

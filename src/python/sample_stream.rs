@@ -142,7 +142,7 @@ impl SampleStream {
             counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
         let stream = Stream::new(
             &shards.shards,
-            &options.stream,
+            options.dataset.stream(),
             epoch,
             slot,
             counters.clone(),
@@ -152,8 +152,8 @@ impl SampleStream {
         Ok(SampleStream {
             epoch: stream.epoch(),
             inner: Mutex::new(stream),
-            batch_size: options.batch_size,
-            pack_bytes: options.pack_bytes,
+            batch_size: options.dataset.batch_size(),
+            pack_bytes: options.dataset.pack_bytes(),
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),

@@ -43,11 +43,15 @@ impl ShardList {
     #[new]
     fn new(py: Python<'_>, specs: Vec<String>, options: Py<Options>) -> PyResult<Self> {
         let o = options.get();
-        let strict = o.stream.on_error == OnError::Raise;
-        let (s3, format, choice) = (o.stream.store.clone(), o.format, o.manifest.clone());
-        let arrow = o.stream.table_output == crate::config::TableOutput::Arrow;
-        let count = o.count_samples == Some(true);
-        let cache = o.stream.cache.clone();
+        let strict = o.dataset.stream().on_error == OnError::Raise;
+        let (s3, format, choice) = (
+            o.dataset.stream().store.clone(),
+            o.dataset.format(),
+            o.dataset.manifest().clone(),
+        );
+        let arrow = o.dataset.stream().table_output == crate::config::TableOutput::Arrow;
+        let count = o.dataset.count_samples() == Some(true);
+        let cache = o.dataset.stream().cache.clone();
         let owned_specs = specs.clone();
         let (shards, attached, skipped) = interruptible(py, move || {
             let how = Resolving {
@@ -99,12 +103,16 @@ impl ShardList {
     /// `"warn"` it is skipped (no samples) with a `ShardSkippedWarning`.
     fn count_samples(&mut self, py: Python<'_>) -> PyResult<()> {
         let o = self.options.get();
-        if self.counted || o.count_samples == Some(false) {
+        if self.counted || o.dataset.count_samples() == Some(false) {
             return Ok(());
         }
-        let strict = o.stream.on_error == OnError::Raise;
+        let strict = o.dataset.stream().on_error == OnError::Raise;
         let in_use = self.manifest.is_some();
-        let (s3, format, choice) = (o.stream.store.clone(), o.format, o.manifest.clone());
+        let (s3, format, choice) = (
+            o.dataset.stream().store.clone(),
+            o.dataset.format(),
+            o.dataset.manifest().clone(),
+        );
         let specs = self.specs.clone();
         let mut shards = (*self.shards).clone();
         let (shards, attached, skipped) = interruptible(py, move || {
@@ -132,7 +140,7 @@ impl ShardList {
     /// `count_samples()` (remote shards no manifest describes), when
     /// `count_samples=True` asks for them to be read; else none.
     fn uncounted_remote(&self) -> Vec<usize> {
-        if self.options.get().count_samples != Some(true) {
+        if self.options.get().dataset.count_samples() != Some(true) {
             return Vec::new();
         }
         uncounted_remote(&self.shards)
@@ -149,7 +157,7 @@ impl ShardList {
             )));
         }
         let shards = self.shards.clone();
-        let s3 = self.options.get().stream.store.clone();
+        let s3 = self.options.get().dataset.stream().store.clone();
         interruptible(py, move || {
             let entries = crate::index::index_shards(&shards, &positions, &s3, jobs.max(1))?;
             Ok(Manifest::new(entries).to_json())
@@ -183,7 +191,7 @@ impl ShardList {
         if !remote.clone().all(keeps_counts) {
             return;
         }
-        if let Some(cache) = &self.options.get().stream.cache {
+        if let Some(cache) = &self.options.get().dataset.stream().cache {
             crate::source::cache::keep_counts(cache, &remote_tar_urls(&self.shards), json);
         }
     }
