@@ -458,7 +458,13 @@ class SampleStream(Iterator[Any]):
 def resolve_shards(specs: list[str]) -> list[tuple[str, int | None]]:
     """Resolves dataset specs to ``(url, size or None)`` pairs, in order."""
 
-def check_layout(*, world_size: int | None, num_workers: int | None) -> None:
+def check_layout(
+    *,
+    world_size: int | None,
+    num_workers: int | None,
+    rank: int | None = None,
+    worker_id: int | None = None,
+) -> None:
     """Checks a job's layout as far as it is given (``None``: known later)."""
 
 def check_state(state: str) -> None:

@@ -235,26 +235,8 @@ class StreamingDataset(IterableDataset[Any]):
                 "urls must be a path, URL or brace pattern, or a list of them, "
                 f"got {type(urls).__name__}"
             )
-        for name, value in (
-            ("rank", rank),
-            ("world_size", world_size),
-            ("num_workers", num_workers),
-            ("worker_id", worker_id),
-        ):
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise TypeError(f"invalid option {name}: expected None or an int, got {value!r}")
-        for name, value, low, high, high_name in (
-            ("world_size", world_size, 1, None, ""),
-            ("num_workers", num_workers, 1, None, ""),
-            ("rank", rank, 0, world_size, "world_size"),
-            ("worker_id", worker_id, 0, num_workers, "num_workers"),
-        ):
-            if value is not None and (value < low or (high is not None and value >= high)):
-                bound = f" and below {high_name} {high}" if high is not None else ""
-                raise ValueError(
-                    f"invalid option {name}: expected an int of at least {low}{bound}, got {value}"
-                )
-        check_layout(world_size=world_size, num_workers=num_workers)
+        # Every part of the layout checked once, in Rust.
+        check_layout(world_size=world_size, num_workers=num_workers, rank=rank, worker_id=worker_id)
         manifest = options.get("manifest")
         if isinstance(manifest, os.PathLike):
             options["manifest"] = os.fspath(manifest)

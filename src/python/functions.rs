@@ -3,7 +3,9 @@
 
 use std::str::FromStr;
 
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyInt};
 
 use super::blocking::interruptible;
 use super::errors::to_py;
@@ -19,15 +21,56 @@ pub fn check_state(state: &str) -> PyResult<()> {
 
 /// Resolves dataset specs to `(url, size or None)` pairs, in order.
 /// Checks a job's layout as far as it is given (`None`: known only later,
-/// from `torch.distributed` or the DataLoader): each part in its range and
+/// from `torch.distributed` or the DataLoader), once, for every caller: each
+/// part an int (`TypeError` otherwise), in its range (`rank` below
+/// `world_size`, `worker_id` below `num_workers` when both are given), and
 /// `world_size * num_workers` within [`plan::slot::MAX_SLOTS`], so that a
-/// typo is a `ValueError` naming the option at construction.
+/// typo is an error naming the option at construction.
 #[pyfunction]
-#[pyo3(signature = (*, world_size, num_workers))]
+#[pyo3(signature = (*, world_size, num_workers, rank = None, worker_id = None))]
 pub fn check_layout(
     world_size: Option<&Bound<'_, PyAny>>,
     num_workers: Option<&Bound<'_, PyAny>>,
+    rank: Option<&Bound<'_, PyAny>>,
+    worker_id: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<()> {
+    for (name, value) in [
+        ("rank", rank),
+        ("world_size", world_size),
+        ("num_workers", num_workers),
+        ("worker_id", worker_id),
+    ] {
+        if let Some(value) = value {
+            if !value.is_instance_of::<PyInt>() || value.is_instance_of::<PyBool>() {
+                return Err(PyTypeError::new_err(format!(
+                    "invalid option {name}: expected None or an int, got {}",
+                    value.repr()?
+                )));
+            }
+        }
+    }
+    for (name, value, low, high) in [
+        ("world_size", world_size, 1, None),
+        ("num_workers", num_workers, 1, None),
+        ("rank", rank, 0, world_size.map(|v| ("world_size", v))),
+        (
+            "worker_id",
+            worker_id,
+            0,
+            num_workers.map(|v| ("num_workers", v)),
+        ),
+    ] {
+        let Some(value) = value else { continue };
+        let above = high.map(|(_, high)| value.ge(high)).transpose()?;
+        if value.lt(low)? || above == Some(true) {
+            let bound = high.map_or(String::new(), |(high_name, high)| {
+                format!(" and below {high_name} {high}")
+            });
+            return Err(PyValueError::new_err(format!(
+                "invalid option {name}: expected an int of at least {low}{bound}, got {value}"
+            )));
+        }
+    }
     let world_size = layout_part("world_size", world_size, plan::slot::MAX_WORLD_SIZE)?;
     let num_workers = layout_part("num_workers", num_workers, plan::slot::MAX_SLOTS)?;
     SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
