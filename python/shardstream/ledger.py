@@ -654,11 +654,10 @@ class SkipLog:
         of ``shard`` (``end`` ``None``: to the shard's end); the stream's
         ``on_skip``."""
         if self.stream is not None:
-            from .mix import MIX_PASS_STRIDE
+            from .mix import mixture_id
 
             s, offsets, total = self.stream
-            pass_, epoch = divmod(epoch, MIX_PASS_STRIDE)
-            shard = pass_ * total + offsets[s] + shard
+            epoch, shard = mixture_id((offsets, total), s, epoch, shard)
         self._append([(epoch, shard, first, end)], reason)
 
     def samples(self, ids: Any, reason: str) -> None:

@@ -376,6 +376,16 @@ def mixture_shards(datasets: Sequence[StreamingDataset]) -> tuple[list[int], int
     return offsets, total
 
 
+def mixture_id(id_shards: tuple[list[int], int], s: int, epoch: int, shard: int) -> tuple[int, int]:
+    """The mixture's epoch and shard of stream ``s``'s ``epoch`` (a pass's,
+    ``e + p * MIX_PASS_STRIDE``) and ``shard``, numbered as
+    ``mixture_shards`` gives ``id_shards``: pass ``p`` over the stream's
+    shard ``k`` is shard ``p * total + offsets[s] + k``."""
+    offsets, total = id_shards
+    pass_, mixture_epoch = divmod(epoch, MIX_PASS_STRIDE)
+    return mixture_epoch, pass_ * total + offsets[s] + shard
+
+
 class _MixIterator:
     """One slot's mixture for one epoch (a ``MixSlot``), with each stream's
     own transform run on its samples as they leave the mixture: the
@@ -396,9 +406,7 @@ class _MixIterator:
         if ids is None:
             return
         epoch, shard, index = ids
-        offsets, total = self.id_shards
-        pass_, mixture_epoch = divmod(epoch, MIX_PASS_STRIDE)
-        sample["__id__"] = (mixture_epoch, pass_ * total + offsets[s] + shard, index)
+        sample["__id__"] = (*mixture_id(self.id_shards, s, epoch, shard), index)
 
     def __iter__(self) -> _MixIterator:
         return self

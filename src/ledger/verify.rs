@@ -603,6 +603,8 @@ struct Sequence {
     order: Vec<usize>,
     /// `starts[shard]`: the position of the shard's first sample.
     starts: Vec<u64>,
+    /// The position of the first sample of each shard of `order`, in order.
+    firsts: Vec<u64>,
     total: u64,
 }
 
@@ -610,14 +612,17 @@ impl Sequence {
     fn new(dataset: &Dataset, epoch: u64) -> Self {
         let order = plan::epoch_order(dataset.counts.len(), &params(dataset, epoch, 1, 1));
         let mut starts = vec![0; dataset.counts.len()];
+        let mut firsts = Vec::with_capacity(order.len());
         let mut total = 0u64;
         for &shard in &order {
             starts[shard] = total;
+            firsts.push(total);
             total += dataset.counts[shard];
         }
         Sequence {
             order,
             starts,
+            firsts,
             total,
         }
     }
@@ -628,16 +633,12 @@ impl Sequence {
         (index < *dataset.counts.get(shard)?).then(|| self.starts[shard] + index)
     }
 
-    /// The sample at `position`.
-    fn sample_at(&self, dataset: &Dataset, position: u64) -> (usize, u64) {
-        let mut at = position;
-        for &shard in &self.order {
-            if at < dataset.counts[shard] {
-                return (shard, at);
-            }
-            at -= dataset.counts[shard];
-        }
-        unreachable!("position {position} below the total")
+    /// The sample at `position` (below the total): the last shard of the
+    /// order that starts at or before it (a shard of no samples shares its
+    /// start with the next one).
+    fn sample_at(&self, position: u64) -> (usize, u64) {
+        let at = self.firsts.partition_point(|&first| first <= position) - 1;
+        (self.order[at], position - self.firsts[at])
     }
 }
 
@@ -804,6 +805,10 @@ fn check_epoch(
         Remainder::Drop => cut_total,
         Remainder::Pad => total,
     };
+    // The epoch's skips under on_error="warn", of every generation.
+    let skips: Vec<&ErrorSkip> = error_skips(generations)
+        .filter(|skip| skip.epoch == epoch)
+        .collect();
     let mut first_missing = None;
     let mut missing = 0u64;
     for (position, &count) in seen.iter().enumerate() {
@@ -813,10 +818,12 @@ fn check_epoch(
         let position = position as u64;
         if position >= dropped_from {
             report.dropped += 1;
-        } else if left_out_on_error(generations, epoch, {
-            let (shard, index) = sequence.sample_at(dataset, position);
-            (shard as u64, index)
-        }) {
+        } else if !skips.is_empty() && {
+            let (shard, index) = sequence.sample_at(position);
+            skips
+                .iter()
+                .any(|skip| skip.covers(epoch, (shard as u64, index)))
+        } {
             report.left_out_on_error += 1;
         } else if spare_drop > 0 {
             spare_drop -= 1;
@@ -827,7 +834,7 @@ fn check_epoch(
         }
     }
     if let Some(position) = first_missing {
-        let (shard, index) = sequence.sample_at(dataset, position);
+        let (shard, index) = sequence.sample_at(position);
         let plan = plan::plan_epoch(
             &dataset
                 .counts
@@ -1098,6 +1105,27 @@ mod tests {
         let report = verify(&[g], &d);
         assert!(report.ok, "{report}");
         assert_eq!((report.epochs[0].trained, report.epochs[0].skipped), (6, 6));
+    }
+
+    /// Every position of an epoch's sequence names its sample, shards of
+    /// no samples and a shuffled shard order included.
+    #[test]
+    fn each_position_names_its_sample() {
+        for shuffle_shards in [false, true] {
+            let d = Dataset {
+                urls: (0..5).map(|i| format!("{i}.tar")).collect(),
+                counts: vec![2, 0, 3, 0, 1],
+                seed: 7,
+                shuffle_shards,
+                remainder: Remainder::Drop,
+            };
+            let sequence = Sequence::new(&d, 3);
+            assert_eq!(sequence.total, 6);
+            for position in 0..sequence.total {
+                let (shard, index) = sequence.sample_at(position);
+                assert_eq!(sequence.position(&d, (shard as u64, index)), Some(position));
+            }
+        }
     }
 
     /// Samples a stream left out under `on_error="warn"` (its rank's skips
