@@ -15,7 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 use crate::config::{StoreOptions, StreamOptions};
-use crate::dataset::{self, resolve, Resolved, Resolving};
+use crate::dataset::{self, resolve, DatasetOptions, Resolved, Resolving};
 use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
@@ -24,7 +24,6 @@ use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::shard::Shard;
-use crate::shuffle::ShuffleBounds;
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
@@ -331,7 +330,6 @@ where
             no_manifest,
             state,
         } => {
-            let choice = manifest_choice(manifest.as_deref(), no_manifest);
             let saved = state
                 .as_deref()
                 .map(|path| saved_state(path, rank))
@@ -342,27 +340,29 @@ where
                     Some((layout, _)) => *layout,
                     None => (epoch, world_size, num_workers),
                 };
-                let params = PlanParams {
-                    seed,
-                    epoch,
-                    shuffle_shards: !no_shuffle,
-                    world_size,
-                    num_workers: num_workers.max(1),
-                    remainder,
-                };
+                let stream = StreamOptions::builder()
+                    .with_seed(seed)
+                    .with_shuffle_shards(!no_shuffle)
+                    .with_shuffle_buffer(shuffle_buffer)
+                    .with_shuffle_buffer_bytes(shuffle_buffer_bytes)
+                    .with_shuffle_initial(shuffle_initial)
+                    .with_remainder(remainder)
+                    .with_store(s3.clone());
+                let options = DatasetOptions::builder(stream)
+                    .with_manifest(manifest_choice(manifest.as_deref(), no_manifest))
+                    .with_count_samples(count_samples.then_some(true))
+                    .build()
+                    .map_err(named_as_flag)?;
+                let params = options
+                    .stream()
+                    .plan_params(epoch, world_size, num_workers.max(1));
                 let step = ExplainStep {
                     rank,
                     step,
                     batch_size,
-                    shuffle: ShuffleBounds {
-                        max_items: shuffle_buffer,
-                        max_bytes: shuffle_buffer_bytes,
-                        initial: shuffle_initial,
-                    },
-                    count_samples,
                     saved: saved.map(|(_, position)| position),
                 };
-                explain(&spec, &choice, &params, &step, &s3, &mut out)
+                explain(&spec, &options, &params, &step, &mut out)
             })
         }
         Command::Index { spec, output, jobs } => {
@@ -379,20 +379,20 @@ where
             no_manifest,
             no_count,
             remainder,
-        } => {
-            let choice = manifest_choice(manifest.as_deref(), no_manifest);
-            remainder.parse().and_then(|remainder| {
-                let params = PlanParams {
-                    seed,
-                    epoch,
-                    shuffle_shards: !no_shuffle,
-                    world_size,
-                    num_workers: workers,
-                    remainder,
-                };
-                print_plan(&spec, &choice, !no_count, &params, &s3, &mut out)
-            })
-        }
+        } => remainder.parse().and_then(|remainder| {
+            let stream = StreamOptions::builder()
+                .with_seed(seed)
+                .with_shuffle_shards(!no_shuffle)
+                .with_remainder(remainder)
+                .with_store(s3.clone());
+            let options = DatasetOptions::builder(stream)
+                .with_manifest(manifest_choice(manifest.as_deref(), no_manifest))
+                .with_count_samples(no_count.then_some(false))
+                .build()
+                .map_err(named_as_flag)?;
+            let params = options.stream().plan_params(epoch, world_size, workers);
+            print_plan(&spec, &options, &params, &mut out)
+        }),
     };
     match result {
         Ok(()) => 0,
@@ -528,23 +528,15 @@ impl index::IndexProgress for IndexBar {
 
 fn print_plan(
     specs: &[String],
-    choice: &ManifestChoice,
-    count: bool,
+    options: &DatasetOptions,
     params: &PlanParams,
-    store_options: &StoreOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    let how = Resolving {
-        specs,
-        store_options,
-        format: DatasetFormat::Auto,
-        manifest: choice,
-        strict: true,
-    };
+    let count = options.count_samples() != Some(false) && params.world_size > 1;
     let Resolved {
         shards, attached, ..
-    } = dataset::resolve_shards(&how, count && params.world_size > 1)?;
+    } = dataset::resolve_shards(&resolving(specs, options), count)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
@@ -632,36 +624,62 @@ fn print_plan(
 
 /// Resolves `specs` with every shard's sample count (from a manifest or the
 /// headers of local tar shards), as a dataset of several ranks does.
-fn resolve_counted(
-    specs: &[String],
-    format: DatasetFormat,
-    choice: &ManifestChoice,
-    store_options: &StoreOptions,
-) -> Result<Vec<Shard>> {
-    let how = Resolving {
+/// How a command resolves `specs` with `options`: strictly, as a dataset
+/// with `on_error="raise"` does.
+fn resolving<'a>(specs: &'a [String], options: &'a DatasetOptions) -> Resolving<'a> {
+    Resolving {
         specs,
-        store_options,
-        format,
-        manifest: choice,
+        store_options: &options.stream().store,
+        format: options.format(),
+        manifest: options.manifest(),
         strict: true,
+    }
+}
+
+/// An error naming the command-line flag of a dataset option (for the
+/// options a command takes as flags), instead of the option.
+fn named_as_flag(error: Error) -> Error {
+    let flag = |name: &'static str| match name {
+        "shuffle_buffer" => "--shuffle-buffer",
+        "shuffle_buffer_bytes" => "--shuffle-buffer-bytes",
+        "shuffle_initial" => "--shuffle-initial",
+        other => other,
     };
+    match error {
+        Error::Config { name, reason } => Error::Config {
+            name: flag(name),
+            reason,
+        },
+        other => other,
+    }
+}
+
+/// `specs` resolved with `options` and counted, every shard's sample count
+/// known (or the error naming the first shard without one).
+fn resolve_counted(specs: &[String], options: &DatasetOptions) -> Result<Vec<Shard>> {
     let Resolved {
         shards, attached, ..
-    } = dataset::resolve_shards(&how, true)?;
+    } = dataset::resolve_shards(&resolving(specs, options), true)?;
     if let Some(reason) = &attached.ignored {
         eprintln!("warning: {reason}");
     }
-    if let Some(uncounted) = crate::dataset::count::first_uncounted(&shards) {
-        return Err(Error::Config {
+    check_counted(&shards)?;
+    Ok(shards)
+}
+
+/// Refuses `shards` unless every one has a sample count.
+fn check_counted(shards: &[Shard]) -> Result<()> {
+    match crate::dataset::count::first_uncounted(shards) {
+        None => Ok(()),
+        Some(uncounted) => Err(Error::Config {
             name: "SPEC",
             reason: format!(
                 "the sample count of {} is unknown: write a manifest with \
                  `shardstream index SPEC -o manifest.json` beside the shards",
                 uncounted.url
             ),
-        });
+        }),
     }
-    Ok(shards)
 }
 
 /// What a ledger is checked against: a dataset, or a `Mix` of them.
@@ -730,7 +748,7 @@ fn resolved_dataset(
     specs: &[String],
     store_options: &StoreOptions,
 ) -> std::result::Result<ledger::verify::Dataset, String> {
-    let defaults = crate::config::StreamOptions::default();
+    let defaults = StreamOptions::default();
     let format = match meta.option("format").as_str() {
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
         None => DatasetFormat::Auto,
@@ -744,8 +762,21 @@ fn resolved_dataset(
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
         None => defaults.remainder,
     };
-    let shards =
-        resolve_counted(specs, format, &choice, store_options).map_err(|e| e.to_string())?;
+    let stream = StreamOptions::builder()
+        .with_seed(meta.option("seed").as_u64().unwrap_or(defaults.seed))
+        .with_shuffle_shards(
+            meta.option("shuffle_shards")
+                .as_bool()
+                .unwrap_or(defaults.shuffle_shards),
+        )
+        .with_remainder(remainder)
+        .with_store(store_options.clone());
+    let options = DatasetOptions::builder(stream)
+        .with_format(format)
+        .with_manifest(choice)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let shards = resolve_counted(specs, &options).map_err(|e| e.to_string())?;
     let counts: Vec<u64> = shards
         .iter()
         .map(|s| s.info().samples.unwrap_or(0))
@@ -763,12 +794,9 @@ fn resolved_dataset(
     Ok(ledger::verify::Dataset {
         urls: shards.into_iter().map(|s| s.url).collect(),
         counts,
-        seed: meta.option("seed").as_u64().unwrap_or(defaults.seed),
-        shuffle_shards: meta
-            .option("shuffle_shards")
-            .as_bool()
-            .unwrap_or(defaults.shuffle_shards),
-        remainder,
+        seed: options.stream().seed,
+        shuffle_shards: options.stream().shuffle_shards,
+        remainder: options.stream().remainder,
     })
 }
 
@@ -818,9 +846,6 @@ struct ExplainStep {
     rank: usize,
     step: u64,
     batch_size: u64,
-    /// The dataset's shuffle buffer (`max_items` 0: none).
-    shuffle: ShuffleBounds,
-    count_samples: bool,
     /// Where the rank's workers stood in a saved state (`--state`).
     saved: Option<SavedPosition>,
 }
@@ -841,27 +866,29 @@ fn saved_state(path: &Path, rank: usize) -> Result<((u64, usize, usize), SavedPo
 
 fn explain(
     specs: &[String],
-    choice: &ManifestChoice,
+    options: &DatasetOptions,
     params: &PlanParams,
     ask: &ExplainStep,
-    store_options: &StoreOptions,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, ask.rank, params.num_workers, 0)?;
-    if ask.shuffle.max_bytes == 0 {
-        return Err(Error::Config {
-            name: "--shuffle-buffer-bytes",
-            reason: "must be at least 1, as the dataset's shuffle_buffer_bytes".into(),
-        });
-    }
     // The plan the dataset makes: over counted shards with several ranks
     // or count_samples=True, else dealing whole shards (counted here only
     // to cut them into batches).
-    let shards = resolve_counted(specs, DatasetFormat::Auto, choice, store_options)?;
+    let how = resolving(specs, options);
+    let Resolved {
+        shards: planned,
+        attached,
+        ..
+    } = dataset::resolve_shards(&how, false)?;
+    let mut shards = planned.clone();
+    let (beside, _) = dataset::count_shards(&how, &mut shards, attached.used.is_some())?;
+    if let Some(reason) = attached.ignored.as_ref().or(beside.ignored.as_ref()) {
+        eprintln!("warning: {reason}");
+    }
+    check_counted(&shards)?;
     let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
-    let (planned, _) =
-        resolve::resolve_indexed(specs, store_options, DatasetFormat::Auto, choice, true)?;
-    let infos: Vec<_> = if params.world_size > 1 || ask.count_samples {
+    let infos: Vec<_> = if params.world_size > 1 || options.count_samples() == Some(true) {
         shards.iter().map(Shard::info).collect()
     } else {
         planned.iter().map(Shard::info).collect()
@@ -871,8 +898,9 @@ fn explain(
         let spans = shards.get(shard)?.index.as_ref()?;
         Some(spans.length(index))
     };
-    let replay = (ask.shuffle.max_items > 0).then_some(BufferReplay {
-        bounds: ask.shuffle,
+    let shuffle = options.stream().shuffle_bounds();
+    let replay = shuffle.map(|bounds| BufferReplay {
+        bounds,
         sample_bytes: &sample_bytes,
     });
     let start = match (&ask.saved, &replay) {
@@ -932,7 +960,7 @@ fn explain(
                      manifest), which lets a sample out early: which one depends on their \
                      bytes, so the plan alone cannot name this step's samples; the ledger \
                      (sample_ids=True) records what each step saw",
-                    ask.shuffle.max_bytes
+                    options.stream().shuffle_buffer_bytes
                 ),
             })
         }
@@ -965,7 +993,7 @@ fn explain(
             "note: the shuffle buffer is replayed by its sample count; this is exact unless \
              the samples it held passed {} bytes (shuffle_buffer_bytes), which explain cannot \
              check without a manifest (`shardstream index`) giving each sample's byte span",
-            ask.shuffle.max_bytes
+            options.stream().shuffle_buffer_bytes
         );
     }
     for (shard, index) in step.samples {

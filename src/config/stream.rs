@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::plan::Remainder;
+use crate::plan::{PlanParams, Remainder};
+use crate::shuffle::ShuffleBounds;
 
 use super::store::StoreOptions;
 use super::values::{FieldDecoders, OnError, TableOutput};
@@ -94,6 +95,31 @@ impl CacheOptions {
             dir,
             limit_bytes,
             identity_scope: SCOPES.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl StreamOptions {
+    /// The shuffle buffer's bounds; `None` without a buffer
+    /// (`shuffle_buffer` 0).
+    pub fn shuffle_bounds(&self) -> Option<ShuffleBounds> {
+        (self.shuffle_buffer > 0).then_some(ShuffleBounds {
+            max_items: self.shuffle_buffer,
+            max_bytes: self.shuffle_buffer_bytes,
+            initial: self.shuffle_initial,
+        })
+    }
+
+    /// The plan of `epoch` for `world_size` ranks of `num_workers` slots
+    /// each, in the shard order and with the remainder these options give.
+    pub fn plan_params(&self, epoch: u64, world_size: usize, num_workers: usize) -> PlanParams {
+        PlanParams {
+            seed: self.seed,
+            epoch,
+            shuffle_shards: self.shuffle_shards,
+            world_size,
+            num_workers,
+            remainder: self.remainder,
         }
     }
 }

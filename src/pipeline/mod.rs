@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::format::{SampleId, Value};
 use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
-use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
+use crate::shuffle::ShuffleBuffer;
 use crate::source::{ReadAhead, ReadAheadOptions};
 use crate::state::{self, Mirror, Resume, SkippedSamples, SlotState};
 use crate::stats::{Counter, Counters};
@@ -218,14 +218,9 @@ impl SampleStream {
             read_ahead,
             reads,
             restore: self.mirror.buffer.clone(),
-            shuffle: (options.shuffle_buffer > 0).then(|| {
-                let bounds = ShuffleBounds {
-                    max_items: options.shuffle_buffer,
-                    max_bytes: options.shuffle_buffer_bytes,
-                    initial: options.shuffle_initial,
-                };
-                ShuffleBuffer::new(bounds, rng, self.mirror.produced)
-            }),
+            shuffle: options
+                .shuffle_bounds()
+                .map(|bounds| ShuffleBuffer::new(bounds, rng, self.mirror.produced)),
             on_error: options.on_error,
             verify_bytes: options.read_ahead_bytes as u64,
             counters: counters.clone(),

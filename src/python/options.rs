@@ -357,7 +357,15 @@ impl Options {
             Some(options) => options.copy()?,
             None => PyDict::new(py),
         };
-        Options::from_dict(&given)
+        let options = Options::from_dict(&given)?;
+        // Every process that makes the options (each rank, each spawned
+        // DataLoader worker, which unpickles them) prepares the cache
+        // directory of its node, and one it may not use is refused when the
+        // dataset is made; parsing them has no side effect.
+        if let Some(cache) = &options.dataset.stream().cache {
+            crate::source::cache::prepare(cache).map_err(to_py)?;
+        }
+        Ok(options)
     }
 
     /// The value of every option, defaults included, by name.
@@ -401,7 +409,8 @@ impl Options {
 }
 
 impl Options {
-    /// Parses and validates the options in `given` (keyword to value).
+    /// Parses and validates the options in `given` (keyword to value),
+    /// with no side effect.
     pub(crate) fn from_dict(given: &Bound<'_, PyDict>) -> PyResult<Self> {
         let mut builder = StreamOptions::builder();
         let mut dataset = DatasetOptions::builder(StreamOptions::builder());
@@ -542,12 +551,6 @@ impl Options {
             builder = builder.with_http_headers(headers);
         }
         let dataset = dataset.with_stream(builder).build().map_err(to_py)?;
-        // Every process that takes the options (each rank, each spawned
-        // DataLoader worker) prepares the cache directory of its node, and
-        // one it may not use is refused when the dataset is made.
-        if let Some(cache) = &dataset.stream().cache {
-            crate::source::cache::prepare(cache).map_err(to_py)?;
-        }
         Ok(Options {
             dataset,
             given: given.clone().unbind(),

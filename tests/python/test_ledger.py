@@ -369,6 +369,25 @@ def test_explain_refuses_a_buffer_whose_byte_bound_the_spans_may_pass(
     assert code == 1 and "--shuffle-buffer-bytes" in out and "may pass 20000 bytes" in out, out
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--shuffle-initial", "0"], "--shuffle-initial"),
+        (["--shuffle-buffer-bytes", "0"], "--shuffle-buffer-bytes"),
+    ],
+)
+def test_explain_refuses_the_options_a_dataset_refuses_by_their_flags(
+    dataset: DatasetInfo, capfd: pytest.CaptureFixture[str], flags: list[str], named: str
+) -> None:
+    """explain checks its dataset options as a dataset does (one builder),
+    before reading anything, and names the flag."""
+    with pytest.raises(ValueError, match=named.strip("-").replace("-", "_")):
+        make(dataset.spec, **{named.strip("-").replace("-", "_"): 0})
+    urls = make(dataset.spec).shard_list.urls
+    code, _, out = explain_ids(capfd, urls, dataset.spec, "--batch-size", "5", "--step", "0", *flags)
+    assert code == 1 and f"{named}: " in out and "at least 1" in out, out
+
+
 @pytest.mark.parametrize("taken", [0, 3, 7])
 def test_explain_from_a_saved_state_names_the_steps_of_the_resumed_run(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], taken: int
