@@ -103,6 +103,11 @@ enum Command {
         /// are not read again.
         #[arg(short, long, default_value_t = index::DEFAULT_JOBS, value_parser = clap::value_parser!(u16).range(1..=1024))]
         jobs: u16,
+        /// What the shards are (the dataset's `format`): tar shards, or
+        /// JSON-lines shards (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`), whose
+        /// samples are their lines.
+        #[arg(long, default_value = "tar", value_parser = ["tar", "jsonl"])]
+        format: String,
     },
     /// Print which shards (or sample runs) each (rank, worker) slot reads in an epoch.
     Plan {
@@ -365,9 +370,14 @@ where
                 explain(&spec, &options, &params, &step, &mut out)
             })
         }
-        Command::Index { spec, output, jobs } => {
-            index(&spec, &output, &s3, usize::from(jobs), &mut out)
-        }
+        Command::Index {
+            spec,
+            output,
+            jobs,
+            format,
+        } => format
+            .parse()
+            .and_then(|format| index(&spec, format, &output, &s3, usize::from(jobs), &mut out)),
         Command::Plan {
             spec,
             world_size,
@@ -472,6 +482,7 @@ fn inspect(
 
 fn index(
     specs: &[String],
+    format: DatasetFormat,
     output: &std::path::Path,
     store_options: &StoreOptions,
     jobs: usize,
@@ -482,7 +493,7 @@ fn index(
         shards: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     };
-    let report = index::index_dataset(specs, output, store_options, jobs, &progress)?;
+    let report = index::index_dataset(specs, format, output, store_options, jobs, &progress)?;
     progress.bar.finish_and_clear();
     let resumed = match report.resumed {
         0 => String::new(),

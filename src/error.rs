@@ -107,7 +107,7 @@ pub enum Error {
     },
 
     /// A compressed shard's stream is corrupt or ends early.
-    #[error("{url}: {reason} at compressed byte offset {compressed_offset} (byte offset {tar_offset} of the decompressed tar)")]
+    #[error("{url}: {reason} at compressed byte offset {compressed_offset} (byte offset {tar_offset} of the decompressed stream)")]
     Decompress {
         /// Shard URL.
         url: String,
@@ -218,7 +218,7 @@ fn sample_context(key: &Option<String>, field: &Option<String>) -> String {
 
 fn decompressed_suffix(compression: &Option<Compression>) -> String {
     compression
-        .map(|c| format!(" of the decompressed {c} tar"))
+        .map(|c| format!(" of the decompressed {c} stream"))
         .unwrap_or_default()
 }
 

@@ -63,24 +63,30 @@ pub trait IndexProgress: Sync {
 /// `output` that cannot be written is refused first ([`check_output`]).
 pub fn index_dataset(
     specs: &[String],
+    format: DatasetFormat,
     output: &Path,
     store_options: &StoreOptions,
     jobs: usize,
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
     check_output(output)?;
+    if !matches!(format, DatasetFormat::Tar | DatasetFormat::Jsonl) {
+        return Err(Error::Config {
+            name: "--format",
+            reason: format!(
+                "a manifest describes tar or JSON-lines shards, not {:?}",
+                format.name()
+            ),
+        });
+    }
     // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
     // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
     // with the same errors, a missing local shard among them, before any
-    // shard is scanned. Manifests describe tar shards: listings keep tar
-    // names, and a Parquet file named is refused (its footer gives counts).
-    let (mut shards, _) = resolve::resolve_indexed(
-        specs,
-        store_options,
-        DatasetFormat::Tar,
-        &ManifestChoice::Off,
-        true,
-    )?;
+    // shard is scanned. Manifests describe tar and JSON-lines shards:
+    // listings keep the names of `format`, and a Parquet file named is
+    // refused (its footer gives counts).
+    let (mut shards, _) =
+        resolve::resolve_indexed(specs, store_options, format, &ManifestChoice::Off, true)?;
     if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
         return Err(Error::Spec {
             spec: parquet.url.clone(),

@@ -26,6 +26,7 @@ pub mod fork;
 pub mod format;
 pub mod hash;
 pub mod index;
+pub mod json;
 pub mod ledger;
 pub mod location;
 pub mod manifest;

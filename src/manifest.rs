@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::compression::Compression;
 use crate::error::{Error, Result};
 use crate::location::{canonical, identity, Location};
-use crate::shard::{SampleIndex, Shard, ShardKind};
+use crate::shard::{SampleIndex, Shard};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -304,17 +304,18 @@ pub struct Attached {
 /// A remote manifest ([`ManifestChoice::Url`]) is read by the caller and
 /// given to [`attach_text`].
 pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached> {
-    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
-        // Parquet row groups and raw objects know their sample counts.
+    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
+        // Parquet row groups and raw objects know their sample counts
+        // (manifests describe tar and JSON-lines shards).
         return match choice {
             ManifestChoice::Path(path) => Err(Error::Manifest {
                 path: path.display().to_string(),
-                reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
+                reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards"
                     .into(),
             }),
             ManifestChoice::Url(url) => Err(Error::Manifest {
                 path: url.clone(),
-                reason: "manifests describe tar shards; this dataset has Parquet or raw shards"
+                reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards"
                     .into(),
             }),
             ManifestChoice::Off | ManifestChoice::Auto => Ok(Attached::default()),
@@ -357,13 +358,13 @@ pub fn attach_text(
     json: &str,
     explicit: bool,
 ) -> Result<Attached> {
-    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
+    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
         if !explicit {
             return Ok(Attached::default());
         }
         return Err(Error::Manifest {
             path: url.to_owned(),
-            reason: "manifests describe tar shards; this dataset has Parquet or raw shards".into(),
+            reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards".into(),
         });
     }
     if !explicit {

@@ -19,8 +19,19 @@ pub enum ShardKind {
     Tar,
     /// One raw object: one sample.
     Raw,
+    /// A JSON-lines file, plain or compressed: one sample per line.
+    Lines,
     /// One row group of a Parquet file.
     Parquet(Arc<RowGroup>),
+}
+
+impl ShardKind {
+    /// Whether a manifest gives this kind of shard its samples' byte spans
+    /// (a stream of samples: tar or JSON lines); a row group or a raw
+    /// object knows its count without one.
+    pub fn has_manifest_spans(&self) -> bool {
+        matches!(self, ShardKind::Tar | ShardKind::Lines)
+    }
 }
 
 /// One row group of a Parquet file, as its footer describes it.
@@ -84,7 +95,7 @@ impl Shard {
         let samples = match &self.kind {
             ShardKind::Raw => Some(1),
             ShardKind::Parquet(group) => Some(group.rows),
-            ShardKind::Tar => self.index.as_ref().map(|i| i.len()),
+            ShardKind::Tar | ShardKind::Lines => self.index.as_ref().map(|i| i.len()),
         };
         ShardInfo {
             size: self.size,

@@ -13,6 +13,15 @@ pub fn is_shard_name(name: &str) -> bool {
     SHARD_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
 }
 
+/// Name suffixes of JSON-lines shards (one sample per line; compression
+/// is told by the bytes).
+pub const LINES_SUFFIXES: [&str; 3] = [".jsonl", ".jsonl.gz", ".jsonl.zst"];
+
+/// Whether `name` is a JSON-lines shard's.
+pub fn is_lines_name(name: &str) -> bool {
+    LINES_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
+}
+
 /// Whether `name` is a Parquet file's.
 pub fn is_parquet_name(name: &str) -> bool {
     name.ends_with(".parquet")
@@ -32,7 +41,10 @@ fn is_tar_or_parquet_name(name: &str) -> bool {
 /// What the shards of a dataset hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DatasetFormat {
-    /// Parquet for `*.parquet` names, tar (plain, gzip or zstd) otherwise.
+    /// Parquet for `*.parquet` names, JSON lines for `*.jsonl` (`.gz`,
+    /// `.zst`) names, tar (plain, gzip or zstd) otherwise. A directory or
+    /// prefix lists tar and Parquet names only, so that a `.jsonl` file
+    /// beside tar shards (labels, metadata) is never read as one.
     #[default]
     Auto,
     /// WebDataset tar shards.
@@ -41,6 +53,9 @@ pub enum DatasetFormat {
     Parquet,
     /// Raw objects: one sample per file or object.
     Raw,
+    /// JSON-lines shards: one sample per line, a JSON object whose keys
+    /// are the sample's fields.
+    Jsonl,
 }
 
 impl std::str::FromStr for DatasetFormat {
@@ -48,12 +63,14 @@ impl std::str::FromStr for DatasetFormat {
 
     fn from_str(s: &str) -> Result<Self> {
         use DatasetFormat::*;
-        [Auto, Tar, Parquet, Raw]
+        [Auto, Tar, Parquet, Raw, Jsonl]
             .into_iter()
             .find(|format| format.name() == s)
             .ok_or_else(|| Error::Config {
                 name: "format",
-                reason: format!("expected \"auto\", \"tar\", \"parquet\" or \"raw\", got {s:?}"),
+                reason: format!(
+                    "expected \"auto\", \"tar\", \"parquet\", \"raw\" or \"jsonl\", got {s:?}"
+                ),
             })
     }
 }
@@ -66,6 +83,7 @@ impl DatasetFormat {
             DatasetFormat::Tar => "tar",
             DatasetFormat::Parquet => "parquet",
             DatasetFormat::Raw => "raw",
+            DatasetFormat::Jsonl => "jsonl",
         }
     }
 
@@ -76,6 +94,7 @@ impl DatasetFormat {
             DatasetFormat::Tar => is_shard_name,
             DatasetFormat::Parquet => is_parquet_name,
             DatasetFormat::Raw => is_raw_name,
+            DatasetFormat::Jsonl => is_lines_name,
         }
     }
 }

@@ -321,7 +321,8 @@ class ShardList:
         """The manifest in use, if any."""
     @property
     def kinds(self) -> list[str]:
-        """What each shard holds: ``"tar"``, ``"raw"`` or ``"parquet"`` (one row group)."""
+        """What each shard holds: ``"tar"``, ``"raw"``, ``"jsonl"`` or ``"parquet"``
+        (one row group)."""
     def count_samples(self) -> None:
         """Counts the samples of the local tar shards without counts, from their headers
         (unless ``count_samples=False``)."""

@@ -108,10 +108,14 @@ class StreamingDataset(IterableDataset[Any]):
         http_headers: headers of every ``http(s)://`` request (a dict of
             str to str, e.g. ``{"Authorization": "Bearer ..."}``), sent to
             the shard's own host only, never shown in a repr or an error.
-        format: ``"auto"`` (Parquet for ``*.parquet`` names, tar otherwise),
+        format: ``"auto"`` (Parquet for ``*.parquet`` names, JSON lines for
+            ``*.jsonl``, ``.jsonl.gz`` and ``.jsonl.zst`` names given, tar
+            otherwise; directories and prefixes list tar and Parquet names),
             ``"tar"``, ``"parquet"`` (each row group is a unit of the plan,
-            each row a sample) or ``"raw"`` (every file or object is one
-            sample; directories and prefixes are listed recursively).
+            each row a sample), ``"raw"`` (every file or object is one
+            sample; directories and prefixes are listed recursively) or
+            ``"jsonl"`` (each line a sample, its JSON object's keys the
+            fields; directories and prefixes list JSON-lines names).
         decode: field decoders run in Rust threads with the GIL released:
             ``True`` for the defaults by extension (``json``; ``txt``: str;
             ``cls``: int; ``npy``: numpy; ``wav``, ``flac``: audio as a float32

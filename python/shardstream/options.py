@@ -28,7 +28,7 @@ __all__ = [
 
 OnError = Literal["raise", "warn"]
 Remainder = Literal["drop", "pad"]
-Format = Literal["auto", "tar", "parquet", "raw"]
+Format = Literal["auto", "tar", "parquet", "raw", "jsonl"]
 BatchFormat = Literal["dict", "arrow"]
 Decoder = Literal["bytes", "str", "int", "json", "numpy", "audio", "rgb8"]
 

@@ -197,10 +197,10 @@ pub static DATASET_OPTIONS: [OptionDef; 29] = [
     },
     OptionDef {
         name: "format",
-        python_type: "Literal[\"auto\", \"tar\", \"parquet\", \"raw\"]",
+        python_type: "Literal[\"auto\", \"tar\", \"parquet\", \"raw\", \"jsonl\"]",
         default: || DefaultValue::Str(DatasetFormat::default().name()),
-        doc: "`\"auto\"` (Parquet for `*.parquet`, tar otherwise), `\"tar\"`, `\"parquet\"` or \
-              `\"raw\"`",
+        doc: "`\"auto\"` (Parquet for `*.parquet`, JSON lines for `*.jsonl` named, tar \
+              otherwise), `\"tar\"`, `\"parquet\"`, `\"raw\"` or `\"jsonl\"`",
         order: SampleOrder::ThroughShards,
     },
     OptionDef {

@@ -1,8 +1,8 @@
 //! Sample counts of local plain tar shards, read from their member headers
-//! when no manifest gives them: with counts, the plan gives every rank the
-//! same number of samples, and `len()` is known. Reading one 512-byte
-//! header per member and seeking over its data is cheap next to reading
-//! the shard.
+//! when no manifest gives them (and of local plain JSON-lines shards, from
+//! their line breaks): with counts, the plan gives every rank the same
+//! number of samples, and `len()` is known. Reading one 512-byte header per
+//! member and seeking over its data is cheap next to reading the shard.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::compression::Compression;
 use crate::error::{Error, Result};
-use crate::format::{tar, ByteSource, ShardRef};
+use crate::format::{lines, tar, ByteSource, ShardRef};
 use crate::location::Location;
 use crate::shard::{SampleIndex, Shard, ShardKind};
 
@@ -39,10 +39,11 @@ impl ByteSource for SeekingFile {
     }
 }
 
-/// Whether `shard` can be counted here: a local tar shard without a sample
-/// index (compression is told by its first bytes, when it is counted).
+/// Whether `shard` can be counted here: a local tar or JSON-lines shard
+/// without a sample index (compression is told by its first bytes, when it
+/// is counted).
 fn countable(shard: &Shard) -> bool {
-    shard.kind == ShardKind::Tar
+    shard.kind.has_manifest_spans()
         && shard.index.is_none()
         && matches!(shard.location(), Location::Local(_))
 }
@@ -79,7 +80,10 @@ fn count_one(index: usize, shard: &Shard) -> Result<Option<SampleIndex>> {
         len,
     };
     let shard_ref = ShardRef::whole(index, Arc::from(shard.url.as_str()));
-    let spans = tar::sample_spans(&mut source, &shard_ref, len)?;
+    let spans = match shard.kind {
+        ShardKind::Lines => lines::sample_spans(&mut source, &shard_ref)?,
+        _ => tar::sample_spans(&mut source, &shard_ref, len)?,
+    };
     Ok(Some(SampleIndex::from_spans(&spans)))
 }
 
@@ -182,6 +186,11 @@ pub fn counts_needed(uncounted: &Shard, world_size: usize) -> Error {
             "it was not counted (count_samples=False, or it is not a regular file)"
         }
     };
+    let format = if uncounted.kind == ShardKind::Lines {
+        " --format jsonl"
+    } else {
+        ""
+    };
     let fix = match uncounted.location() {
         Location::S3 { bucket, key } => {
             let folder = format!(
@@ -189,13 +198,14 @@ pub fn counts_needed(uncounted: &Shard, world_size: usize) -> Error {
                 &key[..key.rfind('/').map_or(0, |i| i + 1)]
             );
             format!(
-                "run `shardstream index {folder} -o {folder}manifest.json` once: datasets find \
-                 the manifest beside the shards (or pass manifest= its path or URL)"
+                "run `shardstream index {folder}{format} -o {folder}manifest.json` once: datasets \
+                 find the manifest beside the shards (or pass manifest= its path or URL)"
             )
         }
-        _ => "run `shardstream index SPEC -o DIR/manifest.json` once and put the manifest \
-              beside the shards (or pass manifest= its path or URL)"
-            .to_owned(),
+        _ => format!(
+            "run `shardstream index SPEC{format} -o DIR/manifest.json` once and put the \
+             manifest beside the shards (or pass manifest= its path or URL)"
+        ),
     };
     Error::Spec {
         spec: uncounted.url.clone(),

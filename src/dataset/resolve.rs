@@ -16,7 +16,7 @@ use crate::location::{identity, Location};
 use crate::manifest::{self, Attached, ManifestChoice};
 use crate::shard::{RowGroup, Shard, ShardKind};
 use crate::source;
-use crate::spec::{check_scheme, expand_braces, is_parquet_name, DatasetFormat};
+use crate::spec::{check_scheme, expand_braces, is_lines_name, is_parquet_name, DatasetFormat};
 use crate::store;
 use crate::store::gcs;
 use crate::store::hub;
@@ -28,6 +28,8 @@ enum Holds {
     Tar,
     /// A raw object.
     Raw,
+    /// A JSON-lines shard.
+    Lines,
     /// A Parquet file: its row groups become the shards.
     ParquetFile,
 }
@@ -36,9 +38,11 @@ enum Holds {
 fn holds(format: DatasetFormat, url: &str) -> Holds {
     match format {
         DatasetFormat::Auto if is_parquet_name(url) => Holds::ParquetFile,
+        DatasetFormat::Auto if is_lines_name(url) => Holds::Lines,
         DatasetFormat::Auto | DatasetFormat::Tar => Holds::Tar,
         DatasetFormat::Parquet => Holds::ParquetFile,
         DatasetFormat::Raw => Holds::Raw,
+        DatasetFormat::Jsonl => Holds::Lines,
     }
 }
 
@@ -109,9 +113,9 @@ pub fn attach_beside_remote(
 const MANIFEST_LIMIT: usize = 1 << 31;
 
 /// The URL of the `manifest.json` beside `shards`, when they are remote
-/// tar shards that `specs` name in one folder.
+/// tar (or JSON-lines) shards that `specs` name in one folder.
 fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
-    if shards.iter().any(|s| s.kind != ShardKind::Tar) {
+    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
         return Ok(None);
     }
     let mut urls = Vec::new();
@@ -238,8 +242,10 @@ pub fn resolve_dataset(
     }
     let holds: Vec<Holds> = shards.iter().map(|s| holds(format, &s.url)).collect();
     for (shard, holds) in shards.iter_mut().zip(&holds) {
-        if *holds == Holds::Raw {
-            shard.kind = ShardKind::Raw;
+        match holds {
+            Holds::Raw => shard.kind = ShardKind::Raw,
+            Holds::Lines => shard.kind = ShardKind::Lines,
+            Holds::Tar | Holds::ParquetFile => {}
         }
     }
     if holds.contains(&Holds::ParquetFile) {

@@ -64,6 +64,7 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
         match (&shard.kind, footer) {
             (ShardKind::Tar, _) => out.0.push(0),
             (ShardKind::Raw, _) => out.0.push(1),
+            (ShardKind::Lines, _) => out.0.push(4),
             (ShardKind::Parquet(group), Some(footer)) => {
                 out.0.push(3);
                 for n in [
@@ -128,6 +129,7 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
         let kind = match r.byte()? {
             0 => ShardKind::Tar,
             1 => ShardKind::Raw,
+            4 => ShardKind::Lines,
             3 => ShardKind::Parquet(Arc::new(row_group(&mut r, &footers, &url)?)),
             other => return Err(format!("has a shard kind {other}")),
         };

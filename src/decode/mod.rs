@@ -18,10 +18,10 @@ use bytes::Bytes;
 use crate::augment::audio::AudioSpec;
 use crate::augment::image::ImageSpec;
 use crate::augment::SampleContext;
+use crate::json;
 use crate::value::Value;
 
 mod audio;
-mod json;
 mod npy;
 mod rgb8;
 

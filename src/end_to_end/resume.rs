@@ -74,7 +74,15 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
     let urls = write_dataset_as(dir, counts, kinds);
     let out = dir.join("manifest.json");
     let s3 = crate::config::StoreOptions::default();
-    crate::index::index_dataset(&urls, &out, &s3, 2, &crate::index::Silent).unwrap();
+    crate::index::index_dataset(
+        &urls,
+        crate::spec::DatasetFormat::Tar,
+        &out,
+        &s3,
+        2,
+        &crate::index::Silent,
+    )
+    .unwrap();
     let mut shards = resolve::resolve(&urls).unwrap();
     let attached = manifest::attach(&mut shards, &ManifestChoice::Auto).unwrap();
     assert_eq!(attached.used, Some(out.display().to_string()));

@@ -739,7 +739,7 @@ mod tests {
         assert!(err.contains("corrupt gzip stream"), "{err}");
         assert!(err.contains("compressed byte offset"), "{err}");
         assert!(
-            err.contains("byte offset 10000 of the decompressed tar"),
+            err.contains("byte offset 10000 of the decompressed stream"),
             "{err}"
         );
     }

@@ -3,8 +3,10 @@
 
 pub mod blob;
 pub mod compressed;
+pub mod lines;
 pub mod parquet;
 pub mod tar;
+mod verified;
 
 use std::sync::Arc;
 
@@ -13,6 +15,18 @@ use bytes::Bytes;
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
 pub use crate::value::Value;
+
+/// How reading a shard's stream of samples (tar, JSON lines) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The shard ended; this many samples were produced.
+    Completed {
+        /// Samples produced.
+        samples: u64,
+    },
+    /// The callback asked to stop.
+    Stopped,
+}
 
 /// Stable identity of a sample: its shard and its position in that shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -146,7 +146,7 @@ fn make_read(
     // A row group's size is its span's, not its file's.
     let size = match &shard.kind {
         ShardKind::Parquet(_) => None,
-        ShardKind::Tar | ShardKind::Raw => shard.size,
+        ShardKind::Tar | ShardKind::Raw | ShardKind::Lines => shard.size,
     };
     Ok(Read {
         shard: shard_index,

@@ -15,8 +15,8 @@ use crate::compression::Compression;
 use crate::config::{OnError, TableOutput};
 use crate::error::{Error, Result};
 use crate::format::{
-    blob, compressed::TarStream, parquet, read_append_to_end, tar, ByteSource, Sample, SampleId,
-    ShardRef,
+    blob, compressed::TarStream, lines, parquet, read_append_to_end, tar, ByteSource, Outcome,
+    Sample, SampleId, ShardRef,
 };
 use crate::shard::{RowGroup, SampleIndex, ShardKind};
 use crate::shuffle::ShuffleBuffer;
@@ -160,6 +160,7 @@ impl Worker {
         let result = match &read.kind {
             ShardKind::Tar => self.read_tar(read, reader, &mut shard, restored, &mut stop),
             ShardKind::Raw => self.read_raw(read, reader, &shard, restored, &mut stop),
+            ShardKind::Lines => self.read_lines(read, reader, &mut shard, restored, &mut stop),
             ShardKind::Parquet(group) => match self.table_output {
                 TableOutput::Rows => {
                     self.read_rows(read, group, reader, &shard, restored, &mut stop)
@@ -201,8 +202,28 @@ impl Worker {
                 self.accept(read, sample, restored, stop)
             })?;
         Ok(match outcome {
-            tar::Outcome::Completed { samples } => Some(samples),
-            tar::Outcome::Stopped => None,
+            Outcome::Completed { samples } => Some(samples),
+            Outcome::Stopped => None,
+        })
+    }
+
+    /// Streams the samples of a JSON-lines shard (plain or compressed)
+    /// into [`Worker::accept`]; `Some(count)` when the shard ended.
+    fn read_lines(
+        &mut self,
+        read: &Read,
+        reader: ShardReader,
+        shard: &mut ShardRef,
+        restored: &mut HashMap<SampleId, Sample>,
+        stop: &mut Option<Stop>,
+    ) -> Result<Option<u64>> {
+        let mut stream = self.open_stream(read, reader, shard)?;
+        let outcome = lines::read_samples(&mut stream, shard, self.verify_bytes, |sample| {
+            self.accept(read, sample, restored, stop)
+        })?;
+        Ok(match outcome {
+            Outcome::Completed { samples } => Some(samples),
+            Outcome::Stopped => None,
         })
     }
 
@@ -498,7 +519,8 @@ impl Worker {
         let Some(index) = &read.index else {
             // Without a manifest a resumed cursor is checked against the
             // shard here: a cursor past its end would silently skip nothing.
-            if let (ReadPurpose::Unit { samples, .. }, ShardKind::Tar) = (&read.purpose, &read.kind)
+            if let (ReadPurpose::Unit { samples, .. }, true) =
+                (&read.purpose, read.kind.has_manifest_spans())
             {
                 if produced < samples.start {
                     return Err(Error::StateMismatch(format!(

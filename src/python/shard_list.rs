@@ -217,7 +217,8 @@ impl ShardList {
         check_counts(&self.shards, world_size).map_err(to_py)
     }
 
-    /// What each shard holds: `"tar"`, `"raw"` or `"parquet"` (one row group).
+    /// What each shard holds: `"tar"`, `"raw"`, `"jsonl"` or `"parquet"`
+    /// (one row group).
     #[getter]
     fn kinds(&self) -> Vec<&'static str> {
         self.shards
@@ -225,6 +226,7 @@ impl ShardList {
             .map(|s| match s.kind {
                 ShardKind::Tar => "tar",
                 ShardKind::Raw => "raw",
+                ShardKind::Lines => "jsonl",
                 ShardKind::Parquet(_) => "parquet",
             })
             .collect()

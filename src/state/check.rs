@@ -50,6 +50,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
         match &shard.kind {
             ShardKind::Tar => h.u64(0),
             ShardKind::Raw => h.u64(1),
+            ShardKind::Lines => h.u64(4),
             ShardKind::Parquet(group) => h.u64(3).u64(group.index as u64).u64(group.rows),
         };
     }

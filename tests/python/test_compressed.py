@@ -310,7 +310,7 @@ def test_bad_stream_raises_shard_format_error(kind, dataset, tmp_path):
     assert str(path) in message
     name = "zstd" if kind.startswith("zst") else "gzip"
     assert f"{damage} {name} stream" in message, message
-    assert "compressed byte offset" in message and "of the decompressed tar" in message
+    assert "compressed byte offset" in message and "of the decompressed stream" in message
 
 
 @pytest.mark.parametrize("kind", ["gz-truncated", "zst-corrupt"])
@@ -372,7 +372,7 @@ def test_truncated_tar_inside_a_complete_gzip_stream(dataset, tmp_path):
         collect(shardstream.StreamingDataset(path, shuffle_buffer=0))
     message = str(info.value)
     assert "truncated tar archive" in message
-    assert f"byte offset {cut} of the decompressed gzip tar" in message, message
+    assert f"byte offset {cut} of the decompressed gzip stream" in message, message
 
 
 # --------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def make_bad_shard(kind: str, directory: Path) -> BadShard:
         path = directory / "compressed.tar.gz"
         path.write_bytes(gzip.compress(b"this is not a tar archive, just text\n" * 100, mtime=0))
         return BadShard(
-            path, ShardFormatError, ["not a tar archive", "of the decompressed gzip tar"], []
+            path, ShardFormatError, ["not a tar archive", "of the decompressed gzip stream"], []
         )
     if kind == "truncated":
         return truncated_in_data(directory)

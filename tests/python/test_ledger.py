@@ -384,7 +384,9 @@ def test_explain_refuses_the_options_a_dataset_refuses_by_their_flags(
     with pytest.raises(ValueError, match=named.strip("-").replace("-", "_")):
         make(dataset.spec, **{named.strip("-").replace("-", "_"): 0})
     urls = make(dataset.spec).shard_list.urls
-    code, _, out = explain_ids(capfd, urls, dataset.spec, "--batch-size", "5", "--step", "0", *flags)
+    code, _, out = explain_ids(
+        capfd, urls, dataset.spec, "--batch-size", "5", "--step", "0", *flags
+    )
     assert code == 1 and f"{named}: " in out and "at least 1" in out, out
 
 

@@ -8,12 +8,12 @@
 
 mod members;
 
-use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
 use bytes::Bytes;
 
 use self::members::Members;
+use super::verified::Outbox;
 use super::{ByteSource, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 
@@ -34,17 +34,7 @@ pub fn split_member(path: &str) -> Option<(&str, String)> {
     Some((&path[..dot], field))
 }
 
-/// How reading a shard ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The archive ended; this many samples were produced.
-    Completed {
-        /// Samples produced.
-        samples: u64,
-    },
-    /// The callback asked to stop.
-    Stopped,
-}
+pub use super::Outcome;
 
 /// Bytes of decoded tar [`read_samples`] holds back samples over while a
 /// compressed stream's checksum is still to come.
@@ -238,121 +228,6 @@ pub fn sample_spans<R: ByteSource>(
         return Err(shard.format_error(0, None, "empty file, not a tar archive"));
     }
     Ok(spans)
-}
-
-/// A sample waiting for the bytes it came from to be verified.
-struct Held {
-    sample: Sample,
-    /// The offset the stream's checks must reach first: the end of the
-    /// header that ended the sample.
-    needs: u64,
-}
-
-/// Hands samples to the callback, holding back those whose bytes the
-/// stream has not verified yet (see [`read_samples_verified`]).
-struct Outbox<'f, F> {
-    on_sample: &'f mut F,
-    held: VecDeque<Held>,
-    /// Where the stream's offsets start in the shard.
-    base: u64,
-    budget: u64,
-    /// Samples handed out before the bytes they came from were verified,
-    /// and not verified since.
-    unverified: u64,
-    /// What the last of those needed verified.
-    unverified_needs: u64,
-}
-
-impl<'f, F: FnMut(Sample) -> ControlFlow<()>> Outbox<'f, F> {
-    fn new(shard: &ShardRef, budget: u64, on_sample: &'f mut F) -> Self {
-        Outbox {
-            on_sample,
-            held: VecDeque::new(),
-            base: shard.base_offset,
-            budget,
-            unverified: 0,
-            unverified_needs: 0,
-        }
-    }
-
-    /// Hands `sample` out, or holds it until the stream settled to `needs`
-    /// (offsets relative to the read's start); `settled` and `position`
-    /// are the stream's at this point.
-    fn offer(
-        &mut self,
-        sample: Sample,
-        needs: u64,
-        settled: u64,
-        position: u64,
-    ) -> ControlFlow<()> {
-        if self.held.is_empty() && settled >= needs {
-            return self.hand_out(sample);
-        }
-        self.held.push_back(Held { sample, needs });
-        self.settle(settled, position)
-    }
-
-    /// Hands out the held samples the stream has verified, then, oldest
-    /// first, those that start more than the budget before `position`.
-    #[inline]
-    fn settle(&mut self, settled: u64, position: u64) -> ControlFlow<()> {
-        if self.held.is_empty() {
-            return ControlFlow::Continue(());
-        }
-        self.settle_held(settled, position)
-    }
-
-    /// [`Outbox::settle`] when samples are held.
-    #[cold]
-    fn settle_held(&mut self, settled: u64, position: u64) -> ControlFlow<()> {
-        if settled >= self.unverified_needs {
-            self.unverified = 0;
-        }
-        while let Some(front) = self.held.front() {
-            let verified = front.needs <= settled;
-            let start = front.sample.offset.saturating_sub(self.base);
-            if !verified && position.saturating_sub(start) <= self.budget {
-                break;
-            }
-            let Held { sample, needs } = self.held.pop_front().expect("a front sample");
-            if !verified {
-                self.unverified += 1;
-                self.unverified_needs = needs;
-            }
-            self.hand_out(sample)?;
-        }
-        ControlFlow::Continue(())
-    }
-
-    /// Hands out every held sample: the stream verified all its bytes.
-    fn release_all(&mut self) -> ControlFlow<()> {
-        while let Some(Held { sample, .. }) = self.held.pop_front() {
-            self.hand_out(sample)?;
-        }
-        ControlFlow::Continue(())
-    }
-
-    fn hand_out(&mut self, sample: Sample) -> ControlFlow<()> {
-        (self.on_sample)(sample)
-    }
-
-    /// `error` (the stream failed), saying how many samples were handed
-    /// out from bytes it had not verified, when some were.
-    fn unverified_note(&self, mut error: Error) -> Error {
-        if self.unverified == 0 {
-            return error;
-        }
-        if let Error::Decompress { reason, .. } = &mut error {
-            let n = self.unverified;
-            let (budget, samples) = (self.budget, if n == 1 { "sample" } else { "samples" });
-            reason.push_str(&format!(
-                "; {n} {samples} of this shard had already been handed out before the \
-                 checksum covering them could be read (a gzip member or zstd frame larger \
-                 than the {budget}-byte verify budget)"
-            ));
-        }
-        error
-    }
 }
 
 /// A failure while walking members, before it knows the bytes consumed.
@@ -800,7 +675,7 @@ mod tests {
         let message = err.to_string();
         assert!(
             message.contains("truncated tar archive")
-                && message.contains("at byte offset 3048 of the decompressed zstd tar"),
+                && message.contains("at byte offset 3048 of the decompressed zstd stream"),
             "{message}"
         );
     }
@@ -1015,7 +890,7 @@ mod tests {
         let error = result.unwrap_err().to_string();
         assert!(keys.is_empty());
         assert!(
-            error.contains("at byte offset 0 of the decompressed zstd tar"),
+            error.contains("at byte offset 0 of the decompressed zstd stream"),
             "{error}"
         );
     }

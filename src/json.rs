@@ -1,5 +1,6 @@
-//! The `json` decoder: a JSON document into the [`Value`] that Python's
-//! `json.loads` gives, type for type and value for value.
+//! A JSON document into the [`Value`] that Python's `json.loads` gives,
+//! type for type and value for value: the `json` field decoder's, and each
+//! line of a JSON-lines shard's (`format::lines`).
 //!
 //! serde_json (built without `preserve_order` or `arbitrary_precision`)
 //! checks the syntax and unescapes strings, and a [`Visitor`] builds the
@@ -32,7 +33,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use crate::value::Value;
 
 /// Decodes one JSON document (trailing whitespace allowed, nothing else).
-pub(super) fn decode(bytes: &[u8]) -> Result<Value, String> {
+pub fn decode(bytes: &[u8]) -> Result<Value, String> {
     let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let numbers = Numbers {
         source: bytes,
@@ -228,18 +229,13 @@ fn dedup_keys(entries: Vec<(String, Value)>) -> Vec<(String, Value)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decode::Decoder;
 
     fn json(text: &str) -> Value {
-        Decoder::Json
-            .decode(text.as_bytes().to_vec())
-            .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+        decode(text.as_bytes()).unwrap_or_else(|e| panic!("{text:?}: {e}"))
     }
 
     fn json_err(bytes: &[u8]) -> String {
-        let error = Decoder::Json.decode(bytes.to_vec()).unwrap_err();
-        assert_eq!(error.decoder, "json");
-        error.reason
+        decode(bytes).unwrap_err()
     }
 
     fn map(entries: Vec<(&str, Value)>) -> Value {
@@ -343,7 +339,7 @@ mod tests {
         );
         // A UTF-8 byte-order mark is skipped, as json.loads(bytes) does.
         assert_eq!(
-            Decoder::Json.decode(b"\xef\xbb\xbf[1]".to_vec()),
+            decode(b"\xef\xbb\xbf[1]"),
             Ok(Value::List(vec![Value::Int(1)]))
         );
     }
