@@ -136,7 +136,7 @@ impl ShardList {
         Ok(())
     }
 
-    /// Positions of the tar shards that have no sample count after
+    /// Positions of the shards that have no sample count after
     /// `count_samples()` (remote shards no manifest describes), when
     /// `count_samples=True` asks for them to be read; else none.
     fn uncounted_remote(&self) -> Vec<usize> {
@@ -187,12 +187,12 @@ impl ShardList {
     /// Keeps the manifest `json` of the remote shards' sample counts in
     /// `cache_dir`, if one is set, for the next start to attach.
     fn keep_counts(&self, json: &str) {
-        let remote = self.shards.iter().filter(|shard| is_remote_tar(shard));
+        let remote = self.shards.iter().filter(|shard| is_remote_stream(shard));
         if !remote.clone().all(keeps_counts) {
             return;
         }
         if let Some(cache) = &self.options.get().dataset.stream().cache {
-            crate::source::cache::keep_counts(cache, &remote_tar_urls(&self.shards), json);
+            crate::source::cache::keep_counts(cache, &remote_stream_urls(&self.shards), json);
         }
     }
 
@@ -374,32 +374,33 @@ pub(super) fn check_counts(shards: &[Shard], world_size: usize) -> crate::Result
     Ok(())
 }
 
-/// Whether `shard` is a tar shard read from a store (not a local file).
-fn is_remote_tar(shard: &Shard) -> bool {
-    shard.kind == ShardKind::Tar && !matches!(shard.location(), Location::Local(_))
+/// Whether `shard` is a tar (or JSON-lines) shard read from a store (not a
+/// local file): one whose samples a manifest, or a read through, counts.
+fn is_remote_stream(shard: &Shard) -> bool {
+    shard.kind.has_manifest_spans() && !matches!(shard.location(), Location::Local(_))
 }
 
-/// Whether the counts of `shard` may be kept between starts: a remote tar
+/// Whether the counts of `shard` may be kept between starts: a remote
 /// shard listed with its size and ETag, which tell a replaced object (a
 /// `gs://` or `hf://` shard, or one named outright, is listed without).
 fn keeps_counts(shard: &Shard) -> bool {
-    is_remote_tar(shard) && shard.size.is_some() && shard.etag.is_some()
+    is_remote_stream(shard) && shard.size.is_some() && shard.etag.is_some()
 }
 
-/// The URLs of the remote tar shards: what their kept counts are named by.
-fn remote_tar_urls(shards: &[Shard]) -> Vec<&str> {
+/// The URLs of the remote shards: what their kept counts are named by.
+fn remote_stream_urls(shards: &[Shard]) -> Vec<&str> {
     shards
         .iter()
-        .filter(|shard| is_remote_tar(shard))
+        .filter(|shard| is_remote_stream(shard))
         .map(|shard| shard.url.as_str())
         .collect()
 }
 
-/// Positions of the remote tar shards without a sample count (local ones
-/// are counted from their headers, or, compressed, not at all).
+/// Positions of the remote shards without a sample count (local ones are
+/// counted from their headers or line breaks, or, compressed, not at all).
 fn uncounted_remote(shards: &[Shard]) -> Vec<usize> {
     (0..shards.len())
-        .filter(|&i| is_remote_tar(&shards[i]) && shards[i].index.is_none())
+        .filter(|&i| is_remote_stream(&shards[i]) && shards[i].index.is_none())
         .collect()
 }
 
@@ -411,7 +412,7 @@ fn attach_kept_counts(shards: &mut [Shard], cache: &crate::config::CacheOptions)
     if positions.is_empty() || positions.iter().any(|&i| !keeps_counts(&shards[i])) {
         return;
     }
-    let Some(text) = crate::source::cache::kept_counts(cache, &remote_tar_urls(shards)) else {
+    let Some(text) = crate::source::cache::kept_counts(cache, &remote_stream_urls(shards)) else {
         return;
     };
     let Ok(manifest) = Manifest::from_json(&text, "the sample counts kept in cache_dir") else {

@@ -192,6 +192,29 @@ def test_shards_on_s3_by_prefix_and_brace_range(s3: Any, tmp_path: Path) -> None
     assert got == dict(enumerate(DOCS))
     named = StreamingDataset("s3://text/corpus/{a.jsonl,b.jsonl.gz}", s3=config(s3))
     assert sorted(s["n"] for s in named) == list(range(30))
+    # Two ranks count the remote shards by reading them (count_samples),
+    # keeping the counts and the shards read from their start (the
+    # compressed ones) in the cache: the next start reads them from there.
+    cache = tmp_path / "cache"
+    for start in range(2):
+        seen: Counter[int] = Counter()
+        hits = 0
+        for rank in range(2):
+            ds = StreamingDataset(
+                "s3://text/corpus/",
+                format="jsonl",
+                s3=config(s3),
+                rank=rank,
+                world_size=2,
+                count_samples=True,
+                cache_dir=str(cache),
+            )
+            samples = [s["n"] for s in ds]
+            assert len(samples) == len(ds) == 22  # 45 lines, one dropped
+            seen.update(samples)
+            hits += ds.stats()["cache_hits"]
+        assert len(seen) == 44 and set(seen.values()) == {1}
+        assert hits >= 2 * start, hits
 
 
 def test_the_command_line_inspects_a_jsonl_shard(
