@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,12 @@ def threads_while_iterating(spec: str, **options) -> int:
     sample out; full-size images (96 KB decoded) fill the stream's output
     queue (a few MiB) long before that, so the thread waits mid-epoch to
     send, however far ahead of this consumer it runs."""
+    # An earlier stream's helpers end shortly after it is dropped: wait for
+    # them (bounded), so that only this stream's are counted.
+    deadline = time.monotonic() + 10
+    while helper_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert helper_threads() == 0, "an earlier stream's decode helpers did not end"
     ds = StreamingDataset(spec, shuffle_buffer=0, decode={"jpg": Image(crop=None)}, **options)
     it = iter(ds)
     for _ in range(40):  # past the first batch decoded together
