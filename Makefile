@@ -27,22 +27,17 @@ venv: $(STAMP) ## Create or refresh the virtualenv (.venv)
 develop: $(STAMP) ## Build the extension into .venv (editable)
 	maturin develop $(CARGO_PROFILE) --quiet
 
-# The wheel is packed from the release build `make develop` and `make test`
-# already made (cargo finds nothing to compile), with the extension's debug
-# line tables stripped (190 MB -> 32 MB). One abi3 wheel serves every CPython
+# The wheel is built from the release build `make develop` and `make test`
+# already made (cargo finds nothing to compile); the profile has no debug
+# info, so there is nothing to strip. One abi3 wheel serves every CPython
 # from 3.10 on. The extension is linked against glibc 2.28's symbols (zig,
 # from the ziglang package: build-support/linker), and maturin checks that
 # the wheel keeps to manylinux_2_28 before tagging it so.
-WHEEL_BUILD := build/wheel
 WHEEL_PLATFORM := manylinux_2_28
 
 wheel: $(STAMP) ## Build the x86-64 Linux wheel (dist/shardstream-*.whl) for `pip install`
-	rm -rf $(WHEEL_BUILD) dist/shardstream-*x86_64.whl
-	maturin build $(CARGO_PROFILE) --compatibility $(WHEEL_PLATFORM) -i $(PY) --out $(WHEEL_BUILD)
-	$(PY) -m wheel unpack --dest $(WHEEL_BUILD)/tree $(WHEEL_BUILD)/shardstream-*.whl
-	strip --strip-debug $(WHEEL_BUILD)/tree/shardstream-*/shardstream/_core*.so
-	mkdir -p dist
-	$(PY) -m wheel pack --dest-dir dist $(WHEEL_BUILD)/tree/shardstream-*
+	rm -f dist/shardstream-*x86_64.whl
+	maturin build $(CARGO_PROFILE) --compatibility $(WHEEL_PLATFORM) -i $(PY) --out dist
 	@ls dist/shardstream-*x86_64.whl
 
 # The aarch64 wheel (GH200/GB200, Graviton) is cross-compiled with zig as
