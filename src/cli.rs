@@ -114,6 +114,9 @@ enum Command {
         /// Dataset spec: paths, file:// URLs, brace ranges, directories.
         #[arg(required = true)]
         spec: Vec<String>,
+        /// What the shards are (the dataset's `format`).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "tar", "parquet", "raw", "jsonl"])]
+        format: String,
         /// Number of processes (ranks).
         #[arg(long, default_value_t = 1)]
         world_size: usize,
@@ -165,6 +168,9 @@ enum Command {
         /// Dataset spec: paths, file:// URLs, brace ranges, directories, URLs.
         #[arg(required = true)]
         spec: Vec<String>,
+        /// What the shards are (the dataset's `format`).
+        #[arg(long, default_value = "auto", value_parser = ["auto", "tar", "parquet", "raw", "jsonl"])]
+        format: String,
         /// Epoch.
         #[arg(long, default_value_t = 0)]
         epoch: u64,
@@ -334,6 +340,7 @@ where
             manifest,
             no_manifest,
             state,
+            format,
         } => {
             let saved = state
                 .as_deref()
@@ -341,6 +348,7 @@ where
                 .transpose();
             remainder.parse().and_then(|remainder| {
                 let saved = saved?;
+                let format: DatasetFormat = format.parse()?;
                 let (epoch, world_size, num_workers) = match &saved {
                     Some((layout, _)) => *layout,
                     None => (epoch, world_size, num_workers),
@@ -354,6 +362,7 @@ where
                     .with_remainder(remainder)
                     .with_store(s3.clone());
                 let options = DatasetOptions::builder(stream)
+                    .with_format(format)
                     .with_manifest(manifest_choice(manifest.as_deref(), no_manifest))
                     .with_count_samples(count_samples.then_some(true))
                     .build()
@@ -389,13 +398,16 @@ where
             no_manifest,
             no_count,
             remainder,
+            format,
         } => remainder.parse().and_then(|remainder| {
+            let format: DatasetFormat = format.parse()?;
             let stream = StreamOptions::builder()
                 .with_seed(seed)
                 .with_shuffle_shards(!no_shuffle)
                 .with_remainder(remainder)
                 .with_store(s3.clone());
             let options = DatasetOptions::builder(stream)
+                .with_format(format)
                 .with_manifest(manifest_choice(manifest.as_deref(), no_manifest))
                 .with_count_samples(no_count.then_some(false))
                 .build()
@@ -572,7 +584,7 @@ fn print_plan(
             format!("{n} samples per rank (remainder: {remainder}), manifest {path}")
         }
         (None, Some(n)) => {
-            format!("{n} samples per rank (remainder: {remainder}), counted from the tar headers")
+            format!("{n} samples per rank (remainder: {remainder}), counted from the local shards")
         }
         _ => "balanced by bytes; samples: unknown (no manifest)".into(),
     };

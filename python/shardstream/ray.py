@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import ray  # type: ignore[import-untyped]
 from ray.data import Datasink  # type: ignore[import-untyped]
@@ -268,6 +268,7 @@ def index(
     *,
     num_tasks: int | None = None,
     s3: S3Config | Mapping[str, Any] | None = None,
+    format: Literal["tar", "jsonl"] = "tar",
 ) -> str:
     """``shardstream index spec -o output`` with the shards read by Ray tasks.
 
@@ -278,6 +279,7 @@ def index(
     manifest, the same as the one-machine ``shardstream index`` writes.
     ``s3`` gives the tasks' ``--s3-*`` options (region, endpoint, profile,
     path style, unsigned); credentials come from each worker's environment.
+    ``format`` is ``shardstream index --format``: tar or JSON-lines shards.
     Returns ``output``.
     """
     specs = [spec] if isinstance(spec, str | os.PathLike) else list(spec)
@@ -289,13 +291,15 @@ def index(
         isinstance(num_tasks, bool) or not isinstance(num_tasks, int) or num_tasks < 1
     ):
         raise ValueError(f"num_tasks must be an int of at least 1, got {num_tasks!r}")
+    if format not in ("tar", "jsonl"):
+        raise ValueError(f'format must be "tar" or "jsonl", got {format!r}')
     output = os.fspath(output)
-    options = _core.Options(format="tar", manifest=False, s3=s3)
+    options = _core.Options(format=format, manifest=False, s3=s3)
     urls = _core.ShardList([os.fspath(s) for s in specs], options).urls
     if num_tasks is None:
         num_tasks = max(1, int(ray.cluster_resources().get("CPU", 1)))
     num_tasks = min(num_tasks, len(urls))
-    flags = _cli_s3(s3)
+    flags = [*_cli_s3(s3), "--format", format]
     run = ray.remote(_index_slice)
     bounds = [len(urls) * t // num_tasks for t in range(num_tasks + 1)]
     parts = [

@@ -244,7 +244,7 @@ def test_plan_counts_local_tar_shards_for_equal_ranks(dataset):
     assert proc.returncode == 0, proc.stderr
     total = len(dataset.samples)
     assert f"{total // 3} samples per rank" in proc.stdout
-    assert "counted from the tar headers" in proc.stdout
+    assert "counted from the local shards" in proc.stdout
     per_slot = [int(m) for m in re.findall(r": \d+ pieces, (\d+) samples", proc.stdout)]
     assert len(per_slot) == 6
     assert [per_slot[0] + per_slot[1], per_slot[2] + per_slot[3], per_slot[4] + per_slot[5]] == [

@@ -117,9 +117,12 @@ def test_index_gives_the_lines_spans_and_ranks_get_equal_shares(
     assert code == 1 and "not a tar archive" in capfd.readouterr().err
 
 
-def test_local_plain_shards_are_counted_from_their_line_breaks(tmp_path: Path) -> None:
+def test_local_plain_shards_are_counted_from_their_line_breaks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """Two ranks need counts: local plain JSON-lines shards are counted
-    without a manifest; a compressed one cannot be, and is named."""
+    without a manifest (by a dataset and by ``shardstream plan``); a
+    compressed one cannot be, and is named."""
     folder = tmp_path / "p"
     folder.mkdir()
     for shard in range(3):
@@ -130,6 +133,11 @@ def test_local_plain_shards_are_counted_from_their_line_breaks(tmp_path: Path) -
         ds = StreamingDataset(str(folder), format="jsonl", rank=rank, world_size=2, seed=1)
         counts.append(len(list(ds)))
     assert counts == [21, 21]  # 42 lines, none dropped
+    capfd.readouterr()
+    plan = ["shardstream", "plan", str(folder), "--format", "jsonl", "--world-size", "2"]
+    assert run_cli(plan) == 0
+    out = capfd.readouterr().out
+    assert "3 shards" in out and "21 samples per rank" in out and "local shards" in out, out
     urls = write_shards(tmp_path / "d")
     with pytest.raises(DatasetSpecError, match=r"b\.jsonl\.gz has none .*SPEC --format jsonl -o"):
         StreamingDataset(urls, rank=0, world_size=2)

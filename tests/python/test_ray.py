@@ -243,6 +243,18 @@ def test_index_fan_out_equals_the_one_machine_index(s3: Any, tmp_path: Path) -> 
     fan = json.loads((local / "fan.json").read_text())
     assert fan == one
     assert not [n for n in os.listdir(local) if n.startswith(".")]
+    # JSON-lines shards (format="jsonl", as `shardstream index --format jsonl`).
+    lines = tmp_path / "lines"
+    lines.mkdir()
+    for part in range(4):
+        docs = [json.dumps({"text": f"d{part}-{i}"}) for i in range(10 + part)]
+        (lines / f"p-{part}.jsonl").write_text("\n".join(docs) + "\n")
+    one = index_manifest([lines, "--format", "jsonl"], lines / "one.json")
+    assert index(lines, lines / "fan.json", num_tasks=2, format="jsonl") == str(lines / "fan.json")
+    assert json.loads((lines / "fan.json").read_text()) == one
+    assert [e["samples"] for e in one["shards"]] == [10, 11, 12, 13]
+    with pytest.raises(ValueError, match='format must be "tar" or "jsonl"'):
+        index(lines, lines / "x.json", format="parquet")  # type: ignore[arg-type]
 
     client = s3.client()
     client.create_bucket(Bucket="indexed")
