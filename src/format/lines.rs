@@ -102,31 +102,13 @@ pub fn read_samples<R: ByteSource>(
     };
     drop(lines);
     if let Some(error) = failure {
-        // Bad data decoded from a stream that fails its checksum is the
-        // stream's fault: read it to its end first, as tar shards do.
-        if let Some(source) = reader.take_failure() {
-            return Err(outbox.unverified_note(source));
-        }
-        if reader.check_trailer().is_err() {
-            if let Some(source) = reader.take_failure() {
-                return Err(outbox.unverified_note(source));
-            }
-        } else if outbox.release_all().is_break() {
-            return Ok(Outcome::Stopped);
-        }
-        return Err(error);
+        return outbox.fail(reader, error);
     }
-    if let Err(error) = reader.check_trailer() {
-        if let Some(source) = reader.take_failure() {
-            return Err(outbox.unverified_note(source));
-        }
-        return Err(shard.format_error(
-            shard.base_offset + position,
-            None,
-            format!("bad data after the end of the stream ({error})"),
-        ));
-    }
-    if outbox.release_all().is_break() {
+    let after_end = |error| {
+        let reason = format!("bad data after the end of the stream ({error})");
+        shard.format_error(shard.base_offset + position, None, reason)
+    };
+    if outbox.finish(reader, after_end)?.is_break() {
         return Ok(Outcome::Stopped);
     }
     Ok(Outcome::Completed { samples: produced })

@@ -7,8 +7,8 @@
 use std::collections::VecDeque;
 use std::ops::ControlFlow;
 
-use super::{Sample, ShardRef};
-use crate::error::Error;
+use super::{ByteSource, Outcome, Sample, ShardRef};
+use crate::error::{Error, Result};
 
 /// A sample waiting for the bytes it came from to be verified.
 pub(super) struct Held {
@@ -95,7 +95,7 @@ impl<'f, F: FnMut(Sample) -> ControlFlow<()>> Outbox<'f, F> {
     }
 
     /// Hands out every held sample: the stream verified all its bytes.
-    pub(super) fn release_all(&mut self) -> ControlFlow<()> {
+    fn release_all(&mut self) -> ControlFlow<()> {
         while let Some(Held { sample, .. }) = self.held.pop_front() {
             self.hand_out(sample)?;
         }
@@ -104,6 +104,43 @@ impl<'f, F: FnMut(Sample) -> ControlFlow<()>> Outbox<'f, F> {
 
     pub(super) fn hand_out(&mut self, sample: Sample) -> ControlFlow<()> {
         (self.on_sample)(sample)
+    }
+
+    /// Ends a read the format failed with `error`. Bad data decoded from a
+    /// stream that fails its own checks is the stream's fault, so the
+    /// stream is read to its end first: its failure when it has one; else
+    /// the samples held (which it verified) are handed out, then `error`
+    /// (or [`Outcome::Stopped`] when the consumer had what it wanted).
+    pub(super) fn fail<R: ByteSource>(&mut self, reader: &mut R, error: Error) -> Result<Outcome> {
+        if let Some(source) = reader.take_failure() {
+            return Err(self.unverified_note(source));
+        }
+        if reader.check_trailer().is_err() {
+            if let Some(source) = reader.take_failure() {
+                return Err(self.unverified_note(source));
+            }
+        } else if self.release_all().is_break() {
+            return Ok(Outcome::Stopped);
+        }
+        Err(error)
+    }
+
+    /// Ends a read that reached the end of the format's data: checks what
+    /// follows in the stream (a compressed stream's trailer), then hands
+    /// out every sample held. An error when the stream fails, or when bytes
+    /// follow that are not its trailer (`after_end` names them).
+    pub(super) fn finish<R: ByteSource>(
+        &mut self,
+        reader: &mut R,
+        after_end: impl FnOnce(std::io::Error) -> Error,
+    ) -> Result<ControlFlow<()>> {
+        if let Err(error) = reader.check_trailer() {
+            if let Some(source) = reader.take_failure() {
+                return Err(self.unverified_note(source));
+            }
+            return Err(after_end(error));
+        }
+        Ok(self.release_all())
     }
 
     /// `error` (the stream failed), saying how many samples were handed

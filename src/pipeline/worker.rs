@@ -158,9 +158,10 @@ impl Worker {
         };
         let mut stop = None;
         let result = match &read.kind {
-            ShardKind::Tar => self.read_tar(read, reader, &mut shard, restored, &mut stop),
+            ShardKind::Tar | ShardKind::Lines => {
+                self.read_stream(read, reader, &mut shard, restored, &mut stop)
+            }
             ShardKind::Raw => self.read_raw(read, reader, &shard, restored, &mut stop),
-            ShardKind::Lines => self.read_lines(read, reader, &mut shard, restored, &mut stop),
             ShardKind::Parquet(group) => match self.table_output {
                 TableOutput::Rows => {
                     self.read_rows(read, group, reader, &shard, restored, &mut stop)
@@ -186,9 +187,10 @@ impl Worker {
         self.settle(read, outcome)
     }
 
-    /// Streams the samples of a tar shard (plain or compressed) into
-    /// [`Worker::accept`]; `Some(count)` when the archive ended.
-    fn read_tar(
+    /// Streams the samples of a tar or JSON-lines shard (plain or
+    /// compressed) into [`Worker::accept`]; `Some(count)` when the shard
+    /// ended.
+    fn read_stream(
         &mut self,
         read: &Read,
         reader: ShardReader,
@@ -197,30 +199,12 @@ impl Worker {
         stop: &mut Option<Stop>,
     ) -> Result<Option<u64>> {
         let mut stream = self.open_stream(read, reader, shard)?;
-        let outcome =
-            tar::read_samples_verified(&mut stream, shard, self.verify_bytes, |sample| {
-                self.accept(read, sample, restored, stop)
-            })?;
-        Ok(match outcome {
-            Outcome::Completed { samples } => Some(samples),
-            Outcome::Stopped => None,
-        })
-    }
-
-    /// Streams the samples of a JSON-lines shard (plain or compressed)
-    /// into [`Worker::accept`]; `Some(count)` when the shard ended.
-    fn read_lines(
-        &mut self,
-        read: &Read,
-        reader: ShardReader,
-        shard: &mut ShardRef,
-        restored: &mut HashMap<SampleId, Sample>,
-        stop: &mut Option<Stop>,
-    ) -> Result<Option<u64>> {
-        let mut stream = self.open_stream(read, reader, shard)?;
-        let outcome = lines::read_samples(&mut stream, shard, self.verify_bytes, |sample| {
-            self.accept(read, sample, restored, stop)
-        })?;
+        let verify = self.verify_bytes;
+        let mut each = |sample| self.accept(read, sample, restored, stop);
+        let outcome = match read.kind {
+            ShardKind::Lines => lines::read_samples(&mut stream, shard, verify, &mut each)?,
+            _ => tar::read_samples_verified(&mut stream, shard, verify, &mut each)?,
+        };
         Ok(match outcome {
             Outcome::Completed { samples } => Some(samples),
             Outcome::Stopped => None,

@@ -87,25 +87,9 @@ pub fn read_samples_verified<R: ByteSource>(
     let header_start = members.header_start();
     let outcome = match walked {
         Err(failure) => {
-            if let Some(source) = reader.take_failure() {
-                return Err(outbox.unverified_note(source));
-            }
-            if reader.check_trailer().is_err() {
-                if let Some(source) = reader.take_failure() {
-                    return Err(outbox.unverified_note(source));
-                }
-            } else if outbox.release_all().is_break() {
-                // The samples held were verified (the whole stream was),
-                // and the consumer had what it wanted before the failure.
-                return Ok(Outcome::Stopped);
-            }
-            return Err(failure.into_error(
-                shard,
-                consumed,
-                header_start,
-                hit_eof,
-                grouper.entries_seen,
-            ));
+            let entries = grouper.entries_seen;
+            let error = failure.into_error(shard, consumed, header_start, hit_eof, entries);
+            return outbox.fail(reader, error);
         }
         Ok(outcome) => outcome,
     };
@@ -118,18 +102,12 @@ pub fn read_samples_verified<R: ByteSource>(
         }
         return Err(shard.format_error(0, None, "empty file, not a tar archive"));
     }
-    if let Err(error) = reader.check_trailer() {
-        if let Some(source) = reader.take_failure() {
-            return Err(outbox.unverified_note(source));
-        }
-        return Err(shard.format_error(
-            shard.base_offset + consumed,
-            None,
-            format!("bad data after the end of the archive ({error})"),
-        ));
-    }
+    let after_end = |error| {
+        let reason = format!("bad data after the end of the archive ({error})");
+        shard.format_error(shard.base_offset + consumed, None, reason)
+    };
     // The stream was read to its end and passed every check it makes.
-    if outbox.release_all().is_break() {
+    if outbox.finish(reader, after_end)?.is_break() {
         return Ok(Outcome::Stopped);
     }
     if let Some(sample) = grouper.finish() {
