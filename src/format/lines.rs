@@ -62,12 +62,17 @@ pub fn read_samples<R: ByteSource>(
             Ok(0) => break None,
             Ok(len) => len as u64,
             Err(source) => {
-                let failed = lines.get_mut().take_failure();
-                return Err(failed.unwrap_or(Error::Read {
+                // The stream's own failure (a corrupt or cut compressed
+                // stream, a store error), saying how many samples left
+                // before their bytes were verified, if any did.
+                if let Some(failed) = lines.get_mut().take_failure() {
+                    return Err(outbox.unverified_note(failed));
+                }
+                return Err(Error::Read {
                     url: shard.url.to_string(),
                     offset: shard.base_offset + position,
                     source,
-                }));
+                });
             }
         };
         let start = position;
@@ -373,6 +378,19 @@ mod tests {
         .unwrap_err();
         assert!(matches!(error, Error::Decompress { .. }), "{error}");
         assert_eq!(handed, 0, "samples of a stream that failed its checksum");
+        // With a verify budget smaller than the stream, samples leave
+        // unverified, and the error says how many did.
+        let mut stream = TarStream::open(Plain(&gz), "mem://s.jsonl.gz").unwrap();
+        let mut handed = 0;
+        let error = read_samples(&mut stream, &shard, 1, |_| {
+            handed += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(handed > 0);
+        let note = format!("{handed} samples of this shard had already been handed out");
+        assert!(error.contains(&note), "{error}");
         // Intact, every line comes.
         let mut stream = TarStream::open(Plain(&intact), "mem://s.jsonl.gz").unwrap();
         let read = read_samples(&mut stream, &shard, 1 << 20, |_| ControlFlow::Continue(()));
