@@ -234,3 +234,31 @@ def test_the_command_line_inspects_a_jsonl_shard(
     out = capfd.readouterr().out.splitlines()
     assert out[-1].startswith("15 samples") and "gzip-compressed" in out[-1], out
     assert out[0].split("\t")[0] == "0", out
+
+
+def test_an_elastic_resume_onto_another_world_size_gives_each_line_once(tmp_path: Path) -> None:
+    """Two ranks stop after 4 and 9 samples; three ranks take over from the
+    elastic state: equal shares, and no line twice (``remainder="drop"``
+    leaves out fewer lines than the new ranks)."""
+    import shardstream
+
+    urls = write_shards(tmp_path / "d")
+    indexed(tmp_path, urls)
+    options: dict[str, Any] = {"seed": 7, "shuffle_buffer": 5, "shuffle_initial": 2}
+    consumed: list[int] = []
+    states = []
+    for rank, taken in ((0, 4), (1, 9)):
+        ds = StreamingDataset(urls, rank=rank, world_size=2, **options)
+        it = iter(ds)
+        consumed += [next(it)["n"] for _ in range(taken)]
+        states.append(ds.state_dict())
+    elastic = shardstream.elastic_state(*states)
+    rest = []
+    for rank in range(3):
+        ds = StreamingDataset(urls, rank=rank, world_size=3, **options)
+        ds.load_state_dict(elastic)
+        rest.append([s["n"] for s in ds])
+    assert len({len(r) for r in rest}) == 1, [len(r) for r in rest]
+    seen = consumed + [n for r in rest for n in r]
+    assert len(seen) == len(set(seen)), Counter(seen).most_common(3)
+    assert len(DOCS) - len(seen) < 3
