@@ -46,7 +46,8 @@ use pyo3::Python;
 
 use shardstream::collate::collate;
 use shardstream::decode::Decoder;
-use shardstream::format::tar::{read_samples, Outcome};
+use shardstream::format::tar::read_samples;
+use shardstream::format::Outcome;
 use shardstream::format::ShardRef;
 use shardstream::plan::order::rng_for;
 use shardstream::plan::{plan_epoch, PlanParams, Purpose, Remainder, ShardInfo};

@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use self::members::Members;
 use super::verified::Outbox;
-use super::{ByteSource, Sample, SampleId, ShardRef, Value};
+use super::{ByteSource, Outcome, Sample, SampleId, ShardRef, Value};
 use crate::error::{Error, Result};
 
 /// Splits a member path into `(key, field)` by the WebDataset rule, or
@@ -33,8 +33,6 @@ pub fn split_member(path: &str) -> Option<(&str, String)> {
     };
     Some((&path[..dot], field))
 }
-
-pub use super::Outcome;
 
 /// Bytes of decoded tar [`read_samples`] holds back samples over while a
 /// compressed stream's checksum is still to come.
