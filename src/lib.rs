@@ -39,6 +39,7 @@ pub mod spec;
 pub mod state;
 pub mod stats;
 pub mod store;
+pub mod text;
 pub mod value;
 pub mod write;
 

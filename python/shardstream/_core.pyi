@@ -1,8 +1,11 @@
 """Type stubs of the native core ``shardstream._core``."""
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, final
 
+import numpy as np
+import numpy.typing as npt
 from typing_extensions import Unpack
 
 from shardstream.options import DatasetOptions
@@ -40,6 +43,7 @@ __all__ = [
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
+    "Tokenizer",
     "TransformError",
     "__version__",
     "_rebuild_shard_list",
@@ -274,6 +278,54 @@ class Image:
     def layout(self) -> Literal["CHW", "HWC"]:
         """``"CHW"`` or ``"HWC"``."""
     def __getnewargs_ex__(self) -> tuple[tuple[tuple[int, int] | None], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class Tokenizer:
+    """Tokenize a text field (a text value, or UTF-8 bytes) to an int32 array of token
+    ids on the decode threads, with a Hugging Face ``tokenizer.json``:
+    ``decode={"text": Tokenizer("tokenizer.json", eos="<|endoftext|>")}`` (see
+    docs/text.md)."""
+
+    def __new__(
+        cls,
+        source: str | os.PathLike[str],
+        *,
+        bos: int | str | None = None,
+        eos: int | str | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> Tokenizer: ...
+    @staticmethod
+    def from_str(
+        json: str,
+        bos: int | str | None = None,
+        eos: int | str | None = None,
+        add_special_tokens: bool | None = None,
+    ) -> Tokenizer:
+        """A tokenizer from the text of a ``tokenizer.json`` (what
+        ``tokenizers.Tokenizer.to_str()`` gives)."""
+    def encode(self, text: str) -> npt.NDArray[np.int32]:
+        """The token ids of ``text``, as the decode threads give them: an int32 numpy
+        array."""
+    @property
+    def bos(self) -> int | None:
+        """The id put before every text, or ``None``."""
+    @property
+    def eos(self) -> int | None:
+        """The id put after every text, or ``None``."""
+    @property
+    def add_special_tokens(self) -> bool:
+        """Whether the tokenizer's own special tokens (its post-processor's) are added."""
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the vocabulary, added tokens included."""
+    def token_to_id(self, token: str) -> int | None:
+        """The id of ``token``, or ``None`` when it is not in the vocabulary."""
+    def to_str(self) -> str:
+        """The text of the ``tokenizer.json``."""
+    def __reduce__(
+        self,
+    ) -> tuple[Callable[..., Tokenizer], tuple[str, int | None, int | None, bool]]: ...
     def __eq__(self, value: object, /) -> bool: ...
 
 @final

@@ -128,19 +128,7 @@ fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
 /// The text of the manifest at the remote `url` (`gs://` and `hf://`
 /// resolved to their download URLs first), or `None` when there is none.
 fn read_remote_manifest(url: &str, store_options: &StoreOptions) -> Result<Option<String>> {
-    let found = if gcs::is_gcs_url(url) {
-        gcs::Resolver::new(&store_options.transport).resolve(url, |_| true)
-    } else if hub::is_hub_url(url) {
-        hub::Resolver::new(&store_options.transport).resolve(url, |_| true)
-    } else {
-        Ok(vec![(url.to_owned(), 0)])
-    };
-    let download = match found {
-        Ok(mut found) if found.len() == 1 => found.remove(0).0,
-        Ok(_) | Err(Error::NotFound { .. }) => return Ok(None),
-        Err(error) => return Err(error),
-    };
-    let Some(bytes) = store::read_small_object(store_options, &download, MANIFEST_LIMIT)? else {
+    let Some(bytes) = store::read_small_object(store_options, url, MANIFEST_LIMIT)? else {
         return Ok(None);
     };
     String::from_utf8(bytes)

@@ -19,7 +19,8 @@ use crate::augment::audio::AudioSpec;
 use crate::augment::image::ImageSpec;
 use crate::augment::SampleContext;
 use crate::json;
-use crate::value::Value;
+use crate::text::tokenizer::TokenizerSpec;
+use crate::value::{Array, ArrayData, Value};
 
 mod audio;
 mod npy;
@@ -83,6 +84,9 @@ pub enum Decoder {
     /// puts the real frame count in its own field,
     /// [`Decoder::companion_field`].
     AudioClip(Arc<AudioSpec>),
+    /// `shardstream.Tokenizer(...)`: UTF-8 text (a text value, or bytes)
+    /// to its token ids, an int32 array (see [`crate::text::tokenizer`]).
+    Tokenizer(Arc<TokenizerSpec>),
 }
 
 impl Decoder {
@@ -109,6 +113,7 @@ impl Decoder {
             Decoder::Rgb8 => "rgb8",
             Decoder::Image(_) => "Image",
             Decoder::AudioClip(_) => "AudioClip",
+            Decoder::Tokenizer(_) => "Tokenizer",
         }
     }
 
@@ -119,6 +124,7 @@ impl Decoder {
         match self {
             Decoder::Image(spec) => spec.to_string(),
             Decoder::AudioClip(spec) => spec.to_string(),
+            Decoder::Tokenizer(spec) => spec.to_string(),
             plain => plain.name().to_owned(),
         }
     }
@@ -173,6 +179,7 @@ impl Decoder {
                 .map(Value::Array),
             Decoder::AudioClip(spec) => audio::clip(&bytes, spec, &mut context.rng(field))
                 .map(|(clip, frames)| Value::Tuple(vec![clip, Value::Int(frames)])),
+            Decoder::Tokenizer(spec) => tokenize(&bytes, spec),
         })
         .map_err(fail)
     }
@@ -251,6 +258,21 @@ pub struct DecodeError {
     pub decoder: &'static str,
     /// What was wrong with the bytes.
     pub reason: String,
+}
+
+/// The token ids of UTF-8 text, as an int32 array.
+fn tokenize(bytes: &[u8], spec: &TokenizerSpec) -> Result<Value, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        format!(
+            "not UTF-8 text (invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
+    let ids = spec.encode(text)?;
+    Ok(Value::Array(Array {
+        shape: vec![ids.len()],
+        data: ArrayData::I32(ids),
+    }))
 }
 
 /// UTF-8 text; the error names the first offending byte.

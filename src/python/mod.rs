@@ -15,6 +15,7 @@ mod mix;
 mod options;
 mod sample_stream;
 mod shard_list;
+mod tokenizer;
 mod writer;
 
 use pyo3::prelude::*;
@@ -89,6 +90,8 @@ mod _core {
     #[pymodule_export]
     use super::shard_list::{_rebuild_shard_list, ShardList};
 
+    #[pymodule_export]
+    use super::tokenizer::Tokenizer;
     #[pymodule_export]
     use super::writer::{write_manifest, ShardWriter};
 

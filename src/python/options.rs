@@ -264,13 +264,17 @@ fn shown(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// The decoder of a transform object (`shardstream.Image`,
-/// `shardstream.AudioClip`), or `None` for anything else.
+/// `shardstream.AudioClip`, `shardstream.Tokenizer`), or `None` for
+/// anything else.
 fn transform(value: &Bound<'_, PyAny>) -> Option<Decoder> {
     if let Ok(image) = value.cast::<super::image::Image>() {
         return Some(Decoder::Image(image.get().spec.clone()));
     }
     if let Ok(clip) = value.cast::<super::audio::AudioClip>() {
         return Some(Decoder::AudioClip(clip.get().spec.clone()));
+    }
+    if let Ok(tokenizer) = value.cast::<super::tokenizer::Tokenizer>() {
+        return Some(Decoder::Tokenizer(tokenizer.get().spec.clone()));
     }
     None
 }
@@ -289,7 +293,7 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
         });
     }
     let expected =
-        "True, False, None or a dict of field name to decoder name or transform (shardstream.Image, shardstream.AudioClip)";
+        "True, False, None or a dict of field name to decoder name or transform (shardstream.Image, shardstream.AudioClip, shardstream.Tokenizer)";
     let dict = value
         .cast::<PyDict>()
         .map_err(|_| invalid("decode", expected, value))?;
@@ -302,7 +306,7 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
             None => Decoder::from_str(&string(&option, &name).map_err(|_| {
                 invalid(
                     &option,
-                    "a decoder name or a transform (shardstream.Image, shardstream.AudioClip)",
+                    "a decoder name or a transform (shardstream.Image, shardstream.AudioClip, shardstream.Tokenizer)",
                     &name,
                 )
             })?)

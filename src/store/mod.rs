@@ -88,14 +88,28 @@ pub fn describe_remote_objects(options: &StoreOptions, shards: &mut [Shard]) -> 
     Ok(())
 }
 
-/// The whole of the small remote object at `url` (`s3://` or
-/// `http(s)://`; a manifest), at most `limit` bytes, or `None` when it does
-/// not exist.
+/// The whole of the small object at `url` (a local path, `s3://`,
+/// `http(s)://`, or `gs://` and `hf://` resolved to their download URLs
+/// first; a manifest, a tokenizer), at most `limit` bytes, or `None` when
+/// it does not exist.
 pub fn read_small_object(
     options: &StoreOptions,
     url: &str,
     limit: usize,
 ) -> Result<Option<Vec<u8>>> {
+    let found = if gcs::is_gcs_url(url) {
+        gcs::Resolver::new(&options.transport).resolve(url, |_| true)
+    } else if hub::is_hub_url(url) {
+        hub::Resolver::new(&options.transport).resolve(url, |_| true)
+    } else {
+        Ok(vec![(url.to_owned(), 0)])
+    };
+    let download = match found {
+        Ok(mut found) if found.len() == 1 => found.remove(0).0,
+        Ok(_) | Err(Error::NotFound { .. }) => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let url = download.as_str();
     let read = match Location::parse(url) {
         Location::S3 { bucket, key } => with_s3_client(options, async |client| {
             client.get_small(url, &bucket, &key, limit).await

@@ -50,6 +50,7 @@ NAMESPACE = {
     "Mapping": Mapping,
     "S3Config": S3Config,
     "Sequence": Sequence,
+    "Tokenizer": _core.Tokenizer,
     "os": os,
 }
 
