@@ -12,10 +12,11 @@ ImageNet's; made by `augment_bench.make_dataset`) and their labels:
   "cls": "int"}`, batches collated in Rust (`batch_size`),
   `DataLoader(batch_size=None, pin_memory=True)`;
 - "shardstream GPU decode": `batch_size` with `pack_bytes=True` hands each
-  batch's JPEGs as one pinned uint8 buffer and offsets; the training process
-  decodes them with `torchvision.io.decode_jpeg(device="cuda")` (nvJPEG) and
-  crops, resizes and flips on the device (`gpu_augment`); the loader's
-  workers only read and pack bytes;
+  batch's JPEGs as one pinned uint8 buffer and offsets, with each image's
+  crop box and flip drawn from its header (`ImageBoxes`); the training
+  process decodes them with `shardstream.gpu.BatchImageDecoder` (nvJPEG on
+  the batch, one `roi_align` and one flip); the loader's workers only read
+  headers and pack bytes;
 - "shardstream + PIL", "webdataset + PIL", "litdata + PIL": each library
   hands out the JPEG bytes and the DataLoader workers run the usual recipe:
   PIL decode, `RandomResizedCrop(224)`, `RandomHorizontalFlip()`,
@@ -41,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import itertools
 import json
 import os
 import statistics
@@ -95,32 +95,6 @@ def pil_transform(sample: dict[str, Any]) -> tuple[Any, int]:
 
 
 _RECIPE: Any = None
-
-
-def gpu_augment(data: Any, offsets: Any, device: Any) -> Any:
-    """`RandomResizedCrop(224)` and a horizontal flip at 0.5 of each JPEG of a
-    packed batch (`data`, one uint8 tensor of the members end to end;
-    `offsets`, one more than the batch), decoded on `device` by nvJPEG:
-    uint8 `(N, 3, 224, 224)` on the device."""
-    import random
-
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-    from torchvision.transforms import RandomResizedCrop
-    from torchvision.transforms.v2 import functional as F
-
-    bounds = offsets.tolist()
-    images = decode_jpeg(
-        [data[a:b] for a, b in itertools.pairwise(bounds)],
-        mode=ImageReadMode.RGB,
-        device=device,
-    )
-    out = torch.empty((len(images), 3, SIZE, SIZE), dtype=torch.uint8, device=device)
-    for i, image in enumerate(images):
-        top, left, height, width = RandomResizedCrop.get_params(image, (0.08, 1.0), (3 / 4, 4 / 3))
-        crop = F.resized_crop(image, top, left, height, width, [SIZE, SIZE], antialias=True)
-        out[i] = crop.flip(-1) if random.random() < 0.5 else crop
-    return out
 
 
 def machine_busy_seconds() -> float:
@@ -194,7 +168,7 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
             str(data / "tar"),
             seed=SEED,
             shuffle_buffer=SHUFFLE_BUFFER,
-            decode={"cls": "int"},
+            decode={"jpg": gpu_decoder("cpu").boxes, "cls": "int"},
             batch_size=batch,
             pack_bytes=True,
         )
@@ -227,9 +201,18 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
     return DataLoader(Transformed(), batch_size=batch, num_workers=workers, pin_memory=pin)
 
 
+def gpu_decoder(device: Any) -> Any:
+    """`shardstream.gpu.BatchImageDecoder` of `Image(224, flip=0.5)` on `device`."""
+    from shardstream import Image
+    from shardstream.gpu import BatchImageDecoder
+
+    return BatchImageDecoder(Image(SIZE, flip=0.5), device=device)
+
+
 def batches(loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
     """`(images, labels)` from the loader, epoch after epoch (packed JPEGs
     decoded and augmented on `device`)."""
+    decode_on_device = gpu_decoder(device)
     epoch = 0
     while True:
         dataset = getattr(loader, "dataset", None)
@@ -239,7 +222,7 @@ def batches(loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
         for batch in loader:
             got += 1
             if isinstance(batch, dict) and "jpg_offsets" in batch:
-                yield gpu_augment(batch["jpg"], batch["jpg_offsets"], device), batch["cls"]
+                yield decode_on_device(batch), batch["cls"]
             elif isinstance(batch, dict):
                 yield batch["jpg"], batch["cls"]
             else:

@@ -23,6 +23,7 @@ __all__ = [
     "EpochTable",
     "FieldDecodeError",
     "Image",
+    "ImageBoxes",
     "LedgerRecords",
     "ManifestError",
     "ManifestIgnoredWarning",
@@ -278,6 +279,19 @@ class Image:
     def layout(self) -> Literal["CHW", "HWC"]:
         """``"CHW"`` or ``"HWC"``."""
     def __getnewargs_ex__(self) -> tuple[tuple[tuple[int, int] | None], dict[str, Any]]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class ImageBoxes:
+    """Leave a JPEG field as it is and add ``<field>_box``, a float32 ``[x, y, width,
+    height, flip]``: the source box and flip ``image`` would draw for that sample, for a
+    batched decoder elsewhere (``shardstream.gpu.BatchImageDecoder``)."""
+
+    def __new__(cls, image: Image) -> ImageBoxes: ...
+    @property
+    def image(self) -> Image:
+        """The ``Image`` whose boxes these are."""
+    def __getnewargs__(self) -> tuple[Image]: ...
     def __eq__(self, value: object, /) -> bool: ...
 
 @final

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from ._core import AudioClip, Image, Tokenizer
+from ._core import AudioClip, Image, ImageBoxes, Tokenizer
 from .s3 import S3Config
 
 __all__ = [
@@ -49,7 +49,7 @@ class DatasetOptions(TypedDict, total=False):
     s3: S3Config | Mapping[str, Any] | None
     http_headers: Mapping[str, str] | None
     format: Format
-    decode: bool | Mapping[str, Decoder | Image | AudioClip | Tokenizer] | None
+    decode: bool | Mapping[str, Decoder | Image | ImageBoxes | AudioClip | Tokenizer] | None
     decode_threads: int | None
     columns: Sequence[str] | None
     batch_format: BatchFormat

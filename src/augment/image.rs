@@ -243,6 +243,55 @@ impl ImageSpec {
         Ok(self.lay_out(&resized, flip))
     }
 
+    /// Whether [`ImageSpec::source_box`] can stand for [`ImageSpec::apply`]:
+    /// an output size, and a box that covers the whole output (no zero
+    /// padding: a `center` crop's `resize` at least each output side).
+    pub fn check_boxes(&self) -> Result<(), InvalidParameter> {
+        let Some((out_h, out_w)) = self.size else {
+            return Err(invalid(
+                "crop",
+                "ImageBoxes needs an output size (crop=None keeps each image's own)",
+            ));
+        };
+        if let Crop::Center { resize } = self.crop {
+            if resize < out_h.max(out_w) {
+                return Err(invalid(
+                    "resize",
+                    format!(
+                        "ImageBoxes needs a center crop inside the resized image (resize \
+                         {resize} is below the output side {})",
+                        out_h.max(out_w)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`ImageSpec::apply`] would do to one JPEG, from its header
+    /// alone and with the same draws from `rng`: the source box `[x, y,
+    /// width, height]` (in source pixels) resampled to the output size,
+    /// and `1.0` for a horizontal flip (else `0.0`). For a decoder that
+    /// crops elsewhere (a GPU). Only JPEGs (what nvJPEG decodes); the spec
+    /// passed [`ImageSpec::check_boxes`].
+    pub fn source_box(&self, bytes: &[u8], rng: &mut ChaCha8Rng) -> Result<[f32; 5], String> {
+        let format = sniff(bytes)?;
+        if format != ImageFormat::Jpeg {
+            return Err("ImageBoxes takes JPEGs only (a batched GPU decoder reads them)".into());
+        }
+        let (width, height, _) = checked_header(bytes, format)?;
+        let plan = self.plan(width, height, rng);
+        let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
+        let Rect { x, y, w, h } = plan.source;
+        Ok([
+            x as f32,
+            y as f32,
+            w as f32,
+            h as f32,
+            f32::from(u8::from(flip)),
+        ])
+    }
+
     /// The source box and output of one image of `width` x `height`.
     fn plan(&self, width: u32, height: u32, rng: &mut ChaCha8Rng) -> Plan {
         let (w, h) = (f64::from(width), f64::from(height));
@@ -796,6 +845,51 @@ mod tests {
 
     fn png(width: u32, height: u32) -> Vec<u8> {
         encoded(width, height, true)
+    }
+
+    #[test]
+    fn source_boxes_make_the_draws_apply_makes() {
+        let with_flip =
+            |crop| ImageSpec::new(Some((64, 64)), crop, None, None, None, Some(0.5), None).unwrap();
+        let bytes = jpeg(200, 150);
+        for index in 0..20 {
+            let spec = with_flip(Some("random_resized"));
+            let (mut boxed, mut applied) = (rng(index), rng(index));
+            let found = spec.source_box(&bytes, &mut boxed).unwrap();
+            spec.apply(&bytes, &mut applied).unwrap();
+            // The same draws, in the same order: the streams stay in step.
+            assert_eq!(boxed.next_u64(), applied.next_u64(), "sample {index}");
+            let Crop::RandomResized { scale, ratio } = spec.crop else {
+                unreachable!("random_resized")
+            };
+            let (x, y, w, h) = random_resized_box(200, 150, scale, ratio, &mut rng(index));
+            assert_eq!(found[..4], [x as f32, y as f32, w as f32, h as f32]);
+            assert!(found[4] == 0.0 || found[4] == 1.0);
+        }
+        let whole = with_flip(Some("resize"))
+            .source_box(&bytes, &mut rng(0))
+            .unwrap();
+        assert_eq!(whole[..4], [0.0, 0.0, 200.0, 150.0]);
+        let error = spec(64, Some("resize"))
+            .source_box(&png(20, 20), &mut rng(0))
+            .unwrap_err();
+        assert!(error.contains("JPEGs only"), "{error}");
+        assert!(spec(64, Some("center")).check_boxes().is_ok());
+        let small = ImageSpec::new(
+            Some((64, 64)),
+            Some("center"),
+            None,
+            None,
+            Some(48),
+            None,
+            None,
+        );
+        assert_eq!(
+            small.unwrap().check_boxes().unwrap_err().parameter,
+            "resize"
+        );
+        let full = ImageSpec::new(None, None, None, None, None, None, None).unwrap();
+        assert_eq!(full.check_boxes().unwrap_err().parameter, "crop");
     }
 
     #[test]

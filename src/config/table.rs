@@ -206,7 +206,8 @@ pub static DATASET_OPTIONS: [OptionDef; 29] = [
     OptionDef {
         name: "decode",
         python_type: "bool | Mapping[str, Literal[\"bytes\", \"str\", \"int\", \"json\", \
-                      \"numpy\", \"audio\", \"rgb8\"] | Image | AudioClip | Tokenizer] | None",
+                      \"numpy\", \"audio\", \"rgb8\"] | Image | ImageBoxes | AudioClip \
+                      | Tokenizer] | None",
         default: || DefaultValue::None,
         doc: "`True` for the default decoder of each extension, or `{field: decoder}`",
         order: SampleOrder::Holds(|o, b| {

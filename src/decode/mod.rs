@@ -76,6 +76,13 @@ pub enum Decoder {
     /// [`crate::augment::image`]); its random draws come from the sample's
     /// own stream ([`SampleContext::rng`]).
     Image(Arc<ImageSpec>),
+    /// `shardstream.ImageBoxes(Image(...))`: a JPEG left as it is, with
+    /// what [`Decoder::Image`] would crop and flip, from the header and
+    /// the same draws ([`ImageSpec::source_box`]), for a batched decoder
+    /// elsewhere (a GPU). Gives `Value::Tuple([bytes, box])`, `box` a
+    /// float32 `[x, y, width, height, flip]`; the decode stage puts the box
+    /// in its own field, [`Decoder::companion_field`].
+    ImageBoxes(Arc<ImageSpec>),
     /// `shardstream.AudioClip(...)`: a WAV or FLAC file mixed to mono or
     /// picked channels, resampled, cropped and padded to a float32 clip of
     /// one shape (see [`crate::augment::audio`]); a random crop draws from
@@ -112,6 +119,7 @@ impl Decoder {
             Decoder::Audio => "audio",
             Decoder::Rgb8 => "rgb8",
             Decoder::Image(_) => "Image",
+            Decoder::ImageBoxes(_) => "ImageBoxes",
             Decoder::AudioClip(_) => "AudioClip",
             Decoder::Tokenizer(_) => "Tokenizer",
         }
@@ -123,6 +131,7 @@ impl Decoder {
     pub fn describe(&self) -> String {
         match self {
             Decoder::Image(spec) => spec.to_string(),
+            Decoder::ImageBoxes(spec) => format!("ImageBoxes({spec})"),
             Decoder::AudioClip(spec) => spec.to_string(),
             Decoder::Tokenizer(spec) => spec.to_string(),
             plain => plain.name().to_owned(),
@@ -130,11 +139,13 @@ impl Decoder {
     }
 
     /// The field a decoder adds beside `field`, if any: `<field>_frames`,
-    /// the real (unpadded) frames of an [`Decoder::AudioClip`], which then
-    /// gives `Value::Tuple([clip, frames])` for the two fields.
+    /// the real (unpadded) frames of an [`Decoder::AudioClip`], or
+    /// `<field>_box` of an [`Decoder::ImageBoxes`], which then gives
+    /// `Value::Tuple([value, companion])` for the two fields.
     pub fn companion_field(&self, field: &str) -> Option<String> {
         match self {
             Decoder::AudioClip(_) => Some(format!("{field}_frames")),
+            Decoder::ImageBoxes(_) => Some(format!("{field}_box")),
             _ => None,
         }
     }
@@ -177,6 +188,16 @@ impl Decoder {
             Decoder::Image(spec) => spec
                 .apply(&bytes, &mut context.rng(field))
                 .map(Value::Array),
+            Decoder::ImageBoxes(spec) => {
+                spec.source_box(&bytes, &mut context.rng(field))
+                    .map(|found| {
+                        let source_box = Value::Array(Array {
+                            shape: vec![found.len()],
+                            data: ArrayData::F32(found.to_vec()),
+                        });
+                        Value::Tuple(vec![Value::Bytes(bytes), source_box])
+                    })
+            }
             Decoder::AudioClip(spec) => audio::clip(&bytes, spec, &mut context.rng(field))
                 .map(|(clip, frames)| Value::Tuple(vec![clip, Value::Int(frames)])),
             Decoder::Tokenizer(spec) => tokenize(&bytes, spec),

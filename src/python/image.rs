@@ -206,3 +206,55 @@ impl Image {
         self.spec.to_string()
     }
 }
+
+/// Leave a JPEG field as it is and add `<field>_box`: the source box and
+/// flip `Image` would draw for it, for a batched decoder elsewhere (see
+/// `shardstream.gpu.BatchImageDecoder`).
+#[pyclass(module = "shardstream._core", frozen)]
+pub struct ImageBoxes {
+    pub(crate) spec: Arc<ImageSpec>,
+    image: Py<Image>,
+}
+
+#[pymethods]
+impl ImageBoxes {
+    /// The boxes of `image`: a `ValueError` when it has no output size, or
+    /// a `center` crop whose `resize` is below an output side.
+    #[new]
+    fn new(image: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let image = image
+            .cast::<Image>()
+            .map_err(|_| {
+                errors::wrong_type("ImageBoxes parameter image", "a shardstream.Image", image)
+            })?
+            .clone();
+        let spec = image.get().spec.clone();
+        spec.check_boxes()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(ImageBoxes {
+            spec,
+            image: image.unbind(),
+        })
+    }
+
+    /// The `Image` whose boxes these are.
+    #[getter]
+    fn image(&self, py: Python<'_>) -> Py<Image> {
+        self.image.clone_ref(py)
+    }
+
+    /// Pickling rebuilds it from its `Image`.
+    fn __getnewargs__(&self, py: Python<'_>) -> (Py<Image>,) {
+        (self.image.clone_ref(py),)
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other
+            .cast::<ImageBoxes>()
+            .is_ok_and(|other| other.get().spec == self.spec)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ImageBoxes({})", self.spec)
+    }
+}

@@ -73,7 +73,7 @@ mod _core {
         check_layout, check_state, plan_epoch, plan_samples, resolve_shards, run_cli,
     };
     #[pymodule_export]
-    use super::image::Image;
+    use super::image::{Image, ImageBoxes};
     #[pymodule_export]
     use super::ledger::LedgerRecords;
     #[pymodule_export]

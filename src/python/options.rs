@@ -264,11 +264,14 @@ fn shown(key: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
 }
 
 /// The decoder of a transform object (`shardstream.Image`,
-/// `shardstream.AudioClip`, `shardstream.Tokenizer`), or `None` for
-/// anything else.
+/// `shardstream.ImageBoxes`, `shardstream.AudioClip`, `shardstream.Tokenizer`),
+/// or `None` for anything else.
 fn transform(value: &Bound<'_, PyAny>) -> Option<Decoder> {
     if let Ok(image) = value.cast::<super::image::Image>() {
         return Some(Decoder::Image(image.get().spec.clone()));
+    }
+    if let Ok(boxes) = value.cast::<super::image::ImageBoxes>() {
+        return Some(Decoder::ImageBoxes(boxes.get().spec.clone()));
     }
     if let Ok(clip) = value.cast::<super::audio::AudioClip>() {
         return Some(Decoder::AudioClip(clip.get().spec.clone()));
@@ -293,7 +296,7 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
         });
     }
     let expected =
-        "True, False, None or a dict of field name to decoder name or transform (shardstream.Image, shardstream.AudioClip, shardstream.Tokenizer)";
+        "True, False, None or a dict of field name to decoder name or transform (shardstream.Image, shardstream.ImageBoxes, shardstream.AudioClip, shardstream.Tokenizer)";
     let dict = value
         .cast::<PyDict>()
         .map_err(|_| invalid("decode", expected, value))?;
@@ -306,7 +309,7 @@ fn field_decoders(value: &Bound<'_, PyAny>) -> PyResult<FieldDecoders> {
             None => Decoder::from_str(&string(&option, &name).map_err(|_| {
                 invalid(
                     &option,
-                    "a decoder name or a transform (shardstream.Image, shardstream.AudioClip, shardstream.Tokenizer)",
+                    "a decoder name or a transform (shardstream.Image, shardstream.ImageBoxes, shardstream.AudioClip, shardstream.Tokenizer)",
                     &name,
                 )
             })?)

@@ -46,6 +46,7 @@ NAMESPACE = {
     "AudioClip": _core.AudioClip,
     "Callable": Callable,
     "Image": _core.Image,
+    "ImageBoxes": _core.ImageBoxes,
     "Literal": Literal,
     "Mapping": Mapping,
     "S3Config": S3Config,

@@ -1,0 +1,161 @@
+"""``ImageBoxes`` and ``shardstream.gpu.BatchImageDecoder``, run on the CPU:
+the workers draw each JPEG's box and flip as ``Image`` does, and the batched
+decode (``decode_jpeg`` on a list, one ``roi_align``, one flip) gives the
+images ``Image`` gives, up to resampling."""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _shardtest import write_tar
+from PIL import Image as PILImage
+
+from shardstream import FieldDecodeError, Image, ImageBoxes, StreamingDataset
+from shardstream.gpu import BatchImageDecoder
+
+SIZES = [(120, 160), (150, 200), (131, 97), (64, 64), (300, 90), (77, 240)]
+
+
+def gradient_jpeg(height: int, width: int, fmt: str = "JPEG") -> bytes:
+    """Red grows left to right, green top to bottom: where a pixel came
+    from shows in its colour (4:4:4, quality 98, so the codec adds little)."""
+    x = np.linspace(0, 255, width)[None, :].repeat(height, 0)
+    y = np.linspace(0, 255, height)[:, None].repeat(width, 1)
+    rgb = np.stack([x, y, np.full_like(x, 128)], axis=-1).round().astype(np.uint8)
+    out = io.BytesIO()
+    options = {"quality": 98, "subsampling": 0} if fmt == "JPEG" else {}
+    PILImage.fromarray(rgb).save(out, format=fmt, **options)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("gpu")
+    for shard in range(2):
+        members = []
+        for i in range(12):
+            h, w = SIZES[(shard * 12 + i) % len(SIZES)]
+            members.append((f"s{shard}-{i:02d}.jpg", gradient_jpeg(h, w)))
+            members.append((f"s{shard}-{i:02d}.cls", str(i).encode()))
+        write_tar(root / f"part-{shard}.tar", members)
+    return str(root / "part-{0..1}.tar")
+
+
+def by_key(batches, images_of) -> dict[str, np.ndarray]:
+    out = {}
+    for batch in batches:
+        for key, image in zip(batch["__key__"], images_of(batch), strict=True):
+            out[key] = np.asarray(image)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("image", "pack_bytes"),
+    [
+        (Image(48, flip=0.5), True),
+        (Image((40, 56), scale=(0.3, 1.0), flip=0.5, layout="HWC"), False),
+        (Image(32, crop="center"), True),
+        (Image((24, 36), crop="resize"), True),
+    ],
+)
+def test_the_batched_decode_gives_images_boxes_and_flips(shards, image, pack_bytes):
+    """Every image: the same box and flip as ``Image`` (a wrong box or flip
+    moves the gradient by tens of levels), pixels within resampling's
+    difference."""
+    common = {"seed": 7, "batch_size": 5, "shuffle_buffer": 6}
+    expected = by_key(StreamingDataset(shards, decode={"jpg": image}, **common), lambda b: b["jpg"])
+    decoder = BatchImageDecoder(image, device="cpu")
+    ds = StreamingDataset(shards, decode={"jpg": decoder.boxes}, pack_bytes=pack_bytes, **common)
+    batches = list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2))
+    for batch in batches:
+        assert batch["jpg_box"].dtype == torch.float32 and batch["jpg_box"].shape[1] == 5
+    got = by_key(batches, decoder)
+    assert sorted(got) == sorted(expected) and len(got) == 24
+    flips = 0
+    for key, want in expected.items():
+        have = got[key]
+        assert have.dtype == np.uint8 and have.shape == want.shape, key
+        diff = np.abs(have.astype(int) - want.astype(int))
+        assert diff.mean() < 1.0 and diff.max() <= 8, (key, diff.mean(), diff.max())
+        red = want[0] if image.layout == "CHW" else want[..., 0]
+        flips += int(red[:, 0].mean() > red[:, -1].mean())
+    if image.flip:
+        assert 0 < flips < len(expected)
+
+
+def test_float_output_and_small_chunks_give_the_same_images(shards):
+    image = Image(40, flip=0.5)
+    whole = BatchImageDecoder(image, device="cpu")
+    chunked = BatchImageDecoder(image, device="cpu", dtype=torch.float32, max_padded_bytes=1)
+    ds = StreamingDataset(shards, decode={"jpg": whole.boxes}, batch_size=6, pack_bytes=True)
+    for batch in ds:
+        a, b = whole(batch), chunked(batch)
+        assert b.dtype == torch.float32 and a.shape == b.shape == (6, 3, 40, 40)
+        assert torch.equal(a, b.round().clamp(0, 255).to(torch.uint8))
+
+
+def test_boxes_are_the_samples_own_in_every_epoch_and_at_resume(shards):
+    boxes = ImageBoxes(Image(32, flip=0.5))
+    ds = StreamingDataset(shards, decode={"jpg": boxes}, seed=3, shuffle_buffer=4)
+
+    def epoch(dataset):
+        return {s["__key__"]: s["jpg_box"].tolist() for s in dataset}
+
+    first = epoch(ds)
+    ds.set_epoch(1)
+    assert epoch(ds) != first
+    resumed = StreamingDataset(shards, decode={"jpg": boxes}, seed=3, shuffle_buffer=4)
+    iterator = iter(resumed)
+    seen = {s["__key__"]: s["jpg_box"].tolist() for s in (next(iterator) for _ in range(7))}
+    state = resumed.state_dict()
+    rest = StreamingDataset(shards, decode={"jpg": boxes}, seed=3, shuffle_buffer=4)
+    rest.load_state_dict(state)
+    seen.update(epoch(rest))
+    assert seen == first
+    for key, (x, y, w, h, flip) in first.items():
+        assert x >= 0 and y >= 0 and w > 0 and h > 0 and flip in (0.0, 1.0), key
+
+
+def test_pngs_and_boxes_that_would_pad_are_refused(tmp_path):
+    write_tar(tmp_path / "png.tar", [("a.png", gradient_jpeg(20, 30, fmt="PNG"))])
+    ds = StreamingDataset(str(tmp_path / "png.tar"), decode={"png": ImageBoxes(Image(16))})
+    with pytest.raises(FieldDecodeError, match="ImageBoxes takes JPEGs only"):
+        list(ds)
+    with pytest.raises(
+        ValueError, match="invalid Image parameter crop: ImageBoxes needs an output"
+    ):
+        ImageBoxes(Image(crop=None))
+    with pytest.raises(
+        ValueError, match=r"invalid Image parameter resize: .*below the output side"
+    ):
+        ImageBoxes(Image(64, crop="center", resize=48))
+    with pytest.raises(TypeError, match="invalid ImageBoxes parameter image"):
+        ImageBoxes("jpg")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dtype"):
+        BatchImageDecoder(Image(16), device="cpu", dtype=torch.int32)
+    with pytest.raises(KeyError, match="jpg_box"):
+        BatchImageDecoder(Image(16), device="cpu")({"jpg": [b""]})
+
+
+def test_it_pickles_and_names_its_image():
+    boxes = ImageBoxes(Image(32, flip=0.25))
+    assert pickle.loads(pickle.dumps(boxes)) == boxes
+    assert boxes.image == Image(32, flip=0.25)
+    assert repr(boxes).startswith("ImageBoxes(Image(size=(32, 32)")
+    assert boxes != ImageBoxes(Image(32))
+
+
+def test_the_state_tells_boxes_from_decoded_images(shards, tmp_path: Path):
+    image = Image(32)
+    ds = StreamingDataset(shards, decode={"jpg": ImageBoxes(image)})
+    iterator = iter(ds)
+    next(iterator)
+    other = StreamingDataset(shards, decode={"jpg": image})
+    other.load_state_dict(ds.state_dict())
+    with pytest.raises(Exception, match="another dataset or options"):
+        next(iter(other))
