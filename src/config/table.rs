@@ -463,17 +463,29 @@ impl StreamOptions {
     /// [`DATASET_OPTIONS`], then those marked [`SampleOrder::Decides`],
     /// each in table order.
     pub fn order_bytes(&self) -> Vec<u8> {
-        let mut bytes = Vec::new();
+        self.order_bytes_by_option()
+            .into_iter()
+            .flat_map(|(_, bytes)| bytes)
+            .collect()
+    }
+
+    /// [`StreamOptions::order_bytes`] option by option: each option's name
+    /// and bytes, in the same order.
+    pub fn order_bytes_by_option(&self) -> Vec<(&'static str, Vec<u8>)> {
+        let mut parts = Vec::new();
         for holds in [true, false] {
             for def in &DATASET_OPTIONS {
-                match def.order {
-                    SampleOrder::Holds(push) if holds => push(self, &mut bytes),
-                    SampleOrder::Decides(push) if !holds => push(self, &mut bytes),
-                    _ => {}
-                }
+                let push = match def.order {
+                    SampleOrder::Holds(push) if holds => push,
+                    SampleOrder::Decides(push) if !holds => push,
+                    _ => continue,
+                };
+                let mut bytes = Vec::new();
+                push(self, &mut bytes);
+                parts.push((def.name, bytes));
             }
         }
-        bytes
+        parts
     }
 }
 

@@ -114,7 +114,7 @@ struct Launch {
 /// The parts of a state that do not change while streaming.
 #[derive(Debug, Clone)]
 struct StateIdentity {
-    fingerprint: String,
+    fingerprint: state::Fingerprint,
     epoch: u64,
     slot: SlotSpec,
     resumed_from: Option<Vec<SlotState>>,
@@ -132,7 +132,7 @@ impl SampleStream {
         counters: Arc<Counters>,
         resume: Option<Resume>,
     ) -> Result<Self> {
-        let fingerprint = state::fingerprint(shards, options);
+        let fingerprint = state::Fingerprint::of(shards, options);
         // Every field of a resumed state is checked here, before any read.
         let state::Start {
             epoch,
@@ -293,7 +293,8 @@ impl SampleStream {
         SlotState {
             format: state::STATE_FORMAT.into(),
             version: state::STATE_VERSION,
-            fingerprint: identity.fingerprint.clone(),
+            fingerprint: identity.fingerprint.whole.clone(),
+            fingerprint_parts: identity.fingerprint.parts.clone(),
             epoch: identity.epoch,
             world_size: identity.slot.world_size,
             rank: identity.slot.rank,

@@ -31,20 +31,49 @@ const SPARE_RNG_WORDS: u128 = 64;
 /// resumes with them changed.
 pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
     let mut h = Fnv1a::new();
+    hash_shards(&mut h, shards);
+    h.bytes(&options.order_bytes());
+    format!("{:016x}", h.finish())
+}
+
+/// What [`fingerprint`] covers, part by part, each as 8 hex digits (32
+/// bits of its own FNV-1a hash): `"shards"` for the shard list, and each
+/// option that decides the order by its name. A state carries them so that
+/// a fingerprint that differs can be told apart by what differs; the check
+/// itself compares the whole fingerprint.
+pub fn fingerprint_parts(shards: &[Shard], options: &StreamOptions) -> BTreeMap<String, String> {
+    let short = |h: &Fnv1a| format!("{:08x}", h.finish() as u32);
+    let mut shard_hash = Fnv1a::new();
+    hash_shards(&mut shard_hash, shards);
+    let mut parts = BTreeMap::from([(SHARDS_PART.to_owned(), short(&shard_hash))]);
+    for (name, bytes) in options.order_bytes_by_option() {
+        let mut h = Fnv1a::new();
+        h.bytes(&bytes);
+        parts.insert(name.to_owned(), short(&h));
+    }
+    parts
+}
+
+/// The fingerprint part of the shard list ([`fingerprint_parts`]).
+const SHARDS_PART: &str = "shards";
+
+/// Feeds the shard list (URLs, sizes, sample spans, kinds) to `h`.
+fn hash_shards(h: &mut Fnv1a, shards: &[Shard]) {
     h.u64(shards.len() as u64);
     for shard in shards {
         h.u64(shard.url.len() as u64).bytes(shard.url.as_bytes());
         h.u64(shard.size.map_or(u64::MAX, |s| s));
         match &shard.index {
-            None => h.u64(u64::MAX),
+            None => {
+                h.u64(u64::MAX);
+            }
             Some(index) => {
                 h.u64(index.len());
                 for i in 0..index.len() {
                     h.u64(index.offset(i)).u64(index.length(i));
                 }
-                &mut h
             }
-        };
+        }
     }
     for shard in shards {
         match &shard.kind {
@@ -54,8 +83,6 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
             ShardKind::Parquet(group) => h.u64(3).u64(group.index as u64).u64(group.rows),
         };
     }
-    h.bytes(&options.order_bytes());
-    format!("{:016x}", h.finish())
 }
 /// What a stream resumes from (made once per stream: its size does not matter).
 #[derive(Debug, Clone)]
@@ -90,7 +117,7 @@ pub struct Start {
 pub fn resolve(
     shards: &[Shard],
     options: &StreamOptions,
-    fingerprint: &str,
+    fingerprint: &Fingerprint,
     epoch: u64,
     slot: &SlotSpec,
     resume: Option<Resume>,
@@ -139,7 +166,7 @@ pub fn resolve(
 }
 
 /// Checks that `state` was saved by this dataset and options, for this slot.
-pub fn check_exact(state: &SlotState, fingerprint: &str, slot: &SlotSpec) -> Result<()> {
+pub fn check_exact(state: &SlotState, fingerprint: &Fingerprint, slot: &SlotSpec) -> Result<()> {
     check_fingerprint(state, fingerprint, "")?;
     let saved = (
         state.world_size,
@@ -177,18 +204,59 @@ pub fn check_exact(state: &SlotState, fingerprint: &str, slot: &SlotSpec) -> Res
     Ok(())
 }
 
-fn check_fingerprint(state: &SlotState, fingerprint: &str, prefix: &str) -> Result<()> {
-    if state.fingerprint != fingerprint {
-        return Err(field_error(
-            prefix,
-            "fingerprint",
-            format!(
-                "the state was saved for another dataset or options (fingerprint {} here, {:?} in the state)",
-                fingerprint, state.fingerprint
-            ),
-        ));
+fn check_fingerprint(state: &SlotState, fingerprint: &Fingerprint, prefix: &str) -> Result<()> {
+    if state.fingerprint == fingerprint.whole {
+        return Ok(());
     }
-    Ok(())
+    // What differs, when the state says what its fingerprint covered.
+    let differing: Vec<&str> = fingerprint
+        .parts
+        .iter()
+        .filter(|(name, here)| {
+            state
+                .fingerprint_parts
+                .get(*name)
+                .is_some_and(|saved| saved != *here)
+        })
+        .map(|(name, _)| match name.as_str() {
+            SHARDS_PART => "the shard list",
+            option => option,
+        })
+        .collect();
+    let what = match differing.as_slice() {
+        [] => "another dataset or options".to_owned(),
+        [one] if *one == "the shard list" => "another dataset (the shard list differs)".to_owned(),
+        [one] => format!("other options ({one} differs)"),
+        many => format!("another dataset or options ({} differ)", many.join(", ")),
+    };
+    Err(field_error(
+        prefix,
+        "fingerprint",
+        format!(
+            "the state was saved for {what} (fingerprint {} here, {:?} in the state)",
+            fingerprint.whole, state.fingerprint
+        ),
+    ))
+}
+
+/// A dataset's [`fingerprint`] with its [`fingerprint_parts`]: what a
+/// state is checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// The whole fingerprint, as states hold it.
+    pub whole: String,
+    /// Its parts, by name.
+    pub parts: BTreeMap<String, String>,
+}
+
+impl Fingerprint {
+    /// The fingerprint of `shards` read with `options`.
+    pub fn of(shards: &[Shard], options: &StreamOptions) -> Self {
+        Fingerprint {
+            whole: fingerprint(shards, options),
+            parts: fingerprint_parts(shards, options),
+        }
+    }
 }
 
 /// The slot states of one elastic resume, checked, and what they had not
@@ -206,13 +274,13 @@ struct Split {
 /// What states are checked against.
 struct Dataset<'a> {
     options: &'a StreamOptions,
-    fingerprint: &'a str,
+    fingerprint: &'a Fingerprint,
     /// The dataset's plans for any layout.
     plans: Replanner,
 }
 
 impl<'a> Dataset<'a> {
-    fn new(shards: &[Shard], options: &'a StreamOptions, fingerprint: &'a str) -> Self {
+    fn new(shards: &[Shard], options: &'a StreamOptions, fingerprint: &'a Fingerprint) -> Self {
         Dataset {
             options,
             fingerprint,
@@ -661,5 +729,69 @@ mod tests {
             got,
             ["535b1d9102e3c622", "4e7d9214f96a76ed", "b2926d8c8cf1954b"]
         );
+    }
+
+    #[test]
+    fn a_fingerprint_that_differs_names_what_differs() {
+        let cases = pinned_cases();
+        let (shards, defaults) = &cases[0];
+        let saved_with = |shards: &[Shard], options: &StreamOptions, parts: bool| {
+            let fingerprint = Fingerprint::of(shards, options);
+            SlotState {
+                format: super::super::STATE_FORMAT.into(),
+                version: super::super::STATE_VERSION,
+                fingerprint: fingerprint.whole,
+                fingerprint_parts: if parts {
+                    fingerprint.parts
+                } else {
+                    BTreeMap::new()
+                },
+                epoch: 0,
+                world_size: 1,
+                rank: 0,
+                num_workers: 1,
+                worker_id: 0,
+                produced: 0,
+                skipped: 0,
+                cursor: Cursor {
+                    unit: 0,
+                    next_sample: None,
+                },
+                buffer: Vec::new(),
+                rng_word_pos: "0".into(),
+                digest: "0000000000000000".into(),
+                finished: false,
+                resumed_from: None,
+            }
+        };
+        let here = Fingerprint::of(shards, defaults);
+        let message =
+            |state: &SlotState| check_fingerprint(state, &here, "").unwrap_err().to_string();
+        let seeded = StreamOptions::builder().with_seed(9).build().unwrap();
+        let seeded_state = saved_with(shards, &seeded, true);
+        let error = message(&seeded_state);
+        assert!(
+            error.contains("saved for other options (seed differs)"),
+            "{error}"
+        );
+        let (_, changed) = &cases[1];
+        let error = message(&saved_with(shards, changed, true));
+        for name in ["seed", "shuffle_buffer", "decode", "columns", "remainder"] {
+            assert!(error.contains(name), "{name}: {error}");
+        }
+        let error = message(&saved_with(&shards[..1], defaults, true));
+        assert!(
+            error.contains("another dataset (the shard list differs)"),
+            "{error}"
+        );
+        // A state saved without its parts: the fingerprint alone.
+        let error = message(&saved_with(shards, &seeded, false));
+        assert!(
+            error.contains("another dataset or options (fingerprint"),
+            "{error}"
+        );
+        assert!(check_fingerprint(&saved_with(shards, defaults, true), &here, "").is_ok());
+        assert_eq!(here.parts.len(), 1 + defaults.order_bytes_by_option().len());
+        assert!(here.parts.values().all(|part| part.len() == 8));
     }
 }

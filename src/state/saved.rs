@@ -2,6 +2,7 @@
 //! [`Cursor`], the format and version every state carries, and the parsing
 //! of the fields held as text (the RNG word position, the digest).
 
+use std::collections::BTreeMap;
 use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +37,11 @@ pub struct SlotState {
     pub version: u32,
     /// Fingerprint of the dataset and the options that shape the epoch.
     pub fingerprint: String,
+    /// What the fingerprint covers, part by part (`"shards"` and each
+    /// option that decides the order, 8 hex digits each): names what
+    /// differs when the fingerprint does. Absent in states saved before it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fingerprint_parts: BTreeMap<String, String>,
     /// Epoch.
     pub epoch: u64,
     /// Number of processes.
@@ -244,6 +250,7 @@ mod tests {
             format: STATE_FORMAT.into(),
             version: STATE_VERSION,
             fingerprint: "00ff".into(),
+            fingerprint_parts: BTreeMap::from([("seed".into(), "0000abcd".into())]),
             epoch: 3,
             world_size: 2,
             rank: 1,

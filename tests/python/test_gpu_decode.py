@@ -15,7 +15,7 @@ import torch
 from _shardtest import write_tar
 from PIL import Image as PILImage
 
-from shardstream import FieldDecodeError, Image, ImageBoxes, StreamingDataset
+from shardstream import FieldDecodeError, Image, ImageBoxes, StateMismatchError, StreamingDataset
 from shardstream.gpu import BatchImageDecoder
 
 SIZES = [(120, 160), (150, 200), (131, 97), (64, 64), (300, 90), (77, 240)]
@@ -157,5 +157,5 @@ def test_the_state_tells_boxes_from_decoded_images(shards, tmp_path: Path):
     next(iterator)
     other = StreamingDataset(shards, decode={"jpg": image})
     other.load_state_dict(ds.state_dict())
-    with pytest.raises(Exception, match="another dataset or options"):
+    with pytest.raises(StateMismatchError, match=r"saved for other options \(decode differs\)"):
         next(iter(other))

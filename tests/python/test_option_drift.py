@@ -290,6 +290,8 @@ def test_a_state_resumes_with_an_option_changed_exactly_when_its_marker_says_so(
             ds.load_state_dict(saved)
             next(iter(ds))
         else:
-            with pytest.raises(shardstream.StateMismatchError, match="fingerprint"):
+            # The error names the option that differs.
+            expected = rf"fingerprint: the state was saved for other options \({name} differs\)"
+            with pytest.raises(shardstream.StateMismatchError, match=expected):
                 ds.load_state_dict(saved)
                 next(iter(ds))

@@ -219,7 +219,7 @@ def test_state_of_another_seed_is_refused(uneven_dataset):
     _, state = save_after(uneven_dataset, 0, True, 2)
     dl = make_loader(uneven_dataset, 0, True, seed=SEED + 1)
     dl.load_state_dict(state)
-    with pytest.raises(StateMismatchError, match="another dataset or options"):
+    with pytest.raises(StateMismatchError, match=r"saved for other options \(seed differs\)"):
         collect(dl)
 
 
