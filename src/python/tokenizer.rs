@@ -56,8 +56,11 @@ fn token(parameter: &str, value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<T
     ))
 }
 
-/// `add_special_tokens=`: a bool.
-fn flag(value: &Bound<'_, PyAny>) -> PyResult<bool> {
+/// `add_special_tokens=`: a bool, `True` when not given.
+fn flag(value: Option<&Bound<'_, PyAny>>) -> PyResult<bool> {
+    let Some(value) = value else {
+        return Ok(true);
+    };
     if !value.is_instance_of::<PyBool>() {
         return Err(errors::wrong_type(
             "Tokenizer parameter add_special_tokens",
@@ -74,7 +77,7 @@ fn build(
     json: String,
     bos: Option<&Bound<'_, PyAny>>,
     eos: Option<&Bound<'_, PyAny>>,
-    add_special_tokens: &Bound<'_, PyAny>,
+    add_special_tokens: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Tokenizer> {
     let bos = token("bos", bos)?;
     let eos = token("eos", eos)?;
@@ -146,11 +149,7 @@ impl Tokenizer {
                 .into_owned(),
         };
         let json = read_source(py, &source)?;
-        let add = add_special_tokens.map_or_else(
-            || PyBool::new(py, true).to_owned().into_any(),
-            |v| v.clone(),
-        );
-        build(&source, json, bos, eos, &add)
+        build(&source, json, bos, eos, add_special_tokens)
     }
 
     /// A tokenizer from the text of a `tokenizer.json` (what
@@ -158,7 +157,6 @@ impl Tokenizer {
     #[staticmethod]
     #[pyo3(signature = (json, bos=None, eos=None, add_special_tokens=None))]
     fn from_str(
-        py: Python<'_>,
         json: &Bound<'_, PyAny>,
         bos: Option<&Bound<'_, PyAny>>,
         eos: Option<&Bound<'_, PyAny>>,
@@ -175,11 +173,7 @@ impl Tokenizer {
             })?
             .to_str()?
             .to_owned();
-        let add = add_special_tokens.map_or_else(
-            || PyBool::new(py, true).to_owned().into_any(),
-            |v| v.clone(),
-        );
-        build("text", json, bos, eos, &add)
+        build("text", json, bos, eos, add_special_tokens)
     }
 
     /// The token ids of `text`, as the decode threads give them: an int32
