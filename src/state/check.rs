@@ -30,31 +30,10 @@ const SPARE_RNG_WORDS: u128 = 64;
 /// (`sample_seed`, the I/O and output options), are left out: a state
 /// resumes with them changed.
 pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
-    let mut h = Fnv1a::new();
-    hash_shards(&mut h, shards);
-    h.bytes(&options.order_bytes());
-    format!("{:016x}", h.finish())
+    Fingerprint::of(shards, options).whole
 }
 
-/// What [`fingerprint`] covers, part by part, each as 8 hex digits (32
-/// bits of its own FNV-1a hash): `"shards"` for the shard list, and each
-/// option that decides the order by its name. A state carries them so that
-/// a fingerprint that differs can be told apart by what differs; the check
-/// itself compares the whole fingerprint.
-pub fn fingerprint_parts(shards: &[Shard], options: &StreamOptions) -> BTreeMap<String, String> {
-    let short = |h: &Fnv1a| format!("{:08x}", h.finish() as u32);
-    let mut shard_hash = Fnv1a::new();
-    hash_shards(&mut shard_hash, shards);
-    let mut parts = BTreeMap::from([(SHARDS_PART.to_owned(), short(&shard_hash))]);
-    for (name, bytes) in options.order_bytes_by_option() {
-        let mut h = Fnv1a::new();
-        h.bytes(&bytes);
-        parts.insert(name.to_owned(), short(&h));
-    }
-    parts
-}
-
-/// The fingerprint part of the shard list ([`fingerprint_parts`]).
+/// The fingerprint part of the shard list ([`Fingerprint::parts`]).
 const SHARDS_PART: &str = "shards";
 
 /// Feeds the shard list (URLs, sizes, sample spans, kinds) to `h`.
@@ -209,16 +188,10 @@ fn check_fingerprint(state: &SlotState, fingerprint: &Fingerprint, prefix: &str)
         return Ok(());
     }
     // What differs, when the state says what its fingerprint covered.
-    let differing: Vec<&str> = fingerprint
-        .parts
-        .iter()
-        .filter(|(name, here)| {
-            state
-                .fingerprint_parts
-                .get(*name)
-                .is_some_and(|saved| saved != *here)
-        })
-        .map(|(name, _)| match name.as_str() {
+    let saved: HashMap<&str, &str> = parts_of(&state.fingerprint_parts).collect();
+    let differing: Vec<&str> = parts_of(&fingerprint.parts)
+        .filter(|(name, here)| saved.get(name).is_some_and(|saved| saved != here))
+        .map(|(name, _)| match name {
             SHARDS_PART => "the shard list",
             option => option,
         })
@@ -239,22 +212,43 @@ fn check_fingerprint(state: &SlotState, fingerprint: &Fingerprint, prefix: &str)
     ))
 }
 
-/// A dataset's [`fingerprint`] with its [`fingerprint_parts`]: what a
-/// state is checked against.
+/// The `(name, hash)` pairs of a [`Fingerprint::parts`] text (nothing for
+/// an empty one; a malformed pair is passed over: the parts only name what
+/// differs, the whole fingerprint is what is checked).
+fn parts_of(parts: &str) -> impl Iterator<Item = (&str, &str)> {
+    parts.split(',').filter_map(|pair| pair.split_once('='))
+}
+
+/// A dataset's [`fingerprint`] with its parts: what a state is checked
+/// against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint {
-    /// The whole fingerprint, as states hold it.
+    /// The whole fingerprint (16 hex digits), as states hold it.
     pub whole: String,
-    /// Its parts, by name.
-    pub parts: BTreeMap<String, String>,
+    /// What it covers, part by part, as states hold it:
+    /// `shards=<8 hex>,<option>=<8 hex>,...`, 32 bits of each part's own
+    /// FNV-1a hash: the shard list, then each option that decides the
+    /// order ([`StreamOptions::order_bytes_by_option`]). One text, made
+    /// once per stream, so that a state (taken as often as every batch)
+    /// carries it at the cost of one string.
+    pub parts: String,
 }
 
 impl Fingerprint {
-    /// The fingerprint of `shards` read with `options`.
+    /// The fingerprint of `shards` read with `options`, and its parts, in
+    /// one pass over the shard list.
     pub fn of(shards: &[Shard], options: &StreamOptions) -> Self {
+        let short = |h: &Fnv1a| format!("{:08x}", h.finish() as u32);
+        let mut whole = Fnv1a::new();
+        hash_shards(&mut whole, shards);
+        let mut parts = vec![format!("{SHARDS_PART}={}", short(&whole))];
+        for (name, bytes) in options.order_bytes_by_option() {
+            whole.bytes(&bytes);
+            parts.push(format!("{name}={}", short(Fnv1a::new().bytes(&bytes))));
+        }
         Fingerprint {
-            whole: fingerprint(shards, options),
-            parts: fingerprint_parts(shards, options),
+            whole: format!("{:016x}", whole.finish()),
+            parts: parts.join(","),
         }
     }
 }
@@ -744,7 +738,7 @@ mod tests {
                 fingerprint_parts: if parts {
                     fingerprint.parts
                 } else {
-                    BTreeMap::new()
+                    String::new()
                 },
                 epoch: 0,
                 world_size: 1,
@@ -791,7 +785,9 @@ mod tests {
             "{error}"
         );
         assert!(check_fingerprint(&saved_with(shards, defaults, true), &here, "").is_ok());
-        assert_eq!(here.parts.len(), 1 + defaults.order_bytes_by_option().len());
-        assert!(here.parts.values().all(|part| part.len() == 8));
+        let parts: Vec<(&str, &str)> = parts_of(&here.parts).collect();
+        assert_eq!(parts.len(), 1 + defaults.order_bytes_by_option().len());
+        assert_eq!(parts[0].0, "shards");
+        assert!(parts.iter().all(|(_, part)| part.len() == 8), "{parts:?}");
     }
 }

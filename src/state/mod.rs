@@ -16,7 +16,7 @@ mod digest;
 mod mirror;
 mod saved;
 
-pub use check::{check_exact, fingerprint, fingerprint_parts, resolve, Fingerprint, Resume, Start};
+pub use check::{check_exact, fingerprint, resolve, Fingerprint, Resume, Start};
 pub use digest::runs_digest;
 pub use mirror::{Mirror, Op, SkippedSamples};
 pub(crate) use saved::format_digest;

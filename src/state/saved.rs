@@ -2,7 +2,6 @@
 //! [`Cursor`], the format and version every state carries, and the parsing
 //! of the fields held as text (the RNG word position, the digest).
 
-use std::collections::BTreeMap;
 use std::fmt::Display;
 
 use serde::{Deserialize, Serialize};
@@ -37,11 +36,12 @@ pub struct SlotState {
     pub version: u32,
     /// Fingerprint of the dataset and the options that shape the epoch.
     pub fingerprint: String,
-    /// What the fingerprint covers, part by part (`"shards"` and each
-    /// option that decides the order, 8 hex digits each): names what
-    /// differs when the fingerprint does. Absent in states saved before it.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub fingerprint_parts: BTreeMap<String, String>,
+    /// What the fingerprint covers, part by part
+    /// (`shards=<8 hex>,<option>=<8 hex>,...`, [`super::Fingerprint`]):
+    /// names what differs when the fingerprint does. Empty (absent from
+    /// the JSON) in states saved before it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub fingerprint_parts: String,
     /// Epoch.
     pub epoch: u64,
     /// Number of processes.
@@ -250,7 +250,7 @@ mod tests {
             format: STATE_FORMAT.into(),
             version: STATE_VERSION,
             fingerprint: "00ff".into(),
-            fingerprint_parts: BTreeMap::from([("seed".into(), "0000abcd".into())]),
+            fingerprint_parts: "shards=00001234,seed=0000abcd".into(),
             epoch: 3,
             world_size: 2,
             rank: 1,
