@@ -236,8 +236,7 @@ impl ImageSpec {
     pub fn apply(&self, bytes: &[u8], rng: &mut ChaCha8Rng) -> Result<Array, String> {
         let format = sniff(bytes)?;
         let (width, height, partial) = checked_header(bytes, format)?;
-        let plan = self.plan(width, height, rng);
-        let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
+        let (plan, flip) = self.draw(width, height, rng);
         let source = decode(bytes, format, partial.as_ref(), &plan)?;
         let resized = plan.resample(&source)?;
         Ok(self.lay_out(&resized, flip))
@@ -280,8 +279,7 @@ impl ImageSpec {
             return Err("ImageBoxes takes JPEGs only (a batched GPU decoder reads them)".into());
         }
         let (width, height, _) = checked_header(bytes, format)?;
-        let plan = self.plan(width, height, rng);
-        let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
+        let (plan, flip) = self.draw(width, height, rng);
         let Rect { x, y, w, h } = plan.source;
         Ok([
             x as f32,
@@ -290,6 +288,15 @@ impl ImageSpec {
             h as f32,
             f32::from(u8::from(flip)),
         ])
+    }
+
+    /// Every random choice for one image of `width` x `height`, in the
+    /// order they are drawn from `rng`: its plan (the crop box), then
+    /// whether it is flipped.
+    fn draw(&self, width: u32, height: u32, rng: &mut ChaCha8Rng) -> (Plan, bool) {
+        let plan = self.plan(width, height, rng);
+        let flip = self.flip > 0.0 && uniform(rng, 0.0, 1.0) < self.flip;
+        (plan, flip)
     }
 
     /// The source box and output of one image of `width` x `height`.
