@@ -37,7 +37,8 @@ pub struct SlotState {
     /// Fingerprint of the dataset and the options that shape the epoch.
     pub fingerprint: String,
     /// What the fingerprint covers, part by part
-    /// (`shards=<8 hex>,<option>=<8 hex>,...`, [`super::Fingerprint`]):
+    /// (`shards=<8 hex>,<option>=<8 hex>,...`, as the checker's
+    /// `Fingerprint` renders them):
     /// names what differs when the fingerprint does. Empty (absent from
     /// the JSON) in states saved before it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
