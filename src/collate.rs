@@ -261,10 +261,92 @@ fn concat(parts: impl Iterator<Item = ArrayData>) -> Option<ArrayData> {
     join!(first, parts, Bool, U8, I8, U16, I16, U32, I32, U64, I64, F32, F64)
 }
 
+/// A batch's `field` of `int32` bounds within each row (such as packed
+/// sequences' `cu_seqlens`: `0`, ..., `width`), made one array of bounds
+/// within the batch's rows end to end (`rows * width` positions, the layout
+/// of variable-length attention kernels): `0`, then each row's bounds after
+/// its first, offset by the row's start. Other columns are left as they are.
+pub fn flatten_bounds(batch: &mut Batch, field: &str, width: usize) {
+    let Some((_, column)) = batch.fields.iter_mut().find(|(name, _)| name == field) else {
+        return;
+    };
+    let rows: Vec<&[i32]> = match &*column {
+        Column::Stacked(Array {
+            shape,
+            data: ArrayData::I32(v),
+        }) if shape.len() == 2 && shape[1] > 0 => v.chunks(shape[1]).collect(),
+        Column::Values(values) => values
+            .iter()
+            .filter_map(|v| match v {
+                Value::Array(Array {
+                    data: ArrayData::I32(v),
+                    ..
+                }) => Some(v.as_slice()),
+                _ => None,
+            })
+            .collect(),
+        _ => return,
+    };
+    let mut flat = vec![0i32];
+    for (row, bounds) in rows.iter().enumerate() {
+        let start = (row * width) as i32;
+        flat.extend(bounds.iter().skip(1).map(|b| b + start));
+    }
+    *column = Column::Stacked(Array {
+        shape: vec![flat.len()],
+        data: ArrayData::I32(flat),
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::format::SampleId;
+
+    #[test]
+    fn a_batch_has_one_cu_seqlens_over_its_flattened_tokens() {
+        let row = |bounds: Vec<i32>| Sample {
+            id: SampleId { shard: 0, index: 0 },
+            key: "k".into(),
+            url: Arc::from("mem://x"),
+            fields: vec![(
+                "cu_seqlens".into(),
+                Value::Array(Array {
+                    shape: vec![bounds.len()],
+                    data: ArrayData::I32(bounds),
+                }),
+            )],
+            offset: 0,
+            length: 0,
+        };
+        let mut batch = collate(vec![row(vec![0, 3, 5]), row(vec![0, 2, 3, 5])], false).unwrap();
+        flatten_bounds(&mut batch, "cu_seqlens", 5);
+        let bounds = batch
+            .fields
+            .iter()
+            .find(|(n, _)| n == "cu_seqlens")
+            .unwrap();
+        match &bounds.1 {
+            Column::Stacked(Array {
+                data: ArrayData::I32(v),
+                shape,
+            }) => {
+                assert_eq!(v, &[0, 3, 5, 7, 8, 10]);
+                assert_eq!(shape, &[6]);
+            }
+            other => panic!("{other:?}"),
+        }
+        // Rows with as many bounds each are collated stacked: the same.
+        let mut batch = collate(vec![row(vec![0, 3, 5]), row(vec![0, 2, 5])], false).unwrap();
+        flatten_bounds(&mut batch, "cu_seqlens", 5);
+        assert_eq!(
+            batch.fields[0].1,
+            Column::Stacked(Array {
+                shape: vec![5],
+                data: ArrayData::I32(vec![0, 3, 5, 7, 10]),
+            })
+        );
+    }
 
     fn sample(index: u64, fields: Vec<(&str, Value)>) -> Sample {
         Sample {

@@ -31,6 +31,7 @@ __all__ = [
     "MixSlot",
     "ObjectChangedError",
     "Options",
+    "Pack",
     "SampleSkippedWarning",
     "SampleStream",
     "ShardFormatError",
@@ -292,6 +293,43 @@ class ImageBoxes:
     def image(self) -> Image:
         """The ``Image`` whose boxes these are."""
     def __getnewargs__(self) -> tuple[Image]: ...
+    def __eq__(self, value: object, /) -> bool: ...
+
+@final
+class Pack:
+    """Pack each document's token ids into sequences of ``seq_len + 1`` tokens:
+    ``pack=Pack(2048)`` with ``decode={"text": Tokenizer(...)}`` hands out
+    ``input_ids``, ``position_ids`` and ``cu_seqlens`` (see docs/text.md)."""
+
+    def __new__(
+        cls,
+        seq_len: int,
+        *,
+        mode: Literal["concat", "best_fit"] | None = None,
+        field: str | None = None,
+        window: int | None = None,
+        labels: bool | None = None,
+        pad_id: int | None = None,
+    ) -> Pack: ...
+    @property
+    def seq_len(self) -> int:
+        """Tokens a step trains on."""
+    @property
+    def mode(self) -> Literal["concat", "best_fit"]:
+        """``"concat"`` or ``"best_fit"``."""
+    @property
+    def field(self) -> str | None:
+        """The field of token ids (``None``: the one ``decode`` tokenizes)."""
+    @property
+    def window(self) -> int | None:
+        """Open sequences ``"best_fit"`` keeps (``None`` for ``"concat"``)."""
+    @property
+    def labels(self) -> bool:
+        """Whether ``labels`` come apart from ``input_ids``."""
+    @property
+    def pad_id(self) -> int:
+        """The id that fills the unused end of a sequence."""
+    def __getnewargs_ex__(self) -> tuple[tuple[int], dict[str, Any]]: ...
     def __eq__(self, value: object, /) -> bool: ...
 
 @final

@@ -136,6 +136,10 @@ class StreamingDataset(IterableDataset[Any]):
             (numpy arrays for equal-shape arrays and numbers, lists
             otherwise); use ``DataLoader(batch_size=None)`` with it. The
             last batch of each worker may be smaller.
+        pack: a ``shardstream.Pack``: each document's token ids laid into
+            fixed-length sequences, handed out instead of the documents
+            (``input_ids``, ``position_ids``, ``cu_seqlens``; see
+            docs/text.md). One rank only; ``len()`` is not defined.
         pack_bytes: with ``batch_size``, a bytes field that every sample of
             the batch has becomes one ``uint8`` array of its members end to
             end, plus ``<field>_offsets`` (``int64``, one more than the
@@ -251,6 +255,12 @@ class StreamingDataset(IterableDataset[Any]):
         self.num_workers = num_workers
         self.worker_id = worker_id
         _, resolved_world = self.distributed_slot()
+        if self.options["pack"] is not None and resolved_world > 1:
+            raise ValueError(
+                f"invalid option pack: packed sequences are handed out by one rank only "
+                f"(world_size is {resolved_world}): ranks whose documents hold different "
+                "numbers of tokens would train different numbers of steps"
+            )
 
         def resolve() -> ShardList:
             shard_list = ShardList(specs, self.options)
@@ -392,6 +402,11 @@ class StreamingDataset(IterableDataset[Any]):
                 "len() is not defined for batches (their number depends on the DataLoader's "
                 "workers); num_samples() gives the samples per rank"
             )
+        if self.options["pack"] is not None:
+            raise TypeError(
+                "len() is not defined with pack (the number of sequences depends on the "
+                "documents' token counts); num_samples() gives the documents per rank"
+            )
         n = self.num_samples()
         check_loader_length(sys._getframe(1), self, n)
         return n
@@ -427,7 +442,9 @@ class StreamingDataset(IterableDataset[Any]):
             return
         self._decode_checked = True
         decode = self.options["decode"]
-        if not isinstance(decode, Mapping):
+        # Packed sequences hold token ids, not the decoded fields (a field
+        # that is not there fails the packing, naming it).
+        if not isinstance(decode, Mapping) or self.options["pack"] is not None:
             return
         if isinstance(item, Mapping):
             fields = [f for f in item if not (f.startswith("__") and f.endswith("__"))]

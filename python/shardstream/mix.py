@@ -108,6 +108,11 @@ class Mix(IterableDataset[Any]):
                     f"stream {i} hands out batches (batch_size or batch_format); a mixture "
                     "takes samples: batch them with the DataLoader"
                 )
+            if ds.options["pack"] is not None:
+                raise ValueError(
+                    f"stream {i} packs its documents (pack); a mixture takes documents: "
+                    "a mixture of packed streams is not supported"
+                )
             for name in ("rank", "world_size", "num_workers", "worker_id"):
                 if getattr(ds, name) != getattr(first, name):
                     raise ValueError(

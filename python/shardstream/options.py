@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypedDict
 
-from ._core import AudioClip, Image, ImageBoxes, Tokenizer
+from ._core import AudioClip, Image, ImageBoxes, Pack, Tokenizer
 from .s3 import S3Config
 
 __all__ = [
@@ -54,6 +54,7 @@ class DatasetOptions(TypedDict, total=False):
     columns: Sequence[str] | None
     batch_format: BatchFormat
     batch_size: int | None
+    pack: Pack | None
     pack_bytes: bool
     local_bytes_by_reference: bool
     worker_shared_memory_bytes: int

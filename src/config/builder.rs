@@ -158,6 +158,13 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Packs each document's token ids into fixed-length sequences (`None`:
+    /// hands out the documents).
+    pub fn with_pack(mut self, pack: Option<crate::text::pack::PackSpec>) -> Self {
+        self.options.pack = pack.map(std::sync::Arc::new);
+        self
+    }
+
     /// Validates and returns the options.
     pub fn build(self) -> Result<StreamOptions> {
         let o = self.options;
@@ -211,6 +218,7 @@ impl StreamOptionsBuilder {
             });
         }
         o.store.validate()?;
+        let o = check_pack(o)?;
         for (name, value) in [
             ("read_ahead_bytes", o.read_ahead_bytes),
             ("shuffle_buffer_bytes", o.shuffle_buffer_bytes),
@@ -249,6 +257,70 @@ impl StreamOptionsBuilder {
         }
         Ok(o)
     }
+}
+
+/// With `pack` and no field named, the field that `decode` tokenizes: the
+/// one `Tokenizer` among the decoders, or a `Config` error saying what to
+/// name. `pack` with Arrow batches is refused (it packs documents), and so
+/// are the per-document fields `sample_seed` and `sample_ids` (a sequence
+/// holds pieces of several documents).
+fn check_pack(mut o: StreamOptions) -> Result<StreamOptions> {
+    let Some(spec) = &o.pack else {
+        return Ok(o);
+    };
+    for (name, on) in [("sample_seed", o.sample_seed), ("sample_ids", o.sample_ids)] {
+        if on {
+            return Err(Error::Config {
+                name,
+                reason: "it adds a field to each document, and with pack the stream hands \
+                         out sequences holding pieces of several documents"
+                    .into(),
+            });
+        }
+    }
+    if o.table_output == TableOutput::Arrow {
+        return Err(Error::Config {
+            name: "pack",
+            reason: "it packs documents handed out one by one, and Arrow batches hand out rows: \
+                     use batch_format=\"dict\""
+                .into(),
+        });
+    }
+    if spec.field.is_some() {
+        return Ok(o);
+    }
+    let tokenized: Vec<&str> = o
+        .decode
+        .by_field
+        .iter()
+        .filter(|(_, decoder)| matches!(decoder, crate::decode::Decoder::Tokenizer(_)))
+        .map(|(field, _)| field.as_str())
+        .collect();
+    let field = match tokenized[..] {
+        [field] => field.to_owned(),
+        [] => {
+            return Err(Error::Config {
+                name: "pack",
+                reason:
+                    "no field is tokenized: add decode={\"text\": shardstream.Tokenizer(...)}, \
+                         or name the field of token ids with Pack(field=...)"
+                        .into(),
+            })
+        }
+        _ => {
+            return Err(Error::Config {
+                name: "pack",
+                reason: format!(
+                    "several fields are tokenized ({}): name the one to pack with Pack(field=...)",
+                    tokenized.join(", ")
+                ),
+            })
+        }
+    };
+    let mut resolved = (**spec).clone();
+    resolved.field = Some(field);
+    o.pack = Some(std::sync::Arc::new(resolved));
+    Ok(o)
 }
 
 #[cfg(test)]

@@ -70,6 +70,9 @@ pub struct StreamOptions {
     /// the shard)`, the id a ledger records (`shardstream.Ledger`). It
     /// changes no sample's order, so resume states ignore it.
     pub sample_ids: bool,
+    /// Pack each document's token ids into fixed-length sequences (the
+    /// `pack` option), handed out instead of the documents.
+    pub pack: Option<std::sync::Arc<crate::text::pack::PackSpec>>,
 }
 
 /// A node-local cache of remote shards: where, and how large it may grow.
@@ -147,6 +150,7 @@ impl Default for StreamOptions {
             cache: None,
             sample_seed: false,
             sample_ids: false,
+            pack: None,
         }
     }
 }

@@ -105,7 +105,7 @@ fn core() -> StreamOptions {
 /// takes the [`SampleOrder::Holds`] options in this order, then the
 /// [`SampleOrder::Decides`] ones in this order: reordering them, or
 /// changing their bytes, invalidates every saved state.
-pub static DATASET_OPTIONS: [OptionDef; 29] = [
+pub static DATASET_OPTIONS: [OptionDef; 30] = [
     OptionDef {
         name: "seed",
         python_type: "int",
@@ -251,6 +251,19 @@ pub static DATASET_OPTIONS: [OptionDef; 29] = [
         doc: "hand out batches of this many samples, collated in Rust (or Arrow batches of at \
               most this many rows)",
         order: SampleOrder::No,
+    },
+    OptionDef {
+        name: "pack",
+        python_type: "Pack | None",
+        default: || DefaultValue::None,
+        doc: "a `shardstream.Pack`: each document's token ids laid into fixed-length sequences, \
+              handed out instead of the documents \
+              ([docs/text.md](https://github.com/shardstream/shardstream/blob/main/docs/text.md#packing-into-fixed-length-sequences))",
+        order: SampleOrder::Decides(|o, b| {
+            if let Some(pack) = &o.pack {
+                push_str(b, &pack.to_string());
+            }
+        }),
     },
     OptionDef {
         name: "pack_bytes",
@@ -538,7 +551,7 @@ mod tests {
     /// it and a value other than its default. The pattern names every field
     /// (no `..`): a field added to the struct does not compile here until it
     /// is listed, with its options.
-    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 20] {
+    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 21] {
         let StreamOptions {
             seed: _,
             shuffle_shards: _,
@@ -560,6 +573,7 @@ mod tests {
             cache: _,
             sample_seed: _,
             sample_ids: _,
+            pack: _,
         } = StreamOptions::default();
         let d = StreamOptions::default;
         [
@@ -720,6 +734,23 @@ mod tests {
                 &["sample_ids"],
                 StreamOptions {
                     sample_ids: true,
+                    ..d()
+                },
+            ),
+            (
+                "pack",
+                &["pack"],
+                StreamOptions {
+                    pack: Some(std::sync::Arc::new(
+                        crate::text::pack::PackSpec::new(
+                            None,
+                            8,
+                            crate::text::pack::PackMode::Concat,
+                            false,
+                            0,
+                        )
+                        .expect("valid"),
+                    )),
                     ..d()
                 },
             ),

@@ -13,6 +13,7 @@
 mod decode_pool;
 mod event;
 mod outbox;
+mod packing;
 mod reads;
 mod worker;
 
@@ -26,6 +27,7 @@ use self::decode_pool::DecodePool;
 use self::event::CompressedShards;
 pub use self::event::{Event, TableBatch};
 use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
+use self::packing::PackStage;
 use self::reads::{read_list, Read};
 use self::worker::Worker;
 use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
@@ -101,6 +103,9 @@ pub struct SampleStream {
     /// What units that ended at a skipped error left out, not yet taken
     /// ([`SampleStream::take_skipped`]).
     skipped: Vec<SkippedSamples>,
+    /// With `pack`: the documents are packed into sequences, handed out
+    /// instead of them.
+    pack: Option<PackStage>,
 }
 
 /// What the pipeline thread needs, kept until the stream starts.
@@ -133,6 +138,7 @@ impl SampleStream {
         resume: Option<Resume>,
     ) -> Result<Self> {
         let fingerprint = state::Fingerprint::of(shards, options);
+        let pack = pack_stage(options, &slot, resume.as_ref())?;
         // Every field of a resumed state is checked here, before any read.
         let state::Start {
             epoch,
@@ -141,11 +147,8 @@ impl SampleStream {
             mirror,
             finished,
         } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
-        let reads = if finished {
-            Vec::new()
-        } else {
-            read_list(shards, &units, &mirror)?
-        };
+        let replay = pack.as_ref().map_or_else(Vec::new, PackStage::replay);
+        let reads = read_list(shards, &units, &mirror, &replay, finished)?;
         let mut rng = order::rng_for(
             options.seed,
             epoch,
@@ -180,6 +183,7 @@ impl SampleStream {
             received: 0,
             queued_counted: 0,
             skipped: Vec::new(),
+            pack,
         })
     }
 
@@ -218,6 +222,7 @@ impl SampleStream {
             read_ahead,
             reads,
             restore: self.mirror.buffer.clone(),
+            replay: self.pack.as_ref().map_or_else(Vec::new, PackStage::replay),
             shuffle: options
                 .shuffle_bounds()
                 .map(|bounds| ShuffleBuffer::new(bounds, rng, self.mirror.produced)),
@@ -310,14 +315,48 @@ impl SampleStream {
                 .collect(),
             rng_word_pos: mirror.rng_word_pos.to_string(),
             digest: state::format_digest(mirror.digest),
-            finished: self.finished,
+            // A packed stream has finished once its packer is empty too.
+            finished: self.finished && self.pack.as_ref().is_none_or(PackStage::holds_nothing),
             resumed_from: identity.resumed_from.clone(),
+            pack: self
+                .pack
+                .as_ref()
+                .map(PackStage::state)
+                .filter(|s| !s.is_empty()),
         }
     }
 
     /// Waits at most `wait` for the next event (starting the threads on
-    /// the first call).
+    /// the first call): with `pack`, the next sequence.
     pub fn poll(&mut self, wait: Duration) -> Result<Poll> {
+        if self.pack.is_none() {
+            return self.poll_documents(wait);
+        }
+        loop {
+            let Some(stage) = &mut self.pack else {
+                return Ok(Poll::End);
+            };
+            if let Some(sequence) = stage.next_sequence() {
+                return Ok(Poll::Ready(Event::Sample(sequence)));
+            }
+            if stage.is_done() {
+                return Ok(Poll::End);
+            }
+            let polled = self.poll_documents(wait);
+            let Some(stage) = &mut self.pack else {
+                return Ok(Poll::End);
+            };
+            match polled? {
+                Poll::Ready(Event::Sample(doc)) => stage.take(doc)?,
+                Poll::Ready(event) => return Ok(Poll::Ready(event)),
+                Poll::Pending => return Ok(Poll::Pending),
+                Poll::End => stage.end()?,
+            }
+        }
+    }
+
+    /// [`SampleStream::poll`] of the documents, before packing.
+    fn poll_documents(&mut self, wait: Duration) -> Result<Poll> {
         if self.done {
             return Ok(Poll::End);
         }
@@ -466,4 +505,41 @@ impl Drop for SampleStream {
         self.counters
             .sub(Counter::OutputQueued, self.queued_counted);
     }
+}
+
+/// The packing stage of a stream with `pack`, rebuilding what an exact
+/// resume's state held. A packed stream runs on one rank (the ranks'
+/// sequence counts differ, and a rank that ran out would leave the others
+/// waiting) and resumes onto the same layout only.
+fn pack_stage(
+    options: &StreamOptions,
+    slot: &SlotSpec,
+    resume: Option<&Resume>,
+) -> Result<Option<PackStage>> {
+    let Some(spec) = &options.pack else {
+        return Ok(None);
+    };
+    if slot.world_size > 1 {
+        return Err(Error::Config {
+            name: "pack",
+            reason: format!(
+                "packed sequences are handed out by one rank only (world_size is {}): ranks \
+                 whose documents hold different numbers of tokens would train different \
+                 numbers of steps, and DDP would wait for ever",
+                slot.world_size
+            ),
+        });
+    }
+    let saved = match resume {
+        None => None,
+        Some(Resume::Exact(state)) => state.pack.clone(),
+        Some(Resume::Elastic(_)) => {
+            return Err(Error::StateMismatch(
+                "a packed stream resumes onto the layout it was saved with (the same \
+                 num_workers): its packers' held documents are not split anew"
+                    .into(),
+            ))
+        }
+    };
+    Ok(Some(PackStage::new(spec.clone(), saved)))
 }

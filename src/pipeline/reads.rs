@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::format::SampleId;
 use crate::plan::WorkUnit;
 use crate::shard::{SampleIndex, Shard, ShardKind};
 use crate::source::FetchUnit;
@@ -45,16 +46,19 @@ pub(super) struct Read {
     pub(super) purpose: ReadPurpose,
 }
 
-/// The reads that stream `units` from the mirror's cursor on, after the
-/// reads that bring back the samples its buffer held.
+/// The reads that stream `units` from the mirror's cursor on (none once
+/// the slot has `finished`), after the reads that bring back the samples
+/// its buffer held and the documents a saved packer held (`replay`).
 pub(super) fn read_list(
     shards: &[Shard],
     units: &[WorkUnit],
     mirror: &Mirror,
+    replay: &[SampleId],
+    finished: bool,
 ) -> Result<Vec<Read>> {
     let mut reads = Vec::new();
     let mut held: Vec<(usize, Vec<u64>)> = Vec::new();
-    for id in &mirror.buffer {
+    for id in mirror.buffer.iter().chain(replay) {
         match held.iter_mut().find(|(shard, _)| *shard == id.shard) {
             Some((_, indices)) => indices.push(id.index),
             None => held.push((id.shard, vec![id.index])),
@@ -77,6 +81,9 @@ pub(super) fn read_list(
                 wanted: indices.into_iter().collect(),
             },
         )?);
+    }
+    if finished {
+        return Ok(reads);
     }
     for (position, unit) in units.iter().enumerate().skip(mirror.cursor.unit) {
         let shard = shards.get(unit.shard).ok_or_else(|| {
@@ -234,7 +241,7 @@ mod tests {
             unit(0, Some(4..9)),
             unit(0, None),
         ];
-        let reads = read_list(&shards(), &units, &Mirror::start()).unwrap();
+        let reads = read_list(&shards(), &units, &Mirror::start(), &[], false).unwrap();
         let all = 0..u64::MAX;
         assert_eq!(
             summary(&reads),
@@ -273,7 +280,7 @@ mod tests {
             next_sample: Some(2),
         };
         let units = [unit(1, None), unit(0, Some(0..4)), unit(1, Some(10..20))];
-        let reads = read_list(&shards(), &units, &mirror).unwrap();
+        let reads = read_list(&shards(), &units, &mirror, &[], false).unwrap();
         assert_eq!(
             summary(&reads),
             [
@@ -291,14 +298,15 @@ mod tests {
     /// state mismatch naming it, not a panic.
     #[test]
     fn shards_out_of_range_are_state_errors() {
-        let error = read_list(&shards(), &[unit(5, None)], &Mirror::start()).unwrap_err();
+        let error =
+            read_list(&shards(), &[unit(5, None)], &Mirror::start(), &[], false).unwrap_err();
         assert!(
             matches!(&error, Error::StateMismatch(m) if m.contains("shard 5")),
             "{error}"
         );
         let mut mirror = Mirror::start();
         mirror.buffer = vec![SampleId { shard: 9, index: 0 }];
-        let error = read_list(&shards(), &[], &mirror).unwrap_err();
+        let error = read_list(&shards(), &[], &mirror, &[], false).unwrap_err();
         assert!(
             matches!(&error, Error::StateMismatch(m) if m.contains("shard 9")),
             "{error}"

@@ -29,6 +29,9 @@ pub(super) struct Worker {
     pub(super) read_ahead: ReadAhead,
     pub(super) reads: Vec<Read>,
     pub(super) restore: Vec<SampleId>,
+    /// Documents a saved packer held: read again and sent first, in this
+    /// order, outside the mirror (they were handed out before the save).
+    pub(super) replay: Vec<SampleId>,
     pub(super) shuffle: Option<ShuffleBuffer<Sample>>,
     pub(super) on_error: OnError,
     /// Decoded tar bytes over which samples of a compressed shard wait for
@@ -63,7 +66,7 @@ enum Stop {
 impl Worker {
     /// Streams every read, then tells the consumer how it ended.
     pub(super) fn run(mut self) {
-        let final_message = if self.finished {
+        let final_message = if self.finished && self.replay.is_empty() {
             Message::End(Vec::new())
         } else {
             match self.stream() {
@@ -83,21 +86,23 @@ impl Worker {
     fn stream(&mut self) -> Result<ControlFlow<()>> {
         let reads = std::mem::take(&mut self.reads);
         let mut restored: HashMap<SampleId, Sample> = HashMap::new();
-        let mut restoring = !self.restore.is_empty();
+        let mut restoring = !self.restore.is_empty() || !self.replay.is_empty();
         for read in &reads {
             if self.cancelled.load(Ordering::SeqCst) {
                 return Ok(ControlFlow::Break(()));
             }
             if restoring && matches!(read.purpose, ReadPurpose::Unit { .. }) {
-                self.refill_buffer(&mut restored)?;
                 restoring = false;
+                if self.put_back(&mut restored)?.is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
             }
             if self.read_one(read, &mut restored)?.is_break() {
                 return Ok(ControlFlow::Break(()));
             }
         }
-        if restoring {
-            self.refill_buffer(&mut restored)?;
+        if restoring && self.put_back(&mut restored)?.is_break() {
+            return Ok(ControlFlow::Break(()));
         }
         if let Some(buffer) = &mut self.shuffle {
             while let Some((index, sample)) = buffer.pop_random() {
@@ -109,6 +114,31 @@ impl Worker {
                 if send_sample(&self.outbox, &mut self.ops, &self.counters, sample).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
+            }
+        }
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Puts the samples read again back: the shuffle buffer's into the
+    /// buffer, then the packer's documents sent, in the saved orders;
+    /// `Break` when the consumer is gone.
+    fn put_back(&mut self, restored: &mut HashMap<SampleId, Sample>) -> Result<ControlFlow<()>> {
+        if !self.restore.is_empty() {
+            self.refill_buffer(restored)?;
+        }
+        for id in std::mem::take(&mut self.replay) {
+            let sample = restored.remove(&id).ok_or_else(|| {
+                Error::StateMismatch(format!(
+                    "state field pack: sample {} of shard {} held by the saved packer is not in the data",
+                    id.index, id.shard
+                ))
+            })?;
+            if self
+                .outbox
+                .send(&mut self.ops, Event::Sample(sample))
+                .is_break()
+            {
+                return Ok(ControlFlow::Break(()));
             }
         }
         Ok(ControlFlow::Continue(()))

@@ -13,6 +13,7 @@ mod ledger;
 mod malloc;
 mod mix;
 mod options;
+mod pack;
 mod sample_stream;
 mod shard_list;
 mod tokenizer;
@@ -85,6 +86,8 @@ mod _core {
         default_options, default_s3_options, default_writer_options, option_table, s3_option_table,
         Options,
     };
+    #[pymodule_export]
+    use super::pack::Pack;
     #[pymodule_export]
     use super::sample_stream::SampleStream;
     #[pymodule_export]

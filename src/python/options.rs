@@ -489,6 +489,16 @@ impl Options {
                     dataset = dataset.with_pack_bytes(boolean(&name, &value)?);
                     builder
                 }
+                "pack" => {
+                    if value.is_none() {
+                        builder.with_pack(None)
+                    } else {
+                        let pack = value
+                            .cast::<super::pack::Pack>()
+                            .map_err(|_| invalid(&name, "None or a shardstream.Pack", &value))?;
+                        builder.with_pack(Some((*pack.get().spec).clone()))
+                    }
+                }
                 // Read by the Python side (DataLoader workers); checked here.
                 "local_bytes_by_reference" | "raise_malloc_thresholds" => {
                     boolean(&name, &value)?;

@@ -14,7 +14,7 @@ use super::errors::{
     panic_to_py, to_py, ShardSkippedWarning, ShardStreamError, StreamProcessError,
 };
 use super::shard_list::{check_counts, ShardList};
-use crate::collate::collate;
+use crate::collate::{collate, flatten_bounds};
 use crate::fork::{self, ForkHandlers};
 use crate::format::Sample;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
@@ -41,6 +41,9 @@ pub struct SampleStream {
     batch_size: Option<usize>,
     /// Whether batches pack each bytes field into one buffer (`pack_bytes`).
     pack_bytes: bool,
+    /// With `pack`, the tokens of each sequence: a batch's `cu_seqlens`
+    /// are made one array over its flattened tokens.
+    sequence_width: Option<usize>,
     /// An error met after part of a batch was collected, raised next time.
     pending_error: Mutex<Option<crate::Error>>,
     /// Samples taken from the stream and not yet handed out: kept across
@@ -154,6 +157,7 @@ impl SampleStream {
             inner: Mutex::new(stream),
             batch_size: options.dataset.batch_size(),
             pack_bytes: options.dataset.pack_bytes(),
+            sequence_width: options.dataset.stream().pack.as_ref().map(|p| p.width()),
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
@@ -409,8 +413,14 @@ impl SampleStream {
             let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
             return sample_to_dict(py, sample, out, &mut names).map(Bound::into_any);
         }
-        let pack_bytes = self.pack_bytes;
-        let batch = blocking(py, || collate(samples, pack_bytes))?;
+        let (pack_bytes, width) = (self.pack_bytes, self.sequence_width);
+        let batch = blocking(py, || {
+            let mut batch = collate(samples, pack_bytes)?;
+            if let Some(width) = width {
+                flatten_bounds(&mut batch, "cu_seqlens", width);
+            }
+            Ok::<_, crate::Error>(batch)
+        })?;
         let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
         batch_to_dict(py, batch, out, &mut names).map(Bound::into_any)
     }

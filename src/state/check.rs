@@ -756,6 +756,7 @@ mod tests {
                 digest: "0000000000000000".into(),
                 finished: false,
                 resumed_from: None,
+                pack: None,
             }
         };
         let here = Fingerprint::of(shards, defaults);

@@ -10,6 +10,7 @@ use super::digest::P;
 use crate::error::{Error, Result};
 use crate::format::SampleId;
 use crate::plan::{self, SlotSpec};
+use crate::text::pack::PackState;
 
 /// The `format` field of every state.
 pub const STATE_FORMAT: &str = "shardstream.state";
@@ -72,6 +73,11 @@ pub struct SlotState {
     /// When this epoch was itself resumed elastically: the states it resumed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<Vec<SlotState>>,
+    /// With `pack`: the documents the packer held (handed out by the
+    /// stream, not yet in a sequence handed out), as pieces. Absent when it
+    /// held none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackState>,
 }
 
 impl SlotState {
@@ -268,6 +274,10 @@ mod tests {
             digest: format_digest(P - 1),
             finished: false,
             resumed_from: None,
+            pack: Some(crate::text::pack::PackState {
+                ready: vec![vec![[1, 2, 0, 5]]],
+                open: vec![vec![[0, 9, 3, 4], [1, 2, 5, 6]]],
+            }),
         };
         let back = SlotState::from_json(&state.to_json()).unwrap();
         assert_eq!(back, state);

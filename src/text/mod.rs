@@ -1,4 +1,7 @@
 //! Text for language models: [`tokenizer`] turns a text field into token
-//! ids on the decode threads (the `shardstream.Tokenizer` transform).
+//! ids on the decode threads (the `shardstream.Tokenizer` transform), and
+//! [`pack`] lays the documents' ids into fixed-length sequences (the
+//! `pack` option, `shardstream.Pack`).
 
+pub mod pack;
 pub mod tokenizer;

@@ -49,6 +49,7 @@ NAMESPACE = {
     "ImageBoxes": _core.ImageBoxes,
     "Literal": Literal,
     "Mapping": Mapping,
+    "Pack": _core.Pack,
     "S3Config": S3Config,
     "Sequence": Sequence,
     "Tokenizer": _core.Tokenizer,
@@ -82,6 +83,7 @@ def test_the_order_markers_are_those_of_todays_fingerprint():
         "shuffle_buffer_bytes": "decides",
         "shuffle_initial": "decides",
         "remainder": "decides",
+        "pack": "decides",
         "decode": "holds",
         "columns": "holds",
     }
@@ -230,6 +232,7 @@ OTHER_VALUES: dict[str, Any] = {
     "columns": ["a"],
     "batch_format": None,
     "batch_size": 2,
+    "pack": shardstream.Pack(4, field="txt"),
     "pack_bytes": True,
     "local_bytes_by_reference": False,
     "worker_shared_memory_bytes": 0,

@@ -1,0 +1,261 @@
+"""Packing tokenized documents into fixed-length sequences (``pack=Pack(...)``):
+every token once, the sequences' fields, exact resume (the documents the
+packer held read again), and what is refused."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pytest
+from _shardtest import load_schema
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import models, pre_tokenizers, trainers
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from shardstream import (
+    FieldDecodeError,
+    Mix,
+    Pack,
+    StateMismatchError,
+    StreamingDataset,
+    Tokenizer,
+    elastic_state,
+)
+
+SEQ = 16
+STATE = jsonschema.Draft202012Validator(load_schema("state"))
+
+
+def write_docs(folder: Path, shards: int = 3, docs: int = 20, seed: int = 0) -> list[str]:
+    """JSON-lines shards of pre-tokenized documents: field ``ids`` of
+    document ``d`` of shard ``s`` holds ``(s * 1000 + d) * 100 + t`` for
+    ``t`` below its length (1 to 45 tokens: shorter and longer than a
+    sequence)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    urls = []
+    for s in range(shards):
+        path = folder / f"p-{s}.jsonl"
+        lines = []
+        for d in range(docs):
+            n = rng.randint(1, 45)
+            lines.append(
+                json.dumps({"n": s * 1000 + d, "ids": [(s * 1000 + d) * 100 + t for t in range(n)]})
+            )
+        path.write_text("\n".join(lines) + "\n")
+        urls.append(str(path))
+    return urls
+
+
+def real_tokens(seq: dict[str, Any], pack: Pack) -> list[int]:
+    """The tokens of one sequence, padding left out (no test token is the
+    padding id)."""
+    tokens = list(seq["input_ids"])
+    if pack.labels:
+        last = int(seq["labels"][-1])
+        tokens.append(pack.pad_id if last == -100 else last)
+    while tokens and tokens[-1] == pack.pad_id:
+        tokens.pop()
+    return [int(t) for t in tokens]
+
+
+OPTIONS = {"seed": 5, "shuffle_buffer": 8, "shuffle_initial": 3}
+
+
+@pytest.mark.parametrize("labels", [False, True])
+def test_concat_gives_every_token_once_in_the_documents_order(tmp_path: Path, labels: bool) -> None:
+    urls = write_docs(tmp_path / "d")
+    docs = [d["ids"] for d in StreamingDataset(urls, **OPTIONS)]
+    pack = Pack(SEQ, field="ids", labels=labels, pad_id=-1)
+    seqs = list(StreamingDataset(urls, pack=pack, **OPTIONS))
+    width = SEQ if labels else SEQ + 1
+    for seq in seqs:
+        assert seq["input_ids"].dtype == np.int32 and seq["input_ids"].shape == (width,)
+        assert seq["position_ids"].shape == (width,)
+        bounds = seq["cu_seqlens"]
+        assert bounds[0] == 0 and bounds[-1] == width and np.all(np.diff(bounds) > 0)
+        if labels:
+            valid = seq["labels"][:-1] != -100
+            assert np.array_equal(seq["labels"][:-1][valid], seq["input_ids"][1:][valid])
+    flat = [t for seq in seqs for t in real_tokens(seq, pack)]
+    assert flat == [t for d in docs for t in d]
+    # Only the last sequence is padded.
+    assert all(len(real_tokens(s, pack)) == SEQ + 1 for s in seqs[:-1])
+
+
+def test_best_fit_keeps_each_document_whole_and_pads_little(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d", shards=4, docs=40)
+    docs = {d["n"]: d["ids"] for d in StreamingDataset(urls, **OPTIONS)}
+    pack = Pack(64, mode="best_fit", window=8, field="ids", pad_id=-1)
+    seqs = list(StreamingDataset(urls, pack=pack, **OPTIONS))
+    seen: dict[int, list[int]] = {}
+    for seq in seqs:
+        bounds = [int(b) for b in seq["cu_seqlens"]]
+        for start, end in itertools.pairwise(bounds):
+            piece = [int(t) for t in seq["input_ids"][start:end]]
+            if piece[0] == -1:
+                assert all(t == -1 for t in piece) and end == len(seq["input_ids"])
+                continue
+            doc = piece[0] // 100
+            assert doc not in seen, f"document {doc} split"
+            seen[doc] = piece
+            assert list(seq["position_ids"][start:end]) == list(range(end - start))
+    assert seen == docs
+    # Padding, but in the open sequences handed out at the epoch's end.
+    middle = seqs[:-8]
+    used = sum(len(real_tokens(s, pack)) for s in middle)
+    padding = 1 - used / (len(middle) * 65)
+    assert padding < 0.05, padding
+
+
+def test_batches_stack_the_sequences_with_one_cu_seqlens(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d")
+    pack = Pack(SEQ, field="ids", labels=True)
+    singles = list(StreamingDataset(urls, pack=pack, **OPTIONS))
+    batches = list(StreamingDataset(urls, pack=pack, batch_size=4, **OPTIONS))
+    assert batches[0]["input_ids"].shape == (4, SEQ) and batches[0]["labels"].shape == (4, SEQ)
+    for b, batch in enumerate(batches):
+        rows = singles[4 * b : 4 * b + 4]
+        assert np.array_equal(batch["input_ids"], np.stack([r["input_ids"] for r in rows]))
+        want = [0] + [int(x) + i * SEQ for i, r in enumerate(rows) for x in r["cu_seqlens"][1:]]
+        assert batch["cu_seqlens"].tolist() == want
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_a_state_saved_at_any_sequence_resumes_exactly(tmp_path: Path, mode: str) -> None:
+    urls = write_docs(tmp_path / "d")
+    window = {"window": 3} if mode == "best_fit" else {}
+    pack = Pack(SEQ, mode=mode, field="ids", **window)  # type: ignore[arg-type]
+    whole = [s["input_ids"].tolist() for s in StreamingDataset(urls, pack=pack, **OPTIONS)]
+    assert len(whole) > 20
+    for taken in (0, 1, 5, 13, len(whole) - 1, len(whole)):
+        ds = StreamingDataset(urls, pack=pack, **OPTIONS)
+        it = iter(ds)
+        first = [next(it)["input_ids"].tolist() for _ in range(taken)]
+        state = ds.state_dict()
+        STATE.validate(state)
+        held = state.get("pack")
+        assert (held is not None) == (0 < taken < len(whole)), (taken, held)
+        resumed = StreamingDataset(urls, pack=pack, **OPTIONS)
+        resumed.load_state_dict(state)
+        assert first + [s["input_ids"].tolist() for s in resumed] == whole, taken
+
+
+def test_stateful_dataloader_resumes_packed_workers_exactly(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d", shards=4)
+    pack = Pack(SEQ, mode="best_fit", window=4, field="ids", labels=True)
+
+    def loader() -> StatefulDataLoader:
+        ds = StreamingDataset(urls, pack=pack, batch_size=2, **OPTIONS)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    whole = [b["input_ids"].tolist() for b in loader()]
+    first_loader = loader()
+    it = iter(first_loader)
+    first = [next(it)["input_ids"].tolist() for _ in range(7)]
+    state = first_loader.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert first + [b["input_ids"].tolist() for b in resumed] == whole
+
+
+def test_the_tokenized_field_is_packed_by_default(tmp_path: Path) -> None:
+    words = [f"w{i}" for i in range(40)]
+    rng = random.Random(3)
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 30))) for _ in range(30)]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    hf = HfTokenizer(models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]", "</s>"])
+    )
+    tokenizer = Tokenizer.from_str(hf.to_str(), eos="</s>")
+    eos = hf.token_to_id("</s>")
+    pack = Pack(8, pad_id=-1)
+    seqs = list(
+        StreamingDataset(str(path), decode={"text": tokenizer}, pack=pack, shuffle_buffer=0)
+    )
+    flat = [t for s in seqs for t in real_tokens(s, pack)]
+    assert flat == [t for text in texts for t in [*hf.encode(text).ids, eos]]
+
+
+def test_pack_parameters_are_checked_when_made() -> None:
+    with pytest.raises(TypeError, match="Pack parameter seq_len"):
+        Pack("2048")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Pack parameter seq_len"):
+        Pack(0)
+    with pytest.raises(ValueError, match="Pack parameter mode"):
+        Pack(8, mode="greedy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Pack parameter window"):
+        Pack(8, window=4)
+    with pytest.raises(ValueError, match="Pack parameter window"):
+        Pack(8, mode="best_fit", window=0)
+    with pytest.raises(TypeError, match="Pack parameter labels"):
+        Pack(8, labels=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="option pack"):
+        StreamingDataset("x.jsonl", pack=8)  # type: ignore[arg-type]
+    pack = Pack(8, mode="best_fit", window=5, field="ids", labels=True, pad_id=7)
+    assert pickle.loads(pickle.dumps(pack)) == pack
+    assert (
+        repr(pack)
+        == 'Pack(seq_len=8, mode="best_fit", window=5, field="ids", labels=True, pad_id=7)'
+    )
+
+
+def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d")
+    pack = Pack(SEQ, field="ids")
+    with pytest.raises(ValueError, match="option pack: no field is tokenized"):
+        StreamingDataset(urls, pack=Pack(SEQ))
+    with pytest.raises(ValueError, match="one rank only"):
+        StreamingDataset(urls, pack=pack, rank=0, world_size=2, count_samples=True)
+    with pytest.raises(ValueError, match="option sample_ids"):
+        StreamingDataset(urls, pack=pack, sample_ids=True)
+    with pytest.raises(TypeError, match=r"len\(\) is not defined with pack"):
+        len(StreamingDataset(urls, pack=pack, count_samples=True))
+    with pytest.raises(ValueError, match="packs its documents"):
+        Mix([StreamingDataset(urls, pack=pack), StreamingDataset(urls)])
+    with pytest.raises(FieldDecodeError, match=r'p-.\.jsonl.*"n".*token ids'):
+        list(StreamingDataset(urls, pack=Pack(SEQ, field="n")))
+    # A state list of another layout is refused: packers are not split anew.
+    states = []
+    for worker in range(2):
+        ds = StreamingDataset(urls, pack=pack, num_workers=2, worker_id=worker)
+        next(iter(ds))
+        states.append(ds.state_dict())
+    other = StreamingDataset(urls, pack=pack)
+    other.load_state_dict(elastic_state(*states))
+    with pytest.raises(StateMismatchError, match="same num_workers"):
+        next(iter(other))
+
+
+def test_a_packed_state_is_refused_by_a_dataset_that_does_not_pack(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d")
+    ds = StreamingDataset(urls, pack=Pack(SEQ, field="ids"))
+    next(iter(ds))
+    state = ds.state_dict()
+    plain = StreamingDataset(urls)
+    plain.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="pack differs"):
+        next(iter(plain))
+
+
+def test_in_dataloader_workers_every_token_comes_once(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d", shards=4)
+    docs = [d["ids"] for d in StreamingDataset(urls, **OPTIONS)]
+    pack = Pack(SEQ, field="ids", pad_id=-1)
+    loader = DataLoader(
+        StreamingDataset(urls, pack=pack, **OPTIONS), batch_size=None, num_workers=2
+    )
+    flat = sorted(t for seq in loader for t in real_tokens(seq, pack))
+    assert flat == sorted(t for d in docs for t in d)
