@@ -13,7 +13,10 @@ punctuation and line breaks), documents of 200 to 20,000 tokens
 (row groups of 256 documents); the tokenizer is a byte-level BPE of 16,000
 tokens trained on 4 MB of the corpus, with ``<|endoftext|>`` after each
 document. Every reader hands out each document's ids; the consumer sums
-them (touching every token); items cross from the workers as they are
+them (touching every token); the packed readers (``pack=Pack(2048,
+mode=...)``, Rust batches of 8 sequences) hand out sequences, whose real
+tokens (not padding) are counted, summed and checked to be the documents'
+(every token once), with the padding fraction; items cross from the workers as they are
 (no conversion to tensors). Each run is a fresh subprocess; CPU seconds
 are user + system time of the epoch in the main process and its workers
 (imports left out). Runs are interleaved and medians reported.
@@ -37,7 +40,16 @@ sys.path.insert(0, str(HERE))
 from decode_bench import cpu_seconds, measure  # noqa: E402
 from loader_bench import warm  # noqa: E402
 
-READERS = ("shardstream-jsonl.zst", "shardstream-parquet", "hf-datasets+tokenizers")
+READERS = (
+    "shardstream-jsonl.zst",
+    "shardstream-parquet",
+    "shardstream-jsonl.zst+pack-concat",
+    "shardstream-jsonl.zst+pack-best_fit",
+    "hf-datasets+tokenizers",
+)
+SEQ_LEN = 2048
+PACK_BATCH = 8
+PAD = -1
 EOS = "<|endoftext|>"
 WORDS_PER_TOKEN = 0.75
 
@@ -128,13 +140,22 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
 
     root = Path(spec)
     tokenizer_path = root / "tokenizer.json"
+    packed = "+pack-" in reader
     if reader.startswith("shardstream"):
-        from shardstream import StreamingDataset, Tokenizer
+        from shardstream import Pack, StreamingDataset, Tokenizer
 
-        pattern = "*.jsonl.zst" if reader.endswith("jsonl.zst") else "*.parquet"
+        pattern = "*.jsonl.zst" if "jsonl.zst" in reader else "*.parquet"
         urls = sorted(str(p) for p in root.glob(pattern))
+        options = {}
+        if packed:
+            mode = reader.split("+pack-")[1]
+            options = {"pack": Pack(SEQ_LEN, mode=mode, pad_id=PAD), "batch_size": PACK_BATCH}
         dataset = StreamingDataset(
-            urls, seed=0, shuffle_buffer=0, decode={"text": Tokenizer(tokenizer_path, eos=EOS)}
+            urls,
+            seed=0,
+            shuffle_buffer=0,
+            decode={"text": Tokenizer(tokenizer_path, eos=EOS)},
+            **options,
         )
         loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=as_is)
         documents_of = lambda item: (item["text"],)  # noqa: E731
@@ -154,17 +175,28 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
         loader = DataLoader(stream, batch_size=None, num_workers=num_workers, collate_fn=as_is)
         documents_of = lambda item: (item["ids"],)  # noqa: E731
     start_cpu, start = cpu_seconds(), time.perf_counter()
-    docs = tokens = checksum = 0
-    for item in loader:
-        for ids in documents_of(item):
-            docs += 1
-            tokens += len(ids)
-            checksum += int(sum(ids)) if isinstance(ids, list) else int(ids.sum())
+    docs = tokens = checksum = slots = 0
+    if packed:
+        # Sequences: the real tokens are those that are not padding (no
+        # token id is PAD); documents are not counted.
+        for item in loader:
+            ids = item["input_ids"]
+            real = ids[ids != PAD]
+            slots += ids.size
+            tokens += real.size
+            checksum += int(real.sum())
+    else:
+        for item in loader:
+            for ids in documents_of(item):
+                docs += 1
+                tokens += len(ids)
+                checksum += int(sum(ids)) if isinstance(ids, list) else int(ids.sum())
     elapsed = time.perf_counter() - start
     return {
         "documents": docs,
         "tokens": tokens,
         "checksum": checksum,
+        "slots": slots,
         "seconds": elapsed,
         "cpu_seconds": cpu_seconds() - start_cpu,
     }
@@ -194,12 +226,12 @@ def main() -> None:
     first = runs[READERS[0]][0]
     for reader, result in runs.items():
         for run in result:
-            # Every reader gives the same documents and the same ids.
-            assert (run["documents"], run["tokens"], run["checksum"]) == (
-                first["documents"],
-                first["tokens"],
-                first["checksum"],
-            ), (reader, run)
+            # Every reader gives the same ids (packed: every token once).
+            assert (run["tokens"], run["checksum"]) == (first["tokens"], first["checksum"]), (
+                reader,
+                run,
+            )
+            assert "+pack-" in reader or run["documents"] == first["documents"], (reader, run)
     rows = []
     for reader in READERS:
         result = runs[reader]
@@ -213,19 +245,23 @@ def main() -> None:
                 "tokens_per_cpu_s": statistics.median(
                     r["tokens"] / r["cpu_seconds"] for r in result
                 ),
+                "padding": 1 - result[0]["tokens"] / result[0]["slots"]
+                if result[0]["slots"]
+                else None,
             }
         )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "text_bench.json").write_text(json.dumps(rows, indent=2))
     base = rows[-1]
-    print("| reader | num_workers | tokens/s | vs HF | tokens per CPU-second | vs HF |")
-    print("|---|---|---|---|---|---|")
+    print("| reader | num_workers | tokens/s | vs HF | tokens per CPU-second | vs HF | padding |")
+    print("|---|---|---|---|---|---|---|")
     for row in rows:
+        padding = "-" if row["padding"] is None else f"{100 * row['padding']:.2f}%"
         print(
             f"| {row['reader']} | {row['num_workers']} | {row['tokens_per_s']:,.0f} | "
             f"{row['tokens_per_s'] / base['tokens_per_s']:.2f}x | "
             f"{row['tokens_per_cpu_s']:,.0f} | "
-            f"{row['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x |"
+            f"{row['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x | {padding} |"
         )
     print(
         f"({os.cpu_count()} cores, {first['documents']:,} documents, {first['tokens']:,} tokens, "

@@ -41,6 +41,7 @@ use crate::shuffle::ShuffleBuffer;
 use crate::source::{ReadAhead, ReadAheadOptions};
 use crate::state::{self, Mirror, Resume, SkippedSamples, SlotState};
 use crate::stats::{Counter, Counters};
+use crate::text::pack::PackState;
 
 /// The most decode threads a stream starts by itself (`decode_threads`
 /// given explicitly may ask for more).
@@ -507,10 +508,11 @@ impl Drop for SampleStream {
     }
 }
 
-/// The packing stage of a stream with `pack`, rebuilding what an exact
-/// resume's state held. A packed stream runs on one rank (the ranks'
+/// The packing stage of a stream with `pack`, rebuilding what a resumed
+/// state's packer held (an elastic resume: the packers of the old slots
+/// dealt to this one). A packed stream runs on one rank (the ranks'
 /// sequence counts differ, and a rank that ran out would leave the others
-/// waiting) and resumes onto the same layout only.
+/// waiting).
 fn pack_stage(
     options: &StreamOptions,
     slot: &SlotSpec,
@@ -533,12 +535,19 @@ fn pack_stage(
     let saved = match resume {
         None => None,
         Some(Resume::Exact(state)) => state.pack.clone(),
-        Some(Resume::Elastic(_)) => {
-            return Err(Error::StateMismatch(
-                "a packed stream resumes onto the layout it was saved with (the same \
-                 num_workers): its packers' held documents are not split anew"
-                    .into(),
-            ))
+        // Each old slot's packer goes whole to one new slot (old slots in
+        // (rank, worker) order, dealt round the new ones): its documents
+        // come to that slot alone, read again.
+        Some(Resume::Elastic(states)) => {
+            let mut old: Vec<&SlotState> = states.iter().collect();
+            old.sort_by_key(|s| (s.rank, s.worker_id));
+            let slots = slot.world_size * slot.num_workers;
+            let mine = old
+                .into_iter()
+                .enumerate()
+                .filter(|(at, _)| at % slots == slot.slot())
+                .filter_map(|(_, s)| s.pack.clone());
+            Some(PackState::merge(mine))
         }
     };
     Ok(Some(PackStage::new(spec.clone(), saved)))

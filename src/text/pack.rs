@@ -199,6 +199,18 @@ impl PackState {
         self.ready.is_empty() && self.open.is_empty()
     }
 
+    /// The packers of several slots as one (an elastic resume gives each
+    /// new slot those of some old slots): their ready sequences in order,
+    /// then their open ones in order.
+    pub fn merge(states: impl IntoIterator<Item = PackState>) -> PackState {
+        let mut merged = PackState::default();
+        for state in states {
+            merged.ready.extend(state.ready);
+            merged.open.extend(state.open);
+        }
+        merged
+    }
+
     /// The documents its pieces come from, each once, in first-seen order.
     pub fn documents(&self) -> Vec<SampleId> {
         let mut seen = std::collections::HashSet::new();
@@ -242,11 +254,26 @@ impl Packer {
     /// is not 1-D integer token ids (a message naming the document).
     pub fn push(&mut self, doc: &Sample) -> Result<()> {
         let tokens = tokens_of(doc, self.spec.field_name())?;
-        self.push_tokens(doc.id, Arc::from(doc.key.as_str()), doc.url.clone(), tokens);
+        self.push_tokens(
+            doc.id,
+            Arc::from(doc.key.as_str()),
+            doc.url.clone(),
+            tokens,
+            0,
+        );
         Ok(())
     }
 
-    fn push_tokens(&mut self, doc: SampleId, key: Arc<str>, url: Arc<str>, tokens: Arc<[i32]>) {
+    /// Takes tokens `from..` of a document (a whole document from 0; a
+    /// piece of one when open sequences of several packers are merged).
+    fn push_tokens(
+        &mut self,
+        doc: SampleId,
+        key: Arc<str>,
+        url: Arc<str>,
+        tokens: Arc<[i32]>,
+        from: usize,
+    ) {
         let capacity = self.spec.capacity();
         let piece = |start, end| Piece {
             doc,
@@ -258,7 +285,7 @@ impl Packer {
         };
         match self.spec.mode {
             PackMode::Concat => {
-                let mut start = 0;
+                let mut start = from;
                 while start < tokens.len() {
                     if self.open.is_empty() {
                         self.open.push(Bin::default());
@@ -274,7 +301,7 @@ impl Packer {
                 }
             }
             PackMode::BestFit { window } => {
-                let mut start = 0;
+                let mut start = from;
                 // A document longer than a sequence: whole sequences of it
                 // first, then its rest placed like a document.
                 while tokens.len() - start > capacity {
@@ -362,7 +389,10 @@ impl Packer {
 
     /// The packer a state describes, from its documents read again
     /// (`docs`, by id). `Error::StateMismatch` naming the field when a
-    /// piece does not fit its document, a sequence or the mode.
+    /// piece does not fit its document or a sequence. Open sequences
+    /// beyond what the mode keeps open (the packers of several slots,
+    /// merged at an elastic resume: [`PackState::merge`]) have their pieces
+    /// packed again, in order, as documents are.
     pub fn restore(
         spec: Arc<PackSpec>,
         saved: &PackState,
@@ -425,6 +455,7 @@ impl Packer {
             let bin = bin_of(pieces, &format!("pack.ready[{at}]"))?;
             packer.ready.push_back(bin);
         }
+        let mut open = Vec::with_capacity(saved.open.len());
         for (at, pieces) in saved.open.iter().enumerate() {
             let bin = bin_of(pieces, &format!("pack.open[{at}]"))?;
             if bin.used >= capacity {
@@ -432,18 +463,31 @@ impl Packer {
                     "state field pack.open[{at}]: an open sequence is full"
                 )));
             }
-            packer.open.push(bin);
+            open.push(bin);
         }
         let most = match spec.mode {
             PackMode::Concat => 1,
             PackMode::BestFit { window } => window,
         };
-        if packer.open.len() > most {
-            return Err(Error::StateMismatch(format!(
-                "state field pack.open: {} open sequences, {} mode keeps at most {most}",
-                packer.open.len(),
-                spec.mode_name()
-            )));
+        if open.len() <= most {
+            packer.open = open;
+        } else {
+            for piece in open.into_iter().flat_map(|bin| bin.pieces) {
+                let Piece {
+                    doc,
+                    key,
+                    url,
+                    tokens,
+                    start,
+                    end,
+                } = piece;
+                let tokens: Arc<[i32]> = if end == tokens.len() {
+                    tokens
+                } else {
+                    Arc::from(&tokens[..end])
+                };
+                packer.push_tokens(doc, key, url, tokens, start);
+            }
         }
         Ok(packer)
     }
@@ -728,7 +772,6 @@ mod tests {
         };
         assert!(bad(vec![vec![[0, 0, 1, 4]]], vec![]).contains("pack.ready[0][0]"));
         assert!(bad(vec![], vec![vec![[0, 1, 0, 1]]]).contains("not read again"));
-        assert!(bad(vec![], vec![vec![[0, 0, 0, 1]], vec![[0, 0, 1, 2]]]).contains("at most 1"));
         assert!(bad(vec![vec![]], vec![]).contains("empty sequence"));
     }
 
@@ -793,6 +836,56 @@ mod tests {
                     prop_assert_eq!(real_tokens(&spec, seq).len(), seq_len + 1);
                 }
             }
+        }
+
+        /// The packers of several slots, merged (an elastic resume) and
+        /// restored, hand out every token they held and every later one
+        /// exactly once.
+        #[test]
+        fn merged_packers_give_every_token_once(
+            lens in prop::collection::vec(1usize..40, 1..25),
+            seq_len in 1usize..16,
+            mode in mode_strategy(),
+            slots in 1usize..4,
+            cut in 0usize..25,
+        ) {
+            let spec = spec(seq_len, mode, false);
+            let cut = cut.min(lens.len());
+            let mut out = Vec::new();
+            let mut states = Vec::new();
+            for slot in 0..slots {
+                let mut packer = Packer::new(spec.clone());
+                for (i, &len) in lens[..cut].iter().enumerate().filter(|(i, _)| i % slots == slot) {
+                    packer.push(&doc(i as u64, len)).unwrap();
+                    if packer.ready.len() > 1 {
+                        out.extend(packer.pop());
+                    }
+                }
+                states.push(packer.state());
+            }
+            let merged = PackState::merge(states);
+            let docs: HashMap<_, _> = merged
+                .documents()
+                .into_iter()
+                .map(|id| (id, doc(id.index, lens[id.index as usize])))
+                .collect();
+            let mut packer = Packer::restore(spec.clone(), &merged, &docs).unwrap();
+            let reopened = Packer::restore(spec.clone(), &packer.state(), &docs).unwrap();
+            prop_assert_eq!(reopened.state(), packer.state());
+            for (i, &len) in lens.iter().enumerate().skip(cut) {
+                packer.push(&doc(i as u64, len)).unwrap();
+            }
+            packer.finish();
+            out.extend(std::iter::from_fn(|| packer.pop()));
+            let mut all: Vec<i32> = out.iter().flat_map(|s| real_tokens(&spec, s)).collect();
+            all.sort_unstable();
+            let mut want: Vec<i32> = lens
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &len)| (0..len as i32).map(move |t| i as i32 * 1000 + t))
+                .collect();
+            want.sort_unstable();
+            prop_assert_eq!(all, want);
         }
 
         /// A packer restored from its state at any point hands out what the
