@@ -44,6 +44,7 @@ SLOW_MODULES = {
     "test_store_conformance",
     "test_torchrun",
     "test_train_bench",
+    "test_train_lm",
     "test_wheel",
 }
 
