@@ -216,8 +216,24 @@ impl DatasetOptionsBuilder {
         if let Some(dir) = self.cache_dir {
             stream = stream.with_cache(Some(CacheOptions::new(dir, self.cache_limit_bytes)));
         }
+        let stream = stream.build()?;
+        // A batch's `cu_seqlens` count its packed tokens in `int32`.
+        if let (Some(rows), Some(pack)) = (self.batch_size, &stream.pack) {
+            let tokens = rows.saturating_mul(pack.width());
+            if tokens > i32::MAX as usize {
+                return Err(Error::Config {
+                    name: "batch_size",
+                    reason: format!(
+                        "{rows} packed sequences of {} tokens hold {tokens} tokens, more than \
+                         the {} a batch's int32 cu_seqlens can count",
+                        pack.width(),
+                        i32::MAX
+                    ),
+                });
+            }
+        }
         Ok(DatasetOptions {
-            stream: stream.build()?,
+            stream,
             manifest: self.manifest,
             format: self.format,
             batch_size: self.batch_size.filter(|_| !arrow),

@@ -139,7 +139,11 @@ impl SampleStream {
         resume: Option<Resume>,
     ) -> Result<Self> {
         let fingerprint = state::Fingerprint::of(shards, options);
-        let pack = pack_stage(options, &slot, resume.as_ref())?;
+        let saved_pack = match &resume {
+            Some(Resume::Exact(state)) => SavedPack::Exact(state.pack.clone()),
+            Some(Resume::Elastic(_)) => SavedPack::Elastic,
+            None => SavedPack::Exact(None),
+        };
         // Every field of a resumed state is checked here, before any read.
         let state::Start {
             epoch,
@@ -148,6 +152,7 @@ impl SampleStream {
             mirror,
             finished,
         } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
+        let pack = pack_stage(options, &slot, saved_pack, resumed_from.as_deref())?;
         let replay = pack.as_ref().map_or_else(Vec::new, PackStage::replay);
         let reads = read_list(shards, &units, &mirror, &replay, finished)?;
         let mut rng = order::rng_for(
@@ -343,23 +348,59 @@ impl SampleStream {
             if stage.is_done() {
                 return Ok(Poll::End);
             }
-            let polled = self.poll_documents(wait);
+            let polled = self.poll_delivery(wait);
+            let finished = self.finished;
             let Some(stage) = &mut self.pack else {
                 return Ok(Poll::End);
             };
-            match polled? {
-                Poll::Ready(Event::Sample(doc)) => stage.take(doc)?,
-                Poll::Ready(event) => return Ok(Poll::Ready(event)),
-                Poll::Pending => return Ok(Poll::Pending),
-                Poll::End => stage.end()?,
+            match polled.inspect_err(|_| stage.fail())? {
+                Delivered::Ready(Delivery {
+                    ops,
+                    event: Event::Sample(doc),
+                }) => {
+                    // The document counts as handed out (its ops reach the
+                    // mirror) once the packer has taken it: a state saved
+                    // after a document that cannot be packed resumes at it.
+                    // (`sample_seed` and `sample_ids` are refused with
+                    // `pack`: no field to add.)
+                    stage.take(doc)?;
+                    self.apply(&ops);
+                }
+                Delivered::Ready(Delivery { ops, event }) => {
+                    self.apply(&ops);
+                    return Ok(Poll::Ready(self.with_seed(event)));
+                }
+                Delivered::Pending => return Ok(Poll::Pending),
+                // After a failure the stream ends without its open sequences.
+                Delivered::End if !finished => stage.fail(),
+                Delivered::End => stage.end()?,
             }
         }
     }
 
     /// [`SampleStream::poll`] of the documents, before packing.
     fn poll_documents(&mut self, wait: Duration) -> Result<Poll> {
+        Ok(match self.poll_delivery(wait)? {
+            Delivered::Ready(Delivery { ops, event }) => {
+                self.apply(&ops);
+                Poll::Ready(self.with_seed(event))
+            }
+            Delivered::Pending => Poll::Pending,
+            Delivered::End => Poll::End,
+        })
+    }
+
+    /// Applies the ops of a delivery to the mirror.
+    fn apply(&mut self, ops: &[state::Op]) {
+        let skipped = self.mirror.apply(ops, &self.units);
+        self.skipped.extend(skipped);
+    }
+
+    /// The next delivery, its ops not yet applied to the mirror (those of
+    /// the end are).
+    fn poll_delivery(&mut self, wait: Duration) -> Result<Delivered> {
         if self.done {
-            return Ok(Poll::End);
+            return Ok(Delivered::End);
         }
         if let Some(launch) = self.launch.take() {
             match self.launch(launch) {
@@ -387,7 +428,7 @@ impl SampleStream {
             };
             let message = match received {
                 Ok(message) => message,
-                Err(RecvTimeoutError::Timeout) => return Ok(Poll::Pending),
+                Err(RecvTimeoutError::Timeout) => return Ok(Delivered::Pending),
                 Err(RecvTimeoutError::Disconnected) => {
                     self.done = true;
                     return Err(Error::Stopped(
@@ -412,16 +453,14 @@ impl SampleStream {
                     self.skipped.extend(skipped);
                     self.done = true;
                     self.finished = true;
-                    return Ok(Poll::End);
+                    return Ok(Delivered::End);
                 }
             }
         }
-        let Some(Delivery { ops, event }) = self.ready.pop_front() else {
-            return Ok(Poll::Pending);
-        };
-        let skipped = self.mirror.apply(&ops, &self.units);
-        self.skipped.extend(skipped);
-        Ok(Poll::Ready(self.with_seed(event)))
+        Ok(match self.ready.pop_front() {
+            Some(delivery) => Delivered::Ready(delivery),
+            None => Delivered::Pending,
+        })
     }
 
     /// Brings [`Counter::OutputQueued`] up to date with the events sent
@@ -508,6 +547,25 @@ impl Drop for SampleStream {
     }
 }
 
+/// What the pipeline's channel brought, before the mirror takes its ops.
+enum Delivered {
+    /// An event, with the ops that lead to it.
+    Ready(Delivery),
+    /// Nothing yet.
+    Pending,
+    /// The channel ended (with the stream's last ops applied), or failed
+    /// earlier.
+    End,
+}
+
+/// What a resumed stream's packer starts from: an exact resume's own
+/// state, or, for an elastic one, the old slots' (read from the states the
+/// plan was split from, each slot once).
+enum SavedPack {
+    Exact(Option<PackState>),
+    Elastic,
+}
+
 /// The packing stage of a stream with `pack`, rebuilding what a resumed
 /// state's packer held (an elastic resume: the packers of the old slots
 /// dealt to this one). A packed stream runs on one rank (the ranks'
@@ -516,7 +574,8 @@ impl Drop for SampleStream {
 fn pack_stage(
     options: &StreamOptions,
     slot: &SlotSpec,
-    resume: Option<&Resume>,
+    saved: SavedPack,
+    resumed_from: Option<&[SlotState]>,
 ) -> Result<Option<PackStage>> {
     let Some(spec) = &options.pack else {
         return Ok(None);
@@ -532,14 +591,13 @@ fn pack_stage(
             ),
         });
     }
-    let saved = match resume {
-        None => None,
-        Some(Resume::Exact(state)) => state.pack.clone(),
+    let saved = match saved {
+        SavedPack::Exact(saved) => saved,
         // Each old slot's packer goes whole to one new slot (old slots in
         // (rank, worker) order, dealt round the new ones): its documents
         // come to that slot alone, read again.
-        Some(Resume::Elastic(states)) => {
-            let mut old: Vec<&SlotState> = states.iter().collect();
+        SavedPack::Elastic => {
+            let mut old: Vec<&SlotState> = resumed_from.unwrap_or_default().iter().collect();
             old.sort_by_key(|s| (s.rank, s.worker_id));
             let slots = slot.world_size * slot.num_workers;
             let mine = old

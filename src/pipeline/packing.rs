@@ -92,6 +92,12 @@ impl PackStage {
         Ok(())
     }
 
+    /// The document stream failed: the stream ends here, without the
+    /// sequences still open.
+    pub(super) fn fail(&mut self) {
+        self.failed = true;
+    }
+
     /// The documents ended: the open sequences are handed out, padded.
     pub(super) fn end(&mut self) -> Result<()> {
         self.ended = true;

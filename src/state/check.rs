@@ -625,6 +625,76 @@ impl<'a> Dataset<'a> {
                 )));
             }
         }
+        // The packer's pieces: of documents the slot handed out (passed, and
+        // not held by the buffer; after an elastic resume, also those of the
+        // old slots, outside this slot's units), no token twice.
+        let Some(pack) = &state.pack else {
+            return Ok(());
+        };
+        // Each document's token ranges, with the field that names each.
+        type Ranges = Vec<(u64, u64, String)>;
+        let mut pieces: HashMap<(u64, u64), Ranges> = HashMap::new();
+        let sequences = (pack
+            .ready
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("pack.ready[{i}]"), p)))
+        .chain(
+            pack.open
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (format!("pack.open[{i}]"), p)),
+        );
+        for (name, sequence) in sequences {
+            for (j, &[shard, index, start, end]) in sequence.iter().enumerate() {
+                let field = format!("{name}[{j}]");
+                let error = |reason: String| field_error(prefix, &field, reason);
+                let shard_index = usize::try_from(shard)
+                    .ok()
+                    .filter(|&s| s < self.plans.shard_count())
+                    .ok_or_else(|| {
+                        error(format!(
+                            "shard {shard} is not below the dataset's {} shards",
+                            self.plans.shard_count()
+                        ))
+                    })?;
+                // After an elastic resume the packer may hold documents the
+                // old slots handed out, outside this slot's units.
+                let from_old_slots = state.resumed_from.is_some()
+                    && !units.iter().any(|u| {
+                        u.shard == shard_index
+                            && u.samples.as_ref().is_none_or(|r| r.contains(&index))
+                    });
+                if seen.contains(&(shard, index))
+                    || !(has_read(shard_index, index) || from_old_slots)
+                {
+                    return Err(error(format!(
+                        "sample {index} of shard {shard} is not among the samples the slot has \
+                         handed out"
+                    )));
+                }
+                if start > end {
+                    return Err(error(format!("tokens {start}..{end} run backwards")));
+                }
+                pieces
+                    .entry((shard, index))
+                    .or_default()
+                    .push((start, end, field));
+            }
+        }
+        for ((shard, index), mut ranges) in pieces {
+            ranges.sort();
+            for pair in ranges.windows(2) {
+                let ((first, end, _), (start, last, field)) = (&pair[0], &pair[1]);
+                if start < end || (first, end) == (start, last) {
+                    return Err(field_error(
+                        prefix,
+                        field,
+                        format!("it holds tokens of sample {index} of shard {shard} that another piece holds"),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }

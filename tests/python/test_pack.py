@@ -229,6 +229,63 @@ def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
         list(StreamingDataset(urls, pack=Pack(SEQ, field="n")))
 
 
+def test_a_damaged_packer_state_is_refused_by_field(tmp_path: Path) -> None:
+    urls = write_docs(tmp_path / "d")
+    pack = Pack(SEQ, mode="best_fit", window=4, field="ids")
+    ds = StreamingDataset(urls, pack=pack, **OPTIONS)
+    it = iter(ds)
+    for _ in range(6):
+        next(it)
+    state = ds.state_dict()
+    pieces = state["pack"]["open"]
+    assert pieces
+
+    def refused(damaged: dict[str, Any], match: str) -> None:
+        resumed = StreamingDataset(urls, pack=pack, **OPTIONS)
+        resumed.load_state_dict(damaged)
+        with pytest.raises(StateMismatchError, match=match):
+            next(iter(resumed))
+
+    twice = json.loads(json.dumps(state))
+    twice["pack"]["ready"].append(list(pieces[0]))
+    refused(twice, r"pack\.(ready|open)\[\d+\]\[\d+\]: it holds tokens .* that another piece holds")
+    unread = json.loads(json.dumps(state))
+    shard, index = unread["buffer"][0]
+    unread["pack"]["open"][0][0] = [shard, index, 0, 1]
+    refused(
+        unread, r"pack\.open\[0\]\[0\]: sample .* not among the samples the slot has handed out"
+    )
+
+
+def test_a_document_that_cannot_be_packed_fails_and_a_resume_meets_it_again(
+    tmp_path: Path,
+) -> None:
+    urls = write_docs(tmp_path / "d", shards=1)
+    lines = Path(urls[0]).read_text().splitlines()
+    bad = json.loads(lines[12])
+    bad["ids"] = "not ids"
+    lines[12] = json.dumps(bad)
+    Path(urls[0]).write_text("\n".join(lines) + "\n")
+    options = {"seed": 1, "shuffle_buffer": 0}
+    pack = Pack(SEQ, field="ids")
+    ds = StreamingDataset(urls, pack=pack, **options)
+    it = iter(ds)
+    taken = 0
+    with pytest.raises(FieldDecodeError, match="not token ids"):
+        while True:
+            next(it)
+            taken += 1
+    # The stream ends there: no padded sequence of what was left open.
+    assert list(it) == []
+    state = ds.state_dict()
+    resumed = StreamingDataset(urls, pack=pack, **options)
+    resumed.load_state_dict(state)
+    with pytest.raises(FieldDecodeError, match="not token ids"):
+        list(resumed)
+    with pytest.raises(ValueError, match="option batch_size"):
+        StreamingDataset(urls, pack=Pack(1 << 24, field="ids"), batch_size=200)
+
+
 def test_a_packed_state_is_refused_by_a_dataset_that_does_not_pack(tmp_path: Path) -> None:
     urls = write_docs(tmp_path / "d")
     ds = StreamingDataset(urls, pack=Pack(SEQ, field="ids"))
@@ -258,7 +315,9 @@ def test_an_elastic_resume_onto_other_workers_gives_every_token_once(
         seen += [t for _ in range(3 + worker) for t in real_tokens(next(it), pack)]
         states.append(ds.state_dict())
         assert "pack" in states[-1]
-    elastic = elastic_state(*states)
+    # The same state twice (as the ranks of a model-parallel group save it)
+    # counts once.
+    elastic = elastic_state(*states, states[0])
     resumed = []
     for worker in range(after):
         ds = StreamingDataset(urls, pack=pack, num_workers=after, worker_id=worker, **options)
