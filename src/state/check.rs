@@ -571,6 +571,20 @@ impl<'a> Dataset<'a> {
         Ok(())
     }
 
+    /// A state's shard number as an index of the dataset's shards, or why
+    /// it is not one.
+    fn shard_index(&self, shard: u64) -> std::result::Result<usize, String> {
+        usize::try_from(shard)
+            .ok()
+            .filter(|&s| s < self.plans.shard_count())
+            .ok_or_else(|| {
+                format!(
+                    "shard {shard} is not below the dataset's {} shards",
+                    self.plans.shard_count()
+                )
+            })
+    }
+
     fn check_buffer(&self, state: &SlotState, units: &[WorkUnit], prefix: &str) -> Result<()> {
         let cursor = state.cursor;
         // The units the cursor has reached, by shard: (position, samples).
@@ -598,15 +612,7 @@ impl<'a> Dataset<'a> {
         let mut seen = HashSet::with_capacity(state.buffer.len());
         for (i, &[shard, index]) in state.buffer.iter().enumerate() {
             let error = |reason: String| field_error(prefix, &format!("buffer[{i}]"), reason);
-            let shard_index = usize::try_from(shard)
-                .ok()
-                .filter(|&s| s < self.plans.shard_count())
-                .ok_or_else(|| {
-                    error(format!(
-                        "shard {shard} is not below the dataset's {} shards",
-                        self.plans.shard_count()
-                    ))
-                })?;
+            let shard_index = self.shard_index(shard).map_err(error)?;
             if let Some(count) = self.plans.samples_of(shard_index) {
                 if index >= count {
                     return Err(error(format!(
@@ -649,15 +655,7 @@ impl<'a> Dataset<'a> {
             for (j, &[shard, index, start, end]) in sequence.iter().enumerate() {
                 let field = format!("{name}[{j}]");
                 let error = |reason: String| field_error(prefix, &field, reason);
-                let shard_index = usize::try_from(shard)
-                    .ok()
-                    .filter(|&s| s < self.plans.shard_count())
-                    .ok_or_else(|| {
-                        error(format!(
-                            "shard {shard} is not below the dataset's {} shards",
-                            self.plans.shard_count()
-                        ))
-                    })?;
+                let shard_index = self.shard_index(shard).map_err(error)?;
                 // After an elastic resume the packer may hold documents the
                 // old slots handed out, outside this slot's units.
                 let from_old_slots = state.resumed_from.is_some()

@@ -649,6 +649,14 @@ mod tests {
         }
     }
 
+    /// The tokens of documents of `lens`, in order ([`doc`]'s ids).
+    fn every_token(lens: &[usize]) -> Vec<i32> {
+        lens.iter()
+            .enumerate()
+            .flat_map(|(i, &len)| (0..len as i32).map(move |t| i as i32 * 1000 + t))
+            .collect()
+    }
+
     /// Every sequence of `lens`, packed.
     fn pack_all(spec: &Arc<PackSpec>, lens: &[usize]) -> Vec<Sample> {
         let mut packer = Packer::new(spec.clone());
@@ -806,11 +814,7 @@ mod tests {
                 prop_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
                 seen.push(real_tokens(&spec, seq));
             }
-            let want: Vec<i32> = lens
-                .iter()
-                .enumerate()
-                .flat_map(|(i, &len)| (0..len as i32).map(move |t| i as i32 * 1000 + t))
-                .collect();
+            let want = every_token(&lens);
             let mut all: Vec<i32> = seen.iter().flatten().copied().collect();
             if mode == PackMode::Concat {
                 prop_assert_eq!(all, want);
@@ -879,11 +883,7 @@ mod tests {
             out.extend(std::iter::from_fn(|| packer.pop()));
             let mut all: Vec<i32> = out.iter().flat_map(|s| real_tokens(&spec, s)).collect();
             all.sort_unstable();
-            let mut want: Vec<i32> = lens
-                .iter()
-                .enumerate()
-                .flat_map(|(i, &len)| (0..len as i32).map(move |t| i as i32 * 1000 + t))
-                .collect();
+            let mut want = every_token(&lens);
             want.sort_unstable();
             prop_assert_eq!(all, want);
         }
