@@ -298,6 +298,47 @@ pub fn flatten_bounds(batch: &mut Batch, field: &str, width: usize) {
     });
 }
 
+/// A batch's `field` whose rows are arrays of `(K, ...)` (such as packed
+/// sequences' `__id__`: `(K, 3)`, K varying), joined along their first
+/// axis into one array. Left as it is when the rows are not arrays of one
+/// element type and trailing shape.
+pub fn join_rows(batch: &mut Batch, field: &str) {
+    let Some((_, column)) = batch.fields.iter_mut().find(|(name, _)| name == field) else {
+        return;
+    };
+    let joined = match &*column {
+        Column::Stacked(array) if array.shape.len() >= 2 => {
+            let mut shape = vec![array.shape[0] * array.shape[1]];
+            shape.extend_from_slice(&array.shape[2..]);
+            Array::new(shape, array.data.clone())
+        }
+        Column::Values(values) => {
+            let arrays: Option<Vec<&Array>> = values
+                .iter()
+                .map(|v| match v {
+                    Value::Array(a) if !a.shape.is_empty() => Some(a),
+                    _ => None,
+                })
+                .collect();
+            arrays.and_then(|arrays| {
+                let tail = arrays.first().map_or(&[][..], |a| &a.shape[1..]);
+                if arrays.iter().any(|a| &a.shape[1..] != tail) {
+                    return None;
+                }
+                let rows = arrays.iter().map(|a| a.shape[0]).sum();
+                let mut shape = vec![rows];
+                shape.extend_from_slice(tail);
+                let data = concat(arrays.iter().map(|a| a.data.clone()))?;
+                Array::new(shape, data)
+            })
+        }
+        _ => None,
+    };
+    if let Some(array) = joined {
+        *column = Column::Stacked(array);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -139,7 +139,9 @@ class StreamingDataset(IterableDataset[Any]):
         pack: a ``shardstream.Pack``: each document's token ids laid into
             fixed-length sequences, handed out instead of the documents
             (``input_ids``, ``position_ids``, ``cu_seqlens``; see
-            docs/text.md). One rank only; ``len()`` is not defined.
+            docs/text.md; with ``sample_ids``, each sequence's ``__id__``
+            rows name the documents that end in it). One rank only;
+            ``len()`` is not defined.
         pack_bytes: with ``batch_size``, a bytes field that every sample of
             the batch has becomes one ``uint8`` array of its members end to
             end, plus ``<field>_offsets`` (``int64``, one more than the

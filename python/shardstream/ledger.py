@@ -191,6 +191,13 @@ def id_columns(batch: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return epoch, shard, index
 
 
+def _ends_no_document(ids: Any) -> bool:
+    """Whether ``ids`` are a packed sequence's (or batch's) ``(0, 3)`` rows:
+    no document ends in it (``pack`` with ``sample_ids``)."""
+    shape = getattr(ids, "shape", None)
+    return shape is not None and tuple(shape) == (0, 3)
+
+
 def _plain_ids(batch: Any) -> tuple[Any, int] | None:
     """``batch``'s ``__id__`` as the common batches hold it, kept without a
     copy, and its sample count: a ``(B, 3)`` ``int64`` array (Rust
@@ -340,6 +347,9 @@ class Ledger:
                 "a Ledger to record" + (" (every stream of the Mix)" if mixture else "")
             )
         self.directory = Path(directory)
+        # Packed sequences name the documents that end in them: a step may
+        # end none.
+        self._packed = streams[0].options["pack"] is not None
         # A mixture's streams share one layout: the first one's.
         layout = streams[0]
         data_rank, data_world = layout.distributed_slot()
@@ -526,6 +536,11 @@ class Ledger:
         if plain is None:
             columns = id_columns(batch)
             if len(columns[0]) == 0:
+                if self._packed and _ends_no_document(batch.get("__id__")):
+                    # A packed batch whose sequences all go on into the next
+                    # (no document ends in it): a step with nothing to record.
+                    self._last_step, self._next_step = step, step + 1
+                    return step
                 raise ValueError("a step's batch has no samples")
             plain = [c.view(np.int64) for c in columns], len(columns[0])
         ids, count = plain

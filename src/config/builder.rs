@@ -262,21 +262,19 @@ impl StreamOptionsBuilder {
 /// With `pack` and no field named, the field that `decode` tokenizes: the
 /// one `Tokenizer` among the decoders, or a `Config` error saying what to
 /// name. `pack` with Arrow batches is refused (it packs documents), and so
-/// are the per-document fields `sample_seed` and `sample_ids` (a sequence
-/// holds pieces of several documents).
+/// is `sample_seed` (a sequence holds pieces of several documents; with
+/// `sample_ids` each sequence names the documents it ends).
 fn check_pack(mut o: StreamOptions) -> Result<StreamOptions> {
     let Some(spec) = &o.pack else {
         return Ok(o);
     };
-    for (name, on) in [("sample_seed", o.sample_seed), ("sample_ids", o.sample_ids)] {
-        if on {
-            return Err(Error::Config {
-                name,
-                reason: "it adds a field to each document, and with pack the stream hands \
-                         out sequences holding pieces of several documents"
-                    .into(),
-            });
-        }
+    if o.sample_seed {
+        return Err(Error::Config {
+            name: "sample_seed",
+            reason: "it adds a field to each document, and with pack the stream hands out \
+                     sequences holding pieces of several documents"
+                .into(),
+        });
     }
     if o.table_output == TableOutput::Arrow {
         return Err(Error::Config {

@@ -37,6 +37,11 @@ pub struct SampleId {
     pub index: u64,
 }
 
+/// The field that carries a sample's id when `sample_ids` is on: an
+/// `(epoch, shard index, index in shard)` tuple on a sample, its `(K, 3)`
+/// `int64` rows on a packed sequence.
+pub const SAMPLE_ID_FIELD: &str = "__id__";
+
 /// One sample: a key, the shard it came from, and its fields in member order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {

@@ -34,7 +34,7 @@ use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
 use crate::compression::Compression;
 use crate::config::StreamOptions;
 use crate::error::{Error, Result};
-use crate::format::{SampleId, Value};
+use crate::format::{SampleId, Value, SAMPLE_ID_FIELD};
 use crate::plan::{order, Purpose, SlotSpec, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::ShuffleBuffer;
@@ -152,7 +152,7 @@ impl SampleStream {
             mirror,
             finished,
         } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
-        let pack = pack_stage(options, &slot, saved_pack, resumed_from.as_deref())?;
+        let pack = pack_stage(options, &slot, epoch, saved_pack, resumed_from.as_deref())?;
         let replay = pack.as_ref().map_or_else(Vec::new, PackStage::replay);
         let reads = read_list(shards, &units, &mirror, &replay, finished)?;
         let mut rng = order::rng_for(
@@ -513,9 +513,6 @@ impl SampleStream {
     }
 }
 
-/// The field that carries a sample's id (`sample_ids`).
-pub const SAMPLE_ID_FIELD: &str = "__id__";
-
 /// A sample's `__id__`: the tuple `(epoch, shard index, index in shard)`,
 /// each an `int` (unsigned beyond `i64`).
 fn sample_id_value(epoch: u64, id: SampleId) -> Value {
@@ -574,6 +571,7 @@ enum SavedPack {
 fn pack_stage(
     options: &StreamOptions,
     slot: &SlotSpec,
+    epoch: u64,
     saved: SavedPack,
     resumed_from: Option<&[SlotState]>,
 ) -> Result<Option<PackStage>> {
@@ -608,5 +606,6 @@ fn pack_stage(
             Some(PackState::merge(mine))
         }
     };
-    Ok(Some(PackStage::new(spec.clone(), saved)))
+    let ids_epoch = options.sample_ids.then_some(epoch);
+    Ok(Some(PackStage::new(spec.clone(), saved, ids_epoch)))
 }

@@ -25,6 +25,7 @@ struct Rebuild {
 #[derive(Debug)]
 pub(super) struct PackStage {
     spec: Arc<PackSpec>,
+    ids_epoch: Option<u64>,
     packer: Packer,
     rebuild: Option<Rebuild>,
     /// The documents have ended: no more come.
@@ -35,16 +36,22 @@ pub(super) struct PackStage {
 }
 
 impl PackStage {
-    /// A stage packing by `spec`, rebuilding `saved` first when given.
-    pub(super) fn new(spec: Arc<PackSpec>, saved: Option<PackState>) -> Self {
+    /// A stage packing by `spec` (with the documents' ids of `ids_epoch`,
+    /// when given: `sample_ids`), rebuilding `saved` first when given.
+    pub(super) fn new(
+        spec: Arc<PackSpec>,
+        saved: Option<PackState>,
+        ids_epoch: Option<u64>,
+    ) -> Self {
         let rebuild = saved.filter(|s| !s.is_empty()).map(|saved| Rebuild {
             left: saved.documents().len(),
             saved,
             docs: HashMap::new(),
         });
         PackStage {
-            packer: Packer::new(spec.clone()),
+            packer: empty_packer(&spec, ids_epoch),
             spec,
+            ids_epoch,
             rebuild,
             ended: false,
             failed: false,
@@ -87,7 +94,8 @@ impl PackStage {
         let Some(rebuild) = self.rebuild.take() else {
             return Ok(());
         };
-        self.packer = Packer::restore(self.spec.clone(), &rebuild.saved, &rebuild.docs)
+        self.packer = empty_packer(&self.spec, self.ids_epoch)
+            .restore(&rebuild.saved, &rebuild.docs)
             .inspect_err(|_| self.failed = true)?;
         Ok(())
     }
@@ -124,5 +132,14 @@ impl PackStage {
     /// Whether the stage holds nothing for a state to save.
     pub(super) fn holds_nothing(&self) -> bool {
         self.rebuild.is_none() && self.packer.is_empty()
+    }
+}
+
+/// A packer by `spec`, giving ids of `ids_epoch` when given.
+fn empty_packer(spec: &Arc<PackSpec>, ids_epoch: Option<u64>) -> Packer {
+    let packer = Packer::new(spec.clone());
+    match ids_epoch {
+        Some(epoch) => packer.with_ids(epoch),
+        None => packer,
     }
 }

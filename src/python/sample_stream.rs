@@ -14,7 +14,7 @@ use super::errors::{
     panic_to_py, to_py, ShardSkippedWarning, ShardStreamError, StreamProcessError,
 };
 use super::shard_list::{check_counts, ShardList};
-use crate::collate::{collate, flatten_bounds};
+use crate::collate::{collate, flatten_bounds, join_rows};
 use crate::fork::{self, ForkHandlers};
 use crate::format::Sample;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
@@ -418,6 +418,7 @@ impl SampleStream {
             let mut batch = collate(samples, pack_bytes)?;
             if let Some(width) = width {
                 flatten_bounds(&mut batch, "cu_seqlens", width);
+                join_rows(&mut batch, crate::format::SAMPLE_ID_FIELD);
             }
             Ok::<_, crate::Error>(batch)
         })?;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::{Sample, SampleId};
+use crate::format::{Sample, SampleId, SAMPLE_ID_FIELD};
 use crate::value::{Array, ArrayData, Value};
 
 /// The most tokens a packed sequence may hold.
@@ -233,6 +233,11 @@ pub struct Packer {
     spec: Arc<PackSpec>,
     ready: VecDeque<Bin>,
     open: Vec<Bin>,
+    /// With `sample_ids`, the epoch: each sequence gets the `__id__` rows
+    /// of the documents whose last token it holds.
+    ids_epoch: Option<u64>,
+    /// The documents have ended.
+    finished: bool,
 }
 
 impl Packer {
@@ -242,7 +247,19 @@ impl Packer {
             spec,
             ready: VecDeque::new(),
             open: Vec::new(),
+            ids_epoch: None,
+            finished: false,
         }
+    }
+
+    /// Gives each sequence an `__id__` field: the `(epoch, shard, index)`
+    /// rows (`int64`, `(K, 3)`) of the documents whose last token it holds,
+    /// so that each document of the epoch is in exactly one sequence's ids.
+    /// A document with no tokens rides in the open sequence, or in the last
+    /// one filled, which is then held until the next document or the end.
+    pub fn with_ids(mut self, epoch: u64) -> Self {
+        self.ids_epoch = Some(epoch);
+        self
     }
 
     /// Whether it holds nothing (no sequence ready, none open).
@@ -274,6 +291,19 @@ impl Packer {
         tokens: Arc<[i32]>,
         from: usize,
     ) {
+        if tokens.len() <= from {
+            if tokens.is_empty() && self.ids_epoch.is_some() {
+                self.home_empty(Piece {
+                    doc,
+                    key,
+                    url,
+                    tokens,
+                    start: 0,
+                    end: 0,
+                });
+            }
+            return;
+        }
         let capacity = self.spec.capacity();
         let piece = |start, end| Piece {
             doc,
@@ -340,6 +370,20 @@ impl Packer {
         }
     }
 
+    /// Places a document with no tokens: in the last open sequence, else in
+    /// the last one filled (held by [`Packer::pop`]), else in a new open one.
+    fn home_empty(&mut self, piece: Piece) {
+        if let Some(bin) = self.open.last_mut() {
+            bin.add(piece);
+        } else if let Some(bin) = self.ready.back_mut() {
+            bin.add(piece);
+        } else {
+            let mut bin = Bin::default();
+            bin.add(piece);
+            self.open.push(bin);
+        }
+    }
+
     /// Hands out the fullest open sequence (the first opened among equals).
     fn close_fullest(&mut self) {
         let fullest = self
@@ -357,11 +401,31 @@ impl Packer {
     /// The stream ended: every open sequence is handed out, padded, in the
     /// order they were opened.
     pub fn finish(&mut self) {
+        self.finished = true;
         self.ready.extend(self.open.drain(..));
+        // A sequence of documents with no tokens only: they join the one
+        // before (or after) it; a packer that held nothing else has no
+        // sequence to give them.
+        while let Some(at) = self.ready.iter().position(|b| b.used == 0) {
+            let Some(bin) = self.ready.remove(at) else {
+                break;
+            };
+            let next = if at > 0 { at - 1 } else { 0 };
+            match self.ready.get_mut(next) {
+                Some(other) => other.pieces.extend(bin.pieces),
+                None => break,
+            }
+        }
     }
 
     /// The next sequence, if one is filled (or closed).
     pub fn pop(&mut self) -> Option<Sample> {
+        // With ids, the last sequence filled waits while none is open: a
+        // document with no tokens may still join it.
+        let held = self.ids_epoch.is_some() && !self.finished && self.open.is_empty();
+        if held && self.ready.len() == 1 {
+            return None;
+        }
         let bin = self.ready.pop_front()?;
         Some(self.sequence(bin))
     }
@@ -393,11 +457,8 @@ impl Packer {
     /// beyond what the mode keeps open (the packers of several slots,
     /// merged at an elastic resume: [`PackState::merge`]) have their pieces
     /// packed again, in order, as documents are.
-    pub fn restore(
-        spec: Arc<PackSpec>,
-        saved: &PackState,
-        docs: &HashMap<SampleId, Sample>,
-    ) -> Result<Self> {
+    pub fn restore(mut self, saved: &PackState, docs: &HashMap<SampleId, Sample>) -> Result<Self> {
+        let spec = self.spec.clone();
         let capacity = spec.capacity();
         let mut tokens: HashMap<SampleId, Arc<[i32]>> = HashMap::new();
         let mut bin_of = |pieces: &[SavedPiece], field: &str| -> Result<Bin> {
@@ -423,7 +484,9 @@ impl Packer {
                         ids
                     }
                 };
-                if !(start < end && end <= ids.len() as u64) {
+                // A document with no tokens is held as its one empty piece.
+                let empty = ids.is_empty() && (start, end) == (0, 0);
+                if !((start < end || empty) && end <= ids.len() as u64) {
                     return Err(bad(format!(
                         "tokens {start}..{end} of a document of {} tokens",
                         ids.len()
@@ -450,7 +513,7 @@ impl Packer {
             }
             Ok(bin)
         };
-        let mut packer = Packer::new(spec.clone());
+        let packer = &mut self;
         for (at, pieces) in saved.ready.iter().enumerate() {
             let bin = bin_of(pieces, &format!("pack.ready[{at}]"))?;
             packer.ready.push_back(bin);
@@ -489,7 +552,7 @@ impl Packer {
                 packer.push_tokens(doc, key, url, tokens, start);
             }
         }
-        Ok(packer)
+        Ok(self)
     }
 
     /// A sequence's sample: `input_ids` (and `labels`), `position_ids`
@@ -501,7 +564,15 @@ impl Packer {
         let mut tokens = Vec::with_capacity(capacity);
         let mut positions: Vec<i32> = Vec::with_capacity(capacity);
         let mut bounds = vec![0i32];
+        let mut ids = Vec::new();
         for piece in &bin.pieces {
+            if let Some(epoch) = self.ids_epoch.filter(|_| piece.end == piece.tokens.len()) {
+                let id = piece.doc;
+                ids.extend([epoch, id.shard as u64, id.index].map(|n| n as i64));
+            }
+            if piece.len() == 0 {
+                continue;
+            }
             tokens.extend_from_slice(&piece.tokens[piece.start..piece.end]);
             positions.extend(0..piece.len() as i32);
             bounds.push(tokens.len() as i32);
@@ -537,6 +608,16 @@ impl Packer {
         bounds.dedup();
         fields.push(("position_ids".to_owned(), int32_array(positions)));
         fields.push(("cu_seqlens".to_owned(), int32_array(bounds)));
+        if self.ids_epoch.is_some() {
+            let rows = ids.len() / 3;
+            fields.push((
+                SAMPLE_ID_FIELD.to_owned(),
+                Value::Array(Array {
+                    shape: vec![rows, 3],
+                    data: ArrayData::I64(ids),
+                }),
+            ));
+        }
         let first = &bin.pieces[0];
         Sample {
             id: first.doc,
@@ -774,7 +855,8 @@ mod tests {
         let spec = spec(4, PackMode::Concat, false);
         let docs: HashMap<_, _> = [(SampleId { shard: 0, index: 0 }, doc(0, 3))].into();
         let bad = |ready: Vec<Vec<SavedPiece>>, open: Vec<Vec<SavedPiece>>| {
-            Packer::restore(spec.clone(), &PackState { ready, open }, &docs)
+            Packer::new(spec.clone())
+                .restore(&PackState { ready, open }, &docs)
                 .unwrap_err()
                 .to_string()
         };
@@ -842,6 +924,64 @@ mod tests {
             }
         }
 
+        /// With ids, each document (those with no tokens too) is in exactly
+        /// one sequence's `__id__`, the one with its last token, also across
+        /// a restore at any point; the tokens are those without ids.
+        #[test]
+        fn each_document_is_in_one_sequences_ids(
+            lens in prop::collection::vec(0usize..40, 1..25),
+            seq_len in 1usize..16,
+            mode in mode_strategy(),
+            cut in 0usize..25,
+        ) {
+            let spec = spec(seq_len, mode, false);
+            let plain = pack_all(&spec, &lens);
+            let mut packer = Packer::new(spec.clone()).with_ids(3);
+            let mut out = Vec::new();
+            let cut = cut.min(lens.len());
+            for (i, &len) in lens[..cut].iter().enumerate() {
+                packer.push(&doc(i as u64, len)).unwrap();
+                out.extend(std::iter::from_fn(|| packer.pop()));
+            }
+            let state = packer.state();
+            let docs: HashMap<_, _> = state
+                .documents()
+                .into_iter()
+                .map(|id| (id, doc(id.index, lens[id.index as usize])))
+                .collect();
+            let mut packer = Packer::new(spec.clone()).with_ids(3).restore(&state, &docs).unwrap();
+            for (i, &len) in lens.iter().enumerate().skip(cut) {
+                packer.push(&doc(i as u64, len)).unwrap();
+                out.extend(std::iter::from_fn(|| packer.pop()));
+            }
+            packer.finish();
+            out.extend(std::iter::from_fn(|| packer.pop()));
+            let tokens = |seqs: &[Sample]| -> Vec<Vec<i32>> {
+                seqs.iter().map(|s| field(s, "input_ids").to_vec()).collect()
+            };
+            prop_assert_eq!(tokens(&out), tokens(&plain));
+            let mut ids = Vec::new();
+            for seq in &out {
+                match seq.fields.iter().find(|(n, _)| n == "__id__").map(|(_, v)| v) {
+                    Some(Value::Array(Array { shape, data: ArrayData::I64(rows) })) => {
+                        prop_assert_eq!(shape[1], 3);
+                        for row in rows.chunks(3) {
+                            prop_assert_eq!((row[0], row[1]), (3, 0));
+                            ids.push(row[2] as usize);
+                        }
+                    }
+                    other => prop_assert!(false, "{:?}", other),
+                }
+            }
+            ids.sort_unstable();
+            let want: Vec<usize> = if lens.iter().all(|&l| l == 0) {
+                Vec::new()
+            } else {
+                (0..lens.len()).collect()
+            };
+            prop_assert_eq!(ids, want);
+        }
+
         /// The packers of several slots, merged (an elastic resume) and
         /// restored, hand out every token they held and every later one
         /// exactly once.
@@ -873,8 +1013,8 @@ mod tests {
                 .into_iter()
                 .map(|id| (id, doc(id.index, lens[id.index as usize])))
                 .collect();
-            let mut packer = Packer::restore(spec.clone(), &merged, &docs).unwrap();
-            let reopened = Packer::restore(spec.clone(), &packer.state(), &docs).unwrap();
+            let mut packer = Packer::new(spec.clone()).restore(&merged, &docs).unwrap();
+            let reopened = Packer::new(spec.clone()).restore(&packer.state(), &docs).unwrap();
             prop_assert_eq!(reopened.state(), packer.state());
             for (i, &len) in lens.iter().enumerate().skip(cut) {
                 packer.push(&doc(i as u64, len)).unwrap();
@@ -915,7 +1055,7 @@ mod tests {
                 .into_iter()
                 .map(|id| (id, doc(id.index, lens[id.index as usize])))
                 .collect();
-            let mut packer = Packer::restore(spec.clone(), &state, &docs).unwrap();
+            let mut packer = Packer::new(spec.clone()).restore(&state, &docs).unwrap();
             prop_assert_eq!(packer.state(), state);
             for (i, &len) in lens.iter().enumerate().skip(cut) {
                 packer.push(&doc(i as u64, len)).unwrap();

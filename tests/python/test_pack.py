@@ -22,6 +22,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import (
     FieldDecodeError,
+    Ledger,
     Mix,
     Pack,
     StateMismatchError,
@@ -29,6 +30,7 @@ from shardstream import (
     Tokenizer,
     elastic_state,
 )
+from shardstream._core import run_cli
 
 SEQ = 16
 STATE = jsonschema.Draft202012Validator(load_schema("state"))
@@ -219,8 +221,8 @@ def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
         StreamingDataset(urls, pack=Pack(SEQ))
     with pytest.raises(ValueError, match="one rank only"):
         StreamingDataset(urls, pack=pack, rank=0, world_size=2, count_samples=True)
-    with pytest.raises(ValueError, match="option sample_ids"):
-        StreamingDataset(urls, pack=pack, sample_ids=True)
+    with pytest.raises(ValueError, match="option sample_seed"):
+        StreamingDataset(urls, pack=pack, sample_seed=True)
     with pytest.raises(TypeError, match=r"len\(\) is not defined with pack"):
         len(StreamingDataset(urls, pack=pack, count_samples=True))
     with pytest.raises(ValueError, match="packs its documents"):
@@ -333,6 +335,50 @@ def test_an_elastic_resume_onto_other_workers_gives_every_token_once(
     again = StreamingDataset(urls, pack=pack, num_workers=after, worker_id=0, **options)
     again.load_state_dict(ds.state_dict())
     assert first + [s["input_ids"].tolist() for s in again] == resumed[0]
+
+
+def test_a_packed_run_killed_and_resumed_verifies_each_document_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    urls = write_docs(tmp_path / "d", shards=3)
+    # Documents with no tokens ride with the sequences too.
+    lines = Path(urls[1]).read_text().splitlines()
+    for at in (0, 7, 19):
+        doc = json.loads(lines[at])
+        doc["ids"] = []
+        lines[at] = json.dumps(doc)
+    Path(urls[1]).write_text("\n".join(lines) + "\n")
+    options = {**OPTIONS, "sample_ids": True, "count_samples": True, "batch_size": 2}
+    pack = Pack(SEQ, mode="best_fit", window=3, field="ids", labels=True)
+    ledger_dir = tmp_path / "ledger"
+
+    def loader(ds: StreamingDataset) -> StatefulDataLoader:
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    ds = StreamingDataset(urls, pack=pack, **options)
+    first = loader(ds)
+    ledger = Ledger(ledger_dir, ds)
+    saved = None
+    for step, batch in enumerate(first):
+        assert batch["__id__"].shape[1:] == (3,)
+        ledger.record(batch)
+        if step + 1 == 5:
+            assert ledger.checkpoint() == 5
+            saved = first.state_dict()
+        if step + 1 == 8:
+            break
+    ledger.close()
+    assert saved is not None
+    ds = StreamingDataset(urls, pack=pack, **options)
+    rest = loader(ds)
+    rest.load_state_dict(saved)
+    with Ledger(ledger_dir, ds, resume_step=5) as resumed:
+        assert sum(1 for _ in resumed.track(rest)) > 3
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert "60 of 60 samples" in out and "exactly once" in out, out
 
 
 def test_in_dataloader_workers_every_token_comes_once(tmp_path: Path) -> None:
