@@ -751,6 +751,41 @@ mod tests {
         out
     }
 
+    /// Every sequence of `lens` by packers `make` makes: the first takes
+    /// `cut` documents (with `hold`, the sequences the last one filled stay
+    /// held), a second is restored from its state and takes the rest.
+    fn pack_across_restore(
+        make: impl Fn() -> Packer,
+        lens: &[usize],
+        cut: usize,
+        hold: bool,
+    ) -> Vec<Sample> {
+        let cut = cut.min(lens.len());
+        let mut packer = make();
+        let mut out = Vec::new();
+        for (i, &len) in lens[..cut].iter().enumerate() {
+            packer.push(&doc(i as u64, len)).unwrap();
+            if !hold || i + 1 < cut {
+                out.extend(std::iter::from_fn(|| packer.pop()));
+            }
+        }
+        let state = packer.state();
+        let docs: HashMap<_, _> = state
+            .documents()
+            .into_iter()
+            .map(|id| (id, doc(id.index, lens[id.index as usize])))
+            .collect();
+        let mut packer = make().restore(&state, &docs).unwrap();
+        assert_eq!(packer.state(), state);
+        for (i, &len) in lens.iter().enumerate().skip(cut) {
+            packer.push(&doc(i as u64, len)).unwrap();
+            out.extend(std::iter::from_fn(|| packer.pop()));
+        }
+        packer.finish();
+        out.extend(std::iter::from_fn(|| packer.pop()));
+        out
+    }
+
     /// The tokens of each sequence (inputs and, with labels, the last label).
     fn real_tokens(spec: &PackSpec, seq: &Sample) -> Vec<i32> {
         let mut tokens = field(seq, "input_ids").to_vec();
@@ -936,26 +971,7 @@ mod tests {
         ) {
             let spec = spec(seq_len, mode, false);
             let plain = pack_all(&spec, &lens);
-            let mut packer = Packer::new(spec.clone()).with_ids(3);
-            let mut out = Vec::new();
-            let cut = cut.min(lens.len());
-            for (i, &len) in lens[..cut].iter().enumerate() {
-                packer.push(&doc(i as u64, len)).unwrap();
-                out.extend(std::iter::from_fn(|| packer.pop()));
-            }
-            let state = packer.state();
-            let docs: HashMap<_, _> = state
-                .documents()
-                .into_iter()
-                .map(|id| (id, doc(id.index, lens[id.index as usize])))
-                .collect();
-            let mut packer = Packer::new(spec.clone()).with_ids(3).restore(&state, &docs).unwrap();
-            for (i, &len) in lens.iter().enumerate().skip(cut) {
-                packer.push(&doc(i as u64, len)).unwrap();
-                out.extend(std::iter::from_fn(|| packer.pop()));
-            }
-            packer.finish();
-            out.extend(std::iter::from_fn(|| packer.pop()));
+            let out = pack_across_restore(|| Packer::new(spec.clone()).with_ids(3), &lens, cut, false);
             let tokens = |seqs: &[Sample]| -> Vec<Vec<i32>> {
                 seqs.iter().map(|s| field(s, "input_ids").to_vec()).collect()
             };
@@ -1039,30 +1055,7 @@ mod tests {
         ) {
             let spec = spec(seq_len, mode, true);
             let whole = pack_all(&spec, &lens);
-            let cut = cut.min(lens.len());
-            let mut packer = Packer::new(spec.clone());
-            let mut out = Vec::new();
-            for (i, &len) in lens[..cut].iter().enumerate() {
-                packer.push(&doc(i as u64, len)).unwrap();
-                // Sequences filled by the last document stay held.
-                if i + 1 < cut {
-                    out.extend(std::iter::from_fn(|| packer.pop()));
-                }
-            }
-            let state = packer.state();
-            let docs: HashMap<_, _> = state
-                .documents()
-                .into_iter()
-                .map(|id| (id, doc(id.index, lens[id.index as usize])))
-                .collect();
-            let mut packer = Packer::new(spec.clone()).restore(&state, &docs).unwrap();
-            prop_assert_eq!(packer.state(), state);
-            for (i, &len) in lens.iter().enumerate().skip(cut) {
-                packer.push(&doc(i as u64, len)).unwrap();
-                out.extend(std::iter::from_fn(|| packer.pop()));
-            }
-            packer.finish();
-            out.extend(std::iter::from_fn(|| packer.pop()));
+            let out = pack_across_restore(|| Packer::new(spec.clone()), &lens, cut, true);
             prop_assert_eq!(out, whole);
         }
     }
