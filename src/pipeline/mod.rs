@@ -112,6 +112,8 @@ pub struct SampleStream {
 /// What the pipeline thread needs, kept until the stream starts.
 struct Launch {
     reads: Vec<Read>,
+    /// The documents a saved packer held, read again and sent first.
+    replay: Vec<SampleId>,
     options: StreamOptions,
     rng: rand_chacha::ChaCha8Rng,
     counters: Arc<Counters>,
@@ -164,6 +166,7 @@ impl SampleStream {
         Ok(SampleStream {
             launch: Some(Launch {
                 reads,
+                replay,
                 options: options.clone(),
                 rng,
                 counters: counters.clone(),
@@ -197,6 +200,7 @@ impl SampleStream {
     fn launch(&mut self, launch: Launch) -> Result<Receiver<Message>> {
         let Launch {
             reads,
+            replay,
             options,
             rng,
             counters,
@@ -228,7 +232,7 @@ impl SampleStream {
             read_ahead,
             reads,
             restore: self.mirror.buffer.clone(),
-            replay: self.pack.as_ref().map_or_else(Vec::new, PackStage::replay),
+            replay,
             shuffle: options
                 .shuffle_bounds()
                 .map(|bounds| ShuffleBuffer::new(bounds, rng, self.mirror.produced)),
@@ -361,8 +365,8 @@ impl SampleStream {
                     // The document counts as handed out (its ops reach the
                     // mirror) once the packer has taken it: a state saved
                     // after a document that cannot be packed resumes at it.
-                    // (`sample_seed` and `sample_ids` are refused with
-                    // `pack`: no field to add.)
+                    // (The packer gives sequences their own `__id__`, and
+                    // `sample_seed` is refused with `pack`.)
                     stage.take(doc)?;
                     self.apply(&ops);
                 }
