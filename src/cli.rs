@@ -26,6 +26,7 @@ use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::shard::Shard;
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
+use crate::text::tokenizer::{TokenRef, TokenizerSpec};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
 #[derive(Debug, Parser)]
@@ -108,6 +109,29 @@ enum Command {
         /// samples are their lines.
         #[arg(long, default_value = "tar", value_parser = ["tar", "jsonl"])]
         format: String,
+        /// Also record each sample's token count in this field (what
+        /// `pack=Pack(...)` needs across ranks): the ids `--tokenizer`
+        /// makes of its text, or, without `--tokenizer`, the token ids it
+        /// holds (a list of ints or a 1-D integer array).
+        #[arg(long, value_name = "FIELD")]
+        count_tokens: Option<String>,
+        /// The `tokenizer.json` that tokenizes the counted field, as the
+        /// dataset's `Tokenizer` does (with the same `--bos`, `--eos` and
+        /// `--no-special-tokens`).
+        #[arg(long, value_name = "FILE", requires = "count_tokens")]
+        tokenizer: Option<PathBuf>,
+        /// Token put before every text (an id or the token's text), as
+        /// `Tokenizer(bos=...)`.
+        #[arg(long, requires = "tokenizer")]
+        bos: Option<String>,
+        /// Token put after every text (an id or the token's text), as
+        /// `Tokenizer(eos=...)`.
+        #[arg(long, requires = "tokenizer")]
+        eos: Option<String>,
+        /// The tokenizer's post-processor adds no special tokens, as
+        /// `Tokenizer(add_special_tokens=False)`.
+        #[arg(long, requires = "tokenizer")]
+        no_special_tokens: bool,
     },
     /// Print which shards (or sample runs) each (rank, worker) slot reads in an epoch.
     Plan {
@@ -384,9 +408,35 @@ where
             output,
             jobs,
             format,
-        } => format
-            .parse()
-            .and_then(|format| index(&spec, format, &output, &s3, usize::from(jobs), &mut out)),
+            count_tokens,
+            tokenizer,
+            bos,
+            eos,
+            no_special_tokens,
+        } => format.parse().and_then(|format| {
+            let counting = count_tokens
+                .map(|field| {
+                    let tokenizer = tokenizer
+                        .map(|path| {
+                            load_tokenizer(
+                                &path,
+                                bos.as_deref(),
+                                eos.as_deref(),
+                                !no_special_tokens,
+                            )
+                        })
+                        .transpose()?;
+                    Ok::<_, Error>(index::TokenCounting { field, tokenizer })
+                })
+                .transpose()?;
+            let job = IndexJob {
+                format,
+                output: &output,
+                jobs: usize::from(jobs),
+                counting: counting.as_ref(),
+            };
+            index(&spec, &job, &s3, &mut out)
+        }),
         Command::Plan {
             spec,
             world_size,
@@ -434,7 +484,7 @@ fn scan(
     mut each: impl FnMut(&crate::format::Sample, &ProgressBar) -> Result<()>,
 ) -> Result<HashMap<usize, Compression>> {
     let total = shards.iter().filter_map(|s| s.size).sum::<u64>();
-    let options = index::scan_options(store_options)?;
+    let options = index::scan_options(store_options, None)?;
     let counters = Arc::new(Counters::new());
     let slot = SlotSpec::new(1, 0, 1, 0)?;
     let mut stream = SampleStream::new(shards, &options, 0, slot, counters.clone(), None)?;
@@ -492,20 +542,67 @@ fn inspect(
     Ok(())
 }
 
+/// What `index` is asked to do besides the spec.
+struct IndexJob<'a> {
+    format: DatasetFormat,
+    output: &'a std::path::Path,
+    jobs: usize,
+    counting: Option<&'a index::TokenCounting>,
+}
+
+/// The tokenizer of `--tokenizer PATH` with its `--bos`, `--eos` (an id, or
+/// a token's text) and special-tokens choice, or a `Config` error naming
+/// the option.
+fn load_tokenizer(
+    path: &std::path::Path,
+    bos: Option<&str>,
+    eos: Option<&str>,
+    add_special_tokens: bool,
+) -> Result<Arc<TokenizerSpec>> {
+    let json = std::fs::read_to_string(path).map_err(|e| Error::Config {
+        name: "--tokenizer",
+        reason: format!("cannot read {}: {e}", path.display()),
+    })?;
+    let token = |text: &str| match text.parse::<u32>() {
+        Ok(id) => TokenRef::Id(id),
+        Err(_) => TokenRef::Text(text.to_owned()),
+    };
+    TokenizerSpec::new(json, bos.map(token), eos.map(token), add_special_tokens)
+        .map(Arc::new)
+        .map_err(|e| Error::Config {
+            name: match e.parameter {
+                "bos" => "--bos",
+                "eos" => "--eos",
+                _ => "--tokenizer",
+            },
+            reason: match e.parameter {
+                "json" => format!("{}: {}", path.display(), e.reason),
+                _ => e.reason,
+            },
+        })
+}
+
 fn index(
     specs: &[String],
-    format: DatasetFormat,
-    output: &std::path::Path,
+    job: &IndexJob<'_>,
     store_options: &StoreOptions,
-    jobs: usize,
     out: &mut dyn Write,
 ) -> Result<()> {
+    let output = job.output;
     let progress = IndexBar {
         bar: ProgressBar::new(0),
         shards: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
     };
-    let report = index::index_dataset(specs, format, output, store_options, jobs, &progress)?;
+    let report = index::index_dataset(
+        specs,
+        job.format,
+        output,
+        store_options,
+        job.jobs,
+        job.counting,
+        &progress,
+    )?;
     progress.bar.finish_and_clear();
     let resumed = match report.resumed {
         0 => String::new(),

@@ -19,17 +19,44 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
 use crate::compression::Compression;
+use crate::config::FieldDecoders;
 use crate::config::{StoreOptions, StreamOptions};
 use crate::dataset::resolve;
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::format::Sample;
 use crate::location::Location;
-use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
+use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry, ShardTokens};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::SlotSpec;
 use crate::shard::Shard;
 use crate::spec::{is_parquet_name, DatasetFormat};
 use crate::stats::{Counter, Counters};
+use crate::text::pack::token_count;
+use crate::text::tokenizer::TokenizerSpec;
+
+/// What `--count-tokens` counts in each sample: the token ids of `field`,
+/// made by `tokenizer` when one is given (a text field), or the ids the
+/// field holds already (a list of ints or a 1-D integer array).
+#[derive(Debug, Clone)]
+pub struct TokenCounting {
+    /// The field counted.
+    pub field: String,
+    /// The tokenizer of the field's text, if it is text.
+    pub tokenizer: Option<Arc<TokenizerSpec>>,
+}
+
+impl TokenCounting {
+    /// The tokenizer as a manifest records it (`None`: ids already).
+    fn tokenizer_name(&self) -> Option<String> {
+        self.tokenizer.as_ref().map(|t| t.to_string())
+    }
+
+    /// Whether `tokens` were counted this way.
+    fn counted(&self, tokens: &ShardTokens) -> bool {
+        tokens.field == self.field && tokens.tokenizer == self.tokenizer_name()
+    }
+}
 
 /// Streams at once when none is asked for: enough to keep an object
 /// store's bandwidth busy with each shard read sequentially.
@@ -67,6 +94,7 @@ pub fn index_dataset(
     output: &Path,
     store_options: &StoreOptions,
     jobs: usize,
+    counting: Option<&TokenCounting>,
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
     check_output(output)?;
@@ -106,7 +134,15 @@ pub fn index_dataset(
     let earlier = read_journal(&journal_path);
     let mut resumed = 0;
     for (slot, identity) in entries.iter_mut().zip(&identities) {
-        if let Some(entry) = earlier.iter().find(|e| identity.matches(e)) {
+        let counted_alike = |e: &ShardEntry| match (counting, &e.tokens) {
+            (None, None) => true,
+            (Some(counting), Some(tokens)) => counting.counted(tokens),
+            _ => false,
+        };
+        if let Some(entry) = earlier
+            .iter()
+            .find(|e| identity.matches(e) && counted_alike(e))
+        {
             *slot = Some(entry.clone());
             resumed += 1;
         }
@@ -117,9 +153,15 @@ pub fn index_dataset(
         .filter(|&i| entries[i].is_none())
         .collect();
     let todo_shards: Vec<Shard> = todo.iter().map(|&i| shards[i].clone()).collect();
-    scan_concurrently(&todo_shards, store_options, jobs, progress, |scanned| {
+    let scan = Scan {
+        store_options,
+        jobs,
+        counting,
+        progress,
+    };
+    scan.run(&todo_shards, |scanned| {
         let position = todo[scanned.shard];
-        let entry = identities[position].entry(scanned);
+        let entry = identities[position].entry(scanned, counting);
         journal.append(&entry)?;
         entries[position] = Some(entry);
         Ok(())
@@ -169,9 +211,15 @@ pub fn index_shards(
         })
         .collect::<Result<Vec<_>>>()?;
     let mut entries: Vec<Option<ShardEntry>> = vec![None; picked.len()];
-    scan_concurrently(&picked, store_options, jobs, &Silent, |scanned| {
+    let scan = Scan {
+        store_options,
+        jobs,
+        counting: None,
+        progress: &Silent,
+    };
+    scan.run(&picked, |scanned| {
         let at = scanned.shard;
-        entries[at] = Some(identities[at].entry(scanned));
+        entries[at] = Some(identities[at].entry(scanned, None));
         Ok(())
     })?;
     Ok(entries.into_iter().flatten().collect())
@@ -311,7 +359,12 @@ impl Identity {
             && entry.mtime_ns == self.mtime_ns
     }
 
-    fn entry(&self, scanned: ScannedShard) -> ShardEntry {
+    fn entry(&self, scanned: ScannedShard, counting: Option<&TokenCounting>) -> ShardEntry {
+        let tokens = counting.map(|counting| ShardTokens {
+            field: counting.field.clone(),
+            tokenizer: counting.tokenizer_name(),
+            counts: scanned.tokens,
+        });
         ShardEntry {
             url: self.url.clone(),
             size: self.size,
@@ -321,6 +374,7 @@ impl Identity {
             samples: scanned.offsets.len() as u64,
             offsets: scanned.offsets,
             lengths: scanned.lengths,
+            tokens,
         }
     }
 }
@@ -405,128 +459,188 @@ fn journal_line(entry: &ShardEntry) -> String {
     serde_json::to_string(entry).expect("a manifest entry serialises")
 }
 
-/// One shard read through: its samples' spans and its compression.
+/// One shard read through: its samples' spans, token counts (when
+/// counted) and its compression.
 struct ScannedShard {
     /// Index of the shard in the list scanned.
     shard: usize,
     offsets: Vec<u64>,
     lengths: Vec<u64>,
+    tokens: Vec<u64>,
     compression: Option<Compression>,
 }
 
-/// Reads `shards` through, up to `jobs` at once, and hands each one done to
-/// `done` (on the calling thread, in the order they finish). The first
-/// error stops every stream and is returned.
-fn scan_concurrently(
-    shards: &[Shard],
-    store_options: &StoreOptions,
+/// A scan of shards through: the stores' settings, the streams at once,
+/// what to count and who watches.
+struct Scan<'a> {
+    store_options: &'a StoreOptions,
     jobs: usize,
-    progress: &dyn IndexProgress,
-    mut done: impl FnMut(ScannedShard) -> Result<()>,
-) -> Result<()> {
-    progress.start(shards.len(), shards.iter().filter_map(|s| s.size).sum());
-    if shards.is_empty() {
-        return Ok(());
-    }
-    let jobs = jobs.clamp(1, shards.len());
-    let options = scan_options(store_options)?;
-    let counters = Arc::new(Counters::new());
-    let stop = AtomicBool::new(false);
-    let (sender, receiver) = mpsc::channel::<Result<ScannedShard>>();
-    std::thread::scope(|scope| {
-        for job in 0..jobs {
-            let sender = sender.clone();
-            let (options, counters, stop) = (&options, &counters, &stop);
-            scope.spawn(move || {
-                let scanned = scan_slot(
-                    shards, options, jobs, job, counters, stop, progress, &sender,
-                );
-                if let Err(e) = scanned {
-                    let _ = sender.send(Err(e));
-                }
-            });
-        }
-        drop(sender);
-        let mut outcome = Ok(());
-        for message in receiver {
-            if outcome.is_err() {
-                continue;
-            }
-            outcome = message.and_then(&mut done);
-            match &outcome {
-                Ok(()) => progress.shard_done(),
-                Err(_) => stop.store(true, Ordering::SeqCst),
-            }
-        }
-        outcome
-    })
+    counting: Option<&'a TokenCounting>,
+    progress: &'a dyn IndexProgress,
 }
 
-/// Streams the shards the plan gives worker `job` of `jobs`, sending each
-/// one as it is done; returns early, without error, once `stop` is set.
-#[allow(clippy::too_many_arguments)]
-fn scan_slot(
-    shards: &[Shard],
-    options: &StreamOptions,
-    jobs: usize,
-    job: usize,
-    counters: &Arc<Counters>,
-    stop: &AtomicBool,
-    progress: &dyn IndexProgress,
-    sender: &mpsc::Sender<Result<ScannedShard>>,
-) -> Result<()> {
-    let slot = SlotSpec::new(1, 0, jobs, job)?;
-    let mut stream = SampleStream::new(shards, options, 0, slot, counters.clone(), None)?;
-    let order: Vec<usize> = stream.units().iter().map(|unit| unit.shard).collect();
-    let mut next = 0;
-    let (mut offsets, mut lengths) = (Vec::new(), Vec::new());
-    let finish =
-        |shard: usize, offsets: &mut Vec<u64>, lengths: &mut Vec<u64>, stream: &SampleStream| {
-            let scanned = ScannedShard {
-                shard,
-                offsets: std::mem::take(offsets),
-                lengths: std::mem::take(lengths),
-                compression: stream.shard_compression(shard),
-            };
-            sender.send(Ok(scanned)).is_ok()
-        };
-    while let Some(event) = stream.next() {
-        if stop.load(Ordering::SeqCst) {
+impl Scan<'_> {
+    /// Reads `shards` through, up to `jobs` at once, and hands each one
+    /// done to `done` (on the calling thread, in the order they finish).
+    /// The first error stops every stream and is returned.
+    fn run(
+        &self,
+        shards: &[Shard],
+        mut done: impl FnMut(ScannedShard) -> Result<()>,
+    ) -> Result<()> {
+        let progress = self.progress;
+        progress.start(shards.len(), shards.iter().filter_map(|s| s.size).sum());
+        if shards.is_empty() {
             return Ok(());
         }
-        let sample = scanned_sample(event)?;
-        // Shards before this sample's are done (an empty one too).
-        while order
-            .get(next)
-            .is_some_and(|&shard| shard != sample.id.shard)
-        {
-            if !finish(order[next], &mut offsets, &mut lengths, &stream) {
+        let jobs = self.jobs.clamp(1, shards.len());
+        let options = scan_options(self.store_options, self.counting)?;
+        let counters = Arc::new(Counters::new());
+        let stop = AtomicBool::new(false);
+        let (sender, receiver) = mpsc::channel::<Result<ScannedShard>>();
+        std::thread::scope(|scope| {
+            for job in 0..jobs {
+                let sender = sender.clone();
+                let slot = SlotStream {
+                    shards,
+                    options: &options,
+                    counters: &counters,
+                    stop: &stop,
+                    field: self.counting.map(|c| c.field.as_str()),
+                    progress,
+                };
+                scope.spawn(move || {
+                    if let Err(e) = slot.scan(jobs, job, &sender) {
+                        let _ = sender.send(Err(e));
+                    }
+                });
+            }
+            drop(sender);
+            let mut outcome = Ok(());
+            for message in receiver {
+                if outcome.is_err() {
+                    continue;
+                }
+                outcome = message.and_then(&mut done);
+                match &outcome {
+                    Ok(()) => progress.shard_done(),
+                    Err(_) => stop.store(true, Ordering::SeqCst),
+                }
+            }
+            outcome
+        })
+    }
+}
+
+/// What one stream of a scan shares with the others.
+#[derive(Clone, Copy)]
+struct SlotStream<'a> {
+    shards: &'a [Shard],
+    options: &'a StreamOptions,
+    counters: &'a Arc<Counters>,
+    stop: &'a AtomicBool,
+    /// The field whose tokens are counted, if any.
+    field: Option<&'a str>,
+    progress: &'a dyn IndexProgress,
+}
+
+impl SlotStream<'_> {
+    /// Streams the shards the plan gives worker `job` of `jobs`, sending
+    /// each one as it is done; returns early, without error, once `stop` is
+    /// set.
+    fn scan(
+        self,
+        jobs: usize,
+        job: usize,
+        sender: &mpsc::Sender<Result<ScannedShard>>,
+    ) -> Result<()> {
+        let slot = SlotSpec::new(1, 0, jobs, job)?;
+        let mut stream = SampleStream::new(
+            self.shards,
+            self.options,
+            0,
+            slot,
+            self.counters.clone(),
+            None,
+        )?;
+        let order: Vec<usize> = stream.units().iter().map(|unit| unit.shard).collect();
+        let mut next = 0;
+        let mut scanned = ScannedShard {
+            shard: 0,
+            offsets: Vec::new(),
+            lengths: Vec::new(),
+            tokens: Vec::new(),
+            compression: None,
+        };
+        let finish = |shard: usize, scanned: &mut ScannedShard, stream: &SampleStream| {
+            let done = ScannedShard {
+                shard,
+                offsets: std::mem::take(&mut scanned.offsets),
+                lengths: std::mem::take(&mut scanned.lengths),
+                tokens: std::mem::take(&mut scanned.tokens),
+                compression: stream.shard_compression(shard),
+            };
+            sender.send(Ok(done)).is_ok()
+        };
+        while let Some(event) = stream.next() {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let sample = scanned_sample(event)?;
+            // Shards before this sample's are done (an empty one too).
+            while order
+                .get(next)
+                .is_some_and(|&shard| shard != sample.id.shard)
+            {
+                if !finish(order[next], &mut scanned, &stream) {
+                    return Ok(());
+                }
+                next += 1;
+            }
+            scanned.offsets.push(sample.offset);
+            scanned.lengths.push(sample.length);
+            if let Some(field) = self.field {
+                scanned.tokens.push(token_count(&sample, field)? as u64);
+            }
+            self.progress
+                .read(self.counters.snapshot().get(Counter::BytesRead));
+        }
+        while next < order.len() {
+            if !finish(order[next], &mut scanned, &stream) {
                 return Ok(());
             }
             next += 1;
         }
-        offsets.push(sample.offset);
-        lengths.push(sample.length);
-        progress.read(counters.snapshot().get(Counter::BytesRead));
+        self.progress
+            .read(self.counters.snapshot().get(Counter::BytesRead));
+        Ok(())
     }
-    while next < order.len() {
-        if !finish(order[next], &mut offsets, &mut lengths, &stream) {
-            return Ok(());
-        }
-        next += 1;
-    }
-    progress.read(counters.snapshot().get(Counter::BytesRead));
-    Ok(())
 }
 
 /// The stream options of a scan of shards through: listed order, no
-/// shuffle buffer, the given S3 settings.
-pub fn scan_options(store_options: &StoreOptions) -> Result<StreamOptions> {
-    StreamOptions::builder()
+/// shuffle buffer, the given S3 settings, and, when tokens are counted,
+/// the field's tokenizer (fields without one decode by their extension, so
+/// that a `.npy` of ids is an array).
+pub fn scan_options(
+    store_options: &StoreOptions,
+    counting: Option<&TokenCounting>,
+) -> Result<StreamOptions> {
+    let builder = StreamOptions::builder()
         .with_shuffle_shards(false)
         .with_shuffle_buffer(0)
-        .with_store(store_options.clone())
-        .build()
+        .with_store(store_options.clone());
+    let builder = match counting {
+        None => builder,
+        Some(counting) => builder.with_decode(FieldDecoders {
+            by_field: counting
+                .tokenizer
+                .iter()
+                .map(|spec| (counting.field.clone(), Decoder::Tokenizer(spec.clone())))
+                .collect(),
+            defaults: true,
+        }),
+    };
+    builder.build()
 }
 
 /// The sample an event of a scan carries: a shard skipped is its error

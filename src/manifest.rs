@@ -60,6 +60,24 @@ pub struct ShardEntry {
     pub offsets: Vec<u64>,
     /// Byte length of each sample, headers and padding included.
     pub lengths: Vec<u64>,
+    /// Each sample's token count, when `shardstream index --count-tokens`
+    /// counted them (what packing across ranks plans with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<ShardTokens>,
+}
+
+/// The token counts of a shard's samples, and how they were counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardTokens {
+    /// The field counted.
+    pub field: String,
+    /// The tokenizer that made the field's ids, as `Tokenizer(digest=...,
+    /// bos=..., eos=..., add_special_tokens=...)`; `None` when the field
+    /// holds token ids already.
+    pub tokenizer: Option<String>,
+    /// Tokens of each sample, in order.
+    pub counts: Vec<u64>,
 }
 
 impl ShardEntry {
@@ -76,6 +94,16 @@ impl ShardEntry {
                 self.offsets.len(),
                 self.lengths.len()
             ));
+        }
+        if let Some(tokens) = &self.tokens {
+            if tokens.counts.len() as u64 != self.samples {
+                return Err(format!(
+                    "{}: {} samples but {} token counts",
+                    self.url,
+                    self.samples,
+                    tokens.counts.len()
+                ));
+            }
         }
         let mut end = 0;
         for (i, (&offset, &length)) in self.offsets.iter().zip(&self.lengths).enumerate() {
@@ -265,7 +293,8 @@ impl Manifest {
             .ok_or_else(|| Error::Manifest {
                 path: manifest_path.to_owned(),
                 reason: format!("{}: not as many lengths as offsets", entry.url),
-            })?;
+            })?
+            .with_tokens(entry.tokens.clone().map(Arc::new));
             shard.index = Some(Arc::new(index));
         }
         Ok(())
@@ -515,6 +544,7 @@ mod tests {
             samples: 2,
             offsets: vec![0, 1024],
             lengths: vec![1024, 2048],
+            tokens: None,
         }
     }
 
@@ -531,6 +561,28 @@ mod tests {
             .to_string();
         assert!(err.contains("m.json") && err.contains("sample 1"), "{err}");
         assert!(Manifest::from_json("{\"format\": 1}", "m").is_err());
+    }
+
+    #[test]
+    fn token_counts_round_trip_one_per_sample() {
+        let counted = ShardEntry {
+            tokens: Some(ShardTokens {
+                field: "text".into(),
+                tokenizer: None,
+                counts: vec![7, 0],
+            }),
+            ..entry()
+        };
+        let json = Manifest::new(vec![counted.clone()]).to_json();
+        assert!(json.contains(r#""tokens":{"field":"text","tokenizer":null,"counts":[7,0]}"#));
+        assert_eq!(Manifest::from_json(&json, "m").unwrap().shards[0], counted);
+        let plain = Manifest::new(vec![entry()]).to_json();
+        assert!(!plain.contains("tokens"), "{plain}");
+        let short = json.replace("[7,0]", "[7]");
+        let err = Manifest::from_json(&short, "m.json")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a.tar: 2 samples but 1 token counts"), "{err}");
     }
 
     #[test]

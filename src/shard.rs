@@ -9,6 +9,7 @@ use parquet::file::metadata::ParquetMetaData;
 
 use crate::compression::Compression;
 use crate::location::Location;
+use crate::manifest::ShardTokens;
 use crate::plan::ShardInfo;
 
 /// What a shard holds and how it is read. A Parquet file is never a
@@ -109,12 +110,14 @@ impl Shard {
     }
 }
 
-/// Byte spans of a shard's samples.
+/// Byte spans of a shard's samples (and their token counts, when the
+/// manifest has them).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampleIndex {
     offsets: Vec<u64>,
     lengths: Vec<u64>,
     compression: Option<Compression>,
+    tokens: Option<Arc<ShardTokens>>,
 }
 
 impl SampleIndex {
@@ -125,6 +128,7 @@ impl SampleIndex {
             offsets: spans.iter().map(|s| s.0).collect(),
             lengths: spans.iter().map(|s| s.1).collect(),
             compression: None,
+            tokens: None,
         }
     }
 
@@ -141,7 +145,20 @@ impl SampleIndex {
             offsets,
             lengths,
             compression,
+            tokens: None,
         })
+    }
+
+    /// The index with its samples' token counts (one per sample, checked
+    /// by the manifest).
+    pub fn with_tokens(mut self, tokens: Option<Arc<ShardTokens>>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    /// The samples' token counts, when the manifest has them.
+    pub fn tokens(&self) -> Option<&Arc<ShardTokens>> {
+        self.tokens.as_ref()
     }
 
     /// Number of samples.
@@ -196,6 +213,7 @@ mod tests {
             offsets: vec![0, 1024, 3072],
             lengths: vec![1024, 2048, 512],
             compression: None,
+            tokens: None,
         };
         assert_eq!(index.read_range(&(1..3), Some(10240)), 1024..10240);
         assert_eq!(index.read_range(&(1..3), None), 1024..3584);

@@ -450,7 +450,9 @@ class ShardList:
         from what the resolution says of it: one ``stat`` per local shard, nothing read."""
     def check_equal_length(self, world_size: int) -> None:
         """Raises ``DatasetSpecError`` if ``world_size`` ranks cannot get the same number of
-        samples (a shard's sample count is unknown)."""
+        samples (a shard's sample count is unknown), or ``ValueError`` naming ``pack`` if they
+        cannot get the same number of packed sequences (the manifest has no token counts of
+        the packed field, or counted them with another tokenizer)."""
     def samples_per_rank(self, world_size: int, remainder: str = "drop") -> int | None:
         """Samples each rank gets per epoch (with sample counts), else ``None``."""
     def __len__(self) -> int: ...

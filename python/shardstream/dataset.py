@@ -257,12 +257,6 @@ class StreamingDataset(IterableDataset[Any]):
         self.num_workers = num_workers
         self.worker_id = worker_id
         _, resolved_world = self.distributed_slot()
-        if self.options["pack"] is not None and resolved_world > 1:
-            raise ValueError(
-                f"invalid option pack: packed sequences are handed out by one rank only "
-                f"(world_size is {resolved_world}): ranks whose documents hold different "
-                "numbers of tokens would train different numbers of steps"
-            )
 
         def resolve() -> ShardList:
             shard_list = ShardList(specs, self.options)

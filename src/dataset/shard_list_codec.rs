@@ -17,10 +17,11 @@ use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMet
 
 use crate::compression::Compression;
 use crate::format::parquet::{row_group_rows, row_group_span};
+use crate::manifest::ShardTokens;
 use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
 
 /// The first bytes of an encoded list (and its version).
-const MAGIC: &[u8; 4] = b"SSL2";
+const MAGIC: &[u8; 4] = b"SSL3";
 
 /// Encodes `shards`.
 pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
@@ -98,6 +99,23 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
                     out.uint(length);
                     end = offset.wrapping_add(length);
                 }
+                match index.tokens() {
+                    None => out.0.push(0),
+                    Some(tokens) => {
+                        out.0.push(1);
+                        out.bytes(tokens.field.as_bytes());
+                        match &tokens.tokenizer {
+                            None => out.0.push(0),
+                            Some(tokenizer) => {
+                                out.0.push(1);
+                                out.bytes(tokenizer.as_bytes());
+                            }
+                        }
+                        for &count in &tokens.counts {
+                            out.uint(count);
+                        }
+                    }
+                }
             }
         }
     }
@@ -153,8 +171,27 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
                     lengths.push(length);
                     end = offset.wrapping_add(length);
                 }
+                let tokens = match r.byte()? {
+                    0 => None,
+                    1 => {
+                        let field = r.string()?;
+                        let tokenizer = match r.byte()? {
+                            0 => None,
+                            1 => Some(r.string()?),
+                            other => return Err(format!("has a tokenizer tag {other}")),
+                        };
+                        let counts = (0..n).map(|_| r.uint()).collect::<Result<_, _>>()?;
+                        Some(Arc::new(ShardTokens {
+                            field,
+                            tokenizer,
+                            counts,
+                        }))
+                    }
+                    other => return Err(format!("has a token counts tag {other}")),
+                };
                 let index = SampleIndex::from_parts(offsets, lengths, compression)
-                    .ok_or_else(|| format!("has a sample index of {url} that does not add up"))?;
+                    .ok_or_else(|| format!("has a sample index of {url} that does not add up"))?
+                    .with_tokens(tokens);
                 Some(Arc::new(index))
             }
         };
@@ -357,6 +394,19 @@ mod tests {
                 )),
                 ..Shard::new("c.tar.zst", Some(900))
             },
+            Shard {
+                kind: ShardKind::Lines,
+                index: Some(Arc::new(
+                    SampleIndex::from_parts(vec![0, 40], vec![40, 25], None)
+                        .unwrap()
+                        .with_tokens(Some(Arc::new(ShardTokens {
+                            field: "text".into(),
+                            tokenizer: Some("Tokenizer(digest=0x01, bos=None)".into()),
+                            counts: vec![9, u64::MAX],
+                        }))),
+                )),
+                ..Shard::new("d.jsonl", Some(65))
+            },
         ];
         let mut first_row = 0;
         for index in 0..metadata.num_row_groups() {
@@ -382,7 +432,7 @@ mod tests {
             .map(|s| {
                 let index = s.index.as_ref().map(|i| {
                     let spans: Vec<_> = (0..i.len()).map(|k| (i.offset(k), i.length(k))).collect();
-                    format!("{spans:?} {:?}", i.compression())
+                    format!("{spans:?} {:?} {:?}", i.compression(), i.tokens())
                 });
                 let kind = match &s.kind {
                     ShardKind::Parquet(g) => format!(

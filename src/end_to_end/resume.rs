@@ -80,6 +80,7 @@ fn indexed_as(dir: &Path, counts: &[usize], kinds: &[&str]) -> Vec<Shard> {
         &out,
         &s3,
         2,
+        None,
         &crate::index::Silent,
     )
     .unwrap();

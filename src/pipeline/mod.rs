@@ -27,7 +27,7 @@ use self::decode_pool::DecodePool;
 use self::event::CompressedShards;
 pub use self::event::{Event, TableBatch};
 use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
-use self::packing::PackStage;
+use self::packing::{PackStage, Planned};
 use self::reads::{read_list, Read};
 use self::worker::Worker;
 use crate::augment::{SampleContext, TRANSFORM_SEED_FIELD};
@@ -41,6 +41,7 @@ use crate::shuffle::ShuffleBuffer;
 use crate::source::{ReadAhead, ReadAheadOptions};
 use crate::state::{self, Mirror, Resume, SkippedSamples, SlotState};
 use crate::stats::{Counter, Counters};
+use crate::text::counts;
 use crate::text::pack::PackState;
 
 /// The most decode threads a stream starts by itself (`decode_threads`
@@ -142,9 +143,11 @@ impl SampleStream {
     ) -> Result<Self> {
         let fingerprint = state::Fingerprint::of(shards, options);
         let saved_pack = match &resume {
-            Some(Resume::Exact(state)) => SavedPack::Exact(state.pack.clone()),
+            Some(Resume::Exact(state)) => {
+                SavedPack::Exact(state.pack.clone(), state.sequences_left)
+            }
             Some(Resume::Elastic(_)) => SavedPack::Elastic,
-            None => SavedPack::Exact(None),
+            None => SavedPack::Exact(None, None),
         };
         // Every field of a resumed state is checked here, before any read.
         let state::Start {
@@ -153,8 +156,19 @@ impl SampleStream {
             units,
             mirror,
             finished,
+            peers,
         } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
-        let pack = pack_stage(options, &slot, epoch, saved_pack, resumed_from.as_deref())?;
+        let pack = pack_stage(
+            shards,
+            options,
+            PackStart {
+                slot: &slot,
+                epoch,
+                saved: saved_pack,
+                resumed_from: resumed_from.as_deref(),
+                peers: peers.as_deref(),
+            },
+        )?;
         let replay = pack.as_ref().map_or_else(Vec::new, PackStage::replay);
         let reads = read_list(shards, &units, &mirror, &replay, finished)?;
         let mut rng = order::rng_for(
@@ -333,6 +347,7 @@ impl SampleStream {
                 .as_ref()
                 .map(PackStage::state)
                 .filter(|s| !s.is_empty()),
+            sequences_left: self.pack.as_ref().and_then(PackStage::sequences_left),
         }
     }
 
@@ -560,56 +575,111 @@ enum Delivered {
 }
 
 /// What a resumed stream's packer starts from: an exact resume's own
-/// state, or, for an elastic one, the old slots' (read from the states the
-/// plan was split from, each slot once).
+/// state (and, across ranks, the sequences it still hands out), or, for an
+/// elastic one, the old slots' (read from the states the plan was split
+/// from, each slot once).
 enum SavedPack {
-    Exact(Option<PackState>),
+    Exact(Option<PackState>, Option<u64>),
     Elastic,
+}
+
+/// Where a stream's packing stage starts.
+struct PackStart<'a> {
+    slot: &'a SlotSpec,
+    epoch: u64,
+    saved: SavedPack,
+    /// The slot states this epoch was split from (an elastic resume).
+    resumed_from: Option<&'a [SlotState]>,
+    /// Every slot's units, across ranks at the start of an epoch (or of
+    /// the rest of one).
+    peers: Option<&'a [Vec<WorkUnit>]>,
+}
+
+/// The packers of the old slots `resumed_from` dealt to new slot `at` of
+/// `slots`: each old slot's packer goes whole to one new slot (old slots in
+/// (rank, worker) order, dealt round the new ones), its documents read
+/// again by that slot alone.
+fn dealt_packers(resumed_from: &[SlotState], slots: usize, at: usize) -> PackState {
+    let mut old: Vec<&SlotState> = resumed_from.iter().collect();
+    old.sort_by_key(|s| (s.rank, s.worker_id));
+    let mine = old
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % slots == at)
+        .filter_map(|(_, s)| s.pack.clone());
+    PackState::merge(mine)
 }
 
 /// The packing stage of a stream with `pack`, rebuilding what a resumed
 /// state's packer held (an elastic resume: the packers of the old slots
-/// dealt to this one). A packed stream runs on one rank (the ranks'
-/// sequence counts differ, and a rank that ran out would leave the others
-/// waiting).
+/// dealt to this one). Across ranks the slot hands out the sequences
+/// planned for it ([`counts::sequences_of_slot`]), the same number for
+/// every rank's slot of this worker, so that no rank waits for another.
 fn pack_stage(
+    shards: &[Shard],
     options: &StreamOptions,
-    slot: &SlotSpec,
-    epoch: u64,
-    saved: SavedPack,
-    resumed_from: Option<&[SlotState]>,
+    start: PackStart<'_>,
 ) -> Result<Option<PackStage>> {
     let Some(spec) = &options.pack else {
         return Ok(None);
     };
-    if slot.world_size > 1 {
-        return Err(Error::Config {
-            name: "pack",
-            reason: format!(
-                "packed sequences are handed out by one rank only (world_size is {}): ranks \
-                 whose documents hold different numbers of tokens would train different \
-                 numbers of steps, and DDP would wait for ever",
-                slot.world_size
-            ),
-        });
-    }
-    let saved = match saved {
-        SavedPack::Exact(saved) => saved,
-        // Each old slot's packer goes whole to one new slot (old slots in
-        // (rank, worker) order, dealt round the new ones): its documents
-        // come to that slot alone, read again.
-        SavedPack::Elastic => {
-            let mut old: Vec<&SlotState> = resumed_from.unwrap_or_default().iter().collect();
-            old.sort_by_key(|s| (s.rank, s.worker_id));
-            let slots = slot.world_size * slot.num_workers;
-            let mine = old
-                .into_iter()
-                .enumerate()
-                .filter(|(at, _)| at % slots == slot.slot())
-                .filter_map(|(_, s)| s.pack.clone());
-            Some(PackState::merge(mine))
-        }
+    let PackStart {
+        slot,
+        epoch,
+        saved,
+        resumed_from,
+        peers,
+    } = start;
+    counts::check_counted(shards, options, slot.world_size)?;
+    let slots = slot.world_size * slot.num_workers;
+    let (saved, left) = match saved {
+        SavedPack::Exact(saved, left) => (saved, left),
+        SavedPack::Elastic => (
+            Some(dealt_packers(
+                resumed_from.unwrap_or_default(),
+                slots,
+                slot.slot(),
+            )),
+            None,
+        ),
     };
+    let left = match (left, peers) {
+        (Some(left), _) => Some(left),
+        (None, Some(peers)) if slot.world_size > 1 => {
+            let carried = |at: usize| {
+                resumed_from.map_or(0, |from| {
+                    counts::tokens_of_state(&dealt_packers(from, slots, at))
+                })
+            };
+            Some(counts::sequences_of_slot(
+                shards, spec, peers, carried, slot,
+            ))
+        }
+        (None, _) if slot.world_size > 1 => {
+            return Err(Error::StateMismatch(
+                "field sequences_left: missing from the state of a packed stream across ranks"
+                    .into(),
+            ))
+        }
+        (None, _) => None,
+    };
+    let planned = left.map(|left| Planned {
+        left,
+        counts: shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .index
+                    .as_ref()
+                    .and_then(|index| index.tokens().cloned())
+            })
+            .collect(),
+    });
     let ids_epoch = options.sample_ids.then_some(epoch);
-    Ok(Some(PackStage::new(spec.clone(), saved, ids_epoch)))
+    Ok(Some(PackStage::new(
+        spec.clone(),
+        saved,
+        ids_epoch,
+        planned,
+    )))
 }

@@ -212,9 +212,14 @@ impl ShardList {
     }
 
     /// Raises if a job of `world_size` ranks cannot give every rank the
-    /// same number of samples (a shard's sample count is unknown).
+    /// same number of samples (a shard's sample count is unknown), or,
+    /// with `pack`, the same number of sequences (a shard's token counts
+    /// are not in the manifest, or were counted another way).
     fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
-        check_counts(&self.shards, world_size).map_err(to_py)
+        check_counts(&self.shards, world_size).map_err(to_py)?;
+        let options = self.options.get();
+        crate::text::counts::check_counted(&self.shards, options.dataset.stream(), world_size)
+            .map_err(to_py)
     }
 
     /// What each shard holds: `"tar"`, `"raw"`, `"jsonl"` or `"parquet"`

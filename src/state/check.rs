@@ -88,6 +88,10 @@ pub struct Start {
     pub mirror: Mirror,
     /// The saved stream had handed out its last sample.
     pub finished: bool,
+    /// A packed stream across ranks that starts its epoch (or the rest of
+    /// one, after an elastic resume): every slot's units, by slot index, to
+    /// plan how many sequences each hands out.
+    pub peers: Option<Vec<Vec<WorkUnit>>>,
 }
 
 /// Plans `slot`'s stream for `epoch`, or for the epoch of `resume` after
@@ -102,13 +106,26 @@ pub fn resolve(
     resume: Option<Resume>,
 ) -> Result<Start> {
     let dataset = Dataset::new(shards, options, fingerprint);
+    let packed_across_ranks = options.pack.is_some() && slot.world_size > 1;
     match resume {
+        None if packed_across_ranks => {
+            let peers = dataset.plans.plan(epoch, slot.world_size, slot.num_workers);
+            Ok(Start {
+                epoch,
+                resumed_from: None,
+                units: peers[slot.slot()].clone(),
+                mirror: Mirror::start(),
+                finished: false,
+                peers: Some(peers),
+            })
+        }
         None => Ok(Start {
             epoch,
             resumed_from: None,
             units: dataset.plans.slot_plan(epoch, slot),
             mirror: Mirror::start(),
             finished: false,
+            peers: None,
         }),
         Some(Resume::Exact(state)) => {
             check_exact(&state, fingerprint, slot)?;
@@ -126,19 +143,29 @@ pub fn resolve(
                 finished: state.finished,
                 resumed_from: state.resumed_from,
                 units,
+                peers: None,
             })
         }
         Some(Resume::Elastic(states)) => {
             // Always split anew, even onto the same layout: the old slots
             // may have produced different amounts.
             let split = dataset.split(&states, "slots", None)?;
-            let units = dataset.plans.slot_recut(&split.remaining, slot);
+            let (units, peers) = if packed_across_ranks {
+                let peers =
+                    dataset
+                        .plans
+                        .recut(&split.remaining, slot.world_size, slot.num_workers);
+                (peers[slot.slot()].clone(), Some(peers))
+            } else {
+                (dataset.plans.slot_recut(&split.remaining, slot), None)
+            };
             Ok(Start {
                 epoch: split.epoch,
                 resumed_from: Some(split.states),
                 units,
                 mirror: Mirror::start(),
                 finished: false,
+                peers,
             })
         }
     }
@@ -825,6 +852,7 @@ mod tests {
                 finished: false,
                 resumed_from: None,
                 pack: None,
+                sequences_left: None,
             }
         };
         let here = Fingerprint::of(shards, defaults);

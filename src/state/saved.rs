@@ -78,6 +78,11 @@ pub struct SlotState {
     /// held none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<PackState>,
+    /// With `pack` across ranks: the sequences the slot still hands out
+    /// this epoch (planned from the manifest's token counts, equal for
+    /// every rank's slot of this worker). Absent on one rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequences_left: Option<u64>,
 }
 
 impl SlotState {
@@ -278,6 +283,7 @@ mod tests {
                 ready: vec![vec![[1, 2, 0, 5]]],
                 open: vec![vec![[0, 9, 3, 4], [1, 2, 5, 6]]],
             }),
+            sequences_left: Some(3),
         };
         let back = SlotState::from_json(&state.to_json()).unwrap();
         assert_eq!(back, state);

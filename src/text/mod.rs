@@ -1,7 +1,8 @@
 //! Text for language models: [`tokenizer`] turns a text field into token
 //! ids on the decode threads (the `shardstream.Tokenizer` transform), and
 //! [`pack`] lays the documents' ids into fixed-length sequences (the
-//! `pack` option, `shardstream.Pack`).
+//! `pack` option, `shardstream.Pack`), planned across ranks by [`counts`].
 
+pub mod counts;
 pub mod pack;
 pub mod tokenizer;

@@ -269,8 +269,10 @@ impl Packer {
 
     /// Takes the next document. `Err` when it lacks the field or the field
     /// is not 1-D integer token ids (a message naming the document).
-    pub fn push(&mut self, doc: &Sample) -> Result<()> {
+    /// Gives the document's token count.
+    pub fn push(&mut self, doc: &Sample) -> Result<usize> {
         let tokens = tokens_of(doc, self.spec.field_name())?;
+        let count = tokens.len();
         self.push_tokens(
             doc.id,
             Arc::from(doc.key.as_str()),
@@ -278,7 +280,7 @@ impl Packer {
             tokens,
             0,
         );
-        Ok(())
+        Ok(count)
     }
 
     /// Takes tokens `from..` of a document (a whole document from 0; a
@@ -618,17 +620,38 @@ impl Packer {
                 }),
             ));
         }
-        let first = &bin.pieces[0];
+        let (id, key, url) = match bin.pieces.first() {
+            Some(first) => (
+                first.doc,
+                format!("{}@{}", first.key, first.start),
+                first.url.clone(),
+            ),
+            None => (
+                SampleId { shard: 0, index: 0 },
+                PADDING_KEY.to_owned(),
+                Arc::from(""),
+            ),
+        };
         Sample {
-            id: first.doc,
-            key: format!("{}@{}", first.key, first.start),
-            url: first.url.clone(),
+            id,
+            key,
+            url,
             fields,
             offset: 0,
             length: 0,
         }
     }
+
+    /// A sequence of padding only (every label [`IGNORE_LABEL`], no
+    /// document), keyed [`PADDING_KEY`]: what fills a slot's planned
+    /// sequences up when documents were skipped.
+    pub fn padding(&self) -> Sample {
+        self.sequence(Bin::default())
+    }
 }
+
+/// The `__key__` of a sequence of padding only ([`Packer::padding`]).
+pub const PADDING_KEY: &str = "padding";
 
 /// A 1-D `int32` array value.
 fn int32_array(values: Vec<i32>) -> Value {
@@ -636,6 +659,12 @@ fn int32_array(values: Vec<i32>) -> Value {
         shape: vec![values.len()],
         data: ArrayData::I32(values),
     })
+}
+
+/// How many token ids `doc`'s `field` holds (what `shardstream index
+/// --count-tokens` records), or the error packing it would give.
+pub fn token_count(doc: &Sample, field: &str) -> Result<usize> {
+    tokens_of(doc, field).map(|tokens| tokens.len())
 }
 
 /// The token ids of `doc`'s `field`: a 1-D integer array, or a list of

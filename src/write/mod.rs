@@ -518,6 +518,7 @@ impl ShardWriter {
             samples: offsets.len() as u64,
             offsets,
             lengths,
+            tokens: None,
         });
         if let Err(error) = self.save_manifest() {
             self.fail(&error);

@@ -1,0 +1,255 @@
+"""Packing across ranks: ``shardstream index --count-tokens`` records each
+document's token count in the manifest, and from those every rank's slot of
+a worker hands out the same number of sequences (so DDP never waits), no
+document twice, through exact and elastic resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_pack import real_tokens, write_docs
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import models, pre_tokenizers, trainers
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from shardstream import (
+    ManifestMismatchError,
+    Pack,
+    StreamingDataset,
+    Tokenizer,
+    elastic_state,
+)
+from shardstream._core import run_cli
+
+SEQ = 16
+OPTIONS = {"seed": 5, "shuffle_buffer": 8, "shuffle_initial": 3, "sample_ids": True}
+
+
+def indexed_docs(folder: Path, shards: int = 6, docs: int = 30) -> list[str]:
+    """Pre-tokenized JSON-lines shards (``write_docs``) and their manifest
+    with each document's count of ``ids``."""
+    urls = write_docs(folder, shards=shards, docs=docs)
+    out = folder / "manifest.json"
+    code = run_cli(["shardstream", "index", *urls, "-o", str(out), "--format", "jsonl", "--count-tokens", "ids"])
+    assert code == 0
+    return urls
+
+
+def documents(urls: list[str]) -> dict[tuple[int, int], list[int]]:
+    """Each document's ids by ``(shard, index)``."""
+    return {
+        (s, i): json.loads(line)["ids"]
+        for s, url in enumerate(urls)
+        for i, line in enumerate(Path(url).read_text().splitlines())
+    }
+
+
+def ended(seq: dict[str, Any]) -> list[tuple[int, int]]:
+    """The documents whose last token a sequence holds (its ``__id__`` rows)."""
+    return [(int(r[1]), int(r[2])) for r in seq["__id__"]]
+
+
+def rank_sequences(urls: list[str], pack: Pack, world: int, rank: int, workers: int) -> list[dict]:
+    ds = StreamingDataset(urls, pack=pack, world_size=world, rank=rank, **OPTIONS)
+    return list(DataLoader(ds, batch_size=None, num_workers=workers))
+
+
+def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    words = [f"w{i}" for i in range(200)]
+    folder = tmp_path / "c"
+    folder.mkdir()
+    texts = []
+    for shard in range(2):
+        lines = []
+        for _ in range(25):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 40)))
+            texts.append(text)
+            lines.append(json.dumps({"text": text}))
+        (folder / f"p-{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    hf = HfTokenizer(models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"]))
+    tok = folder / "tokenizer.json"
+    hf.save(str(tok))
+    manifest = folder / "manifest.json"
+    argv = ["shardstream", "index", str(folder / "p-{0..1}.jsonl"), "-o", str(manifest), "--format", "jsonl"]
+    assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", str(tok), "--eos", "</s>"]) == 0
+    entries = json.loads(manifest.read_text())["shards"]
+    counts = [c for e in entries for c in e["tokens"]["counts"]]
+    assert counts == [len(hf.encode(t).ids) + 1 for t in texts]
+    for entry in entries:
+        assert entry["tokens"]["field"] == "text"
+        assert re.fullmatch(
+            r"Tokenizer\(digest=0x[0-9a-f]{16}, bos=None, eos=1, add_special_tokens=True\)",
+            entry["tokens"]["tokenizer"],
+        )
+    tokenizer = Tokenizer(str(tok), eos="</s>")
+    spec = str(folder / "p-{0..1}.jsonl")
+    pack = Pack(SEQ)
+    # The dataset's tokenizer is the one counted with: two ranks plan.
+    ds = StreamingDataset(spec, decode={"text": tokenizer}, pack=pack, world_size=2, rank=0)
+    assert len(list(ds)) > 0
+    # Another tokenizer (no eos) is refused at construction, by name.
+    with pytest.raises(ValueError, match=r"option pack: .*counts were made with Tokenizer"):
+        StreamingDataset(spec, decode={"text": Tokenizer(str(tok))}, pack=pack, world_size=2, rank=0)
+
+
+def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
+    tmp_path: Path,
+) -> None:
+    urls = write_docs(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"option pack: .*--count-tokens ids"):
+        StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=1, count_samples=True)
+    # One rank needs none.
+    assert len(list(StreamingDataset(urls, pack=Pack(SEQ, field="ids")))) > 0
+
+
+@pytest.mark.parametrize(
+    ("mode", "world", "workers"), [("concat", 2, 2), ("best_fit", 3, 1), ("best_fit", 2, 2)]
+)
+def test_every_rank_hands_out_as_many_sequences_and_no_document_twice(
+    tmp_path: Path, mode: str, world: int, workers: int
+) -> None:
+    urls = indexed_docs(tmp_path / "d")
+    docs = documents(urls)
+    window = {"window": 4} if mode == "best_fit" else {}
+    pack = Pack(SEQ, mode=mode, field="ids", pad_id=-1, **window)  # type: ignore[arg-type]
+    ranks = [rank_sequences(urls, pack, world, rank, workers) for rank in range(world)]
+    lengths = [len(seqs) for seqs in ranks]
+    # Each worker's slots hand out the least over the ranks of the
+    # sequences their documents' tokens fill at least.
+    def slot_tokens(rank: int, worker: int) -> int:
+        ds = StreamingDataset(
+            urls, world_size=world, rank=rank, num_workers=workers, worker_id=worker, **OPTIONS
+        )
+        return sum(len(d["ids"]) for d in ds)
+
+    planned = sum(
+        min(-(-slot_tokens(rank, worker) // (SEQ + 1)) for rank in range(world))
+        for worker in range(workers)
+    )
+    assert lengths == [planned] * world and planned > 10, (lengths, planned)
+    seen = Counter(doc for seqs in ranks for seq in seqs for doc in ended(seq))
+    assert max(seen.values()) == 1
+    tokens = Counter(t for seqs in ranks for seq in seqs for t in real_tokens(seq, pack))
+    assert max(tokens.values()) == 1
+    # Each token handed out is a document's, and each document seen is whole.
+    every = {t for ids in docs.values() for t in ids}
+    assert set(tokens) <= every
+    for doc in seen:
+        assert all(t in tokens for t in docs[doc]), doc
+
+
+def test_ranks_resume_exactly_in_stateful_dataloaders(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d")
+    pack = Pack(SEQ, mode="best_fit", window=3, field="ids", labels=True)
+
+    def loader(rank: int) -> StatefulDataLoader:
+        ds = StreamingDataset(urls, pack=pack, world_size=2, rank=rank, batch_size=2, **OPTIONS)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    for rank in range(2):
+        whole = [b["input_ids"].tolist() for b in loader(rank)]
+        first_loader = loader(rank)
+        it = iter(first_loader)
+        first = [next(it)["input_ids"].tolist() for _ in range(5)]
+        state = first_loader.state_dict()
+        del it
+        resumed = loader(rank)
+        resumed.load_state_dict(state)
+        assert first + [b["input_ids"].tolist() for b in resumed] == whole
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+def test_an_elastic_resume_onto_more_ranks_gives_equal_steps_and_no_document_twice(
+    tmp_path: Path, mode: str
+) -> None:
+    urls = indexed_docs(tmp_path / "d")
+    docs = documents(urls)
+    window = {"window": 3} if mode == "best_fit" else {}
+    pack = Pack(SEQ, mode=mode, field="ids", pad_id=-1, **window)  # type: ignore[arg-type]
+    seen: list[tuple[int, int]] = []
+    tokens: list[int] = []
+    states = []
+    for rank in range(2):
+        ds = StreamingDataset(urls, pack=pack, world_size=2, rank=rank, **OPTIONS)
+        it = iter(ds)
+        for _ in range(7):
+            seq = next(it)
+            seen += ended(seq)
+            tokens += real_tokens(seq, pack)
+        state = ds.state_dict()
+        assert isinstance(state["sequences_left"], int) and state["sequences_left"] > 0
+        states.append(state)
+    elastic = elastic_state(*states)
+    lengths = []
+    for rank in range(3):
+        ds = StreamingDataset(urls, pack=pack, world_size=3, rank=rank, **OPTIONS)
+        ds.load_state_dict(elastic)
+        rest = list(ds)
+        lengths.append(len(rest))
+        for seq in rest:
+            seen += ended(seq)
+            tokens += real_tokens(seq, pack)
+    assert len(set(lengths)) == 1 and lengths[0] > 3, lengths
+    assert max(Counter(seen).values()) == 1
+    assert max(Counter(tokens).values()) == 1
+    assert set(tokens) <= {t for ids in docs.values() for t in ids}
+
+
+def test_a_slot_that_handed_out_its_sequences_resumes_to_its_end(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d", shards=4)
+    pack = Pack(SEQ, field="ids")
+    ds = StreamingDataset(urls, pack=pack, world_size=2, rank=1, **OPTIONS)
+    whole = list(ds)
+    state = ds.state_dict()
+    assert state["sequences_left"] == 0 and "pack" not in state
+    again = StreamingDataset(urls, pack=pack, world_size=2, rank=1, **OPTIONS)
+    again.load_state_dict(state)
+    assert list(again) == [] and len(whole) > 0
+
+
+def test_a_count_the_documents_do_not_have_is_an_error_naming_the_sample(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d", shards=2)
+    manifest = tmp_path / "d" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["shards"][1]["tokens"]["counts"][4] += 1
+    manifest.write_text(json.dumps(data))
+    ds = StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=0, **OPTIONS)
+    other = StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=1, **OPTIONS)
+    with pytest.raises(ManifestMismatchError, match=r"p-1\.jsonl.*sample 4 .*manifest's token counts"):
+        list(ds)
+        list(other)
+
+
+def test_a_rank_whose_documents_are_skipped_fills_up_with_padding(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d", shards=4)
+    # Damage a line of one shard after indexing, keeping its size and its
+    # modification time (the manifest still describes it).
+    path = Path(urls[2])
+    stat = path.stat()
+    text = path.read_text()
+    cut = text.index("\n", len(text) // 3) + 1
+    path.write_text(text[:cut] + "!" + text[cut + 1 :])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    pack = Pack(SEQ, field="ids", labels=True)
+    options = {**OPTIONS, "on_error": "warn"}
+    ranks = []
+    with pytest.warns(Warning):
+        for rank in range(2):
+            ds = StreamingDataset(urls, pack=pack, world_size=2, rank=rank, **options)
+            ranks.append(list(ds))
+    assert len(ranks[0]) == len(ranks[1]) > 0
+    padding = [seq for seqs in ranks for seq in seqs if seq["__key__"] == "padding"]
+    assert padding, "the rank that lost documents fills up"
+    for seq in padding:
+        assert (seq["labels"] == -100).all() and len(seq["__id__"]) == 0
