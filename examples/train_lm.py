@@ -19,23 +19,40 @@ the tokens)::
 
 Each run writes ``OUT_DIR/steps.jsonl`` (step, loss, a checksum of the
 batch's tokens): the first run's lines followed by the resumed run's are the
-uninterrupted run's, losses included. Packing runs on one rank for now
-(docs/text.md).
+uninterrupted run's, losses included.
+
+Under ``torchrun`` each rank trains on its own part of the documents (DDP over
+gloo or NCCL) and every rank takes the same number of steps: the sequences
+are planned from the token counts that ``shardstream index`` records in the
+manifest beside the shards (docs/text.md)::
+
+    shardstream index 'c/part-{0..2}.jsonl' -o c/manifest.json --format jsonl \
+        --count-tokens text --tokenizer tok.json --eos '</s>'
+    torchrun --nproc_per_node 2 examples/train_lm.py 'c/part-{0..2}.jsonl' tok.json \
+        /tmp/ckpt.pt /tmp/out --ledger /tmp/ledger
+    shardstream verify /tmp/ledger
+
+Each rank then writes ``steps-rank<R>.jsonl`` and its own checkpoint
+(``ckpt-rank<R>.pt``); ``--ledger`` records which documents each step
+trained on, for ``shardstream verify``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from shardstream import Pack, StreamingDataset, Tokenizer
+from shardstream import Ledger, Pack, StreamingDataset, Tokenizer
 
 
 class TinyGPT(nn.Module):
@@ -89,6 +106,7 @@ def loader_for(args: argparse.Namespace) -> StatefulDataLoader:
         decode={"text": Tokenizer(args.tokenizer, eos=args.eos)},
         pack=Pack(args.seq_len, mode="best_fit", labels=True),
         batch_size=args.batch_size,
+        sample_ids=args.ledger is not None,
     )
     return StatefulDataLoader(dataset, batch_size=None, num_workers=args.workers)
 
@@ -106,24 +124,39 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eos", default="</s>")
+    parser.add_argument("--ledger", type=Path, help="record each step's documents here")
     args = parser.parse_args()
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    # Under torchrun each rank keeps its own checkpoint and step log.
+    suffix = f"-rank{rank}" if world > 1 else ""
+    checkpoint = args.checkpoint.with_name(args.checkpoint.stem + suffix + args.checkpoint.suffix)
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # the same sums in the same order: losses repeat exactly
     vocab = Tokenizer(args.tokenizer).vocab_size
-    model = TinyGPT(vocab, max_len=args.seq_len + 1)
+    net = TinyGPT(vocab, max_len=args.seq_len + 1)
+    model = DistributedDataParallel(net) if world > 1 else net
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = loader_for(args)
     step = 0
     if args.resume:
-        saved: dict[str, Any] = torch.load(args.checkpoint, weights_only=False)
-        model.load_state_dict(saved["model"])
+        saved: dict[str, Any] = torch.load(checkpoint, weights_only=False)
+        net.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])
         step = saved["step"]
+    ledger = None
+    if args.ledger is not None:
+        ledger = Ledger(args.ledger, loader.dataset, resume_step=step if args.resume else None)
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "steps.jsonl", "w") as log:
-        for batch in loader:
+    # The ledger records each batch as a step, and the epoch's end.
+    batches = loader if ledger is None else ledger.track(loader)
+    with open(args.out / f"steps{suffix}.jsonl", "w") as log:
+        for batch in batches:
             ids = torch.as_tensor(batch["input_ids"]).long()
             labels = torch.as_tensor(batch["labels"]).long()
             positions = torch.as_tensor(batch["position_ids"]).long()
@@ -136,14 +169,20 @@ def main() -> None:
             record = {"step": step, "loss": loss.item(), "checksum": int(ids.sum())}
             log.write(json.dumps(record) + "\n")
             if args.steps is not None and step == args.steps:
+                if ledger is not None:
+                    ledger.checkpoint()
                 state = {
-                    "model": model.state_dict(),
+                    "model": net.state_dict(),
                     "optimizer": optimizer.state_dict(),
                     "loader": loader.state_dict(),
                     "step": step,
                 }
-                torch.save(state, args.checkpoint)
+                torch.save(state, checkpoint)
                 break
+    if ledger is not None:
+        ledger.close()
+    if world > 1:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

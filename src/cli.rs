@@ -917,6 +917,7 @@ fn resolved_dataset(
         seed: options.stream().seed,
         shuffle_shards: options.stream().shuffle_shards,
         remainder: options.stream().remainder,
+        packed: !meta.option("pack").is_null(),
     })
 }
 

@@ -538,7 +538,10 @@ class Ledger:
             if len(columns[0]) == 0:
                 if self._packed and _ends_no_document(batch.get("__id__")):
                     # A packed batch whose sequences all go on into the next
-                    # (no document ends in it): a step with nothing to record.
+                    # (no document ends in it): a step that names no sample
+                    # (counted, so that every rank's steps are; `verify`
+                    # places it in the epoch of the rank's next record).
+                    self._write(step, self.last_epoch, kind, None, 0)
                     self._last_step, self._next_step = step, step + 1
                     return step
                 raise ValueError("a step's batch has no samples")

@@ -34,6 +34,10 @@ pub struct Dataset {
     pub shuffle_shards: bool,
     /// The remainder policy of equal-length epochs.
     pub remainder: Remainder,
+    /// Whether the dataset packs its documents into sequences (`pack`):
+    /// across ranks each slot then stops at its planned sequences, leaving
+    /// out the documents of its last ones.
+    pub packed: bool,
 }
 
 /// Where a sample was taken: a step of a rank in a generation.
@@ -304,8 +308,13 @@ pub struct EpochReport {
     pub world_sizes: Vec<usize>,
     /// Whether a complete epoch's samples were checked against the plan's
     /// (false for a mixture resumed onto another layout within the epoch,
-    /// whose rest was split anew: then no sample came twice is checked).
+    /// whose rest was split anew, and for documents packed across ranks:
+    /// then no sample came twice is checked).
     pub coverage_checked: bool,
+    /// Documents packed across ranks that no sequence handed out named:
+    /// those of each slot's sequences past its planned number (complete
+    /// epochs; not checked against the plan).
+    pub packed_left_out: u64,
     /// The epoch's first violation, if any.
     pub violation: Option<Violation>,
 }
@@ -315,6 +324,10 @@ impl EpochReport {
     pub fn status(&self) -> &'static str {
         match (&self.violation, self.complete) {
             (Some(_), _) => "VIOLATION",
+            (None, true) if !self.coverage_checked && self.packed_left_out > 0 => {
+                "at most once (packed across ranks: each worker's sequences past the planned \
+                 number are left out)"
+            }
             (None, true) if !self.coverage_checked => {
                 "at most once (a mixture resumed onto another layout: its rest was split anew)"
             }
@@ -389,6 +402,12 @@ impl fmt::Display for Report {
             };
             if e.left_out_on_error > 0 {
                 extra += &format!(", {} left out by on_error=\"warn\"", e.left_out_on_error);
+            }
+            if e.packed_left_out > 0 {
+                extra += &format!(
+                    ", {} left out past the planned sequences",
+                    e.packed_left_out
+                );
             }
             let generations: Vec<String> = e.generations.iter().map(u64::to_string).collect();
             let ranks: Vec<String> = e.world_sizes.iter().map(usize::to_string).collect();
@@ -752,6 +771,7 @@ fn check_epoch(
             .collect(),
         world_sizes: order.iter().map(|&g| layout(g).0).collect(),
         coverage_checked: true,
+        packed_left_out: 0,
         violation: None,
     };
     let mut seen = vec![0u8; usize::try_from(total).unwrap_or(usize::MAX)];
@@ -809,6 +829,9 @@ fn check_epoch(
     let skips: Vec<&ErrorSkip> = error_skips(generations)
         .filter(|skip| skip.epoch == epoch)
         .collect();
+    // Packed across ranks, each slot stops at its planned sequences.
+    let packed_across_ranks =
+        dataset.packed && order.iter().any(|&g| generations[g].meta.world_size > 1);
     let mut first_missing = None;
     let mut missing = 0u64;
     for (position, &count) in seen.iter().enumerate() {
@@ -816,7 +839,10 @@ fn check_epoch(
             continue;
         }
         let position = position as u64;
-        if position >= dropped_from {
+        if packed_across_ranks {
+            report.packed_left_out += 1;
+            report.coverage_checked = false;
+        } else if position >= dropped_from {
             report.dropped += 1;
         } else if !skips.is_empty() && {
             let (shard, index) = sequence.sample_at(position);
@@ -884,6 +910,7 @@ mod tests {
             seed: 0,
             shuffle_shards: false,
             remainder,
+            packed: false,
         }
     }
 
@@ -947,6 +974,45 @@ mod tests {
         assert!(report.epochs[0].complete);
         assert_eq!(report.epochs[0].distinct, 12);
         assert!(report.to_string().contains("exactly once"), "{report}");
+    }
+
+    #[test]
+    fn documents_packed_across_ranks_may_be_left_out_but_not_repeated() {
+        let d = Dataset {
+            packed: true,
+            ..dataset(Remainder::Drop)
+        };
+        let all = sequence(&d);
+        // Two ranks, as many steps each; each left its last documents out.
+        let mut g = generation(0, 0, 2);
+        run(&mut g, 0, 0, &all[..4], 2);
+        run(&mut g, 1, 0, &all[6..10], 2);
+        let report = verify(std::slice::from_ref(&g), &d);
+        assert!(report.ok, "{report}");
+        let epoch = &report.epochs[0];
+        assert!(epoch.complete && !epoch.coverage_checked);
+        assert_eq!((epoch.distinct, epoch.packed_left_out), (8, 4));
+        assert!(epoch.status().contains("packed across ranks"), "{report}");
+        assert!(report
+            .to_string()
+            .contains("4 left out past the planned sequences"));
+        // A document twice is still a violation.
+        let mut twice = generation(0, 0, 2);
+        run(&mut twice, 0, 0, &all[..4], 2);
+        run(&mut twice, 1, 0, &[all[6], all[7], all[8], all[0]], 2);
+        let report = verify(&[twice], &d);
+        assert!(matches!(
+            report.epochs[0].violation,
+            Some(Violation::Twice { .. })
+        ));
+        // On one rank every document is expected.
+        let mut one = generation(0, 0, 1);
+        run(&mut one, 0, 0, &all[..10], 2);
+        let report = verify(&[one], &d);
+        assert!(matches!(
+            report.epochs[0].violation,
+            Some(Violation::Missing { .. })
+        ));
     }
 
     #[test]
@@ -1118,6 +1184,7 @@ mod tests {
                 seed: 7,
                 shuffle_shards,
                 remainder: Remainder::Drop,
+                packed: false,
             };
             let sequence = Sequence::new(&d, 3);
             assert_eq!(sequence.total, 6);

@@ -131,6 +131,7 @@ fn check_mix_epoch(
             .collect(),
         world_sizes: order.iter().map(|&g| layout(g).0).collect(),
         coverage_checked: same_layout,
+        packed_left_out: 0,
         violation: None,
     };
     // Repeats a stream's padding may make in one pass, by the first layout.
@@ -443,6 +444,7 @@ mod tests {
             seed,
             shuffle_shards: true,
             remainder: Remainder::Drop,
+            packed: false,
         };
         MixDataset {
             streams: vec![

@@ -140,3 +140,121 @@ pub fn sequences_of_slot(
         .min()
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::FieldDecoders;
+    use crate::manifest::ShardTokens;
+    use crate::shard::SampleIndex;
+    use crate::text::pack::PackMode;
+
+    /// A JSON-lines shard whose documents hold `counts` tokens of `ids`,
+    /// counted without a tokenizer (`None`: no counts).
+    fn shard(url: &str, counts: Option<Vec<u64>>) -> Shard {
+        let n = counts.as_ref().map_or(2, Vec::len) as u64;
+        let index = SampleIndex::from_parts((0..n).collect(), vec![1; n as usize], None)
+            .unwrap()
+            .with_tokens(counts.map(|counts| {
+                Arc::new(ShardTokens {
+                    field: "ids".into(),
+                    tokenizer: None,
+                    counts,
+                })
+            }));
+        Shard {
+            kind: ShardKind::Lines,
+            index: Some(Arc::new(index)),
+            ..Shard::new(url, Some(n))
+        }
+    }
+
+    fn options(field: &str) -> StreamOptions {
+        let spec = PackSpec::new(Some(field.into()), 7, PackMode::Concat, false, 0).unwrap();
+        StreamOptions::builder()
+            .with_decode(FieldDecoders::default())
+            .with_pack(Some(spec))
+            .build()
+            .unwrap()
+    }
+
+    fn unit(shard: usize, samples: std::ops::Range<u64>) -> WorkUnit {
+        WorkUnit {
+            shard,
+            samples: Some(samples),
+        }
+    }
+
+    #[test]
+    fn each_worker_hands_out_the_least_over_the_ranks() {
+        let shards = vec![
+            shard("a.jsonl", Some(vec![8, 8, 8, 1])),
+            shard("b.jsonl", Some(vec![20, 3])),
+        ];
+        let spec = options("ids").pack.unwrap();
+        // Two ranks of two workers; slot = rank * 2 + worker.
+        let units = vec![
+            vec![unit(0, 0..2)],                // 16 tokens: 2 sequences of 8
+            vec![unit(0, 2..4)],                // 9 tokens: 2
+            vec![unit(1, 0..1)],                // 20 tokens: 3
+            vec![unit(1, 1..2), unit(0, 3..4)], // 4 tokens: 1
+        ];
+        let of = |rank, worker| {
+            let slot = SlotSpec::new(2, rank, 2, worker).unwrap();
+            sequences_of_slot(&shards, &spec, &units, |_| 0, &slot)
+        };
+        assert_eq!([of(0, 0), of(1, 0)], [2, 2]);
+        assert_eq!([of(0, 1), of(1, 1)], [1, 1]);
+        // Tokens a resumed packer carries count too.
+        let slot = SlotSpec::new(2, 1, 2, 1).unwrap();
+        let carried = |at: usize| if at == 3 { 13 } else { 0 };
+        assert_eq!(sequences_of_slot(&shards, &spec, &units, carried, &slot), 2);
+        assert_eq!(
+            tokens_of_units(
+                &shards,
+                &[WorkUnit {
+                    shard: 1,
+                    samples: None
+                }]
+            ),
+            23
+        );
+        let state = PackState {
+            ready: vec![vec![[0, 0, 0, 8]]],
+            open: vec![vec![[0, 1, 2, 5], [1, 1, 0, 3]]],
+        };
+        assert_eq!(tokens_of_state(&state), 14);
+        assert_eq!(recorded(&shards, SampleId { shard: 1, index: 0 }), Some(20));
+        assert_eq!(recorded(&shards, SampleId { shard: 1, index: 2 }), None);
+    }
+
+    #[test]
+    fn packing_across_ranks_needs_counts_of_the_packed_field() {
+        let counted = vec![
+            shard("a.jsonl", Some(vec![1, 2])),
+            shard("b.jsonl", Some(vec![3])),
+        ];
+        check_counted(&counted, &options("ids"), 2).unwrap();
+        let refused = |shards: &[Shard], field: &str| {
+            check_counted(shards, &options(field), 4)
+                .unwrap_err()
+                .to_string()
+        };
+        let bare = vec![counted[0].clone(), shard("b.jsonl", None)];
+        let error = refused(&bare, "ids");
+        assert!(
+            error.contains("option pack") && error.contains("across 4 ranks"),
+            "{error}"
+        );
+        assert!(
+            error.contains("shard b.jsonl, it has no token counts"),
+            "{error}"
+        );
+        assert!(error.contains("--count-tokens ids`"), "{error}");
+        assert!(refused(&counted, "text").contains("token counts are of field \"ids\""));
+        // One rank plans nothing.
+        check_counted(&bare, &options("ids"), 1).unwrap();
+    }
+}

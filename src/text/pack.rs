@@ -937,6 +937,26 @@ mod tests {
     }
 
     proptest! {
+        /// A packer makes at least `ceil(tokens / (seq_len + 1))` sequences
+        /// in either mode (exactly that under "concat"): the bound packing
+        /// across ranks plans each slot's sequences with
+        /// ([`crate::text::counts`]), which every slot can then hand out.
+        #[test]
+        fn a_packer_makes_at_least_the_sequences_its_tokens_fill(
+            lens in prop::collection::vec(0usize..60, 0..40),
+            seq_len in 1usize..24,
+            mode in mode_strategy(),
+        ) {
+            let spec = spec(seq_len, mode, false);
+            let made = pack_all(&spec, &lens).len() as u64;
+            let tokens: u64 = lens.iter().map(|&n| n as u64).sum();
+            let bound = tokens.div_ceil(spec.capacity() as u64);
+            prop_assert!(made >= bound, "{} sequences, {} planned", made, bound);
+            if mode == PackMode::Concat {
+                prop_assert_eq!(made, bound);
+            }
+        }
+
         /// Every token comes once: in order under "concat"; each document
         /// whole (or in whole sequences and one rest) under "best_fit".
         /// Every sequence has the same shape; its bounds cover it.

@@ -64,3 +64,45 @@ def test_a_run_stopped_and_resumed_trains_on_the_uninterrupted_runs_batches(tmp_
         assert abs(got["loss"] - want["loss"]) < 1e-5, (got, want)
     # The loss falls: the masks and labels line up with the tokens.
     assert whole[-1]["loss"] < whole[0]["loss"]
+
+
+def train_ranks(tmp_path: Path, spec: str, tokenizer: str, out: str, *extra: str) -> list[list[dict]]:
+    """``train_lm.py`` under torchrun, 2 ranks (gloo): each rank's steps."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += [str(EXAMPLES_DIR / "train_lm.py"), spec, tokenizer]
+    command += [str(tmp_path / "ckpt.pt"), str(tmp_path / out), *extra]
+    proc = run_bounded(command, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
+    return [
+        [json.loads(line) for line in (tmp_path / out / f"steps-rank{r}.jsonl").read_text().splitlines()]
+        for r in range(2)
+    ]
+
+
+def test_two_ranks_under_torchrun_take_equal_steps_and_resume_exactly(tmp_path: Path) -> None:
+    spec, tokenizer = corpus(tmp_path / "corpus")
+    manifest = tmp_path / "corpus" / "manifest.json"
+    index = [sys.executable, "-m", "shardstream", "index", spec, "-o", str(manifest)]
+    index += ["--format", "jsonl", "--count-tokens", "text", "--tokenizer", tokenizer, "--eos", "</s>"]
+    done = run_bounded(index, cwd=tmp_path, env=dict(os.environ), timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    whole = train_ranks(tmp_path, spec, tokenizer, "whole")
+    # Every rank took as many steps (DDP would have waited otherwise).
+    assert len(whole[0]) == len(whole[1]) > 4, [len(w) for w in whole]
+    ledger = str(tmp_path / "ledger")
+    first = train_ranks(tmp_path, spec, tokenizer, "first", "--steps", "3", "--ledger", ledger)
+    rest = train_ranks(tmp_path, spec, tokenizer, "rest", "--resume", "--ledger", ledger)
+    for r in range(2):
+        assert [(s["step"], s["checksum"]) for s in first[r] + rest[r]] == [
+            (s["step"], s["checksum"]) for s in whole[r]
+        ]
+        for got, want in zip(first[r] + rest[r], whole[r], strict=True):
+            assert abs(got["loss"] - want["loss"]) < 1e-5, (r, got, want)
+    # The ledger of the stopped and resumed run: no document twice.
+    verify = [sys.executable, "-m", "shardstream", "verify", ledger, "--json"]
+    done = run_bounded(verify, cwd=tmp_path, env=dict(os.environ), timeout=RUN_TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    epoch = json.loads(done.stdout)["epochs"][0]
+    assert epoch["complete"] and epoch["violation"] is None, epoch
+    assert epoch["distinct"] + epoch["packed_left_out"] == epoch["expected"] == 90, epoch
