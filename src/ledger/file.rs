@@ -594,7 +594,7 @@ mod tests {
             ..record(step, kind, ids)
         };
         let trained = RecordKind::Trained;
-        let written = vec![
+        let written = [
             at(0, 0, trained, &[]),
             at(1, 0, trained, &[]),
             at(2, 4, trained, &[(1, 2)]),

@@ -219,7 +219,7 @@ def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
     pack = Pack(SEQ, field="ids")
     with pytest.raises(ValueError, match="option pack: no field is tokenized"):
         StreamingDataset(urls, pack=Pack(SEQ))
-    with pytest.raises(ValueError, match="option pack: .*--count-tokens ids"):
+    with pytest.raises(ValueError, match=r"option pack: .*--count-tokens ids"):
         StreamingDataset(urls, pack=pack, rank=0, world_size=2, count_samples=True)
     with pytest.raises(ValueError, match="option sample_seed"):
         StreamingDataset(urls, pack=pack, sample_seed=True)

@@ -38,7 +38,19 @@ def indexed_docs(folder: Path, shards: int = 6, docs: int = 30) -> list[str]:
     with each document's count of ``ids``."""
     urls = write_docs(folder, shards=shards, docs=docs)
     out = folder / "manifest.json"
-    code = run_cli(["shardstream", "index", *urls, "-o", str(out), "--format", "jsonl", "--count-tokens", "ids"])
+    code = run_cli(
+        [
+            "shardstream",
+            "index",
+            *urls,
+            "-o",
+            str(out),
+            "--format",
+            "jsonl",
+            "--count-tokens",
+            "ids",
+        ]
+    )
     assert code == 0
     return urls
 
@@ -77,11 +89,21 @@ def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
         (folder / f"p-{shard}.jsonl").write_text("\n".join(lines) + "\n")
     hf = HfTokenizer(models.BPE(unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"]))
+    hf.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"])
+    )
     tok = folder / "tokenizer.json"
     hf.save(str(tok))
     manifest = folder / "manifest.json"
-    argv = ["shardstream", "index", str(folder / "p-{0..1}.jsonl"), "-o", str(manifest), "--format", "jsonl"]
+    argv = [
+        "shardstream",
+        "index",
+        str(folder / "p-{0..1}.jsonl"),
+        "-o",
+        str(manifest),
+        "--format",
+        "jsonl",
+    ]
     assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", str(tok), "--eos", "</s>"]) == 0
     entries = json.loads(manifest.read_text())["shards"]
     counts = [c for e in entries for c in e["tokens"]["counts"]]
@@ -100,7 +122,9 @@ def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
     assert len(list(ds)) > 0
     # Another tokenizer (no eos) is refused at construction, by name.
     with pytest.raises(ValueError, match=r"option pack: .*counts were made with Tokenizer"):
-        StreamingDataset(spec, decode={"text": Tokenizer(str(tok))}, pack=pack, world_size=2, rank=0)
+        StreamingDataset(
+            spec, decode={"text": Tokenizer(str(tok))}, pack=pack, world_size=2, rank=0
+        )
 
 
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
@@ -108,7 +132,9 @@ def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
 ) -> None:
     urls = write_docs(tmp_path / "d")
     with pytest.raises(ValueError, match=r"option pack: .*--count-tokens ids"):
-        StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=1, count_samples=True)
+        StreamingDataset(
+            urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=1, count_samples=True
+        )
     # One rank needs none.
     assert len(list(StreamingDataset(urls, pack=Pack(SEQ, field="ids")))) > 0
 
@@ -125,6 +151,7 @@ def test_every_rank_hands_out_as_many_sequences_and_no_document_twice(
     pack = Pack(SEQ, mode=mode, field="ids", pad_id=-1, **window)  # type: ignore[arg-type]
     ranks = [rank_sequences(urls, pack, world, rank, workers) for rank in range(world)]
     lengths = [len(seqs) for seqs in ranks]
+
     # Each worker's slots hand out the least over the ranks of the
     # sequences their documents' tokens fill at least.
     def slot_tokens(rank: int, worker: int) -> int:
@@ -226,7 +253,9 @@ def test_a_count_the_documents_do_not_have_is_an_error_naming_the_sample(tmp_pat
     manifest.write_text(json.dumps(data))
     ds = StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=0, **OPTIONS)
     other = StreamingDataset(urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=1, **OPTIONS)
-    with pytest.raises(ManifestMismatchError, match=r"p-1\.jsonl.*sample 4 .*manifest's token counts"):
+    with pytest.raises(
+        ManifestMismatchError, match=r"p-1\.jsonl.*sample 4 .*manifest's token counts"
+    ):
         list(ds)
         list(other)
 

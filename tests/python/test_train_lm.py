@@ -66,7 +66,9 @@ def test_a_run_stopped_and_resumed_trains_on_the_uninterrupted_runs_batches(tmp_
     assert whole[-1]["loss"] < whole[0]["loss"]
 
 
-def train_ranks(tmp_path: Path, spec: str, tokenizer: str, out: str, *extra: str) -> list[list[dict]]:
+def train_ranks(
+    tmp_path: Path, spec: str, tokenizer: str, out: str, *extra: str
+) -> list[list[dict]]:
     """``train_lm.py`` under torchrun, 2 ranks (gloo): each rank's steps."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
@@ -75,7 +77,10 @@ def train_ranks(tmp_path: Path, spec: str, tokenizer: str, out: str, *extra: str
     proc = run_bounded(command, cwd=tmp_path, env=env, timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-5000:]}"
     return [
-        [json.loads(line) for line in (tmp_path / out / f"steps-rank{r}.jsonl").read_text().splitlines()]
+        [
+            json.loads(line)
+            for line in (tmp_path / out / f"steps-rank{r}.jsonl").read_text().splitlines()
+        ]
         for r in range(2)
     ]
 
@@ -84,7 +89,16 @@ def test_two_ranks_under_torchrun_take_equal_steps_and_resume_exactly(tmp_path: 
     spec, tokenizer = corpus(tmp_path / "corpus")
     manifest = tmp_path / "corpus" / "manifest.json"
     index = [sys.executable, "-m", "shardstream", "index", spec, "-o", str(manifest)]
-    index += ["--format", "jsonl", "--count-tokens", "text", "--tokenizer", tokenizer, "--eos", "</s>"]
+    index += [
+        "--format",
+        "jsonl",
+        "--count-tokens",
+        "text",
+        "--tokenizer",
+        tokenizer,
+        "--eos",
+        "</s>",
+    ]
     done = run_bounded(index, cwd=tmp_path, env=dict(os.environ), timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stderr
     whole = train_ranks(tmp_path, spec, tokenizer, "whole")
