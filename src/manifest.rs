@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::compression::Compression;
 use crate::error::{Error, Result};
 use crate::location::{canonical, identity, Location};
-use crate::shard::{SampleIndex, Shard};
+use crate::shard::{SampleIndex, Shard, ShardTokens};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -64,20 +64,6 @@ pub struct ShardEntry {
     /// counted them (what packing across ranks plans with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<ShardTokens>,
-}
-
-/// The token counts of a shard's samples, and how they were counted.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShardTokens {
-    /// The field counted.
-    pub field: String,
-    /// The tokenizer that made the field's ids, as `Tokenizer(digest=...,
-    /// bos=..., eos=..., add_special_tokens=...)`; `None` when the field
-    /// holds token ids already.
-    pub tokenizer: Option<String>,
-    /// Tokens of each sample, in order.
-    pub counts: Vec<u64>,
 }
 
 impl ShardEntry {

@@ -6,10 +6,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use parquet::file::metadata::ParquetMetaData;
+use serde::{Deserialize, Serialize};
 
 use crate::compression::Compression;
 use crate::location::Location;
-use crate::manifest::ShardTokens;
 use crate::plan::ShardInfo;
 
 /// What a shard holds and how it is read. A Parquet file is never a
@@ -108,6 +108,20 @@ impl Shard {
     pub fn location(&self) -> Location {
         Location::parse(&self.url)
     }
+}
+
+/// The token counts of a shard's samples, and how they were counted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShardTokens {
+    /// The field counted.
+    pub field: String,
+    /// The tokenizer that made the field's ids, as `Tokenizer(digest=...,
+    /// bos=..., eos=..., add_special_tokens=...)`; `None` when the field
+    /// holds token ids already.
+    pub tokenizer: Option<String>,
+    /// Tokens of each sample, in order.
+    pub counts: Vec<u64>,
 }
 
 /// Byte spans of a shard's samples (and their token counts, when the

@@ -103,6 +103,17 @@ impl CacheOptions {
 }
 
 impl StreamOptions {
+    /// The tokenizer that makes the packed field's ids, as a manifest's
+    /// token counts name it (`Tokenizer(digest=..., ...)`); `None` when the
+    /// field holds ids already, or nothing is packed.
+    pub fn pack_tokenizer_name(&self) -> Option<String> {
+        let field = self.pack.as_ref()?.field_name();
+        match self.decode.decoder_for(field) {
+            Some(crate::decode::Decoder::Tokenizer(tokenizer)) => Some(tokenizer.to_string()),
+            _ => None,
+        }
+    }
+
     /// The shuffle buffer's bounds; `None` without a buffer
     /// (`shuffle_buffer` 0).
     pub fn shuffle_bounds(&self) -> Option<ShuffleBounds> {

@@ -17,7 +17,7 @@ use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMet
 
 use crate::compression::Compression;
 use crate::format::parquet::{row_group_rows, row_group_span};
-use crate::manifest::ShardTokens;
+use crate::shard::ShardTokens;
 use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
 
 /// The first bytes of an encoded list (and its version).

@@ -630,7 +630,7 @@ fn pack_stage(
         resumed_from,
         peers,
     } = start;
-    counts::check_counted(shards, options, slot.world_size)?;
+    counts::check_counted(shards, spec, options.pack_tokenizer_name(), slot.world_size)?;
     let slots = slot.world_size * slot.num_workers;
     let (saved, left) = match saved {
         SavedPack::Exact(saved, left) => (saved, left),

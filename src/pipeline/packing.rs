@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::format::{Sample, SampleId};
-use crate::manifest::ShardTokens;
+use crate::shard::ShardTokens;
 use crate::text::pack::{PackSpec, PackState, Packer};
 
 /// A packed stream across ranks: the sequences it still hands out, and the

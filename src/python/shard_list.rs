@@ -217,9 +217,12 @@ impl ShardList {
     /// are not in the manifest, or were counted another way).
     fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
         check_counts(&self.shards, world_size).map_err(to_py)?;
-        let options = self.options.get();
-        crate::text::counts::check_counted(&self.shards, options.dataset.stream(), world_size)
-            .map_err(to_py)
+        let options = self.options.get().dataset.stream();
+        let Some(spec) = &options.pack else {
+            return Ok(());
+        };
+        let tokenizer = options.pack_tokenizer_name();
+        crate::text::counts::check_counted(&self.shards, spec, tokenizer, world_size).map_err(to_py)
     }
 
     /// What each shard holds: `"tar"`, `"raw"`, `"jsonl"` or `"parquet"`

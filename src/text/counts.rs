@@ -9,31 +9,28 @@
 //! rank takes the same number of steps; what a slot would make past it is
 //! left out of the epoch (the remainder: a few sequences per worker).
 
-use crate::config::StreamOptions;
-use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::format::SampleId;
 use crate::plan::{SlotSpec, WorkUnit};
 use crate::shard::{Shard, ShardKind};
 use crate::text::pack::{PackSpec, PackState};
 
-/// Checks that a packed stream of `options` over `shards` on `world_size`
+/// Checks that a stream packing by `spec` over `shards` on `world_size`
 /// ranks can plan its sequences: on one rank it needs nothing; across
 /// ranks every shard's manifest entry must give each document's token
-/// count of the packed field, counted with the dataset's tokenizer of that
-/// field (or without one, when the field holds ids already).
-pub fn check_counted(shards: &[Shard], options: &StreamOptions, world_size: usize) -> Result<()> {
-    let Some(spec) = &options.pack else {
-        return Ok(());
-    };
+/// count of the packed field, counted with `tokenizer` (the dataset's
+/// tokenizer of that field, as a manifest names it; `None` when the field
+/// holds ids already).
+pub fn check_counted(
+    shards: &[Shard],
+    spec: &PackSpec,
+    tokenizer: Option<String>,
+    world_size: usize,
+) -> Result<()> {
     if world_size <= 1 {
         return Ok(());
     }
     let field = spec.field_name();
-    let tokenizer = match options.decode.decoder_for(field) {
-        Some(Decoder::Tokenizer(tokenizer)) => Some(tokenizer.to_string()),
-        _ => None,
-    };
     let index_command = match &tokenizer {
         Some(_) => format!(
             "`shardstream index SPEC -o manifest.json --count-tokens {field} --tokenizer \
@@ -146,9 +143,8 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::config::FieldDecoders;
-    use crate::manifest::ShardTokens;
     use crate::shard::SampleIndex;
+    use crate::shard::ShardTokens;
     use crate::text::pack::PackMode;
 
     /// A JSON-lines shard whose documents hold `counts` tokens of `ids`,
@@ -171,13 +167,8 @@ mod tests {
         }
     }
 
-    fn options(field: &str) -> StreamOptions {
-        let spec = PackSpec::new(Some(field.into()), 7, PackMode::Concat, false, 0).unwrap();
-        StreamOptions::builder()
-            .with_decode(FieldDecoders::default())
-            .with_pack(Some(spec))
-            .build()
-            .unwrap()
+    fn spec(field: &str) -> PackSpec {
+        PackSpec::new(Some(field.into()), 7, PackMode::Concat, false, 0).unwrap()
     }
 
     fn unit(shard: usize, samples: std::ops::Range<u64>) -> WorkUnit {
@@ -193,7 +184,7 @@ mod tests {
             shard("a.jsonl", Some(vec![8, 8, 8, 1])),
             shard("b.jsonl", Some(vec![20, 3])),
         ];
-        let spec = options("ids").pack.unwrap();
+        let spec = spec("ids");
         // Two ranks of two workers; slot = rank * 2 + worker.
         let units = vec![
             vec![unit(0, 0..2)],                // 16 tokens: 2 sequences of 8
@@ -236,9 +227,9 @@ mod tests {
             shard("a.jsonl", Some(vec![1, 2])),
             shard("b.jsonl", Some(vec![3])),
         ];
-        check_counted(&counted, &options("ids"), 2).unwrap();
+        check_counted(&counted, &spec("ids"), None, 2).unwrap();
         let refused = |shards: &[Shard], field: &str| {
-            check_counted(shards, &options(field), 4)
+            check_counted(shards, &spec(field), None, 4)
                 .unwrap_err()
                 .to_string()
         };
@@ -254,7 +245,25 @@ mod tests {
         );
         assert!(error.contains("--count-tokens ids`"), "{error}");
         assert!(refused(&counted, "text").contains("token counts are of field \"ids\""));
+        let tokenized = check_counted(
+            &counted,
+            &spec("ids"),
+            Some("Tokenizer(digest=0x2)".into()),
+            2,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            tokenized.contains(
+                "made with no tokenizer, the dataset tokenizes with Tokenizer(digest=0x2)"
+            ),
+            "{tokenized}"
+        );
+        assert!(
+            tokenized.contains("--count-tokens ids --tokenizer tokenizer.json"),
+            "{tokenized}"
+        );
         // One rank plans nothing.
-        check_counted(&bare, &options("ids"), 1).unwrap();
+        check_counted(&bare, &spec("ids"), None, 1).unwrap();
     }
 }
