@@ -128,7 +128,7 @@ $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install --quiet -r requirements-bench.txt
 	@touch $@
 
-bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation, tokenizing text (samples/s, MB/s, CPU, peak RSS) against peers, the ledger's cost and the epoch boundary's stall
+bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decoding, image and audio augmentation, tokenizing text (samples/s, MB/s, CPU, peak RSS) against peers, what packing across ranks leaves out, the ledger's cost and the epoch boundary's stall
 	$(PY) benches/loader_bench.py --out bench-results
 	$(PY) benches/s3_bench.py --out bench-results
 	$(PY) benches/http_bench.py --out bench-results
@@ -136,6 +136,7 @@ bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decod
 	$(PY) benches/augment_bench.py --out bench-results
 	$(PY) benches/audio_bench.py --out bench-results
 	$(PY) benches/text_bench.py --out bench-results
+	$(PY) benches/pack_remainder.py --out bench-results
 	$(PY) benches/ledger_bench.py --out bench-results
 	$(PY) benches/epoch_boundary_bench.py --out bench-results
 

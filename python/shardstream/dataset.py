@@ -368,8 +368,16 @@ class StreamingDataset(IterableDataset[Any]):
 
     def num_samples(self) -> int:
         """Samples per rank per epoch; needs sample counts: a manifest for
-        tar shards (Parquet footers and raw objects give them)."""
+        tar shards (Parquet footers and raw objects give them). With ``pack``
+        on several ranks it is not defined: the plan cuts the ranks equal
+        tokens, so their documents differ in number."""
         _, world_size = self.distributed_slot()
+        if self.options["pack"] is not None and world_size > 1:
+            raise TypeError(
+                "num_samples() is not defined with pack on several ranks: the plan cuts each "
+                "rank equal tokens, not equal documents (every rank hands out the same number "
+                "of sequences)"
+            )
         n = self.shard_list.samples_per_rank(world_size, self.options["remainder"])
         if n is None:
             raise TypeError(
@@ -401,7 +409,7 @@ class StreamingDataset(IterableDataset[Any]):
         if self.options["pack"] is not None:
             raise TypeError(
                 "len() is not defined with pack (the number of sequences depends on the "
-                "documents' token counts); num_samples() gives the documents per rank"
+                "documents' token counts); on one rank num_samples() gives the documents"
             )
         n = self.num_samples()
         check_loader_length(sys._getframe(1), self, n)

@@ -132,6 +132,64 @@ pub fn cut_runs_slot(
     Cut::new(runs, world_size, remainder).slot(num_workers, slot)
 }
 
+/// What each sample weighs when a cut balances weight rather than
+/// samples: packing across ranks cuts by the documents' token counts.
+pub trait SampleWeights: Send + Sync {
+    /// The weight of sample `index` of shard `shard`.
+    fn weight(&self, shard: usize, index: u64) -> u64;
+}
+
+/// Cuts a sequence of sample runs into `slots` contiguous pieces of
+/// near-equal weight: each sample goes to the slot whose share of the total
+/// weight its middle falls in, so a slot's weight is within one sample's of
+/// an equal share. Every sample goes to a slot (nothing is dropped); with
+/// no weight at all, every sample goes to the first.
+pub fn cut_runs_weighted(
+    runs: &[Piece],
+    slots: usize,
+    weights: &dyn SampleWeights,
+) -> Vec<Vec<Piece>> {
+    let layout = Cut::new(runs, 1, Remainder::Drop);
+    let bounds = weighted_bounds(runs, slots, weights);
+    bounds
+        .windows(2)
+        .map(|slot| pieces_between(runs, &layout.starts, layout.total, slot[0]..slot[1]))
+        .collect()
+}
+
+/// The global position of each slot's first sample under
+/// [`cut_runs_weighted`], then the total.
+fn weighted_bounds(runs: &[Piece], slots: usize, weights: &dyn SampleWeights) -> Vec<u128> {
+    let samples = || {
+        runs.iter().flat_map(|run| {
+            run.samples
+                .clone()
+                .map(move |i| u128::from(weights.weight(run.shard, i)))
+        })
+    };
+    let total: u128 = samples().sum();
+    let slots = slots.max(1);
+    let mut bounds = vec![0u128];
+    let (mut position, mut before) = (0u128, 0u128);
+    for weight in samples() {
+        // The slot of the sample's middle, in halves of a weight unit.
+        let slot = if total == 0 {
+            0
+        } else {
+            ((2 * before + weight) * slots as u128 / (2 * total)).min(slots as u128 - 1) as usize
+        };
+        while bounds.len() <= slot {
+            bounds.push(position);
+        }
+        position += 1;
+        before += weight;
+    }
+    while bounds.len() <= slots {
+        bounds.push(position);
+    }
+    bounds
+}
+
 /// A sequence of runs laid out for cutting among `world_size` ranks.
 struct Cut<'a> {
     runs: &'a [Piece],
@@ -210,11 +268,66 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Weights by shard, one per sample.
+    struct Listed(Vec<Vec<u64>>);
+
+    impl SampleWeights for Listed {
+        fn weight(&self, shard: usize, index: u64) -> u64 {
+            self.0[shard][index as usize]
+        }
+    }
+
     fn count(pieces: &[Piece]) -> u64 {
         pieces.iter().map(|p| p.samples.end - p.samples.start).sum()
     }
 
     proptest! {
+        /// A weighted cut gives every sample of the runs to exactly one
+        /// slot, in order (slot after slot), and each slot's weight is
+        /// within the heaviest sample's of an equal share.
+        #[test]
+        fn a_weighted_cut_gives_each_sample_once_in_near_equal_weights(
+            weights in prop::collection::vec(prop::collection::vec(0u64..200, 0..30), 1..12),
+            slots in 1usize..20,
+            skip in 0u64..5,
+        ) {
+            let runs: Vec<Piece> = (0..weights.len())
+                .rev()
+                .map(|shard| Piece {
+                    shard,
+                    samples: (skip.min(weights[shard].len() as u64))..weights[shard].len() as u64,
+                })
+                .collect();
+            let listed = Listed(weights.clone());
+            let cut = cut_runs_weighted(&runs, slots, &listed);
+            prop_assert_eq!(cut.len(), slots);
+            let flat: Vec<(usize, u64)> = cut
+                .iter()
+                .flatten()
+                .flat_map(|p| p.samples.clone().map(move |i| (p.shard, i)))
+                .collect();
+            let all: Vec<(usize, u64)> = runs
+                .iter()
+                .flat_map(|p| p.samples.clone().map(move |i| (p.shard, i)))
+                .collect();
+            prop_assert_eq!(flat, all);
+            let weighed = &weights;
+            let weigh = |pieces: &[Piece]| -> u64 {
+                pieces
+                    .iter()
+                    .flat_map(|p| p.samples.clone().map(move |i| weighed[p.shard][i as usize]))
+                    .sum()
+            };
+            let weigh = &weigh;
+            let total: u64 = cut.iter().map(|p| weigh(p)).sum();
+            let heaviest = weighed.iter().flatten().copied().max().unwrap_or(0);
+            for pieces in &cut {
+                let share = total as f64 / slots as f64;
+                prop_assert!((weigh(pieces) as f64 - share).abs() <= heaviest as f64 + 1e-9,
+                    "{} vs a share of {}", weigh(pieces), share);
+            }
+        }
+
         #[test]
         fn one_slot_alone_is_that_slot_of_the_whole_cut(
             counts in prop::collection::vec(0u64..50, 1..40),

@@ -11,7 +11,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::ops::Range;
 
-pub use cut::Remainder;
+pub use cut::{Remainder, SampleWeights};
 pub use order::Purpose;
 pub use slot::SlotSpec;
 
@@ -120,6 +120,33 @@ pub fn plan_epoch(shards: &[ShardInfo], params: &PlanParams) -> EpochPlan {
     EpochPlan {
         order,
         slots,
+        samples_per_rank: None,
+    }
+}
+
+/// Plans one epoch cut by the samples' `weights` rather than their
+/// number (packing across ranks: the documents' token counts): the
+/// epoch's global sample sequence (shards in epoch order, a shard of
+/// unknown count taken as empty) is cut into one contiguous run per slot
+/// of near-equal weight ([`cut::cut_runs_weighted`]); no sample is left
+/// out, and ranks get different numbers of samples.
+pub fn plan_epoch_weighted(
+    shards: &[ShardInfo],
+    params: &PlanParams,
+    weights: &dyn SampleWeights,
+) -> EpochPlan {
+    let order = epoch_order(shards.len(), params);
+    let runs: Vec<cut::Piece> = order
+        .iter()
+        .map(|&shard| cut::Piece {
+            shard,
+            samples: 0..shards[shard].samples.unwrap_or(0),
+        })
+        .collect();
+    let slots = (params.world_size * params.num_workers).max(1);
+    EpochPlan {
+        slots: units_of_pieces(cut::cut_runs_weighted(&runs, slots, weights)),
+        order,
         samples_per_rank: None,
     }
 }

@@ -4,16 +4,23 @@
 //! ([`super::cut`]); checking a saved state against these plans stays with
 //! the state's model.
 
-use super::cut::{self, Piece, Remainder};
-use super::{plan_epoch, slot_units, units_of_pieces, PlanParams, ShardInfo, SlotSpec, WorkUnit};
+use std::sync::Arc;
+
+use super::cut::{self, Piece, Remainder, SampleWeights};
+use super::{
+    plan_epoch, plan_epoch_weighted, slot_units, units_of_pieces, PlanParams, ShardInfo, SlotSpec,
+    WorkUnit,
+};
 
 /// The plans of one dataset's epochs, for any layout: the shards as the
-/// plan knows them and the options that shape the plan.
+/// plan knows them and the options that shape the plan, and, when its
+/// plans cut by weight (packing across ranks), the samples' weights.
 pub struct Replanner {
     shards: Vec<ShardInfo>,
     seed: u64,
     shuffle_shards: bool,
     remainder: Remainder,
+    weights: Option<Arc<dyn SampleWeights>>,
 }
 
 impl Replanner {
@@ -29,7 +36,15 @@ impl Replanner {
             seed,
             shuffle_shards,
             remainder,
+            weights: None,
         }
+    }
+
+    /// The same plans cut by the samples' `weights` (each slot near-equal
+    /// weight, [`plan_epoch_weighted`]) when given.
+    pub fn with_weights(mut self, weights: Option<Arc<dyn SampleWeights>>) -> Self {
+        self.weights = weights;
+        self
     }
 
     /// Whether every shard's sample count is known (what an elastic resume
@@ -62,11 +77,21 @@ impl Replanner {
 
     /// Every slot's units of `epoch` for `world_size` x `num_workers` slots.
     pub fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
-        plan_epoch(&self.shards, &self.params(epoch, world_size, num_workers)).slots
+        let params = self.params(epoch, world_size, num_workers);
+        match &self.weights {
+            Some(weights) => plan_epoch_weighted(&self.shards, &params, weights.as_ref()).slots,
+            None => plan_epoch(&self.shards, &params).slots,
+        }
     }
 
-    /// `slot`'s units of `epoch`, planned without the other slots'.
+    /// `slot`'s units of `epoch`, planned without the other slots' (but
+    /// for a cut by weight, which weighs every slot's samples).
     pub fn slot_plan(&self, epoch: u64, slot: &SlotSpec) -> Vec<WorkUnit> {
+        if self.weights.is_some() {
+            return self
+                .plan(epoch, slot.world_size, slot.num_workers)
+                .swap_remove(slot.slot());
+        }
         let params = self.params(epoch, slot.world_size, slot.num_workers);
         slot_units(&self.shards, &params, slot)
     }
@@ -80,11 +105,24 @@ impl Replanner {
         world_size: usize,
         num_workers: usize,
     ) -> Vec<Vec<WorkUnit>> {
-        units_of_pieces(cut::cut_runs(rest, world_size, num_workers, self.remainder))
+        match &self.weights {
+            Some(weights) => units_of_pieces(cut::cut_runs_weighted(
+                rest,
+                world_size * num_workers,
+                weights.as_ref(),
+            )),
+            None => units_of_pieces(cut::cut_runs(rest, world_size, num_workers, self.remainder)),
+        }
     }
 
-    /// `slot`'s units of [`Replanner::recut`], cut without the other slots'.
+    /// `slot`'s units of [`Replanner::recut`], cut without the other slots'
+    /// (but for a cut by weight).
     pub fn slot_recut(&self, rest: &[Piece], slot: &SlotSpec) -> Vec<WorkUnit> {
+        if self.weights.is_some() {
+            return self
+                .recut(rest, slot.world_size, slot.num_workers)
+                .swap_remove(slot.slot());
+        }
         let layout = (slot.world_size, slot.num_workers);
         let pieces = cut::cut_runs_slot(rest, layout, self.remainder, slot.slot());
         units_of_pieces(vec![pieces]).swap_remove(0)

@@ -310,7 +310,10 @@ impl<'a> Dataset<'a> {
                 options.seed,
                 options.shuffle_shards,
                 options.remainder,
-            ),
+            )
+            .with_weights(options.pack.as_ref().and_then(|spec| {
+                crate::text::counts::token_weights(shards, spec, options.pack_tokenizer_name())
+            })),
         }
     }
 

@@ -9,11 +9,43 @@
 //! rank takes the same number of steps; what a slot would make past it is
 //! left out of the epoch (the remainder: a few sequences per worker).
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 use crate::format::SampleId;
-use crate::plan::{SlotSpec, WorkUnit};
-use crate::shard::{Shard, ShardKind};
+use crate::plan::{SampleWeights, SlotSpec, WorkUnit};
+use crate::shard::{Shard, ShardKind, ShardTokens};
 use crate::text::pack::{PackSpec, PackState};
+
+/// The documents' token counts as the plan weighs them: a packed dataset
+/// whose shards all have them cuts each slot near-equal tokens, so that
+/// the slots' sequence counts differ little and few are left out.
+struct TokenWeights(Vec<Arc<ShardTokens>>);
+
+impl SampleWeights for TokenWeights {
+    fn weight(&self, shard: usize, index: u64) -> u64 {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.0.get(shard)?.counts.get(i).copied())
+            .unwrap_or(0)
+    }
+}
+
+/// The weights a packed dataset's plans cut by: its documents' token
+/// counts when every shard has them, of the packed field and tokenizer
+/// ([`check_counted`]); `None` otherwise (the plans cut by documents).
+pub fn token_weights(
+    shards: &[Shard],
+    spec: &PackSpec,
+    tokenizer: Option<String>,
+) -> Option<Arc<dyn SampleWeights>> {
+    check_counted(shards, spec, tokenizer, 2).ok()?;
+    let counts = shards
+        .iter()
+        .map(|shard| shard.index.as_ref()?.tokens().cloned())
+        .collect::<Option<Vec<_>>>()?;
+    Some(Arc::new(TokenWeights(counts)))
+}
 
 /// Checks that a stream packing by `spec` over `shards` on `world_size`
 /// ranks can plan its sequences: on one rank it needs nothing; across
@@ -140,8 +172,6 @@ pub fn sequences_of_slot(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::shard::SampleIndex;
     use crate::shard::ShardTokens;
