@@ -619,8 +619,9 @@ impl SlotStream<'_> {
 
 /// The stream options of a scan of shards through: listed order, no
 /// shuffle buffer, the given S3 settings, and, when tokens are counted,
-/// the field's tokenizer (fields without one decode by their extension, so
-/// that a `.npy` of ids is an array).
+/// the counted field decoded alone: by the tokenizer, or else by its
+/// extension (a `.npy` of ids becomes an array); the other fields stay
+/// bytes.
 pub fn scan_options(
     store_options: &StoreOptions,
     counting: Option<&TokenCounting>,
@@ -631,14 +632,19 @@ pub fn scan_options(
         .with_store(store_options.clone());
     let builder = match counting {
         None => builder,
-        Some(counting) => builder.with_decode(FieldDecoders {
-            by_field: counting
-                .tokenizer
-                .iter()
-                .map(|spec| (counting.field.clone(), Decoder::Tokenizer(spec.clone())))
-                .collect(),
-            defaults: true,
-        }),
+        Some(counting) => {
+            let decoder = match &counting.tokenizer {
+                Some(spec) => Some(Decoder::Tokenizer(spec.clone())),
+                None => crate::decode::default_for(&counting.field),
+            };
+            builder.with_decode(FieldDecoders {
+                by_field: decoder
+                    .map(|decoder| (counting.field.clone(), decoder))
+                    .into_iter()
+                    .collect(),
+                defaults: false,
+            })
+        }
     };
     builder.build()
 }

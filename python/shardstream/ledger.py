@@ -198,6 +198,18 @@ def _ends_no_document(ids: Any) -> bool:
     return shape is not None and tuple(shape) == (0, 3)
 
 
+def _sequence_epoch(batch: Any) -> int:
+    """The epoch of a packed batch's sequences: their ``__epoch__`` (a
+    ``(1,)`` array per sequence, ``(B, 1)`` per batch)."""
+    epoch = batch.get("__epoch__")
+    if epoch is None:
+        raise ValueError(
+            "a packed step in which no document ends carries its epoch in __epoch__ "
+            "(sample_ids=True), and this batch has none"
+        )
+    return int(np.asarray(epoch).reshape(-1)[0])
+
+
 def _plain_ids(batch: Any) -> tuple[Any, int] | None:
     """``batch``'s ``__id__`` as the common batches hold it, kept without a
     copy, and its sample count: a ``(B, 3)`` ``int64`` array (Rust
@@ -379,6 +391,8 @@ class Ledger:
         self._queued: list[_Queued] = []
         self._queued_samples = 0
         self._last_ids: Any = None
+        # The last step that named no sample (a packed one): (step, epoch).
+        self._empty_step: tuple[int, int] | None = None
         self._join = _JoinBuffers()
         self._records = LedgerRecords()
         if self._writes:
@@ -508,6 +522,9 @@ class Ledger:
     @property
     def last_epoch(self) -> int | None:
         """The epoch of the last batch recorded (``None`` before the first)."""
+        empty = self._empty_step
+        if empty is not None and empty[0] == self._last_step:
+            return empty[1]
         ids = self._last_ids
         if ids is None:
             return None
@@ -538,11 +555,13 @@ class Ledger:
             if len(columns[0]) == 0:
                 if self._packed and _ends_no_document(batch.get("__id__")):
                     # A packed batch whose sequences all go on into the next
-                    # (no document ends in it): a step that names no sample
-                    # (counted, so that every rank's steps are; `verify`
-                    # places it in the epoch of the rank's next record).
-                    self._write(step, self.last_epoch, kind, None, 0)
+                    # (no document ends in it): a step that names no sample,
+                    # recorded in its sequences' epoch (``__epoch__``) so that
+                    # every rank's steps count.
+                    epoch = _sequence_epoch(batch)
+                    self._write(step, epoch, kind, None, 0)
                     self._last_step, self._next_step = step, step + 1
+                    self._empty_step = (step, epoch)
                     return step
                 raise ValueError("a step's batch has no samples")
             plain = [c.view(np.int64) for c in columns], len(columns[0])

@@ -42,6 +42,11 @@ pub struct SampleId {
 /// `int64` rows on a packed sequence.
 pub const SAMPLE_ID_FIELD: &str = "__id__";
 
+/// The field that carries a packed sequence's epoch when `sample_ids` is
+/// on (a `(1,)` `int64` array): what a ledger records a step by when no
+/// document ends in it (its `__id__` has no rows).
+pub const SEQUENCE_EPOCH_FIELD: &str = "__epoch__";
+
 /// One sample: a key, the shard it came from, and its fields in member order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {

@@ -416,33 +416,7 @@ pub fn parse_records(bytes: &[u8], path: &Path) -> Result<RankLog, ReadError> {
         });
         at += HEADER_BYTES + body;
     }
-    place_steps_without_ids(&mut log.records);
     Ok(log)
-}
-
-/// Gives each step that names no sample (a packed step in which no
-/// document ended: its ids tell no epoch) the epoch of the rank's next
-/// record that tells one (a step's ids or an epoch's end), or, after the
-/// last such, the previous one's: a step lies within the epoch whose later
-/// steps it precedes.
-fn place_steps_without_ids(records: &mut [Record]) {
-    let tells = |r: &Record| r.kind == RecordKind::EpochEnd || !r.ids.is_empty();
-    let Some(last) = records.iter().rposition(tells) else {
-        return;
-    };
-    let (before, after) = records.split_at_mut(last + 1);
-    let epoch = before[last].epoch;
-    for record in after {
-        record.epoch = epoch;
-    }
-    let mut next = epoch;
-    for record in before.iter_mut().rev() {
-        if tells(record) {
-            next = record.epoch;
-        } else {
-            record.epoch = next;
-        }
-    }
 }
 
 /// One generation: its meta and each rank's records.
@@ -585,28 +559,6 @@ mod tests {
         assert_eq!(bytes.len(), 3 * HEADER_BYTES + 3 * ID_BYTES);
         let log = parse_records(&bytes, Path::new("r")).unwrap();
         assert_eq!((log.records, log.torn), (records, None));
-    }
-
-    #[test]
-    fn a_step_that_names_no_sample_takes_the_epoch_of_the_steps_after_it() {
-        let at = |step, epoch, kind, ids: &[(u64, u64)]| Record {
-            epoch,
-            ..record(step, kind, ids)
-        };
-        let trained = RecordKind::Trained;
-        let written = [
-            at(0, 0, trained, &[]),
-            at(1, 0, trained, &[]),
-            at(2, 4, trained, &[(1, 2)]),
-            at(3, 4, RecordKind::EpochEnd, &[]),
-            at(4, 4, trained, &[]),
-            at(5, 5, trained, &[(0, 1)]),
-            at(6, 5, trained, &[]),
-        ];
-        let bytes: Vec<u8> = written.iter().flat_map(Record::to_bytes).collect();
-        let log = parse_records(&bytes, Path::new("r")).unwrap();
-        let epochs: Vec<u64> = log.records.iter().map(|r| r.epoch).collect();
-        assert_eq!(epochs, [4, 4, 4, 4, 5, 5, 5]);
     }
 
     #[test]

@@ -147,7 +147,7 @@ impl SampleStream {
                 SavedPack::Exact(state.pack.clone(), state.sequences_left)
             }
             Some(Resume::Elastic(_)) => SavedPack::Elastic,
-            None => SavedPack::Exact(None, None),
+            None => SavedPack::Fresh,
         };
         // Every field of a resumed state is checked here, before any read.
         let state::Start {
@@ -339,8 +339,12 @@ impl SampleStream {
                 .collect(),
             rng_word_pos: mirror.rng_word_pos.to_string(),
             digest: state::format_digest(mirror.digest),
-            // A packed stream has finished once its packer is empty too.
-            finished: self.finished && self.pack.as_ref().is_none_or(PackStage::holds_nothing),
+            // A packed stream has finished once its packer is empty too;
+            // across ranks, once it has handed out its planned sequences.
+            finished: match self.pack.as_ref().and_then(PackStage::sequences_left) {
+                Some(left) => left == 0,
+                None => self.finished && self.pack.as_ref().is_none_or(PackStage::holds_nothing),
+            },
             resumed_from: identity.resumed_from.clone(),
             pack: self
                 .pack
@@ -579,6 +583,7 @@ enum Delivered {
 /// elastic one, the old slots' (read from the states the plan was split
 /// from, each slot once).
 enum SavedPack {
+    Fresh,
     Exact(Option<PackState>, Option<u64>),
     Elastic,
 }
@@ -631,8 +636,10 @@ fn pack_stage(
         peers,
     } = start;
     counts::check_counted(shards, spec, options.pack_tokenizer_name(), slot.world_size)?;
+    let exact = matches!(saved, SavedPack::Exact(..));
     let slots = slot.world_size * slot.num_workers;
-    let (saved, left) = match saved {
+    let (saved, saved_left) = match saved {
+        SavedPack::Fresh => (None, None),
         SavedPack::Exact(saved, left) => (saved, left),
         SavedPack::Elastic => (
             Some(dealt_packers(
@@ -643,25 +650,37 @@ fn pack_stage(
             None,
         ),
     };
-    let left = match (left, peers) {
-        (Some(left), _) => Some(left),
-        (None, Some(peers)) if slot.world_size > 1 => {
+    let field_error =
+        |reason: String| Error::StateMismatch(format!("state field sequences_left: {reason}"));
+    let left = match peers {
+        Some(peers) if slot.world_size > 1 => {
             let carried = |at: usize| {
                 resumed_from.map_or(0, |from| {
                     counts::tokens_of_state(&dealt_packers(from, slots, at))
                 })
             };
-            Some(counts::sequences_of_slot(
-                shards, spec, peers, carried, slot,
+            let planned = counts::sequences_of_slot(shards, spec, peers, carried, slot);
+            match (saved_left, exact) {
+                (Some(left), _) if left > planned => {
+                    return Err(field_error(format!(
+                        "{left}, more than the {planned} sequences the slot's plan gives"
+                    )))
+                }
+                (Some(left), _) => Some(left),
+                (None, true) => {
+                    return Err(field_error(
+                        "missing from the state of a packed stream across ranks".into(),
+                    ))
+                }
+                (None, false) => Some(planned),
+            }
+        }
+        _ if saved_left.is_some() => {
+            return Err(field_error(
+                "set, but the stream runs on one rank, which plans no sequences".into(),
             ))
         }
-        (None, _) if slot.world_size > 1 => {
-            return Err(Error::StateMismatch(
-                "field sequences_left: missing from the state of a packed stream across ranks"
-                    .into(),
-            ))
-        }
-        (None, _) => None,
+        _ => None,
     };
     let planned = left.map(|left| Planned {
         left,

@@ -40,11 +40,17 @@ impl Replanner {
         }
     }
 
-    /// The same plans cut by the samples' `weights` (each slot near-equal
-    /// weight, [`plan_epoch_weighted`]) when given.
+    /// The same plans, those of several ranks cut by the samples'
+    /// `weights` (each slot near-equal weight, [`plan_epoch_weighted`]) when
+    /// given; one rank's plans stay cut by samples.
     pub fn with_weights(mut self, weights: Option<Arc<dyn SampleWeights>>) -> Self {
         self.weights = weights;
         self
+    }
+
+    /// The weights the plans of `world_size` ranks cut by, if any.
+    fn weights_for(&self, world_size: usize) -> Option<&dyn SampleWeights> {
+        self.weights.as_deref().filter(|_| world_size > 1)
     }
 
     /// Whether every shard's sample count is known (what an elastic resume
@@ -78,8 +84,8 @@ impl Replanner {
     /// Every slot's units of `epoch` for `world_size` x `num_workers` slots.
     pub fn plan(&self, epoch: u64, world_size: usize, num_workers: usize) -> Vec<Vec<WorkUnit>> {
         let params = self.params(epoch, world_size, num_workers);
-        match &self.weights {
-            Some(weights) => plan_epoch_weighted(&self.shards, &params, weights.as_ref()).slots,
+        match self.weights_for(world_size) {
+            Some(weights) => plan_epoch_weighted(&self.shards, &params, weights).slots,
             None => plan_epoch(&self.shards, &params).slots,
         }
     }
@@ -87,7 +93,7 @@ impl Replanner {
     /// `slot`'s units of `epoch`, planned without the other slots' (but
     /// for a cut by weight, which weighs every slot's samples).
     pub fn slot_plan(&self, epoch: u64, slot: &SlotSpec) -> Vec<WorkUnit> {
-        if self.weights.is_some() {
+        if self.weights_for(slot.world_size).is_some() {
             return self
                 .plan(epoch, slot.world_size, slot.num_workers)
                 .swap_remove(slot.slot());
@@ -105,11 +111,11 @@ impl Replanner {
         world_size: usize,
         num_workers: usize,
     ) -> Vec<Vec<WorkUnit>> {
-        match &self.weights {
+        match self.weights_for(world_size) {
             Some(weights) => units_of_pieces(cut::cut_runs_weighted(
                 rest,
                 world_size * num_workers,
-                weights.as_ref(),
+                weights,
             )),
             None => units_of_pieces(cut::cut_runs(rest, world_size, num_workers, self.remainder)),
         }
@@ -118,7 +124,7 @@ impl Replanner {
     /// `slot`'s units of [`Replanner::recut`], cut without the other slots'
     /// (but for a cut by weight).
     pub fn slot_recut(&self, rest: &[Piece], slot: &SlotSpec) -> Vec<WorkUnit> {
-        if self.weights.is_some() {
+        if self.weights_for(slot.world_size).is_some() {
             return self
                 .recut(rest, slot.world_size, slot.num_workers)
                 .swap_remove(slot.slot());

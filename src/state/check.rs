@@ -36,6 +36,31 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
 /// The fingerprint part of the shard list ([`Fingerprint::parts`]).
 const SHARDS_PART: &str = "shards";
 
+/// The fingerprint part of the documents' token counts (with `pack`).
+const TOKENS_PART: &str = "token_counts";
+
+/// Feeds the shards' token counts (field, tokenizer, counts; a marker for
+/// a shard without) to `h`.
+fn hash_token_counts(h: &mut Fnv1a, shards: &[Shard]) {
+    for shard in shards {
+        match shard.index.as_ref().and_then(|index| index.tokens()) {
+            None => {
+                h.u64(u64::MAX);
+            }
+            Some(tokens) => {
+                h.u64(tokens.field.len() as u64)
+                    .bytes(tokens.field.as_bytes());
+                let tokenizer = tokens.tokenizer.as_deref().unwrap_or_default();
+                h.u64(tokenizer.len() as u64).bytes(tokenizer.as_bytes());
+                h.u64(tokens.counts.len() as u64);
+                for &count in &tokens.counts {
+                    h.u64(count);
+                }
+            }
+        }
+    }
+}
+
 /// Feeds the shard list (URLs, sizes, sample spans, kinds) to `h`.
 fn hash_shards(h: &mut Fnv1a, shards: &[Shard]) {
     h.u64(shards.len() as u64);
@@ -129,11 +154,23 @@ pub fn resolve(
         }),
         Some(Resume::Exact(state)) => {
             check_exact(&state, fingerprint, slot)?;
-            let units = match &state.resumed_from {
-                None => dataset.plans.slot_plan(state.epoch, slot),
-                Some(from) => {
+            // Across ranks a packed slot's plan is checked against every
+            // slot's (`sequences_left` is bounded by what they plan).
+            let layout = (slot.world_size, slot.num_workers);
+            let (units, peers) = match (&state.resumed_from, packed_across_ranks) {
+                (None, false) => (dataset.plans.slot_plan(state.epoch, slot), None),
+                (None, true) => {
+                    let peers = dataset.plans.plan(state.epoch, layout.0, layout.1);
+                    (peers[slot.slot()].clone(), Some(peers))
+                }
+                (Some(from), across) => {
                     let split = dataset.split(from, "resumed_from", Some(state.epoch))?;
-                    dataset.plans.slot_recut(&split.remaining, slot)
+                    if across {
+                        let peers = dataset.plans.recut(&split.remaining, layout.0, layout.1);
+                        (peers[slot.slot()].clone(), Some(peers))
+                    } else {
+                        (dataset.plans.slot_recut(&split.remaining, slot), None)
+                    }
                 }
             };
             dataset.check_slot(&state, &units, "")?;
@@ -143,7 +180,7 @@ pub fn resolve(
                 finished: state.finished,
                 resumed_from: state.resumed_from,
                 units,
-                peers: None,
+                peers,
             })
         }
         Some(Resume::Elastic(states)) => {
@@ -269,6 +306,14 @@ impl Fingerprint {
         let mut whole = Fnv1a::new();
         hash_shards(&mut whole, shards);
         let mut parts = vec![format!("{SHARDS_PART}={}", short(&whole))];
+        if options.pack.is_some() {
+            // Packing plans by the manifest's token counts: a state is of
+            // the counts it was planned with.
+            let mut tokens = Fnv1a::new();
+            hash_token_counts(&mut tokens, shards);
+            whole.u64(tokens.finish());
+            parts.push(format!("{TOKENS_PART}={}", short(&tokens)));
+        }
         for (name, bytes) in options.order_bytes_by_option() {
             whole.bytes(&bytes);
             parts.push(format!("{name}={}", short(Fnv1a::new().bytes(&bytes))));
@@ -483,15 +528,27 @@ impl<'a> Dataset<'a> {
         let cursor = state.cursor;
         self.check_cursor(cursor, units, prefix)?;
         self.check_buffer(state, units, prefix)?;
-        if state.finished && (held > 0 || cursor.unit < units.len()) {
-            return Err(error(
-                "finished",
-                format!(
-                    "true, yet the state holds {held} samples and its cursor is at work unit {} of {}",
-                    cursor.unit,
-                    units.len()
-                ),
-            ));
+        // A packed slot across ranks finishes when it has handed out its
+        // planned sequences, wherever its cursor is.
+        match state.sequences_left {
+            Some(left) if state.finished != (left == 0) => {
+                return Err(error(
+                    "finished",
+                    format!("{}, yet sequences_left is {left}", state.finished),
+                ));
+            }
+            Some(_) => {}
+            None if state.finished && (held > 0 || cursor.unit < units.len()) => {
+                return Err(error(
+                    "finished",
+                    format!(
+                        "true, yet the state holds {held} samples and its cursor is at work unit {} of {}",
+                        cursor.unit,
+                        units.len()
+                    ),
+                ));
+            }
+            None => {}
         }
         match passed(units, cursor) {
             Some((count, passed_digest)) => {

@@ -12,7 +12,6 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::SampleId;
 use crate::plan::{SampleWeights, SlotSpec, WorkUnit};
 use crate::shard::{Shard, ShardKind, ShardTokens};
 use crate::text::pack::{PackSpec, PackState};
@@ -109,12 +108,6 @@ pub fn check_counted(
     Ok(())
 }
 
-/// The token count the manifest records for document `id`, if any.
-pub fn recorded(shards: &[Shard], id: SampleId) -> Option<u64> {
-    let tokens = shards.get(id.shard)?.index.as_ref()?.tokens()?;
-    tokens.counts.get(usize::try_from(id.index).ok()?).copied()
-}
-
 /// Tokens of the documents of `units` (0 for a document without a count,
 /// which [`check_counted`] rules out).
 pub fn tokens_of_units(shards: &[Shard], units: &[WorkUnit]) -> u64 {
@@ -132,9 +125,11 @@ pub fn tokens_of_units(shards: &[Shard], units: &[WorkUnit]) -> u64 {
                 }
                 None => 0..counts.len(),
             };
-            counts[range].iter().sum::<u64>()
+            counts[range]
+                .iter()
+                .fold(0u64, |sum, &n| sum.saturating_add(n))
         })
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// Tokens held by the pieces of a saved packer.
@@ -145,7 +140,7 @@ pub fn tokens_of_state(state: &PackState) -> u64 {
         .chain(&state.open)
         .flatten()
         .map(|piece| piece[3].saturating_sub(piece[2]))
-        .sum()
+        .fold(0u64, u64::saturating_add)
 }
 
 /// The sequences `slot` hands out this epoch: the least, over the ranks,
@@ -163,7 +158,7 @@ pub fn sequences_of_slot(
     (0..slot.world_size)
         .map(|rank| rank * slot.num_workers + slot.worker_id)
         .map(|at| {
-            let tokens = tokens_of_units(shards, &units[at]) + carried(at);
+            let tokens = tokens_of_units(shards, &units[at]).saturating_add(carried(at));
             tokens.div_ceil(capacity)
         })
         .min()
@@ -247,8 +242,6 @@ mod tests {
             open: vec![vec![[0, 1, 2, 5], [1, 1, 0, 3]]],
         };
         assert_eq!(tokens_of_state(&state), 14);
-        assert_eq!(recorded(&shards, SampleId { shard: 1, index: 0 }), Some(20));
-        assert_eq!(recorded(&shards, SampleId { shard: 1, index: 2 }), None);
     }
 
     #[test]

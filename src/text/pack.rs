@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::{Sample, SampleId, SAMPLE_ID_FIELD};
+use crate::format::{Sample, SampleId, SAMPLE_ID_FIELD, SEQUENCE_EPOCH_FIELD};
 use crate::value::{Array, ArrayData, Value};
 
 /// The most tokens a packed sequence may hold.
@@ -610,13 +610,20 @@ impl Packer {
         bounds.dedup();
         fields.push(("position_ids".to_owned(), int32_array(positions)));
         fields.push(("cu_seqlens".to_owned(), int32_array(bounds)));
-        if self.ids_epoch.is_some() {
+        if let Some(epoch) = self.ids_epoch {
             let rows = ids.len() / 3;
             fields.push((
                 SAMPLE_ID_FIELD.to_owned(),
                 Value::Array(Array {
                     shape: vec![rows, 3],
                     data: ArrayData::I64(ids),
+                }),
+            ));
+            fields.push((
+                SEQUENCE_EPOCH_FIELD.to_owned(),
+                Value::Array(Array {
+                    shape: vec![1],
+                    data: ArrayData::I64(vec![epoch as i64]),
                 }),
             ));
         }

@@ -23,6 +23,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from shardstream import (
     ManifestMismatchError,
     Pack,
+    StateMismatchError,
     StreamingDataset,
     Tokenizer,
     elastic_state,
@@ -155,6 +156,8 @@ def test_every_rank_hands_out_as_many_sequences_and_no_document_twice(
     assert len(set(lengths)) == 1 and lengths[0] > 10, lengths
     seen = Counter(doc for seqs in ranks for seq in seqs for doc in ended(seq))
     assert max(seen.values()) == 1
+    # Each sequence names its epoch, for a step in which no document ends.
+    assert {int(seq["__epoch__"][0]) for seqs in ranks for seq in seqs} == {0}
     tokens = Counter(t for seqs in ranks for seq in seqs for t in real_tokens(seq, pack))
     assert max(tokens.values()) == 1
     # Each token handed out is a document's, and each document seen is whole.
@@ -234,10 +237,42 @@ def test_a_slot_that_handed_out_its_sequences_resumes_to_its_end(tmp_path: Path)
     ds = StreamingDataset(urls, pack=pack, world_size=2, rank=1, **OPTIONS)
     whole = list(ds)
     state = ds.state_dict()
-    assert state["sequences_left"] == 0 and "pack" not in state
+    # Finished: the epoch moves on, and an elastic resume takes nothing of
+    # this slot (what it left out stays out, as in an exact resume).
+    assert state["sequences_left"] == 0 and state["finished"] and "pack" not in state
     again = StreamingDataset(urls, pack=pack, world_size=2, rank=1, **OPTIONS)
     again.load_state_dict(state)
     assert list(again) == [] and len(whole) > 0
+
+
+def test_a_damaged_sequences_left_is_refused_by_name(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d", shards=4)
+    pack = Pack(SEQ, field="ids")
+    ds = StreamingDataset(urls, pack=pack, world_size=2, rank=0, **OPTIONS)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    planned = state["sequences_left"] + 1
+    for damage, message in [
+        (
+            {"sequences_left": planned + 1},
+            rf"sequences_left: {planned + 1}, more than the {planned}",
+        ),
+        ({"finished": True}, r"field finished: true, yet sequences_left is"),
+    ]:
+        resumed = StreamingDataset(urls, pack=pack, world_size=2, rank=0, **OPTIONS)
+        resumed.load_state_dict({**state, **damage})
+        with pytest.raises(StateMismatchError, match=message):
+            next(iter(resumed))
+    # On one rank a packed stream plans no sequences.
+    one = StreamingDataset(urls, pack=pack, **OPTIONS)
+    one_state = {**one.state_dict(), "sequences_left": 3}
+    resumed = StreamingDataset(urls, pack=pack, **OPTIONS)
+    resumed.load_state_dict(one_state)
+    with pytest.raises(
+        StateMismatchError, match=r"sequences_left: set, but the stream runs on one"
+    ):
+        next(iter(resumed))
 
 
 def test_a_count_the_documents_do_not_have_is_an_error_naming_the_sample(tmp_path: Path) -> None:
@@ -321,3 +356,19 @@ def test_ranks_are_cut_equal_tokens_not_equal_documents(tmp_path: Path) -> None:
         StreamingDataset(urls, pack=pack, world_size=2, rank=0).num_samples()
     handed = sum(len(real_tokens(seq, pack)) for seqs in ranks for seq in seqs)
     assert handed >= 0.95 * (30 * 40 + 30 * 2), handed
+
+
+def test_a_state_is_of_the_token_counts_it_was_planned_with(tmp_path: Path) -> None:
+    urls = indexed_docs(tmp_path / "d", shards=2)
+    pack = Pack(SEQ, field="ids")
+    ds = StreamingDataset(urls, pack=pack, world_size=2, rank=0, **OPTIONS)
+    next(iter(ds))
+    state = ds.state_dict()
+    manifest = tmp_path / "d" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["shards"][0]["tokens"]["counts"][0] += 1
+    manifest.write_text(json.dumps(data))
+    resumed = StreamingDataset(urls, pack=pack, world_size=2, rank=0, **OPTIONS)
+    resumed.load_state_dict(state)
+    with pytest.raises(StateMismatchError, match="token_counts"):
+        next(iter(resumed))
