@@ -3,7 +3,9 @@ epoch of tokenized documents, by shardstream (JSON lines zstd and Parquet
 shards, ``shardstream.Tokenizer`` on the decode threads) and by Hugging Face
 ``datasets`` streaming the same JSON lines with the Python ``tokenizers``
 package (``encode_batch_fast`` in ``.map(batched=True)``), in DataLoader
-workers, at the same worker count.
+workers, at the same worker count; and LitData's ``TokensLoader`` reading
+the corpus tokenized and converted beforehand (``litdata.optimize``, the
+same tokenizer, its time reported apart), in blocks of ``seq_len + 1``.
 
     python benches/text_bench.py --out bench-results [--mb 200] [--repeats 3] [--workers 2]
 
@@ -45,8 +47,10 @@ READERS = (
     "shardstream-parquet",
     "shardstream-jsonl.zst+pack-concat",
     "shardstream-jsonl.zst+pack-best_fit",
+    "litdata-tokens (converted beforehand)",
     "hf-datasets+tokenizers",
 )
+LITDATA = "litdata-tokens"
 SEQ_LEN = 2048
 PACK_BATCH = 8
 PAD = -1
@@ -127,6 +131,51 @@ def train_tokenizer(docs: list[str], path: Path) -> None:
     tok.save(str(path))
 
 
+def tokenized_lines(path: str):
+    """``litdata.optimize``'s function: each document of a ``.jsonl.zst``
+    shard as its int32 ids with ``EOS`` after them (what the other readers
+    give), by the Python ``tokenizers`` package."""
+    import io
+
+    import torch
+    import zstandard
+    from tokenizers import Tokenizer as PyTokenizer
+
+    tok = PyTokenizer.from_file(str(Path(path).parent / "tokenizer.json"))
+    eos = tok.token_to_id(EOS)
+    with open(path, "rb") as raw:
+        text = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), encoding="utf-8")
+        for line in text:
+            ids = tok.encode(json.loads(line)["text"]).ids
+            yield torch.tensor([*ids, eos], dtype=torch.int32)
+
+
+def convert_for_litdata(root: Path, workers: int) -> float:
+    """The corpus converted into LitData's token chunks under
+    ``root/litdata-tokens`` (kept when there); the seconds it took."""
+    out = root / LITDATA
+    timing = root / f"{LITDATA}.json"
+    if timing.exists():
+        return json.loads(timing.read_text())["seconds"]
+    import shutil
+
+    from litdata import TokensLoader, optimize
+
+    shutil.rmtree(out, ignore_errors=True)
+    start = time.perf_counter()
+    optimize(
+        fn=tokenized_lines,
+        inputs=sorted(str(p) for p in root.glob("*.jsonl.zst")),
+        output_dir=str(out),
+        chunk_size=(SEQ_LEN + 1) * 1024,
+        item_loader=TokensLoader(),
+        num_workers=workers,
+    )
+    seconds = time.perf_counter() - start
+    timing.write_text(json.dumps({"seconds": seconds}))
+    return seconds
+
+
 def as_is(item):
     """The DataLoader's per-item hook for both readers: items as they are
     (its default turns each document's ids into a tensor moved to shared
@@ -140,8 +189,16 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
 
     root = Path(spec)
     tokenizer_path = root / "tokenizer.json"
-    packed = "+pack-" in reader
-    if reader.startswith("shardstream"):
+    packed = "+pack-" in reader or reader.startswith(LITDATA)
+    if reader.startswith(LITDATA):
+        from litdata import StreamingDataLoader, TokensLoader
+        from litdata import StreamingDataset as LitDataset
+
+        blocks = LitDataset(
+            str(root / LITDATA), item_loader=TokensLoader(block_size=SEQ_LEN + 1), shuffle=False
+        )
+        loader = StreamingDataLoader(blocks, batch_size=PACK_BATCH, num_workers=num_workers)
+    elif reader.startswith("shardstream"):
         from shardstream import Pack, StreamingDataset, Tokenizer
 
         pattern = "*.jsonl.zst" if "jsonl.zst" in reader else "*.parquet"
@@ -180,10 +237,10 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
         # Sequences: the real tokens are those that are not padding (no
         # token id is PAD); documents are not counted.
         for item in loader:
-            ids = item["input_ids"]
+            ids = item if reader.startswith(LITDATA) else item["input_ids"]
             real = ids[ids != PAD]
-            slots += ids.size
-            tokens += real.size
+            slots += ids.numel() if reader.startswith(LITDATA) else ids.size
+            tokens += int(real.numel() if reader.startswith(LITDATA) else real.size)
             checksum += int(real.sum())
     else:
         for item in loader:
@@ -218,7 +275,8 @@ def main() -> None:
 
     root = args.out / f"text-data-{args.mb}mb"
     jsonl, parquet, _ = make_corpus(root, args.mb, args.shards)
-    warm([*jsonl, *parquet])
+    conversion = convert_for_litdata(root, args.workers)
+    warm([*jsonl, *parquet, *(root / LITDATA).glob("*")])
     runs: dict[str, list[dict[str, float]]] = {r: [] for r in READERS}
     for _ in range(args.repeats):
         for reader in READERS:
@@ -226,6 +284,11 @@ def main() -> None:
     first = runs[READERS[0]][0]
     for reader, result in runs.items():
         for run in result:
+            if reader.startswith(LITDATA):
+                # Blocks of seq_len + 1 tokens: a chunk's tail that fills
+                # no block is not handed out.
+                assert 0.99 * first["tokens"] <= run["tokens"] <= first["tokens"], run
+                continue
             # Every reader gives the same ids (packed: every token once).
             assert (run["tokens"], run["checksum"]) == (first["tokens"], first["checksum"]), (
                 reader,
@@ -265,7 +328,8 @@ def main() -> None:
         )
     print(
         f"({os.cpu_count()} cores, {first['documents']:,} documents, {first['tokens']:,} tokens, "
-        f"{args.repeats} runs each, medians)"
+        f"{args.repeats} runs each, medians; LitData's conversion took {conversion:.1f} s "
+        f"with {args.workers} workers, apart from its reads)"
     )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,8 +14,8 @@ from typing import Any
 
 import pytest
 from test_pack import real_tokens, write_docs
+from test_train_lm import corpus
 from tokenizers import Tokenizer as HfTokenizer
-from tokenizers import models, pre_tokenizers, trainers
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -76,36 +75,17 @@ def rank_sequences(urls: list[str], pack: Pack, world: int, rank: int, workers: 
 
 
 def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
-    rng = random.Random(3)
-    words = [f"w{i}" for i in range(200)]
+    spec, tok = corpus(tmp_path / "c")
     folder = tmp_path / "c"
-    folder.mkdir()
-    texts = []
-    for shard in range(2):
-        lines = []
-        for _ in range(25):
-            text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 40)))
-            texts.append(text)
-            lines.append(json.dumps({"text": text}))
-        (folder / f"p-{shard}.jsonl").write_text("\n".join(lines) + "\n")
-    hf = HfTokenizer(models.BPE(unk_token="[UNK]"))
-    hf.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf.train_from_iterator(
-        texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"])
-    )
-    tok = folder / "tokenizer.json"
-    hf.save(str(tok))
-    manifest = folder / "manifest.json"
-    argv = [
-        "shardstream",
-        "index",
-        str(folder / "p-{0..1}.jsonl"),
-        "-o",
-        str(manifest),
-        "--format",
-        "jsonl",
+    texts = [
+        json.loads(line)["text"]
+        for shard in range(3)
+        for line in (folder / f"part-{shard}.jsonl").read_text().splitlines()
     ]
-    assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", str(tok), "--eos", "</s>"]) == 0
+    hf = HfTokenizer.from_file(tok)
+    manifest = folder / "manifest.json"
+    argv = ["shardstream", "index", spec, "-o", str(manifest), "--format", "jsonl"]
+    assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", tok, "--eos", "</s>"]) == 0
     entries = json.loads(manifest.read_text())["shards"]
     counts = [c for e in entries for c in e["tokens"]["counts"]]
     assert counts == [len(hf.encode(t).ids) + 1 for t in texts]
@@ -115,8 +95,7 @@ def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
             r"Tokenizer\(digest=0x[0-9a-f]{16}, bos=None, eos=1, add_special_tokens=True\)",
             entry["tokens"]["tokenizer"],
         )
-    tokenizer = Tokenizer(str(tok), eos="</s>")
-    spec = str(folder / "p-{0..1}.jsonl")
+    tokenizer = Tokenizer(tok, eos="</s>")
     pack = Pack(SEQ)
     # The dataset's tokenizer is the one counted with: two ranks plan.
     ds = StreamingDataset(spec, decode={"text": tokenizer}, pack=pack, world_size=2, rank=0)
