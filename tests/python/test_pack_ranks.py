@@ -351,3 +351,31 @@ def test_a_state_is_of_the_token_counts_it_was_planned_with(tmp_path: Path) -> N
     resumed.load_state_dict(state)
     with pytest.raises(StateMismatchError, match="token_counts"):
         next(iter(resumed))
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_ranks_resume_from_before_the_first_batch_and_after_the_epoch(
+    tmp_path: Path, workers: int
+) -> None:
+    urls = indexed_docs(tmp_path / "d")
+    pack = Pack(SEQ, field="ids")
+    for rank in range(2):
+
+        def loader(rank: int = rank) -> StatefulDataLoader:
+            # Rust batches of 3: a worker's sequences do not divide into them.
+            ds = StreamingDataset(urls, pack=pack, world_size=2, rank=rank, batch_size=3, **OPTIONS)
+            return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+
+        whole = [b["input_ids"].tolist() for b in loader()]
+        before = loader()
+        state = before.state_dict()
+        resumed = loader()
+        resumed.load_state_dict(state)
+        assert [b["input_ids"].tolist() for b in resumed] == whole, rank
+        ended = loader()
+        assert len(list(ended)) == len(whole)
+        state = ended.state_dict()
+        resumed = loader()
+        resumed.load_state_dict(state)
+        # The next epoch, as long (every rank hands out as many again).
+        assert len(list(resumed)) == len(whole) > 10
