@@ -136,6 +136,7 @@ bench: develop $(BENCH_STAMP) ## Measure local, S3 and HTTP reading, field decod
 	$(PY) benches/augment_bench.py --out bench-results
 	$(PY) benches/audio_bench.py --out bench-results
 	$(PY) benches/text_bench.py --out bench-results
+	$(PY) benches/tokenizer_bench.py --out bench-results
 	$(PY) benches/pack_remainder.py --out bench-results
 	$(PY) benches/ledger_bench.py --out bench-results
 	$(PY) benches/epoch_boundary_bench.py --out bench-results

@@ -13,6 +13,7 @@ use std::fmt;
 
 use tokenizers::Tokenizer;
 
+use super::byte_level::ByteLevelWords;
 use crate::hash::fnv1a;
 
 /// A special token given by its id or by its text (looked up in the
@@ -48,6 +49,9 @@ pub struct TokenizerSpec {
     bos: Option<u32>,
     eos: Option<u32>,
     add_special_tokens: bool,
+    /// The same ids without the library's per-text pipeline, for a
+    /// byte-level BPE tokenizer.
+    byte_level: Option<ByteLevelWords>,
 }
 
 impl TokenizerSpec {
@@ -105,6 +109,7 @@ impl TokenizerSpec {
         let bos = resolve("bos", bos)?;
         let eos = resolve("eos", eos)?;
         let mut spec = TokenizerSpec {
+            byte_level: ByteLevelWords::of(&tokenizer, add_special_tokens),
             tokenizer,
             digest: fnv1a(json.as_bytes()),
             json,
@@ -141,15 +146,20 @@ impl TokenizerSpec {
 
     /// The token ids of `text`: `bos`, the tokenizer's ids, `eos`.
     pub fn encode(&self, text: &str) -> Result<Vec<i32>, String> {
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, self.add_special_tokens)
-            .map_err(|e| e.to_string())?;
-        let ids = encoding.get_ids();
-        let mut out = Vec::with_capacity(ids.len() + 2);
+        let mut out = Vec::with_capacity(text.len() / 4 + 2);
         out.extend(self.bos.map(|id| id as i32));
-        // Ids fit: the vocabulary was checked to be within int32.
-        out.extend(ids.iter().map(|&id| id as i32));
+        let done = match &self.byte_level {
+            Some(words) => words.encode(self.tokenizer.get_model(), text, &mut out)?,
+            None => false,
+        };
+        if !done {
+            let encoding = self
+                .tokenizer
+                .encode_fast(text, self.add_special_tokens)
+                .map_err(|e| e.to_string())?;
+            // Ids fit: the vocabulary was checked to be within int32.
+            out.extend(encoding.get_ids().iter().map(|&id| id as i32));
+        }
         out.extend(self.eos.map(|id| id as i32));
         Ok(out)
     }
