@@ -20,8 +20,8 @@ from _shardtest import write_tar
 from http_server import running_http_server
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from tokenizers import Tokenizer as PyTokenizer
-from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
 from shardstream import FieldDecodeError, StateMismatchError, StreamingDataset, Tokenizer
 
@@ -62,6 +62,41 @@ def byte_level(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PyTokeni
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(generated_texts(500, seed=2), trainer=trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path, tok
+
+
+LLAMA3_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+@pytest.fixture(scope="module")
+def llama_style(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PyTokenizer]:
+    """A byte-level BPE of Llama 3's form: its regex ``Split``, then
+    ``ByteLevel`` without a regex, an NFC normalizer, and a template that
+    puts ``<|begin_of_text|>`` first; its file and the Python tokenizer."""
+    tok = PyTokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|begin_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(generated_texts(500, seed=4), trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A",
+        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))],
+    )
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return path, tok
@@ -165,6 +200,18 @@ def test_any_text_gives_the_python_ids(byte_level, text):
     path, py = byte_level
     tokenizer = Tokenizer.from_str(path.read_text(encoding="utf-8"))
     assert tokenizer.encode(text).tolist() == py.encode(text).ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=80))
+def test_any_text_gives_the_python_ids_of_a_llama_style_tokenizer(llama_style, text):
+    path, py = llama_style
+    tokenizer = Tokenizer.from_str(path.read_text(encoding="utf-8"))
+    assert tokenizer.encode(text).tolist() == py.encode(text).ids
+    for sample in TEXTS[:5]:
+        ids = tokenizer.encode(sample).tolist()
+        assert ids == py.encode(sample).ids
+        assert ids[0] == py.token_to_id("<|begin_of_text|>")
 
 
 def test_truncation_and_padding_in_the_file_are_off(byte_level):
