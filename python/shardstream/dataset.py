@@ -32,10 +32,10 @@ from ._core import (
     check_state,
     raise_malloc_thresholds,
 )
-from .accelerate import check_not_resplit, find_splitter
 from .epochs import EpochAdvance
 from .job_resolution import resolve_once
 from .local_bytes import LocalBytes
+from .resplit import check_not_resplit, find_splitter
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
 from .telemetry import exposition, window

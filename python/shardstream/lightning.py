@@ -27,10 +27,11 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader
 
-from .accelerate import RANK_STATES, FrameworkWrapperError, rank_state
+from .accelerate import RANK_STATES, rank_state
 from .dataset import StreamingDataset
 from .ledger import Ledger, sample_ids
 from .mix import Mix
+from .resplit import FrameworkWrapperError
 
 __all__ = ["ShardStreamCallback", "all_rank_states", "load_rank_state"]
 

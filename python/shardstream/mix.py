@@ -19,9 +19,9 @@ from ._core import (
     check_mix,
     check_mix_state,
 )
-from .accelerate import check_not_resplit, find_splitter
 from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
 from .epochs import EpochAdvance
+from .resplit import check_not_resplit, find_splitter
 from .telemetry import exposition
 from .worker_sharing import check_worker_start
 

@@ -100,7 +100,7 @@ def test_accelerator_prepare_of_the_loader_raises_naming_the_fix(dataset, tmp_pa
     for rank in range(NPROC):
         lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
         message = "\n".join(lines)
-        assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
+        assert "shardstream.resplit.FrameworkWrapperError" in message, stderr[-5000:]
         assert f"accelerate's {wrapper} wraps this StreamingDataset" in message
         assert "shardstream.accelerate.prepare_loader(accelerator, loader)" in message
     assert issubclass(shardstream.FrameworkWrapperError, shardstream.ShardStreamError)
@@ -135,7 +135,7 @@ def test_hf_trainer_without_the_recipe_raises_naming_the_fix(dataset, tmp_path):
     for rank in range(NPROC):
         lines = [line for line in stderr.splitlines() if line.startswith(f"[rank{rank}]:")]
         message = "\n".join(lines)
-        assert "shardstream.accelerate.FrameworkWrapperError" in message, stderr[-5000:]
+        assert "shardstream.resplit.FrameworkWrapperError" in message, stderr[-5000:]
         assert "with the HF Trainer, use shardstream.transformers.StreamingTrainer" in message
 
 
