@@ -38,9 +38,9 @@ from ._core import (
     plan_samples,
     resolve_shards,
 )
+from .accelerate import FrameworkWrapperError
 from .ledger import Ledger
 from .randomness import sample_generator, sample_rng, sample_seed
-from .accelerate import FrameworkWrapperError
 from .s3 import S3Config
 from .state import elastic_state
 from .worker_sharing import WorkerStartError
