@@ -104,10 +104,12 @@ enum Command {
         /// are not read again.
         #[arg(short, long, default_value_t = index::DEFAULT_JOBS, value_parser = clap::value_parser!(u16).range(1..=1024))]
         jobs: u16,
-        /// What the shards are (the dataset's `format`): tar shards, or
+        /// What the shards are (the dataset's `format`): tar shards,
         /// JSON-lines shards (`.jsonl`, `.jsonl.gz`, `.jsonl.zst`), whose
-        /// samples are their lines.
-        #[arg(long, default_value = "tar", value_parser = ["tar", "jsonl"])]
+        /// samples are their lines, or Parquet files, whose samples are
+        /// their rows (with `--count-tokens` only: the footer gives the
+        /// rows, the manifest their token counts).
+        #[arg(long, default_value = "tar", value_parser = ["tar", "jsonl", "parquet"])]
         format: String,
         /// Also record each sample's token count in this field (what
         /// `pack=Pack(...)` needs across ranks): the ids `--tokenizer`

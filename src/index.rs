@@ -29,7 +29,7 @@ use crate::location::Location;
 use crate::manifest::{self, Manifest, ManifestChoice, ShardEntry};
 use crate::pipeline::{Event, SampleStream};
 use crate::plan::SlotSpec;
-use crate::shard::{Shard, ShardTokens};
+use crate::shard::{Shard, ShardKind, ShardTokens};
 use crate::spec::{is_parquet_name, DatasetFormat};
 use crate::stats::{Counter, Counters};
 use crate::text::pack::token_count;
@@ -98,39 +98,66 @@ pub fn index_dataset(
     progress: &dyn IndexProgress,
 ) -> Result<IndexReport> {
     check_output(output)?;
-    if !matches!(format, DatasetFormat::Tar | DatasetFormat::Jsonl) {
+    let parquet = format == DatasetFormat::Parquet;
+    if !matches!(
+        format,
+        DatasetFormat::Tar | DatasetFormat::Jsonl | DatasetFormat::Parquet
+    ) {
         return Err(Error::Config {
             name: "--format",
             reason: format!(
-                "a manifest describes tar or JSON-lines shards, not {:?}",
+                "a manifest describes tar, JSON-lines or Parquet shards, not {:?}",
                 format.name()
             ),
+        });
+    }
+    if parquet && counting.is_none() {
+        return Err(Error::Config {
+            name: "--count-tokens",
+            reason: "a Parquet file's footer gives its row counts; its manifest entry records \
+                     its rows' token counts, so `--format parquet` needs `--count-tokens FIELD`"
+                .into(),
         });
     }
     // A dataset's resolution (as `StreamingDataset` and `plan` resolve):
     // braces, directories, prefixes, `hf://`, `gs://` and `http(s)://`,
     // with the same errors, a missing local shard among them, before any
-    // shard is scanned. Manifests describe tar and JSON-lines shards:
-    // listings keep the names of `format`, and a Parquet file named is
-    // refused (its footer gives counts).
+    // shard is scanned. Listings keep the names of `format`; a Parquet
+    // file named among tar or JSON-lines shards is refused (its footer
+    // gives counts), and Parquet files become their row groups.
     let (mut shards, _) =
         resolve::resolve_indexed(specs, store_options, format, &ManifestChoice::Off, true)?;
-    if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
-        return Err(Error::Spec {
-            spec: parquet.url.clone(),
-            reason: "a manifest describes tar shards, and a Parquet file needs none \
-                     (its footer gives its row counts)"
-                .into(),
-        });
+    if !parquet {
+        if let Some(parquet) = shards.iter().find(|s| is_parquet_name(&s.url)) {
+            return Err(Error::Spec {
+                spec: parquet.url.clone(),
+                reason: "a manifest describes a Parquet file only with its rows' token counts \
+                         (`--format parquet --count-tokens FIELD`); its footer gives its row \
+                         counts"
+                    .into(),
+            });
+        }
     }
     crate::store::describe_remote_objects(store_options, &mut shards)?;
-    let identities = shards
+    // One manifest entry per shard, or per Parquet file (its row groups).
+    let mut files: Vec<Vec<usize>> = Vec::new();
+    for (i, shard) in shards.iter().enumerate() {
+        match (&shard.kind, files.last_mut()) {
+            (ShardKind::Parquet(group), Some(last))
+                if group.index > 0 && shards[last[0]].url == shard.url =>
+            {
+                last.push(i)
+            }
+            _ => files.push(vec![i]),
+        }
+    }
+    let identities = files
         .iter()
-        .map(|shard| Identity::of(shard, output))
+        .map(|file| Identity::of(&shards[file[0]], output))
         .collect::<Result<Vec<_>>>()?;
 
     let journal_path = journal_path(output);
-    let mut entries: Vec<Option<ShardEntry>> = vec![None; shards.len()];
+    let mut entries: Vec<Option<ShardEntry>> = vec![None; files.len()];
     let earlier = read_journal(&journal_path);
     let mut resumed = 0;
     for (slot, identity) in entries.iter_mut().zip(&identities) {
@@ -141,7 +168,7 @@ pub fn index_dataset(
         };
         if let Some(entry) = earlier
             .iter()
-            .find(|e| identity.matches(e) && counted_alike(e))
+            .find(|e| identity.matches(e) && counted_alike(e) && e.row_groups.is_some() == parquet)
         {
             *slot = Some(entry.clone());
             resumed += 1;
@@ -149,10 +176,28 @@ pub fn index_dataset(
     }
     let mut journal = Journal::create(&journal_path, entries.iter().flatten())?;
 
-    let todo: Vec<usize> = (0..shards.len())
-        .filter(|&i| entries[i].is_none())
+    // The shards to read, each with its entry and its place in it.
+    let todo: Vec<(usize, usize)> = (0..files.len())
+        .filter(|&f| entries[f].is_none())
+        .flat_map(|f| (0..files[f].len()).map(move |part| (f, part)))
         .collect();
-    let todo_shards: Vec<Shard> = todo.iter().map(|&i| shards[i].clone()).collect();
+    let todo_shards: Vec<Shard> = todo
+        .iter()
+        .map(|&(f, part)| shards[files[f][part]].clone())
+        .collect();
+    // What each shard's pieces gave so far (a row group may come in
+    // several); a shard is done once its pieces hold its rows (one piece
+    // for a tar or JSON-lines shard, which the plan never cuts here).
+    let mut parts: Vec<Vec<Vec<ScannedShard>>> = files
+        .iter()
+        .map(|file| file.iter().map(|_| Vec::new()).collect())
+        .collect();
+    let whole = |shard: &Shard, pieces: &[ScannedShard]| match &shard.kind {
+        ShardKind::Parquet(group) => {
+            pieces.iter().map(|p| p.tokens.len() as u64).sum::<u64>() >= group.rows
+        }
+        _ => !pieces.is_empty(),
+    };
     let scan = Scan {
         store_options,
         jobs,
@@ -160,15 +205,40 @@ pub fn index_dataset(
         progress,
     };
     scan.run(&todo_shards, |scanned| {
-        let position = todo[scanned.shard];
-        let entry = identities[position].entry(scanned, counting);
+        let (f, part) = todo[scanned.shard];
+        parts[f][part].push(scanned);
+        let done =
+            |(part, pieces): (usize, &Vec<ScannedShard>)| whole(&shards[files[f][part]], pieces);
+        if !parts[f].iter().enumerate().all(done) {
+            return Ok(());
+        }
+        let scanned: Vec<ScannedShard> = parts[f]
+            .iter_mut()
+            .map(|pieces| {
+                pieces.sort_by_key(|p| p.first);
+                let mut joined = pieces.drain(..).reduce(|mut a, b| {
+                    a.offsets.extend(b.offsets);
+                    a.lengths.extend(b.lengths);
+                    a.tokens.extend(b.tokens);
+                    a
+                });
+                joined.take().unwrap_or_default()
+            })
+            .collect();
+        let entry = if parquet {
+            let groups: Vec<&Shard> = files[f].iter().map(|&i| &shards[i]).collect();
+            identities[f].parquet_entry(&groups, scanned, counting)?
+        } else {
+            let scanned = scanned.into_iter().next().expect("one part per shard");
+            identities[f].entry(scanned, counting)
+        };
         journal.append(&entry)?;
-        entries[position] = Some(entry);
+        entries[f] = Some(entry);
         Ok(())
     })?;
 
     let entries: Vec<ShardEntry> = entries.into_iter().flatten().collect();
-    debug_assert_eq!(entries.len(), shards.len());
+    debug_assert_eq!(entries.len(), files.len());
     let samples = entries.iter().map(|e| e.samples).sum();
     let manifest = Manifest::new(entries);
     let target = output.to_string_lossy();
@@ -181,7 +251,7 @@ pub fn index_dataset(
     // The manifest holds it all now; a journal left behind is only stale.
     let _ = std::fs::remove_file(&journal_path);
     Ok(IndexReport {
-        shards: shards.len(),
+        shards: files.len(),
         resumed,
         samples,
     })
@@ -336,7 +406,11 @@ impl Identity {
             Location::Local(path) => manifest::mtime_ns(&path),
             Location::S3 { .. } | Location::Http(_) => None,
         };
-        let size = shard.size.ok_or_else(|| Error::NotFound {
+        let size = match &shard.kind {
+            ShardKind::Parquet(group) => Some(group.file_size),
+            _ => shard.size,
+        };
+        let size = size.ok_or_else(|| Error::NotFound {
             url: shard.url.clone(),
             source: std::io::ErrorKind::NotFound.into(),
         })?;
@@ -375,7 +449,60 @@ impl Identity {
             offsets: scanned.offsets,
             lengths: scanned.lengths,
             tokens,
+            row_groups: None,
         }
+    }
+}
+
+impl Identity {
+    /// The entry of a Parquet file from its row groups `groups` (in
+    /// order) and what reading each gave: the rows of each row group and
+    /// their token counts. An error when a row group gave another number
+    /// of rows than its footer says.
+    fn parquet_entry(
+        &self,
+        groups: &[&Shard],
+        scanned: Vec<ScannedShard>,
+        counting: Option<&TokenCounting>,
+    ) -> Result<ShardEntry> {
+        let mut rows = Vec::with_capacity(groups.len());
+        let mut counts = Vec::new();
+        for (shard, part) in groups.iter().zip(scanned) {
+            let ShardKind::Parquet(group) = &shard.kind else {
+                unreachable!("a Parquet file's entry is of its row groups")
+            };
+            if part.tokens.len() as u64 != group.rows {
+                return Err(Error::ManifestMismatch {
+                    url: shard.url.clone(),
+                    reason: format!(
+                        "row group {} gave {} rows, its footer says {}",
+                        group.index,
+                        part.tokens.len(),
+                        group.rows
+                    ),
+                });
+            }
+            rows.push(group.rows);
+            counts.extend(part.tokens);
+        }
+        let samples = rows.iter().sum();
+        let tokens = counting.map(|counting| ShardTokens {
+            field: counting.field.clone(),
+            tokenizer: counting.tokenizer_name(),
+            counts,
+        });
+        Ok(ShardEntry {
+            url: self.url.clone(),
+            size: self.size,
+            etag: self.etag.clone(),
+            mtime_ns: self.mtime_ns,
+            compression: None,
+            samples,
+            offsets: Vec::new(),
+            lengths: Vec::new(),
+            tokens,
+            row_groups: Some(rows),
+        })
     }
 }
 
@@ -459,11 +586,15 @@ fn journal_line(entry: &ShardEntry) -> String {
     serde_json::to_string(entry).expect("a manifest entry serialises")
 }
 
-/// One shard read through: its samples' spans, token counts (when
-/// counted) and its compression.
+/// One shard, or a piece of one, read through: its samples' spans, token
+/// counts (when counted) and its compression. A Parquet row group, whose
+/// rows the plan knows, may come in pieces from several streams.
+#[derive(Default)]
 struct ScannedShard {
     /// Index of the shard in the list scanned.
     shard: usize,
+    /// Index in the shard of the piece's first sample.
+    first: u64,
     offsets: Vec<u64>,
     lengths: Vec<u64>,
     tokens: Vec<u64>,
@@ -563,25 +694,25 @@ impl SlotStream<'_> {
             self.counters.clone(),
             None,
         )?;
-        let order: Vec<usize> = stream.units().iter().map(|unit| unit.shard).collect();
+        let order: Vec<(usize, u64)> = stream
+            .units()
+            .iter()
+            .map(|unit| (unit.shard, unit.samples.as_ref().map_or(0, |s| s.start)))
+            .collect();
         let mut next = 0;
-        let mut scanned = ScannedShard {
-            shard: 0,
-            offsets: Vec::new(),
-            lengths: Vec::new(),
-            tokens: Vec::new(),
-            compression: None,
-        };
-        let finish = |shard: usize, scanned: &mut ScannedShard, stream: &SampleStream| {
-            let done = ScannedShard {
-                shard,
-                offsets: std::mem::take(&mut scanned.offsets),
-                lengths: std::mem::take(&mut scanned.lengths),
-                tokens: std::mem::take(&mut scanned.tokens),
-                compression: stream.shard_compression(shard),
+        let mut scanned = ScannedShard::default();
+        let finish =
+            |(shard, first): (usize, u64), scanned: &mut ScannedShard, stream: &SampleStream| {
+                let done = ScannedShard {
+                    shard,
+                    first,
+                    offsets: std::mem::take(&mut scanned.offsets),
+                    lengths: std::mem::take(&mut scanned.lengths),
+                    tokens: std::mem::take(&mut scanned.tokens),
+                    compression: stream.shard_compression(shard),
+                };
+                sender.send(Ok(done)).is_ok()
             };
-            sender.send(Ok(done)).is_ok()
-        };
         while let Some(event) = stream.next() {
             if self.stop.load(Ordering::SeqCst) {
                 return Ok(());
@@ -590,7 +721,7 @@ impl SlotStream<'_> {
             // Shards before this sample's are done (an empty one too).
             while order
                 .get(next)
-                .is_some_and(|&shard| shard != sample.id.shard)
+                .is_some_and(|&(shard, _)| shard != sample.id.shard)
             {
                 if !finish(order[next], &mut scanned, &stream) {
                     return Ok(());

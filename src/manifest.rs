@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::compression::Compression;
 use crate::error::{Error, Result};
+use crate::format::parquet::row_group_rows;
 use crate::location::{canonical, identity, Location};
-use crate::shard::{SampleIndex, Shard, ShardTokens};
+use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind, ShardTokens};
 
 /// The `format` field of every manifest.
 pub const MANIFEST_FORMAT: &str = "shardstream.manifest";
@@ -64,6 +65,10 @@ pub struct ShardEntry {
     /// counted them (what packing across ranks plans with).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<ShardTokens>,
+    /// For a Parquet file: the rows of each row group, in order (its
+    /// samples are its rows; no offsets or lengths).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_groups: Option<Vec<u64>>,
 }
 
 impl ShardEntry {
@@ -72,7 +77,24 @@ impl ShardEntry {
     /// without overflow and lie within the shard (for a plain tar; a
     /// compressed shard's spans are in its decompressed tar).
     pub fn check(&self) -> std::result::Result<(), String> {
-        if self.offsets.len() as u64 != self.samples || self.lengths.len() as u64 != self.samples {
+        if let Some(groups) = &self.row_groups {
+            let rows = groups.iter().try_fold(0u64, |sum, &n| sum.checked_add(n));
+            if rows != Some(self.samples) {
+                return Err(format!(
+                    "{}: {} samples but row groups of {groups:?} rows",
+                    self.url, self.samples
+                ));
+            }
+            if !self.offsets.is_empty() || !self.lengths.is_empty() || self.compression.is_some() {
+                return Err(format!(
+                    "{}: a Parquet file (row_groups) with sample offsets, lengths or a \
+                     compression",
+                    self.url
+                ));
+            }
+        } else if self.offsets.len() as u64 != self.samples
+            || self.lengths.len() as u64 != self.samples
+        {
             return Err(format!(
                 "{}: {} samples but {} offsets and {} lengths",
                 self.url,
@@ -233,7 +255,11 @@ impl Manifest {
                     return Err(mismatch(format!("ETag is {listed}"), etag.clone()));
                 }
             }
-            if let Some(size) = shard.size {
+            let size = match &shard.kind {
+                ShardKind::Parquet(group) => Some(group.file_size),
+                _ => shard.size,
+            };
+            if let Some(size) = size {
                 if size != entry.size {
                     return Err(mismatch(
                         format!("size is {size} bytes"),
@@ -261,7 +287,7 @@ impl Manifest {
                 Location::S3 { .. } | Location::Http(_) => {
                     // Named outright, not listed: the reads check the
                     // object against what the manifest records.
-                    shard.size = Some(entry.size);
+                    shard.size.get_or_insert(entry.size);
                     if shard.etag.is_none() {
                         shard.etag.clone_from(&entry.etag);
                     }
@@ -271,6 +297,22 @@ impl Manifest {
                 path: manifest_path.to_owned(),
                 reason,
             })?;
+            if let ShardKind::Parquet(group) = &shard.kind {
+                let group = parquet_tokens(group, entry).map_err(|says| {
+                    mismatch(
+                        format!("footer has {} row groups", group.metadata.num_row_groups()),
+                        says,
+                    )
+                })?;
+                shard.kind = ShardKind::Parquet(Arc::new(group));
+                continue;
+            }
+            if entry.row_groups.is_some() {
+                return Err(mismatch(
+                    "it is not a Parquet file".into(),
+                    "it is one (row_groups)".into(),
+                ));
+            }
             let index = SampleIndex::from_parts(
                 entry.offsets.clone(),
                 entry.lengths.clone(),
@@ -285,6 +327,41 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// `group` with its rows' token counts from `entry`, its Parquet file's:
+/// the entry's row groups must be the footer's (else what the manifest
+/// says instead).
+fn parquet_tokens(group: &RowGroup, entry: &ShardEntry) -> std::result::Result<RowGroup, String> {
+    let footer: Vec<u64> = (0..group.metadata.num_row_groups())
+        .map(|i| row_group_rows(&group.metadata, i))
+        .collect();
+    match &entry.row_groups {
+        None => return Err("it is a tar or JSON-lines shard (no row_groups)".into()),
+        Some(groups) if *groups != footer => {
+            return Err(format!(
+                "row groups of {groups:?} rows (the footer: {footer:?})"
+            ))
+        }
+        Some(_) => {}
+    }
+    let tokens = entry.tokens.as_ref().map(|tokens| {
+        let rows = group.first_row as usize..(group.first_row + group.rows) as usize;
+        Arc::new(ShardTokens {
+            field: tokens.field.clone(),
+            tokenizer: tokens.tokenizer.clone(),
+            counts: tokens.counts[rows].to_vec(),
+        })
+    });
+    Ok(RowGroup {
+        metadata: group.metadata.clone(),
+        index: group.index,
+        span: group.span.clone(),
+        rows: group.rows,
+        first_row: group.first_row,
+        file_size: group.file_size,
+        tokens,
+    })
 }
 
 /// Which manifest a dataset uses.
@@ -319,18 +396,18 @@ pub struct Attached {
 /// A remote manifest ([`ManifestChoice::Url`]) is read by the caller and
 /// given to [`attach_text`].
 pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached> {
-    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
-        // Parquet row groups and raw objects know their sample counts
-        // (manifests describe tar and JSON-lines shards).
+    if shards.iter().any(|s| matches!(s.kind, ShardKind::Raw)) {
+        // Raw objects are one sample each (manifests describe tar,
+        // JSON-lines and Parquet shards).
         return match choice {
             ManifestChoice::Path(path) => Err(Error::Manifest {
                 path: path.display().to_string(),
-                reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards"
+                reason: "manifests describe tar, JSON-lines and Parquet shards; this dataset has raw objects"
                     .into(),
             }),
             ManifestChoice::Url(url) => Err(Error::Manifest {
                 path: url.clone(),
-                reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards"
+                reason: "manifests describe tar, JSON-lines and Parquet shards; this dataset has raw objects"
                     .into(),
             }),
             ManifestChoice::Off | ManifestChoice::Auto => Ok(Attached::default()),
@@ -373,13 +450,13 @@ pub fn attach_text(
     json: &str,
     explicit: bool,
 ) -> Result<Attached> {
-    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
+    if shards.iter().any(|s| matches!(s.kind, ShardKind::Raw)) {
         if !explicit {
             return Ok(Attached::default());
         }
         return Err(Error::Manifest {
             path: url.to_owned(),
-            reason: "manifests describe tar and JSON-lines shards; this dataset has Parquet or raw shards".into(),
+            reason: "manifests describe tar, JSON-lines and Parquet shards; this dataset has raw objects".into(),
         });
     }
     if !explicit {
@@ -531,7 +608,45 @@ mod tests {
             offsets: vec![0, 1024],
             lengths: vec![1024, 2048],
             tokens: None,
+            row_groups: None,
         }
+    }
+
+    #[test]
+    fn a_parquet_entry_has_row_groups_and_no_spans() {
+        let parquet = ShardEntry {
+            url: "a.parquet".into(),
+            samples: 5,
+            offsets: vec![],
+            lengths: vec![],
+            row_groups: Some(vec![2, 3]),
+            tokens: Some(ShardTokens {
+                field: "text".into(),
+                tokenizer: None,
+                counts: vec![1, 2, 3, 4, 5],
+            }),
+            ..entry()
+        };
+        parquet.check().unwrap();
+        let json = serde_json::to_string(&Manifest::new(vec![parquet.clone()])).unwrap();
+        assert_eq!(Manifest::from_json(&json, "m").unwrap().shards[0], parquet);
+        let short = ShardEntry {
+            row_groups: Some(vec![2, 2]),
+            ..parquet.clone()
+        };
+        assert!(short
+            .check()
+            .unwrap_err()
+            .contains("5 samples but row groups of [2, 2]"));
+        let spans = ShardEntry {
+            offsets: vec![0; 5],
+            lengths: vec![1; 5],
+            ..parquet
+        };
+        assert!(spans
+            .check()
+            .unwrap_err()
+            .contains("a Parquet file (row_groups)"));
     }
 
     #[test]

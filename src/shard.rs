@@ -48,12 +48,30 @@ pub struct RowGroup {
     pub rows: u64,
     /// Index in the file of the row group's first row.
     pub first_row: u64,
+    /// Size of the whole file in bytes.
+    pub file_size: u64,
+    /// The token counts of the row group's rows, when a manifest records
+    /// the file's (`shardstream index --count-tokens`).
+    pub tokens: Option<Arc<ShardTokens>>,
 }
 
 impl PartialEq for RowGroup {
     fn eq(&self, other: &Self) -> bool {
-        (self.index, &self.span, self.rows, self.first_row)
-            == (other.index, &other.span, other.rows, other.first_row)
+        (
+            self.index,
+            &self.span,
+            self.rows,
+            self.first_row,
+            self.file_size,
+            &self.tokens,
+        ) == (
+            other.index,
+            &other.span,
+            other.rows,
+            other.first_row,
+            other.file_size,
+            &other.tokens,
+        )
     }
 }
 
@@ -101,6 +119,16 @@ impl Shard {
         ShardInfo {
             size: self.size,
             samples,
+        }
+    }
+
+    /// Its samples' token counts, when a manifest records them: a tar or
+    /// JSON-lines shard's in its sample index, a row group's in the row
+    /// group.
+    pub fn tokens(&self) -> Option<&Arc<ShardTokens>> {
+        match &self.kind {
+            ShardKind::Parquet(group) => group.tokens.as_ref(),
+            _ => self.index.as_ref().and_then(|index| index.tokens()),
         }
     }
 

@@ -348,6 +348,7 @@ fn expand_row_groups(
             continue;
         }
         let (shard, metadata) = files.next().expect("one footer per Parquet file");
+        let file_size = shard.size.unwrap_or_default();
         let mut first_row = 0;
         for index in 0..metadata.num_row_groups() {
             let span = parquet::row_group_span(&metadata, index);
@@ -360,6 +361,8 @@ fn expand_row_groups(
                     span,
                     rows,
                     first_row,
+                    file_size,
+                    tokens: None,
                 })),
                 ..shard.clone()
             });

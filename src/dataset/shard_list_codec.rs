@@ -7,7 +7,7 @@
 //! time its manifest records, ETag, kind, the
 //! manifest's sample spans and, for a Parquet row group, its file's footer
 //! (written once per file, re-encoded from the decoded metadata) with the
-//! row group's index, span and rows. Decoding checks the re-decoded footer
+//! row group's index, span, rows, file size and token counts. Decoding checks the re-decoded footer
 //! against the row group's span and rows written beside it.
 
 use std::ops::Range;
@@ -21,7 +21,7 @@ use crate::shard::ShardTokens;
 use crate::shard::{RowGroup, SampleIndex, Shard, ShardKind};
 
 /// The first bytes of an encoded list (and its version).
-const MAGIC: &[u8; 4] = b"SSL3";
+const MAGIC: &[u8; 4] = b"SSL4";
 
 /// Encodes `shards`.
 pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
@@ -75,9 +75,11 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
                     group.span.end,
                     group.rows,
                     group.first_row,
+                    group.file_size,
                 ] {
                     out.uint(n);
                 }
+                out.tokens(group.tokens.as_deref());
             }
             (ShardKind::Parquet(_), None) => unreachable!("every row group has a footer"),
         }
@@ -99,23 +101,7 @@ pub fn encode(shards: &[Shard]) -> std::result::Result<Vec<u8>, String> {
                     out.uint(length);
                     end = offset.wrapping_add(length);
                 }
-                match index.tokens() {
-                    None => out.0.push(0),
-                    Some(tokens) => {
-                        out.0.push(1);
-                        out.bytes(tokens.field.as_bytes());
-                        match &tokens.tokenizer {
-                            None => out.0.push(0),
-                            Some(tokenizer) => {
-                                out.0.push(1);
-                                out.bytes(tokenizer.as_bytes());
-                            }
-                        }
-                        for &count in &tokens.counts {
-                            out.uint(count);
-                        }
-                    }
-                }
+                out.tokens(index.tokens().map(|t| t.as_ref()));
             }
         }
     }
@@ -171,24 +157,7 @@ pub fn decode(bytes: &[u8]) -> std::result::Result<Vec<Shard>, String> {
                     lengths.push(length);
                     end = offset.wrapping_add(length);
                 }
-                let tokens = match r.byte()? {
-                    0 => None,
-                    1 => {
-                        let field = r.string()?;
-                        let tokenizer = match r.byte()? {
-                            0 => None,
-                            1 => Some(r.string()?),
-                            other => return Err(format!("has a tokenizer tag {other}")),
-                        };
-                        let counts = (0..n).map(|_| r.uint()).collect::<Result<_, _>>()?;
-                        Some(Arc::new(ShardTokens {
-                            field,
-                            tokenizer,
-                            counts,
-                        }))
-                    }
-                    other => return Err(format!("has a token counts tag {other}")),
-                };
+                let tokens = r.tokens(n)?;
                 let index = SampleIndex::from_parts(offsets, lengths, compression)
                     .ok_or_else(|| format!("has a sample index of {url} that does not add up"))?
                     .with_tokens(tokens);
@@ -223,7 +192,11 @@ fn row_group(
         .clone();
     let index = r.count()?;
     let span: Range<u64> = r.uint()?..r.uint()?;
-    let (rows, first_row) = (r.uint()?, r.uint()?);
+    let (rows, first_row, file_size) = (r.uint()?, r.uint()?, r.uint()?);
+    let tokens = r.tokens(
+        rows.try_into()
+            .map_err(|_| "has too many rows".to_owned())?,
+    )?;
     if index >= metadata.num_row_groups()
         || row_group_span(&metadata, index) != span
         || row_group_rows(&metadata, index) != rows
@@ -239,6 +212,8 @@ fn row_group(
         span,
         rows,
         first_row,
+        file_size,
+        tokens,
     })
 }
 
@@ -259,6 +234,26 @@ fn decode_footer(bytes: &[u8]) -> std::result::Result<ParquetMetaData, String> {
 struct Writer(Vec<u8>);
 
 impl Writer {
+    /// Token counts: a tag, then the field, the tokenizer and each count.
+    fn tokens(&mut self, tokens: Option<&ShardTokens>) {
+        let Some(tokens) = tokens else {
+            self.0.push(0);
+            return;
+        };
+        self.0.push(1);
+        self.bytes(tokens.field.as_bytes());
+        match &tokens.tokenizer {
+            None => self.0.push(0),
+            Some(tokenizer) => {
+                self.0.push(1);
+                self.bytes(tokenizer.as_bytes());
+            }
+        }
+        for &count in &tokens.counts {
+            self.uint(count);
+        }
+    }
+
     fn uint(&mut self, mut n: u64) {
         while n >= 0x80 {
             self.0.push((n as u8 & 0x7f) | 0x80);
@@ -287,6 +282,28 @@ impl Writer {
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
+    /// What [`Writer::tokens`] wrote for `n` samples.
+    fn tokens(&mut self, n: usize) -> std::result::Result<Option<Arc<ShardTokens>>, String> {
+        match self.byte()? {
+            0 => Ok(None),
+            1 => {
+                let field = self.string()?;
+                let tokenizer = match self.byte()? {
+                    0 => None,
+                    1 => Some(self.string()?),
+                    other => return Err(format!("has a tokenizer tag {other}")),
+                };
+                let counts = (0..n).map(|_| self.uint()).collect::<Result<_, _>>()?;
+                Ok(Some(Arc::new(ShardTokens {
+                    field,
+                    tokenizer,
+                    counts,
+                })))
+            }
+            other => Err(format!("has a token counts tag {other}")),
+        }
+    }
+
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         if self.0.len() < n {
             return Err("is cut short".into());
@@ -418,6 +435,14 @@ mod tests {
                     span: row_group_span(&metadata, index),
                     rows,
                     first_row,
+                    file_size: file.len() as u64,
+                    tokens: (index == 1).then(|| {
+                        Arc::new(ShardTokens {
+                            field: "text".into(),
+                            tokenizer: None,
+                            counts: (0..rows).collect(),
+                        })
+                    }),
                 })),
                 ..Shard::new("t.parquet", Some(file.len() as u64))
             });
@@ -436,12 +461,14 @@ mod tests {
                 });
                 let kind = match &s.kind {
                     ShardKind::Parquet(g) => format!(
-                        "rg {} {:?} {} {} of {}",
+                        "rg {} {:?} {} {} of {} ({} bytes) {:?}",
                         g.index,
                         g.span,
                         g.rows,
                         g.first_row,
-                        g.metadata.file_metadata().num_rows()
+                        g.metadata.file_metadata().num_rows(),
+                        g.file_size,
+                        g.tokens
                     ),
                     other => format!("{other:?}"),
                 };

@@ -684,15 +684,7 @@ fn pack_stage(
     };
     let planned = left.map(|left| Planned {
         left,
-        counts: shards
-            .iter()
-            .map(|shard| {
-                shard
-                    .index
-                    .as_ref()
-                    .and_then(|index| index.tokens().cloned())
-            })
-            .collect(),
+        counts: shards.iter().map(|shard| shard.tokens().cloned()).collect(),
     });
     let ids_epoch = options.sample_ids.then_some(epoch);
     Ok(Some(PackStage::new(

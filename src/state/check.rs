@@ -43,7 +43,7 @@ const TOKENS_PART: &str = "token_counts";
 /// a shard without) to `h`.
 fn hash_token_counts(h: &mut Fnv1a, shards: &[Shard]) {
     for shard in shards {
-        match shard.index.as_ref().and_then(|index| index.tokens()) {
+        match shard.tokens() {
             None => {
                 h.u64(u64::MAX);
             }

@@ -41,7 +41,7 @@ pub fn token_weights(
     check_counted(shards, spec, tokenizer, 2).ok()?;
     let counts = shards
         .iter()
-        .map(|shard| shard.index.as_ref()?.tokens().cloned())
+        .map(|shard| shard.tokens().cloned())
         .collect::<Option<Vec<_>>>()?;
     Some(Arc::new(TokenWeights(counts)))
 }
@@ -62,27 +62,24 @@ pub fn check_counted(
         return Ok(());
     }
     let field = spec.field_name();
+    let format = if shards
+        .iter()
+        .any(|s| matches!(s.kind, ShardKind::Parquet(_)))
+    {
+        " --format parquet"
+    } else {
+        ""
+    };
     let index_command = match &tokenizer {
         Some(_) => format!(
-            "`shardstream index SPEC -o manifest.json --count-tokens {field} --tokenizer \
-             tokenizer.json` (with the Tokenizer's --bos, --eos, --no-special-tokens)"
+            "`shardstream index SPEC -o manifest.json{format} --count-tokens {field} \
+             --tokenizer tokenizer.json` (with the Tokenizer's --bos, --eos, \
+             --no-special-tokens)"
         ),
-        None => format!("`shardstream index SPEC -o manifest.json --count-tokens {field}`"),
+        None => format!("`shardstream index SPEC -o manifest.json{format} --count-tokens {field}`"),
     };
     for shard in shards {
-        if matches!(shard.kind, ShardKind::Parquet(_)) {
-            return Err(Error::Config {
-                name: "pack",
-                reason: format!(
-                    "across {world_size} ranks every rank must hand out the same number of \
-                     sequences, planned from each document's token count in the manifest, and \
-                     {} is a Parquet row group, whose token counts no manifest records yet: \
-                     pack Parquet text on one rank",
-                    shard.url
-                ),
-            });
-        }
-        let tokens = shard.index.as_ref().and_then(|index| index.tokens());
+        let tokens = shard.tokens();
         let reason = match tokens {
             None => "it has no token counts".to_owned(),
             Some(tokens) if tokens.field != field => {
@@ -114,7 +111,7 @@ pub fn tokens_of_units(shards: &[Shard], units: &[WorkUnit]) -> u64 {
     units
         .iter()
         .map(|unit| {
-            let Some(tokens) = shards[unit.shard].index.as_ref().and_then(|i| i.tokens()) else {
+            let Some(tokens) = shards[unit.shard].tokens() else {
                 return 0;
             };
             let counts = &tokens.counts;

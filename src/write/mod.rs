@@ -519,6 +519,7 @@ impl ShardWriter {
             offsets,
             lengths,
             tokens: None,
+            row_groups: None,
         });
         if let Err(error) = self.save_manifest() {
             self.fail(&error);

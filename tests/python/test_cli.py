@@ -327,7 +327,7 @@ def test_index_refuses_what_datasets_refuse_with_their_errors(dataset, tmp_path)
         assert not out.exists()
 
 
-def test_index_of_a_parquet_file_says_manifests_are_for_tar_shards(tmp_path):
+def test_index_of_a_parquet_file_says_it_needs_token_counts(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -335,7 +335,8 @@ def test_index_of_a_parquet_file_says_manifests_are_for_tar_shards(tmp_path):
     pq.write_table(pa.table({"a": [1, 2, 3]}), path)
     proc, _ = index_of("index", path, "-o", tmp_path / "m.json")
     assert proc.returncode == 1
-    assert str(path) in proc.stderr and "Parquet file needs none" in proc.stderr, proc.stderr
+    assert str(path) in proc.stderr, proc.stderr
+    assert "--format parquet --count-tokens FIELD" in proc.stderr, proc.stderr
 
 
 @pytest.mark.usefixtures("s3_credentials")

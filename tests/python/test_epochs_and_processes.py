@@ -206,7 +206,7 @@ def test_a_damaged_pickled_shard_list_is_refused():
     with pytest.raises(DatasetSpecError, match="its pickled shard list is not an encoded"):
         _core._rebuild_shard_list(["x.tar"], options, None, False, b"junk")
     with pytest.raises(DatasetSpecError, match="a count of 1 with 0 bytes left"):
-        _core._rebuild_shard_list(["x.tar"], options, None, False, b"SSL3\x00\x01")
+        _core._rebuild_shard_list(["x.tar"], options, None, False, b"SSL4\x00\x01")
 
 
 # --------------------------------------------------------------------------

@@ -379,3 +379,108 @@ def test_ranks_resume_from_before_the_first_batch_and_after_the_epoch(
         resumed.load_state_dict(state)
         # The next epoch, as long (every rank hands out as many again).
         assert len(list(resumed)) == len(whole) > 10
+
+
+def parquet_corpus(root: Path) -> tuple[str, str, list[str]]:
+    """``corpus``'s documents as three Parquet files of 3 row groups each
+    (10 rows a group), the manifest beside them recording each row's token
+    count (``--format parquet``); the spec, the tokenizer and the texts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spec, tok = corpus(root / "text")
+    texts = [
+        json.loads(line)["text"]
+        for shard in range(3)
+        for line in (root / "text" / f"part-{shard}.jsonl").read_text().splitlines()
+    ]
+    folder = root / "parquet"
+    folder.mkdir()
+    for f in range(3):
+        rows = texts[30 * f : 30 * (f + 1)]
+        table = pa.table({"text": rows, "n": list(range(30 * f, 30 * (f + 1)))})
+        pq.write_table(table, folder / f"docs-{f}.parquet", row_group_size=10)
+    spec = str(folder / "docs-{0..2}.parquet")
+    argv = ["shardstream", "index", spec, "-o", str(folder / "manifest.json")]
+    argv += ["--format", "parquet", "--count-tokens", "text", "--tokenizer", tok, "--eos", "</s>"]
+    assert run_cli(argv) == 0
+    return spec, tok, texts
+
+
+def test_parquet_text_packs_across_ranks_from_the_manifests_token_counts(tmp_path: Path) -> None:
+    spec, tok, texts = parquet_corpus(tmp_path)
+    folder = tmp_path / "parquet"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    hf = HfTokenizer.from_file(tok)
+    assert [e["row_groups"] for e in manifest["shards"]] == [[10, 10, 10]] * 3
+    assert [e["offsets"] for e in manifest["shards"]] == [[]] * 3
+    counts = [c for e in manifest["shards"] for c in e["tokens"]["counts"]]
+    assert counts == [len(hf.encode(t).ids) + 1 for t in texts]
+
+    decode = {"text": Tokenizer(tok, eos="</s>")}
+    pack = Pack(SEQ, mode="best_fit", window=3, pad_id=-1)
+    world, workers = 2, 2
+    ranks = []
+    for rank in range(world):
+        ds = StreamingDataset(
+            spec, decode=decode, pack=pack, world_size=world, rank=rank, **OPTIONS
+        )
+        ranks.append(list(DataLoader(ds, batch_size=None, num_workers=workers)))
+    lengths = [len(seqs) for seqs in ranks]
+    assert len(set(lengths)) == 1 and lengths[0] > 20, lengths
+    seen = Counter(doc for seqs in ranks for seq in seqs for doc in ended(seq))
+    assert max(seen.values()) == 1
+    # Most documents come (what the equal sequence counts leave out is a
+    # few sequences per slot).
+    assert len(seen) >= len(texts) - world * workers * 4, len(seen)
+
+    # Without the manifest (or with it beside other files) packing across
+    # ranks is refused at construction, naming the command.
+    with pytest.raises(ValueError, match=r"--format parquet --count-tokens text"):
+        StreamingDataset(
+            spec, decode=decode, pack=pack, world_size=2, rank=0, manifest=False, **OPTIONS
+        )
+    # A file rewritten since it was indexed is named at construction.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts[:30], "n": list(range(30))}), folder / "docs-1.parquet")
+    with pytest.raises(ManifestMismatchError, match=r"docs-1\.parquet"):
+        StreamingDataset(spec, decode=decode, pack=pack, world_size=2, rank=0, **OPTIONS)
+
+
+def test_index_refuses_parquet_without_token_counts(tmp_path: Path, capfd) -> None:
+    spec, _, _ = parquet_corpus(tmp_path)
+    out = str(tmp_path / "m.json")
+    capfd.readouterr()
+    assert run_cli(["shardstream", "index", spec, "-o", out, "--format", "parquet"]) != 0
+    assert "--count-tokens" in capfd.readouterr().err
+    assert run_cli(["shardstream", "index", spec, "-o", out]) != 0
+    assert "--format parquet --count-tokens FIELD" in capfd.readouterr().err
+
+
+def test_parquet_ranks_resume_exactly_in_spawned_workers(tmp_path: Path) -> None:
+    """The row groups' token counts travel with the dataset to spawned
+    DataLoader workers (the encoded shard list), and a state saved there
+    resumes exactly."""
+    spec, tok, _ = parquet_corpus(tmp_path)
+    decode = {"text": Tokenizer(tok, eos="</s>")}
+    pack = Pack(SEQ, pad_id=-1)
+
+    def loader() -> StatefulDataLoader:
+        ds = StreamingDataset(
+            spec, decode=decode, pack=pack, world_size=2, rank=1, batch_size=2, **OPTIONS
+        )
+        return StatefulDataLoader(
+            ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=120
+        )
+
+    whole = [b["input_ids"].tolist() for b in loader()]
+    first_loader = loader()
+    it = iter(first_loader)
+    first = [next(it)["input_ids"].tolist() for _ in range(3)]
+    state = first_loader.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert first + [b["input_ids"].tolist() for b in resumed] == whole
