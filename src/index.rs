@@ -175,6 +175,18 @@ pub fn index_dataset(
         }
     }
     let mut journal = Journal::create(&journal_path, entries.iter().flatten())?;
+    // A Parquet file whose row groups hold no rows gives no piece to read
+    // (the plan has nothing of it): its entry is made here.
+    for (f, file) in files.iter().enumerate() {
+        let groups: Vec<&Shard> = file.iter().map(|&i| &shards[i]).collect();
+        let empty = |shard: &&Shard| matches!(&shard.kind, ShardKind::Parquet(g) if g.rows == 0);
+        if entries[f].is_none() && parquet && groups.iter().all(empty) {
+            let nothing = groups.iter().map(|_| ScannedShard::default()).collect();
+            let entry = identities[f].parquet_entry(&groups, nothing, counting)?;
+            journal.append(&entry)?;
+            entries[f] = Some(entry);
+        }
+    }
 
     // The shards to read, each with its entry and its place in it.
     let todo: Vec<(usize, usize)> = (0..files.len())
@@ -237,8 +249,13 @@ pub fn index_dataset(
         Ok(())
     })?;
 
+    if let Some(f) = entries.iter().position(Option::is_none) {
+        return Err(Error::Stopped(format!(
+            "{} was not read through: the manifest is not written",
+            shards[files[f][0]].url
+        )));
+    }
     let entries: Vec<ShardEntry> = entries.into_iter().flatten().collect();
-    debug_assert_eq!(entries.len(), files.len());
     let samples = entries.iter().map(|e| e.samples).sum();
     let manifest = Manifest::new(entries);
     let target = output.to_string_lossy();

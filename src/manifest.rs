@@ -192,6 +192,24 @@ impl Manifest {
         })
     }
 
+    /// Whether this manifest (read from `manifest_path`) describes every
+    /// Parquet file of `shards` as one (`row_groups`): a manifest found
+    /// beside Parquet files that does not (another dataset's, beside
+    /// them) is not theirs.
+    pub fn describes_parquet(&self, manifest_path: &Path, shards: &[Shard]) -> bool {
+        let base = manifest_path.parent().unwrap_or(Path::new(""));
+        let parquet: std::collections::HashSet<String> = self
+            .shards
+            .iter()
+            .filter(|e| e.row_groups.is_some())
+            .map(|e| identity(&e.url, base))
+            .collect();
+        shards
+            .iter()
+            .filter(|s| matches!(s.kind, ShardKind::Parquet(_)))
+            .all(|s| parquet.contains(&identity(&s.url, Path::new(""))))
+    }
+
     /// Gives each of `shards` its sample index from this manifest (read
     /// from `manifest_path`), checking each shard against what it records
     /// (size, ETag, a local file's modification time).
@@ -298,6 +316,16 @@ impl Manifest {
                 reason,
             })?;
             if let ShardKind::Parquet(group) = &shard.kind {
+                if entry.row_groups.is_none() {
+                    return Err(Error::ManifestMismatch {
+                        url: shard.url.clone(),
+                        reason: format!(
+                            "the manifest {manifest_path} describes it as a tar or JSON-lines \
+                             shard (no row_groups): index Parquet files with `shardstream index \
+                             --format parquet --count-tokens FIELD`"
+                        ),
+                    });
+                }
                 let group = parquet_tokens(group, entry).map_err(|says| {
                     mismatch(
                         format!("footer has {} row groups", group.metadata.num_row_groups()),
@@ -337,7 +365,7 @@ fn parquet_tokens(group: &RowGroup, entry: &ShardEntry) -> std::result::Result<R
         .map(|i| row_group_rows(&group.metadata, i))
         .collect();
     match &entry.row_groups {
-        None => return Err("it is a tar or JSON-lines shard (no row_groups)".into()),
+        None => return Err("no row groups".into()),
         Some(groups) if *groups != footer => {
             return Err(format!(
                 "row groups of {groups:?} rows (the footer: {footer:?})"
@@ -433,7 +461,13 @@ pub fn attach(shards: &mut [Shard], choice: &ManifestChoice) -> Result<Attached>
             (path, json)
         }
     };
-    Manifest::from_json(&json, &path.display().to_string())?.attach(&path, shards)?;
+    let manifest = Manifest::from_json(&json, &path.display().to_string())?;
+    if *choice == ManifestChoice::Auto && !manifest.describes_parquet(&path, shards) {
+        // Found beside Parquet files it does not describe: not theirs
+        // (their footers give their row counts).
+        return Ok(Attached::default());
+    }
+    manifest.attach(&path, shards)?;
     Ok(Attached {
         used: Some(path.display().to_string()),
         ignored: None,

@@ -281,7 +281,12 @@ pub fn check_local_shards_exist(shards: &[Shard]) -> Result<()> {
 /// repeat or garble samples.
 pub fn check_local_copies(shards: &[Shard]) -> Result<()> {
     for shard in shards {
-        let (Location::Local(path), Some(size)) = (shard.location(), shard.size) else {
+        // A row group's size is its span's; its file's is what a copy has.
+        let size = match &shard.kind {
+            ShardKind::Parquet(group) => Some(group.file_size),
+            _ => shard.size,
+        };
+        let (Location::Local(path), Some(size)) = (shard.location(), size) else {
             continue;
         };
         let meta = std::fs::metadata(&path).map_err(|error| {

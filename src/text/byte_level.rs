@@ -26,7 +26,6 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use aho_corasick::AhoCorasick;
 use regex_automata::meta::Regex;
@@ -58,21 +57,32 @@ const WHITESPACE: &str = r"\s+";
 /// cache keeps the same bound).
 const MAX_CACHED_WORD: usize = 256;
 
-/// Words cached per tokenizer and thread; the cache starts again when full.
-const MAX_CACHED_WORDS: usize = 1 << 16;
+/// The most bytes one tokenizer's cache holds in one thread (words, ids and
+/// a table slot each, [`entry_bytes`]); it starts again when full.
+const MAX_CACHE_BYTES: usize = 16 << 20;
 
-/// Tokenizers with a cache per thread; the least recently made one's goes
+/// Tokenizers with a cache per thread; the least recently used one's goes
 /// when another comes.
 const MAX_CACHED_TOKENIZERS: usize = 4;
 
-/// Tells tokenizers' caches apart (clones share one: same tokenizer).
-static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(0);
+/// What one cached word costs: its bytes, its ids and the table's slot and
+/// allocations.
+fn entry_bytes(word: &[u8], ids: &[i32]) -> usize {
+    word.len() + 4 * ids.len() + 64
+}
 
-type WordIds = FxHashMap<Box<[u8]>, Box<[i32]>>;
+/// One tokenizer's words seen by a thread, and the bytes they take.
+#[derive(Default)]
+struct WordCache {
+    ids: FxHashMap<Box<[u8]>, Box<[i32]>>,
+    bytes: usize,
+}
 
 thread_local! {
-    /// Each tokenizer's words seen by this thread, by cache id.
-    static CACHES: RefCell<Vec<(u64, WordIds)>> = const { RefCell::new(Vec::new()) };
+    /// Each tokenizer's words seen by this thread, by the tokenizer's file
+    /// digest (the words' ids depend on the file alone), most recently
+    /// used last.
+    static CACHES: RefCell<Vec<(u64, WordCache)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A byte-level BPE tokenizer's pre-tokenizer and cache: the ids of a text
@@ -92,15 +102,16 @@ pub(super) struct ByteLevelWords {
     /// What the post-processor puts before and after every text's ids.
     prefix: Vec<i32>,
     suffix: Vec<i32>,
-    cache_id: u64,
+    /// The tokenizer file's digest: which thread cache holds its words.
+    digest: u64,
 }
 
 impl ByteLevelWords {
     /// The fast path for `tokenizer`, or `None` when its ids could differ
     /// from the library's: a normalizer other than NFC, a pre-tokenizer of
     /// another form, a model other than BPE or a BPE with dropout.
-    /// Truncation and padding are off.
-    pub(super) fn of(tokenizer: &Tokenizer, add_special_tokens: bool) -> Option<Self> {
+    /// Truncation and padding are off; `digest` is the tokenizer file's.
+    pub(super) fn of(tokenizer: &Tokenizer, add_special_tokens: bool, digest: u64) -> Option<Self> {
         let nfc = match tokenizer.get_normalizer() {
             None => false,
             Some(NormalizerWrapper::NFC(_)) => true,
@@ -111,11 +122,19 @@ impl ByteLevelWords {
             ModelWrapper::BPE(bpe) if bpe.dropout.is_none_or(|p| p == 0.0) => {}
             _ => return None,
         }
-        let contents: Vec<&str> = tokenizer
-            .get_added_vocabulary()
-            .get_vocab()
-            .keys()
-            .map(String::as_str)
+        let added_tokens = tokenizer.get_added_tokens_decoder();
+        // The library finds a `normalized` added token in the normalized
+        // text: by its NFC form under NFC, which is not what is searched.
+        if nfc
+            && added_tokens
+                .values()
+                .any(|t| t.normalized && !is_nfc(&t.content))
+        {
+            return None;
+        }
+        let contents: Vec<&str> = added_tokens
+            .values()
+            .map(|t| t.content.as_str())
             .filter(|c| !c.is_empty())
             .collect();
         let added = if contents.is_empty() {
@@ -123,15 +142,22 @@ impl ByteLevelWords {
         } else {
             Some(AhoCorasick::new(&contents).ok()?)
         };
+        // A regex that can match the empty text would make no progress
+        // here (the library steps past an empty match).
+        let shortest = regex_syntax::parse(&words).ok()?.properties().minimum_len();
+        if shortest.is_none_or(|bytes| bytes == 0) {
+            return None;
+        }
+        let words = Regex::new_many(&[words.as_str(), WHITESPACE]).ok()?;
         let mut fast = ByteLevelWords {
-            words: Regex::new_many(&[words.as_str(), WHITESPACE]).ok()?,
+            words,
             added,
             add_prefix_space,
             nfc,
             chars: byte_chars(),
             prefix: Vec::new(),
             suffix: Vec::new(),
-            cache_id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
+            digest,
         };
         if add_special_tokens {
             if let Some(processor) = tokenizer.get_post_processor() {
@@ -224,7 +250,7 @@ impl ByteLevelWords {
                         continue;
                     }
                     let word = &bytes[s..e];
-                    if let Some(ids) = cache.get(word) {
+                    if let Some(ids) = cache.ids.get(word) {
                         out.extend_from_slice(ids);
                         continue;
                     }
@@ -235,10 +261,13 @@ impl ByteLevelWords {
                     // Ids fit: the vocabulary was checked to be within int32.
                     out.extend(tokens.iter().map(|t| t.id as i32));
                     if word.len() <= MAX_CACHED_WORD {
-                        if cache.len() >= MAX_CACHED_WORDS {
-                            cache.clear();
+                        let ids = &out[first..];
+                        let bytes = entry_bytes(word, ids);
+                        if cache.bytes + bytes > MAX_CACHE_BYTES {
+                            *cache = WordCache::default();
                         }
-                        cache.insert(word.into(), out[first..].into());
+                        cache.bytes += bytes;
+                        cache.ids.insert(word.into(), ids.into());
                     }
                 }
                 at = end;
@@ -270,19 +299,22 @@ impl ByteLevelWords {
         (start, end)
     }
 
-    /// This thread's cache of this tokenizer's words.
-    fn cache<'c>(&self, caches: &'c mut Vec<(u64, WordIds)>) -> &'c mut WordIds {
-        let index = match caches.iter().position(|(id, _)| *id == self.cache_id) {
-            Some(index) => index,
+    /// This thread's cache of this tokenizer's words, made the most
+    /// recently used.
+    fn cache<'c>(&self, caches: &'c mut Vec<(u64, WordCache)>) -> &'c mut WordCache {
+        match caches.iter().position(|(digest, _)| *digest == self.digest) {
+            Some(index) => {
+                let used = caches.remove(index);
+                caches.push(used);
+            }
             None => {
                 if caches.len() >= MAX_CACHED_TOKENIZERS {
                     caches.remove(0);
                 }
-                caches.push((self.cache_id, WordIds::default()));
-                caches.len() - 1
+                caches.push((self.digest, WordCache::default()));
             }
-        };
-        &mut caches[index].1
+        }
+        &mut caches.last_mut().expect("pushed above").1
     }
 }
 
@@ -358,10 +390,13 @@ mod tests {
         )
     }
 
+    /// Llama 3's pre-tokenizer regex.
+    const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
     /// Llama 3's pre-tokenizer: its regex `Split`, then `ByteLevel`
     /// without a regex.
     fn llama3() -> String {
-        let regex = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+        let regex = LLAMA3_REGEX;
         format!(
             r#"{{"type":"Sequence","pretokenizers":[{{"type":"Split","pattern":{{"Regex":{}}},"behavior":"Isolated","invert":false}},{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":false}}]}}"#,
             serde_json::to_string(regex).unwrap()
@@ -465,6 +500,15 @@ mod tests {
         ]
     }
 
+    /// The tokenizer of `json` and its fast path (its cache by the file's
+    /// digest, as `TokenizerSpec` makes it).
+    fn load(json: &str, add_special_tokens: bool) -> (Tokenizer, Option<ByteLevelWords>) {
+        let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        let digest = crate::hash::fnv1a(json.as_bytes()) ^ u64::from(add_special_tokens);
+        let words = ByteLevelWords::of(&tokenizer, add_special_tokens, digest);
+        (tokenizer, words)
+    }
+
     fn library_ids(tokenizer: &Tokenizer, text: &str) -> Vec<i32> {
         let encoding = tokenizer.encode_fast(text, true).unwrap();
         encoding.get_ids().iter().map(|&id| id as i32).collect()
@@ -492,8 +536,8 @@ mod tests {
     #[test]
     fn gives_the_library_ids_of_words_spaces_and_contractions() {
         for (name, json) in tokenizers() {
-            let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
-            let words = ByteLevelWords::of(&tokenizer, true).expect(name);
+            let (tokenizer, words) = load(&json, true);
+            let words = words.expect(name);
             for text in [
                 "the weather in there",
                 "  the   end\n\n\nthe's  ",
@@ -517,13 +561,44 @@ mod tests {
         }
         // The template's token comes first.
         let (_, json) = &tokenizers()[3];
-        let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
-        let words = ByteLevelWords::of(&tokenizer, true).unwrap();
-        assert_eq!(words.prefix, [EOT as i32]);
-        assert!(ByteLevelWords::of(&tokenizer, false)
-            .unwrap()
-            .prefix
-            .is_empty());
+        let (_, words) = load(json, true);
+        assert_eq!(words.unwrap().prefix, [EOT as i32]);
+        assert!(load(json, false).1.unwrap().prefix.is_empty());
+    }
+
+    #[test]
+    fn a_regex_that_matches_the_empty_text_takes_the_library_path() {
+        // `\p{N}*` matches nothing before a letter: the library steps past
+        // it, the word search would not.
+        let empty = r"\p{N}*|[^\s\p{N}]+|\s+(?!\S)|\s+";
+        let json = byte_level_bpe(&MERGES, &[], "null", &llama3(), BYTE_LEVEL_POST).replace(
+            &serde_json::to_string(LLAMA3_REGEX).unwrap(),
+            &serde_json::to_string(empty).unwrap(),
+        );
+        assert!(json.contains(r"\\p{N}*|"), "the regex is replaced");
+        assert!(load(&json, true).1.is_none());
+    }
+
+    #[test]
+    fn a_normalized_added_token_that_nfc_changes_takes_the_library_path() {
+        let added = |normalized: bool| {
+            byte_level_bpe(
+                &MERGES,
+                &["e\u{301}x"],
+                r#"{"type":"NFC"}"#,
+                &gpt2(false),
+                "null",
+            )
+            .replace(
+                r#""normalized":false"#,
+                &format!(r#""normalized":{normalized}"#),
+            )
+        };
+        let (tokenizer, words) = load(&added(true), true);
+        assert!(words.is_none());
+        // The library finds it by its NFC form.
+        assert!(library_ids(&tokenizer, "caf\u{e9}x").contains(&(EOT as i32)));
+        assert!(load(&added(false), true).1.is_some());
     }
 
     #[test]
@@ -548,11 +623,9 @@ mod tests {
         ];
         for json in &variants {
             assert_ne!(json, &plain, "a variant changes the tokenizer");
-            let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
-            assert!(ByteLevelWords::of(&tokenizer, true).is_none(), "{json}");
+            assert!(load(json, true).1.is_none(), "{json}");
         }
-        let plain = Tokenizer::from_bytes(plain.as_bytes()).unwrap();
-        assert!(ByteLevelWords::of(&plain, true).is_some());
+        assert!(load(&plain, true).1.is_some());
     }
 
     /// Characters of every class the regexes tell apart: letters of both
@@ -578,8 +651,8 @@ mod tests {
             which in 0..4usize,
         ) {
             let (name, json) = &tokenizers()[which];
-            let tokenizer = Tokenizer::from_bytes(json.as_bytes()).unwrap();
-            let words = ByteLevelWords::of(&tokenizer, true).unwrap();
+            let (tokenizer, words) = load(json, true);
+            let words = words.unwrap();
             // Several texts through one cache: later ones meet cached words.
             for text in &texts {
                 let expected = library_ids(&tokenizer, text);

@@ -109,7 +109,7 @@ impl TokenizerSpec {
         let bos = resolve("bos", bos)?;
         let eos = resolve("eos", eos)?;
         let mut spec = TokenizerSpec {
-            byte_level: ByteLevelWords::of(&tokenizer, add_special_tokens),
+            byte_level: ByteLevelWords::of(&tokenizer, add_special_tokens, fnv1a(json.as_bytes())),
             tokenizer,
             digest: fnv1a(json.as_bytes()),
             json,

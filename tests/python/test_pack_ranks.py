@@ -484,3 +484,53 @@ def test_parquet_ranks_resume_exactly_in_spawned_workers(tmp_path: Path) -> None
     resumed = loader()
     resumed.load_state_dict(state)
     assert first + [b["input_ids"].tolist() for b in resumed] == whole
+
+
+def test_index_describes_a_parquet_file_with_no_rows(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"ids": pa.array([], pa.list_(pa.int32()))}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"ids": [[1, 2, 3], [4]]}), tmp_path / "b.parquet")
+    spec = str(tmp_path / "{a,b}.parquet")
+    out = tmp_path / "manifest.json"
+    argv = ["shardstream", "index", spec, "-o", str(out), "--format", "parquet"]
+    assert run_cli([*argv, "--count-tokens", "ids"]) == 0
+    entries = {Path(e["url"]).name: e for e in json.loads(out.read_text())["shards"]}
+    assert entries["a.parquet"]["samples"] == 0 and entries["a.parquet"]["tokens"]["counts"] == []
+    assert entries["b.parquet"]["tokens"]["counts"] == [3, 1]
+    ds = StreamingDataset(spec, pack=Pack(4, field="ids"), world_size=2, rank=0)
+    assert len(list(ds)) >= 0
+
+
+def test_a_manifest_of_other_shards_beside_parquet_files_is_not_theirs(tmp_path: Path) -> None:
+    """A shardstream manifest of tar shards in the folder of Parquet files
+    (which it does not describe) is passed over, as before Parquet entries
+    existed: the Parquet dataset reads without it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    urls = indexed_docs(tmp_path, shards=2, docs=5)
+    assert (tmp_path / "manifest.json").exists() and urls
+    pq.write_table(pa.table({"ids": [[1, 2], [3]]}), tmp_path / "d.parquet")
+    rows = list(StreamingDataset(str(tmp_path / "d.parquet")))
+    assert [list(r["ids"]) for r in rows] == [[1, 2], [3]]
+
+
+def test_another_rank_checks_its_copies_of_parquet_files_by_their_size(tmp_path: Path) -> None:
+    """Rank 0's resolution of local Parquet files (row groups, each of its
+    span's size) checked by another rank against its copies: the whole
+    file's size and time, so an identical copy passes and another fails."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shardstream.job_resolution import _decoded, _encoded
+
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"a": list(range(100))}), path, row_group_size=30)
+    ds = StreamingDataset(str(path))
+    copy = _decoded(_encoded(ds.shard_list), ds.options)
+    copy.check_local_files()
+    pq.write_table(pa.table({"a": list(range(300))}), path, row_group_size=30)
+    with pytest.raises(ManifestMismatchError, match=r"rows\.parquet"):
+        copy.check_local_files()
