@@ -188,10 +188,16 @@ pub fn index_dataset(
         }
     }
 
-    // The shards to read, each with its entry and its place in it.
+    // The shards to read, each with its entry and its place in it (a row
+    // group of no rows has nothing to read).
+    let rows = |shard: &Shard| match &shard.kind {
+        ShardKind::Parquet(group) => group.rows,
+        _ => 1,
+    };
     let todo: Vec<(usize, usize)> = (0..files.len())
         .filter(|&f| entries[f].is_none())
         .flat_map(|f| (0..files[f].len()).map(move |part| (f, part)))
+        .filter(|&(f, part)| rows(&shards[files[f][part]]) > 0)
         .collect();
     let todo_shards: Vec<Shard> = todo
         .iter()
@@ -221,8 +227,11 @@ pub fn index_dataset(
         parts[f][part].push(scanned);
         let done =
             |(part, pieces): (usize, &Vec<ScannedShard>)| whole(&shards[files[f][part]], pieces);
+        if !done((part, &parts[f][part])) {
+            return Ok(false);
+        }
         if !parts[f].iter().enumerate().all(done) {
-            return Ok(());
+            return Ok(true);
         }
         let scanned: Vec<ScannedShard> = parts[f]
             .iter_mut()
@@ -246,7 +255,7 @@ pub fn index_dataset(
         };
         journal.append(&entry)?;
         entries[f] = Some(entry);
-        Ok(())
+        Ok(true)
     })?;
 
     if let Some(f) = entries.iter().position(Option::is_none) {
@@ -307,7 +316,7 @@ pub fn index_shards(
     scan.run(&picked, |scanned| {
         let at = scanned.shard;
         entries[at] = Some(identities[at].entry(scanned, None));
-        Ok(())
+        Ok(true)
     })?;
     Ok(entries.into_iter().flatten().collect())
 }
@@ -629,12 +638,13 @@ struct Scan<'a> {
 
 impl Scan<'_> {
     /// Reads `shards` through, up to `jobs` at once, and hands each one
-    /// done to `done` (on the calling thread, in the order they finish).
-    /// The first error stops every stream and is returned.
+    /// (or piece of one) done to `done` (on the calling thread, in the
+    /// order they finish), which says whether it finished a shard (for the
+    /// progress shown). The first error stops every stream and is returned.
     fn run(
         &self,
         shards: &[Shard],
-        mut done: impl FnMut(ScannedShard) -> Result<()>,
+        mut done: impl FnMut(ScannedShard) -> Result<bool>,
     ) -> Result<()> {
         let progress = self.progress;
         progress.start(shards.len(), shards.iter().filter_map(|s| s.size).sum());
@@ -669,10 +679,13 @@ impl Scan<'_> {
                 if outcome.is_err() {
                     continue;
                 }
-                outcome = message.and_then(&mut done);
-                match &outcome {
-                    Ok(()) => progress.shard_done(),
-                    Err(_) => stop.store(true, Ordering::SeqCst),
+                outcome = message.and_then(&mut done).map(|finished| {
+                    if finished {
+                        progress.shard_done();
+                    }
+                });
+                if outcome.is_err() {
+                    stop.store(true, Ordering::SeqCst);
                 }
             }
             outcome
