@@ -48,6 +48,19 @@ def generated_texts(count: int, seed: int) -> list[str]:
 TEXTS = generated_texts(60, seed=1)
 
 
+def trained_byte_level(tok: PyTokenizer, special: str, seed: int) -> PyTokenizer:
+    """``tok`` (its pre-tokenizer set) trained as a byte-level BPE of 400
+    tokens on generated text, with ``special`` as a special token."""
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=[special],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(generated_texts(500, seed=seed), trainer=trainer)
+    return tok
+
+
 @pytest.fixture(scope="module")
 def byte_level(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PyTokenizer]:
     """A byte-level BPE (GPT-2's kind) of 400 tokens trained on generated
@@ -55,13 +68,7 @@ def byte_level(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PyTokeni
     Python tokenizer."""
     tok = PyTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(generated_texts(500, seed=2), trainer=trainer)
+    trained_byte_level(tok, "<|endoftext|>", seed=2)
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return path, tok
@@ -86,13 +93,7 @@ def llama_style(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, PyToken
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|begin_of_text|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(generated_texts(500, seed=4), trainer=trainer)
+    trained_byte_level(tok, "<|begin_of_text|>", seed=4)
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A",
         special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))],
