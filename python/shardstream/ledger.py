@@ -395,6 +395,8 @@ class Ledger:
         self._empty_step: tuple[int, int] | None = None
         self._join = _JoinBuffers()
         self._records = LedgerRecords()
+        # The skip logs this ledger gave its streams, taken back at close.
+        self._skip_logs: list[tuple[Any, SkipLog]] = []
         if self._writes:
             path = self.directory / _generation_dir(self.generation) / _rank_file(self.rank)
             self._file = open(path, "ab", buffering=BUFFER_BYTES)  # noqa: SIM115 (closed by close())
@@ -407,8 +409,10 @@ class Ledger:
                 offsets, total = mixture_shards(streams)
                 for s, ds in enumerate(streams):
                     ds.skip_log = SkipLog(skips, (s, offsets, total))
+                    self._skip_logs.append((ds, ds.skip_log))
             else:
                 dataset.skip_log = SkipLog(skips)  # type: ignore[union-attr]
+                self._skip_logs.append((dataset, dataset.skip_log))  # type: ignore[union-attr]
 
     @property
     def path(self) -> Path:
@@ -634,7 +638,13 @@ class Ledger:
         return self._next_step if step is None else step
 
     def close(self) -> None:
-        """Makes the records durable and closes this rank's file."""
+        """Makes the records durable and closes this rank's file. The
+        streams' iterations started after this record their skips nowhere
+        (unless a later ledger gave them its log)."""
+        for dataset, log in self._skip_logs:
+            if dataset.skip_log is log:
+                dataset.skip_log = None
+        self._skip_logs = []
         self._flush()
         if self._file is not None:
             self._file.flush()

@@ -544,6 +544,29 @@ def test_samples_left_out_under_on_error_warn_are_recorded_and_accounted(
 
 @pytest.mark.filterwarnings("ignore::shardstream.ShardSkippedWarning")
 @pytest.mark.filterwarnings("ignore::shardstream.SampleSkippedWarning")
+def test_a_closed_ledger_records_no_more_skips(tmp_path: Path) -> None:
+    """After ``close()`` the dataset's later passes (an evaluation, a run
+    without the ledger) no longer append their skips to the closed
+    generation; a ledger made after it keeps its own log."""
+    spec = write_damaged_shards(tmp_path / "data")
+    ds = make(spec, decode={"json": "json"}, on_error="warn")
+    skips = tmp_path / "ledger" / "gen-000000" / "rank-00000.skips.jsonl"
+    with shardstream.Ledger(tmp_path / "ledger", ds) as ledger:
+        assert len(list(ledger.track(DataLoader(ds, batch_size=4, collate_fn=ids_only)))) > 0
+    recorded = skips.read_text()
+    assert recorded and ds.skip_log is None
+    assert len(list(ds)) == 24 - 4
+    assert skips.read_text() == recorded
+    first = shardstream.Ledger(tmp_path / "first", ds)
+    second = shardstream.Ledger(tmp_path / "second", ds)
+    first.close()
+    assert ds.skip_log is not None and "second" in ds.skip_log.path
+    second.close()
+    assert ds.skip_log is None
+
+
+@pytest.mark.filterwarnings("ignore::shardstream.ShardSkippedWarning")
+@pytest.mark.filterwarnings("ignore::shardstream.SampleSkippedWarning")
 @pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
 def test_a_mix_whose_stream_left_samples_out_under_warn_verifies(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], policy: str
