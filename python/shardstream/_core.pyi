@@ -448,7 +448,7 @@ class ShardList:
         """Raises ``ShardNotFoundError`` or ``ManifestMismatchError`` if a local file of the
         shards (resolved by another process, maybe on another node) is missing here or differs
         from what the resolution says of it: one ``stat`` per local shard, nothing read."""
-    def check_equal_length(self, world_size: int) -> None:
+    def check_equal_length(self, world_size: int, mixture: bool = False) -> None:
         """Raises ``DatasetSpecError`` if ``world_size`` ranks cannot get the same number of
         samples (a shard's sample count is unknown), or ``ValueError`` naming ``pack`` if they
         cannot get the same number of packed sequences (the manifest has no token counts of
@@ -543,6 +543,7 @@ class SampleStream(Iterator[Any]):
         local_bytes: Callable[..., bytes] | None = None,
         shared_bytes: Callable[..., bytes] | None = None,
         on_skip: Callable[[int, int, int, int | None, str], object] | None = None,
+        plan_sequences: bool = False,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:

@@ -532,12 +532,18 @@ class StreamingDataset(IterableDataset[Any]):
         )
 
     def slot_stream(
-        self, epoch: int, resume: str | None, slot: tuple[int, int, int, int]
+        self,
+        epoch: int,
+        resume: str | None,
+        slot: tuple[int, int, int, int],
+        plan_sequences: bool = False,
     ) -> SampleStream:
         """The stream of ``slot`` (``(rank, world_size, worker_id,
         num_workers)``) for ``epoch``, or for ``resume`` (a state's JSON),
         counting in this dataset's counters; its threads start at the first
-        ``next()``. ``shardstream.Mix`` opens its streams with it."""
+        ``next()``. ``shardstream.Mix`` opens its streams with it, with
+        ``plan_sequences`` (with ``pack``, the sequences planned from the
+        token counts on one rank too)."""
         rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
@@ -563,6 +569,7 @@ class StreamingDataset(IterableDataset[Any]):
             ),
             shared_bytes=SharedBytes if shared_limit else None,
             on_skip=self.skip_log,
+            plan_sequences=plan_sequences,
         )
 
     def stats(self, reset: bool = False) -> dict[str, int]:

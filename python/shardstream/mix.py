@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from torch.utils.data import IterableDataset
 
 from ._core import (
@@ -46,7 +47,9 @@ def _stream_opener(datasets: Sequence[StreamingDataset], slot: _Slot) -> _Opener
     datasets = tuple(datasets)
 
     def open_stream(s: int, epoch: int, resume: str | None) -> SampleStream:
-        return datasets[s].slot_stream(epoch, resume, slot)
+        # A packed stream hands out the sequences its token counts plan, on
+        # one rank too: the mixture's order is planned from those numbers.
+        return datasets[s].slot_stream(epoch, resume, slot, plan_sequences=True)
 
     return open_stream
 
@@ -108,11 +111,7 @@ class Mix(IterableDataset[Any]):
                     f"stream {i} hands out batches (batch_size or batch_format); a mixture "
                     "takes samples: batch them with the DataLoader"
                 )
-            if ds.options["pack"] is not None:
-                raise ValueError(
-                    f"stream {i} packs its documents (pack); a mixture takes documents: "
-                    "a mixture of packed streams is not supported"
-                )
+            _check_same_pack(i, ds.options["pack"], first.options["pack"])
             for name in ("rank", "world_size", "num_workers", "worker_id"):
                 if getattr(ds, name) != getattr(first, name):
                     raise ValueError(
@@ -133,6 +132,9 @@ class Mix(IterableDataset[Any]):
                     "proportions; local tar shards are counted, compressed and remote ones "
                     "need a manifest (run `shardstream index SPEC -o DIR/manifest.json`)"
                 )
+        for ds in datasets:
+            # A packed stream's sequences are planned from its token counts.
+            ds.shard_list.check_equal_length(ds.distributed_slot()[1], mixture=True)
         self.datasets = datasets
         self.weights = weights
         self.policy = policy
@@ -391,6 +393,26 @@ def mixture_id(id_shards: tuple[list[int], int], s: int, epoch: int, shard: int)
     return mixture_epoch, pass_ * total + offsets[s] + shard
 
 
+def _check_same_pack(i: int, pack: Any, first: Any) -> None:
+    """Raises ``ValueError`` unless stream ``i``'s ``pack`` gives sequences
+    of the first stream's form: a mixture of packed streams mixes their
+    sequences (so its weights are token weights), one of unpacked streams
+    their samples."""
+    if (pack is None) != (first is None):
+        which = "packs its documents" if pack is not None else "does not pack its documents"
+        raise ValueError(
+            f"invalid option pack: stream {i} {which} and stream 0 "
+            f"{'does not' if first is None else 'does'}: a mixture mixes packed sequences "
+            "or samples, not both"
+        )
+    if pack is not None and (pack.seq_len, pack.labels) != (first.seq_len, first.labels):
+        raise ValueError(
+            f"invalid option pack: stream {i} packs sequences of seq_len={pack.seq_len}, "
+            f"labels={pack.labels}, stream 0 of seq_len={first.seq_len}, "
+            f"labels={first.labels}: a mixture's sequences have one shape"
+        )
+
+
 class _MixIterator:
     """One slot's mixture for one epoch (a ``MixSlot``), with each stream's
     own transform run on its samples as they leave the mixture: the
@@ -406,9 +428,20 @@ class _MixIterator:
     def _mixture_id(self, s: int, sample: Any) -> None:
         """Rewrites ``sample``'s ``__id__`` (its stream's epoch, shard and
         index) as the mixture's: the mixture's epoch, and the shard
-        numbered across the streams and passes (see ``mixture_shards``)."""
+        numbered across the streams and passes (see ``mixture_shards``).
+        A packed sequence's ``(K, 3)`` rows (of its stream's epoch, its
+        ``__epoch__``) are rewritten alike, and its ``__epoch__``."""
         ids = sample.get("__id__") if type(sample) is dict else None
         if ids is None:
+            return
+        if isinstance(ids, np.ndarray):
+            stream_epoch = int(sample["__epoch__"][0])
+            epoch, offset = mixture_id(self.id_shards, s, stream_epoch, 0)
+            rows = ids.copy()
+            rows[:, 0] = epoch
+            rows[:, 1] += offset
+            sample["__id__"] = rows
+            sample["__epoch__"] = np.array([epoch], dtype=np.int64)
             return
         epoch, shard, index = ids
         sample["__id__"] = (*mixture_id(self.id_shards, s, epoch, shard), index)

@@ -73,6 +73,11 @@ pub struct StreamOptions {
     /// Pack each document's token ids into fixed-length sequences (the
     /// `pack` option), handed out instead of the documents.
     pub pack: Option<std::sync::Arc<crate::text::pack::PackSpec>>,
+    /// With `pack`, hand out the sequences planned from the manifest's
+    /// token counts on one rank too (a mixture's streams: the mixture's
+    /// order is planned from every stream's count before any byte is
+    /// read). Across ranks a packed stream always does. Set by no option.
+    pub plan_sequences: bool,
 }
 
 /// A node-local cache of remote shards: where, and how large it may grow.
@@ -103,6 +108,13 @@ impl CacheOptions {
 }
 
 impl StreamOptions {
+    /// Whether a packed stream of a job of `world_size` ranks hands out the
+    /// sequences planned from the token counts (and no more): across ranks,
+    /// or when [`StreamOptions::plan_sequences`] asks for it.
+    pub fn plans_sequences(&self, world_size: usize) -> bool {
+        self.pack.is_some() && (world_size > 1 || self.plan_sequences)
+    }
+
     /// The tokenizer that makes the packed field's ids, as a manifest's
     /// token counts name it (`Tokenizer(digest=..., ...)`); `None` when the
     /// field holds ids already, or nothing is packed.
@@ -162,6 +174,7 @@ impl Default for StreamOptions {
             sample_seed: false,
             sample_ids: false,
             pack: None,
+            plan_sequences: false,
         }
     }
 }

@@ -551,7 +551,7 @@ mod tests {
     /// it and a value other than its default. The pattern names every field
     /// (no `..`): a field added to the struct does not compile here until it
     /// is listed, with its options.
-    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 21] {
+    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 22] {
         let StreamOptions {
             seed: _,
             shuffle_shards: _,
@@ -574,6 +574,7 @@ mod tests {
             sample_seed: _,
             sample_ids: _,
             pack: _,
+            plan_sequences: _,
         } = StreamOptions::default();
         let d = StreamOptions::default;
         [
@@ -623,6 +624,14 @@ mod tests {
                 &[],
                 StreamOptions {
                     chunk_bytes: 7,
+                    ..d()
+                },
+            ),
+            (
+                "plan_sequences",
+                &[],
+                StreamOptions {
+                    plan_sequences: true,
                     ..d()
                 },
             ),

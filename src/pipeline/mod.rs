@@ -284,6 +284,13 @@ impl SampleStream {
         &self.units
     }
 
+    /// The sequences a packed stream that plans them
+    /// ([`StreamOptions::plans_sequences`]) still hands out: its whole plan
+    /// before the first; `None` for any other stream.
+    pub fn sequences_left(&self) -> Option<u64> {
+        self.pack.as_ref().and_then(PackStage::sequences_left)
+    }
+
     /// What the units that ended at an error skipped under
     /// `on_error="warn"` left out, since the last call: taken with the
     /// [`Event::Skipped`] of each.
@@ -635,7 +642,8 @@ fn pack_stage(
         resumed_from,
         peers,
     } = start;
-    counts::check_counted(shards, spec, options.pack_tokenizer_name(), slot.world_size)?;
+    let plans = options.plans_sequences(slot.world_size);
+    counts::check_counted(shards, spec, options.pack_tokenizer_name(), plans)?;
     let exact = matches!(saved, SavedPack::Exact(..));
     let slots = slot.world_size * slot.num_workers;
     let (saved, saved_left) = match saved {
@@ -653,7 +661,7 @@ fn pack_stage(
     let field_error =
         |reason: String| Error::StateMismatch(format!("state field sequences_left: {reason}"));
     let left = match peers {
-        Some(peers) if slot.world_size > 1 => {
+        Some(peers) if plans => {
             let carried = |at: usize| {
                 resumed_from.map_or(0, |from| {
                     counts::tokens_of_state(&dealt_packers(from, slots, at))
@@ -677,7 +685,7 @@ fn pack_stage(
         }
         _ if saved_left.is_some() => {
             return Err(field_error(
-                "set, but the stream runs on one rank, which plans no sequences".into(),
+                "set, but the stream plans no sequences (one rank, outside a mixture)".into(),
             ))
         }
         _ => None,

@@ -15,6 +15,7 @@ use super::errors::{
 };
 use super::shard_list::{check_counts, ShardList};
 use crate::collate::{collate, flatten_bounds, join_rows};
+use crate::config::StreamOptions;
 use crate::fork::{self, ForkHandlers};
 use crate::format::Sample;
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
@@ -117,10 +118,13 @@ impl SampleStream {
     /// `on_skip(epoch, shard, first, end, reason)` is called for each bad
     /// shard skipped under `on_error="warn"` with the samples it left out
     /// (`first..end` of the shard; `end` `None` when its count is unknown).
+    /// `plan_sequences`: with `pack`, the stream hands out the sequences
+    /// planned from the token counts on one rank too (a mixture's stream).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
         resume = None, counters = None, local_bytes = None, shared_bytes = None, on_skip = None,
+        plan_sequences = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -136,6 +140,7 @@ impl SampleStream {
         local_bytes: Option<Py<PyAny>>,
         shared_bytes: Option<Py<PyAny>>,
         on_skip: Option<Py<PyAny>>,
+        plan_sequences: bool,
     ) -> PyResult<Self> {
         let options = shards.options.bind(py).get();
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
@@ -143,9 +148,19 @@ impl SampleStream {
         let resume = resume.map(parse_resume).transpose().map_err(to_py)?;
         let counters =
             counters.map_or_else(|| Arc::new(stats::Counters::new()), |c| c.inner.clone());
+        let planned;
+        let stream_options = if plan_sequences {
+            planned = StreamOptions {
+                plan_sequences,
+                ..options.dataset.stream().clone()
+            };
+            &planned
+        } else {
+            options.dataset.stream()
+        };
         let stream = Stream::new(
             &shards.shards,
-            options.dataset.stream(),
+            stream_options,
             epoch,
             slot,
             counters.clone(),
@@ -324,9 +339,13 @@ impl SampleStream {
     }
 
     /// The samples this slot's units give, `None` if a unit is a whole
-    /// shard whose sample count is not known.
+    /// shard whose sample count is not known; for a packed stream that
+    /// plans its sequences, the sequences it hands out (before the first).
     pub(super) fn planned_samples(&self) -> Option<u64> {
         let stream = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sequences) = stream.sequences_left() {
+            return Some(sequences);
+        }
         stream
             .units()
             .iter()

@@ -214,15 +214,18 @@ impl ShardList {
     /// Raises if a job of `world_size` ranks cannot give every rank the
     /// same number of samples (a shard's sample count is unknown), or,
     /// with `pack`, the same number of sequences (a shard's token counts
-    /// are not in the manifest, or were counted another way).
-    fn check_equal_length(&self, world_size: usize) -> PyResult<()> {
+    /// are not in the manifest, or were counted another way). A stream of
+    /// a mixture (`mixture`) plans its sequences on one rank too.
+    #[pyo3(signature = (world_size, mixture = false))]
+    fn check_equal_length(&self, world_size: usize, mixture: bool) -> PyResult<()> {
         check_counts(&self.shards, world_size).map_err(to_py)?;
         let options = self.options.get().dataset.stream();
         let Some(spec) = &options.pack else {
             return Ok(());
         };
         let tokenizer = options.pack_tokenizer_name();
-        crate::text::counts::check_counted(&self.shards, spec, tokenizer, world_size).map_err(to_py)
+        let planned = world_size > 1 || mixture;
+        crate::text::counts::check_counted(&self.shards, spec, tokenizer, planned).map_err(to_py)
     }
 
     /// What each shard holds: `"tar"`, `"raw"`, `"jsonl"` or `"parquet"`

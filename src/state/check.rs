@@ -113,9 +113,10 @@ pub struct Start {
     pub mirror: Mirror,
     /// The saved stream had handed out its last sample.
     pub finished: bool,
-    /// A packed stream across ranks that starts its epoch (or the rest of
-    /// one, after an elastic resume): every slot's units, by slot index, to
-    /// plan how many sequences each hands out.
+    /// A packed stream that plans its sequences (across ranks, or in a
+    /// mixture) and starts its epoch (or the rest of one, after an elastic
+    /// resume): every slot's units, by slot index, to plan how many
+    /// sequences each hands out.
     pub peers: Option<Vec<Vec<WorkUnit>>>,
 }
 
@@ -131,9 +132,9 @@ pub fn resolve(
     resume: Option<Resume>,
 ) -> Result<Start> {
     let dataset = Dataset::new(shards, options, fingerprint);
-    let packed_across_ranks = options.pack.is_some() && slot.world_size > 1;
+    let plans_sequences = options.plans_sequences(slot.world_size);
     match resume {
-        None if packed_across_ranks => {
+        None if plans_sequences => {
             let peers = dataset.plans.plan(epoch, slot.world_size, slot.num_workers);
             Ok(Start {
                 epoch,
@@ -154,10 +155,10 @@ pub fn resolve(
         }),
         Some(Resume::Exact(state)) => {
             check_exact(&state, fingerprint, slot)?;
-            // Across ranks a packed slot's plan is checked against every
-            // slot's (`sequences_left` is bounded by what they plan).
+            // A packed slot that plans its sequences is checked against
+            // every slot's plan (`sequences_left` is bounded by it).
             let layout = (slot.world_size, slot.num_workers);
-            let (units, peers) = match (&state.resumed_from, packed_across_ranks) {
+            let (units, peers) = match (&state.resumed_from, plans_sequences) {
                 (None, false) => (dataset.plans.slot_plan(state.epoch, slot), None),
                 (None, true) => {
                     let peers = dataset.plans.plan(state.epoch, layout.0, layout.1);
@@ -187,7 +188,7 @@ pub fn resolve(
             // Always split anew, even onto the same layout: the old slots
             // may have produced different amounts.
             let split = dataset.split(&states, "slots", None)?;
-            let (units, peers) = if packed_across_ranks {
+            let (units, peers) = if plans_sequences {
                 let peers =
                     dataset
                         .plans

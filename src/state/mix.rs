@@ -445,11 +445,17 @@ impl MixCursor {
                     ),
                 ));
             };
-            let Some(produced) = count(entry.state.get("produced")) else {
+            // A packed stream hands out sequences (its `produced` counts
+            // documents): those of its pass's plan not left.
+            let (field, produced) = match count(entry.state.get("sequences_left")) {
+                Some(left) => ("sequences_left", passes[k].checked_sub(left)),
+                None => ("produced", count(entry.state.get("produced"))),
+            };
+            let Some(produced) = produced else {
                 return Err(bad(
                     "",
-                    &format!("streams[{s}].state.produced"),
-                    "not an int",
+                    &format!("streams[{s}].state.{field}"),
+                    "not an int, or more than the stream's pass plans",
                 ));
             };
             let taken = done.iter().filter(|&&t| usize::from(t) == s).count() as u64;
@@ -458,10 +464,11 @@ impl MixCursor {
             if in_pass.and_then(|n| n.checked_add(before)) != Some(taken) {
                 return Err(bad(
                     "",
-                    &format!("streams[{s}].state.produced"),
+                    &format!("streams[{s}].state.{field}"),
                     format!(
-                        "{produced}, but the mixture took {taken} samples of stream {s} \
-                         before position {position}"
+                        "{} ({produced} handed out), but the mixture took {taken} samples of \
+                         stream {s} before position {position}",
+                        shown(entry.state.get(field))
                     ),
                 ));
             }
@@ -818,7 +825,24 @@ mod tests {
         assert!(damaged(&|s| {
             s.streams[0].state.insert("produced".into(), json!(99));
         })
-        .contains("streams[0].state.produced: 99, but the mixture took"));
+        .contains("streams[0].state.produced: 99 (99 handed out), but the mixture took"));
+        // A packed stream's sequences handed out: its pass's plan less
+        // those left.
+        let planned = plan.passes[0][0];
+        assert!(damaged(&|s| {
+            s.streams[0]
+                .state
+                .insert("sequences_left".into(), json!(planned));
+        })
+        .contains(&format!(
+            "streams[0].state.sequences_left: {planned} (0 handed out), but the mixture took"
+        )));
+        assert!(damaged(&|s| {
+            s.streams[0]
+                .state
+                .insert("sequences_left".into(), json!(planned + 1));
+        })
+        .contains("streams[0].state.sequences_left: not an int, or more than"));
         assert!(damaged(&|s| {
             s.streams[0].state.remove("produced");
         })

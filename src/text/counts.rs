@@ -38,7 +38,7 @@ pub fn token_weights(
     spec: &PackSpec,
     tokenizer: Option<String>,
 ) -> Option<Arc<dyn SampleWeights>> {
-    check_counted(shards, spec, tokenizer, 2).ok()?;
+    check_counted(shards, spec, tokenizer, true).ok()?;
     let counts = shards
         .iter()
         .map(|shard| shard.tokens().cloned())
@@ -46,9 +46,10 @@ pub fn token_weights(
     Some(Arc::new(TokenWeights(counts)))
 }
 
-/// Checks that a stream packing by `spec` over `shards` on `world_size`
-/// ranks can plan its sequences: on one rank it needs nothing; across
-/// ranks every shard's manifest entry must give each document's token
+/// Checks that a stream packing by `spec` over `shards` can plan its
+/// sequences when it is `planned` to (across ranks, or in a mixture:
+/// [`crate::config::StreamOptions::plans_sequences`]); otherwise it needs
+/// nothing. Planned, every shard's manifest entry must give each document's token
 /// count of the packed field, counted with `tokenizer` (the dataset's
 /// tokenizer of that field, as a manifest names it; `None` when the field
 /// holds ids already).
@@ -56,9 +57,9 @@ pub fn check_counted(
     shards: &[Shard],
     spec: &PackSpec,
     tokenizer: Option<String>,
-    world_size: usize,
+    planned: bool,
 ) -> Result<()> {
-    if world_size <= 1 {
+    if !planned {
         return Ok(());
     }
     let field = spec.field_name();
@@ -95,9 +96,10 @@ pub fn check_counted(
         return Err(Error::Config {
             name: "pack",
             reason: format!(
-                "across {world_size} ranks every rank must hand out the same number of \
-                 sequences, planned from each document's token count in the manifest; for \
-                 shard {}, {reason}: index the dataset with {index_command}",
+                "across ranks (and in a mixture) a packed stream hands out the number of \
+                 sequences planned from each document's token count in the manifest, so that \
+                 every rank hands out as many; for shard {}, {reason}: index the dataset with \
+                 {index_command}",
                 shard.url
             ),
         });
@@ -247,16 +249,16 @@ mod tests {
             shard("a.jsonl", Some(vec![1, 2])),
             shard("b.jsonl", Some(vec![3])),
         ];
-        check_counted(&counted, &spec("ids"), None, 2).unwrap();
+        check_counted(&counted, &spec("ids"), None, true).unwrap();
         let refused = |shards: &[Shard], field: &str| {
-            check_counted(shards, &spec(field), None, 4)
+            check_counted(shards, &spec(field), None, true)
                 .unwrap_err()
                 .to_string()
         };
         let bare = vec![counted[0].clone(), shard("b.jsonl", None)];
         let error = refused(&bare, "ids");
         assert!(
-            error.contains("option pack") && error.contains("across 4 ranks"),
+            error.contains("option pack") && error.contains("across ranks (and in a mixture)"),
             "{error}"
         );
         assert!(
@@ -269,7 +271,7 @@ mod tests {
             &counted,
             &spec("ids"),
             Some("Tokenizer(digest=0x2)".into()),
-            2,
+            true,
         )
         .unwrap_err()
         .to_string();
@@ -284,6 +286,6 @@ mod tests {
             "{tokenized}"
         );
         // One rank plans nothing.
-        check_counted(&bare, &spec("ids"), None, 1).unwrap();
+        check_counted(&bare, &spec("ids"), None, false).unwrap();
     }
 }

@@ -225,7 +225,7 @@ def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
         StreamingDataset(urls, pack=pack, sample_seed=True)
     with pytest.raises(TypeError, match=r"len\(\) is not defined with pack"):
         len(StreamingDataset(urls, pack=pack, count_samples=True))
-    with pytest.raises(ValueError, match="packs its documents"):
+    with pytest.raises(ValueError, match="mixes packed sequences or samples, not both"):
         Mix([StreamingDataset(urls, pack=pack), StreamingDataset(urls)])
     with pytest.raises(FieldDecodeError, match=r'p-.\.jsonl.*"n".*token ids'):
         list(StreamingDataset(urls, pack=Pack(SEQ, field="n")))

@@ -249,7 +249,7 @@ def test_a_damaged_sequences_left_is_refused_by_name(tmp_path: Path) -> None:
     resumed = StreamingDataset(urls, pack=pack, **OPTIONS)
     resumed.load_state_dict(one_state)
     with pytest.raises(
-        StateMismatchError, match=r"sequences_left: set, but the stream runs on one"
+        StateMismatchError, match=r"sequences_left: set, but the stream plans no sequences"
     ):
         next(iter(resumed))
 

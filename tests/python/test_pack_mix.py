@@ -1,0 +1,204 @@
+"""A ``Mix`` of packed streams: it mixes their sequences (every one
+``seq_len + 1`` tokens, so its weights are token weights), each stream's
+sequences planned from the manifest's token counts on one rank too, with
+exact and elastic resume, the mixture's ids in ``__id__`` and ``verify``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_pack import real_tokens, write_docs
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from shardstream import Ledger, Mix, Pack, StreamingDataset, elastic_state
+from shardstream._core import mix_counts, run_cli
+
+SEQ = 16
+OPTIONS = {"seed": 5, "shuffle_buffer": 8, "shuffle_initial": 3, "sample_ids": True}
+# Stream b's token ids start here, so that a token names its stream.
+OFFSET = 10**8
+
+
+def indexed(folder: Path, shards: int, offset: int) -> list[str]:
+    """``write_docs`` shards (their ids moved by ``offset``) and their
+    manifest with each document's count of ``ids``."""
+    urls = write_docs(folder, shards=shards, docs=20, seed=offset % 7)
+    for url in urls:
+        docs = [json.loads(line) for line in Path(url).read_text().splitlines()]
+        lines = [json.dumps({**d, "ids": [t + offset for t in d["ids"]]}) for d in docs]
+        Path(url).write_text("\n".join(lines) + "\n")
+    argv = ["shardstream", "index", *urls, "-o", str(folder / "manifest.json")]
+    assert run_cli([*argv, "--format", "jsonl", "--count-tokens", "ids"]) == 0
+    return urls
+
+
+@pytest.fixture
+def corpora(tmp_path: Path) -> tuple[list[str], list[str]]:
+    return indexed(tmp_path / "a", 4, 0), indexed(tmp_path / "b", 3, OFFSET)
+
+
+def tokens_of(urls: list[str]) -> list[int]:
+    return sorted(t for u in urls for line in Path(u).read_text().splitlines() for t in json.loads(line)["ids"])
+
+
+def mixture(
+    corpora: tuple[list[str], list[str]],
+    packs: tuple[Pack, Pack],
+    weights: list[float],
+    policy: str = "stop",
+    **layout: Any,
+) -> Mix:
+    streams = [
+        StreamingDataset(urls, pack=pack, **OPTIONS, **layout)
+        for urls, pack in zip(corpora, packs, strict=True)
+    ]
+    return Mix(streams, weights, policy=policy)
+
+
+def stream_of(seq: dict[str, Any]) -> int:
+    return int(int(seq["input_ids"][0]) >= OFFSET)
+
+
+def ids_of(seq: dict[str, Any]) -> list[tuple[int, int, int]]:
+    return [tuple(int(x) for x in row) for row in seq["__id__"]]
+
+
+CONCAT = Pack(SEQ, field="ids", pad_id=-1)
+BEST_FIT = Pack(SEQ, field="ids", mode="best_fit", window=4, pad_id=-1)
+
+
+def test_sequences_mix_by_weight_each_planned_from_its_token_counts(corpora) -> None:
+    mix = mixture(corpora, (CONCAT, BEST_FIT), [3, 1])
+    seqs = list(mix)
+    assert {len(s["input_ids"]) for s in seqs} == {SEQ + 1}
+    # One slot plans ceil(tokens / (seq_len + 1)) sequences of each stream;
+    # the mixture takes them by weight, as it takes samples.
+    available = [math.ceil(len(tokens_of(urls)) / (SEQ + 1)) for urls in corpora]
+    taken = Counter(stream_of(s) for s in seqs)
+    assert [taken[0], taken[1]] == mix_counts("stop", [3.0, 1.0], available)
+    assert len(seqs) == mix.num_samples()
+    # The mixture's ids: stream b's shards come after stream a's 4.
+    for seq in seqs:
+        shards = {row[1] for row in ids_of(seq)}
+        assert shards <= (set(range(4)) if stream_of(seq) == 0 else {4, 5, 6}), shards
+        assert int(seq["__epoch__"][0]) == 0
+
+
+def test_under_continue_every_token_of_each_stream_comes_once(corpora) -> None:
+    mix = mixture(corpora, (CONCAT, CONCAT), [1, 4], policy="continue")
+    loader = DataLoader(mix, batch_size=None, num_workers=2)
+    got = sorted(t for seq in loader for t in real_tokens(seq, CONCAT))
+    assert got == sorted(tokens_of(corpora[0]) + tokens_of(corpora[1]))
+
+
+def test_restart_passes_carry_the_mixture_epoch_and_pass_shards(corpora) -> None:
+    mix = mixture(corpora, (CONCAT, BEST_FIT), [1, 8], policy="restart")
+    mix.set_epoch(2)
+    seqs = list(mix)
+    rows = [row for seq in seqs for row in ids_of(seq)]
+    assert {row[0] for row in rows} == {2}
+    assert {int(s["__epoch__"][0]) for s in seqs} == {2}
+    # Stream a (weight 1) runs out first and is read again: pass 1's
+    # shards are numbered after every stream's 7.
+    assert any(row[1] >= 7 for row in rows)
+
+
+def test_exact_resume_in_workers_continues_the_same_sequences(corpora) -> None:
+    packs = (CONCAT, BEST_FIT)
+
+    def loader(mix: Mix) -> StatefulDataLoader:
+        return StatefulDataLoader(mix, batch_size=None, num_workers=2)
+
+    whole = [(s["input_ids"].tolist(), ids_of(s)) for s in loader(mixture(corpora, packs, [2, 1]))]
+    first = loader(mixture(corpora, packs, [2, 1]))
+    it = iter(first)
+    head = [next(it) for _ in range(9)]
+    state = first.state_dict()
+    del it
+    resumed = loader(mixture(corpora, packs, [2, 1]))
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert [(s["input_ids"].tolist(), ids_of(s)) for s in head + rest] == whole
+
+
+def test_elastic_resume_onto_another_layout_repeats_no_token(corpora) -> None:
+    read: list[int] = []
+    states = []
+    per_rank = []
+    for rank in range(2):
+        mix = mixture(corpora, (CONCAT, CONCAT), [1, 1], "continue", rank=rank, world_size=2)
+        loader = StatefulDataLoader(mix, batch_size=None, num_workers=2)
+        it = iter(loader)
+        seqs = [next(it) for _ in range(5)]
+        read += [t for s in seqs for t in real_tokens(s, CONCAT)]
+        states.append(json.loads(json.dumps(loader.state_dict())))
+        del it
+        per_rank.append(mix.num_samples(2))
+    # Both ranks plan the same sequences (the least over the ranks).
+    assert per_rank[0] == per_rank[1] > 5
+    resumed = mixture(corpora, (CONCAT, CONCAT), [1, 1], "continue")
+    resumed.load_state_dict(elastic_state(*states))
+    rest = list(DataLoader(resumed, batch_size=None, num_workers=3))
+    assert rest
+    got = Counter(read + [t for s in rest for t in real_tokens(s, CONCAT)])
+    assert max(got.values()) == 1
+    everything = set(tokens_of(corpora[0]) + tokens_of(corpora[1]))
+    assert set(got) <= everything
+    # On one rank the rest plans every token it holds: only what the two
+    # ranks' equal plans left out before the resume is missing.
+    assert len(everything) - len(got) < 2 * 2 * (SEQ + 1) * 2
+
+
+def test_two_ranks_take_equal_sequences_and_no_document_twice(corpora) -> None:
+    per_rank = []
+    for rank in range(2):
+        mix = mixture(corpora, (BEST_FIT, CONCAT), [1, 2], rank=rank, world_size=2)
+        per_rank.append(list(DataLoader(mix, batch_size=None, num_workers=2)))
+    assert len(per_rank[0]) == len(per_rank[1]) > 0
+    ended = Counter(row for seqs in per_rank for s in seqs for row in ids_of(s))
+    assert max(ended.values()) == 1
+
+
+def test_packed_mixtures_that_cannot_mix_are_refused_at_construction(
+    corpora, tmp_path: Path
+) -> None:
+    a, b = corpora
+    packed = StreamingDataset(a, pack=CONCAT, **OPTIONS)
+    with pytest.raises(ValueError, match="option pack: stream 1 does not pack"):
+        Mix([packed, StreamingDataset(b, **OPTIONS)])
+    other = StreamingDataset(b, pack=Pack(SEQ * 2, field="ids"), **OPTIONS)
+    with pytest.raises(ValueError, match=r"stream 1 packs sequences of seq_len=32"):
+        Mix([packed, other])
+    # Without token counts no stream can plan its sequences.
+    bare = write_docs(tmp_path / "bare", shards=2)
+    unindexed = StreamingDataset(bare, pack=CONCAT, count_samples=True, **OPTIONS)
+    with pytest.raises(ValueError, match=r"option pack: .*in a mixture.*--count-tokens ids"):
+        Mix([packed, unindexed])
+
+
+def test_verify_reads_a_packed_mixture_s_ledger(corpora, tmp_path, capfd) -> None:
+    mix = mixture(corpora, (CONCAT, BEST_FIT), [2, 1])
+    ledger_dir = tmp_path / "ledger"
+    with Ledger(ledger_dir, mix) as ledger:
+        steps = sum(1 for _ in ledger.track(DataLoader(mix, batch_size=None)))
+    assert steps == mix.num_samples()
+    capfd.readouterr()
+    assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 0
+    out = capfd.readouterr().out
+    assert "at most once (a mixture of packed streams" in out, out
+    assert "ok: no sample twice" in out, out
+    # The same documents recorded twice are named.
+    twice = tmp_path / "twice"
+    seqs = list(DataLoader(mix, batch_size=None))
+    with Ledger(twice, mix) as ledger:
+        for seq in seqs + seqs[-3:]:
+            ledger.record(seq)
+    capfd.readouterr()
+    assert run_cli(["shardstream", "verify", str(twice)]) == 1
+    assert "twice" in capfd.readouterr().out
