@@ -71,6 +71,8 @@ class Mix(IterableDataset[Any]):
             plans; each one's ``transform`` runs on its samples as they leave
             the mixture (its ``on_error`` applies to an exception in it), and
             the mixture's state and resume are the same as without it.
+            Packed streams (``pack``, one sequence shape, token counts in
+            the manifest) mix their sequences: by token weight.
         weights: one finite, non-negative weight per stream, at least one
             above 0; only their ratios count (``[1e308, 1e308]`` mixes as
             ``[1, 1]``); equal by default.
@@ -325,8 +327,8 @@ class Mix(IterableDataset[Any]):
         """Samples this rank takes in the next epoch from ``num_workers``
         DataLoader workers (``0``: the main process reads, as with 1;
         default: the ``num_workers`` argument of the streams, else 1); the
-        same on every data-parallel rank. Under
-        ``"stop"`` it may depend on ``num_workers`` by a few samples
+        same on every data-parallel rank (sequences, for packed streams).
+        Under ``"stop"`` it may depend on ``num_workers`` by a few samples
         (rounding per worker)."""
         rank, world_size, _, workers = self._slot()
         if num_workers is not None:

@@ -48,7 +48,7 @@ pub fn token_weights(
 
 /// Checks that a stream packing by `spec` over `shards` can plan its
 /// sequences when it is `planned` to (across ranks, or in a mixture:
-/// [`crate::config::StreamOptions::plans_sequences`]); otherwise it needs
+/// the stream options' `plans_sequences`); otherwise it needs
 /// nothing. Planned, every shard's manifest entry must give each document's token
 /// count of the packed field, counted with `tokenizer` (the dataset's
 /// tokenizer of that field, as a manifest names it; `None` when the field

@@ -44,7 +44,12 @@ def corpora(tmp_path: Path) -> tuple[list[str], list[str]]:
 
 
 def tokens_of(urls: list[str]) -> list[int]:
-    return sorted(t for u in urls for line in Path(u).read_text().splitlines() for t in json.loads(line)["ids"])
+    return sorted(
+        t
+        for u in urls
+        for line in Path(u).read_text().splitlines()
+        for t in json.loads(line)["ids"]
+    )
 
 
 def mixture(
