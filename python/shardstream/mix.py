@@ -265,7 +265,8 @@ class Mix(IterableDataset[Any]):
         or ``shardstream.elastic_state(...)`` of every slot of a job (any
         new world size and ``num_workers``: each stream's samples not yet
         handed out come at most once, and all of them under
-        ``policy="continue"``). ``weights`` changes the weights from here on
+        ``policy="continue"``, but for what a packed stream leaves out past
+        its planned sequences). ``weights`` changes the weights from here on
         (with an elastic state: the rest of each stream is split anew, so
         ranks stay equal); without it the state's weights are kept, and
         must be this mixture's.

@@ -317,7 +317,8 @@ pub struct EpochReport {
     pub packed_left_out: u64,
     /// A mixture of packed streams: it takes a number of each stream's
     /// sequences, and which documents those hold is not replayed (then no
-    /// document came twice, and equal steps per rank, are checked).
+    /// document came twice, and equal steps per rank, are checked;
+    /// `expected` is 0).
     pub sequences_mixed: bool,
     /// The epoch's first violation, if any.
     pub violation: Option<Violation>,
@@ -417,6 +418,13 @@ impl fmt::Display for Report {
                     e.packed_left_out
                 );
             }
+            // A packed mixture's documents are not replayed: their number
+            // is not known.
+            let expected = if e.sequences_mixed {
+                "?".to_owned()
+            } else {
+                e.expected.to_string()
+            };
             let generations: Vec<String> = e.generations.iter().map(u64::to_string).collect();
             let ranks: Vec<String> = e.world_sizes.iter().map(usize::to_string).collect();
             writeln!(
@@ -425,7 +433,7 @@ impl fmt::Display for Report {
                  generations {}: {}",
                 e.epoch,
                 e.distinct,
-                e.expected,
+                expected,
                 e.trained,
                 e.steps,
                 ranks.join("/"),

@@ -675,11 +675,11 @@ fn pack_stage(
                     )))
                 }
                 (Some(left), _) => Some(left),
-                (None, true) => {
-                    return Err(field_error(
-                        "missing from the state of a packed stream across ranks".into(),
-                    ))
-                }
+                (None, true) => return Err(field_error(
+                    "missing from the state of a packed stream that plans its sequences (across \
+                         ranks, or in a mixture)"
+                        .into(),
+                )),
                 (None, false) => Some(planned),
             }
         }

@@ -367,6 +367,9 @@ pub struct SlotPlan {
     /// pass `base[s]` on; under [`Policy::Restart`] the last pass is cut
     /// to the stream's count.
     pub passes: Vec<Vec<u64>>,
+    /// What each of those passes gives the slot, before that cut: a
+    /// packed stream counts its sequences down from this.
+    pub pass_sizes: Vec<Vec<u64>>,
     /// The samples the slot takes from each stream.
     pub counts: Vec<u64>,
     /// The stream of each sample, in the order the slot takes them.
@@ -411,7 +414,11 @@ impl SlotPlan {
                 stream_passes.push(n);
                 read += n;
             }
-            if policy == Policy::Restart {
+        }
+        let pass_sizes = passes.clone();
+        if policy == Policy::Restart {
+            for (s, stream_passes) in passes.iter_mut().enumerate() {
+                let read: u64 = stream_passes.iter().sum();
                 if let Some(last) = stream_passes.last_mut() {
                     *last -= read - counts[s];
                 }
@@ -428,6 +435,7 @@ impl SlotPlan {
         Ok(SlotPlan {
             base,
             passes,
+            pass_sizes,
             counts,
             order,
         })

@@ -448,7 +448,10 @@ impl MixCursor {
             // A packed stream hands out sequences (its `produced` counts
             // documents): those of its pass's plan not left.
             let (field, produced) = match count(entry.state.get("sequences_left")) {
-                Some(left) => ("sequences_left", passes[k].checked_sub(left)),
+                Some(left) => (
+                    "sequences_left",
+                    cursor.plan.pass_sizes[s][k].checked_sub(left),
+                ),
                 None => ("produced", count(entry.state.get("produced"))),
             };
             let Some(produced) = produced else {
@@ -752,6 +755,31 @@ mod tests {
             ..SHAPE
         };
         MixState::parse(&value, shape, "").unwrap()
+    }
+
+    #[test]
+    fn a_packed_stream_s_sequences_left_count_down_from_its_whole_pass() {
+        // Stream 0's last pass is cut to 1 of the 2 samples it gives: a
+        // packed stream's `sequences_left` counts down from the 2.
+        let plan = restart_plan();
+        assert_eq!(
+            (plan.passes[0].clone(), plan.pass_sizes[0].clone()),
+            (vec![4, 4, 1], vec![4, 4, 2])
+        );
+        let total = plan.order.len();
+        for at in 0..=total {
+            let mut cursor = MixCursor::new(plan.clone());
+            advance(&mut cursor, at, |_, _, _| false);
+            let mut state = state_at(&cursor);
+            for (s, stream) in state.streams.iter_mut().enumerate() {
+                let size = plan.pass_sizes[s][cursor.pass[s]];
+                let left = size - cursor.taken[s];
+                stream.state.insert("sequences_left".into(), json!(left));
+                stream.state.insert("produced".into(), json!(999));
+            }
+            let resumed = MixCursor::resume(plan.clone(), &state);
+            assert_eq!(resumed.as_ref().ok(), Some(&cursor), "at {at}: {resumed:?}");
+        }
     }
 
     proptest::proptest! {
