@@ -496,6 +496,121 @@ impl Default for Epochs {
     }
 }
 
+/// Weights a [`SharedWeights`] table holds at most (a mixture's streams).
+pub const SHARED_WEIGHTS_LEN: usize = 255;
+
+/// Reads of a [`SharedWeights`] table tried while a write is under way
+/// before giving up (a writer stopped mid-write leaves it so for ever).
+const SHARED_WEIGHTS_TRIES: u32 = 1_000_000;
+
+/// A mixture's weights, in memory shared with the processes the table is
+/// forked or handed to (through its descriptor, [`SharedWeights::fd`] and
+/// [`SharedWeights::attach`]): DataLoader workers that persist across
+/// epochs read the weights their next epoch mixes by from it. Written and
+/// read whole (a sequence lock): a reader never sees part of a write.
+///
+/// Cells: the write sequence (odd while a write is under way), the number
+/// of weights, then each weight's bits.
+pub struct SharedWeights {
+    cells: SharedCells,
+}
+
+impl SharedWeights {
+    /// A new table holding `weights` (at most [`SHARED_WEIGHTS_LEN`]).
+    pub fn new(weights: &[f64]) -> std::result::Result<Self, String> {
+        let table = SharedWeights {
+            cells: SharedCells::new(SHARED_WEIGHTS_LEN + 2, c"shardstream-weights"),
+        };
+        table.set(weights)?;
+        Ok(table)
+    }
+
+    /// The table whose memory file is `file` (from [`SharedWeights::fd`]
+    /// of a table in another process): both see the same weights.
+    pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
+        Ok(SharedWeights {
+            cells: SharedCells::attach(file, SHARED_WEIGHTS_LEN + 2, "a weights table")?,
+        })
+    }
+
+    /// The memory file, for [`SharedWeights::attach`] in another process;
+    /// `None` when the table is shared with forked children only.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.cells.fd()
+    }
+
+    /// Replaces the weights (at most [`SHARED_WEIGHTS_LEN`]). A write under
+    /// way in another thread or process is waited for.
+    pub fn set(&self, weights: &[f64]) -> std::result::Result<(), String> {
+        if weights.len() > SHARED_WEIGHTS_LEN {
+            return Err(format!(
+                "a weights table holds at most {SHARED_WEIGHTS_LEN} weights, got {}",
+                weights.len()
+            ));
+        }
+        let sequence = self.cells.cell(0);
+        let mut tries = 0;
+        let start = loop {
+            let seen = sequence.load(Ordering::SeqCst);
+            if seen.is_multiple_of(2)
+                && sequence
+                    .compare_exchange(seen, seen + 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok()
+            {
+                break seen;
+            }
+            tries += 1;
+            if tries >= SHARED_WEIGHTS_TRIES {
+                return Err(Self::busy());
+            }
+            std::thread::yield_now();
+        };
+        self.cells
+            .cell(1)
+            .store(weights.len() as u64, Ordering::SeqCst);
+        for (i, weight) in weights.iter().enumerate() {
+            self.cells
+                .cell(2 + i)
+                .store(weight.to_bits(), Ordering::SeqCst);
+        }
+        sequence.store(start + 2, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// The weights, as the last whole write left them.
+    pub fn get(&self) -> std::result::Result<Vec<f64>, String> {
+        let sequence = self.cells.cell(0);
+        for _ in 0..SHARED_WEIGHTS_TRIES {
+            let before = sequence.load(Ordering::SeqCst);
+            if before.is_multiple_of(2) {
+                let len =
+                    (self.cells.cell(1).load(Ordering::SeqCst) as usize).min(SHARED_WEIGHTS_LEN);
+                let weights: Vec<f64> = (0..len)
+                    .map(|i| f64::from_bits(self.cells.cell(2 + i).load(Ordering::SeqCst)))
+                    .collect();
+                if sequence.load(Ordering::SeqCst) == before {
+                    return Ok(weights);
+                }
+            }
+            std::thread::yield_now();
+        }
+        Err(Self::busy())
+    }
+
+    fn busy() -> String {
+        "the mixture's weights stayed mid-write: a process stopped while setting them".into()
+    }
+}
+
+impl std::fmt::Debug for SharedWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedWeights")
+            .field("weights", &self.get())
+            .field("shareable", &self.fd().is_some())
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for Epochs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Epochs")
@@ -508,6 +623,35 @@ impl std::fmt::Debug for Epochs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_weights_are_read_whole_across_threads_and_attached_copies() {
+        let table = std::sync::Arc::new(SharedWeights::new(&[5.0, 5.0]).unwrap());
+        assert_eq!(table.get().unwrap(), vec![5.0, 5.0]);
+        assert!(SharedWeights::new(&[1.0; SHARED_WEIGHTS_LEN + 1]).is_err());
+        // A reader sees each write whole: every weight of one write is the
+        // same number.
+        let writer = {
+            let table = table.clone();
+            std::thread::spawn(move || {
+                for n in 0..2000u32 {
+                    table
+                        .set(&vec![f64::from(n); 1 + (n as usize % 40)])
+                        .unwrap();
+                }
+            })
+        };
+        for _ in 0..2000 {
+            let seen = table.get().unwrap();
+            assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+        }
+        writer.join().unwrap();
+        if let Some(fd) = table.fd() {
+            let other = SharedWeights::attach(fd.try_clone_to_owned().unwrap()).unwrap();
+            table.set(&[0.5, 0.25, 4.0]).unwrap();
+            assert_eq!(other.get().unwrap(), vec![0.5, 0.25, 4.0]);
+        }
+    }
 
     #[test]
     fn adds_and_reads() {

@@ -204,6 +204,22 @@ class EpochTable:
     def _from_values(values: list[int]) -> EpochTable:
         """A new, unshared table holding ``values``."""
 
+class SharedWeights:
+    """A mixture's weights, in memory shared with forked workers and, through its
+    descriptor, with workers started by ``spawn`` or ``forkserver``; read and written whole."""
+
+    def __new__(cls, weights: list[float]) -> SharedWeights: ...
+    def get(self) -> list[float]:
+        """The weights, as the last whole write left them."""
+    def set(self, weights: list[float]) -> None:
+        """Replaces the weights."""
+    def fd(self) -> int | None:
+        """The descriptor of the table's memory (``None``: shared with forked processes only)."""
+    @staticmethod
+    def _attach(fd: int) -> SharedWeights:
+        """The table whose memory is the descriptor ``fd`` (taken over and closed)."""
+    def __reduce__(self) -> tuple[Any, tuple[list[float]]]: ...
+
 @final
 class AudioClip:
     """Decode a WAV or FLAC field to a float32 clip of one fixed shape, on the decode

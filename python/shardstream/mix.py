@@ -16,6 +16,7 @@ from ._core import (
     DatasetSpecError,
     MixSlot,
     SampleStream,
+    SharedWeights,
     StateMismatchError,
     check_mix,
     check_mix_state,
@@ -138,7 +139,9 @@ class Mix(IterableDataset[Any]):
             # A packed stream's sequences are planned from its token counts.
             ds.shard_list.check_equal_length(ds.distributed_slot()[1], mixture=True)
         self.datasets = datasets
-        self.weights = weights
+        # Shared with DataLoader workers, persistent ones included, so that
+        # set_weights reaches their next epoch.
+        self._weights = SharedWeights(weights)
         self.policy = policy
         self.seed = seed
         self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(
@@ -165,12 +168,18 @@ class Mix(IterableDataset[Any]):
         check_mix(policy, floats)
         return floats
 
+    @property
+    def weights(self) -> list[float]:
+        """The weights of the next iteration's epoch."""
+        return self._weights.get()
+
     def set_weights(self, weights: Sequence[float]) -> None:
         """Sets the weights of the next iteration's epoch and the ones after
-        it (an iteration under way keeps its own). To change them in the
+        it (an iteration under way keeps its own), in this process and in
+        its DataLoader workers (persistent ones too). To change them in the
         middle of an epoch, resume with ``load_state_dict(elastic_state,
         weights=...)``."""
-        self.weights = self._check_weights(weights, len(self.datasets), self.policy)
+        self._weights.set(self._check_weights(weights, len(self.datasets), self.policy))
 
     # -- epochs ----------------------------------------------------------
 
@@ -307,7 +316,7 @@ class Mix(IterableDataset[Any]):
                     f"mixture's {self.weights}; pass weights= to change them"
                 )
         else:
-            self.weights = new_weights
+            self._weights.set(new_weights)
         self._iterator = None
         self._epochs.load((kind, resume, new_weights), epoch, finished)
 

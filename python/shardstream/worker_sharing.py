@@ -1,8 +1,9 @@
 """What DataLoader workers share with the process that made the dataset,
 whatever their start method: the ``EpochTable`` (the epoch of each worker's
-next iteration) and the stream ``Counters`` (``stats()``).
+next iteration), the stream ``Counters`` (``stats()``) and a mixture's
+``SharedWeights`` (``Mix.set_weights``).
 
-Both live in shared memory, which forked workers inherit. For workers
+All live in shared memory, which forked workers inherit. For workers
 started with ``spawn`` or ``forkserver``, ``multiprocessing`` pickles them
 (with its ``ForkingPickler``) as their memory's file descriptor, so that the
 worker attaches to the same memory: it advances the same epochs and adds to
@@ -28,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ._core import Counters, EpochTable, ShardStreamError
+from ._core import Counters, EpochTable, ShardStreamError, SharedWeights
 
 __all__ = ["WorkerStartError"]
 
@@ -78,7 +79,26 @@ def _attach_counters(shared: Any) -> Counters:
     return Counters._attach(shared.detach())
 
 
+def _share_weights(weights: SharedWeights) -> tuple[Any, tuple[Any, ...]]:
+    """A mixture's weights for a process ``multiprocessing`` starts: their
+    memory's descriptor, so that ``Mix.set_weights`` reaches the worker
+    (an unshared copy where the table has no descriptor)."""
+    fd = weights.fd()
+    if fd is None:
+        _no_shared_memory(
+            "mixture weights", "keep the weights they started with; set_weights does not reach them"
+        )
+        return (SharedWeights, (weights.get(),))
+    return (_attach_weights, (DupFd(fd),))
+
+
+def _attach_weights(shared: Any) -> SharedWeights:
+    """Unpickles shared mixture weights in the process they were handed to."""
+    return SharedWeights._attach(shared.detach())
+
+
 ForkingPickler.register(EpochTable, _share_epoch_table)
+ForkingPickler.register(SharedWeights, _share_weights)
 ForkingPickler.register(Counters, _share_counters)
 
 

@@ -16,6 +16,7 @@ mod options;
 mod pack;
 mod sample_stream;
 mod shard_list;
+mod shared_weights;
 mod tokenizer;
 mod writer;
 
@@ -92,6 +93,8 @@ mod _core {
     use super::sample_stream::SampleStream;
     #[pymodule_export]
     use super::shard_list::{_rebuild_shard_list, ShardList};
+    #[pymodule_export]
+    use super::shared_weights::SharedWeights;
 
     #[pymodule_export]
     use super::tokenizer::Tokenizer;

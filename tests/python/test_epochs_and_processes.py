@@ -124,6 +124,36 @@ def test_a_forkserver_process_advances_the_same_epochs():
     assert table.values()[:4] == [3, 7, 7, 7]
 
 
+def reweight(weights, new: list[float]) -> None:
+    assert weights.get() == [1.0, 2.0]
+    weights.set(new)
+
+
+def test_a_forkserver_process_sees_and_sets_the_same_mixture_weights():
+    """A mixture's weights reach a process ``multiprocessing`` starts (a
+    persistent ``forkserver`` worker) as shared memory, both ways."""
+    import multiprocessing
+
+    import shardstream.mix  # noqa: F401  (registers the hand-off)
+
+    weights = _core.SharedWeights([1.0, 2.0])
+    process = multiprocessing.get_context("forkserver").Process(
+        target=reweight, args=(weights, [0.5, 0.25, 8.0])
+    )
+    process.start()
+    process.join(60)
+    assert process.exitcode == 0
+    assert weights.get() == [0.5, 0.25, 8.0]
+    # Plain pickling gives an unshared copy.
+    copy = pickle.loads(pickle.dumps(weights))
+    copy.set([3.0])
+    assert (copy.get(), weights.get()) == ([3.0], [0.5, 0.25, 8.0])
+    with pytest.raises(ValueError, match="at most 255 weights"):
+        _core.SharedWeights([1.0] * 256)
+    with pytest.raises(ValueError, match="not a weights table"):
+        _core.SharedWeights._attach(os.open(os.devnull, os.O_RDONLY))
+
+
 def test_epoch_table_refuses_what_it_cannot_hold():
     table = _core.EpochTable()
     with pytest.raises(ValueError, match="at most 1024 workers"):

@@ -216,6 +216,22 @@ def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
     assert list(fresh) == epochs[0]
 
 
+def test_set_weights_reaches_persistent_workers(streams):
+    mix = make_mix(streams, (0.5, 0.5), "stop")
+    loader = StatefulDataLoader(
+        mix, batch_size=None, num_workers=2, persistent_workers=True, collate_fn=ident, timeout=120
+    )
+    first = list(loader)
+    assert sum(k.startswith("a/") for k in first) == sum(k.startswith("b/") for k in first)
+    # The workers were made with the first weights and persist: the new
+    # ones reach them (the same counts as a fresh mixture with them).
+    mix.set_weights([0.25, 0.75])
+    second = list(loader)
+    assert sum(k.startswith("b/") for k in second) == sum(COUNTS_B)
+    assert sum(k.startswith("a/") for k in second) == mix.num_samples(2) - sum(COUNTS_B)
+    assert sum(k.startswith("a/") for k in second) < sum(COUNTS_B) // 2
+
+
 def test_stop_takes_the_weights_exactly(streams):
     weights = (0.75, 0.25)
     keys = slot_keys(streams, weights, "stop", 0, 1, 0, 1)
