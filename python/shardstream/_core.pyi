@@ -42,6 +42,7 @@ __all__ = [
     "ShardStreamError",
     "ShardWriteError",
     "ShardWriter",
+    "SharedWeights",
     "StateMismatchError",
     "StorageAuthError",
     "StreamProcessError",
@@ -204,6 +205,7 @@ class EpochTable:
     def _from_values(values: list[int]) -> EpochTable:
         """A new, unshared table holding ``values``."""
 
+@final
 class SharedWeights:
     """A mixture's weights, in memory shared with forked workers and, through its
     descriptor, with workers started by ``spawn`` or ``forkserver``; read and written whole."""

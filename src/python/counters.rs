@@ -1,6 +1,6 @@
 //! Stream counters shared with DataLoader workers, forked or spawned.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
@@ -51,21 +51,14 @@ impl Counters {
     /// by `spawn` or `forkserver`; `None` where the counters can only be
     /// shared with forked processes.
     fn fd(&self) -> Option<i32> {
-        self.inner.fd().map(|fd| fd.as_raw_fd())
+        raw_descriptor(self.inner.fd())
     }
 
     /// The counters whose memory is the descriptor `fd` (which they take
     /// over and close), as [`Counters::fd`] gave it in another process.
     #[staticmethod]
     fn _attach(fd: i32) -> PyResult<Self> {
-        if fd < 0 {
-            return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
-        }
-        // SAFETY: the caller hands the descriptor over (documented above).
-        let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        let inner = stats::Counters::attach(file).map_err(|e| {
-            PyValueError::new_err(format!("descriptor {fd} is not stream counters: {e}"))
-        })?;
+        let inner = attach_descriptor(fd, "stream counters", stats::Counters::attach)?;
         Ok(Counters {
             inner: Arc::new(inner),
         })
@@ -77,4 +70,25 @@ impl Counters {
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, ())> {
         Ok((slf.get_type().into_any(), ()))
     }
+}
+
+/// A shared table's descriptor as Python holds it (see `_attach`).
+pub(super) fn raw_descriptor(fd: Option<BorrowedFd<'_>>) -> Option<i32> {
+    fd.map(|fd| fd.as_raw_fd())
+}
+
+/// The shared memory behind descriptor `fd`, which the caller hands over
+/// (as a table's `fd()` gave it in another process), mapped by `attach`;
+/// `what` names it in the error of a descriptor that is not one.
+pub(super) fn attach_descriptor<T>(
+    fd: i32,
+    what: &str,
+    attach: impl FnOnce(OwnedFd) -> std::io::Result<T>,
+) -> PyResult<T> {
+    if fd < 0 {
+        return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
+    }
+    // SAFETY: the caller hands the descriptor over (documented above).
+    let file = unsafe { OwnedFd::from_raw_fd(fd) };
+    attach(file).map_err(|e| PyValueError::new_err(format!("descriptor {fd} is not {what}: {e}")))
 }

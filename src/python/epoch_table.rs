@@ -1,10 +1,9 @@
 //! The epoch table that DataLoader workers read their next epoch from.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::counters::{attach_descriptor, raw_descriptor};
 use crate::stats;
 
 /// The epoch of each DataLoader worker's next iteration, by worker id (see
@@ -76,21 +75,14 @@ impl EpochTable {
     /// by `spawn` or `forkserver`; `None` where the table can only be
     /// shared with forked processes.
     fn fd(&self) -> Option<i32> {
-        self.inner.fd().map(|fd| fd.as_raw_fd())
+        raw_descriptor(self.inner.fd())
     }
 
     /// The table whose memory is the descriptor `fd` (which the table takes
     /// over and closes), as [`EpochTable::fd`] gave it in another process.
     #[staticmethod]
     fn _attach(fd: i32) -> PyResult<Self> {
-        if fd < 0 {
-            return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
-        }
-        // SAFETY: the caller hands the descriptor over (documented above).
-        let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        let inner = stats::Epochs::attach(file).map_err(|e| {
-            PyValueError::new_err(format!("descriptor {fd} is not an epoch table: {e}"))
-        })?;
+        let inner = attach_descriptor(fd, "an epoch table", stats::Epochs::attach)?;
         Ok(EpochTable { inner })
     }
 

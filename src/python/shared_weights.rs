@@ -1,10 +1,9 @@
 //! A mixture's weights, shared with its DataLoader workers.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
+use super::counters::{attach_descriptor, raw_descriptor};
 use super::errors::ShardStreamError;
 use crate::stats;
 
@@ -40,7 +39,7 @@ impl SharedWeights {
     /// by `spawn` or `forkserver`; `None` where the table can only be
     /// shared with forked processes.
     fn fd(&self) -> Option<i32> {
-        self.inner.fd().map(|fd| fd.as_raw_fd())
+        raw_descriptor(self.inner.fd())
     }
 
     /// The table whose memory is the descriptor `fd` (which the table takes
@@ -48,14 +47,7 @@ impl SharedWeights {
     /// process.
     #[staticmethod]
     fn _attach(fd: i32) -> PyResult<Self> {
-        if fd < 0 {
-            return Err(PyValueError::new_err(format!("invalid descriptor {fd}")));
-        }
-        // SAFETY: the caller hands the descriptor over (documented above).
-        let file = unsafe { OwnedFd::from_raw_fd(fd) };
-        let inner = stats::SharedWeights::attach(file).map_err(|e| {
-            PyValueError::new_err(format!("descriptor {fd} is not a weights table: {e}"))
-        })?;
+        let inner = attach_descriptor(fd, "a weights table", stats::SharedWeights::attach)?;
         Ok(SharedWeights { inner })
     }
 
