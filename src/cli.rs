@@ -823,9 +823,13 @@ fn ledger_dataset(
     let last = &generations[generations.len() - 1];
     let meta = &last.meta.dataset;
     for g in generations {
+        let same_mixture = match (&g.meta.dataset.mix, &meta.mix) {
+            (Some(a), Some(b)) => a.same_mixture(b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
         if g.meta.dataset.spec != meta.spec
             || g.meta.dataset.options != meta.options
-            || g.meta.dataset.mix != meta.mix
+            || !same_mixture
         {
             return Err(format!(
                 "{} and {} recorded different datasets or options: verify checks one \
@@ -855,10 +859,21 @@ fn ledger_dataset(
                 .map_err(|e| format!("stream {i}: {e}"))
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
+    // Each epoch's weights as the first generation that recorded it wrote
+    // them (a later one resumed it with the same weights, or elastically).
+    let mut weights_by_epoch = std::collections::BTreeMap::new();
+    for g in generations {
+        for (&epoch, weights) in g.meta.dataset.mix.iter().flat_map(|m| &m.weights_by_epoch) {
+            weights_by_epoch
+                .entry(epoch)
+                .or_insert_with(|| weights.clone());
+        }
+    }
     Ok(LedgerData::Mix(ledger::verify_mix::MixDataset {
         streams,
         policy: mix.policy.parse().map_err(|e: Error| e.to_string())?,
         weights: mix.weights.clone(),
+        weights_by_epoch,
         seed: mix.seed,
     }))
 }

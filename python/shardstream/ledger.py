@@ -359,6 +359,10 @@ class Ledger:
                 "a Ledger to record" + (" (every stream of the Mix)" if mixture else "")
             )
         self.directory = Path(directory)
+        # A mixture's weights may change between epochs (set_weights): each
+        # epoch's are written into the meta when its first step is recorded.
+        self._mix: Mix | None = dataset if mixture else None  # type: ignore[assignment]
+        self._weights_epoch: int | None = None
         # Packed sequences name the documents that end in them: a step may
         # end none.
         self._packed = streams[0].options["pack"] is not None
@@ -535,6 +539,31 @@ class Ledger:
         return int(ids[0, 0]) if type(ids) is np.ndarray else int(ids[0][0])
 
     def _record(self, batch: Any, step: int | None, kind: int) -> int:
+        step = self._record_batch(batch, step, kind)
+        if self._mix is not None:
+            self._note_mix_weights()
+        return step
+
+    def _note_mix_weights(self) -> None:
+        """Writes the mixture's weights into this generation's meta
+        (``weights_by_epoch``) when a step of an epoch not seen yet is
+        recorded (rank 0), so that ``verify`` replays each epoch with the
+        weights it mixed by, ``set_weights`` between epochs included."""
+        epoch = self.last_epoch
+        if epoch is None or epoch == self._weights_epoch or self._mix is None:
+            return
+        self._weights_epoch = epoch
+        if self.rank != 0 or not self._writes:
+            return
+        meta_path = self.path / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        by_epoch = meta["dataset"]["mix"].setdefault("weights_by_epoch", {})
+        weights = self._mix.weights
+        if by_epoch.get(str(epoch)) != weights:
+            by_epoch[str(epoch)] = weights
+            _write_json(meta_path, meta)
+
+    def _record_batch(self, batch: Any, step: int | None, kind: int) -> int:
         step = self._next_step if step is None else step
         if step < self.start_step:
             raise ValueError(

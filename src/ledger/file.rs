@@ -8,6 +8,7 @@
 //! then `count` sample ids, each a shard index and an index in the shard:
 //! `u64` and `u64`, or `u32` and `u32` when narrow.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -83,15 +84,26 @@ pub struct DatasetMeta {
 pub struct MixMeta {
     /// Each stream's dataset.
     pub streams: Vec<DatasetMeta>,
-    /// The streams' weights.
+    /// The streams' weights when the ledger was made.
     pub weights: Vec<f64>,
     /// `stop`, `restart` or `continue`.
     pub policy: String,
     /// The mixture's seed.
     pub seed: u64,
+    /// The weights each epoch mixed by, as the ledger wrote them when it
+    /// recorded the epoch's first step (`Mix.set_weights` changes them
+    /// between epochs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights_by_epoch: BTreeMap<u64, Vec<f64>>,
 }
 
 impl MixMeta {
+    /// Whether `other` is the same mixture (streams, policy and seed),
+    /// whatever weights each recorded.
+    pub fn same_mixture(&self, other: &MixMeta) -> bool {
+        (&self.streams, &self.policy, self.seed) == (&other.streams, &other.policy, other.seed)
+    }
+
     /// The shard part of a mixture sample's id: pass `pass` over stream
     /// `stream`'s shard `shard`, the streams' shards numbered one after the
     /// other (`offsets[s]`: the shards of the streams before `s`; `total`:

@@ -9,7 +9,7 @@
 //! epoch resumed onto another layout is checked for the first three only:
 //! an elastic resume splits the mixture's rest anew.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::file::Generation;
 use super::verify::{
@@ -26,8 +26,10 @@ pub struct MixDataset {
     pub streams: Vec<Dataset>,
     /// What the mixture does when a stream runs out.
     pub policy: Policy,
-    /// The streams' weights.
+    /// The streams' weights, where `weights_by_epoch` has none for an epoch.
     pub weights: Vec<f64>,
+    /// The weights each epoch mixed by, as the ledger recorded them.
+    pub weights_by_epoch: BTreeMap<u64, Vec<f64>>,
     /// The mixture's seed.
     pub seed: u64,
 }
@@ -37,6 +39,11 @@ pub struct MixDataset {
 type MixSample = (u64, usize, usize, u64);
 
 impl MixDataset {
+    /// The weights `epoch` mixed by.
+    fn weights_for(&self, epoch: u64) -> &[f64] {
+        self.weights_by_epoch.get(&epoch).unwrap_or(&self.weights)
+    }
+
     /// Where each stream's shards start in the mixture's numbering, and
     /// after the last one: the shards of every stream.
     fn offsets(&self) -> Vec<u64> {
@@ -385,7 +392,7 @@ fn planned_samples(mix: &MixDataset, epoch: u64, layout: (usize, usize)) -> Opti
     for slot in 0..layout.0 * layout.1 {
         let mixture = SlotMixture {
             policy: mix.policy,
-            weights: &mix.weights,
+            weights: mix.weights_for(epoch),
             key: (mix.seed, epoch),
             slot: u32::try_from(slot).ok()?,
             generation: 0,
@@ -461,6 +468,7 @@ mod tests {
             ],
             policy,
             weights: vec![0.5, 0.5],
+            weights_by_epoch: BTreeMap::new(),
             seed: 7,
         }
     }
@@ -555,6 +563,32 @@ mod tests {
                 ids: chunk.to_vec(),
             })
             .collect()
+    }
+
+    #[test]
+    fn each_epoch_is_replayed_with_the_weights_it_mixed_by() {
+        // Epoch 1 mixed by other weights (set_weights between epochs).
+        let mut changed = mix(Policy::Stop);
+        changed.weights = vec![0.1, 0.9];
+        let ids = [
+            planned_ids(&mix(Policy::Stop), 0, 1, 0),
+            planned_ids(&changed, 1, 1, 0),
+        ];
+        let mut ranks = records(0, &ids[0], 2, 0);
+        ranks.extend(records(1, &ids[1], 2, 100));
+        let ledger = [generation(0, 0, vec![ranks])];
+        let mut m = mix(Policy::Stop);
+        assert!(
+            !verify_mix(&ledger, &m).ok,
+            "the weights made when the ledger was"
+        );
+        m.weights_by_epoch.insert(1, vec![0.1, 0.9]);
+        let report = verify_mix(&ledger, &m);
+        assert!(report.ok, "{:?}", report.violation);
+        assert!(report
+            .epochs
+            .iter()
+            .all(|e| e.coverage_checked && e.complete));
     }
 
     #[test]

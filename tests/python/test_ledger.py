@@ -602,6 +602,42 @@ def mix_of(dataset: DatasetInfo, other: DatasetInfo, policy: str) -> shardstream
     return shardstream.Mix([a, b], [0.7, 0.3], policy=policy, seed=7)
 
 
+def test_a_mix_whose_weights_change_between_epochs_verifies(
+    dataset: DatasetInfo,
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """``set_weights`` between epochs (a curriculum), in persistent
+    workers: the ledger writes each epoch's weights, and verify replays each
+    epoch with its own; a later run (a new generation) with other weights
+    verifies too."""
+    from _shardtest import write_uneven_dataset
+
+    other = write_uneven_dataset(tmp_path_factory.mktemp("other"), (7, 9), prefix="o")
+    mix = mix_of(dataset, other, "stop")
+    loader = StatefulDataLoader(
+        mix, batch_size=4, num_workers=2, collate_fn=ids_only, persistent_workers=True
+    )
+    steps = 0
+    with shardstream.Ledger(tmp_path, mix) as ledger:
+        for weights in ([0.7, 0.3], [0.2, 0.8]):
+            mix.set_weights(weights)
+            steps += sum(1 for _ in ledger.track(loader))
+    mix = mix_of(dataset, other, "stop")
+    mix.set_epoch(2)
+    mix.set_weights([0.5, 0.5])
+    with shardstream.Ledger(tmp_path, mix, resume_step=steps) as later:
+        assert sum(1 for _ in later.track(stateful(mix))) > 0
+    code, out = verify(capfd, tmp_path, "--json")
+    assert code == 0, out
+    epochs = json.loads(out)["epochs"]
+    assert [e["epoch"] for e in epochs] == [0, 1, 2], out
+    assert all(e["complete"] and e["coverage_checked"] for e in epochs), out
+    # The weights changed what each epoch took.
+    assert len({e["expected"] for e in epochs}) == 3, out
+
+
 @pytest.mark.parametrize("policy", ["stop", "restart", "continue"])
 def test_a_mix_killed_and_resumed_verifies_and_a_wrong_resume_is_named(
     dataset: DatasetInfo,
