@@ -40,6 +40,7 @@ from ._core import (
 )
 from .accelerate import FrameworkWrapperError
 from .ledger import Ledger
+from .packing import collate_sequences
 from .randomness import sample_generator, sample_rng, sample_seed
 from .s3 import S3Config
 from .state import elastic_state
@@ -82,6 +83,7 @@ __all__ = [
     "TransformError",
     "WorkerStartError",
     "__version__",
+    "collate_sequences",
     "elastic_state",
     "plan_epoch",
     "plan_samples",

@@ -28,6 +28,7 @@ from shardstream import (
     StateMismatchError,
     StreamingDataset,
     Tokenizer,
+    collate_sequences,
     elastic_state,
 )
 from shardstream._core import run_cli
@@ -379,6 +380,42 @@ def test_a_packed_run_killed_and_resumed_verifies_each_document_once(
     out, err = capfd.readouterr()
     assert code == 0, out + err
     assert "60 of 60 samples" in out and "exactly once" in out, out
+
+
+def test_the_dataloader_s_own_batches_are_rust_batches_and_verify(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    urls = write_docs(tmp_path / "d", shards=3)
+    pack = Pack(SEQ, field="ids", mode="best_fit", window=3, labels=True)
+    options = {**OPTIONS, "sample_ids": True}
+    rust = StreamingDataset(urls, pack=pack, batch_size=5, **options)
+    ours = StreamingDataset(urls, pack=pack, **options)
+    loader = DataLoader(ours, batch_size=5, num_workers=0, collate_fn=collate_sequences)
+    ledger_dir = tmp_path / "ledger"
+    with Ledger(ledger_dir, ours) as ledger:
+        batches = list(ledger.track(loader))
+    expected = list(DataLoader(rust, batch_size=None))
+    assert len(batches) == len(expected) > 2
+    fields = ("input_ids", "labels", "position_ids", "cu_seqlens", "__id__", "__epoch__")
+    for got, want in zip(batches, expected, strict=True):
+        for field in fields:
+            assert got[field].dtype == want[field].dtype, field
+            assert torch.equal(got[field], want[field]), field
+        assert got["__key__"] == want["__key__"]
+    capfd.readouterr()
+    assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 0
+    assert "exactly once" in capfd.readouterr().out
+    with pytest.raises(ValueError, match="packed sequences"):
+        collate_sequences([{"ids": np.arange(3)}])
+    with pytest.raises(ValueError, match=r"widths \[3, 4\]"):
+        collate_sequences(
+            [
+                {"position_ids": np.arange(n), "cu_seqlens": np.array([0, n], dtype=np.int32)}
+                for n in (3, 4)
+            ]
+        )
 
 
 def test_in_dataloader_workers_every_token_comes_once(tmp_path: Path) -> None:
