@@ -859,21 +859,11 @@ fn ledger_dataset(
                 .map_err(|e| format!("stream {i}: {e}"))
         })
         .collect::<std::result::Result<Vec<_>, String>>()?;
-    // Each epoch's weights as the first generation that recorded it wrote
-    // them (a later one resumed it with the same weights, or elastically).
-    let mut weights_by_epoch = std::collections::BTreeMap::new();
-    for g in generations {
-        for (&epoch, weights) in g.meta.dataset.mix.iter().flat_map(|m| &m.weights_by_epoch) {
-            weights_by_epoch
-                .entry(epoch)
-                .or_insert_with(|| weights.clone());
-        }
-    }
+    // Each epoch is replayed with the weights its generations recorded.
     Ok(LedgerData::Mix(ledger::verify_mix::MixDataset {
         streams,
         policy: mix.policy.parse().map_err(|e: Error| e.to_string())?,
         weights: mix.weights.clone(),
-        weights_by_epoch,
         seed: mix.seed,
     }))
 }

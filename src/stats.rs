@@ -506,22 +506,38 @@ const SHARED_WEIGHTS_TRIES: u32 = 1_000_000;
 /// A mixture's weights, in memory shared with the processes the table is
 /// forked or handed to (through its descriptor, [`SharedWeights::fd`] and
 /// [`SharedWeights::attach`]): DataLoader workers that persist across
-/// epochs read the weights their next epoch mixes by from it. Written and
-/// read whole (a sequence lock): a reader never sees part of a write.
+/// epochs read the weights of the epoch they start from it. Each write
+/// gives the weights from an epoch on (the epochs before keep theirs), so a
+/// worker that starts its epoch late still mixes it by the weights it was
+/// begun with. Written and read whole (a sequence lock): a reader never
+/// sees part of a write.
 ///
-/// Cells: the write sequence (odd while a write is under way), the number
-/// of weights, then each weight's bits.
+/// Cells: the write sequence (odd while a write is under way), the first
+/// epoch of the new weights, the number of weights, then the weights of the
+/// epochs before it, then the new ones (each weight's bits).
 pub struct SharedWeights {
     cells: SharedCells,
 }
 
+/// Cells of a [`SharedWeights`] table.
+const SHARED_WEIGHTS_CELLS: usize = 3 + 2 * SHARED_WEIGHTS_LEN;
+
+/// What a [`SharedWeights`] table holds: the weights of the epochs before
+/// `from`, and of `from` on.
+struct WeightsFrom {
+    from: u64,
+    before: Vec<f64>,
+    after: Vec<f64>,
+}
+
 impl SharedWeights {
-    /// A new table holding `weights` (at most [`SHARED_WEIGHTS_LEN`]).
+    /// A new table holding `weights` for every epoch (at most
+    /// [`SHARED_WEIGHTS_LEN`]).
     pub fn new(weights: &[f64]) -> std::result::Result<Self, String> {
         let table = SharedWeights {
-            cells: SharedCells::new(SHARED_WEIGHTS_LEN + 2, c"shardstream-weights"),
+            cells: SharedCells::new(SHARED_WEIGHTS_CELLS, c"shardstream-weights"),
         };
-        table.set(weights)?;
+        table.set(weights, 0)?;
         Ok(table)
     }
 
@@ -529,7 +545,7 @@ impl SharedWeights {
     /// of a table in another process): both see the same weights.
     pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
         Ok(SharedWeights {
-            cells: SharedCells::attach(file, SHARED_WEIGHTS_LEN + 2, "a weights table")?,
+            cells: SharedCells::attach(file, SHARED_WEIGHTS_CELLS, "a weights table")?,
         })
     }
 
@@ -539,9 +555,11 @@ impl SharedWeights {
         self.cells.fd()
     }
 
-    /// Replaces the weights (at most [`SHARED_WEIGHTS_LEN`]). A write under
-    /// way in another thread or process is waited for.
-    pub fn set(&self, weights: &[f64]) -> std::result::Result<(), String> {
+    /// Makes `weights` (at most [`SHARED_WEIGHTS_LEN`]) the weights of
+    /// epoch `from` and the ones after it; the epochs before keep the
+    /// weights they had. A write under way in another thread or process is
+    /// waited for.
+    pub fn set(&self, weights: &[f64], from: u64) -> std::result::Result<(), String> {
         if weights.len() > SHARED_WEIGHTS_LEN {
             return Err(format!(
                 "a weights table holds at most {SHARED_WEIGHTS_LEN} weights, got {}",
@@ -565,31 +583,54 @@ impl SharedWeights {
             }
             std::thread::yield_now();
         };
+        // The lock is held: the cells hold the last whole write. The epochs
+        // before `from` keep what they mixed by (a first write, or one of
+        // another count of streams, gives them the new weights too).
+        let held = self.held();
+        let before = if start == 0 || held.after.len() != weights.len() {
+            weights.to_vec()
+        } else {
+            held.of(from.saturating_sub(1)).to_vec()
+        };
+        self.cells.cell(1).store(from, Ordering::SeqCst);
         self.cells
-            .cell(1)
+            .cell(2)
             .store(weights.len() as u64, Ordering::SeqCst);
-        for (i, weight) in weights.iter().enumerate() {
+        for (i, (old, new)) in before.iter().zip(weights).enumerate() {
             self.cells
-                .cell(2 + i)
-                .store(weight.to_bits(), Ordering::SeqCst);
+                .cell(3 + i)
+                .store(old.to_bits(), Ordering::SeqCst);
+            self.cells
+                .cell(3 + SHARED_WEIGHTS_LEN + i)
+                .store(new.to_bits(), Ordering::SeqCst);
         }
         sequence.store(start + 2, Ordering::SeqCst);
         Ok(())
     }
 
-    /// The weights, as the last whole write left them.
-    pub fn get(&self) -> std::result::Result<Vec<f64>, String> {
+    /// The weights epoch `epoch` mixes by, as the last whole write left
+    /// them.
+    pub fn get(&self, epoch: u64) -> std::result::Result<Vec<f64>, String> {
+        let (from, before, after) = self.held_whole()?;
+        Ok(WeightsFrom {
+            from,
+            before,
+            after,
+        }
+        .of(epoch)
+        .to_vec())
+    }
+
+    /// The first epoch of the newest weights, the weights of the epochs
+    /// before it, and the newest, as the last whole write left them.
+    pub fn held_whole(&self) -> std::result::Result<(u64, Vec<f64>, Vec<f64>), String> {
         let sequence = self.cells.cell(0);
         for _ in 0..SHARED_WEIGHTS_TRIES {
             let before = sequence.load(Ordering::SeqCst);
             if before.is_multiple_of(2) {
-                let len =
-                    (self.cells.cell(1).load(Ordering::SeqCst) as usize).min(SHARED_WEIGHTS_LEN);
-                let weights: Vec<f64> = (0..len)
-                    .map(|i| f64::from_bits(self.cells.cell(2 + i).load(Ordering::SeqCst)))
-                    .collect();
+                let held = self.held();
                 if sequence.load(Ordering::SeqCst) == before {
-                    return Ok(weights);
+                    return Ok((held.from, held.before, held.after));
                 }
             }
             std::thread::yield_now();
@@ -597,15 +638,41 @@ impl SharedWeights {
         Err(Self::busy())
     }
 
+    /// The cells as they stand (whole only under the sequence's check).
+    fn held(&self) -> WeightsFrom {
+        let from = self.cells.cell(1).load(Ordering::SeqCst);
+        let len = (self.cells.cell(2).load(Ordering::SeqCst) as usize).min(SHARED_WEIGHTS_LEN);
+        let read = |first: usize| -> Vec<f64> {
+            (0..len)
+                .map(|i| f64::from_bits(self.cells.cell(first + i).load(Ordering::SeqCst)))
+                .collect()
+        };
+        WeightsFrom {
+            from,
+            before: read(3),
+            after: read(3 + SHARED_WEIGHTS_LEN),
+        }
+    }
+
     fn busy() -> String {
         "the mixture's weights stayed mid-write: a process stopped while setting them".into()
+    }
+}
+
+impl WeightsFrom {
+    /// The weights of `epoch`.
+    fn of(&self, epoch: u64) -> &[f64] {
+        if epoch >= self.from {
+            &self.after
+        } else {
+            &self.before
+        }
     }
 }
 
 impl std::fmt::Debug for SharedWeights {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedWeights")
-            .field("weights", &self.get())
             .field("shareable", &self.fd().is_some())
             .finish()
     }
@@ -626,30 +693,32 @@ mod tests {
 
     #[test]
     fn shared_weights_are_read_whole_across_threads_and_attached_copies() {
-        let table = std::sync::Arc::new(SharedWeights::new(&[5.0, 5.0]).unwrap());
-        assert_eq!(table.get().unwrap(), vec![5.0, 5.0]);
+        let table = std::sync::Arc::new(SharedWeights::new(&[5.0; 40]).unwrap());
+        assert_eq!(table.get(0).unwrap(), vec![5.0; 40]);
         assert!(SharedWeights::new(&[1.0; SHARED_WEIGHTS_LEN + 1]).is_err());
         // A reader sees each write whole: every weight of one write is the
-        // same number.
+        // same number, for the epochs from it and the ones before.
         let writer = {
             let table = table.clone();
             std::thread::spawn(move || {
                 for n in 0..2000u32 {
-                    table
-                        .set(&vec![f64::from(n); 1 + (n as usize % 40)])
-                        .unwrap();
+                    table.set(&[f64::from(n); 40], u64::from(n)).unwrap();
                 }
             })
         };
-        for _ in 0..2000 {
-            let seen = table.get().unwrap();
+        for epoch in 0..2000 {
+            let seen = table.get(epoch).unwrap();
             assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
         }
         writer.join().unwrap();
+        // Epoch 1999 on mix by the last write, 1998 by the one before.
+        assert_eq!(table.get(1999).unwrap(), vec![1999.0; 40]);
+        assert_eq!(table.get(1998).unwrap(), vec![1998.0; 40]);
         if let Some(fd) = table.fd() {
             let other = SharedWeights::attach(fd.try_clone_to_owned().unwrap()).unwrap();
-            table.set(&[0.5, 0.25, 4.0]).unwrap();
-            assert_eq!(other.get().unwrap(), vec![0.5, 0.25, 4.0]);
+            table.set(&[0.5; 40], 3000).unwrap();
+            assert_eq!(other.get(3000).unwrap(), vec![0.5; 40]);
+            assert_eq!(other.get(2999).unwrap(), vec![1999.0; 40]);
         }
     }
 

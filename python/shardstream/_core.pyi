@@ -211,16 +211,22 @@ class SharedWeights:
     descriptor, with workers started by ``spawn`` or ``forkserver``; read and written whole."""
 
     def __new__(cls, weights: list[float]) -> SharedWeights: ...
-    def get(self) -> list[float]:
-        """The weights, as the last whole write left them."""
-    def set(self, weights: list[float]) -> None:
-        """Replaces the weights."""
+    def get(self, epoch: int) -> list[float]:
+        """The weights epoch ``epoch`` mixes by."""
+    def set(self, weights: list[float], epoch: int) -> None:
+        """Makes ``weights`` those of epoch ``epoch`` and the ones after it (the epochs
+        before keep theirs)."""
+    def _held(self) -> tuple[int, list[float], list[float]]:
+        """The first epoch of the newest weights, the weights before it, and the newest."""
+    @staticmethod
+    def _from_parts(from_epoch: int, before: list[float], after: list[float]) -> SharedWeights:
+        """A new, unshared table holding ``before`` before ``from_epoch``, ``after`` from it."""
     def fd(self) -> int | None:
         """The descriptor of the table's memory (``None``: shared with forked processes only)."""
     @staticmethod
     def _attach(fd: int) -> SharedWeights:
         """The table whose memory is the descriptor ``fd`` (taken over and closed)."""
-    def __reduce__(self) -> tuple[Any, tuple[list[float]]]: ...
+    def __reduce__(self) -> tuple[Any, tuple[int, list[float], list[float]]]: ...
 
 @final
 class AudioClip:

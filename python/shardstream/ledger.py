@@ -558,7 +558,7 @@ class Ledger:
         meta_path = self.path / "meta.json"
         meta = json.loads(meta_path.read_text())
         by_epoch = meta["dataset"]["mix"].setdefault("weights_by_epoch", {})
-        weights = self._mix.weights
+        weights = self._mix._epoch_weights(epoch)
         if by_epoch.get(str(epoch)) != weights:
             by_epoch[str(epoch)] = weights
             _write_json(meta_path, meta)

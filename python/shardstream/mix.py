@@ -171,7 +171,12 @@ class Mix(IterableDataset[Any]):
     @property
     def weights(self) -> list[float]:
         """The weights of the next iteration's epoch."""
-        return self._weights.get()
+        return self._weights.get(self.epoch)
+
+    def _epoch_weights(self, epoch: int) -> list[float]:
+        """The weights ``epoch`` mixes by (``set_weights`` gives them from
+        the epoch that was the next one when it was called)."""
+        return self._weights.get(epoch)
 
     def set_weights(self, weights: Sequence[float]) -> None:
         """Sets the weights of the next iteration's epoch and the ones after
@@ -179,7 +184,7 @@ class Mix(IterableDataset[Any]):
         its DataLoader workers (persistent ones too). To change them in the
         middle of an epoch, resume with ``load_state_dict(elastic_state,
         weights=...)``."""
-        self._weights.set(self._check_weights(weights, len(self.datasets), self.policy))
+        self._weights.set(self._check_weights(weights, len(self.datasets), self.policy), self.epoch)
 
     # -- epochs ----------------------------------------------------------
 
@@ -246,7 +251,7 @@ class Mix(IterableDataset[Any]):
         mixture = self._mixture(slot)
         resume = self._epochs.pending()
         if resume is None:
-            return MixSlot.fresh(*mixture, self.weights, epoch)
+            return MixSlot.fresh(*mixture, self._epoch_weights(epoch), epoch)
         kind, state, weights = resume
         if kind == "exact":
             # The rest of this slot's epoch from its own state.
@@ -310,13 +315,14 @@ class Mix(IterableDataset[Any]):
             kind, epoch, finished, resume = "exact", int(state["epoch"]), state["finished"], state
         if new_weights is None:
             saved = [s["weights"] for s in (resume if kind == "elastic" else [resume])]
-            if any(w != self.weights for w in saved):
+            mine = self._epoch_weights(epoch)
+            if any(w != mine for w in saved):
                 raise StateMismatchError(
                     f"state field weights: the state's weights {saved[0]} are not this "
-                    f"mixture's {self.weights}; pass weights= to change them"
+                    f"mixture's {mine}; pass weights= to change them"
                 )
         else:
-            self._weights.set(new_weights)
+            self._weights.set(new_weights, epoch)
         self._iterator = None
         self._epochs.load((kind, resume, new_weights), epoch, finished)
 
@@ -351,8 +357,9 @@ class Mix(IterableDataset[Any]):
             # 0: the main process reads, as one worker does.
             workers = max(num_workers, 1)
         epoch = self.epoch
+        weights = self._epoch_weights(epoch)
         return sum(
-            len(MixSlot.fresh(*self._mixture((rank, world_size, w, workers)), self.weights, epoch))
+            len(MixSlot.fresh(*self._mixture((rank, world_size, w, workers)), weights, epoch))
             for w in range(workers)
         )
 

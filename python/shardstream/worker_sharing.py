@@ -88,7 +88,7 @@ def _share_weights(weights: SharedWeights) -> tuple[Any, tuple[Any, ...]]:
         _no_shared_memory(
             "mixture weights", "keep the weights they started with; set_weights does not reach them"
         )
-        return (SharedWeights, (weights.get(),))
+        return (SharedWeights._from_parts, weights._held())
     return (_attach_weights, (DupFd(fd),))
 
 

@@ -9,7 +9,7 @@
 //! epoch resumed onto another layout is checked for the first three only:
 //! an elastic resume splits the mixture's rest anew.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use super::file::Generation;
 use super::verify::{
@@ -26,10 +26,8 @@ pub struct MixDataset {
     pub streams: Vec<Dataset>,
     /// What the mixture does when a stream runs out.
     pub policy: Policy,
-    /// The streams' weights, where `weights_by_epoch` has none for an epoch.
+    /// The streams' weights, where a generation's meta gives none.
     pub weights: Vec<f64>,
-    /// The weights each epoch mixed by, as the ledger recorded them.
-    pub weights_by_epoch: BTreeMap<u64, Vec<f64>>,
     /// The mixture's seed.
     pub seed: u64,
 }
@@ -39,9 +37,14 @@ pub struct MixDataset {
 type MixSample = (u64, usize, usize, u64);
 
 impl MixDataset {
-    /// The weights `epoch` mixed by.
-    fn weights_for(&self, epoch: u64) -> &[f64] {
-        self.weights_by_epoch.get(&epoch).unwrap_or(&self.weights)
+    /// The weights `epoch` mixed by, as `generation` (the one holding the
+    /// epoch's first record that counts) recorded them: the epoch's own
+    /// (`weights_by_epoch`), else the generation's.
+    fn weights_for<'a>(&'a self, generation: &'a Generation, epoch: u64) -> &'a [f64] {
+        match &generation.meta.dataset.mix {
+            Some(meta) => meta.weights_by_epoch.get(&epoch).unwrap_or(&meta.weights),
+            None => &self.weights,
+        }
     }
 
     /// Where each stream's shards start in the mixture's numbering, and
@@ -208,7 +211,8 @@ fn check_mix_epoch(
     if !same_layout {
         return report;
     }
-    let Some(planned) = planned_samples(mix, epoch, first_layout) else {
+    let weights = mix.weights_for(&generations[order[0]], epoch);
+    let Some(planned) = planned_samples(mix, weights, epoch, first_layout) else {
         // The mixture cannot be planned (it could not have run): left unchecked.
         report.coverage_checked = false;
         return report;
@@ -363,7 +367,12 @@ struct Planned {
 
 /// What the mixture's plan takes in `epoch` with `(world_size,
 /// num_workers)`. `None` when the mixture cannot be planned.
-fn planned_samples(mix: &MixDataset, epoch: u64, layout: (usize, usize)) -> Option<Planned> {
+fn planned_samples(
+    mix: &MixDataset,
+    weights: &[f64],
+    epoch: u64,
+    layout: (usize, usize),
+) -> Option<Planned> {
     let infos = mix
         .streams
         .iter()
@@ -392,7 +401,7 @@ fn planned_samples(mix: &MixDataset, epoch: u64, layout: (usize, usize)) -> Opti
     for slot in 0..layout.0 * layout.1 {
         let mixture = SlotMixture {
             policy: mix.policy,
-            weights: mix.weights_for(epoch),
+            weights,
             key: (mix.seed, epoch),
             slot: u32::try_from(slot).ok()?,
             generation: 0,
@@ -447,7 +456,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::super::file::{
-        DatasetMeta, Meta, RankLog, Record, RecordKind, LEDGER_FORMAT, LEDGER_VERSION,
+        DatasetMeta, Meta, MixMeta, RankLog, Record, RecordKind, LEDGER_FORMAT, LEDGER_VERSION,
     };
     use super::*;
 
@@ -468,7 +477,6 @@ mod tests {
             ],
             policy,
             weights: vec![0.5, 0.5],
-            weights_by_epoch: BTreeMap::new(),
             seed: 7,
         }
     }
@@ -507,7 +515,7 @@ mod tests {
     /// `batch` samples (streams taken one after the other: verify does not
     /// check the order within a slot).
     fn planned_ids(m: &MixDataset, epoch: u64, world_size: usize, rank: usize) -> Vec<(u64, u64)> {
-        let planned = planned_samples(m, epoch, (world_size, 1)).unwrap();
+        let planned = planned_samples(m, &m.weights, epoch, (world_size, 1)).unwrap();
         let offsets = m.offsets();
         let id = |(pass, stream, shard, index): MixSample| {
             (pass * offsets[2] + offsets[stream] + shard as u64, index)
@@ -576,19 +584,54 @@ mod tests {
         ];
         let mut ranks = records(0, &ids[0], 2, 0);
         ranks.extend(records(1, &ids[1], 2, 100));
-        let ledger = [generation(0, 0, vec![ranks])];
-        let mut m = mix(Policy::Stop);
+        let m = mix(Policy::Stop);
+        let with = |g: Generation, weights: Vec<f64>, by_epoch: &[(u64, Vec<f64>)]| {
+            let mut g = g;
+            g.meta.dataset.mix = Some(MixMeta {
+                streams: Vec::new(),
+                weights,
+                policy: "stop".into(),
+                seed: 7,
+                weights_by_epoch: by_epoch.iter().cloned().collect(),
+            });
+            g
+        };
+        let unrecorded = [with(
+            generation(0, 0, vec![ranks.clone()]),
+            vec![0.5, 0.5],
+            &[],
+        )];
         assert!(
-            !verify_mix(&ledger, &m).ok,
-            "the weights made when the ledger was"
+            !verify_mix(&unrecorded, &m).ok,
+            "replayed with the first weights"
         );
-        m.weights_by_epoch.insert(1, vec![0.1, 0.9]);
-        let report = verify_mix(&ledger, &m);
+        let recorded = [with(
+            generation(0, 0, vec![ranks.clone()]),
+            vec![0.5, 0.5],
+            &[(0, vec![0.5, 0.5]), (1, vec![0.1, 0.9])],
+        )];
+        let report = verify_mix(&recorded, &m);
         assert!(report.ok, "{:?}", report.violation);
         assert!(report
             .epochs
             .iter()
             .all(|e| e.coverage_checked && e.complete));
+        // A generation whose epoch-1 records a later one supersedes (from
+        // step 100) wrote other weights for it: the later one's count.
+        let mut cut_short = records(0, &ids[0], 2, 0);
+        cut_short.extend(steps(1, &ids[1][..4], 2, 100));
+        let first = with(
+            generation(0, 0, vec![cut_short]),
+            vec![0.5, 0.5],
+            &[(0, vec![0.5, 0.5]), (1, vec![0.9, 0.1])],
+        );
+        let later = with(
+            generation(1, 100, vec![records(1, &ids[1], 2, 100)]),
+            vec![0.1, 0.9],
+            &[(1, vec![0.1, 0.9])],
+        );
+        let report = verify_mix(&[first, later], &m);
+        assert!(report.ok, "{:?}", report.violation);
     }
 
     #[test]

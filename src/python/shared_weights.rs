@@ -18,21 +18,25 @@ pub struct SharedWeights {
 
 #[pymethods]
 impl SharedWeights {
-    /// A new table holding `weights`.
+    /// A new table holding `weights` for every epoch.
     #[new]
     fn new(weights: Vec<f64>) -> PyResult<Self> {
         let inner = stats::SharedWeights::new(&weights).map_err(PyValueError::new_err)?;
         Ok(SharedWeights { inner })
     }
 
-    /// The weights, as the last whole write left them.
-    fn get(&self) -> PyResult<Vec<f64>> {
-        self.inner.get().map_err(ShardStreamError::new_err)
+    /// The weights epoch `epoch` mixes by, as the last whole write left
+    /// them.
+    fn get(&self, epoch: u64) -> PyResult<Vec<f64>> {
+        self.inner.get(epoch).map_err(ShardStreamError::new_err)
     }
 
-    /// Replaces the weights.
-    fn set(&self, weights: Vec<f64>) -> PyResult<()> {
-        self.inner.set(&weights).map_err(PyValueError::new_err)
+    /// Makes `weights` those of epoch `epoch` and the ones after it (the
+    /// epochs before keep theirs).
+    fn set(&self, weights: Vec<f64>, epoch: u64) -> PyResult<()> {
+        self.inner
+            .set(&weights, epoch)
+            .map_err(PyValueError::new_err)
     }
 
     /// The descriptor of the table's memory, to hand to a process started
@@ -51,10 +55,29 @@ impl SharedWeights {
         Ok(SharedWeights { inner })
     }
 
-    /// Plain pickling gives an unshared copy of the weights (the DataLoader
+    /// The table's state: the first epoch of the newest weights, the
+    /// weights of the epochs before it, and the newest.
+    fn _held(&self) -> PyResult<(u64, Vec<f64>, Vec<f64>)> {
+        self.inner.held_whole().map_err(ShardStreamError::new_err)
+    }
+
+    /// A new, unshared table holding `before` for the epochs before `from`
+    /// and `after` from it on.
+    #[staticmethod]
+    fn _from_parts(from: u64, before: Vec<f64>, after: Vec<f64>) -> PyResult<Self> {
+        let inner = stats::SharedWeights::new(&before).map_err(PyValueError::new_err)?;
+        inner.set(&after, from).map_err(PyValueError::new_err)?;
+        Ok(SharedWeights { inner })
+    }
+
+    /// Plain pickling gives an unshared copy of the table (the DataLoader
     /// hands workers the shared table through `multiprocessing`'s own
     /// pickler, see `shardstream.worker_sharing`).
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (Vec<f64>,))> {
-        Ok((slf.get_type().into_any(), (slf.borrow().get()?,)))
+    #[allow(clippy::type_complexity)]
+    fn __reduce__<'py>(
+        slf: &Bound<'py, Self>,
+    ) -> PyResult<(Bound<'py, PyAny>, (u64, Vec<f64>, Vec<f64>))> {
+        let rebuild = slf.get_type().getattr("_from_parts")?;
+        Ok((rebuild, slf.borrow()._held()?))
     }
 }

@@ -125,8 +125,8 @@ def test_a_forkserver_process_advances_the_same_epochs():
 
 
 def reweight(weights, new: list[float]) -> None:
-    assert weights.get() == [1.0, 2.0]
-    weights.set(new)
+    assert weights.get(0) == [1.0, 2.0]
+    weights.set(new, 2)
 
 
 def test_a_forkserver_process_sees_and_sets_the_same_mixture_weights():
@@ -138,16 +138,18 @@ def test_a_forkserver_process_sees_and_sets_the_same_mixture_weights():
 
     weights = _core.SharedWeights([1.0, 2.0])
     process = multiprocessing.get_context("forkserver").Process(
-        target=reweight, args=(weights, [0.5, 0.25, 8.0])
+        target=reweight, args=(weights, [0.5, 8.0])
     )
     process.start()
     process.join(60)
     assert process.exitcode == 0
-    assert weights.get() == [0.5, 0.25, 8.0]
-    # Plain pickling gives an unshared copy.
+    # From epoch 2 on; the epochs before keep theirs.
+    assert [weights.get(e) for e in (1, 2, 9)] == [[1.0, 2.0], [0.5, 8.0], [0.5, 8.0]]
+    # Plain pickling gives an unshared copy, epochs and all.
     copy = pickle.loads(pickle.dumps(weights))
-    copy.set([3.0])
-    assert (copy.get(), weights.get()) == ([3.0], [0.5, 0.25, 8.0])
+    assert [copy.get(e) for e in (1, 2)] == [[1.0, 2.0], [0.5, 8.0]]
+    copy.set([3.0, 3.0], 0)
+    assert (copy.get(1), weights.get(1)) == ([3.0, 3.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="at most 255 weights"):
         _core.SharedWeights([1.0] * 256)
     with pytest.raises(ValueError, match="not a weights table"):

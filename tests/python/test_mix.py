@@ -253,6 +253,13 @@ def test_set_weights_applies_from_the_next_epoch(streams):
     # b (24 samples) is the limit: a gives a third as many.
     assert sum(k.startswith("b/") for k in second) == sum(COUNTS_B)
     assert sum(k.startswith("a/") for k in second) == sum(COUNTS_B) // 3
+    # Set while an epoch is read: from the next one on; a worker that
+    # starts the running epoch late still mixes it by its weights.
+    running = iter(mix)
+    next(running)
+    mix.set_weights([0.5, 0.5])
+    assert mix._epoch_weights(running.epoch) == [0.25, 0.75]
+    assert mix._epoch_weights(running.epoch + 1) == mix.weights == [0.5, 0.5]
     with pytest.raises(ValueError, match="invalid option weights"):
         mix.set_weights([1.0, -1.0])
 

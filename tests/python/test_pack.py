@@ -404,11 +404,14 @@ def test_the_dataloader_s_own_batches_are_rust_batches_and_verify(
             assert got[field].dtype == want[field].dtype, field
             assert torch.equal(got[field], want[field]), field
         assert got["__key__"] == want["__key__"]
+        assert list(got) == list(want)
     capfd.readouterr()
     assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 0
     assert "exactly once" in capfd.readouterr().out
     with pytest.raises(ValueError, match="packed sequences"):
         collate_sequences([{"ids": np.arange(3)}])
+    with pytest.raises(ValueError, match="not Rust batches"):
+        collate_sequences([expected[0]])
     with pytest.raises(ValueError, match=r"widths \[3, 4\]"):
         collate_sequences(
             [
