@@ -507,9 +507,9 @@ const SHARED_WEIGHTS_TRIES: u32 = 1_000_000;
 /// forked or handed to (through its descriptor, [`SharedWeights::fd`] and
 /// [`SharedWeights::attach`]): DataLoader workers that persist across
 /// epochs read the weights of the epoch they start from it. Each write
-/// gives the weights from an epoch on (the epochs before keep theirs), so a
-/// worker that starts its epoch late still mixes it by the weights it was
-/// begun with. Written and read whole (a sequence lock): a reader never
+/// gives the weights from an epoch on (the epochs before take those of the
+/// one just before it), so a worker that starts its epoch late still mixes
+/// it by the weights it was begun with. Written and read whole (a sequence lock): a reader never
 /// sees part of a write.
 ///
 /// Cells: the write sequence (odd while a write is under way), the first
@@ -556,8 +556,8 @@ impl SharedWeights {
     }
 
     /// Makes `weights` (at most [`SHARED_WEIGHTS_LEN`]) the weights of
-    /// epoch `from` and the ones after it; the epochs before keep the
-    /// weights they had. A write under way in another thread or process is
+    /// epoch `from` and the ones after it; the epochs before take the
+    /// weights epoch `from - 1` had (those of the epochs just begun). A write under way in another thread or process is
     /// waited for.
     pub fn set(&self, weights: &[f64], from: u64) -> std::result::Result<(), String> {
         if weights.len() > SHARED_WEIGHTS_LEN {

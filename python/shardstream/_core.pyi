@@ -215,7 +215,7 @@ class SharedWeights:
         """The weights epoch ``epoch`` mixes by."""
     def set(self, weights: list[float], epoch: int) -> None:
         """Makes ``weights`` those of epoch ``epoch`` and the ones after it (the epochs
-        before keep theirs)."""
+        before take the weights epoch ``epoch - 1`` had)."""
     def _held(self) -> tuple[int, list[float], list[float]]:
         """The first epoch of the newest weights, the weights before it, and the newest."""
     @staticmethod

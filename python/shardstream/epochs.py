@@ -55,6 +55,13 @@ class EpochAdvance(Generic[Resume]):
         """The epoch of this process's next iteration."""
         return self._entry() & ~PENDING
 
+    @property
+    def furthest(self) -> int:
+        """The furthest epoch any process sharing the table iterates next
+        (a DataLoader's main process reads worker 0's entry as its own;
+        another worker may have started the epoch first)."""
+        return max(value & ~PENDING for value in self._table.values())
+
     def pending(self) -> Resume | None:
         """The loaded state this process's next iteration resumes, if it
         has not been used yet in this process (nor, for a DataLoader worker,

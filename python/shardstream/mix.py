@@ -175,16 +175,34 @@ class Mix(IterableDataset[Any]):
 
     def _epoch_weights(self, epoch: int) -> list[float]:
         """The weights ``epoch`` mixes by (``set_weights`` gives them from
-        the epoch that was the next one when it was called)."""
+        the first epoch no iteration had begun when it was called)."""
         return self._weights.get(epoch)
 
     def set_weights(self, weights: Sequence[float]) -> None:
         """Sets the weights of the next iteration's epoch and the ones after
-        it (an iteration under way keeps its own), in this process and in
-        its DataLoader workers (persistent ones too). To change them in the
-        middle of an epoch, resume with ``load_state_dict(elastic_state,
+        it, in this process and in its DataLoader workers (persistent ones
+        too): from the first epoch no iteration has begun (an iteration under
+        way keeps its weights, in workers that start it late too, and one
+        that resumes a loaded state keeps the state's). The epochs before
+        mix by the weights the epoch before that one had. To change them in
+        the middle of an epoch, resume with ``load_state_dict(elastic_state,
         weights=...)``."""
-        self._weights.set(self._check_weights(weights, len(self.datasets), self.policy), self.epoch)
+        checked = self._check_weights(weights, len(self.datasets), self.policy)
+        self._weights.set(checked, self._first_unstarted_epoch())
+
+    def _first_unstarted_epoch(self) -> int:
+        """The first epoch no iteration has begun, in this process or its
+        workers: ``set_weights`` changes the weights from there on. An
+        epoch whose iteration resumes a loaded state keeps that state's
+        weights."""
+        epoch = self._epochs.furthest
+        resume = self._epochs.pending()
+        if resume is not None:
+            kind, state, _ = resume
+            resumed = state[0] if kind == "elastic" else state
+            if int(resumed["epoch"]) == epoch:
+                return epoch + 1
+        return epoch
 
     # -- epochs ----------------------------------------------------------
 

@@ -18,13 +18,14 @@ _IDS = "__id__"
 
 def collate_sequences(sequences: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Batches packed sequences as ``DataLoader(ds, batch_size=N,
-    collate_fn=shardstream.collate_sequences)``: ``input_ids``, ``labels``
-    and ``position_ids`` stacked into ``(N, width)`` tensors (``__epoch__``
-    into ``(N, 1)``) by torch's ``default_collate``, ``cu_seqlens`` joined into one ``int32``
-    tensor of bounds over the batch's ``N * width`` tokens end to end (the
-    layout of variable-length attention kernels), ``__id__`` rows joined
-    into one ``(K, 3)`` tensor: the batch Rust batches of ``N`` give.
-    ``ValueError`` when the items are not packed sequences of one width."""
+    collate_fn=shardstream.collate_sequences)``: ``input_ids``,
+    ``position_ids`` and ``labels`` (with ``labels=True``) stacked into
+    ``(N, width)`` tensors (``__epoch__`` into ``(N, 1)``) by torch's
+    ``default_collate``, ``cu_seqlens`` joined into one ``int32`` tensor of
+    bounds over the batch's ``N * width`` tokens end to end (the layout of
+    variable-length attention kernels), ``__id__`` rows joined into one
+    ``(K, 3)`` tensor: the batch Rust batches of ``N`` give. ``ValueError``
+    when the items are not packed sequences of one width."""
     from torch import from_numpy
     from torch.utils.data import default_collate
 

@@ -32,7 +32,7 @@ impl SharedWeights {
     }
 
     /// Makes `weights` those of epoch `epoch` and the ones after it (the
-    /// epochs before keep theirs).
+    /// epochs before take the weights epoch `epoch - 1` had).
     fn set(&self, weights: Vec<f64>, epoch: u64) -> PyResult<()> {
         self.inner
             .set(&weights, epoch)
@@ -61,12 +61,12 @@ impl SharedWeights {
         self.inner.held_whole().map_err(ShardStreamError::new_err)
     }
 
-    /// A new, unshared table holding `before` for the epochs before `from`
-    /// and `after` from it on.
+    /// A new, unshared table holding `before` for the epochs before
+    /// `from_epoch` and `after` from it on.
     #[staticmethod]
-    fn _from_parts(from: u64, before: Vec<f64>, after: Vec<f64>) -> PyResult<Self> {
+    fn _from_parts(from_epoch: u64, before: Vec<f64>, after: Vec<f64>) -> PyResult<Self> {
         let inner = stats::SharedWeights::new(&before).map_err(PyValueError::new_err)?;
-        inner.set(&after, from).map_err(PyValueError::new_err)?;
+        inner.set(&after, from_epoch).map_err(PyValueError::new_err)?;
         Ok(SharedWeights { inner })
     }
 

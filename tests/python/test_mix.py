@@ -260,6 +260,14 @@ def test_set_weights_applies_from_the_next_epoch(streams):
     mix.set_weights([0.5, 0.5])
     assert mix._epoch_weights(running.epoch) == [0.25, 0.75]
     assert mix._epoch_weights(running.epoch + 1) == mix.weights == [0.5, 0.5]
+    # A loaded state's epoch keeps the state's weights: set_weights then
+    # starts at the epoch after it.
+    state = mix.state_dict()
+    resumed = make_mix(streams, (0.25, 0.75), "stop")
+    resumed.load_state_dict(state)
+    resumed.set_weights([0.75, 0.25])
+    assert resumed._epoch_weights(state["epoch"]) == [0.25, 0.75]
+    assert resumed._epoch_weights(state["epoch"] + 1) == [0.75, 0.25]
     with pytest.raises(ValueError, match="invalid option weights"):
         mix.set_weights([1.0, -1.0])
 
