@@ -66,7 +66,9 @@ impl SharedWeights {
     #[staticmethod]
     fn _from_parts(from_epoch: u64, before: Vec<f64>, after: Vec<f64>) -> PyResult<Self> {
         let inner = stats::SharedWeights::new(&before).map_err(PyValueError::new_err)?;
-        inner.set(&after, from_epoch).map_err(PyValueError::new_err)?;
+        inner
+            .set(&after, from_epoch)
+            .map_err(PyValueError::new_err)?;
         Ok(SharedWeights { inner })
     }
 
