@@ -161,11 +161,16 @@ impl PartQueue {
             options.transport.part_size as u64,
             options.transport.max_concurrency,
         );
+        let sizes = Arc::new(sizes);
         PartQueue {
             slots: Arc::new(Semaphore::new(options.transport.max_concurrency.max(1))),
             allowance: budget.saturating_sub(2 * sizes.ceiling()),
-            sizes: Arc::new(sizes),
-            tuner: Arc::new(Tuner::new(budget, options.transport.max_concurrency)),
+            tuner: Arc::new(Tuner::new(
+                budget,
+                options.transport.max_concurrency,
+                sizes.clone(),
+            )),
+            sizes,
             window: look_ahead_units(options.transport.max_concurrency),
             opened: VecDeque::new(),
         }

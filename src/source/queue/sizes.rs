@@ -138,6 +138,13 @@ impl PartSizes {
         estimate.completed.push_back((now, sample.bytes));
     }
 
+    /// Measures the fetch rate afresh from the next GETs (latency and
+    /// bandwidth are kept): until two complete, parts are [`part_cap`].
+    pub(super) fn restart_rate(&self) {
+        let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
+        estimate.completed.clear();
+    }
+
     /// The size of the next parts, from the estimates so far.
     pub(super) fn target(&self) -> u64 {
         let estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());

@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::sizes::PartSizes;
+
 /// The bytes of a unit after its first part from which its later parts
 /// may be read as a stream: below, a few parts at most hold them.
 pub(super) const STREAM_MIN_BYTES: u64 = 8 << 20;
@@ -27,6 +29,14 @@ const FIRST_HOLD: u64 = 64;
 
 /// The most parts fetched between two rounds of probes.
 const MAX_HOLD: u64 = 1 << 16;
+
+/// The most of the queue's time rounds of probes take: a round (from the
+/// wait for its first probe's quiet to its choice) is followed by at least
+/// `1 / PROBE_SHARE - 1` times its length without probes. A round keeps
+/// few parts in flight, which behind a first-byte latency costs about the
+/// budget's worth of reading per latency: taken as often as the hold alone
+/// allows, rounds took half of a read's time behind 20 ms.
+const PROBE_SHARE: f64 = 0.05;
 
 /// How much faster than one stream parallel parts must be to be taken:
 /// a server that does not serve them faster gets the fewer requests.
@@ -80,11 +90,15 @@ impl Mode {
 /// taken if they are at least [`MARGIN`] times faster, else the stream,
 /// for a hold of [`FIRST_HOLD`] parts, after which both ways are probed
 /// again (the way not chosen first); the hold doubles each time the choice
-/// stands. No wait lasts longer than about [`PROBE_LIMIT`]. Which way a
+/// stands, and lasts at least long enough that rounds of probes take at
+/// most [`PROBE_SHARE`] of the time. No wait lasts longer than about [`PROBE_LIMIT`]. Which way a
 /// part is fetched never changes which bytes it holds.
 #[derive(Debug)]
 pub(super) struct Tuner {
     state: Mutex<Tuning>,
+    /// The queue's part sizes, whose fetch rate restarts after each round
+    /// of probes (the parts held back while probes ran are no rate).
+    sizes: Arc<PartSizes>,
     /// The queue's budget (bytes) and its most requests in flight: what
     /// bounds the parts a probe of parts is projected to.
     budget: u64,
@@ -132,6 +146,10 @@ struct Tuning {
     active: u32,
     /// Since when the next probe waits for the parts in flight to end.
     quiet_wait: Option<Instant>,
+    /// When the round of probes under way began (its first wait for quiet).
+    round_started: Option<Instant>,
+    /// The earliest the next round of probes may begin.
+    next_round: Option<Instant>,
 }
 
 /// A probe: its parts issued, not yet ended, and their bytes.
@@ -274,8 +292,9 @@ impl Drop for Flight {
 impl Tuner {
     /// A tuner of a queue over `budget` bytes with at most
     /// `max_concurrency` requests in flight.
-    pub(super) fn new(budget: u64, max_concurrency: usize) -> Self {
+    pub(super) fn new(budget: u64, max_concurrency: usize, sizes: Arc<PartSizes>) -> Self {
         Tuner {
+            sizes,
             state: Mutex::new(Tuning {
                 chosen: Mode::Parts,
                 queued: VecDeque::from([Mode::Stream, Mode::Parts]),
@@ -287,6 +306,8 @@ impl Tuner {
                 probes: 0,
                 active: 0,
                 quiet_wait: None,
+                round_started: None,
+                next_round: None,
             }),
             budget,
             max_concurrency: u32::try_from(max_concurrency).unwrap_or(u32::MAX),
@@ -413,10 +434,13 @@ impl Tuner {
                 if !probe.measured(now, stream_rate, projection) {
                     return Step::Wait;
                 }
-                tuning.conclude(now, projection);
+                if tuning.conclude(now, projection) {
+                    self.sizes.restart_rate();
+                }
             } else if !tuning.queued.is_empty() {
                 // A probe starts with the server to itself.
                 let since = *tuning.quiet_wait.get_or_insert(now);
+                tuning.round_started.get_or_insert(since);
                 if tuning.active > 0 && now.saturating_duration_since(since) < PROBE_LIMIT {
                     return Step::Wait;
                 }
@@ -436,11 +460,11 @@ impl Tuner {
                     last_end: None,
                     failed: false,
                 });
-            } else if tuning.until_probe == 0 {
+            } else if tuning.until_probe == 0 && tuning.next_round.is_none_or(|at| now >= at) {
                 let chosen = tuning.chosen;
                 tuning.queued.extend([chosen.other(), chosen]);
             } else {
-                tuning.until_probe -= 1;
+                tuning.until_probe = tuning.until_probe.saturating_sub(1);
                 tuning.active += 1;
                 return Step::Issue(tuning.chosen, None);
             }
@@ -488,10 +512,11 @@ impl Tuner {
 
 impl Tuning {
     /// Takes the probe under way as measured at `now` (of parts: with
-    /// `projection`); chooses once no probe is left in the round.
-    fn conclude(&mut self, now: Instant, projection: Projection) {
+    /// `projection`); chooses once no probe is left in the round, and then
+    /// gives `true`.
+    fn conclude(&mut self, now: Instant, projection: Projection) -> bool {
         let Some(probe) = self.probe.take() else {
-            return;
+            return false;
         };
         if !probe.failed {
             self.rates[probe.mode.index()] = Some(probe.rate(now, projection));
@@ -500,7 +525,7 @@ impl Tuning {
             self.one_get = Some(one_get);
         }
         if !self.queued.is_empty() {
-            return;
+            return false;
         }
         let (parts, stream) = (
             self.rates[Mode::Parts.index()],
@@ -518,12 +543,24 @@ impl Tuning {
             self.hold = self.hold.saturating_mul(2).clamp(1, MAX_HOLD);
         }
         self.until_probe = self.hold;
+        if let Some(started) = self.round_started.take() {
+            let round = now.saturating_duration_since(started);
+            self.next_round = Some(now + round.mul_f64(1.0 / PROBE_SHARE - 1.0));
+        }
+        true
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::sizes::tests::sample;
     use super::*;
+
+    /// A tuner over `budget` with parts of at most 8 MiB.
+    fn tuner(budget: u64, max_concurrency: usize) -> Tuner {
+        let sizes = PartSizes::new(budget, 8 << 20, max_concurrency);
+        Tuner::new(budget, max_concurrency, Arc::new(sizes))
+    }
 
     /// Drives `tuner` through a probe of `mode` whose four parts of 1 MiB,
     /// `span` bytes from their unit's end, are issued at `start` and end
@@ -550,7 +587,7 @@ mod tests {
         // A server that answers one GET at a time, each 100 ms: the stream
         // probe's first part ends after 10 ms and the stream runs on at
         // 100 MiB/s; the parts probe is cut short once behind it.
-        let serial = Tuner::new(64 << 20, 64);
+        let serial = tuner(64 << 20, 64);
         let t0 = Instant::now();
         let t1 = probe(&serial, Mode::Stream, t0, [10, 20, 30, 40]);
         let t2 = t1 + Duration::from_millis(1);
@@ -574,29 +611,36 @@ mod tests {
         );
         assert_eq!(serial.lock().chosen, Mode::Stream);
         // The parts still in flight end; the stream holds FIRST_HOLD parts,
+        // and lasts until the round (t0 to t3) was PROBE_SHARE of the time;
         // then both ways are probed again, parts first.
         for _ in 0..3 {
             serial.ended(id, true, t3);
         }
-        for _ in 1..FIRST_HOLD {
+        for _ in 0..2 * FIRST_HOLD {
             assert_eq!(
                 serial.step(mib, 64 * mib, t3),
                 Step::Issue(Mode::Stream, None)
             );
         }
+        let round = t3.duration_since(t0);
+        let t4 = t3 + round.mul_f64(1.0 / PROBE_SHARE - 1.0);
+        assert_eq!(
+            serial.step(mib, 64 * mib, t4 - Duration::from_millis(1)),
+            Step::Issue(Mode::Stream, None)
+        );
         // Parts in flight (the hold's) are waited for before a probe.
-        assert_eq!(serial.step(mib, 64 * mib, t3), Step::Wait);
-        for _ in 0..FIRST_HOLD + 1 {
-            serial.ended(None, true, t3);
+        assert_eq!(serial.step(mib, 64 * mib, t4), Step::Wait);
+        for _ in 0..2 * FIRST_HOLD + 2 {
+            serial.ended(None, true, t4);
         }
         assert!(matches!(
-            serial.step(mib, 64 * mib, t3),
+            serial.step(mib, 64 * mib, t4),
             Step::Issue(Mode::Parts, Some(_))
         ));
 
         // A remote store: 30 ms to the first part's end, a stream of
         // 25 MiB/s; four parts at once all end after 60 ms (66 MiB/s).
-        let remote = Tuner::new(64 << 20, 64);
+        let remote = tuner(64 << 20, 64);
         let t1 = probe(&remote, Mode::Stream, t0, [30, 70, 110, 150]);
         let t2 = probe(&remote, Mode::Parts, t1, [55, 58, 59, 60]);
         assert_eq!(
@@ -614,7 +658,7 @@ mod tests {
         // server's proxy): four parts at once end after 33-36 ms, only 1.15
         // times the stream's rate, but each kept its connection's rate: the
         // queue's 16 parts in flight would be several times the stream.
-        let capped = Tuner::new(64 << 20, 64);
+        let capped = tuner(64 << 20, 64);
         let t0 = Instant::now();
         let t1 = probe(&capped, Mode::Stream, t0, [30, 40, 50, 60]);
         let t2 = probe(&capped, Mode::Parts, t1, [33, 34, 35, 36]);
@@ -639,7 +683,7 @@ mod tests {
         // each after 20 ms (a server on this machine copying the object),
         // bodies at 200 MiB/s. Once the parts can no longer win, even if
         // they ended at once, the probe is cut short and the stream taken.
-        let flat = Tuner::new(64 << 20, 64);
+        let flat = tuner(64 << 20, 64);
         let t1 = probe(&flat, Mode::Stream, t0, [25, 30, 35, 40]);
         let t2 = t1 + ms(1);
         let mut id = None;
@@ -656,6 +700,35 @@ mod tests {
             Step::Issue(Mode::Stream, None)
         );
         assert_eq!(flat.lock().chosen, Mode::Stream);
+    }
+
+    #[test]
+    fn the_fetch_rate_that_sizes_parts_restarts_after_each_round_of_probes() {
+        let mib = 1 << 20;
+        let capped = tuner(32 * mib, 64);
+        let floor = super::super::sizes::part_cap(32 * mib, 8 * mib);
+        // Before the round: a GET of 1 MB completing every 40 ms (25 MB/s,
+        // as the parts held back by a probe complete) makes parts large.
+        let t0 = Instant::now();
+        for i in 0..8 {
+            let at = t0 + Duration::from_millis(40 * i);
+            capped.sizes.record_at(sample(20, 1_000_000, 10), at);
+        }
+        assert!(capped.sizes.target() > floor, "{}", capped.sizes.target());
+        let t1 = probe(&capped, Mode::Stream, t0, [30, 40, 50, 60]);
+        let t2 = probe(&capped, Mode::Parts, t1, [33, 34, 35, 36]);
+        assert_eq!(
+            capped.step(mib, 64 * mib, t2),
+            Step::Issue(Mode::Parts, None)
+        );
+        // The round is over: the rate is measured afresh, from the floor.
+        assert_eq!(capped.sizes.target(), floor);
+        for i in 0..8 {
+            let at = t2 + Duration::from_millis(i);
+            capped.sizes.record_at(sample(20, 1_000_000, 10), at);
+        }
+        // 1 MB every ms (1 GB/s) behind 20 ms: the floor sustains it.
+        assert_eq!(capped.sizes.target(), floor);
     }
 
     #[test]
@@ -693,7 +766,7 @@ mod tests {
     #[test]
     fn a_failed_probe_gives_no_rate_and_no_wait_outlasts_the_limit() {
         let mib = 1 << 20;
-        let tuner = Tuner::new(64 << 20, 64);
+        let tuner = tuner(64 << 20, 64);
         let t0 = Instant::now();
         let mut id = None;
         for _ in 0..4 {
