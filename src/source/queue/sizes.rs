@@ -66,8 +66,10 @@ pub(super) fn part_ceiling(budget: u64, part_size: u64, max_concurrency: usize) 
 /// lasts, they stay at the floor, so that many GETs are in flight to cover
 /// the latency. `L` and `bw` are running estimates, each GET weighing
 /// [`NEWEST_WEIGHT`]; `R` is the bytes of the last [`RATE_WINDOW`] GETs
-/// over the time they took to complete; until two GETs are measured, parts
-/// are [`part_cap`]. Which bytes a part holds never changes what is read.
+/// over the time they took to complete; until two GETs are measured, and
+/// while the queue probes how to fetch parts ([`PartSizes::probing`]),
+/// parts are [`part_cap`]. Which bytes a part holds never changes what is
+/// read.
 #[derive(Debug)]
 pub(super) struct PartSizes {
     budget: u64,
@@ -83,6 +85,8 @@ struct Estimate {
     latency_bandwidth: Option<(f64, f64)>,
     /// When each of the last GETs completed, and its bytes.
     completed: VecDeque<(Instant, u64)>,
+    /// Whether probes run ([`PartSizes::probing`]).
+    probing: bool,
 }
 
 impl Estimate {
@@ -132,23 +136,30 @@ impl PartSizes {
                 }),
             ),
         });
+        if estimate.probing {
+            return;
+        }
         if estimate.completed.len() == RATE_WINDOW {
             estimate.completed.pop_front();
         }
         estimate.completed.push_back((now, sample.bytes));
     }
 
-    /// Measures the fetch rate afresh from the next GETs (latency and
-    /// bandwidth are kept): until two complete, parts are [`part_cap`].
-    pub(super) fn restart_rate(&self) {
+    /// Whether probes of the ways to fetch parts run (`on`): while they
+    /// do, parts are [`part_cap`] and the GETs that complete are no fetch
+    /// rate (the queue holds parts back for them); either way the rate is
+    /// measured afresh from the next GETs (latency and bandwidth are kept).
+    pub(super) fn probing(&self, on: bool) {
         let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
         estimate.completed.clear();
+        estimate.probing = on;
     }
 
     /// The size of the next parts, from the estimates so far.
     pub(super) fn target(&self) -> u64 {
         let estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
         match (estimate.latency_bandwidth, estimate.rate()) {
+            _ if estimate.probing => self.floor,
             (Some((latency, bandwidth)), Some(rate)) => self.size_for(latency, bandwidth, rate),
             _ => self.floor,
         }

@@ -96,8 +96,9 @@ impl Mode {
 #[derive(Debug)]
 pub(super) struct Tuner {
     state: Mutex<Tuning>,
-    /// The queue's part sizes, whose fetch rate restarts after each round
-    /// of probes (the parts held back while probes ran are no rate).
+    /// The queue's part sizes: the floor while a round of probes runs,
+    /// from a fetch rate measured afresh after it (the parts held back
+    /// while probes ran are no rate).
     sizes: Arc<PartSizes>,
     /// The queue's budget (bytes) and its most requests in flight: what
     /// bounds the parts a probe of parts is projected to.
@@ -435,12 +436,15 @@ impl Tuner {
                     return Step::Wait;
                 }
                 if tuning.conclude(now, projection) {
-                    self.sizes.restart_rate();
+                    self.sizes.probing(false);
                 }
             } else if !tuning.queued.is_empty() {
                 // A probe starts with the server to itself.
                 let since = *tuning.quiet_wait.get_or_insert(now);
-                tuning.round_started.get_or_insert(since);
+                if tuning.round_started.is_none() {
+                    tuning.round_started = Some(since);
+                    self.sizes.probing(true);
+                }
                 if tuning.active > 0 && now.saturating_duration_since(since) < PROBE_LIMIT {
                     return Step::Wait;
                 }
@@ -703,19 +707,27 @@ mod tests {
     }
 
     #[test]
-    fn the_fetch_rate_that_sizes_parts_restarts_after_each_round_of_probes() {
+    fn parts_are_the_floor_while_probes_run_and_sized_from_a_fresh_rate_after() {
         let mib = 1 << 20;
         let capped = tuner(32 * mib, 64);
         let floor = super::super::sizes::part_cap(32 * mib, 8 * mib);
-        // Before the round: a GET of 1 MB completing every 40 ms (25 MB/s,
-        // as the parts held back by a probe complete) makes parts large.
+        // 1 MB GETs completing every `every_ms` from `from` (behind 20 ms).
+        let complete = |from: Instant, every_ms: u64| {
+            for i in 0..8 {
+                let at = from + Duration::from_millis(every_ms * i);
+                capped.sizes.record_at(sample(20, 1_000_000, 10), at);
+            }
+        };
+        // Before the round: one every 40 ms (25 MB/s, as when the queue
+        // holds parts back for probes) makes parts large.
         let t0 = Instant::now();
-        for i in 0..8 {
-            let at = t0 + Duration::from_millis(40 * i);
-            capped.sizes.record_at(sample(20, 1_000_000, 10), at);
-        }
+        complete(t0, 40);
         assert!(capped.sizes.target() > floor, "{}", capped.sizes.target());
         let t1 = probe(&capped, Mode::Stream, t0, [30, 40, 50, 60]);
+        // While the round runs, parts are the floor and GETs no rate.
+        assert_eq!(capped.sizes.target(), floor);
+        complete(t1, 40);
+        assert_eq!(capped.sizes.target(), floor);
         let t2 = probe(&capped, Mode::Parts, t1, [33, 34, 35, 36]);
         assert_eq!(
             capped.step(mib, 64 * mib, t2),
@@ -723,12 +735,12 @@ mod tests {
         );
         // The round is over: the rate is measured afresh, from the floor.
         assert_eq!(capped.sizes.target(), floor);
-        for i in 0..8 {
-            let at = t2 + Duration::from_millis(i);
-            capped.sizes.record_at(sample(20, 1_000_000, 10), at);
-        }
-        // 1 MB every ms (1 GB/s) behind 20 ms: the floor sustains it.
+        // One every ms (1 GB/s) behind 20 ms: the floor sustains it.
+        complete(t2, 1);
         assert_eq!(capped.sizes.target(), floor);
+        // Measured again: a slower rate makes parts larger.
+        complete(t2 + Duration::from_millis(10), 40);
+        assert!(capped.sizes.target() > floor, "{}", capped.sizes.target());
     }
 
     #[test]
