@@ -136,9 +136,6 @@ impl PartSizes {
                 }),
             ),
         });
-        if estimate.probing {
-            return;
-        }
         if estimate.completed.len() == RATE_WINDOW {
             estimate.completed.pop_front();
         }
@@ -146,9 +143,9 @@ impl PartSizes {
     }
 
     /// Whether probes of the ways to fetch parts run (`on`): while they
-    /// do, parts are [`part_cap`] and the GETs that complete are no fetch
-    /// rate (the queue holds parts back for them); either way the rate is
-    /// measured afresh from the next GETs (latency and bandwidth are kept).
+    /// do, parts are [`part_cap`]; either way the fetch rate is measured
+    /// afresh from the next GETs (the queue held parts back for the
+    /// probes), and latency and bandwidth are kept.
     pub(super) fn probing(&self, on: bool) {
         let mut estimate = self.estimate.lock().unwrap_or_else(|e| e.into_inner());
         estimate.completed.clear();

@@ -91,8 +91,10 @@ impl Mode {
 /// for a hold of [`FIRST_HOLD`] parts, after which both ways are probed
 /// again (the way not chosen first); the hold doubles each time the choice
 /// stands, and lasts at least long enough that rounds of probes take at
-/// most [`PROBE_SHARE`] of the time. No wait lasts longer than about [`PROBE_LIMIT`]. Which way a
-/// part is fetched never changes which bytes it holds.
+/// most [`PROBE_SHARE`] of the time. A probe is measured at its last
+/// part's end (or earlier, cut short, at the next part's step). No wait
+/// lasts longer than about [`PROBE_LIMIT`]. Which way a part is fetched
+/// never changes which bytes it holds.
 #[derive(Debug)]
 pub(super) struct Tuner {
     state: Mutex<Tuning>,
@@ -441,15 +443,13 @@ impl Tuner {
             } else if !tuning.queued.is_empty() {
                 // A probe starts with the server to itself.
                 let since = *tuning.quiet_wait.get_or_insert(now);
-                if tuning.round_started.is_none() {
-                    tuning.round_started = Some(since);
-                    self.sizes.probing(true);
-                }
+                tuning.round_started.get_or_insert(since);
                 if tuning.active > 0 && now.saturating_duration_since(since) < PROBE_LIMIT {
                     return Step::Wait;
                 }
                 tuning.quiet_wait = None;
                 let mode = tuning.queued.pop_front().unwrap_or(Mode::Parts);
+                self.sizes.probing(true);
                 tuning.probes += 1;
                 tuning.probe = Some(Probe {
                     id: tuning.probes,
@@ -484,11 +484,21 @@ impl Tuner {
         let Some(probe) = probe else {
             return;
         };
-        if let Some(current) = tuning.probe.as_mut().filter(|p| p.id == probe) {
-            current.pending = current.pending.saturating_sub(1);
-            current.failed |= !ok;
-            current.first_end.get_or_insert(now);
-            current.last_end = Some(now);
+        let Some(current) = tuning.probe.as_mut().filter(|p| p.id == probe) else {
+            return;
+        };
+        current.pending = current.pending.saturating_sub(1);
+        current.failed |= !ok;
+        current.first_end.get_or_insert(now);
+        current.last_end = Some(now);
+        // Its last part ended: measured now, whether or not a later part
+        // comes to take the next step (objects too small to probe may
+        // follow, or none).
+        if current.pending == 0 && current.issued == PROBE_PARTS {
+            let projection = self.probe_projection(&tuning);
+            if tuning.conclude(now, projection) {
+                self.sizes.probing(false);
+            }
         }
     }
 
@@ -548,7 +558,9 @@ impl Tuning {
         }
         self.until_probe = self.hold;
         if let Some(started) = self.round_started.take() {
-            let round = now.saturating_duration_since(started);
+            // At most what a round takes: two waits for quiet and two
+            // probes, each bounded by PROBE_LIMIT.
+            let round = now.saturating_duration_since(started).min(4 * PROBE_LIMIT);
             self.next_round = Some(now + round.mul_f64(1.0 / PROBE_SHARE - 1.0));
         }
         true
@@ -729,11 +741,14 @@ mod tests {
         complete(t1, 40);
         assert_eq!(capped.sizes.target(), floor);
         let t2 = probe(&capped, Mode::Parts, t1, [33, 34, 35, 36]);
-        assert_eq!(
-            capped.step(mib, 64 * mib, t2),
-            Step::Issue(Mode::Parts, None)
-        );
-        // The round is over: the rate is measured afresh, from the floor.
+        // The round is over once its last part ended, though no later part
+        // came to take a step (objects too small to probe may follow): the
+        // rate is measured afresh, from the floor.
+        {
+            let tuning = capped.lock();
+            assert_eq!(tuning.chosen, Mode::Parts);
+            assert!(tuning.probe.is_none() && tuning.round_started.is_none());
+        }
         assert_eq!(capped.sizes.target(), floor);
         // One every ms (1 GB/s) behind 20 ms: the floor sustains it.
         complete(t2, 1);
@@ -741,6 +756,10 @@ mod tests {
         // Measured again: a slower rate makes parts larger.
         complete(t2 + Duration::from_millis(10), 40);
         assert!(capped.sizes.target() > floor, "{}", capped.sizes.target());
+        assert_eq!(
+            capped.step(mib, 64 * mib, t2),
+            Step::Issue(Mode::Parts, None)
+        );
     }
 
     #[test]
