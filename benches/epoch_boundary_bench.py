@@ -4,12 +4,18 @@ step (a fixed sleep per batch, so that the loader keeps up within an
 epoch), with ``persistent_workers`` off and on, at each worker count.
 
     python benches/epoch_boundary_bench.py --out bench-results \\
-        [--workers 2 4] [--epochs 4] [--step-ms 5] [--start-method fork]
+        [--workers 2 4] [--epochs 4] [--step-ms 5] [--start-method fork] \\
+        [--epoch-end-ms 200] [--s3-first-byte-ms 20]
+
+``--s3-first-byte-ms`` reads the shards from a local S3 server (moto)
+behind ``tests/python/fault_proxy.py``, each answer that late and each
+connection at 100 MB/s, instead of from local files.
 
 For each boundary the stall is the time from the end of the step on an
-epoch's last batch to the first batch of the next epoch (creating the
-iterator included): what the loop waits that it does not wait within an
-epoch (the median wait for a batch inside epochs is given beside it). Each
+epoch's last batch (and of ``--epoch-end-ms``, the loop's own work between
+epochs) to the first batch of the next epoch (creating the iterator
+included): what the loop waits that it does not wait within an epoch (the
+median wait for a batch inside epochs is given beside it). Each
 configuration runs in a fresh process; medians over the boundaries of
 ``--repeats`` runs.
 """
@@ -19,16 +25,25 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import zlib
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from mix_bench import write_stream  # benches/, the directory of this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
+from fault_proxy import Faults, running_fault_proxy
+from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, running_s3_server
+
+S3_BANDWIDTH = 100e6
+"""Bytes per second of each connection through the proxy."""
 
 
 def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
@@ -36,9 +51,12 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
     for a batch within epochs (seconds)."""
     from torch.utils.data import DataLoader
 
-    from shardstream import StreamingDataset
+    from shardstream import S3Config, StreamingDataset
 
-    dataset = StreamingDataset(spec, seed=0)
+    s3 = None
+    if args.endpoint:
+        s3 = S3Config(endpoint_url=args.endpoint, region="us-east-1", path_style=True)
+    dataset = StreamingDataset(spec, seed=0, s3=s3)
     loader = DataLoader(
         dataset,
         batch_size=args.batch,
@@ -58,6 +76,9 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
             batch = next(iterator, None)
             got = time.perf_counter()
             if batch is None:
+                # What the loop does between epochs (evaluation, a checkpoint).
+                time.sleep(args.epoch_end_ms / 1000)
+                step_end = time.perf_counter()
                 break
             if first and step_end is not None:
                 stalls.append(got - step_end)
@@ -81,12 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--step-ms", type=float, default=5.0, help="the training step per batch")
+    parser.add_argument(
+        "--epoch-end-ms",
+        type=float,
+        default=0.0,
+        help="the loop's own work between epochs (evaluation, a checkpoint)",
+    )
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--per-shard", type=int, default=256)
     parser.add_argument("--size", type=int, default=20_000, help="bytes per sample")
     parser.add_argument(
         "--start-method", default="fork", choices=multiprocessing.get_all_start_methods()
     )
+    parser.add_argument(
+        "--s3-first-byte-ms",
+        type=float,
+        help="read from a local S3 server behind a proxy answering this late",
+    )
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.epochs < 2 or args.repeats < 1 or min(args.workers) < 1:
@@ -97,17 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=TEST_KEY_ID, AWS_SECRET_ACCESS_KEY=TEST_SECRET)
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.out) as work:
+    with tempfile.TemporaryDirectory(dir=args.out) as work, ExitStack() as stack:
         spec = write_stream(Path(work) / "data", "s", args.shards, args.per_shard, args.size)
+        endpoint = []
+        if args.s3_first_byte_ms is not None:
+            spec, endpoint = serve_on_s3(stack, spec, args.s3_first_byte_ms / 1000)
         for workers in args.workers:
             for persistent in (False, True):
                 stalls, waits = [], []
                 for _ in range(args.repeats):
-                    child = [sys.executable, __file__, *(argv or sys.argv[1:])]
+                    child = [sys.executable, __file__, *(argv or sys.argv[1:]), *endpoint]
                     child += ["--child", spec, str(workers), "1" if persistent else "0"]
                     done = subprocess.run(
-                        child, capture_output=True, text=True, timeout=1800, check=True
+                        child, capture_output=True, text=True, timeout=1800, check=True, env=env
                     )
                     result = json.loads(done.stdout.strip().splitlines()[-1])
                     expected = args.shards * args.per_shard * args.epochs
@@ -127,9 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (args.out / "epoch_boundary_bench.json").write_text(json.dumps(rows, indent=2))
+    where = "local files"
+    if args.s3_first_byte_ms is not None:
+        where = (
+            f"S3 (moto) behind a proxy: {args.s3_first_byte_ms:g} ms to the first byte, "
+            f"{S3_BANDWIDTH / 1e6:.0f} MB/s per connection"
+        )
     lines = [
-        f"{args.shards} shards x {args.per_shard} samples of {args.size:,} bytes, batch "
-        f"{args.batch}, a {args.step_ms:g} ms step per batch, {args.epochs} epochs, "
+        f"{args.shards} shards x {args.per_shard} samples of {args.size:,} bytes ({where}), "
+        f"batch {args.batch}, a {args.step_ms:g} ms step per batch, {args.epoch_end_ms:g} ms "
+        f"of the loop's own between epochs, {args.epochs} epochs, "
         f"{args.repeats} runs, {args.start_method} workers",
         "",
         "| workers | persistent_workers | boundary stall, median (max) | wait for a batch "
@@ -144,6 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "epoch_boundary_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def serve_on_s3(stack: ExitStack, spec: str, first_byte: float) -> tuple[str, list[str]]:
+    """Uploads the local shards of ``spec`` (one directory's) to a local S3
+    server behind a proxy answering ``first_byte`` seconds late: their
+    ``s3://`` spec and the child's ``--endpoint`` argument."""
+    server = stack.enter_context(running_s3_server())
+    client = server.client()
+    client.create_bucket(Bucket=BUCKET)
+    for path in sorted(Path(spec).parent.glob("*.tar")):
+        client.upload_file(str(path), BUCKET, f"boundary/{path.name}")
+    faults = Faults(first_byte_delay=first_byte, bandwidth=S3_BANDWIDTH)
+    proxy = stack.enter_context(running_fault_proxy(server.endpoint_url, faults))
+    return f"s3://{BUCKET}/boundary/", ["--endpoint", proxy.endpoint_url]
 
 
 if __name__ == "__main__":

@@ -551,7 +551,7 @@ class MixSlot(Iterator[tuple[int, Any]]):
 @final
 class SampleStream(Iterator[Any]):
     """The samples of one ``(rank, worker)`` slot for one epoch (dicts, collated batches or
-    ``pyarrow.RecordBatch`` objects); its threads start at the first ``next()``."""
+    ``pyarrow.RecordBatch`` objects); its threads start at the first ``next()`` (or ``start()``)."""
 
     def __new__(
         cls,
@@ -568,6 +568,7 @@ class SampleStream(Iterator[Any]):
         shared_bytes: Callable[..., bytes] | None = None,
         on_skip: Callable[[int, int, int, int | None, str], object] | None = None,
         plan_sequences: bool = False,
+        on_end: Callable[[], object] | None = None,
     ) -> SampleStream: ...
     @property
     def epoch(self) -> int:
@@ -577,7 +578,10 @@ class SampleStream(Iterator[Any]):
         """This slot's work units in order: ``(shard, first_sample, end_sample)``."""
     @property
     def started(self) -> bool:
-        """Whether a ``next()`` has been called on the stream (its threads started)."""
+        """Whether ``next()`` or ``start()`` has been called (its threads started)."""
+    def start(self) -> None:
+        """Starts the stream's threads now: reading begins before the first
+        ``next()``."""
     def retarget(self, other: SampleStream) -> bool:
         """Makes this stream, not yet started, stream what ``other`` would."""
     def state(self) -> str:

@@ -10,6 +10,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from multiprocessing.reduction import ForkingPickler
 from types import FrameType
@@ -270,6 +271,9 @@ class StreamingDataset(IterableDataset[Any]):
         self._counters = Counters()
         self._stats_since: dict[str, int] | None = None
         self._stream: SampleStream | None = None
+        # The next epoch's stream, started in a persistent DataLoader worker
+        # when this epoch's ended (see ``_start_next``).
+        self._next_stream: SampleStream | None = None
         self._decode_checked = False
         self.skip_log: SkipLog | None = None
         """Where this dataset's streams record the samples they leave out
@@ -420,7 +424,10 @@ class StreamingDataset(IterableDataset[Any]):
         check_not_resplit(self, self.distributed_slot()[1])
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
-        stream = self._open_stream(self.epoch)
+        stream = self._started_next()
+        if stream is None:
+            on_end = _start_next_of(self) if persistent_worker() else None
+            stream = self._open_stream(self.epoch, on_end)
         # A resumed stream takes its epoch from the state; either way the
         # next iteration streams the epoch after this one.
         self._epochs.started(stream.epoch)
@@ -520,16 +527,50 @@ class StreamingDataset(IterableDataset[Any]):
         self._stream = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 
-    def _open_stream(self, epoch: int) -> SampleStream:
+    def _open_stream(self, epoch: int, on_end: Callable[[], None] | None = None) -> SampleStream:
         """This slot's stream for ``epoch`` (or the pending resume); its
-        threads start at the first ``next()``."""
+        threads start at the first ``next()``. ``on_end`` is called when
+        the stream ends."""
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
         # torch.distributed may have been set up after construction.
         count_for_ranks(self.shard_list, world_size)
         return self.slot_stream(
-            epoch, self._epochs.pending(), (rank, world_size, worker_id, num_workers)
+            epoch,
+            self._epochs.pending(),
+            (rank, world_size, worker_id, num_workers),
+            on_end=on_end,
         )
+
+    def _start_next(self) -> None:
+        """Called in a persistent DataLoader worker when its epoch's stream
+        ends: opens the next epoch's stream and starts its reads, so that
+        they run while the other workers and the training loop finish the
+        epoch. The next ``__iter__`` takes it if it is still the stream that
+        iteration would open (``_started_next``). A stream that cannot be
+        opened now is opened again by that iteration, which then raises."""
+        if self._epochs.pending() is not None:
+            return
+        try:
+            stream = self._open_stream(self.epoch, _start_next_of(self))
+        except Exception:
+            return
+        stream.start()
+        self._next_stream = stream
+
+    def _started_next(self) -> SampleStream | None:
+        """The stream ``_start_next`` started, if the next iteration would
+        open the same: its epoch still the next (``set_epoch`` and a loaded
+        state change it) and this process's slot the same. Either way it is
+        no longer kept."""
+        stream, self._next_stream = self._next_stream, None
+        if stream is None or self._epochs.pending() is not None or stream.epoch != self.epoch:
+            return None
+        rank, world_size = self.distributed_slot()
+        worker_id, num_workers = self.worker_slot()
+        state = json.loads(stream.state())
+        slot = (state["rank"], state["world_size"], state["worker_id"], state["num_workers"])
+        return stream if slot == (rank, world_size, worker_id, num_workers) else None
 
     def slot_stream(
         self,
@@ -537,13 +578,15 @@ class StreamingDataset(IterableDataset[Any]):
         resume: str | None,
         slot: tuple[int, int, int, int],
         plan_sequences: bool = False,
+        on_end: Callable[[], None] | None = None,
     ) -> SampleStream:
         """The stream of ``slot`` (``(rank, world_size, worker_id,
         num_workers)``) for ``epoch``, or for ``resume`` (a state's JSON),
         counting in this dataset's counters; its threads start at the first
         ``next()``. ``shardstream.Mix`` opens its streams with it, with
         ``plan_sequences`` (with ``pack``, the sequences planned from the
-        token counts on one rank too)."""
+        token counts on one rank too). ``on_end`` is called when the stream
+        ends."""
         rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
@@ -570,6 +613,7 @@ class StreamingDataset(IterableDataset[Any]):
             shared_bytes=SharedBytes if shared_limit else None,
             on_skip=self.skip_log,
             plan_sequences=plan_sequences,
+            on_end=on_end,
         )
 
     def stats(self, reset: bool = False) -> dict[str, int]:
@@ -619,7 +663,7 @@ class StreamingDataset(IterableDataset[Any]):
                     f"nested function ({type(error).__name__}: {error})"
                 ) from error
         state = self.__dict__.copy()
-        state["_stream"] = None
+        state["_stream"] = state["_next_stream"] = None
         # A DataLoader starting spawn or forkserver workers pickles the
         # dataset in its main process, which is then not the workers' parent.
         state["_pickled_by"] = os.getpid()
@@ -686,6 +730,35 @@ class _Transformed:
             self._counters.count_transform(time.perf_counter_ns() - started)
             if item is not SKIPPED:
                 return item
+
+
+def persistent_worker() -> bool:
+    """Whether this call runs in a DataLoader worker (of torch's or
+    ``StatefulDataLoader``'s) made with ``persistent_workers=True``: its
+    worker loop's frame is on the stack. Such a worker iterates the dataset
+    again at the next epoch; another one is stopped at the epoch's end."""
+    if get_worker_info() is None:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_worker_loop" and "persistent_workers" in code.co_varnames:
+            return bool(frame.f_locals.get("persistent_workers"))
+        frame = frame.f_back
+    return False
+
+
+def _start_next_of(dataset: StreamingDataset) -> Callable[[], None]:
+    """``dataset._start_next``, holding the dataset weakly (the stream it
+    is given to is the dataset's own)."""
+    ref = weakref.ref(dataset)
+
+    def start_next() -> None:
+        live = ref()
+        if live is not None:
+            live._start_next()
+
+    return start_next
 
 
 def count_for_ranks(shard_list: ShardList, world_size: int) -> None:

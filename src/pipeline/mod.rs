@@ -76,11 +76,14 @@ pub enum Poll {
 }
 
 /// The samples of one slot for one epoch, produced on a background thread.
-/// The threads start at the first [`SampleStream::poll`] (so a stream can
-/// be made, and its state read, in a process that is about to fork);
-/// dropping the stream stops them.
+/// The threads start at the first [`SampleStream::poll`], or earlier at
+/// [`SampleStream::start`] (so a stream can be made, and its state read, in
+/// a process that is about to fork); dropping the stream stops them.
 pub struct SampleStream {
     launch: Option<Launch>,
+    /// Why the threads could not start, if they could not: the first
+    /// [`SampleStream::poll`] returns it.
+    launch_error: Option<Error>,
     messages: Option<Receiver<Message>>,
     /// Events received and not yet handed out, in order.
     ready: VecDeque<Delivery>,
@@ -178,6 +181,7 @@ impl SampleStream {
         );
         rng.set_word_pos(mirror.rng_word_pos);
         Ok(SampleStream {
+            launch_error: None,
             launch: Some(Launch {
                 reads,
                 replay,
@@ -277,6 +281,19 @@ impl SampleStream {
             .spawn(move || worker.run())
             .map_err(|e| Error::Stopped(format!("cannot start the pipeline thread: {e}")))?;
         Ok(rx)
+    }
+
+    /// Starts the threads, if not started yet, so that reading begins
+    /// before the first [`SampleStream::poll`] (the next epoch's stream,
+    /// made while the training loop finishes an epoch). What stops them
+    /// from starting is returned by the first poll.
+    pub fn start(&mut self) {
+        if let Some(launch) = self.launch.take() {
+            match self.launch(launch) {
+                Ok(rx) => self.messages = Some(rx),
+                Err(error) => self.launch_error = Some(error),
+            }
+        }
     }
 
     /// The work units this slot reads in the epoch, in order.
@@ -432,14 +449,10 @@ impl SampleStream {
         if self.done {
             return Ok(Delivered::End);
         }
-        if let Some(launch) = self.launch.take() {
-            match self.launch(launch) {
-                Ok(rx) => self.messages = Some(rx),
-                Err(error) => {
-                    self.done = true;
-                    return Err(error);
-                }
-            }
+        self.start();
+        if let Some(error) = self.launch_error.take() {
+            self.done = true;
+            return Err(error);
         }
         if self.ready.is_empty() {
             let messages = self.messages.as_ref().expect("launched above");

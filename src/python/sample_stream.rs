@@ -34,7 +34,7 @@ const HANDOFF_TIMED_EVERY: u32 = 16;
 /// The samples of one `(rank, worker)` slot for one epoch, as dicts with
 /// `__key__`, `__url__` and one value per field (`bytes` unless decoded),
 /// or collated batches of them, or `pyarrow.RecordBatch` objects. Its
-/// threads start at the first `next()`.
+/// threads start at the first `next()` (or at `start()`).
 #[pyclass(module = "shardstream._core")]
 pub struct SampleStream {
     inner: Mutex<Stream>,
@@ -57,6 +57,9 @@ pub struct SampleStream {
     /// Called with `(epoch, shard, first, end, reason)` for each skip
     /// (`end` `None`: to the shard's end), before its warning.
     on_skip: Option<Py<PyAny>>,
+    /// Called with no argument once, when the stream ends (not at a
+    /// failure), before `next()` says so.
+    on_end: Mutex<Option<Py<PyAny>>>,
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::Worker`].
     local_bytes: Option<Py<PyAny>>,
@@ -120,11 +123,13 @@ impl SampleStream {
     /// (`first..end` of the shard; `end` `None` when its count is unknown).
     /// `plan_sequences`: with `pack`, the stream hands out the sequences
     /// planned from the token counts on one rank too (a mixture's stream).
+    /// `on_end()` is called once when the stream ends (not when it fails),
+    /// before `next()` raises `StopIteration`.
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
         resume = None, counters = None, local_bytes = None, shared_bytes = None, on_skip = None,
-        plan_sequences = false,
+        plan_sequences = false, on_end = None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -141,6 +146,7 @@ impl SampleStream {
         shared_bytes: Option<Py<PyAny>>,
         on_skip: Option<Py<PyAny>>,
         plan_sequences: bool,
+        on_end: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let options = shards.options.bind(py).get();
         let slot = SlotSpec::new(world_size, rank, num_workers, worker_id).map_err(to_py)?;
@@ -177,6 +183,7 @@ impl SampleStream {
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
             on_skip,
+            on_end: Mutex::new(on_end),
             local_bytes,
             shared_bytes,
             names: Mutex::new(NameCache::default()),
@@ -211,10 +218,35 @@ impl SampleStream {
             .collect()
     }
 
-    /// Whether a `next()` has been called on the stream (its threads started).
+    /// Whether `next()` or `start()` has been called (its threads started).
     #[getter]
     fn started(&self) -> bool {
         self.started_in.load(Ordering::SeqCst) != 0
+    }
+
+    /// Starts the stream's threads in this process now, without waiting
+    /// for a sample: reading begins before the first `next()` (a
+    /// DataLoader worker's next epoch, while the training loop finishes
+    /// this one). What stops the threads from starting is raised by the
+    /// first `next()`. Raises `StreamProcessError` if the stream was
+    /// started in another process; does nothing if started here.
+    fn start(&self, py: Python<'_>) -> PyResult<()> {
+        let pid = process_id();
+        match self
+            .started_in
+            .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => {}
+            Err(started) if started == pid => return Ok(()),
+            Err(started) => return Err(started_elsewhere(started)),
+        }
+        blocking(py, || {
+            self.inner
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .start();
+            Ok(())
+        })
     }
 
     /// Makes this stream, not yet started, stream what `other` (of the same
@@ -262,11 +294,7 @@ impl SampleStream {
         {
             Ok(_) => {}
             Err(started) if started == pid => wait = Duration::ZERO,
-            Err(started) => {
-                return Err(StreamProcessError::new_err(format!(
-                    "this stream was started in process {started}; create a new iterator in this process"
-                )))
-            }
+            Err(started) => return Err(started_elsewhere(started)),
         }
         let Some(_turn) = NextTurn::take(&self.busy) else {
             return Err(ShardStreamError::new_err(
@@ -313,6 +341,10 @@ impl SampleStream {
                 Collected::End => {
                     let samples = held();
                     if samples.is_empty() {
+                        let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
+                        if let Some(on_end) = on_end {
+                            on_end.call0(py)?;
+                        }
                         return Ok(None);
                     }
                     return self.hand_out(py, samples).map(Some);
@@ -477,6 +509,14 @@ fn forget_process_id() {
 }
 
 /// Warns that the rest of a bad shard was skipped.
+/// The error of a stream used in a process other than the one that
+/// started it (a forked child has none of its threads).
+fn started_elsewhere(started: u32) -> PyErr {
+    StreamProcessError::new_err(format!(
+        "this stream was started in process {started}; create a new iterator in this process"
+    ))
+}
+
 fn warn_skipped(py: Python<'_>, error: &crate::Error) -> PyResult<()> {
     let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
         .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());

@@ -81,6 +81,36 @@ def test_set_epoch_sets_the_next_iteration_and_the_following_go_on(
     assert ds.epoch == 1
 
 
+def test_a_persistent_worker_starts_reading_the_next_epoch_when_its_own_ends(dataset):
+    """Once a persistent worker's epoch ends, its next epoch's stream is
+    opened and read while the training loop is still between epochs: more
+    than one epoch's bytes are read before the next iteration asks. That
+    iteration takes the stream, and the epochs stay the ones a fresh
+    dataset told its epoch streams (the set_epoch test above covers a
+    started stream that set_epoch makes the wrong one)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    one_epoch = sum(p.stat().st_size for p in dataset.paths)
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 2, 0)
+    deadline = time.monotonic() + 10
+    while ds.stats()["bytes_read"] <= one_epoch and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ds.stats()["bytes_read"] > one_epoch, "no read of the next epoch began"
+    # The started stream's state is exact: resume epoch 1 after 5 samples.
+    iterator = iter(dl)
+    first = keys_of([next(iterator) for _ in range(5)])
+    state = dl.state_dict()
+    rest = keys_of(list(iterator))
+    assert first + rest == epoch_order(dataset.spec, 2, 1)
+    resumed = StatefulDataLoader(
+        shardstream.StreamingDataset(dataset.spec, seed=SEED), batch_size=None, num_workers=2
+    )
+    resumed.load_state_dict(state)
+    assert keys_of(collect(resumed)) == rest
+
+
 def test_dataloaders_with_other_worker_counts_agree_on_the_epoch(dataset):
     """Each worker advances its own entry; a later DataLoader with more
     workers (or the main process) goes on from the same epoch, so its
