@@ -3,6 +3,9 @@
 # device (about 8 minutes with 16 cores and an H100):
 #   - "train": `make bench-train`'s table (ResNet-18 and ResNet-50, bf16,
 #     batch 256, 4 and 8 workers; every pipeline, the GPU decode included);
+#   - "boundary": ResNet-18 at 16 workers over 60 timed steps (past the
+#     epoch's end), with and without persistent workers: what an epoch
+#     boundary costs the training loop;
 #   - "s3": the side-by-side S3 benchmark behind the bench server's latency
 #     proxy (20 ms first byte, 100 MB/s per connection) at 0, 4, 8 and 16
 #     workers, shardstream against webdataset and LitData.
@@ -10,12 +13,13 @@
 #   benches/gpu_figures.sh [OUT]
 #
 # PYTHON: the interpreter with torch, torchvision, shardstream, webdataset and
-# LitData (default python3); PARTS: which parts to run (default "train s3").
+# LitData (default python3); PARTS: which parts to run (default "train
+# boundary s3").
 # The S3 part needs the bench server that `make bench-peers-s3` builds.
 set -euo pipefail
 out=${1:-bench-results}
 py=${PYTHON:-python3}
-parts=${PARTS:-train s3}
+parts=${PARTS:-train boundary s3}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 for part in $parts; do
@@ -23,6 +27,14 @@ for part in $parts; do
     train)
         "$py" "$here/train_bench.py" --out "$out" --steps 30 --warmup 8 \
             --shards 64 --per-shard 250 2>&1 | tee "$out/train.log"
+        ;;
+    boundary)
+        for kept in "" --persistent-workers; do
+            "$py" "$here/train_bench.py" --out "$out/boundary$kept" --steps 60 --warmup 8 \
+                --shards 64 --per-shard 250 --models resnet18 --workers 16 \
+                --pipelines "shardstream Image" "webdataset + PIL" $kept 2>&1 |
+                tee "$out/boundary$kept.log"
+        done
         ;;
     s3)
         "$py" "$here/peers/peers_bench.py" --out "$out" --storage s3 \
@@ -32,7 +44,7 @@ for part in $parts; do
             2>&1 | tee "$out/s3.log"
         ;;
     *)
-        echo "gpu_figures.sh: unknown part $part (train, s3)" >&2
+        echo "gpu_figures.sh: unknown part $part (train, boundary, s3)" >&2
         exit 2
         ;;
     esac

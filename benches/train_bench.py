@@ -3,7 +3,7 @@
 accelerator's ceiling on batches already on it.
 
     python benches/train_bench.py --out bench-results [--models resnet18 resnet50]
-        [--workers 4 8] [--batch 256] [--steps 40] [--warmup 10]
+        [--workers 4 8] [--batch 256] [--steps 40] [--warmup 10] [--persistent-workers]
 
 Pipelines, over the same tar shards of 500x375 JPEGs (~45 KB, the size of
 ImageNet's; made by `augment_bench.make_dataset`) and their labels:
@@ -144,10 +144,15 @@ def tree_cpu_seconds() -> tuple[float, float]:
     return usage.ru_utime + usage.ru_stime, descendants
 
 
-def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -> Any:
+def loader_for(
+    pipeline: str, data: Path, batch: int, workers: int, pin: bool, persistent: bool
+) -> Any:
     """The pipeline's DataLoader over `data` (tar shards under `data/tar`),
-    yielding `(uint8 images, int64 labels)` or Rust batch dicts."""
+    yielding `(uint8 images, int64 labels)` or Rust batch dicts; with
+    `persistent`, its workers stay from one epoch to the next."""
     from torch.utils.data import DataLoader, IterableDataset
+
+    kept = {"persistent_workers": persistent and workers > 0}
 
     tars = sorted(str(p) for p in (data / "tar").glob("*.tar"))
     if pipeline == "shardstream Image":
@@ -160,7 +165,7 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
             decode={"jpg": Image(SIZE, flip=0.5), "cls": "int"},
             batch_size=batch,
         )
-        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin)
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin, **kept)
     if pipeline == "shardstream GPU decode":
         from shardstream import StreamingDataset
 
@@ -172,7 +177,7 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
             batch_size=batch,
             pack_bytes=True,
         )
-        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin)
+        return DataLoader(dataset, batch_size=None, num_workers=workers, pin_memory=pin, **kept)
     if pipeline == "shardstream + PIL":
         from shardstream import StreamingDataset
 
@@ -198,7 +203,7 @@ def loader_for(pipeline: str, data: Path, batch: int, workers: int, pin: bool) -
         def __iter__(self) -> Iterator[tuple[Any, int]]:
             return map(pil_transform, raw)
 
-    return DataLoader(Transformed(), batch_size=batch, num_workers=workers, pin_memory=pin)
+    return DataLoader(Transformed(), batch_size=batch, num_workers=workers, pin_memory=pin, **kept)
 
 
 def gpu_decoder(device: Any) -> Any:
@@ -266,7 +271,8 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
         labels = torch.randint(0, 1000, (batch,), device=device)
         source: Iterator[tuple[Any, Any]] = iter(lambda: (images, labels), None)
     else:
-        loader = loader_for(pipeline, data, batch, workers, device.type == "cuda")
+        pin = device.type == "cuda"
+        loader = loader_for(pipeline, data, batch, workers, pin, args.persistent_workers)
         source = batches(loader, device)
     for _ in range(args.warmup):
         step(*next(source))
@@ -329,6 +335,7 @@ def child_args(args: Any) -> list[str]:
         str(args.steps),
         "--warmup",
         str(args.warmup),
+        *(["--persistent-workers"] if args.persistent_workers else []),
     ]
 
 
@@ -362,6 +369,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--persistent-workers",
+        action="store_true",
+        help="DataLoader workers that stay between epochs (with --steps past an epoch)",
+    )
     parser.add_argument("--shards", type=int, default=80)
     parser.add_argument("--per-shard", type=int, default=500)
     parser.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=PIPELINES)
