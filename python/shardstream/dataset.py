@@ -739,7 +739,7 @@ def persistent_worker() -> bool:
     again at the next epoch; another one is stopped at the epoch's end."""
     if get_worker_info() is None:
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_worker_loop" and "persistent_workers" in code.co_varnames:

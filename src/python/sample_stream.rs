@@ -241,10 +241,7 @@ impl SampleStream {
             Err(started) => return Err(started_elsewhere(started)),
         }
         blocking(py, || {
-            self.inner
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .start();
+            self.inner.lock().unwrap_or_else(|e| e.into_inner()).start();
             Ok(())
         })
     }
