@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures of docs/performance.md in one run, on a machine with a CUDA
-# device (about 8 minutes with 16 cores and an H100):
+# device (about 8 minutes with 16 cores and an H100 for train and s3, and
+# about 2 more for boundary: run PARTS=boundary on its own when a call is
+# limited to 10 minutes):
 #   - "train": `make bench-train`'s table (ResNet-18 and ResNet-50, bf16,
 #     batch 256, 4 and 8 workers; every pipeline, the GPU decode included);
 #   - "boundary": ResNet-18 at 16 workers over 60 timed steps (past the
@@ -30,8 +32,8 @@ for part in $parts; do
         ;;
     boundary)
         for kept in "" --persistent-workers; do
-            "$py" "$here/train_bench.py" --out "$out/boundary$kept" --steps 60 --warmup 8 \
-                --shards 64 --per-shard 250 --models resnet18 --workers 16 \
+            "$py" "$here/train_bench.py" --out "$out/boundary$kept" --data "$out/train-data" \
+                --steps 60 --warmup 8 --shards 64 --per-shard 250 --models resnet18 --workers 16 \
                 --pipelines "shardstream Image" "webdataset + PIL" $kept 2>&1 |
                 tee "$out/boundary$kept.log"
         done

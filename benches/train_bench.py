@@ -362,6 +362,9 @@ def measure(pipeline: str, data: Path, model: str, batch: int, workers: int, arg
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument(
+        "--data", type=Path, help="where the shards are made (and kept); default OUT/train-data"
+    )
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--workers", type=int, nargs="+", default=[4, 8])
@@ -400,7 +403,8 @@ def main() -> None:
         print(json.dumps(result))
         return
 
-    data = prepare(args.out / "train-data", args.shards, args.per_shard, args.pipelines)
+    data_root = args.data if args.data is not None else args.out / "train-data"
+    data = prepare(data_root, args.shards, args.per_shard, args.pipelines)
     rows = []
     for model in args.models:
         for workers in args.workers:

@@ -579,9 +579,9 @@ class SampleStream(Iterator[Any]):
     @property
     def started(self) -> bool:
         """Whether ``next()`` or ``start()`` has been called (its threads started)."""
-    def start(self) -> None:
+    def start(self) -> bool:
         """Starts the stream's threads now: reading begins before the first
-        ``next()``."""
+        ``next()``. False if they could not start (the first ``next()`` raises why)."""
     def retarget(self, other: SampleStream) -> bool:
         """Makes this stream, not yet started, stream what ``other`` would."""
     def state(self) -> str:

@@ -181,6 +181,15 @@ class StreamingDataset(IterableDataset[Any]):
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
             Process-wide, glibc only. ``False`` leaves the allocator as it is.
+        read_next_epoch_early: in a DataLoader worker made with
+            ``persistent_workers=True``, open the worker's next epoch's
+            stream when its epoch ends and start reading it, so that its
+            first batches are ready when the next iteration asks (while the
+            training loop evaluates or checkpoints, the worker's read-ahead
+            budget and first samples are held). The iteration takes it only
+            if it is the stream it would open (``set_epoch`` to another
+            epoch or a loaded state drop it). ``False`` opens each epoch's
+            stream at its iteration.
         count_samples: count the samples of local plain tar shards that no
             manifest describes from their headers, when the dataset is made:
             ``None`` when ``world_size > 1``, ``True`` always (then ``len()``
@@ -272,8 +281,9 @@ class StreamingDataset(IterableDataset[Any]):
         self._stats_since: dict[str, int] | None = None
         self._stream: SampleStream | None = None
         # The next epoch's stream, started in a persistent DataLoader worker
-        # when this epoch's ended (see ``_start_next``).
-        self._next_stream: SampleStream | None = None
+        # when this epoch's ended, with the process that started it (see
+        # ``_start_next``).
+        self._next_stream: tuple[int, SampleStream] | None = None
         self._decode_checked = False
         self.skip_log: SkipLog | None = None
         """Where this dataset's streams record the samples they leave out
@@ -426,8 +436,8 @@ class StreamingDataset(IterableDataset[Any]):
         # may create and discard an iterator.
         stream = self._started_next()
         if stream is None:
-            on_end = _start_next_of(self) if persistent_worker() else None
-            stream = self._open_stream(self.epoch, on_end)
+            early = self.options["read_next_epoch_early"] and persistent_worker()
+            stream = self._open_stream(self.epoch, _start_next_of(self) if early else None)
         # A resumed stream takes its epoch from the state; either way the
         # next iteration streams the epoch after this one.
         self._epochs.started(stream.epoch)
@@ -544,27 +554,32 @@ class StreamingDataset(IterableDataset[Any]):
 
     def _start_next(self) -> None:
         """Called in a persistent DataLoader worker when its epoch's stream
-        ends: opens the next epoch's stream and starts its reads, so that
-        they run while the other workers and the training loop finish the
-        epoch. The next ``__iter__`` takes it if it is still the stream that
-        iteration would open (``_started_next``). A stream that cannot be
-        opened now is opened again by that iteration, which then raises."""
-        if self._epochs.pending() is not None:
-            return
+        ends (``read_next_epoch_early``): opens the next epoch's stream and
+        starts its reads, so that they run while the other workers and the
+        training loop finish the epoch. The next ``__iter__`` takes it if it
+        is still the stream that iteration would open (``_started_next``).
+        A stream that cannot be opened or started now is opened again by
+        that iteration, which raises what stops it."""
+        self._next_stream = None
         try:
+            if self._epochs.pending() is not None:
+                return
             stream = self._open_stream(self.epoch, _start_next_of(self))
+            if stream.start():
+                self._next_stream = (os.getpid(), stream)
         except Exception:
             return
-        stream.start()
-        self._next_stream = stream
 
     def _started_next(self) -> SampleStream | None:
         """The stream ``_start_next`` started, if the next iteration would
-        open the same: its epoch still the next (``set_epoch`` and a loaded
-        state change it) and this process's slot the same. Either way it is
-        no longer kept."""
-        stream, self._next_stream = self._next_stream, None
-        if stream is None or self._epochs.pending() is not None or stream.epoch != self.epoch:
+        open the same: in this process, its epoch still the next
+        (``set_epoch`` and a loaded state change it) and this process's slot
+        the same. Either way it is no longer kept."""
+        started, self._next_stream = self._next_stream, None
+        if started is None:
+            return None
+        pid, stream = started
+        if pid != os.getpid() or self._epochs.pending() is not None or stream.epoch != self.epoch:
             return None
         rank, world_size = self.distributed_slot()
         worker_id, num_workers = self.worker_slot()
@@ -736,10 +751,24 @@ def persistent_worker() -> bool:
     """Whether this call runs in a DataLoader worker (of torch's or
     ``StatefulDataLoader``'s) made with ``persistent_workers=True``: its
     worker loop's frame is on the stack. Such a worker iterates the dataset
-    again at the next epoch; another one is stopped at the epoch's end."""
+    again at the next epoch; another one is stopped at the epoch's end.
+    Found once per process (reading a frame's locals keeps a copy of them
+    on the frame)."""
     if get_worker_info() is None:
         return False
-    frame: FrameType | None = sys._getframe(1)
+    pid = os.getpid()
+    if pid not in _PERSISTENT_WORKER:
+        _PERSISTENT_WORKER[pid] = _worker_loop_persistent(sys._getframe(1))
+    return _PERSISTENT_WORKER[pid]
+
+
+# What ``persistent_worker`` found, by process id.
+_PERSISTENT_WORKER: dict[int, bool] = {}
+
+
+def _worker_loop_persistent(frame: FrameType | None) -> bool:
+    """``persistent_workers`` of the DataLoader worker loop that called
+    ``frame`` (False when none did)."""
     while frame is not None:
         code = frame.f_code
         if code.co_name == "_worker_loop" and "persistent_workers" in code.co_varnames:

@@ -59,6 +59,7 @@ class DatasetOptions(TypedDict, total=False):
     local_bytes_by_reference: bool
     worker_shared_memory_bytes: int
     raise_malloc_thresholds: bool
+    read_next_epoch_early: bool
     count_samples: bool | None
     transform: Callable[[Any], Any] | None
     sample_seed: bool

@@ -105,7 +105,7 @@ fn core() -> StreamOptions {
 /// takes the [`SampleOrder::Holds`] options in this order, then the
 /// [`SampleOrder::Decides`] ones in this order: reordering them, or
 /// changing their bytes, invalidates every saved state.
-pub static DATASET_OPTIONS: [OptionDef; 30] = [
+pub static DATASET_OPTIONS: [OptionDef; 31] = [
     OptionDef {
         name: "seed",
         python_type: "int",
@@ -301,6 +301,16 @@ pub static DATASET_OPTIONS: [OptionDef; 30] = [
         doc: "DataLoader workers (and the main process, on its first read of a reference) raise \
               glibc's malloc thresholds so each batch reuses the heap \
               ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#malloc-thresholds))",
+        order: SampleOrder::No,
+    },
+    OptionDef {
+        name: "read_next_epoch_early",
+        python_type: "bool",
+        default: || DefaultValue::Bool(true),
+        doc: "in DataLoader workers with `persistent_workers=True`, a worker's next epoch starts \
+              reading when its epoch ends, its read-ahead and first samples held until the next \
+              iteration ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#how-the-epoch-is-planned)); \
+              `False` starts it at the next iteration",
         order: SampleOrder::No,
     },
     OptionDef {

@@ -20,7 +20,7 @@ mod worker;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use self::decode_pool::DecodePool;
@@ -84,6 +84,9 @@ pub struct SampleStream {
     /// Why the threads could not start, if they could not: the first
     /// [`SampleStream::poll`] returns it.
     launch_error: Option<Error>,
+    /// When the first [`SampleStream::poll`] asked for an event: the
+    /// pipeline's waits on a full queue count from then.
+    asked: Arc<OnceLock<Instant>>,
     messages: Option<Receiver<Message>>,
     /// Events received and not yet handed out, in order.
     ready: VecDeque<Delivery>,
@@ -182,6 +185,7 @@ impl SampleStream {
         rng.set_word_pos(mirror.rng_word_pos);
         Ok(SampleStream {
             launch_error: None,
+            asked: Arc::default(),
             launch: Some(Launch {
                 reads,
                 replay,
@@ -241,6 +245,7 @@ impl SampleStream {
             group_size,
             counters.clone(),
             self.sent.clone(),
+            self.asked.clone(),
         );
         let hook = outbox.clone();
         read_ahead.before_wait(Arc::new(move || {
@@ -285,15 +290,16 @@ impl SampleStream {
 
     /// Starts the threads, if not started yet, so that reading begins
     /// before the first [`SampleStream::poll`] (the next epoch's stream,
-    /// made while the training loop finishes an epoch). What stops them
-    /// from starting is returned by the first poll.
-    pub fn start(&mut self) {
+    /// made while the training loop finishes an epoch). False if they
+    /// could not start: the first poll returns why.
+    pub fn start(&mut self) -> bool {
         if let Some(launch) = self.launch.take() {
             match self.launch(launch) {
                 Ok(rx) => self.messages = Some(rx),
                 Err(error) => self.launch_error = Some(error),
             }
         }
+        self.launch_error.is_none()
     }
 
     /// The work units this slot reads in the epoch, in order.
@@ -449,6 +455,7 @@ impl SampleStream {
         if self.done {
             return Ok(Delivered::End);
         }
+        self.asked.get_or_init(Instant::now);
         self.start();
         if let Some(error) = self.launch_error.take() {
             self.done = true;

@@ -3,7 +3,7 @@
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::event::Event;
@@ -48,7 +48,11 @@ pub(super) struct Delivery {
 ///
 /// Every flush runs on the pipeline thread, so it is where the thread's
 /// time is counted ([`Counter::PipelineNanos`]), with the time a full
-/// queue kept it waiting ([`Counter::OutputWaitNanos`]).
+/// queue kept it waiting ([`Counter::OutputWaitNanos`]). A wait before the
+/// consumer first asked for an event (a stream started before its
+/// iteration: the next epoch's, in a persistent DataLoader worker) is the
+/// consumer not there yet, not the consumer being slow: neither it nor the
+/// thread's time counts until then.
 #[derive(Clone)]
 pub(super) struct Outbox(Arc<Mutex<OutboxState>>);
 
@@ -65,16 +69,20 @@ struct OutboxState {
     counted_until: Instant,
     /// Events sent so far, read by the consumer to know how many wait.
     sent: Arc<AtomicU64>,
+    /// When the consumer first asked for an event, once it did.
+    asked: Arc<OnceLock<Instant>>,
 }
 
 impl Outbox {
     /// An outbox of groups of `group_size` events, and the consumer's end;
-    /// `sent` counts the events sent.
+    /// `sent` counts the events sent; `asked` is set when the consumer
+    /// first asks for an event.
     pub(super) fn new(
         queued: usize,
         group_size: usize,
         counters: Arc<Counters>,
         sent: Arc<AtomicU64>,
+        asked: Arc<OnceLock<Instant>>,
     ) -> (Self, Receiver<Message>) {
         let group_size = group_size.max(1);
         let (tx, rx) = mpsc::sync_channel(queued.div_ceil(group_size).max(1));
@@ -87,6 +95,7 @@ impl Outbox {
             counters,
             counted_until: Instant::now(),
             sent,
+            asked,
         };
         (Outbox(Arc::new(Mutex::new(state))), rx)
     }
@@ -161,7 +170,7 @@ impl OutboxState {
             Err(TrySendError::Full(message)) => {
                 let waiting = Instant::now();
                 let sent = self.tx.send(message).map_err(drop);
-                self.counters.add_since(Counter::OutputWaitNanos, waiting);
+                self.count_output_wait(waiting);
                 sent
             }
             Err(TrySendError::Disconnected(_)) => Err(()),
@@ -171,6 +180,28 @@ impl OutboxState {
             return ControlFlow::Break(());
         }
         ControlFlow::Continue(())
+    }
+
+    /// Counts a wait for room in the queue from `waiting` to now: from
+    /// the consumer's first request on (the whole wait if it asked before;
+    /// none if it never asked), the thread's time before the wait counted
+    /// and the rest of the wait left out.
+    fn count_output_wait(&mut self, waiting: Instant) {
+        let now = Instant::now();
+        let from = self
+            .asked
+            .get()
+            .map_or(now, |&asked| asked.max(waiting))
+            .min(now);
+        if from > waiting {
+            let worked = waiting.saturating_duration_since(self.counted_until);
+            self.counters
+                .add(Counter::PipelineNanos, crate::stats::nanos(worked));
+            self.counted_until = from;
+        }
+        let waited = now.saturating_duration_since(from);
+        self.counters
+            .add(Counter::OutputWaitNanos, crate::stats::nanos(waited));
     }
 
     /// Counts the pipeline thread's time since the last count.
@@ -217,7 +248,7 @@ mod tests {
     /// the ops gathered before each.
     #[test]
     fn events_go_in_groups_in_order() {
-        let (outbox, rx) = Outbox::new(16, 3, Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(16, 3, Arc::default(), Arc::default(), Arc::default());
         let mut ops = Vec::new();
         for i in 0..4 {
             ops.push(Op::UnitDone { unit: i as usize });
@@ -238,7 +269,7 @@ mod tests {
     /// however few they are.
     #[test]
     fn a_group_of_large_samples_goes_out_at_its_byte_limit() {
-        let (outbox, rx) = Outbox::new(256, 64, Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(256, 64, Arc::default(), Arc::default(), Arc::default());
         let large = |index| {
             let Event::Sample(mut sample) = event(index) else {
                 unreachable!()
@@ -269,7 +300,8 @@ mod tests {
     fn a_full_queue_counts_the_wait_for_the_consumer() {
         let counters = Arc::new(Counters::new());
         let sent = Arc::new(AtomicU64::new(0));
-        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), sent.clone());
+        let asked = Arc::new(OnceLock::from(Instant::now()));
+        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), sent.clone(), asked);
         let mut ops = Vec::new();
         assert!(outbox.send(&mut ops, event(0)).is_continue());
         let consumer = std::thread::spawn(move || {
@@ -286,10 +318,50 @@ mod tests {
         assert_eq!(sent.load(Ordering::Relaxed), 2);
     }
 
+    /// A stream started before its consumer asks (the next epoch's, in a
+    /// persistent DataLoader worker) waits on a full queue: that wait is
+    /// the consumer not there yet, and counts neither as output wait nor
+    /// as the pipeline thread's time; from the first request on it does.
+    #[test]
+    fn a_wait_before_the_consumer_asks_is_not_counted() {
+        let counters = Arc::new(Counters::new());
+        let asked = Arc::new(OnceLock::new());
+        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), Arc::default(), asked.clone());
+        let mut ops = Vec::new();
+        assert!(outbox.send(&mut ops, event(0)).is_continue());
+        let consumer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            asked.get_or_init(Instant::now);
+            let first = indices(rx.recv().unwrap());
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            (
+                first,
+                indices(rx.recv().unwrap()),
+                indices(rx.recv().unwrap()),
+            )
+        });
+        // Waits 100 ms for the consumer to ask: none of it counts.
+        assert!(outbox.send(&mut ops, event(1)).is_continue());
+        let before = counters.snapshot();
+        // Waits 50 ms for the consumer, which asked: counted.
+        assert!(outbox.send(&mut ops, event(2)).is_continue());
+        outbox.finish(Message::End(Vec::new()));
+        assert_eq!(consumer.join().unwrap(), (vec![0], vec![1], vec![2]));
+        for counter in [Counter::OutputWaitNanos, Counter::PipelineNanos] {
+            let counted = before.get(counter);
+            assert!(
+                counted < 90_000_000,
+                "{counter:?}: {counted} ns before the consumer asked"
+            );
+        }
+        let waited = counters.snapshot().get(Counter::OutputWaitNanos);
+        assert!(waited >= 40_000_000, "{waited} ns");
+    }
+
     /// Once the consumer is gone, every send says so.
     #[test]
     fn a_gone_consumer_breaks_sends() {
-        let (outbox, rx) = Outbox::new(1, 1, Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(1, 1, Arc::default(), Arc::default(), Arc::default());
         drop(rx);
         assert!(outbox.send(&mut Vec::new(), event(0)).is_break());
         assert!(outbox.send(&mut Vec::new(), event(1)).is_break());

@@ -500,7 +500,9 @@ impl Options {
                     }
                 }
                 // Read by the Python side (DataLoader workers); checked here.
-                "local_bytes_by_reference" | "raise_malloc_thresholds" => {
+                "local_bytes_by_reference"
+                | "raise_malloc_thresholds"
+                | "read_next_epoch_early" => {
                     boolean(&name, &value)?;
                     builder
                 }

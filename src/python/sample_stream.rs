@@ -57,8 +57,9 @@ pub struct SampleStream {
     /// Called with `(epoch, shard, first, end, reason)` for each skip
     /// (`end` `None`: to the shard's end), before its warning.
     on_skip: Option<Py<PyAny>>,
-    /// Called with no argument once, when the stream ends (not at a
-    /// failure), before `next()` says so.
+    /// Called with no argument once, when the stream ends, before `next()`
+    /// says so (never after the stream failed); what it raises is reported
+    /// as unraisable, and the stream still ends.
     on_end: Mutex<Option<Py<PyAny>>>,
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::Worker`].
@@ -123,8 +124,9 @@ impl SampleStream {
     /// (`first..end` of the shard; `end` `None` when its count is unknown).
     /// `plan_sequences`: with `pack`, the stream hands out the sequences
     /// planned from the token counts on one rank too (a mixture's stream).
-    /// `on_end()` is called once when the stream ends (not when it fails),
-    /// before `next()` raises `StopIteration`.
+    /// `on_end()` is called once when the stream ends, before `next()`
+    /// raises `StopIteration` (never after the stream failed; what it
+    /// raises is reported with `sys.unraisablehook`).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
@@ -227,22 +229,21 @@ impl SampleStream {
     /// Starts the stream's threads in this process now, without waiting
     /// for a sample: reading begins before the first `next()` (a
     /// DataLoader worker's next epoch, while the training loop finishes
-    /// this one). What stops the threads from starting is raised by the
-    /// first `next()`. Raises `StreamProcessError` if the stream was
-    /// started in another process; does nothing if started here.
-    fn start(&self, py: Python<'_>) -> PyResult<()> {
+    /// this one). False if they could not start (the first `next()` raises
+    /// why). Raises `StreamProcessError` if the stream was started in
+    /// another process.
+    fn start(&self, py: Python<'_>) -> PyResult<bool> {
         let pid = process_id();
         match self
             .started_in
             .compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst)
         {
             Ok(_) => {}
-            Err(started) if started == pid => return Ok(()),
+            Err(started) if started == pid => {}
             Err(started) => return Err(started_elsewhere(started)),
         }
         blocking(py, || {
-            self.inner.lock().unwrap_or_else(|e| e.into_inner()).start();
-            Ok(())
+            Ok(self.inner.lock().unwrap_or_else(|e| e.into_inner()).start())
         })
     }
 
@@ -340,13 +341,19 @@ impl SampleStream {
                     if samples.is_empty() {
                         let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
                         if let Some(on_end) = on_end {
-                            on_end.call0(py)?;
+                            // The epoch ended whatever the callback does.
+                            if let Err(error) = on_end.call0(py) {
+                                error.write_unraisable(py, Some(on_end.bind(py)));
+                            }
                         }
                         return Ok(None);
                     }
                     return self.hand_out(py, samples).map(Some);
                 }
                 Collected::Failed(error) => {
+                    // A failed stream does not end: the next epoch is not
+                    // started after it.
+                    self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
                     let samples = held();
                     if samples.is_empty() {
                         return Err(to_py(error));
@@ -505,7 +512,6 @@ fn forget_process_id() {
     PROCESS_ID.store(0, Ordering::SeqCst);
 }
 
-/// Warns that the rest of a bad shard was skipped.
 /// The error of a stream used in a process other than the one that
 /// started it (a forked child has none of its threads).
 fn started_elsewhere(started: u32) -> PyErr {
@@ -514,6 +520,7 @@ fn started_elsewhere(started: u32) -> PyErr {
     ))
 }
 
+/// Warns that the rest of a bad shard was skipped.
 fn warn_skipped(py: Python<'_>, error: &crate::Error) -> PyResult<()> {
     let message = CString::new(format!("skipped the rest of a bad shard: {error}"))
         .unwrap_or_else(|_| c"skipped the rest of a bad shard".to_owned());

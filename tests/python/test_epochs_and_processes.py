@@ -9,6 +9,7 @@ import os
 import pickle
 import select
 import signal
+import sys
 import time
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -92,7 +93,9 @@ def test_a_persistent_worker_starts_reading_the_next_epoch_when_its_own_ends(dat
 
     one_epoch = sum(p.stat().st_size for p in dataset.paths)
     ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
-    dl = StatefulDataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    dl = StatefulDataLoader(
+        ds, batch_size=None, num_workers=2, persistent_workers=True, timeout=120
+    )
     assert keys_of(collect(dl)) == epoch_order(dataset.spec, 2, 0)
     deadline = time.monotonic() + 10
     while ds.stats()["bytes_read"] <= one_epoch and time.monotonic() < deadline:
@@ -109,6 +112,98 @@ def test_a_persistent_worker_starts_reading_the_next_epoch_when_its_own_ends(dat
     )
     resumed.load_state_dict(state)
     assert keys_of(collect(resumed)) == rest
+
+
+def test_read_next_epoch_early_false_opens_each_epoch_at_its_iteration(dataset):
+    one_epoch = sum(p.stat().st_size for p in dataset.paths)
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED, read_next_epoch_early=False)
+    dl = loader(ds, 2, persistent_workers=True)
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 2, 0)
+    time.sleep(0.5)
+    assert ds.stats()["bytes_read"] == one_epoch
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 2, 1)
+
+
+def test_the_next_iteration_takes_the_started_stream_only_if_it_would_open_it(dataset):
+    """The stream started at an epoch's end is the next iteration's only if
+    that iteration would open the same: not after ``set_epoch`` to another
+    epoch, nor with a loaded state pending; either way the order is the
+    epoch's own."""
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    assert keys_of(collect(ds)) == epoch_order(dataset.spec, 0, 0)
+    ds._start_next()
+    started = ds._next_stream[1]
+    iterator = iter(ds)
+    assert iterator is started
+    assert keys_of(collect(iterator)) == epoch_order(dataset.spec, 0, 1)
+
+    ds._start_next()
+    started = ds._next_stream[1]
+    ds.set_epoch(7)
+    iterator = iter(ds)
+    assert iterator is not started
+    assert keys_of(collect(iterator)) == epoch_order(dataset.spec, 0, 7)
+
+    iterator = iter(ds)
+    first = keys_of([next(iterator) for _ in range(5)])
+    state = ds.state_dict()
+    rest = keys_of(collect(iterator))
+    assert first + rest == epoch_order(dataset.spec, 0, 8)
+    ds._start_next()
+    started = ds._next_stream[1]
+    ds.load_state_dict(state)
+    iterator = iter(ds)
+    assert iterator is not started
+    assert keys_of(collect(iterator)) == rest
+
+
+def test_an_epoch_ends_whatever_its_end_callback_raises(dataset):
+    """``on_end`` runs once at the stream's end; what it raises is reported
+    as unraisable and the stream still ends. After a failure it does not run."""
+    calls = []
+    reported = []
+
+    def on_end():
+        calls.append(1)
+        raise RuntimeError("from on_end")
+
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    stream = _core.SampleStream(ds.shard_list, on_end=on_end)
+    hook = sys.unraisablehook
+    sys.unraisablehook = reported.append
+    try:
+        assert len(list(stream)) == len(dataset.keys)
+        assert next(stream, None) is None
+    finally:
+        sys.unraisablehook = hook
+    assert calls == [1]
+    assert [str(r.exc_value) for r in reported] == ["from on_end"]
+
+
+def test_a_failed_stream_does_not_call_its_end_callback(tmp_path):
+    path = tmp_path / "bad.tar"
+    path.write_bytes(b"not a tar header" * 64)
+    calls = []
+    ds = shardstream.StreamingDataset(str(path))
+    stream = _core.SampleStream(ds.shard_list, on_end=lambda: calls.append(1))
+    with pytest.raises(shardstream.ShardStreamError):
+        next(stream)
+    assert next(stream, None) is None
+    assert calls == []
+
+
+def test_a_stream_started_before_its_iteration_counts_no_wait_before_it(tmp_path):
+    """A stream started early (the next epoch's, in a persistent worker)
+    fills its queue and waits for its consumer: that wait is not the
+    consumer being slow, and neither it nor the pipeline's time counts."""
+    path = write_tar(tmp_path / "many.tar", [(f"k{i:05d}.txt", b"x") for i in range(4000)])
+    ds = shardstream.StreamingDataset(str(path), shuffle_buffer=0)
+    ds._start_next()
+    time.sleep(1.0)
+    assert sum(1 for _ in iter(ds)) == 4000
+    stats = ds.stats()
+    assert stats["output_wait_ns"] < 0.5e9, stats
+    assert stats["pipeline_ns"] < 0.5e9, stats
 
 
 def test_dataloaders_with_other_worker_counts_agree_on_the_epoch(dataset):

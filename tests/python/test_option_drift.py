@@ -237,6 +237,7 @@ OTHER_VALUES: dict[str, Any] = {
     "local_bytes_by_reference": False,
     "worker_shared_memory_bytes": 0,
     "raise_malloc_thresholds": False,
+    "read_next_epoch_early": False,
     "count_samples": True,
     "transform": identity,
     "sample_seed": True,

@@ -64,6 +64,7 @@ def test_options_round_trip_through_pickle():
         ({"s3": {"colour": 1}}, TypeError, ["colour", "endpoint_url"]),
         ({"s3": 5}, TypeError, ["s3", "S3Config"]),
         ({"local_bytes_by_reference": None}, TypeError, ["local_bytes_by_reference"]),
+        ({"read_next_epoch_early": 1}, TypeError, ["read_next_epoch_early"]),
         ({"sample_ids": 1}, TypeError, ["sample_ids"]),
         ({"sample_ids": None}, TypeError, ["sample_ids"]),
         ({"worker_shared_memory_bytes": -1}, ValueError, ["worker_shared_memory_bytes"]),
