@@ -14,7 +14,7 @@ pub enum Counter {
     ShardsOpened,
     /// Shards read to their end.
     ShardsCompleted,
-    /// Samples produced.
+    /// Samples (or Arrow rows, or packed sequences) delivered to the consumer.
     Samples,
     /// Bytes read from storage (local files, object stores): cached
     /// copies are not counted here, but in [`Counter::CacheBytes`].

@@ -33,5 +33,16 @@ pub enum Event {
     Skipped(Error),
 }
 
+impl Event {
+    /// The samples (or table rows) the event hands out.
+    pub(crate) fn samples(&self) -> u64 {
+        match self {
+            Event::Sample(_) => 1,
+            Event::Batch(table) => table.batch.num_rows() as u64,
+            Event::Skipped(_) => 0,
+        }
+    }
+}
+
 /// The compression of each compressed shard read so far, by shard index.
 pub(crate) type CompressedShards = Arc<Mutex<HashMap<usize, Compression>>>;

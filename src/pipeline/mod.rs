@@ -396,6 +396,7 @@ impl SampleStream {
                 return Ok(Poll::End);
             };
             if let Some(sequence) = stage.next_sequence() {
+                self.counters.add(Counter::Samples, 1);
                 return Ok(Poll::Ready(Event::Sample(sequence)));
             }
             if stage.is_done() {
@@ -490,6 +491,13 @@ impl SampleStream {
                 Message::Events(group) => {
                     self.received += group.len() as u64;
                     self.count_queued();
+                    // Counted as they reach the consumer (a stream started
+                    // early counts none before its iteration); packed
+                    // documents count as the sequences handed out.
+                    if self.pack.is_none() {
+                        let samples = group.iter().map(|d| d.event.samples()).sum();
+                        self.counters.add(Counter::Samples, samples);
+                    }
                     self.ready.extend(group);
                 }
                 Message::Failed(error) => {

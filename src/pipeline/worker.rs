@@ -111,7 +111,7 @@ impl Worker {
                     index,
                     rng_word_pos,
                 });
-                if send_sample(&self.outbox, &mut self.ops, &self.counters, sample).is_break() {
+                if send_sample(&self.outbox, &mut self.ops, sample).is_break() {
                     return Ok(ControlFlow::Break(()));
                 }
             }
@@ -329,7 +329,6 @@ impl Worker {
                     *stop = Some(Stop::Gone);
                     return Ok(None);
                 }
-                self.counters.add(Counter::Samples, end - start);
             }
             if rows >= samples.end {
                 *stop = Some(Stop::Enough);
@@ -439,7 +438,7 @@ impl Worker {
     /// when there is none; `Break` when the consumer is gone.
     fn deliver(&mut self, position: usize, sample: Sample) -> ControlFlow<()> {
         let id = sample.id;
-        let (outbox, counters, ops) = (&self.outbox, &self.counters, &mut self.ops);
+        let (outbox, ops) = (&self.outbox, &mut self.ops);
         // Same order as the buffer: evictions first, then the new sample.
         match &mut self.shuffle {
             Some(buffer) => {
@@ -448,7 +447,7 @@ impl Worker {
                         index: evicted.index,
                         rng_word_pos: evicted.rng_word_pos,
                     });
-                    send_sample(outbox, ops, counters, evicted.item)
+                    send_sample(outbox, ops, evicted.item)
                 })?;
                 ops.push(Op::Push { unit: position, id });
                 ControlFlow::Continue(())
@@ -459,7 +458,7 @@ impl Worker {
                     index: 0,
                     rng_word_pos: 0,
                 });
-                send_sample(outbox, ops, counters, sample)
+                send_sample(outbox, ops, sample)
             }
         }
     }
@@ -614,13 +613,6 @@ fn check_compression(read: &Read, shard: &ShardRef) -> Result<()> {
 }
 
 /// Sends a sample with the ops that lead to it; `Break` when the consumer is gone.
-fn send_sample(
-    outbox: &Outbox,
-    ops: &mut Vec<Op>,
-    counters: &Counters,
-    sample: Sample,
-) -> ControlFlow<()> {
-    outbox.send(ops, Event::Sample(sample))?;
-    counters.add(Counter::Samples, 1);
-    ControlFlow::Continue(())
+fn send_sample(outbox: &Outbox, ops: &mut Vec<Op>, sample: Sample) -> ControlFlow<()> {
+    outbox.send(ops, Event::Sample(sample))
 }

@@ -101,6 +101,8 @@ def test_a_persistent_worker_starts_reading_the_next_epoch_when_its_own_ends(dat
     while ds.stats()["bytes_read"] <= one_epoch and time.monotonic() < deadline:
         time.sleep(0.01)
     assert ds.stats()["bytes_read"] > one_epoch, "no read of the next epoch began"
+    # Samples count as they reach the iteration: none of the next epoch yet.
+    assert ds.stats()["samples"] == len(dataset.keys)
     # The started stream's state is exact: resume epoch 1 after 5 samples.
     iterator = iter(dl)
     first = keys_of([next(iterator) for _ in range(5)])

@@ -78,7 +78,10 @@ def test_concat_gives_every_token_once_in_the_documents_order(tmp_path: Path, la
     urls = write_docs(tmp_path / "d")
     docs = [d["ids"] for d in StreamingDataset(urls, **OPTIONS)]
     pack = Pack(SEQ, field="ids", labels=labels, pad_id=-1)
-    seqs = list(StreamingDataset(urls, pack=pack, **OPTIONS))
+    packed = StreamingDataset(urls, pack=pack, **OPTIONS)
+    seqs = list(packed)
+    # stats() counts what was handed out: the sequences, not the documents.
+    assert packed.stats()["samples"] == len(seqs) != len(docs)
     width = SEQ if labels else SEQ + 1
     for seq in seqs:
         assert seq["input_ids"].dtype == np.int32 and seq["input_ids"].shape == (width,)
