@@ -31,7 +31,7 @@ _STAGE_BYTES = {
 _COUNTERS = {
     "shards_opened": "Shards opened for reading.",
     "shards_completed": "Shards read to their end.",
-    "samples": "Samples produced.",
+    "samples": "Samples (or Arrow rows, or packed sequences) handed out.",
     "errors_skipped": 'Bad shards and samples skipped under on_error="warn".',
     "requests": "Requests (GETs) sent to an object store.",
     "retries": "Requests or bodies retried.",

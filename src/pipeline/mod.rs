@@ -84,6 +84,8 @@ pub struct SampleStream {
     /// Why the threads could not start, if they could not: the first
     /// [`SampleStream::poll`] returns it.
     launch_error: Option<Error>,
+    /// Whether the threads could not start (kept once the error is taken).
+    launch_failed: bool,
     /// When the first [`SampleStream::poll`] asked for an event: the
     /// pipeline's waits on a full queue count from then.
     asked: Arc<OnceLock<Instant>>,
@@ -108,6 +110,10 @@ pub struct SampleStream {
     sent: Arc<AtomicU64>,
     received: u64,
     queued_counted: u64,
+    /// Samples handed out and not yet added to [`Counter::Samples`]: added
+    /// once the events received are all handed out (one add per group
+    /// received), and when the stream is dropped.
+    handed_uncounted: u64,
     /// What units that ended at a skipped error left out, not yet taken
     /// ([`SampleStream::take_skipped`]).
     skipped: Vec<SkippedSamples>,
@@ -185,6 +191,7 @@ impl SampleStream {
         rng.set_word_pos(mirror.rng_word_pos);
         Ok(SampleStream {
             launch_error: None,
+            launch_failed: false,
             asked: Arc::default(),
             launch: Some(Launch {
                 reads,
@@ -213,6 +220,7 @@ impl SampleStream {
             sent: Arc::default(),
             received: 0,
             queued_counted: 0,
+            handed_uncounted: 0,
             skipped: Vec::new(),
             pack,
         })
@@ -296,10 +304,13 @@ impl SampleStream {
         if let Some(launch) = self.launch.take() {
             match self.launch(launch) {
                 Ok(rx) => self.messages = Some(rx),
-                Err(error) => self.launch_error = Some(error),
+                Err(error) => {
+                    self.launch_error = Some(error);
+                    self.launch_failed = true;
+                }
             }
         }
-        self.launch_error.is_none()
+        !self.launch_failed
     }
 
     /// The work units this slot reads in the epoch, in order.
@@ -437,11 +448,24 @@ impl SampleStream {
         Ok(match self.poll_delivery(wait)? {
             Delivered::Ready(Delivery { ops, event }) => {
                 self.apply(&ops);
+                self.handed_uncounted += event.samples();
+                if self.ready.is_empty() {
+                    self.count_handed();
+                }
                 Poll::Ready(self.with_seed(event))
             }
             Delivered::Pending => Poll::Pending,
             Delivered::End => Poll::End,
         })
+    }
+
+    /// Adds the samples handed out since the last count to
+    /// [`Counter::Samples`].
+    fn count_handed(&mut self) {
+        let handed = std::mem::take(&mut self.handed_uncounted);
+        if handed > 0 {
+            self.counters.add(Counter::Samples, handed);
+        }
     }
 
     /// Applies the ops of a delivery to the mirror.
@@ -491,13 +515,6 @@ impl SampleStream {
                 Message::Events(group) => {
                     self.received += group.len() as u64;
                     self.count_queued();
-                    // Counted as they reach the consumer (a stream started
-                    // early counts none before its iteration); packed
-                    // documents count as the sequences handed out.
-                    if self.pack.is_none() {
-                        let samples = group.iter().map(|d| d.event.samples()).sum();
-                        self.counters.add(Counter::Samples, samples);
-                    }
                     self.ready.extend(group);
                 }
                 Message::Failed(error) => {
@@ -596,6 +613,7 @@ impl Iterator for SampleStream {
 
 impl Drop for SampleStream {
     fn drop(&mut self) {
+        self.count_handed();
         self.cancelled.store(true, Ordering::SeqCst);
         self.counters
             .sub(Counter::OutputQueued, self.queued_counted);

@@ -132,7 +132,7 @@ impl Outbox {
     pub(super) fn finish(&self, last: Message) {
         let mut state = self.lock();
         if state.flush().is_continue() {
-            let _ = state.tx.send(last);
+            let _ = state.send_waiting(last);
         }
         state.count_time();
     }
@@ -165,7 +165,18 @@ impl OutboxState {
         self.group_bytes = 0;
         let events = group.len() as u64;
         self.sent.fetch_add(events, Ordering::Relaxed);
-        let sent = match self.tx.try_send(Message::Events(group)) {
+        if self.send_waiting(Message::Events(group)).is_err() {
+            self.gone = true;
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Sends `message`, waiting for room in the queue if it is full (the
+    /// wait counted by [`OutboxState::count_output_wait`]); `Err` once the
+    /// consumer is gone.
+    fn send_waiting(&mut self, message: Message) -> Result<(), ()> {
+        match self.tx.try_send(message) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(message)) => {
                 let waiting = Instant::now();
@@ -174,12 +185,7 @@ impl OutboxState {
                 sent
             }
             Err(TrySendError::Disconnected(_)) => Err(()),
-        };
-        if sent.is_err() {
-            self.gone = true;
-            return ControlFlow::Break(());
         }
-        ControlFlow::Continue(())
     }
 
     /// Counts a wait for room in the queue from `waiting` to now: from
@@ -321,7 +327,8 @@ mod tests {
     /// A stream started before its consumer asks (the next epoch's, in a
     /// persistent DataLoader worker) waits on a full queue: that wait is
     /// the consumer not there yet, and counts neither as output wait nor
-    /// as the pipeline thread's time; from the first request on it does.
+    /// as the pipeline thread's time; from the first request on it does,
+    /// the end's wait included.
     #[test]
     fn a_wait_before_the_consumer_asks_is_not_counted() {
         let counters = Arc::new(Counters::new());
@@ -330,32 +337,39 @@ mod tests {
         let mut ops = Vec::new();
         assert!(outbox.send(&mut ops, event(0)).is_continue());
         let consumer = std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            let pause = || std::thread::sleep(std::time::Duration::from_millis(200));
+            pause();
             asked.get_or_init(Instant::now);
             let first = indices(rx.recv().unwrap());
-            std::thread::sleep(std::time::Duration::from_millis(50));
-            (
-                first,
-                indices(rx.recv().unwrap()),
-                indices(rx.recv().unwrap()),
-            )
+            pause();
+            let second = indices(rx.recv().unwrap());
+            pause();
+            let third = indices(rx.recv().unwrap());
+            assert!(matches!(rx.recv().unwrap(), Message::End(_)));
+            (first, second, third)
         });
-        // Waits 100 ms for the consumer to ask: none of it counts.
+        // Waits 200 ms for the consumer to ask: none of it counts.
         assert!(outbox.send(&mut ops, event(1)).is_continue());
         let before = counters.snapshot();
-        // Waits 50 ms for the consumer, which asked: counted.
+        // Waits about 200 ms for the consumer, which asked: counted.
         assert!(outbox.send(&mut ops, event(2)).is_continue());
+        let after_send = counters.snapshot().get(Counter::OutputWaitNanos);
+        // The end waits for the consumer too, and is counted the same way.
         outbox.finish(Message::End(Vec::new()));
         assert_eq!(consumer.join().unwrap(), (vec![0], vec![1], vec![2]));
         for counter in [Counter::OutputWaitNanos, Counter::PipelineNanos] {
             let counted = before.get(counter);
             assert!(
-                counted < 90_000_000,
+                counted < 150_000_000,
                 "{counter:?}: {counted} ns before the consumer asked"
             );
         }
+        assert!(after_send >= 100_000_000, "{after_send} ns");
         let waited = counters.snapshot().get(Counter::OutputWaitNanos);
-        assert!(waited >= 40_000_000, "{waited} ns");
+        assert!(
+            waited >= after_send + 100_000_000,
+            "{waited} ns, {after_send} ns before the end"
+        );
     }
 
     /// Once the consumer is gone, every send says so.

@@ -58,8 +58,8 @@ pub struct SampleStream {
     /// (`end` `None`: to the shard's end), before its warning.
     on_skip: Option<Py<PyAny>>,
     /// Called with no argument once, when the stream ends, before `next()`
-    /// says so (never after the stream failed); what it raises is reported
-    /// as unraisable, and the stream still ends.
+    /// says so (never after the stream failed); an `Exception` it raises
+    /// is reported as unraisable, and the stream still ends.
     on_end: Mutex<Option<Py<PyAny>>>,
     /// What makes the `bytes` that local shards' long members are handed out
     /// as (in a DataLoader worker), if any: see [`BytesOut::Worker`].
@@ -341,9 +341,17 @@ impl SampleStream {
                     if samples.is_empty() {
                         let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
                         if let Some(on_end) = on_end {
-                            // The epoch ended whatever the callback does.
-                            if let Err(error) = on_end.call0(py) {
-                                error.write_unraisable(py, Some(on_end.bind(py)));
+                            // The epoch ended whatever the callback raises,
+                            // but an interrupt (not an `Exception`) goes on.
+                            match on_end.call0(py) {
+                                Err(error)
+                                    if error
+                                        .is_instance_of::<pyo3::exceptions::PyException>(py) =>
+                                {
+                                    error.write_unraisable(py, Some(on_end.bind(py)));
+                                }
+                                Err(interrupt) => return Err(interrupt),
+                                Ok(_) => {}
                             }
                         }
                         return Ok(None);
@@ -358,8 +366,8 @@ impl SampleStream {
                     if samples.is_empty() {
                         return Err(to_py(error));
                     }
-                    // The samples are already counted as produced: hand them
-                    // out, and raise at the next call.
+                    // The samples were taken from the stream: hand them out,
+                    // and raise at the next call.
                     *self.pending_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
                     return self.hand_out(py, samples).map(Some);
                 }
