@@ -5,11 +5,13 @@ epoch), with ``persistent_workers`` off and on, at each worker count.
 
     python benches/epoch_boundary_bench.py --out bench-results \\
         [--workers 2 4] [--epochs 4] [--step-ms 5] [--start-method fork] \\
-        [--epoch-end-ms 200] [--s3-first-byte-ms 20]
+        [--epoch-end-ms 200] [--s3-first-byte-ms 20] [--mix]
 
 ``--s3-first-byte-ms`` reads the shards from a local S3 server (moto)
 behind ``tests/python/fault_proxy.py``, each answer that late and each
-connection at 100 MB/s, instead of from local files.
+connection at 100 MB/s, instead of from local files. ``--mix`` reads a
+``shardstream.Mix`` of two streams (each half of the shards, equal weights,
+``policy="continue"``) instead of one dataset.
 
 For each boundary the stall is the time from the end of the step on an
 epoch's last batch (and of ``--epoch-end-ms``, the loop's own work between
@@ -51,12 +53,16 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
     for a batch within epochs (seconds)."""
     from torch.utils.data import DataLoader
 
-    from shardstream import S3Config, StreamingDataset
+    from shardstream import Mix, S3Config, StreamingDataset
 
     s3 = None
     if args.endpoint:
         s3 = S3Config(endpoint_url=args.endpoint, region="us-east-1", path_style=True)
-    dataset = StreamingDataset(spec, seed=0, s3=s3)
+    dataset: Any = StreamingDataset(spec, seed=0, s3=s3)
+    if args.mix:
+        halves = [spec_of(spec, 0, args.shards // 2), spec_of(spec, args.shards // 2, args.shards)]
+        streams = [StreamingDataset(half, seed=0) for half in halves]
+        dataset = Mix(streams, [1.0, 1.0], policy="continue")
     loader = DataLoader(
         dataset,
         batch_size=args.batch,
@@ -119,11 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         help="read from a local S3 server behind a proxy answering this late",
     )
+    parser.add_argument(
+        "--mix", action="store_true", help="a Mix of two streams (local files only)"
+    )
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.epochs < 2 or args.repeats < 1 or min(args.workers) < 1:
         parser.error("--epochs must be at least 2, --repeats and --workers at least 1")
+    if args.mix and (args.s3_first_byte_ms is not None or args.shards < 2):
+        parser.error("--mix reads local files, at least 2 shards")
     if args.child:
         spec, workers, persistent = args.child
         print(json.dumps(run(spec, int(workers), persistent == "1", args)))
@@ -164,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     (args.out / "epoch_boundary_bench.json").write_text(json.dumps(rows, indent=2))
-    where = "local files"
+    where = "local files, a Mix of two streams" if args.mix else "local files"
     if args.s3_first_byte_ms is not None:
         where = (
             f"S3 (moto) behind a proxy: {args.s3_first_byte_ms:g} ms to the first byte, "
@@ -188,6 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "epoch_boundary_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
+
+
+def spec_of(spec: str, first: int, end: int) -> str:
+    """The brace spec of shards ``first..end - 1`` of ``write_stream``'s
+    ``spec`` (``DIR/s-{0000..NNNN}.tar``)."""
+    return spec.split("{")[0] + f"{{{first:04d}..{end - 1:04d}}}.tar"
 
 
 def serve_on_s3(stack: ExitStack, spec: str, first_byte: float) -> tuple[str, list[str]]:

@@ -4,6 +4,8 @@ elastic resume (see ``docs/mixing.md``)."""
 from __future__ import annotations
 
 import json
+import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +23,13 @@ from ._core import (
     check_mix,
     check_mix_state,
 )
-from .dataset import SKIPPED, StreamingDataset, apply_transform, check_worker_count
+from .dataset import (
+    SKIPPED,
+    StreamingDataset,
+    apply_transform,
+    check_worker_count,
+    persistent_worker,
+)
 from .epochs import EpochAdvance
 from .resplit import check_not_resplit, find_splitter
 from .telemetry import exposition
@@ -40,14 +48,24 @@ _Opener = Callable[[int, int, str | None], SampleStream]
 _Mixture = tuple[_Opener, int, str, int, _Slot]
 
 
-def _stream_opener(datasets: Sequence[StreamingDataset], slot: _Slot) -> _Opener:
+def _stream_opener(
+    datasets: Sequence[StreamingDataset],
+    slot: _Slot,
+    started: dict[tuple[int, int], SampleStream] | None = None,
+) -> _Opener:
     """What ``MixSlot`` opens the streams of ``slot`` with: stream ``s``'s
-    ``epoch``, or its ``resume`` state. It holds the streams, not the
-    ``Mix`` (which holds the iterator): no reference cycle keeps the
-    streams' threads alive once the iterator is dropped."""
+    ``epoch``, or its ``resume`` state. ``started``: streams of ``slot``
+    already started, by ``(s, epoch)``, each handed out (once) instead of
+    opening that stream's epoch. It holds the streams, not the ``Mix``
+    (which holds the iterator): no reference cycle keeps the streams'
+    threads alive once the iterator is dropped."""
     datasets = tuple(datasets)
+    started = {} if started is None else started
 
     def open_stream(s: int, epoch: int, resume: str | None) -> SampleStream:
+        stream = started.pop((s, epoch), None) if resume is None else None
+        if stream is not None:
+            return stream
         # A packed stream hands out the sequences its token counts plan, on
         # one rank too: the mixture's order is planned from those numbers.
         return datasets[s].slot_stream(epoch, resume, slot, plan_sequences=True)
@@ -148,6 +166,12 @@ class Mix(IterableDataset[Any]):
             MIX_PASS_STRIDE
         )
         self._iterator: _MixIterator | None = None
+        # The next epoch's streams, started in a persistent DataLoader
+        # worker when this epoch's mixture ended: (process id, epoch, slot,
+        # streams by stream index); see ``_start_next``.
+        self._next_streams: tuple[int, int, _Slot, dict[tuple[int, int], SampleStream]] | None = (
+            None
+        )
 
     @staticmethod
     def _check_weights(weights: Any, streams: int, policy: str) -> list[float]:
@@ -246,7 +270,11 @@ class Mix(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
-        iterator = self._open_iterator(self.epoch)
+        slot = self._slot()
+        started = self._started_next(slot)
+        iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, slot, started))
+        if persistent_worker() and any(ds.options["read_next_epoch_early"] for ds in self.datasets):
+            iterator.on_end = _start_next_of(self)
         self._epochs.started(iterator.epoch)
         self._iterator = iterator
         return iterator
@@ -254,19 +282,77 @@ class Mix(IterableDataset[Any]):
     def _open_iterator(self, epoch: int) -> _MixIterator:
         return _MixIterator(self.datasets, self._mix_slot(epoch, self._slot()))
 
-    def _mixture(self, slot: _Slot) -> _Mixture:
-        """What every ``MixSlot`` constructor takes first, for ``slot``."""
+    def _start_next(self) -> None:
+        """Called in a persistent DataLoader worker when its epoch's mixture
+        ends: opens and starts pass 0 of the next epoch of every stream
+        that the next epoch's weights read (and whose dataset has
+        ``read_next_epoch_early``), so that their reads run while the other
+        workers and the training loop finish the epoch. A stream's pass 0
+        is the stream's own epoch whatever the weights, so ``set_weights``
+        between the epochs keeps it valid; the next ``__iter__`` takes the
+        streams if it begins that epoch in this slot (``_started_next``). A
+        stream that cannot be opened or started now is opened again by the
+        mixture when it first draws from it, which raises what stops it."""
+        self._next_streams = None
+        if self._epochs.pending() is not None:
+            return
+        epoch, slot = self.epoch, self._slot()
+        weights = self._epoch_weights(epoch)
+        streams: dict[tuple[int, int], SampleStream] = {}
+        for s, ds in enumerate(self.datasets):
+            if weights[s] <= 0 or not ds.options["read_next_epoch_early"]:
+                continue
+            try:
+                stream = ds.slot_stream(epoch, None, slot, plan_sequences=True)
+                if stream.start():
+                    streams[(s, epoch)] = stream
+            except Exception:
+                continue
+        if streams:
+            self._next_streams = (os.getpid(), epoch, slot, streams)
+
+    def _started_next(self, slot: _Slot) -> dict[tuple[int, int], SampleStream] | None:
+        """The streams ``_start_next`` started, if the next iteration
+        begins their epoch fresh in ``slot`` and this process (not after
+        ``set_epoch`` to another epoch, nor with a loaded state pending),
+        without those the epoch's weights no longer read. Either way they
+        are no longer kept."""
+        started, self._next_streams = self._next_streams, None
+        if started is None:
+            return None
+        pid, epoch, started_slot, streams = started
+        if (
+            pid != os.getpid()
+            or self._epochs.pending() is not None
+            or epoch != self.epoch
+            or started_slot != slot
+        ):
+            return None
+        weights = self._epoch_weights(epoch)
+        return {key: stream for key, stream in streams.items() if weights[key[0]] > 0}
+
+    def _mixture(
+        self, slot: _Slot, started: dict[tuple[int, int], SampleStream] | None = None
+    ) -> _Mixture:
+        """What every ``MixSlot`` constructor takes first, for ``slot``
+        (``started``: streams already started, see ``_stream_opener``)."""
         return (
-            _stream_opener(self.datasets, slot),
+            _stream_opener(self.datasets, slot, started),
             len(self.datasets),
             self.policy,
             self.seed,
             slot,
         )
 
-    def _mix_slot(self, epoch: int, slot: _Slot) -> MixSlot:
-        """``slot``'s mixture of ``epoch``, or of a pending resume."""
-        mixture = self._mixture(slot)
+    def _mix_slot(
+        self,
+        epoch: int,
+        slot: _Slot,
+        started: dict[tuple[int, int], SampleStream] | None = None,
+    ) -> MixSlot:
+        """``slot``'s mixture of ``epoch``, or of a pending resume
+        (``started``: streams already started, see ``_stream_opener``)."""
+        mixture = self._mixture(slot, started)
         resume = self._epochs.pending()
         if resume is None:
             return MixSlot.fresh(*mixture, self._epoch_weights(epoch), epoch)
@@ -394,7 +480,7 @@ class Mix(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         check_worker_start()
         state = self.__dict__.copy()
-        state["_iterator"] = None
+        state["_iterator"] = state["_next_streams"] = None
         # As for StreamingDataset: the wrapper a spawned worker cannot see.
         state["_pickled_under"] = find_splitter(self)
         return state
@@ -404,6 +490,19 @@ class Mix(IterableDataset[Any]):
             f"Mix({len(self.datasets)} streams, weights={self.weights}, "
             f"policy={self.policy!r}, seed={self.seed}, epoch={self.epoch})"
         )
+
+
+def _start_next_of(mix: Mix) -> Callable[[], None]:
+    """``mix._start_next``, holding the mixture weakly (the iterator it is
+    given to is the mixture's own)."""
+    ref = weakref.ref(mix)
+
+    def start_next() -> None:
+        live = ref()
+        if live is not None:
+            live._start_next()
+
+    return start_next
 
 
 def mixture_shards(datasets: Sequence[StreamingDataset]) -> tuple[list[int], int]:
@@ -461,6 +560,8 @@ class _MixIterator:
         self.epoch = mix_slot.epoch
         self.transforms = [ds.options["transform"] for ds in self.datasets]
         self.id_shards = mixture_shards(self.datasets)
+        # Called once when the mixture ends (not when it fails).
+        self.on_end: Callable[[], None] | None = None
 
     def _mixture_id(self, s: int, sample: Any) -> None:
         """Rewrites ``sample``'s ``__id__`` (its stream's epoch, shard and
@@ -499,6 +600,9 @@ class _MixIterator:
             sample = apply_transform(transform, sample, skip, ds._counters, ds.skip_log)
             if sample is not SKIPPED:
                 return sample
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
         raise StopIteration
 
     def retarget(self, mix_slot: MixSlot) -> None:

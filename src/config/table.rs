@@ -307,8 +307,8 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
         name: "read_next_epoch_early",
         python_type: "bool",
         default: || DefaultValue::Bool(true),
-        doc: "in DataLoader workers with `persistent_workers=True`, a worker's next epoch starts \
-              reading when its epoch ends, its read-ahead and first samples held until the next \
+        doc: "in DataLoader workers with `persistent_workers=True`, a worker's next epoch (in a \
+              `Mix`, each stream that epoch's weights read) starts reading when its epoch ends, its read-ahead and first samples held until the next \
               iteration ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#how-the-epoch-is-planned)); \
               `False` starts it at the next iteration",
         order: SampleOrder::No,

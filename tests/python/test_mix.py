@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -197,6 +198,11 @@ def test_the_mixture_order_is_deterministic_and_follows_seed_and_epoch(streams):
 
 
 def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
+    """Persistent workers start reading their next epoch's streams when
+    their mixture ends (more than one epoch's bytes are read before the
+    next iteration asks); the epochs stay those of a fresh mixture told its
+    epoch, and a state taken inside the early-started epoch resumes
+    exactly."""
     mix = make_mix(streams)
     loader = StatefulDataLoader(
         mix,
@@ -206,14 +212,79 @@ def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
         collate_fn=ident,
         timeout=120,
     )
-    epochs = [list(loader) for _ in range(2)]
+    one_epoch = sum(os.path.getsize(p) for info in streams for p in info.paths)
+    epochs = [list(loader)]
+    deadline = time.monotonic() + 10
+    while sum(s["bytes_read"] for s in mix.stats()) <= one_epoch and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(s["bytes_read"] for s in mix.stats()) > one_epoch, "no read of epoch 1 began"
+    iterator = iter(loader)
+    first = [next(iterator) for _ in range(7)]
+    state = loader.state_dict()
+    rest = list(iterator)
+    epochs.append(first + rest)
     everything = stream_keys(streams[0]) | stream_keys(streams[1])
     for keys in epochs:
         assert sorted(keys) == sorted(everything)
     assert epochs[0] != epochs[1]
-    mix.set_epoch(0)
-    fresh = StatefulDataLoader(mix, batch_size=None, num_workers=2, collate_fn=ident, timeout=120)
-    assert list(fresh) == epochs[0]
+    for epoch, keys in enumerate(epochs):
+        fresh_mix = make_mix(streams)
+        fresh_mix.set_epoch(epoch)
+        fresh = StatefulDataLoader(
+            fresh_mix, batch_size=None, num_workers=2, collate_fn=ident, timeout=120
+        )
+        assert list(fresh) == keys
+    resumed = StatefulDataLoader(
+        make_mix(streams), batch_size=None, num_workers=2, collate_fn=ident, timeout=120
+    )
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest
+
+
+def test_the_next_iteration_takes_the_started_streams_only_if_it_would_open_them(streams):
+    """The streams started at a mixture's end are the next iteration's only
+    if it begins their epoch fresh: not after ``set_epoch`` to another
+    epoch, nor with a loaded state pending; a stream the epoch's weights no
+    longer read is dropped. Either way the order is the epoch's own."""
+
+    def taken(stream) -> bool:
+        return json.loads(stream.state())["produced"] > 0
+
+    def epoch_keys(epoch: int) -> list[str]:
+        return slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1, epoch=epoch)
+
+    mix = make_mix(streams)
+    assert [ident(s) for s in collect(mix)] == epoch_keys(0)
+    mix._start_next()
+    started = list(mix._next_streams[3].values())
+    assert len(started) == 2
+    assert [ident(s) for s in collect(mix)] == epoch_keys(1)
+    assert all(taken(stream) for stream in started)
+
+    mix._start_next()
+    started = list(mix._next_streams[3].values())
+    mix.set_epoch(7)
+    assert [ident(s) for s in collect(mix)] == epoch_keys(7)
+    assert not any(taken(stream) for stream in started)
+
+    iterator = iter(mix)
+    first = [ident(next(iterator)) for _ in range(5)]
+    state = mix.state_dict()
+    rest = [ident(s) for s in collect(iterator)]
+    assert first + rest == epoch_keys(8)
+    mix._start_next()
+    started = list(mix._next_streams[3].values())
+    mix.load_state_dict(state)
+    assert [ident(s) for s in collect(mix)] == rest
+    assert not any(taken(stream) for stream in started)
+
+    mix._start_next()
+    assert sorted(mix._next_streams[3]) == [(0, 9), (1, 9)]
+    mix.set_weights([1, 0])
+    kept = mix._started_next(mix._slot())
+    assert kept is not None and sorted(kept) == [(0, 9)]
+    only_a = slot_keys(streams, (1, 0), "continue", 0, 1, 0, 1, epoch=9)
+    assert [ident(s) for s in collect(mix)] == only_a
 
 
 def test_set_weights_reaches_persistent_workers(streams):
