@@ -189,6 +189,9 @@ def _range_start(header: str) -> int:
 def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out as separate writes: without TCP_NODELAY the
+        # body waits for the client's delayed ACK of the headers (40 ms).
+        disable_nagle_algorithm = True
         upstream_conn: http.client.HTTPConnection | None = None
 
         def log_message(self, format: str, *args: object) -> None:
