@@ -292,7 +292,7 @@ class Mix(IterableDataset[Any]):
         between the epochs keeps it valid; the next ``__iter__`` takes the
         streams if it begins that epoch in this slot (``_started_next``). A
         stream that cannot be opened or started now is opened again by the
-        mixture when it first draws from it, which raises what stops it."""
+        next epoch's mixture, which raises what stops it."""
         self._next_streams = None
         if self._epochs.pending() is not None:
             return
