@@ -438,7 +438,7 @@ class StreamingDataset(IterableDataset[Any]):
         stream = self._started_next()
         if stream is None:
             early = self.options["read_next_epoch_early"] and persistent_worker()
-            stream = self._open_stream(self.epoch, _start_next_of(self) if early else None)
+            stream = self._open_stream(self.epoch, start_next_of(self) if early else None)
         # A resumed stream takes its epoch from the state; either way the
         # next iteration streams the epoch after this one.
         self._epochs.started(stream.epoch)
@@ -565,7 +565,7 @@ class StreamingDataset(IterableDataset[Any]):
         try:
             if self._epochs.pending() is not None:
                 return
-            stream = self._open_stream(self.epoch, _start_next_of(self))
+            stream = self._open_stream(self.epoch, start_next_of(self))
             if stream.start():
                 self._next_stream = (os.getpid(), stream)
         except Exception:
@@ -778,10 +778,17 @@ def _worker_loop_persistent(frame: FrameType | None) -> bool:
     return False
 
 
-def _start_next_of(dataset: StreamingDataset) -> Callable[[], None]:
-    """``dataset._start_next``, holding the dataset weakly (the stream it
-    is given to is the dataset's own)."""
-    ref = weakref.ref(dataset)
+class StartsNext(Protocol):
+    """A dataset that starts its next epoch's reads when an epoch ends
+    (``StreamingDataset``, ``Mix``)."""
+
+    def _start_next(self) -> None: ...
+
+
+def start_next_of(owner: StartsNext) -> Callable[[], None]:
+    """``owner._start_next``, holding ``owner`` weakly (the stream or
+    iterator it is given to is the owner's own)."""
+    ref = weakref.ref(owner)
 
     def start_next() -> None:
         live = ref()

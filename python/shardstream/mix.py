@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +28,7 @@ from .dataset import (
     apply_transform,
     check_worker_count,
     persistent_worker,
+    start_next_of,
 )
 from .epochs import EpochAdvance
 from .resplit import check_not_resplit, find_splitter
@@ -274,7 +274,7 @@ class Mix(IterableDataset[Any]):
         started = self._started_next(slot)
         iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, slot, started))
         if persistent_worker() and any(ds.options["read_next_epoch_early"] for ds in self.datasets):
-            iterator.on_end = _start_next_of(self)
+            iterator.on_end = start_next_of(self)
         self._epochs.started(iterator.epoch)
         self._iterator = iterator
         return iterator
@@ -490,19 +490,6 @@ class Mix(IterableDataset[Any]):
             f"Mix({len(self.datasets)} streams, weights={self.weights}, "
             f"policy={self.policy!r}, seed={self.seed}, epoch={self.epoch})"
         )
-
-
-def _start_next_of(mix: Mix) -> Callable[[], None]:
-    """``mix._start_next``, holding the mixture weakly (the iterator it is
-    given to is the mixture's own)."""
-    ref = weakref.ref(mix)
-
-    def start_next() -> None:
-        live = ref()
-        if live is not None:
-            live._start_next()
-
-    return start_next
 
 
 def mixture_shards(datasets: Sequence[StreamingDataset]) -> tuple[list[int], int]:
