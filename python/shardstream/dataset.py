@@ -175,8 +175,9 @@ class StreamingDataset(IterableDataset[Any]):
             them through the pipe.
         raise_malloc_thresholds: raise glibc's malloc thresholds (mmap
             32 MiB, trim 64 MiB: where glibc's own adaptive rule puts them
-            after a 32 MiB block is freed) in each DataLoader worker, and,
-            with ``local_bytes_by_reference`` or
+            after a 32 MiB block is freed) in each process that iterates
+            the dataset (a DataLoader worker, the main process with
+            ``num_workers=0``), and, with ``local_bytes_by_reference`` or
             ``worker_shared_memory_bytes``, in the main process on its
             first read of a reference, so that each batch reuses the heap
             the previous one freed instead of faulting fresh pages in.
@@ -435,6 +436,9 @@ class StreamingDataset(IterableDataset[Any]):
         check_not_resplit(self, self.distributed_slot()[1])
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
+        if self.options["raise_malloc_thresholds"]:
+            # The process that iterates makes each sample's ``bytes``.
+            raise_malloc_thresholds()
         stream = self._started_next()
         if stream is None:
             early = self.options["read_next_epoch_early"] and persistent_worker()
@@ -606,8 +610,6 @@ class StreamingDataset(IterableDataset[Any]):
         rank, world_size, worker_id, num_workers = slot
         in_worker = get_worker_info() is not None
         raise_thresholds = self.options["raise_malloc_thresholds"]
-        if in_worker and raise_thresholds:
-            raise_malloc_thresholds()
         shared_limit = self.options["worker_shared_memory_bytes"] if in_worker else 0
         shared_limit = shared_limit if SHARED_MEMORY_AVAILABLE else 0
         if shared_limit:

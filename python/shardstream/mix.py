@@ -21,6 +21,7 @@ from ._core import (
     StateMismatchError,
     check_mix,
     check_mix_state,
+    raise_malloc_thresholds,
 )
 from .dataset import (
     SKIPPED,
@@ -270,6 +271,9 @@ class Mix(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
+        if any(ds.options["raise_malloc_thresholds"] for ds in self.datasets):
+            # The process that iterates makes each sample's ``bytes``.
+            raise_malloc_thresholds()
         slot = self._slot()
         started = self._started_next(slot)
         iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, slot, started))

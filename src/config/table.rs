@@ -298,8 +298,9 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
         name: "raise_malloc_thresholds",
         python_type: "bool",
         default: || DefaultValue::Bool(true),
-        doc: "DataLoader workers (and the main process, on its first read of a reference) raise \
-              glibc's malloc thresholds so each batch reuses the heap \
+        doc: "the process that iterates (a DataLoader worker, the main process at `num_workers=0`; \
+              and the main process on its first read of a reference) raises glibc's malloc \
+              thresholds so each batch reuses the heap \
               ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#malloc-thresholds))",
         order: SampleOrder::No,
     },

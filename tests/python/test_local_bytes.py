@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import io
 import multiprocessing
 import os
@@ -122,6 +123,33 @@ def test_each_worker_raises_malloc_thresholds_when_it_starts_streaming(
         assert calls.value == 2 and os.getpid() not in pids and len(pids) == 2
     else:
         assert calls.value == 0
+
+
+@pytest.mark.parametrize("raise_thresholds", [True, False])
+def test_the_main_process_raises_malloc_thresholds_when_it_iterates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raise_thresholds: bool
+) -> None:
+    """With ``num_workers=0`` the main process makes each sample's
+    ``bytes``: its iteration of a dataset or a ``Mix`` raises the
+    thresholds, unless the option is off; making one does not."""
+    paths = write_shards(tmp_path)
+    calls: list[int] = []
+
+    def record() -> bool:
+        calls.append(os.getpid())
+        return True
+
+    for module in ("shardstream.dataset", "shardstream.mix"):
+        monkeypatch.setattr(importlib.import_module(module), "raise_malloc_thresholds", record)
+    spec = [str(p) for p in paths]
+    dataset = shardstream.StreamingDataset(spec, raise_malloc_thresholds=raise_thresholds)
+    mix = shardstream.Mix(
+        [shardstream.StreamingDataset(spec, raise_malloc_thresholds=raise_thresholds)]
+    )
+    assert calls == []
+    assert len(list(loader(dataset, 0))) == 2 * len(SIZES)
+    assert len(list(loader(mix, 0))) == 2 * len(SIZES)
+    assert calls == ([os.getpid()] * 2 if raise_thresholds else [])
 
 
 # Frees a batch of 32 fresh 80 KB bytes objects, 20 times, and prints the
