@@ -579,6 +579,10 @@ class SampleStream(Iterator[Any]):
     @property
     def started(self) -> bool:
         """Whether ``next()`` or ``start()`` has been called (its threads started)."""
+    @property
+    def planned_samples(self) -> int | None:
+        """The samples the stream hands out (for a packed stream that plans its sequences,
+        the sequences), ``None`` if a unit is a whole shard whose sample count is not known."""
     def start(self) -> bool:
         """Starts the stream's threads now: reading begins before the first
         ``next()``. False if they could not start (the first ``next()`` raises why)."""

@@ -189,9 +189,11 @@ class StreamingDataset(IterableDataset[Any]):
             training loop evaluates or checkpoints, the worker's read-ahead
             budget and first samples are held). The iteration takes it only
             if it is the stream it would open (``set_epoch`` to another
-            epoch or a loaded state drop it). In a ``Mix``, each stream
-            whose dataset has it starts its next epoch when the mixture's
-            epoch ends. ``False`` opens each epoch's stream at its iteration.
+            epoch or a loaded state drop it). In a ``Mix`` read by
+            persistent workers, each stream whose dataset has it and of
+            which the next epoch's mixture takes samples starts its next
+            epoch when the mixture's epoch ends. ``False`` opens each
+            epoch's stream at its iteration.
         count_samples: count the samples of local plain tar shards that no
             manifest describes from their headers, when the dataset is made:
             ``None`` when ``world_size > 1``, ``True`` always (then ``len()``

@@ -21,6 +21,7 @@ from ._core import (
     StateMismatchError,
     check_mix,
     check_mix_state,
+    mix_counts,
     raise_malloc_thresholds,
 )
 from .dataset import (
@@ -47,6 +48,9 @@ _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 _Opener = Callable[[int, int, str | None], SampleStream]
 # What every ``MixSlot`` constructor takes first: (open, streams, policy, seed, slot).
 _Mixture = tuple[_Opener, int, str, int, _Slot]
+# The next epoch's streams started early: (process id, epoch, slot, every
+# stream's planned samples, the started streams by (stream, epoch)).
+_StartedStreams = tuple[int, int, _Slot, list[int | None], dict[tuple[int, int], SampleStream]]
 
 
 def _stream_opener(
@@ -169,10 +173,9 @@ class Mix(IterableDataset[Any]):
         self._iterator: _MixIterator | None = None
         # The next epoch's streams, started in a persistent DataLoader
         # worker when this epoch's mixture ended: (process id, epoch, slot,
-        # streams by stream index); see ``_start_next``.
-        self._next_streams: tuple[int, int, _Slot, dict[tuple[int, int], SampleStream]] | None = (
-            None
-        )
+        # every stream's planned samples, the started streams by (stream,
+        # epoch)); see ``_start_next``.
+        self._next_streams: _StartedStreams | None = None
 
     @staticmethod
     def _check_weights(weights: Any, streams: int, policy: str) -> list[float]:
@@ -289,42 +292,57 @@ class Mix(IterableDataset[Any]):
     def _start_next(self) -> None:
         """Called in a persistent DataLoader worker when its epoch's mixture
         ends: opens and starts pass 0 of the next epoch of every stream
-        that the next epoch's weights read (and whose dataset has
-        ``read_next_epoch_early``), so that their reads run while the other
-        workers and the training loop finish the epoch. A stream's pass 0
-        is the stream's own epoch whatever the weights, so ``set_weights``
-        between the epochs keeps it valid; the next ``__iter__`` takes the
-        streams if it begins that epoch in this slot (``_started_next``). A
-        stream that cannot be opened or started now is opened again by the
-        next epoch's mixture, which raises what stops it."""
+        the next epoch's mixture takes samples of in this slot (and whose
+        dataset has ``read_next_epoch_early``), so that their reads run
+        while the other workers and the training loop finish the epoch. A
+        stream's pass 0 is the stream's own epoch whatever the weights, so
+        ``set_weights`` between the epochs keeps it valid; the next
+        ``__iter__`` takes the streams if it begins that epoch in this slot
+        (``_started_next``). Nothing it meets stops the epoch that ended:
+        a stream that cannot be opened or started now is opened again by
+        the next epoch's mixture, which raises what stops it."""
         self._next_streams = None
-        if self._epochs.pending() is not None:
+        try:
+            if self._epochs.pending() is not None:
+                return
+            epoch, slot = self.epoch, self._slot()
+            # Every stream's pass 0, not started yet, as the mixture opens
+            # them: their counts say which streams it takes samples of.
+            opened = [
+                ds.slot_stream(epoch, None, slot, plan_sequences=True) for ds in self.datasets
+            ]
+            available = [stream.planned_samples for stream in opened]
+            takes = self._takes(self._epoch_weights(epoch), available)
+            streams = {
+                (s, epoch): stream
+                for s, stream in enumerate(opened)
+                if takes[s] > 0
+                and self.datasets[s].options["read_next_epoch_early"]
+                and stream.start()
+            }
+        except Exception:
             return
-        epoch, slot = self.epoch, self._slot()
-        weights = self._epoch_weights(epoch)
-        streams: dict[tuple[int, int], SampleStream] = {}
-        for s, ds in enumerate(self.datasets):
-            if weights[s] <= 0 or not ds.options["read_next_epoch_early"]:
-                continue
-            try:
-                stream = ds.slot_stream(epoch, None, slot, plan_sequences=True)
-                if stream.start():
-                    streams[(s, epoch)] = stream
-            except Exception:
-                continue
         if streams:
-            self._next_streams = (os.getpid(), epoch, slot, streams)
+            self._next_streams = (os.getpid(), epoch, slot, available, streams)
+
+    def _takes(self, weights: list[float], available: list[int | None]) -> list[float]:
+        """How many samples a slot's mixture takes of each stream whose
+        pass 0 gives ``available`` samples, under ``weights`` (the weights
+        themselves where a count is not known)."""
+        if any(n is None for n in available):
+            return weights
+        return [float(n) for n in mix_counts(self.policy, weights, [n or 0 for n in available])]
 
     def _started_next(self, slot: _Slot) -> dict[tuple[int, int], SampleStream] | None:
         """The streams ``_start_next`` started, if the next iteration
         begins their epoch fresh in ``slot`` and this process (not after
         ``set_epoch`` to another epoch, nor with a loaded state pending),
-        without those the epoch's weights no longer read. Either way they
-        are no longer kept."""
+        without those the epoch's mixture no longer takes samples of (its
+        weights changed). Either way they are no longer kept."""
         started, self._next_streams = self._next_streams, None
         if started is None:
             return None
-        pid, epoch, started_slot, streams = started
+        pid, epoch, started_slot, available, streams = started
         if (
             pid != os.getpid()
             or self._epochs.pending() is not None
@@ -332,8 +350,12 @@ class Mix(IterableDataset[Any]):
             or started_slot != slot
         ):
             return None
-        weights = self._epoch_weights(epoch)
-        return {key: stream for key, stream in streams.items() if weights[key[0]] > 0}
+        try:
+            takes = self._takes(self._epoch_weights(epoch), available)
+        except Exception:
+            # The mixture raises it when it is made.
+            return None
+        return {key: stream for key, stream in streams.items() if takes[key[0]] > 0}
 
     def _mixture(
         self, slot: _Slot, started: dict[tuple[int, int], SampleStream] | None = None

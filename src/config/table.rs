@@ -309,7 +309,7 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
         python_type: "bool",
         default: || DefaultValue::Bool(true),
         doc: "in DataLoader workers with `persistent_workers=True`, a worker's next epoch (in a \
-              `Mix`, each stream that epoch's weights read) starts reading when its epoch ends, its read-ahead and first samples held until the next \
+              `Mix`, each stream that epoch's mixture takes samples of) starts reading when its epoch ends, its read-ahead and first samples held until the next \
               iteration ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#how-the-epoch-is-planned)); \
               `False` starts it at the next iteration",
         order: SampleOrder::No,

@@ -226,6 +226,14 @@ impl SampleStream {
         self.started_in.load(Ordering::SeqCst) != 0
     }
 
+    /// The samples the stream hands out (for a packed stream that plans its
+    /// sequences, the sequences), `None` if a unit is a whole shard whose
+    /// sample count is not known.
+    #[getter(planned_samples)]
+    fn planned_samples_of_stream(&self) -> Option<u64> {
+        self.planned_samples()
+    }
+
     /// Starts the stream's threads in this process now, without waiting
     /// for a sample: reading begins before the first `next()` (a
     /// DataLoader worker's next epoch, while the training loop finishes

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -223,6 +224,14 @@ def test_persistent_workers_take_the_next_epoch_by_themselves(streams):
     state = loader.state_dict()
     rest = list(iterator)
     epochs.append(first + rest)
+    # Epoch 1 read its started streams, not streams of its own: with epoch
+    # 2's started at its end, three epochs' bytes are read, not four.
+    deadline = time.monotonic() + 10
+    while sum(s["bytes_read"] for s in mix.stats()) < 3 * one_epoch:
+        assert time.monotonic() < deadline, "epoch 2's reads did not begin"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert sum(s["bytes_read"] for s in mix.stats()) == 3 * one_epoch
     everything = stream_keys(streams[0]) | stream_keys(streams[1])
     for keys in epochs:
         assert sorted(keys) == sorted(everything)
@@ -256,13 +265,13 @@ def test_the_next_iteration_takes_the_started_streams_only_if_it_would_open_them
     mix = make_mix(streams)
     assert [ident(s) for s in collect(mix)] == epoch_keys(0)
     mix._start_next()
-    started = list(mix._next_streams[3].values())
+    started = list(mix._next_streams[4].values())
     assert len(started) == 2
     assert [ident(s) for s in collect(mix)] == epoch_keys(1)
     assert all(taken(stream) for stream in started)
 
     mix._start_next()
-    started = list(mix._next_streams[3].values())
+    started = list(mix._next_streams[4].values())
     mix.set_epoch(7)
     assert [ident(s) for s in collect(mix)] == epoch_keys(7)
     assert not any(taken(stream) for stream in started)
@@ -273,18 +282,61 @@ def test_the_next_iteration_takes_the_started_streams_only_if_it_would_open_them
     rest = [ident(s) for s in collect(iterator)]
     assert first + rest == epoch_keys(8)
     mix._start_next()
-    started = list(mix._next_streams[3].values())
+    started = list(mix._next_streams[4].values())
     mix.load_state_dict(state)
     assert [ident(s) for s in collect(mix)] == rest
     assert not any(taken(stream) for stream in started)
 
+    # Weights set after the start: the stream they no longer read is not
+    # the mixture's (it would hold its read-ahead for the whole epoch).
     mix._start_next()
-    assert sorted(mix._next_streams[3]) == [(0, 9), (1, 9)]
+    started = dict(mix._next_streams[4])
+    assert sorted(started) == [(0, 9), (1, 9)]
     mix.set_weights([1, 0])
-    kept = mix._started_next(mix._slot())
-    assert kept is not None and sorted(kept) == [(0, 9)]
+    refs = {(0, 9): sys.getrefcount(started[(0, 9)]), (1, 9): sys.getrefcount(started[(1, 9)])}
+    iterator = iter(mix)
+    first = [ident(next(iterator))]
+    # The mixture's own, or no longer referenced but by `started` (counted
+    # outside the asserts, whose rewriting holds values of its own).
+    now = {(0, 9): sys.getrefcount(started[(0, 9)]), (1, 9): sys.getrefcount(started[(1, 9)])}
+    assert now[(0, 9)] >= refs[(0, 9)]
+    assert now[(1, 9)] == refs[(1, 9)] - 1
     only_a = slot_keys(streams, (1, 0), "continue", 0, 1, 0, 1, epoch=9)
-    assert [ident(s) for s in collect(mix)] == only_a
+    assert first + [ident(s) for s in collect(iterator)] == only_a
+
+
+def test_only_streams_the_next_mixture_takes_samples_of_start_early(streams):
+    """A stream with a weight above 0 may give a slot no sample (here its
+    weight is too small for one under ``"stop"``): it is not started."""
+    mix = make_mix(streams, (1, 1e-9), "stop")
+    keys = [ident(s) for s in collect(mix)]
+    assert keys and all(k.startswith("a/") for k in keys)
+    mix._start_next()
+    assert sorted(mix._next_streams[4]) == [(0, 1)]
+    assert [ident(s) for s in collect(mix)] == slot_keys(
+        streams, (1, 1e-9), "stop", 0, 1, 0, 1, epoch=1
+    )
+
+
+def test_an_error_starting_the_next_epoch_does_not_end_the_epoch_in_error(
+    streams, monkeypatch: pytest.MonkeyPatch
+):
+    """What stops the next epoch's early start (here the slot cannot be
+    found) does not fail the epoch that ended; the next iteration opens its
+    own streams and raises it then."""
+    mix = make_mix(streams)
+    iterator = iter(mix)
+    iterator.on_end = mix._start_next
+
+    def no_slot():
+        raise ValueError("no slot")
+
+    monkeypatch.setattr(mix, "_slot", no_slot)
+    keys = [ident(s) for s in collect(iterator)]
+    assert keys == slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1)
+    assert mix._next_streams is None
+    with pytest.raises(ValueError, match="no slot"):
+        iter(mix)
 
 
 def test_set_weights_reaches_persistent_workers(streams):
