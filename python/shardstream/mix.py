@@ -48,8 +48,9 @@ _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 _Opener = Callable[[int, int, str | None], SampleStream]
 # What every ``MixSlot`` constructor takes first: (open, streams, policy, seed, slot).
 _Mixture = tuple[_Opener, int, str, int, _Slot]
-# The next epoch's streams started early: (process id, epoch, slot, every
-# stream's planned samples, the started streams by (stream, epoch)).
+# The next epoch's streams opened early: (process id, epoch, slot, every
+# stream's planned samples, every stream's pass 0 by (stream, epoch), those
+# the mixture takes samples of started).
 _StartedStreams = tuple[int, int, _Slot, list[int | None], dict[tuple[int, int], SampleStream]]
 
 
@@ -171,10 +172,9 @@ class Mix(IterableDataset[Any]):
             MIX_PASS_STRIDE
         )
         self._iterator: _MixIterator | None = None
-        # The next epoch's streams, started in a persistent DataLoader
-        # worker when this epoch's mixture ended: (process id, epoch, slot,
-        # every stream's planned samples, the started streams by (stream,
-        # epoch)); see ``_start_next``.
+        # The next epoch's streams, opened (and started where the mixture
+        # takes samples of them) in a persistent DataLoader worker when this
+        # epoch's mixture ended; see ``_start_next``.
         self._next_streams: _StartedStreams | None = None
 
     @staticmethod
@@ -297,7 +297,8 @@ class Mix(IterableDataset[Any]):
         while the other workers and the training loop finish the epoch. A
         stream's pass 0 is the stream's own epoch whatever the weights, so
         ``set_weights`` between the epochs keeps it valid; the next
-        ``__iter__`` takes the streams if it begins that epoch in this slot
+        ``__iter__`` takes the streams (and the other streams' pass 0,
+        opened and not started) if it begins that epoch in this slot
         (``_started_next``). Nothing it meets stops the epoch that ended:
         a stream that cannot be opened or started now is opened again by
         the next epoch's mixture, which raises what stops it."""
@@ -313,32 +314,34 @@ class Mix(IterableDataset[Any]):
             ]
             available = [stream.planned_samples for stream in opened]
             takes = self._takes(self._epoch_weights(epoch), available)
-            streams = {
-                (s, epoch): stream
-                for s, stream in enumerate(opened)
-                if takes[s] > 0
-                and self.datasets[s].options["read_next_epoch_early"]
-                and stream.start()
-            }
+            streams: dict[tuple[int, int], SampleStream] = {}
+            for s, stream in enumerate(opened):
+                early = takes[s] > 0 and self.datasets[s].options["read_next_epoch_early"]
+                # A stream whose threads could not start is opened again by
+                # the mixture; one not started is what the mixture would
+                # open, so that no stream is planned twice.
+                if not early or stream.start():
+                    streams[(s, epoch)] = stream
         except Exception:
             return
-        if streams:
-            self._next_streams = (os.getpid(), epoch, slot, available, streams)
+        self._next_streams = (os.getpid(), epoch, slot, available, streams)
 
     def _takes(self, weights: list[float], available: list[int | None]) -> list[float]:
         """How many samples a slot's mixture takes of each stream whose
         pass 0 gives ``available`` samples, under ``weights`` (the weights
         themselves where a count is not known)."""
-        if any(n is None for n in available):
+        known = [n for n in available if n is not None]
+        if len(known) < len(available):
             return weights
-        return [float(n) for n in mix_counts(self.policy, weights, [n or 0 for n in available])]
+        return [float(n) for n in mix_counts(self.policy, weights, known)]
 
     def _started_next(self, slot: _Slot) -> dict[tuple[int, int], SampleStream] | None:
         """The streams ``_start_next`` started, if the next iteration
         begins their epoch fresh in ``slot`` and this process (not after
         ``set_epoch`` to another epoch, nor with a loaded state pending),
-        without those the epoch's mixture no longer takes samples of (its
-        weights changed). Either way they are no longer kept."""
+        without the started ones the epoch's mixture no longer takes
+        samples of (its weights changed). Either way they are no longer
+        kept."""
         started, self._next_streams = self._next_streams, None
         if started is None:
             return None
@@ -355,7 +358,11 @@ class Mix(IterableDataset[Any]):
         except Exception:
             # The mixture raises it when it is made.
             return None
-        return {key: stream for key, stream in streams.items() if takes[key[0]] > 0}
+        return {
+            key: stream
+            for key, stream in streams.items()
+            if takes[key[0]] > 0 or not stream.started
+        }
 
     def _mixture(
         self, slot: _Slot, started: dict[tuple[int, int], SampleStream] | None = None

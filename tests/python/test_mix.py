@@ -312,30 +312,42 @@ def test_only_streams_the_next_mixture_takes_samples_of_start_early(streams):
     keys = [ident(s) for s in collect(mix)]
     assert keys and all(k.startswith("a/") for k in keys)
     mix._start_next()
-    assert sorted(mix._next_streams[4]) == [(0, 1)]
-    assert [ident(s) for s in collect(mix)] == slot_keys(
+    started = {key: stream.started for key, stream in mix._next_streams[4].items()}
+    assert started == {(0, 1): True, (1, 1): False}
+    # The stream not started is the mixture's too: it is not opened twice.
+    unstarted = mix._next_streams[4][(1, 1)]
+    before = sys.getrefcount(unstarted)
+    iterator = iter(mix)
+    # No longer in `_next_streams`, and held by the mixture.
+    after = sys.getrefcount(unstarted)
+    assert after == before
+    assert [ident(s) for s in collect(iterator)] == slot_keys(
         streams, (1, 1e-9), "stop", 0, 1, 0, 1, epoch=1
     )
 
 
+@pytest.mark.parametrize("where", ["slot", "stream"])
 def test_an_error_starting_the_next_epoch_does_not_end_the_epoch_in_error(
-    streams, monkeypatch: pytest.MonkeyPatch
+    streams, monkeypatch: pytest.MonkeyPatch, where: str
 ):
-    """What stops the next epoch's early start (here the slot cannot be
-    found) does not fail the epoch that ended; the next iteration opens its
-    own streams and raises it then."""
+    """What stops the next epoch's early start (the slot cannot be found, a
+    stream cannot be opened) does not fail the epoch that ended; the next
+    iteration opens its own streams and raises it then."""
     mix = make_mix(streams)
     iterator = iter(mix)
     iterator.on_end = mix._start_next
 
-    def no_slot():
-        raise ValueError("no slot")
+    def fails(*args, **kwargs):
+        raise ValueError("cannot")
 
-    monkeypatch.setattr(mix, "_slot", no_slot)
+    if where == "slot":
+        monkeypatch.setattr(mix, "_slot", fails)
+    else:
+        monkeypatch.setattr(mix.datasets[1], "slot_stream", fails)
     keys = [ident(s) for s in collect(iterator)]
     assert keys == slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1)
     assert mix._next_streams is None
-    with pytest.raises(ValueError, match="no slot"):
+    with pytest.raises(ValueError, match="cannot"):
         iter(mix)
 
 
