@@ -61,8 +61,8 @@ def _stream_opener(
 ) -> _Opener:
     """What ``MixSlot`` opens the streams of ``slot`` with: stream ``s``'s
     ``epoch``, or its ``resume`` state. ``started``: streams of ``slot``
-    already started, by ``(s, epoch)``, each handed out (once) instead of
-    opening that stream's epoch. It holds the streams, not the ``Mix``
+    already opened (and maybe started), by ``(s, epoch)``, each handed out
+    (once) instead of opening that stream's epoch. It holds the streams, not the ``Mix``
     (which holds the iterator): no reference cycle keeps the streams'
     threads alive once the iterator is dropped."""
     datasets = tuple(datasets)
@@ -336,7 +336,7 @@ class Mix(IterableDataset[Any]):
         return [float(n) for n in mix_counts(self.policy, weights, known)]
 
     def _started_next(self, slot: _Slot) -> dict[tuple[int, int], SampleStream] | None:
-        """The streams ``_start_next`` started, if the next iteration
+        """The streams ``_start_next`` opened, if the next iteration
         begins their epoch fresh in ``slot`` and this process (not after
         ``set_epoch`` to another epoch, nor with a loaded state pending),
         without the started ones the epoch's mixture no longer takes
@@ -368,7 +368,7 @@ class Mix(IterableDataset[Any]):
         self, slot: _Slot, started: dict[tuple[int, int], SampleStream] | None = None
     ) -> _Mixture:
         """What every ``MixSlot`` constructor takes first, for ``slot``
-        (``started``: streams already started, see ``_stream_opener``)."""
+        (``started``: streams already opened, see ``_stream_opener``)."""
         return (
             _stream_opener(self.datasets, slot, started),
             len(self.datasets),
@@ -384,7 +384,7 @@ class Mix(IterableDataset[Any]):
         started: dict[tuple[int, int], SampleStream] | None = None,
     ) -> MixSlot:
         """``slot``'s mixture of ``epoch``, or of a pending resume
-        (``started``: streams already started, see ``_stream_opener``)."""
+        (``started``: streams already opened, see ``_stream_opener``)."""
         mixture = self._mixture(slot, started)
         resume = self._epochs.pending()
         if resume is None:
