@@ -197,9 +197,12 @@ def test_a_server_that_answers_one_get_at_a_time_gets_one_stream_per_object(prox
 
 
 def test_a_server_that_scales_with_concurrency_keeps_parallel_parts(proxy, large_objects):
-    """Behind 20 ms to the first byte and 8 MB/s per connection (a remote
-    store), parallel parts beat one stream by far: the queue keeps them."""
-    proxy.reset(Faults(first_byte_delay=0.02, bandwidth=8e6))
+    """Behind 20 ms to the first byte and 4 MB/s per connection (a remote
+    store), parallel parts beat one stream by far: the queue keeps them.
+    (The cap per connection, not the test machine's CPU, bounds the
+    parts: moto copies the whole object for each ranged GET, which on two
+    busy cores kept four parts at 8 MB/s under 1.25 times one stream.)"""
+    proxy.reset(Faults(first_byte_delay=0.02, bandwidth=4e6))
     stats = read_large(proxy, large_objects)
     assert stats["requests"] >= 8 * LARGE, stats
     assert proxy.injected.max_active >= 4
