@@ -84,6 +84,15 @@ class Route:
             timeout=120 if num_workers else 0,
         )
 
+    def reference(self, ds: Any, num_workers: int) -> Any:
+        """The loader whose uninterrupted passes a resumed run must equal."""
+        return self.loader(ds, num_workers)
+
+    def elastic_workers(self, num_workers: int) -> int:
+        """The worker count of the new ranks of an elastic resume: another
+        than the old ranks had."""
+        return 0 if num_workers else 2
+
     def checkpoint(self, loader: Any, tmp: Path) -> Any:
         """What a checkpoint of ``loader`` holds, as read back from disk."""
         return json.loads(json.dumps(loader.state_dict()))
@@ -97,6 +106,34 @@ class Stateful(Route):
     # 3 workers: shares that batch_size does not divide, each worker ending
     # on its own partial batch.
     workers = (0, 2, 3)
+
+
+class Persistent(Stateful):
+    """``StatefulDataLoader`` with ``persistent_workers=True``: each
+    worker starts its next epoch's stream when its epoch ends
+    (``read_next_epoch_early``), so a checkpoint after the epoch and the
+    resumed run's second pass meet a stream started early."""
+
+    name = "stateful-persistent"
+    workers = (3,)
+
+    def loader(self, ds: Any, num_workers: int) -> Any:
+        return StatefulDataLoader(
+            ds,
+            batch_size=BATCH,
+            num_workers=num_workers,
+            collate_fn=keys_and_ids,
+            timeout=120,
+            persistent_workers=True,
+        )
+
+    def reference(self, ds: Any, num_workers: int) -> Any:
+        # Workers made afresh each epoch: an early start must not change
+        # what an epoch streams.
+        return Stateful().loader(ds, num_workers)
+
+    def elastic_workers(self, num_workers: int) -> int:
+        return 2
 
 
 class DatasetState(Route):
@@ -191,7 +228,7 @@ class Fabric(Route):
         load_rank_state(loader, saved)
 
 
-ROUTES = [Stateful(), DatasetState(), Nodes(), Accelerate(), Dcp(), Fabric()]
+ROUTES = [Stateful(), Persistent(), DatasetState(), Nodes(), Accelerate(), Dcp(), Fabric()]
 
 
 def dataset(info: Any, epoch: int = EPOCH, **slot: Any) -> shardstream.StreamingDataset:
@@ -214,11 +251,14 @@ def run_until(
     n: int,
     tmp: Path,
     ledger: Ledger | None = None,
+    loader: Any = None,
 ) -> tuple[list[list[str]], Any, int]:
     """The batches a run takes before the checkpoint at ``point`` (each
     recorded in ``ledger``), what the checkpoint holds, and the step a run
-    resumed from it takes first; the run's loader is then dropped."""
-    loader = route.loader(ds, num_workers)
+    resumed from it takes first; the run's loader (``route``'s over ``ds``
+    unless given) is then dropped."""
+    if loader is None:
+        loader = route.loader(ds, num_workers)
     taken: list[list[str]] = []
     if point != "before-first":
         iterator: Iterator[Any] | None = iter(loader)
@@ -271,7 +311,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
     ids=[f"{r.name}-w{w}" for r in ROUTES for w in r.workers],
 )
 def test_exact(data, tmp_path, capfd, route: Route, num_workers: int, point: str):
-    full, following = passes(route.loader(dataset(data, route.epoch), num_workers), 2)
+    full, following = passes(route.reference(dataset(data, route.epoch), num_workers), 2)
     assert sorted(k for b in full for k in b) == sorted(data.keys)
     ledger_dir = tmp_path / "ledger"
     first = dataset(data, route.epoch)
@@ -316,7 +356,7 @@ def test_elastic(data, tmp_path, capfd, route: Route, num_workers: int, point: s
     """2 ranks stop at ``point``; 3 ranks with another worker count take
     the rest (through a plain DataLoader over the loaded dataset, and two
     more epochs after it). The ledger of both generations verifies."""
-    old_world, new_world, new_workers = 2, 3, 0 if num_workers else 2
+    old_world, new_world, new_workers = 2, 3, route.elastic_workers(num_workers)
     ledger_dir = tmp_path / "ledger"
     consumed: list[str] = []
     states = []
@@ -375,17 +415,59 @@ def mix_of(info: Any, other: Any, epoch: int = EPOCH, **options: Any) -> shardst
     return mix
 
 
+MIX_ROUTES = [(Stateful(), 0), (Stateful(), 2), (Persistent(), 3)]
+
+
 @pytest.mark.parametrize("point", POINTS)
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_mix_exact(data, tmp_path_factory, tmp_path, num_workers: int, point: str):
+@pytest.mark.parametrize(
+    ("route", "num_workers"), MIX_ROUTES, ids=[f"{r.name}-w{w}" for r, w in MIX_ROUTES]
+)
+def test_mix_exact(data, tmp_path_factory, tmp_path, route: Route, num_workers: int, point: str):
     other = write_uneven_dataset(tmp_path_factory.mktemp("mix-other"), (7, 9), prefix="o")
-    route = Stateful()
-    full, following = passes(route.loader(mix_of(data, other), num_workers), 2)
+    full, following = passes(route.reference(mix_of(data, other), num_workers), 2)
     taken, saved, _ = run_until(route, mix_of(data, other), num_workers, point, len(full), tmp_path)
     loader = route.loader(mix_of(data, other), num_workers)
     route.restore(loader, saved)
     rest = passes(loader, 2)
     if point == "after-epoch":
+        assert taken == full and rest[0] == following
+    else:
+        assert taken + rest[0] == full and rest[1] == following
+
+
+@pytest.mark.parametrize("point", ["before-first", "mid-epoch", "last-batch"])
+@pytest.mark.parametrize("kind", ["dataset", "mix"])
+def test_persistent_checkpoint_in_an_early_started_epoch(
+    data, tmp_path_factory, tmp_path, capfd, kind: str, point: str
+):
+    """Persistent workers (3) read a whole epoch, so each has started its
+    next epoch's streams before the next iteration asks; a checkpoint at
+    ``point`` of that early-started epoch resumes exactly on a new loader,
+    and the ledger of both runs verifies."""
+    other = write_uneven_dataset(tmp_path_factory.mktemp("early-other"), (7, 9), prefix="o")
+
+    def source(epoch: int = EPOCH) -> Any:
+        if kind == "mix":
+            return mix_of(data, other, epoch, sample_ids=True)
+        return dataset(data, epoch)
+
+    route, workers = Persistent(), 3
+    first_epoch, full, following = passes(route.reference(source(), workers), 3)
+    ledger_dir = tmp_path / "ledger"
+    ds = source()
+    with Ledger(ledger_dir, ds, num_workers=workers) as ledger:
+        loader = route.loader(ds, workers)
+        assert passes(loader, 1, ledger)[0] == first_epoch
+        taken, saved, step = run_until(
+            route, ds, workers, point, len(full), tmp_path, ledger, loader
+        )
+    assert slot_states(saved), "the checkpoint holds no shardstream state"
+    resumed = route.loader(source(epoch=0), workers)
+    route.restore(resumed, saved)
+    with Ledger(ledger_dir, resumed.dataset, resume_step=step, num_workers=workers) as ledger:
+        rest = passes(resumed, 2, ledger)
+    verified(ledger_dir, capfd)
+    if point == "last-batch" and rest[0] != []:
         assert taken == full and rest[0] == following
     else:
         assert taken + rest[0] == full and rest[1] == following
