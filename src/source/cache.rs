@@ -310,6 +310,12 @@ impl Identity {
         self.size
     }
 
+    /// Whether this is the version an object was listed with, or that its
+    /// manifest records (`listed`, an ETag), if any.
+    fn is_listed(&self, listed: Option<&str>) -> bool {
+        listed.is_none_or(|etag| etag.trim_matches('"') == self.validator)
+    }
+
     /// Whether an answer with `validator` and `size` is this object.
     fn answered_by(&self, validator: Option<&str>, size: Option<u64>) -> bool {
         size == Some(self.size)
@@ -472,8 +478,14 @@ impl Cache {
     /// checked and locked for reading; `None` when there is none (a copy
     /// of another identity is left to be replaced; one that fails its
     /// check, or is not a regular file, a link among them, is removed).
-    /// Blocking: it reads the whole copy once (see [`check`]).
+    /// Blocking: it reads the whole copy once (see [`check`]). An object
+    /// found to be another version than the one it was listed with, or
+    /// that its manifest records, has no copy served: the read from the
+    /// store says what changed.
     pub(super) fn lookup(&self, unit: &FetchUnit, identity: &Identity) -> Option<Hit> {
+        if !identity.is_listed(unit.etag.as_deref()) {
+            return None;
+        }
         let name = self.name_of(unit)?;
         let path = self.dir.path.join(&name);
         let damaged = |reason: &str| {
@@ -914,6 +926,37 @@ mod tests {
         assert!(cache.lookup(&a, &identity(100, "\"v1\"")).is_none());
         let copies = std::fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(copies, 1, "the new copy replaced the old one");
+    }
+
+    #[test]
+    fn a_copy_of_another_version_than_the_listed_one_is_not_served() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = cache(dir.path(), None);
+        // A dataset without a manifest cached the object's current version.
+        let unlisted = FetchUnit {
+            etag: None,
+            ..unit("s3://b/a.tar", 100)
+        };
+        let v2 = identity(100, "\"v2\"");
+        fill_as(&cache, &unlisted, &[2; 100], "\"v2\"");
+        assert!(cache.lookup(&unlisted, &v2).is_some());
+        // A manifest that records the version before: its copy is not the
+        // one listed, whatever the store says the object is now.
+        let listed_v1 = FetchUnit {
+            etag: Some("\"v1\"".into()),
+            ..unlisted.clone()
+        };
+        assert!(cache.lookup(&listed_v1, &v2).is_none());
+        let listed_v2 = FetchUnit {
+            etag: Some("v2".into()),
+            ..unlisted
+        };
+        assert!(cache.lookup(&listed_v2, &v2).is_some());
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "the copy is kept"
+        );
     }
 
     #[test]

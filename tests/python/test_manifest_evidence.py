@@ -13,6 +13,7 @@ import json
 import os
 import tarfile
 import warnings
+from typing import Any
 
 import pytest
 from _shardtest import (
@@ -67,8 +68,12 @@ def test_a_remote_shard_named_outright_and_re_exported_is_refused_not_read_short
 
 
 @pytest.mark.usefixtures("s3_credentials")
-def test_an_s3_shard_named_outright_with_another_etag_is_refused(s3, tmp_path):
-    """Same size, other bytes: the ETag the manifest records tells."""
+@pytest.mark.parametrize("cached", [False, True])
+def test_an_s3_shard_named_outright_with_another_etag_is_refused(s3, tmp_path, cached):
+    """Same size, other bytes: the ETag the manifest records tells, also
+    when the cache holds a copy of the new version (read by a dataset
+    without the manifest): that copy is not the version the manifest
+    describes."""
     client = s3.client()
     client.create_bucket(Bucket="evidence")
     info = write_uneven_dataset(tmp_path / "local", COUNTS)
@@ -81,7 +86,13 @@ def test_an_s3_shard_named_outright_with_another_etag_is_refused(s3, tmp_path):
     changed = bytearray(info.paths[2].read_bytes())
     changed[600] ^= 0xFF  # inside the first member's data: the same size
     client.put_object(Bucket="evidence", Key=f"e/{info.paths[2].name}", Body=bytes(changed))
-    ds = StreamingDataset(spec, s3=s3_config(s3), count_samples=True, shuffle_buffer=0)
+    cache: dict[str, Any] = {}
+    if cached:
+        cache["cache_dir"] = tmp_path / "cache"
+        unlisted = StreamingDataset(spec, s3=s3_config(s3), manifest=False, **cache)
+        assert len(keys(unlisted)) == sum(COUNTS)
+        assert len(list(cache["cache_dir"].glob("*.shard"))) == len(COUNTS)
+    ds = StreamingDataset(spec, s3=s3_config(s3), count_samples=True, shuffle_buffer=0, **cache)
     assert ds.manifest_path == "s3://evidence/e/manifest.json"
     with pytest.raises(ShardReadError) as raised:
         keys(ds)
