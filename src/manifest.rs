@@ -198,11 +198,22 @@ impl Manifest {
     /// them) is not theirs.
     pub fn describes_parquet(&self, manifest_path: &Path, shards: &[Shard]) -> bool {
         let base = manifest_path.parent().unwrap_or(Path::new(""));
+        self.describes_parquet_by(shards, |entry| identity(entry, base))
+    }
+
+    /// [`Manifest::describes_parquet`] for a manifest whose entries'
+    /// identities `entry_identity` gives (a remote one's are relative to
+    /// its folder).
+    fn describes_parquet_by(
+        &self,
+        shards: &[Shard],
+        entry_identity: impl Fn(&str) -> String,
+    ) -> bool {
         let parquet: std::collections::HashSet<String> = self
             .shards
             .iter()
             .filter(|e| e.row_groups.is_some())
-            .map(|e| identity(&e.url, base))
+            .map(|e| entry_identity(&e.url))
             .collect();
         shards
             .iter()
@@ -223,11 +234,7 @@ impl Manifest {
     /// [`Manifest::attach`] for a manifest read from the remote `url`: its
     /// entries are URLs, or names relative to the manifest's own folder.
     pub fn attach_remote(&self, url: &str, shards: &mut [Shard]) -> Result<()> {
-        let folder = &url[..url.rfind('/').map_or(0, |i| i + 1)];
-        self.attach_entries(url, shards, |entry| match Location::parse(entry) {
-            Location::Local(path) if path.is_relative() => format!("{folder}{entry}"),
-            _ => identity(entry, Path::new("")),
-        })
+        self.attach_entries(url, shards, remote_entry_identity(url))
     }
 
     /// Gives each shard its sample index from the entry whose identity
@@ -503,11 +510,27 @@ pub fn attach_text(
             });
         }
     }
-    Manifest::from_json(json, url)?.attach_remote(url, shards)?;
+    let manifest = Manifest::from_json(json, url)?;
+    if !explicit && !manifest.describes_parquet_by(shards, remote_entry_identity(url)) {
+        // Found beside Parquet files it does not describe: not theirs
+        // (their footers give their row counts).
+        return Ok(Attached::default());
+    }
+    manifest.attach_remote(url, shards)?;
     Ok(Attached {
         used: Some(url.to_owned()),
         ignored: None,
     })
+}
+
+/// The identity of an entry of the manifest at the remote `url`: a
+/// relative path is relative to the manifest's folder.
+fn remote_entry_identity(url: &str) -> impl Fn(&str) -> String + '_ {
+    let folder = &url[..url.rfind('/').map_or(0, |i| i + 1)];
+    move |entry| match Location::parse(entry) {
+        Location::Local(path) if path.is_relative() => format!("{folder}{entry}"),
+        _ => identity(entry, Path::new("")),
+    }
 }
 
 /// The manifest named `text`: a URL of a remote store, else a local path.

@@ -77,8 +77,9 @@ pub fn resolve_indexed(
     Ok((shards, attached))
 }
 
-/// Attaches the `manifest.json` beside remote tar shards that `specs` name
-/// in one folder, if there is one, to `shards` (which carry no sample
+/// Attaches the `manifest.json` beside remote tar, JSON-lines or Parquet
+/// shards that `specs` name in one folder, if there is one (and, beside
+/// Parquet files, it describes them), to `shards` (which carry no sample
 /// indices yet). One request: made only when sample counts are needed (a
 /// job of several ranks, `count_samples=True`), so that a dataset read on
 /// one rank costs no request before its first shard.
@@ -113,9 +114,10 @@ pub fn attach_beside_remote(
 const MANIFEST_LIMIT: usize = 1 << 31;
 
 /// The URL of the `manifest.json` beside `shards`, when they are remote
-/// tar (or JSON-lines) shards that `specs` name in one folder.
+/// tar, JSON-lines or Parquet shards (no raw objects) that `specs` name in
+/// one folder.
 fn remote_beside(specs: &[String], shards: &[Shard]) -> Result<Option<String>> {
-    if shards.iter().any(|s| !s.kind.has_manifest_spans()) {
+    if shards.iter().any(|s| matches!(s.kind, ShardKind::Raw)) {
         return Ok(None);
     }
     let mut urls = Vec::new();

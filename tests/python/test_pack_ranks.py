@@ -537,37 +537,44 @@ def test_another_rank_checks_its_copies_of_parquet_files_by_their_size(tmp_path:
 
 
 @pytest.mark.usefixtures("s3_credentials")
-def test_parquet_on_s3_packs_across_ranks_from_a_manifest_named_by_url(s3, tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [True, False])
+def test_parquet_on_s3_packs_across_ranks_from_its_manifest(
+    s3, tmp_path: Path, named: bool
+) -> None:
     """Parquet files on S3 (moto), indexed there with token counts, the
-    manifest written beside them and named by URL: two ranks hand out as
-    many sequences, no document twice; a replaced object is named by its
-    ETag when the dataset is made."""
+    manifest written beside them and named by URL, or found there: two
+    ranks hand out as many sequences, no document twice; a replaced object
+    is named by its ETag when the dataset is made."""
     from s3_server import s3_config
 
     _, tok, texts = parquet_corpus(tmp_path)
     client = s3.client()
-    client.create_bucket(Bucket="text")
+    bucket = "named" if named else "found"
+    client.create_bucket(Bucket=bucket)
     for f in range(3):
         client.upload_file(
-            str(tmp_path / "parquet" / f"docs-{f}.parquet"), "text", f"pq/{f}.parquet"
+            str(tmp_path / "parquet" / f"docs-{f}.parquet"), bucket, f"pq/{f}.parquet"
         )
     flags = ["--s3-endpoint-url", s3.endpoint_url, "--s3-path-style", "--s3-region", "us-east-1"]
-    manifest = "s3://text/pq/manifest.json"
-    argv = ["shardstream", *flags, "index", "s3://text/pq/", "-o", manifest, "--format", "parquet"]
+    spec = f"s3://{bucket}/pq/"
+    manifest = f"{spec}manifest.json"
+    argv = ["shardstream", *flags, "index", spec, "-o", manifest, "--format", "parquet"]
     assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", tok, "--eos", "</s>"]) == 0
 
     options = {
         "decode": {"text": Tokenizer(tok, eos="</s>")},
         "pack": Pack(SEQ, pad_id=-1),
         "s3": s3_config(s3),
-        "manifest": manifest,
         "world_size": 2,
         **OPTIONS,
     }
-    ranks = [list(StreamingDataset("s3://text/pq/", rank=r, **options)) for r in range(2)]
+    if named:
+        options["manifest"] = manifest
+    assert StreamingDataset(spec, rank=0, **options).manifest_path == manifest
+    ranks = [list(StreamingDataset(spec, rank=r, **options)) for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) > 20
     seen = Counter(doc for seqs in ranks for seq in seqs for doc in ended(seq))
     assert max(seen.values()) == 1 and len(seen) >= len(texts) - 2 * 4
-    client.upload_file(str(tmp_path / "parquet" / "docs-0.parquet"), "text", "pq/1.parquet")
+    client.upload_file(str(tmp_path / "parquet" / "docs-0.parquet"), bucket, "pq/1.parquet")
     with pytest.raises(ManifestMismatchError, match=r"pq/1\.parquet.*ETag"):
-        StreamingDataset("s3://text/pq/", rank=0, **options)
+        StreamingDataset(spec, rank=0, **options)

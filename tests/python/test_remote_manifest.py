@@ -109,6 +109,39 @@ def test_a_foreign_manifest_json_beside_remote_shards_is_passed_over(s3, tmp_pat
     assert sorted(s["__key__"] for s in ds) == sorted(info.keys)
 
 
+def test_a_manifest_of_other_shards_beside_remote_parquet_files_is_not_theirs(s3, tmp_path):
+    """Beside Parquet files on S3, a shardstream manifest that does not
+    describe them (of tar shards once in that folder) is passed over, as
+    beside local ones: the footers give the rows, both ranks read them
+    all once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    client = s3.client()
+    client.create_bucket(Bucket="parquet-beside")
+    info = write_uneven_dataset(tmp_path / "local", COUNTS)
+    urls = [f"s3://parquet-beside/p/{path.name}" for path in info.paths]
+    for path in info.paths:
+        client.upload_file(str(path), "parquet-beside", f"p/{path.name}")
+    manifest = shardstream_cli(
+        "--s3-endpoint-url", s3.endpoint_url, "--s3-path-style", "--s3-region", "us-east-1",
+        "index", *urls, "-o", "s3://parquet-beside/p/manifest.json",
+    )  # fmt: skip
+    assert manifest.returncode == 0, manifest.stderr
+    for path in info.paths:
+        client.delete_object(Bucket="parquet-beside", Key=f"p/{path.name}")
+    rows = [f"r{i:02d}" for i in range(12)]
+    for f in range(2):
+        pq.write_table(pa.table({"name": rows[f::2]}), tmp_path / f"{f}.parquet")
+        client.upload_file(str(tmp_path / f"{f}.parquet"), "parquet-beside", f"p/{f}.parquet")
+    spec, names = "s3://parquet-beside/p/{0..1}.parquet", []
+    for rank in (0, 1):
+        ds = StreamingDataset(spec, s3=s3_config(s3), world_size=2, rank=rank, shuffle_buffer=0)
+        assert ds.manifest_path is None
+        names += [row["name"] for row in ds]
+    assert sorted(names) == rows
+
+
 def remote_manifest(urls: list[str], tmp_path: Path) -> bytes:
     """``shardstream index`` of ``urls``, as bytes to put beside them."""
     out = tmp_path / "indexed.json"
