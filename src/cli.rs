@@ -22,10 +22,13 @@ use crate::ledger;
 use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
+use crate::plan::resume::Replanner;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
 use crate::shard::Shard;
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
+use crate::text::counts;
+use crate::text::pack::{PackMode, PackSpec};
 use crate::text::tokenizer::{TokenRef, TokenizerSpec};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
@@ -173,6 +176,17 @@ enum Command {
         /// ranks, or pad by wrapping around.
         #[arg(long, default_value = "drop", value_parser = ["drop", "pad"])]
         remainder: String,
+        /// Plan as a dataset packed into sequences of SEQ_LEN tokens
+        /// (`pack=Pack(SEQ_LEN)`) does, from the documents' token counts in
+        /// the manifest (`shardstream index --count-tokens`): with several
+        /// ranks the slots are cut by tokens, and each slot's documents,
+        /// tokens and sequences are printed.
+        #[arg(long, value_name = "SEQ_LEN")]
+        pack: Option<usize>,
+        /// The packed field (default: the field the manifest's token counts
+        /// are of).
+        #[arg(long, requires = "pack", value_name = "FIELD")]
+        pack_field: Option<String>,
     },
     /// Prove from a sample ledger (shardstream.Ledger) that each epoch trained
     /// every sample exactly once, or name the first violation.
@@ -451,6 +465,8 @@ where
             no_count,
             remainder,
             format,
+            pack,
+            pack_field,
         } => remainder.parse().and_then(|remainder| {
             let format: DatasetFormat = format.parse()?;
             let stream = StreamOptions::builder()
@@ -465,7 +481,8 @@ where
                 .build()
                 .map_err(named_as_flag)?;
             let params = options.stream().plan_params(epoch, world_size, workers);
-            print_plan(&spec, &options, &params, &mut out)
+            let pack = pack.map(|seq_len| (seq_len, pack_field));
+            print_plan(&spec, &options, &params, pack, &mut out)
         }),
     };
     match result {
@@ -648,10 +665,14 @@ impl index::IndexProgress for IndexBar {
     }
 }
 
+/// Prints `specs`' plan for `params`; with `pack` (the sequence length and
+/// the packed field, if named) as a packed dataset plans it
+/// ([`print_packed_plan`]).
 fn print_plan(
     specs: &[String],
     options: &DatasetOptions,
     params: &PlanParams,
+    pack: Option<(usize, Option<String>)>,
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
@@ -670,6 +691,10 @@ fn print_plan(
                 params.world_size,
             ));
         }
+    }
+    if let Some((seq_len, field)) = pack {
+        let manifest = manifest_path.as_deref().unwrap_or("no manifest");
+        return print_packed_plan(&shards, manifest, params, (seq_len, field), out);
     }
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);
@@ -730,16 +755,120 @@ fn print_plan(
                 units.len()
             )?;
         }
-        for unit in units {
-            match &unit.samples {
-                Some(r) => writeln!(
-                    out,
-                    "  {} samples {}..{}",
-                    shards[unit.shard].url, r.start, r.end
-                )?,
-                None => writeln!(out, "  {}", shards[unit.shard].url)?,
-            }
+        write_units(&shards, units, out)?;
+    }
+    Ok(())
+}
+
+/// Prints a slot's `units` of `shards`, one a line: a shard, or its run of
+/// samples.
+fn write_units(shards: &[Shard], units: &[plan::WorkUnit], out: &mut dyn Write) -> Result<()> {
+    for unit in units {
+        match &unit.samples {
+            Some(r) => writeln!(
+                out,
+                "  {} samples {}..{}",
+                shards[unit.shard].url, r.start, r.end
+            )?,
+            None => writeln!(out, "  {}", shards[unit.shard].url)?,
         }
+    }
+    Ok(())
+}
+
+/// Prints the plan of `shards` (their manifest named `manifest`) packed
+/// into sequences of `seq_len` tokens of `field` (default: the field their
+/// token counts are of), as a packed dataset plans it: with several ranks
+/// each slot's documents cut by their token counts and its sequences the
+/// least over the ranks' slots of its worker, so every rank takes as many
+/// steps; at least the tokens past them are the epoch's remainder.
+fn print_packed_plan(
+    shards: &[Shard],
+    manifest: &str,
+    params: &PlanParams,
+    (seq_len, field): (usize, Option<String>),
+    out: &mut dyn Write,
+) -> Result<()> {
+    let as_flag = |reason: String| Error::Config {
+        name: "--pack",
+        reason,
+    };
+    let Some(counted) = shards.iter().find_map(Shard::tokens) else {
+        return Err(as_flag(format!(
+            "the plan of a packed dataset reads the documents' token counts from its manifest, \
+             and {manifest} has none: index the dataset with `shardstream index SPEC -o \
+             manifest.json --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
+        )));
+    };
+    let field = field.unwrap_or_else(|| counted.field.clone());
+    let tokenizer = counted.tokenizer.clone();
+    let spec = PackSpec::new(Some(field.clone()), seq_len, PackMode::Concat, false, 0)
+        .map_err(|(_, reason)| as_flag(reason))?;
+    counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|error| match error {
+        Error::Config { reason, .. } => as_flag(reason),
+        other => other,
+    })?;
+    let infos: Vec<_> = shards.iter().map(Shard::info).collect();
+    let plans = Replanner::new(infos, params.seed, params.shuffle_shards, params.remainder)
+        .with_weights(counts::token_weights(shards, &spec, tokenizer));
+    let units = plans.plan(params.epoch, params.world_size, params.num_workers);
+    let slots = counts::packed_slots(shards, &spec, &units, params.world_size)?;
+    let tokens = slots
+        .iter()
+        .map(|s| s.tokens)
+        .fold(0u64, u64::saturating_add);
+    let sequences = if params.world_size > 1 {
+        let per_rank: u64 = slots[..params.num_workers]
+            .iter()
+            .filter_map(|s| s.handed_out)
+            .sum();
+        // A slot hands out at most `capacity` tokens a sequence.
+        let capacity = spec.capacity() as u64;
+        let left: u64 = slots
+            .iter()
+            .map(|s| {
+                let most = s.handed_out.unwrap_or(0).saturating_mul(capacity);
+                s.tokens.saturating_sub(most)
+            })
+            .sum();
+        let share = 100.0 * left as f64 / tokens.max(1) as f64;
+        format!(
+            "{per_rank} sequences per rank; at least {left} of the epoch's {tokens} tokens \
+             ({share:.2}%) are its remainder"
+        )
+    } else {
+        let at_least: u64 = slots.iter().map(|s| s.at_least).sum();
+        format!(
+            "one rank, whose slots hand out every sequence they pack: at least {at_least} \
+             sequences of the epoch's {tokens} tokens"
+        )
+    };
+    writeln!(
+        out,
+        "{} shards, world_size {}, {} workers per rank, seed {}, epoch {}; packed into \
+         sequences of {seq_len} + 1 tokens by the token counts of {field:?} in {manifest}: \
+         {sequences}",
+        shards.len(),
+        params.world_size,
+        params.num_workers,
+        params.seed,
+        params.epoch
+    )?;
+    for (at, (slot_units, slot)) in units.iter().zip(&slots).enumerate() {
+        let sequences = match slot.handed_out {
+            Some(n) => format!("{n} sequences (it packs at least {})", slot.at_least),
+            None => format!("at least {} sequences", slot.at_least),
+        };
+        writeln!(
+            out,
+            "rank {} worker {}: {} pieces, {} documents, {} tokens, {sequences}",
+            at / params.num_workers,
+            at % params.num_workers,
+            slot_units.len(),
+            slot.documents,
+            slot.tokens
+        )?;
+        write_units(shards, slot_units, out)?;
     }
     Ok(())
 }

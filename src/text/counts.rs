@@ -164,6 +164,63 @@ pub fn sequences_of_slot(
         .unwrap_or(0)
 }
 
+/// What one slot of a packed epoch holds: its documents, their tokens, the
+/// sequences it packs at least (`ceil(tokens / (seq_len + 1))`), and,
+/// across ranks, the sequences it hands out ([`sequences_of_slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedSlot {
+    /// Documents of the slot's units.
+    pub documents: u64,
+    /// Their tokens.
+    pub tokens: u64,
+    /// The fewest sequences the slot's packer makes of them.
+    pub at_least: u64,
+    /// The sequences the slot hands out when they are planned (across
+    /// ranks): the least of `at_least` over the ranks' slots of its worker.
+    pub handed_out: Option<u64>,
+}
+
+/// Every slot's [`PackedSlot`] of a fresh epoch whose slots
+/// (`rank * num_workers + worker`) read `units` of `shards`, packed by
+/// `spec` from the token counts [`check_counted`] checked; the sequences
+/// are planned when `world_size > 1`, as a packed stream plans them.
+pub fn packed_slots(
+    shards: &[Shard],
+    spec: &PackSpec,
+    units: &[Vec<WorkUnit>],
+    world_size: usize,
+) -> Result<Vec<PackedSlot>> {
+    let num_workers = units.len() / world_size.max(1);
+    let capacity = spec.capacity() as u64;
+    units
+        .iter()
+        .enumerate()
+        .map(|(at, slot_units)| {
+            let documents = slot_units
+                .iter()
+                .map(|unit| match &unit.samples {
+                    Some(samples) => samples.end - samples.start,
+                    None => shards[unit.shard].info().samples.unwrap_or(0),
+                })
+                .fold(0u64, u64::saturating_add);
+            let tokens = tokens_of_units(shards, slot_units);
+            let handed_out = if world_size > 1 {
+                let slot =
+                    SlotSpec::new(world_size, at / num_workers, num_workers, at % num_workers)?;
+                Some(sequences_of_slot(shards, spec, units, |_| 0, &slot))
+            } else {
+                None
+            };
+            Ok(PackedSlot {
+                documents,
+                tokens,
+                at_least: tokens.div_ceil(capacity),
+                handed_out,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,6 +298,48 @@ mod tests {
             open: vec![vec![[0, 1, 2, 5], [1, 1, 0, 3]]],
         };
         assert_eq!(tokens_of_state(&state), 14);
+    }
+
+    #[test]
+    fn packed_slots_count_documents_tokens_and_the_planned_sequences() {
+        let shards = vec![
+            shard("a.jsonl", Some(vec![8, 8, 8, 1])),
+            shard("b.jsonl", Some(vec![20, 3])),
+        ];
+        let spec = spec("ids");
+        let units = vec![
+            vec![unit(0, 0..2)],
+            vec![unit(0, 2..4)],
+            vec![unit(1, 0..1)],
+            vec![unit(1, 1..2), unit(0, 3..4)],
+        ];
+        let slot = |documents, tokens, at_least, handed_out| PackedSlot {
+            documents,
+            tokens,
+            at_least,
+            handed_out,
+        };
+        assert_eq!(
+            packed_slots(&shards, &spec, &units, 2).unwrap(),
+            [
+                slot(2, 16, 2, Some(2)),
+                slot(2, 9, 2, Some(1)),
+                slot(1, 20, 3, Some(2)),
+                slot(2, 4, 1, Some(1)),
+            ]
+        );
+        // One rank: nothing is planned, every slot hands out what it packs.
+        let whole = vec![vec![
+            WorkUnit {
+                shard: 1,
+                samples: None,
+            },
+            unit(0, 0..4),
+        ]];
+        assert_eq!(
+            packed_slots(&shards, &spec, &whole, 1).unwrap(),
+            [slot(6, 48, 6, None)]
+        );
     }
 
     #[test]

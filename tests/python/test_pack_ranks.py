@@ -107,6 +107,51 @@ def test_index_counts_the_tokens_the_tokenizer_gives(tmp_path: Path) -> None:
         )
 
 
+def test_plan_pack_prints_the_sequences_each_slot_hands_out(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """``shardstream plan --pack`` plans as the packed dataset does: with
+    two ranks, the sequences per rank it prints are those every rank hands
+    out, the slots' documents are every document once; with one rank, each
+    slot's ``at least`` is what concatenation packs."""
+    urls = indexed_docs(tmp_path / "d")
+    total_docs = len(documents(urls))
+
+    def plan(*flags: str) -> tuple[str, list[tuple[int, int, int, int]]]:
+        capfd.readouterr()
+        argv = ["shardstream", "plan", *urls, "--workers", "2", "--seed", "5", *flags]
+        assert run_cli([*argv, "--pack", str(SEQ)]) == 0
+        header, *lines = capfd.readouterr().out.splitlines()
+        slots = [
+            tuple(int(n) for n in m.groups())
+            for m in (
+                re.match(r"rank (\d+) worker (\d+): \d+ pieces, (\d+) documents, \d+ tokens, "
+                         r"(?:at least )?(\d+) sequences", line)
+                for line in lines
+            )
+            if m
+        ]  # fmt: skip
+        assert len(slots) == (4 if "world_size 2" in header else 2), lines
+        return header, slots
+
+    header, slots = plan("--world-size", "2")
+    per_rank = int(re.search(r"(\d+) sequences per rank", header)[1])  # type: ignore[index]
+    assert sum(s[2] for s in slots) == total_docs
+    assert [sum(s[3] for s in slots if s[0] == r) for r in (0, 1)] == [per_rank] * 2
+    for rank in (0, 1):
+        assert len(rank_sequences(urls, Pack(SEQ, field="ids"), 2, rank, 2)) == per_rank
+    header, slots = plan()
+    assert "one rank" in header and sum(s[2] for s in slots) == total_docs
+    one_rank = rank_sequences(urls, Pack(SEQ, field="ids"), 1, 0, 2)
+    assert len(one_rank) == sum(s[3] for s in slots)
+    # Without token counts the flag says what to run.
+    capfd.readouterr()
+    argv = ["shardstream", "plan", *urls, "--no-manifest", "--pack", str(SEQ)]
+    assert run_cli(argv) != 0
+    err = capfd.readouterr().err
+    assert "--pack" in err and "has none" in err and "--count-tokens FIELD" in err, err
+
+
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
     tmp_path: Path,
 ) -> None:
