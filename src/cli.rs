@@ -712,15 +712,7 @@ fn print_plan(
         }
         _ => "balanced by bytes; samples: unknown (no manifest)".into(),
     };
-    writeln!(
-        out,
-        "{} shards, world_size {}, {} workers per rank, seed {}, epoch {}; {basis}",
-        shards.len(),
-        params.world_size,
-        params.num_workers,
-        params.seed,
-        params.epoch
-    )?;
+    write_plan_header(shards.len(), params, &basis, out)?;
     for (slot, units) in plan.slots.iter().enumerate() {
         let bytes: u64 = units.iter().filter_map(|u| shards[u.shard].size).sum();
         let unknown = units
@@ -757,6 +749,22 @@ fn print_plan(
         }
         write_units(&shards, units, out)?;
     }
+    Ok(())
+}
+
+/// Prints a plan's first line: the layout of `params` over `shards`
+/// shards, then `basis` (what the slots are cut by).
+fn write_plan_header(
+    shards: usize,
+    params: &PlanParams,
+    basis: &str,
+    out: &mut dyn Write,
+) -> Result<()> {
+    writeln!(
+        out,
+        "{shards} shards, world_size {}, {} workers per rank, seed {}, epoch {}; {basis}",
+        params.world_size, params.num_workers, params.seed, params.epoch
+    )?;
     Ok(())
 }
 
@@ -843,17 +851,11 @@ fn print_packed_plan(
              sequences of the epoch's {tokens} tokens"
         )
     };
-    writeln!(
-        out,
-        "{} shards, world_size {}, {} workers per rank, seed {}, epoch {}; packed into \
-         sequences of {seq_len} + 1 tokens by the token counts of {field:?} in {manifest}: \
-         {sequences}",
-        shards.len(),
-        params.world_size,
-        params.num_workers,
-        params.seed,
-        params.epoch
-    )?;
+    let basis = format!(
+        "packed into sequences of {seq_len} + 1 tokens by the token counts of {field:?} in \
+         {manifest}: {sequences}"
+    );
+    write_plan_header(shards.len(), params, &basis, out)?;
     for (at, (slot_units, slot)) in units.iter().zip(&slots).enumerate() {
         let sequences = match slot.handed_out {
             Some(n) => format!("{n} sequences (it packs at least {})", slot.at_least),

@@ -74,6 +74,7 @@ class Route:
     epoch = EPOCH
     workers: tuple[int, ...] = (0, 2)
     elastic = True
+    persistent_workers = False
 
     def loader(self, ds: Any, num_workers: int) -> Any:
         return StatefulDataLoader(
@@ -82,6 +83,7 @@ class Route:
             num_workers=num_workers,
             collate_fn=keys_and_ids,
             timeout=120 if num_workers else 0,
+            persistent_workers=self.persistent_workers and num_workers > 0,
         )
 
     def reference(self, ds: Any, num_workers: int) -> Any:
@@ -116,16 +118,7 @@ class Persistent(Stateful):
 
     name = "stateful-persistent"
     workers = (3,)
-
-    def loader(self, ds: Any, num_workers: int) -> Any:
-        return StatefulDataLoader(
-            ds,
-            batch_size=BATCH,
-            num_workers=num_workers,
-            collate_fn=keys_and_ids,
-            timeout=120,
-            persistent_workers=True,
-        )
+    persistent_workers = True
 
     def reference(self, ds: Any, num_workers: int) -> Any:
         # Workers made afresh each epoch: an early start must not change
