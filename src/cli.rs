@@ -676,7 +676,8 @@ fn print_plan(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    let count = options.count_samples() != Some(false) && params.world_size > 1;
+    // A packed plan reads the manifest's token counts on one rank too.
+    let count = options.count_samples() != Some(false) && (params.world_size > 1 || pack.is_some());
     let Resolved {
         shards, attached, ..
     } = dataset::resolve_shards(&resolving(specs, options), count)?;
@@ -693,8 +694,13 @@ fn print_plan(
         }
     }
     if let Some((seq_len, field)) = pack {
-        let manifest = manifest_path.as_deref().unwrap_or("no manifest");
-        return print_packed_plan(&shards, manifest, params, (seq_len, field), out);
+        return print_packed_plan(
+            &shards,
+            manifest_path.as_deref(),
+            params,
+            (seq_len, field),
+            out,
+        );
     }
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);
@@ -792,7 +798,7 @@ fn write_units(shards: &[Shard], units: &[plan::WorkUnit], out: &mut dyn Write) 
 /// steps; at least the tokens past them are the epoch's remainder.
 fn print_packed_plan(
     shards: &[Shard],
-    manifest: &str,
+    manifest: Option<&str>,
     params: &PlanParams,
     (seq_len, field): (usize, Option<String>),
     out: &mut dyn Write,
@@ -802,12 +808,19 @@ fn print_packed_plan(
         reason,
     };
     let Some(counted) = shards.iter().find_map(Shard::tokens) else {
+        let found = match manifest {
+            Some(path) => format!("{path} has none"),
+            None => {
+                "no manifest is in use (none beside the shards; name one with --manifest)".into()
+            }
+        };
         return Err(as_flag(format!(
             "the plan of a packed dataset reads the documents' token counts from its manifest, \
-             and {manifest} has none: index the dataset with `shardstream index SPEC -o \
-             manifest.json --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
+             and {found}: index the dataset with `shardstream index SPEC -o manifest.json \
+             --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
         )));
     };
+    let manifest = manifest.unwrap_or_default();
     let field = field.unwrap_or_else(|| counted.field.clone());
     let tokenizer = counted.tokenizer.clone();
     let spec = PackSpec::new(Some(field.clone()), seq_len, PackMode::Concat, false, 0)
@@ -820,7 +833,7 @@ fn print_packed_plan(
     let plans = Replanner::new(infos, params.seed, params.shuffle_shards, params.remainder)
         .with_weights(counts::token_weights(shards, &spec, tokenizer));
     let units = plans.plan(params.epoch, params.world_size, params.num_workers);
-    let slots = counts::packed_slots(shards, &spec, &units, params.world_size)?;
+    let slots = counts::packed_slots(shards, &spec, &units, params.world_size);
     let tokens = slots
         .iter()
         .map(|s| s.tokens)

@@ -183,19 +183,19 @@ pub struct PackedSlot {
 /// Every slot's [`PackedSlot`] of a fresh epoch whose slots
 /// (`rank * num_workers + worker`) read `units` of `shards`, packed by
 /// `spec` from the token counts [`check_counted`] checked; the sequences
-/// are planned when `world_size > 1`, as a packed stream plans them.
+/// are planned when `world_size > 1`, as a packed stream plans them
+/// ([`sequences_of_slot`], each slot's bound taken once here).
 pub fn packed_slots(
     shards: &[Shard],
     spec: &PackSpec,
     units: &[Vec<WorkUnit>],
     world_size: usize,
-) -> Result<Vec<PackedSlot>> {
-    let num_workers = units.len() / world_size.max(1);
+) -> Vec<PackedSlot> {
+    let num_workers = (units.len() / world_size.max(1)).max(1);
     let capacity = spec.capacity() as u64;
-    units
+    let mut slots: Vec<PackedSlot> = units
         .iter()
-        .enumerate()
-        .map(|(at, slot_units)| {
+        .map(|slot_units| {
             let documents = slot_units
                 .iter()
                 .map(|unit| match &unit.samples {
@@ -204,21 +204,31 @@ pub fn packed_slots(
                 })
                 .fold(0u64, u64::saturating_add);
             let tokens = tokens_of_units(shards, slot_units);
-            let handed_out = if world_size > 1 {
-                let slot =
-                    SlotSpec::new(world_size, at / num_workers, num_workers, at % num_workers)?;
-                Some(sequences_of_slot(shards, spec, units, |_| 0, &slot))
-            } else {
-                None
-            };
-            Ok(PackedSlot {
+            PackedSlot {
                 documents,
                 tokens,
                 at_least: tokens.div_ceil(capacity),
-                handed_out,
-            })
+                handed_out: None,
+            }
         })
-        .collect()
+        .collect();
+    if world_size > 1 {
+        let least: Vec<u64> = (0..num_workers)
+            .map(|worker| {
+                slots
+                    .iter()
+                    .skip(worker)
+                    .step_by(num_workers)
+                    .map(|slot| slot.at_least)
+                    .min()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for (at, slot) in slots.iter_mut().enumerate() {
+            slot.handed_out = Some(least[at % num_workers]);
+        }
+    }
+    slots
 }
 
 #[cfg(test)]
@@ -319,8 +329,17 @@ mod tests {
             at_least,
             handed_out,
         };
+        // The same as each slot's stream plans.
+        for at in 0..4 {
+            let slot = SlotSpec::new(2, at / 2, 2, at % 2).unwrap();
+            let planned = sequences_of_slot(&shards, &spec, &units, |_| 0, &slot);
+            assert_eq!(
+                packed_slots(&shards, &spec, &units, 2)[at].handed_out,
+                Some(planned)
+            );
+        }
         assert_eq!(
-            packed_slots(&shards, &spec, &units, 2).unwrap(),
+            packed_slots(&shards, &spec, &units, 2),
             [
                 slot(2, 16, 2, Some(2)),
                 slot(2, 9, 2, Some(1)),
@@ -337,7 +356,7 @@ mod tests {
             unit(0, 0..4),
         ]];
         assert_eq!(
-            packed_slots(&shards, &spec, &whole, 1).unwrap(),
+            packed_slots(&shards, &spec, &whole, 1),
             [slot(6, 48, 6, None)]
         );
     }

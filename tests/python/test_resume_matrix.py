@@ -454,6 +454,8 @@ def test_persistent_checkpoint_in_an_early_started_epoch(
         taken, saved, step = run_until(
             route, ds, workers, point, len(full), tmp_path, ledger, loader
         )
+        # The run stops: its workers and the streams they started go.
+        del loader
     assert slot_states(saved), "the checkpoint holds no shardstream state"
     resumed = route.loader(source(epoch=0), workers)
     route.restore(resumed, saved)
