@@ -67,6 +67,30 @@ def test_a_remote_shard_named_outright_and_re_exported_is_refused_not_read_short
         assert f"not the {ds.shard_list.sizes[1]} bytes" in message, message
 
 
+def test_an_http_shard_cached_in_a_newer_version_than_its_manifest_is_refused(tmp_path):
+    """The cache holds the version of an HTTP shard that a dataset without
+    the manifest read; the manifest records the version before (same size,
+    other bytes): a dataset with the manifest refuses it by its ETag, not
+    serves the copy."""
+    data = tmp_path / "site" / "d"
+    info = write_uneven_dataset(data, COUNTS)
+    with running_http_server(tmp_path / "site") as http:
+        spec = http.url(f"d/part-{{000000..{len(COUNTS) - 1:06d}}}.tar")
+        index_manifest([spec], data / "manifest.json")
+        changed = bytearray(info.paths[2].read_bytes())
+        changed[600] ^= 0xFF  # inside the first member's data: the same size
+        info.paths[2].write_bytes(bytes(changed))
+        cache = tmp_path / "cache"
+        assert len(keys(StreamingDataset(spec, manifest=False, cache_dir=cache))) == sum(COUNTS)
+        assert len(list(cache.glob("*.shard"))) == len(COUNTS)
+        ds = StreamingDataset(spec, count_samples=True, shuffle_buffer=0, cache_dir=cache)
+        assert ds.manifest_path == http.url("d/manifest.json")
+        with pytest.raises(ShardReadError) as raised:
+            keys(ds)
+        message = str(raised.value)
+        assert http.url(f"d/{info.paths[2].name}") in message and "ETag" in message, message
+
+
 @pytest.mark.usefixtures("s3_credentials")
 @pytest.mark.parametrize("cached", [False, True])
 def test_an_s3_shard_named_outright_with_another_etag_is_refused(s3, tmp_path, cached):
