@@ -1,8 +1,9 @@
 """The resume matrix: every way a loader's state is saved and loaded (a plain
 DataLoader with the dataset's own state, ``StatefulDataLoader``,
 torchdata.nodes, Accelerate's ``prepare_loader``,
-torch.distributed.checkpoint, Lightning Fabric, ``Mix``, the Lightning
-callback, the HF Trainer) x ``num_workers`` x where the checkpoint is taken
+torch.distributed.checkpoint, Lightning Fabric, ``Mix``, packed sequences,
+the Lightning callback, the HF Trainer) x ``num_workers`` (persistent
+workers too) x where the checkpoint is taken
 (before the first batch, mid-epoch, at the epoch's last batch, after the
 epoch ended) x exact or elastic resume. Each run is stopped at the
 checkpoint, its loader and dataset dropped, and a new one resumed from what
@@ -33,11 +34,12 @@ import pytest
 import torch
 from _shardtest import keys_and_ones, slot_states, write_uneven_dataset
 from lightning.pytorch import Callback, LightningModule, Trainer
+from test_pack import write_docs
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import shardstream
-from shardstream import Ledger
+from shardstream import Ledger, Pack
 from shardstream._core import run_cli
 
 pytestmark = [
@@ -62,7 +64,10 @@ def keys_and_ids(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def key_batch_of(batch: Any) -> list[str]:
-    """The keys of a batch as every path yields it."""
+    """The keys of a batch as every path yields it (a Rust batch of packed
+    sequences: each sequence's tokens)."""
+    if "input_ids" in batch:
+        return [str(row) for row in batch["input_ids"].tolist()]
     return list(batch["keys"])
 
 
@@ -423,6 +428,52 @@ def test_mix_exact(data, tmp_path_factory, tmp_path, route: Route, num_workers: 
     route.restore(loader, saved)
     rest = passes(loader, 2)
     if point == "after-epoch":
+        assert taken == full and rest[0] == following
+    else:
+        assert taken + rest[0] == full and rest[1] == following
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize(
+    ("route", "num_workers"), MIX_ROUTES, ids=[f"{r.name}-w{w}" for r, w in MIX_ROUTES]
+)
+def test_packed_exact(tmp_path, capfd, route: Route, num_workers: int, point: str):
+    """Packed sequences (``Pack``, Rust batches of 2) through the same
+    checkpoints: the resumed run's sequences are the uninterrupted run's,
+    the next epoch whole, and the ledger proves each document once."""
+    urls = write_docs(tmp_path / "d", shards=3)
+
+    def source(epoch: int = EPOCH) -> shardstream.StreamingDataset:
+        ds = shardstream.StreamingDataset(
+            urls, pack=Pack(8, field="ids"), batch_size=2, seed=SEED,
+            shuffle_buffer=SHUFFLE, sample_ids=True,
+        )  # fmt: skip
+        ds.set_epoch(epoch)
+        return ds
+
+    def loader(ds: Any, persistent: bool) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            ds, batch_size=None, num_workers=num_workers, timeout=120 if num_workers else 0,
+            persistent_workers=persistent,
+        )  # fmt: skip
+
+    full, following = passes(loader(source(), False), 2)
+    ledger_dir, workers = tmp_path / "ledger", max(num_workers, 1)
+    first = source()
+    with Ledger(ledger_dir, first, num_workers=workers) as ledger:
+        first_loader = loader(first, route.persistent_workers)
+        taken, saved, step = run_until(
+            route, first, num_workers, point, len(full), tmp_path, ledger, first_loader
+        )
+        del first_loader
+    assert slot_states(saved), "the checkpoint holds no shardstream state"
+    second = source(epoch=0)
+    resumed = loader(second, route.persistent_workers)
+    route.restore(resumed, saved)
+    with Ledger(ledger_dir, second, resume_step=step, num_workers=workers) as ledger:
+        rest = passes(resumed, 2, ledger)
+    verified(ledger_dir, capfd)
+    if point == "after-epoch" or (point == "last-batch" and rest[0] != []):
         assert taken == full and rest[0] == following
     else:
         assert taken + rest[0] == full and rest[1] == following
