@@ -127,6 +127,14 @@ pub fn saved_position(
                     .into(),
             );
         }
+        if state.pack.is_some() || state.sequences_left.is_some() {
+            return Err(
+                "the state is of a packed stream (pack=Pack(...)), whose steps are sequences \
+                 that cut across documents: explain names the samples of unpacked steps; the \
+                 ledger (sample_ids=True) records the documents each sequence ends"
+                    .into(),
+            );
+        }
         if !state.buffer.is_empty() || state.rng_word_pos != "0" {
             return Err(
                 "the state was saved with a shuffle buffer: which sample leaves it \

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from _shardtest import DatasetInfo
+from test_pack import write_docs
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -428,19 +429,31 @@ def test_explain_from_a_saved_state_names_the_steps_of_the_resumed_run(
 def test_explain_refuses_a_state_it_cannot_follow(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A state saved with a shuffle buffer, or none at all, is refused,
-    naming why; ``--state`` and ``--num-workers`` together are an error."""
+    """A state saved with a shuffle buffer, of a packed stream (its steps
+    are sequences), or none at all, is refused, naming why; ``--state`` and
+    ``--num-workers`` together are an error."""
     loader = stateful(make(dataset.spec, shuffle_buffer=10))
     iterator = iter(loader)
     next(iterator)
     buffered = tmp_path / "buffered.json"
     buffered.write_text(json.dumps(loader.state_dict()))
     del iterator
+    docs = write_docs(tmp_path / "docs", shards=2)
+    pack = shardstream.Pack(8, field="ids")
+    packed = shardstream.StreamingDataset(docs, pack=pack, shuffle_buffer=0)
+    packed_iterator = iter(packed)
+    next(packed_iterator)
+    packing = tmp_path / "packed.json"
+    packing.write_text(json.dumps(packed.state_dict()))
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"steps": 3}))
-    for path, reason in ((buffered, "shuffle_buffer=0"), (empty, "no shardstream state")):
+    for specs, path, reason in (
+        ([dataset.spec], buffered, "shuffle_buffer=0"),
+        (docs, packing, "a packed stream"),
+        ([dataset.spec], empty, "no shardstream state"),
+    ):
         capfd.readouterr()
-        args = ["shardstream", "explain", dataset.spec, "--state", str(path), "--step", "0"]
+        args = ["shardstream", "explain", *specs, "--state", str(path), "--step", "0"]
         code = run_cli([*args, "--batch-size", "4"])
         assert code == 1 and reason in capfd.readouterr().err
     capfd.readouterr()
