@@ -24,7 +24,7 @@ use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::resume::Replanner;
 use crate::plan::{self, PlanParams, Remainder, SlotSpec};
-use crate::shard::Shard;
+use crate::shard::{Shard, ShardKind};
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::text::counts;
@@ -774,17 +774,18 @@ fn write_plan_header(
     Ok(())
 }
 
-/// Prints a slot's `units` of `shards`, one a line: a shard, or its run of
-/// samples.
+/// Prints a slot's `units` of `shards`, one a line: a shard (a Parquet
+/// file's row group named with its file), or its run of samples.
 fn write_units(shards: &[Shard], units: &[plan::WorkUnit], out: &mut dyn Write) -> Result<()> {
     for unit in units {
+        let shard = &shards[unit.shard];
+        let name = match &shard.kind {
+            ShardKind::Parquet(group) => format!("{} row group {}", shard.url, group.index),
+            _ => shard.url.clone(),
+        };
         match &unit.samples {
-            Some(r) => writeln!(
-                out,
-                "  {} samples {}..{}",
-                shards[unit.shard].url, r.start, r.end
-            )?,
-            None => writeln!(out, "  {}", shards[unit.shard].url)?,
+            Some(r) => writeln!(out, "  {name} samples {}..{}", r.start, r.end)?,
+            None => writeln!(out, "  {name}")?,
         }
     }
     Ok(())

@@ -5,13 +5,14 @@ projection, Arrow record batches, and clear errors for corrupt files."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _shardtest import collect, loader
+from _shardtest import collect, loader, shardstream_cli
 from s3_server import s3_config as config
 
 import shardstream
@@ -131,6 +132,13 @@ def test_one_file_split_across_ranks_and_workers_exactly_once(tmp_path):
     # Equal length per rank (drop policy), every kept row once.
     assert per_rank == [ROWS // 3] * 3
     assert len(seen) == len(set(seen)) == ROWS // 3 * 3
+    # `shardstream plan` names each piece's row group.
+    groups = pq.ParquetFile(url).num_row_groups
+    assert groups > 1
+    plan = shardstream_cli("plan", url, "--world-size", "3", "--workers", "2", "--seed", "9")
+    assert plan.returncode == 0, plan.stderr
+    named = {int(n) for n in re.findall(r"row group (\d+) samples", plan.stdout)}
+    assert named == set(range(groups)), plan.stdout
 
 
 def test_column_projection(parquet_files):
