@@ -77,7 +77,8 @@ pub fn resolve_shards(how: &Resolving<'_>, count: bool) -> Result<Resolved> {
 
 /// Gives `shards` (resolved from `how.specs`, with a manifest in use or
 /// not) their sample counts: the `manifest.json` beside remote tar,
-/// JSON-lines or Parquet shards when `manifest="auto"` found none, then the headers of local tar shards.
+/// JSON-lines or Parquet shards when `manifest="auto"` found none, then
+/// the headers of local tar shards.
 /// Returns the manifest attached here, if any, and the shards that could
 /// not be counted (not `strict`).
 pub fn count_shards(
