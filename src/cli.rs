@@ -1063,6 +1063,7 @@ fn resolved_dataset(
             meta.samples.map_or("?".into(), |n| n.to_string()),
         ));
     }
+    let packing = ledger::verify_pack::Packing::from_option(meta.option("pack"), &shards);
     Ok(ledger::verify::Dataset {
         urls: shards.into_iter().map(|s| s.url).collect(),
         counts,
@@ -1070,6 +1071,7 @@ fn resolved_dataset(
         shuffle_shards: options.stream().shuffle_shards,
         remainder: options.stream().remainder,
         packed: !meta.option("pack").is_null(),
+        packing,
     })
 }
 

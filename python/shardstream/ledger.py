@@ -124,6 +124,17 @@ def dataset_meta(dataset: StreamingDataset) -> dict[str, Any]:
         for row in option_table()
         if row["affects_order"] and row["name"] != "model_parallel_size"
     }
+    pack = given.get("pack")
+    if pack is not None:
+        # What verify replays a packed epoch's plan with.
+        options["pack"] = {
+            "seq_len": pack.seq_len,
+            "mode": pack.mode,
+            "field": pack.field,
+            "window": pack.window,
+            "labels": pack.labels,
+            "pad_id": pack.pad_id,
+        }
     shard_list = dataset.shard_list
     if shard_list.manifest_path is not None and options.get("manifest") is not False:
         options["manifest"] = os.fspath(shard_list.manifest_path)

@@ -2,10 +2,12 @@
 //! by `shardstream.Ledger` during training ([`file`]: the format, read
 //! back), and its verifier ([`verify`]: each epoch's coverage proved
 //! against the replayed plan, or the first violation named; [`verify_mix`]:
-//! the same for a `Mix`), and which
+//! the same for a `Mix`; [`verify_pack`]: what packing across ranks may
+//! leave out), and which
 //! samples a step sees ([`explain`], from the plan alone).
 
 pub mod explain;
 pub mod file;
 pub mod verify;
 pub mod verify_mix;
+pub mod verify_pack;

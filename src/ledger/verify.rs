@@ -18,6 +18,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::file::{ErrorSkip, Generation, Record, RecordKind, TornTail};
+use super::verify_pack::{Packing, PlanOptions};
 use crate::plan::{self, PlanParams, Remainder, ShardInfo};
 
 /// The dataset a ledger is checked against: its shards' URLs and sample
@@ -38,6 +39,10 @@ pub struct Dataset {
     /// across ranks each slot then stops at its planned sequences, leaving
     /// out the documents of its last ones.
     pub packed: bool,
+    /// A packing by concatenation with the manifest's token counts: what
+    /// proves those left-out documents the remainder (`None`: they are
+    /// only counted).
+    pub packing: Option<Packing>,
 }
 
 /// Where a sample was taken: a step of a rank in a generation.
@@ -308,12 +313,13 @@ pub struct EpochReport {
     pub world_sizes: Vec<usize>,
     /// Whether a complete epoch's samples were checked against the plan's
     /// (false for a mixture resumed onto another layout within the epoch,
-    /// whose rest was split anew, and for documents packed across ranks:
-    /// then no sample came twice is checked).
+    /// whose rest was split anew, and for documents packed across ranks
+    /// but by concatenation with token counts in one layout: then no
+    /// sample came twice is checked).
     pub coverage_checked: bool,
     /// Documents packed across ranks that no sequence handed out named:
     /// those of each slot's sequences past its planned number (complete
-    /// epochs; not checked against the plan).
+    /// epochs; checked against the plan when `coverage_checked`).
     pub packed_left_out: u64,
     /// A mixture of packed streams: it takes a number of each stream's
     /// sequences, and which documents those hold is not replayed (then no
@@ -339,6 +345,10 @@ impl EpochReport {
             }
             (None, true) if !self.coverage_checked => {
                 "at most once (a mixture resumed onto another layout: its rest was split anew)"
+            }
+            (None, true) if self.packed_left_out > 0 => {
+                "exactly once (packed across ranks: the documents left out are each worker's \
+                 remainder past its planned sequences, by the manifest's token counts)"
             }
             (None, true) => "exactly once",
             (None, false) => "in progress (no repeat so far)",
@@ -857,9 +867,29 @@ fn check_epoch(
     let skips: Vec<&ErrorSkip> = error_skips(generations)
         .filter(|skip| skip.epoch == epoch)
         .collect();
-    // Packed across ranks, each slot stops at its planned sequences.
+    // Packed across ranks, each slot stops at its planned sequences: by
+    // concatenation in one layout, what that leaves out is replayed.
     let packed_across_ranks =
         dataset.packed && order.iter().any(|&g| generations[g].meta.world_size > 1);
+    let one_layout = order
+        .iter()
+        .all(|&g| layout(g) == (first_world, first_workers));
+    let remainder_check = match &dataset.packing {
+        Some(packing) if packed_across_ranks && one_layout && skips.is_empty() => {
+            let options = PlanOptions {
+                seed: dataset.seed,
+                shuffle_shards: dataset.shuffle_shards,
+                remainder: dataset.remainder,
+            };
+            let handed = |shard: usize, index: u64| {
+                sequence
+                    .position(dataset, (shard as u64, index))
+                    .is_some_and(|p| seen[p as usize] > 0)
+            };
+            Some(packing.left_out(options, epoch, (first_world, first_workers), handed))
+        }
+        _ => None,
+    };
     let mut first_missing = None;
     let mut missing = 0u64;
     for (position, &count) in seen.iter().enumerate() {
@@ -869,7 +899,7 @@ fn check_epoch(
         let position = position as u64;
         if packed_across_ranks {
             report.packed_left_out += 1;
-            report.coverage_checked = false;
+            report.coverage_checked &= remainder_check.is_some();
         } else if position >= dropped_from {
             report.dropped += 1;
         } else if !skips.is_empty() && {
@@ -886,6 +916,17 @@ fn check_epoch(
             missing += 1;
             first_missing.get_or_insert(position);
         }
+    }
+    if let Some(Err(left)) = remainder_check {
+        report.violation = Some(Violation::Missing {
+            epoch,
+            sample: name(dataset, (left.first.0 as u64, left.first.1)),
+            count: left.count,
+            generation: generations[first].meta.generation,
+            rank: left.slot / first_workers,
+            worker: left.slot % first_workers,
+        });
+        return report;
     }
     if let Some(position) = first_missing {
         let (shard, index) = sequence.sample_at(position);
@@ -939,6 +980,7 @@ mod tests {
             shuffle_shards: false,
             remainder,
             packed: false,
+            packing: None,
         }
     }
 
@@ -1008,6 +1050,7 @@ mod tests {
     fn documents_packed_across_ranks_may_be_left_out_but_not_repeated() {
         let d = Dataset {
             packed: true,
+            packing: None,
             ..dataset(Remainder::Drop)
         };
         let all = sequence(&d);
@@ -1213,6 +1256,7 @@ mod tests {
                 shuffle_shards,
                 remainder: Remainder::Drop,
                 packed: false,
+                packing: None,
             };
             let sequence = Sequence::new(&d, 3);
             assert_eq!(sequence.total, 6);

@@ -469,6 +469,7 @@ mod tests {
             shuffle_shards: true,
             remainder: Remainder::Drop,
             packed: false,
+            packing: None,
         };
         MixDataset {
             streams: vec![

@@ -232,7 +232,7 @@ pub fn packed_slots(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::shard::SampleIndex;
     use crate::shard::ShardTokens;
@@ -240,7 +240,7 @@ mod tests {
 
     /// A JSON-lines shard whose documents hold `counts` tokens of `ids`,
     /// counted without a tokenizer (`None`: no counts).
-    fn shard(url: &str, counts: Option<Vec<u64>>) -> Shard {
+    pub(crate) fn shard(url: &str, counts: Option<Vec<u64>>) -> Shard {
         let n = counts.as_ref().map_or(2, Vec::len) as u64;
         let index = SampleIndex::from_parts((0..n).collect(), vec![1; n as usize], None)
             .unwrap()

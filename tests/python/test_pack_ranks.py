@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import (
+    Ledger,
     ManifestMismatchError,
     Pack,
     StateMismatchError,
@@ -150,6 +151,39 @@ def test_plan_pack_prints_the_sequences_each_slot_hands_out(
     assert run_cli(argv) != 0
     err = capfd.readouterr().err
     assert "--pack" in err and "no manifest is in use" in err and "--count-tokens FIELD" in err, err
+
+
+@pytest.mark.parametrize("lose", [False, True], ids=["whole", "a-shard-lost"])
+def test_verify_proves_a_concatenated_run_across_ranks_exactly_once(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], lose: bool
+) -> None:
+    """Two ranks pack by concatenation (2 workers each) and record each
+    sequence's documents in a ledger: ``verify`` replays each slot's plan
+    from the manifest's token counts and proves that the documents no
+    sequence ended are each worker's remainder ("exactly once"). Records
+    that lost a shard's documents (each step kept) are a violation."""
+    urls = indexed_docs(tmp_path / "d")
+    ledger_dir = tmp_path / "ledger"
+    for rank in (0, 1):
+        ds = StreamingDataset(
+            urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=rank, batch_size=2, **OPTIONS
+        )
+        with Ledger(ledger_dir, ds, num_workers=2) as ledger:
+            for batch in DataLoader(ds, batch_size=None, num_workers=2):
+                ids = batch["__id__"]
+                if lose:
+                    kept = ids[ids[:, 1] != 3]
+                    ids = kept if len(kept) else ids[:1]
+                ledger.record({**batch, "__id__": ids})
+            ledger.epoch_end(0)
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out = capfd.readouterr().out
+    if lose:
+        assert code == 1 and "never came" in out, out
+    else:
+        assert code == 0, out
+        assert "exactly once (packed across ranks" in out and "past the planned" in out, out
 
 
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
