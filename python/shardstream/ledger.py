@@ -399,6 +399,8 @@ class Ledger:
             "start_step": self.start_step,
             "world_size": self.world_size,
             "num_workers": num_workers if num_workers is not None else 1,
+            # Whether verify may replay each worker's slot.
+            "num_workers_known": num_workers is not None,
             "dataset": mixture_meta(dataset) if mixture else dataset_meta(dataset),  # type: ignore[arg-type]
         }
         self.generation = self._open_generation(meta)
@@ -642,8 +644,9 @@ class Ledger:
             return
         meta_path = self.path / "meta.json"
         meta = json.loads(meta_path.read_text())
-        if meta["num_workers"] != num_workers:
+        if meta["num_workers"] != num_workers or not meta.get("num_workers_known"):
             meta["num_workers"] = num_workers
+            meta["num_workers_known"] = True
             _write_json(meta_path, meta)
 
     def skip_steps(self, count: int, loader_iterator: Iterator[Any]) -> int:

@@ -21,7 +21,7 @@ use crate::byte_size::ByteSize;
 use crate::plan::order::{rng_for, Purpose};
 use crate::plan::{self, PlanParams, ShardInfo, SlotSpec, WorkUnit};
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
-use crate::state::{runs_digest, SlotState, STATE_FORMAT};
+use crate::state::{runs_digest, SlotState, STATE_FORMAT, TOKENS_PART};
 
 /// The `format` of a loader state that gathers every rank's.
 const RANK_STATES: &str = "shardstream.rank_states";
@@ -127,7 +127,13 @@ pub fn saved_position(
                     .into(),
             );
         }
-        if state.pack.is_some() || state.sequences_left.is_some() {
+        // A packed stream's parts name its token counts, whatever its
+        // packer holds.
+        let packed = state.fingerprint_parts.split(',').any(|part| {
+            part.split_once('=')
+                .is_some_and(|(name, _)| name == TOKENS_PART)
+        });
+        if packed || state.pack.is_some() || state.sequences_left.is_some() {
             return Err(
                 "the state is of a packed stream (pack=Pack(...)), whose steps are sequences \
                  that cut across documents: explain names the samples of unpacked steps; the \

@@ -137,6 +137,10 @@ pub struct Meta {
     pub world_size: usize,
     /// DataLoader workers per rank.
     pub num_workers: usize,
+    /// Whether `num_workers` was given or read from the loader (`track`),
+    /// rather than taken as 1: what replays each worker's slot relies on.
+    #[serde(default)]
+    pub num_workers_known: bool,
     /// The dataset.
     pub dataset: DatasetMeta,
 }

@@ -313,14 +313,16 @@ pub struct EpochReport {
     pub world_sizes: Vec<usize>,
     /// Whether a complete epoch's samples were checked against the plan's
     /// (false for a mixture resumed onto another layout within the epoch,
-    /// whose rest was split anew, and for documents packed across ranks
-    /// but by concatenation with token counts in one layout: then no
-    /// sample came twice is checked).
+    /// whose rest was split anew, and for documents packed across ranks:
+    /// then no sample came twice is checked).
     pub coverage_checked: bool,
     /// Documents packed across ranks that no sequence handed out named:
     /// those of each slot's sequences past its planned number (complete
-    /// epochs; checked against the plan when `coverage_checked`).
+    /// epochs).
     pub packed_left_out: u64,
+    /// Whether `packed_left_out` was checked against each slot's remainder
+    /// (concatenation, one generation, [`Packing::left_out`]).
+    pub packed_remainder_checked: bool,
     /// A mixture of packed streams: it takes a number of each stream's
     /// sequences, and which documents those hold is not replayed (then no
     /// document came twice, and equal steps per rank, are checked;
@@ -339,16 +341,16 @@ impl EpochReport {
                 "at most once (a mixture of packed streams: which documents its sequences hold \
                  is not replayed)"
             }
+            (None, true) if self.packed_remainder_checked && self.packed_left_out > 0 => {
+                "at most once (packed across ranks: each worker's documents left out are within \
+                 its remainder past its planned sequences, by the manifest's token counts)"
+            }
             (None, true) if !self.coverage_checked && self.packed_left_out > 0 => {
                 "at most once (packed across ranks: each worker's sequences past the planned \
                  number are left out)"
             }
             (None, true) if !self.coverage_checked => {
                 "at most once (a mixture resumed onto another layout: its rest was split anew)"
-            }
-            (None, true) if self.packed_left_out > 0 => {
-                "exactly once (packed across ranks: the documents left out are each worker's \
-                 remainder past its planned sequences, by the manifest's token counts)"
             }
             (None, true) => "exactly once",
             (None, false) => "in progress (no repeat so far)",
@@ -809,9 +811,18 @@ fn check_epoch(
         world_sizes: order.iter().map(|&g| layout(g).0).collect(),
         coverage_checked: true,
         packed_left_out: 0,
+        packed_remainder_checked: false,
         sequences_mixed: false,
         violation: None,
     };
+    // Packed across ranks, each slot stops at its planned sequences, cut
+    // by tokens, never padded.
+    let packed_across_ranks =
+        dataset.packed && order.iter().any(|&g| generations[g].meta.world_size > 1);
+    if packed_across_ranks {
+        pad_left.clear();
+        spare_pad = 0;
+    }
     let mut seen = vec![0u8; usize::try_from(total).unwrap_or(usize::MAX)];
     let mut tally = StepTally::default();
     for entry in entries {
@@ -867,15 +878,12 @@ fn check_epoch(
     let skips: Vec<&ErrorSkip> = error_skips(generations)
         .filter(|skip| skip.epoch == epoch)
         .collect();
-    // Packed across ranks, each slot stops at its planned sequences: by
-    // concatenation in one layout, what that leaves out is replayed.
-    let packed_across_ranks =
-        dataset.packed && order.iter().any(|&g| generations[g].meta.world_size > 1);
-    let one_layout = order
-        .iter()
-        .all(|&g| layout(g) == (first_world, first_workers));
+    // By concatenation, in one generation (a resume, elastic even onto the
+    // same layout, may plan the rest anew) whose worker count is known,
+    // what each slot leaves out is checked against its remainder.
+    let replayable = order.len() == 1 && generations[first].meta.num_workers_known;
     let remainder_check = match &dataset.packing {
-        Some(packing) if packed_across_ranks && one_layout && skips.is_empty() => {
+        Some(packing) if packed_across_ranks && replayable && skips.is_empty() => {
             let options = PlanOptions {
                 seed: dataset.seed,
                 shuffle_shards: dataset.shuffle_shards,
@@ -899,7 +907,7 @@ fn check_epoch(
         let position = position as u64;
         if packed_across_ranks {
             report.packed_left_out += 1;
-            report.coverage_checked &= remainder_check.is_some();
+            report.coverage_checked = false;
         } else if position >= dropped_from {
             report.dropped += 1;
         } else if !skips.is_empty() && {
@@ -917,16 +925,21 @@ fn check_epoch(
             first_missing.get_or_insert(position);
         }
     }
-    if let Some(Err(left)) = remainder_check {
-        report.violation = Some(Violation::Missing {
-            epoch,
-            sample: name(dataset, (left.first.0 as u64, left.first.1)),
-            count: left.count,
-            generation: generations[first].meta.generation,
-            rank: left.slot / first_workers,
-            worker: left.slot % first_workers,
-        });
-        return report;
+    match remainder_check {
+        Some(Err(left)) => {
+            report.violation = Some(Violation::Missing {
+                epoch,
+                sample: name(dataset, (left.first.0 as u64, left.first.1)),
+                count: left.count,
+                generation: generations[first].meta.generation,
+                rank: left.slot / first_workers,
+                worker: left.slot % first_workers,
+            });
+            return report;
+        }
+        // Every document left out is one of a slot's.
+        Some(Ok(left)) => report.packed_remainder_checked = left == report.packed_left_out,
+        None => {}
     }
     if let Some(position) = first_missing {
         let (shard, index) = sequence.sample_at(position);
@@ -1001,6 +1014,7 @@ mod tests {
                 start_step,
                 world_size,
                 num_workers: 1,
+                num_workers_known: false,
                 dataset: DatasetMeta {
                     spec: vec![],
                     options: Default::default(),
@@ -1071,7 +1085,20 @@ mod tests {
         let mut twice = generation(0, 0, 2);
         run(&mut twice, 0, 0, &all[..4], 2);
         run(&mut twice, 1, 0, &[all[6], all[7], all[8], all[0]], 2);
-        let report = verify(&[twice], &d);
+        let report = verify(std::slice::from_ref(&twice), &d);
+        assert!(matches!(
+            report.epochs[0].violation,
+            Some(Violation::Twice { .. })
+        ));
+        // Cut by tokens, a packed plan never pads: `remainder="pad"` (11
+        // samples on 2 ranks: one would be repeated, the first) excuses
+        // no repeat.
+        let padded = Dataset {
+            remainder: Remainder::Pad,
+            counts: vec![4, 3, 4],
+            ..d.clone()
+        };
+        let report = verify(&[twice], &padded);
         assert!(matches!(
             report.epochs[0].violation,
             Some(Violation::Twice { .. })

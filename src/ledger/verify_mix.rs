@@ -142,6 +142,7 @@ fn check_mix_epoch(
         world_sizes: order.iter().map(|&g| layout(g).0).collect(),
         coverage_checked: same_layout,
         packed_left_out: 0,
+        packed_remainder_checked: false,
         sequences_mixed: false,
         violation: None,
     };
@@ -492,6 +493,7 @@ mod tests {
                 start_step,
                 world_size: ranks.len(),
                 num_workers: 1,
+                num_workers_known: false,
                 dataset: DatasetMeta {
                     spec: Vec::new(),
                     options: Default::default(),

@@ -122,6 +122,12 @@ impl Packing {
             let Some(first) = first else {
                 continue;
             };
+            // A slot whose documents hold no token makes no sequence, so
+            // none of them is recorded.
+            if planned.at_least == 0 {
+                total += count;
+                continue;
+            }
             let sequences = planned.handed_out.unwrap_or(planned.at_least);
             let filled = sequences.saturating_mul(capacity);
             // Full sequences of the slot's documents in order: what they

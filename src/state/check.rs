@@ -37,7 +37,7 @@ pub fn fingerprint(shards: &[Shard], options: &StreamOptions) -> String {
 const SHARDS_PART: &str = "shards";
 
 /// The fingerprint part of the documents' token counts (with `pack`).
-const TOKENS_PART: &str = "token_counts";
+pub(crate) const TOKENS_PART: &str = "token_counts";
 
 /// Feeds the shards' token counts (field, tokenizer, counts; a marker for
 /// a shard without) to `h`.

@@ -16,6 +16,7 @@ mod digest;
 mod mirror;
 mod saved;
 
+pub(crate) use check::TOKENS_PART;
 pub use check::{check_exact, fingerprint, resolve, Fingerprint, Resume, Start};
 pub use digest::runs_digest;
 pub use mirror::{Mirror, Op, SkippedSamples};

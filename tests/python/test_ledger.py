@@ -441,8 +441,7 @@ def test_explain_refuses_a_state_it_cannot_follow(
     docs = write_docs(tmp_path / "docs", shards=2)
     pack = shardstream.Pack(8, field="ids")
     packed = shardstream.StreamingDataset(docs, pack=pack, shuffle_buffer=0)
-    packed_iterator = iter(packed)
-    next(packed_iterator)
+    # Before its first sequence: its packer holds nothing yet.
     packing = tmp_path / "packed.json"
     packing.write_text(json.dumps(packed.state_dict()))
     empty = tmp_path / "empty.json"
