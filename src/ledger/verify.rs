@@ -40,8 +40,8 @@ pub struct Dataset {
     /// out the documents of its last ones.
     pub packed: bool,
     /// A packing by concatenation with the manifest's token counts: what
-    /// proves those left-out documents the remainder (`None`: they are
-    /// only counted).
+    /// checks those left-out documents against each slot's remainder
+    /// (`None`: they are only counted).
     pub packing: Option<Packing>,
 }
 

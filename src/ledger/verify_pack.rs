@@ -4,8 +4,10 @@
 //! ([`crate::text::counts`]) and stops; concatenation fills every sequence
 //! but its stream's last, so what the slot's handed-out sequences ended
 //! falls short of them by less than the one document they cut, and a slot
-//! that hands out all it packs leaves nothing out. A document left out
-//! past that is lost, not the remainder.
+//! that hands out all it packs leaves nothing out. More left out than
+//! that is a loss; a lost document shorter than the cut one's handed part
+//! fits the bound (the order within a slot is not replayed), so this is a
+//! bound on the remainder, not a proof of exactly once.
 
 use crate::plan::resume::Replanner;
 use crate::plan::Remainder;
@@ -13,7 +15,7 @@ use crate::shard::Shard;
 use crate::text::counts;
 use crate::text::pack::{PackMode, PackSpec};
 
-/// A dataset packed by concatenation, as the proof replays its plan.
+/// A dataset packed by concatenation, as verify replays its plan.
 #[derive(Debug, Clone)]
 pub struct Packing {
     /// The dataset's shards, with their manifest's token counts.
