@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
 use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
+use crate::ledger::verify_pack::Arrival;
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::resume::Replanner;
@@ -1063,7 +1064,13 @@ fn resolved_dataset(
             meta.samples.map_or("?".into(), |n| n.to_string()),
         ));
     }
-    let packing = ledger::verify_pack::Packing::from_option(meta.option("pack"), &shards);
+    let packing =
+        ledger::verify_pack::Packing::from_option(meta.option("pack"), &shards).map(|packing| {
+            match Arrival::recorded(meta, packing.spec.field_name()) {
+                Some(arrival) => packing.with_arrival(arrival),
+                None => packing,
+            }
+        });
     Ok(ledger::verify::Dataset {
         urls: shards.into_iter().map(|s| s.url).collect(),
         counts,
@@ -1168,10 +1175,9 @@ fn explain(
     } else {
         planned.iter().map(Shard::info).collect()
     };
-    // A held sample's bytes are at most its span in the shard (a manifest's).
+    // A held sample's bytes, by its span in the shard (a manifest's).
     let sample_bytes = |shard: usize, index: u64| {
-        let spans = shards.get(shard)?.index.as_ref()?;
-        Some(spans.length(index))
+        ledger::explain::undecoded_bytes_at_most(shards.get(shard)?, index)
     };
     let shuffle = options.stream().shuffle_bounds();
     let replay = shuffle.map(|bounds| BufferReplay {

@@ -20,6 +20,7 @@ use std::ops::{ControlFlow, Range};
 use crate::byte_size::ByteSize;
 use crate::plan::order::{rng_for, Purpose};
 use crate::plan::{self, PlanParams, ShardInfo, SlotSpec, WorkUnit};
+use crate::shard::{Shard, ShardKind};
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::state::{runs_digest, SlotState, STATE_FORMAT, TOKENS_PART};
 
@@ -358,12 +359,28 @@ impl ByteSize for Held {
     }
 }
 
+/// The bytes sample `index` of `shard` holds in a shuffle buffer at most,
+/// undecoded, when a manifest gives its byte span: a tar sample's key,
+/// field names and data lie within its span (its members' headers name
+/// them, and the data follows); a JSON line's values take at most 8 bytes
+/// for each 2 of the line (a number and the comma or bracket after it),
+/// plus its key when the line names none (its index's digits). `None` for
+/// other shards.
+pub fn undecoded_bytes_at_most(shard: &Shard, index: u64) -> Option<u64> {
+    let span = shard.index.as_ref()?.length(index);
+    match shard.kind {
+        ShardKind::Tar => Some(span),
+        ShardKind::Lines => Some(span.saturating_mul(4).saturating_add(20)),
+        ShardKind::Raw | ShardKind::Parquet(_) => None,
+    }
+}
+
 /// The first `upto` samples a worker's shuffle buffer lets out of its
 /// slot's `runs`, as the pipeline's buffer does with `rng` (the slot's),
 /// and whether that is known to be exact; `Err(position)`: the held
 /// samples' upper bounds pass the byte bound when the sample at
 /// `position` arrives.
-fn shuffled(
+pub(crate) fn shuffled(
     runs: &[(usize, Range<u64>)],
     replay: &BufferReplay<'_>,
     rng: rand_chacha::ChaCha8Rng,
@@ -693,5 +710,53 @@ mod tests {
         };
         let found = explain_step(&s, &counts, &p, 0, 0, 2, Start::Saved(&too_many));
         assert_eq!(found, Err(ExplainError::NotThisPlan { worker: 1 }));
+    }
+
+    #[test]
+    fn a_json_line_s_decoded_bytes_are_within_its_bound_and_may_pass_its_span() {
+        let lines = [
+            r#"{"ids":[1,2,3,4,5,6,7,8,9,0,1,2,3,4,5,6,7,8,9]}"#,
+            r#"{"a":[[],[1],[1,2]],"b":[true,false,null],"c":1.5e300}"#,
+            r#"{"t":"\u00e9\u00e9\n","u":{"v":[0,0]}}"#,
+            r#"{}"#,
+        ];
+        let spans: Vec<u64> = lines.iter().map(|l| l.len() as u64 + 1).collect();
+        let offsets = spans
+            .iter()
+            .scan(0, |at, &n| {
+                *at += n;
+                Some(*at - n)
+            })
+            .collect();
+        let index = crate::shard::SampleIndex::from_parts(offsets, spans.clone(), None).unwrap();
+        let shard = Shard {
+            kind: ShardKind::Lines,
+            index: Some(std::sync::Arc::new(index)),
+            ..Shard::new("d.jsonl", Some(lines.len() as u64))
+        };
+        let mut past_span = false;
+        for (i, line) in lines.iter().enumerate() {
+            // A sample of the line as the format makes it: its fields, and
+            // a key of its index's digits (the longest an index has).
+            let fields = crate::json::decode(line.as_bytes()).unwrap();
+            let bytes = (fields.byte_size() + u64::MAX.to_string().len()) as u64;
+            let bound = undecoded_bytes_at_most(&shard, i as u64).unwrap();
+            assert!(bytes <= bound, "line {i}: {bytes} > {bound}");
+            past_span |= bytes > spans[i];
+        }
+        assert!(
+            past_span,
+            "a line of small ints decodes to more than its span"
+        );
+        let tar = Shard {
+            kind: ShardKind::Tar,
+            ..shard.clone()
+        };
+        assert_eq!(undecoded_bytes_at_most(&tar, 0), Some(spans[0]));
+        let raw = Shard {
+            kind: ShardKind::Raw,
+            ..shard
+        };
+        assert_eq!(undecoded_bytes_at_most(&raw, 0), None);
     }
 }

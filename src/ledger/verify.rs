@@ -323,6 +323,9 @@ pub struct EpochReport {
     /// Whether `packed_left_out` was checked against each slot's remainder
     /// (concatenation, one generation, [`Packing::left_out`]).
     pub packed_remainder_checked: bool,
+    /// Whether they are exactly each slot's documents past its planned
+    /// sequences, its order replayed (then `coverage_checked` too).
+    pub packed_remainder_exact: bool,
     /// A mixture of packed streams: it takes a number of each stream's
     /// sequences, and which documents those hold is not replayed (then no
     /// document came twice, and equal steps per rank, are checked;
@@ -341,6 +344,7 @@ impl EpochReport {
                 "at most once (a mixture of packed streams: which documents its sequences hold \
                  is not replayed)"
             }
+            (None, true) if self.packed_remainder_exact => "exactly once",
             (None, true) if self.packed_remainder_checked && self.packed_left_out > 0 => {
                 "at most once (packed across ranks: each worker's documents left out are within \
                  its remainder past its planned sequences, by the manifest's token counts)"
@@ -812,6 +816,7 @@ fn check_epoch(
         coverage_checked: true,
         packed_left_out: 0,
         packed_remainder_checked: false,
+        packed_remainder_exact: false,
         sequences_mixed: false,
         violation: None,
     };
@@ -938,7 +943,13 @@ fn check_epoch(
             return report;
         }
         // Every document left out is one of a slot's.
-        Some(Ok(left)) => report.packed_remainder_checked = left == report.packed_left_out,
+        Some(Ok(left)) => {
+            report.packed_remainder_checked = left.documents == report.packed_left_out;
+            // Each slot's order replayed: its documents left out are
+            // exactly those past its planned sequences.
+            report.packed_remainder_exact = report.packed_remainder_checked && left.exact;
+            report.coverage_checked |= report.packed_remainder_exact;
+        }
         None => {}
     }
     if let Some(position) = first_missing {

@@ -143,6 +143,7 @@ fn check_mix_epoch(
         coverage_checked: same_layout,
         packed_left_out: 0,
         packed_remainder_checked: false,
+        packed_remainder_exact: false,
         sequences_mixed: false,
         violation: None,
     };

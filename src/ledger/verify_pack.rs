@@ -1,17 +1,28 @@
 //! Packing across ranks in the ledger's proof: which documents of a
-//! complete epoch a concatenating packer may leave out. Each slot hands
-//! out the sequences planned for it from the manifest's token counts
-//! ([`crate::text::counts`]) and stops; concatenation fills every sequence
-//! but its stream's last, so what the slot's handed-out sequences ended
-//! falls short of them by less than the one document they cut, and a slot
-//! that hands out all it packs leaves nothing out. More left out than
-//! that is a loss; a lost document shorter than the cut one's handed part
-//! fits the bound (the order within a slot is not replayed), so this is a
-//! bound on the remainder, not a proof of exactly once.
+//! complete epoch a concatenating packer leaves out. Each slot hands out
+//! the sequences planned for it from the manifest's token counts
+//! ([`crate::text::counts`]) and stops, so the documents it leaves out are
+//! those past what its handed-out sequences end.
+//!
+//! Where the order the slot's documents reach its packer is replayed (its
+//! shuffle buffer with the slot's RNG, as `explain` replays it, known to
+//! stay within its byte bound; or no buffer), the documents handed out
+//! must be exactly those whose last token falls within the planned
+//! sequences: the proof is exact. Otherwise it is a bound: concatenation
+//! fills every sequence but its stream's last, so what the handed-out
+//! sequences ended falls short of them by less than the one document they
+//! cut, and a slot that hands out all it packs leaves nothing out; a lost
+//! document shorter than the cut one's handed part fits that bound.
 
+use std::ops::Range;
+
+use super::explain::{self, BufferCheck, BufferReplay};
+use super::file::DatasetMeta;
+use crate::plan::order::{rng_for, Purpose};
 use crate::plan::resume::Replanner;
-use crate::plan::Remainder;
+use crate::plan::{Remainder, WorkUnit};
 use crate::shard::Shard;
+use crate::shuffle::ShuffleBounds;
 use crate::text::counts;
 use crate::text::pack::{PackMode, PackSpec};
 
@@ -24,6 +35,80 @@ pub struct Packing {
     pub spec: PackSpec,
     /// The tokenizer the counts were made with (`None`: ids counted).
     pub tokenizer: Option<String>,
+    /// How each slot's documents reached its packer, when known: what
+    /// replays their order.
+    pub arrival: Option<Arrival>,
+}
+
+/// How a slot's documents reach its packer, as the ledger's options say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// The shuffle buffer's bounds (`None`: no buffer, the plan's order).
+    pub buffer: Option<ShuffleBounds>,
+    /// What decoding adds to a document's bytes in the buffer.
+    pub decoded: Decoded,
+}
+
+impl Arrival {
+    /// How a packed dataset's documents reached its packer, by the options
+    /// a ledger recorded (`meta`): its shuffle buffer, and whether its
+    /// decoders (`decode`) only tokenize `field`, the counted one; `None`
+    /// when the buffer's options are not recorded.
+    pub fn recorded(meta: &DatasetMeta, field: &str) -> Option<Arrival> {
+        let number = |name| usize::try_from(meta.option(name).as_u64()?).ok();
+        let items = number("shuffle_buffer")?;
+        let buffer = if items == 0 {
+            None
+        } else {
+            Some(ShuffleBounds {
+                max_items: items,
+                max_bytes: number("shuffle_buffer_bytes")?,
+                initial: number("shuffle_initial")?,
+            })
+        };
+        // A Tokenizer is recorded as its repr.
+        let tokenizes = |decoder: &serde_json::Value| {
+            decoder
+                .as_str()
+                .is_some_and(|d| d.starts_with("Tokenizer("))
+        };
+        let decoded = match meta.option("decode") {
+            serde_json::Value::Null | serde_json::Value::Bool(false) => Decoded::Nothing,
+            serde_json::Value::Object(decoders)
+                if decoders.len() == 1 && decoders.get(field).is_some_and(tokenizes) =>
+            {
+                Decoded::CountedField
+            }
+            _ => Decoded::Other,
+        };
+        Some(Arrival { buffer, decoded })
+    }
+}
+
+/// What the dataset's decoders make of a document before its shuffle
+/// buffer holds it: what bounds its bytes there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoded {
+    /// Nothing is decoded: a document holds its undecoded bytes
+    /// ([`explain::undecoded_bytes_at_most`]).
+    Nothing,
+    /// Only the counted field, tokenized as the manifest counted it: at
+    /// most 8 bytes more for each of its tokens.
+    CountedField,
+    /// Other decoders, whose output's bytes are not known: the buffer's
+    /// order is not replayed.
+    Other,
+}
+
+/// What a complete epoch's slots left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeftOut {
+    /// Documents no handed-out sequence ended.
+    pub documents: u64,
+    /// Whether every slot's order was replayed and its documents left out
+    /// are exactly those past its planned sequences (otherwise they are
+    /// within the bound).
+    pub exact: bool,
 }
 
 /// The documents of one slot that the remainder does not account for.
@@ -72,20 +157,87 @@ impl Packing {
             shards: shards.to_vec(),
             spec,
             tokenizer,
+            arrival: None,
         })
+    }
+
+    /// The packing with its documents' order replayed through `arrival`.
+    pub fn with_arrival(mut self, arrival: Arrival) -> Self {
+        self.arrival = Some(arrival);
+        self
+    }
+
+    /// The order slot `slot`'s documents (`slot_units`) reach its packer
+    /// in `epoch`, when it is replayed exactly.
+    fn arrival_order(
+        &self,
+        seed: u64,
+        epoch: u64,
+        slot: usize,
+        slot_units: &[WorkUnit],
+    ) -> Option<Vec<(usize, u64)>> {
+        let arrival = self.arrival?;
+        let runs: Vec<(usize, Range<u64>)> = slot_units
+            .iter()
+            .map(|unit| (unit.shard, self.samples_of(unit)))
+            .collect();
+        let Some(bounds) = arrival.buffer else {
+            return Some(
+                runs.iter()
+                    .flat_map(|(shard, samples)| samples.clone().map(move |i| (*shard, i)))
+                    .collect(),
+            );
+        };
+        let sample_bytes = |shard: usize, index: u64| {
+            let shard = self.shards.get(shard)?;
+            let undecoded = explain::undecoded_bytes_at_most(shard, index)?;
+            match arrival.decoded {
+                Decoded::Nothing => Some(undecoded),
+                Decoded::CountedField => {
+                    let tokens = shard.tokens()?.counts.get(usize::try_from(index).ok()?)?;
+                    Some(undecoded.saturating_add(tokens.saturating_mul(8)))
+                }
+                Decoded::Other => None,
+            }
+        };
+        let replay = BufferReplay {
+            bounds,
+            sample_bytes: &sample_bytes,
+        };
+        let documents = runs.iter().map(|(_, s)| s.end - s.start).sum();
+        let rng = rng_for(seed, epoch, Purpose::ShuffleBuffer { slot });
+        match explain::shuffled(&runs, &replay, rng, documents) {
+            Ok((order, BufferCheck::WithinBytes | BufferCheck::NoBuffer)) => Some(order),
+            Ok((_, BufferCheck::BytesUnknown)) | Err(_) => None,
+        }
+    }
+
+    /// The samples of `unit`: its range, or its whole shard.
+    fn samples_of(&self, unit: &WorkUnit) -> Range<u64> {
+        unit.samples
+            .clone()
+            .unwrap_or_else(|| 0..self.shards[unit.shard].info().samples.unwrap_or(0))
+    }
+
+    /// Document `index` of `shard`'s tokens (0 when not counted).
+    fn tokens_of(&self, shard: usize, index: u64) -> u64 {
+        self.shards[shard]
+            .tokens()
+            .and_then(|t| t.counts.get(usize::try_from(index).ok()?).copied())
+            .unwrap_or(0)
     }
 
     /// The documents of `epoch`, planned for `world_size` x `num_workers`
     /// slots, that no handed-out sequence ended (`handed(shard, index)`
-    /// false), when each slot's are its remainder; otherwise the first
-    /// slot whose are not.
+    /// false), when each slot's are its remainder (exactly, where its
+    /// order is replayed); otherwise the first slot whose are not.
     pub fn left_out(
         &self,
         options: PlanOptions,
         epoch: u64,
         (world_size, num_workers): (usize, usize),
         handed: impl Fn(usize, u64) -> bool,
-    ) -> Result<u64, Unaccounted> {
+    ) -> Result<LeftOut, Unaccounted> {
         let infos = self.shards.iter().map(Shard::info).collect();
         let weights = counts::token_weights(&self.shards, &self.spec, self.tokenizer.clone());
         let units = Replanner::new(
@@ -98,20 +250,44 @@ impl Packing {
         .plan(epoch, world_size, num_workers);
         let slots = counts::packed_slots(&self.shards, &self.spec, &units, world_size);
         let capacity = self.spec.capacity() as u64;
-        let mut total = 0u64;
+        let mut left = LeftOut {
+            documents: 0,
+            exact: true,
+        };
         for (slot, (slot_units, planned)) in units.iter().zip(&slots).enumerate() {
+            let sequences = planned.handed_out.unwrap_or(planned.at_least);
+            if let Some(order) = self.arrival_order(options.seed, epoch, slot, slot_units) {
+                let ended = ended_by(&order, |s, i| self.tokens_of(s, i), sequences, capacity);
+                let (mut missing, mut extra, mut count) = (0u64, false, 0u64);
+                let mut first_missing = None;
+                for (&(shard, index), &ended) in order.iter().zip(&ended) {
+                    let got = handed(shard, index);
+                    count += u64::from(!got);
+                    extra |= got && !ended;
+                    if ended && !got {
+                        missing += 1;
+                        first_missing.get_or_insert((shard, index));
+                    }
+                }
+                // A document handed out past the replayed ones says the
+                // replay is not the run's order: the bound decides.
+                if !extra {
+                    if let Some(first) = first_missing {
+                        return Err(Unaccounted {
+                            slot,
+                            first,
+                            count: missing,
+                        });
+                    }
+                    left.documents += count;
+                    continue;
+                }
+            }
             let (mut ended, mut longest_left, mut count) = (0u64, 0u64, 0u64);
             let mut first = None;
             for unit in slot_units {
-                let tokens = self.shards[unit.shard].tokens();
-                let samples = unit
-                    .samples
-                    .clone()
-                    .unwrap_or_else(|| 0..self.shards[unit.shard].info().samples.unwrap_or(0));
-                for index in samples {
-                    let n = tokens
-                        .and_then(|t| t.counts.get(usize::try_from(index).ok()?).copied())
-                        .unwrap_or(0);
+                for index in self.samples_of(unit) {
+                    let n = self.tokens_of(unit.shard, index);
                     if handed(unit.shard, index) {
                         ended = ended.saturating_add(n);
                     } else {
@@ -124,13 +300,13 @@ impl Packing {
             let Some(first) = first else {
                 continue;
             };
+            left.exact = false;
             // A slot whose documents hold no token makes no sequence, so
             // none of them is recorded.
             if planned.at_least == 0 {
-                total += count;
+                left.documents += count;
                 continue;
             }
-            let sequences = planned.handed_out.unwrap_or(planned.at_least);
             let filled = sequences.saturating_mul(capacity);
             // Full sequences of the slot's documents in order: what they
             // ended and the part of the one they cut (less than all of it)
@@ -141,18 +317,59 @@ impl Packing {
             if sequences >= planned.at_least || !cut_one {
                 return Err(Unaccounted { slot, first, count });
             }
-            total += count;
+            left.documents += count;
         }
-        Ok(total)
+        Ok(left)
     }
+}
+
+/// Which of a slot's documents, in the order they reached its packer
+/// (`order`, with `tokens` each), its first `sequences` sequences of
+/// `capacity` tokens end, as a concatenating packer with ids records them:
+/// a document whose last token falls within them, and a document without
+/// tokens where the packer places it (in the sequence open when it comes,
+/// else in the last one filled, or in the first).
+fn ended_by(
+    order: &[(usize, u64)],
+    tokens: impl Fn(usize, u64) -> u64,
+    sequences: u64,
+    capacity: u64,
+) -> Vec<bool> {
+    let room = sequences.saturating_mul(capacity);
+    let mut used = 0u64;
+    order
+        .iter()
+        .map(|&(shard, index)| {
+            let n = tokens(shard, index);
+            if n > 0 {
+                used = used.saturating_add(n);
+                return used <= room;
+            }
+            let sequence = match (used, used % capacity) {
+                (0, _) => 0,
+                (_, 0) => used / capacity - 1,
+                _ => used / capacity,
+            };
+            sequence < sequences
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
+    use std::ops::ControlFlow;
+    use std::sync::Arc;
+
+    use proptest::prelude::*;
 
     use super::*;
+    use crate::byte_size::ByteSize;
+    use crate::format::{Sample, SampleId};
+    use crate::shuffle::ShuffleBuffer;
     use crate::text::counts::tests::shard;
+    use crate::text::pack::Packer;
+    use crate::value::Value;
 
     /// A document: `(shard, index)`.
     type Document = (usize, u64);
@@ -210,7 +427,13 @@ mod tests {
         let count = left.iter().map(Vec::len).sum::<usize>() as u64;
         assert!(count > 0, "some slot packs more than it hands out");
         let found = packing.left_out(OPTIONS, 0, (2, 2), |s, i| handed.contains(&(s, i)));
-        assert_eq!(found, Ok(count));
+        assert_eq!(
+            found,
+            Ok(LeftOut {
+                documents: count,
+                exact: false
+            })
+        );
         // The records of a slot with a remainder lost its documents: the
         // shortfall is more than the one document the sequences cut.
         let slot = left.iter().position(|l| !l.is_empty()).unwrap();
@@ -243,5 +466,262 @@ mod tests {
         let best_fit = serde_json::json!({"seq_len": 7, "mode": "best_fit", "field": "ids"});
         assert!(Packing::from_option(&best_fit, &shards).is_none());
         assert!(Packing::from_option(&serde_json::json!("Pack(seq_len=7)"), &shards).is_none());
+    }
+
+    /// Document `(shard, index)` with `n` tokens of `ids`.
+    fn doc((shard, index): Document, n: u64) -> Sample {
+        Sample {
+            id: SampleId { shard, index },
+            key: format!("{shard}-{index}"),
+            url: Arc::from("mem://d"),
+            fields: vec![("ids".into(), Value::List(vec![Value::Int(1); n as usize]))],
+            offset: 0,
+            length: 0,
+        }
+    }
+
+    /// The documents a packed stream's first `sequences` sequences name
+    /// (`__id__`), its packer fed `order` as the stream feeds it: a
+    /// sequence taken whenever one is ready, and no document once the
+    /// planned ones are out.
+    fn packer_ends(
+        order: &[Document],
+        tokens: impl Fn(Document) -> u64,
+        seq_len: usize,
+        sequences: u64,
+    ) -> HashSet<Document> {
+        let spec = PackSpec::new(Some("ids".into()), seq_len, PackMode::Concat, false, 0).unwrap();
+        let mut packer = Packer::new(Arc::new(spec)).with_ids(0);
+        let mut out = Vec::new();
+        let mut docs = order.iter();
+        while (out.len() as u64) < sequences {
+            if let Some(sequence) = packer.pop() {
+                out.push(sequence);
+                continue;
+            }
+            match docs.next() {
+                Some(&d) => {
+                    packer.push(&doc(d, tokens(d))).unwrap();
+                }
+                None if packer.is_empty() => break,
+                None => packer.finish(),
+            }
+        }
+        let ids = |sequence: &Sample| -> Vec<Document> {
+            let Some((_, Value::Array(array))) =
+                sequence.fields.iter().find(|(name, _)| name == "__id__")
+            else {
+                panic!("no ids");
+            };
+            let crate::value::ArrayData::I64(rows) = &array.data else {
+                panic!("ids of another type");
+            };
+            rows.chunks(3)
+                .map(|r| (r[1] as usize, r[2] as u64))
+                .collect()
+        };
+        out.iter().flat_map(ids).collect()
+    }
+
+    proptest! {
+        /// What `ended_by` says a slot's sequences end is what a packer
+        /// with ids names, documents without tokens included, for every
+        /// number of sequences up to all it makes.
+        #[test]
+        fn ended_by_is_what_the_packer_names(
+            lens in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..20], 0..30),
+            seq_len in 1usize..9,
+            share in 0.0f64..=1.0,
+        ) {
+            let order: Vec<Document> = (0..lens.len() as u64).map(|i| (0, i)).collect();
+            let capacity = seq_len as u64 + 1;
+            let at_least = lens.iter().sum::<u64>().div_ceil(capacity);
+            let sequences = (at_least as f64 * share).round() as u64;
+            let tokens = |(_, i): Document| lens[i as usize];
+            let named = packer_ends(&order, tokens, seq_len, sequences);
+            let ended = ended_by(&order, |s, i| tokens((s, i)), sequences, capacity);
+            let said: HashSet<Document> = order
+                .iter()
+                .zip(&ended)
+                .filter_map(|(&d, &e)| e.then_some(d))
+                .collect();
+            prop_assert_eq!(said, named);
+        }
+    }
+
+    /// A held document in the oracle's shuffle buffer.
+    struct Held(Document);
+
+    impl ByteSize for Held {
+        fn byte_size(&self) -> usize {
+            0
+        }
+    }
+
+    #[test]
+    fn with_the_order_replayed_every_lost_document_is_named() {
+        let shards: Vec<Shard> = (0..4)
+            .map(|s| {
+                let counts = (0..12).map(|d| 1 + (s * 7 + d * 5) % 23).collect();
+                shard(&format!("p-{s}.jsonl"), Some(counts))
+            })
+            .collect();
+        let option = serde_json::json!({"seq_len": 7, "mode": "concat", "field": "ids"});
+        let bounds = ShuffleBounds {
+            max_items: 5,
+            max_bytes: 1 << 20,
+            initial: 2,
+        };
+        let arrival = Arrival {
+            buffer: Some(bounds),
+            decoded: Decoded::Nothing,
+        };
+        let bound = Packing::from_option(&option, &shards).unwrap();
+        let packing = bound.clone().with_arrival(arrival);
+        // What each slot's stream hands out: its units through the real
+        // shuffle buffer (the slot's RNG), then a packer with ids.
+        let infos = shards.iter().map(Shard::info).collect();
+        let units = Replanner::new(infos, OPTIONS.seed, true, Remainder::Drop)
+            .with_weights(counts::token_weights(&shards, &packing.spec, None))
+            .plan(0, 2, 2);
+        let slots = counts::packed_slots(&shards, &packing.spec, &units, 2);
+        let tokens = |(s, i): Document| shards[s].tokens().unwrap().counts[i as usize];
+        let (mut handed, mut named, mut left) = (HashSet::new(), Vec::new(), Vec::new());
+        for (slot, slot_units) in units.iter().enumerate() {
+            let rng = rng_for(OPTIONS.seed, 0, Purpose::ShuffleBuffer { slot });
+            let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
+            let mut order = Vec::new();
+            for unit in slot_units {
+                for index in unit.samples.clone().unwrap() {
+                    let _ = buffer.push(Held((unit.shard, index)), |e| {
+                        order.push(e.item.0);
+                        ControlFlow::Continue(())
+                    });
+                }
+            }
+            while let Some((_, Held(d))) = buffer.pop_random() {
+                order.push(d);
+            }
+            let sequences = slots[slot].handed_out.unwrap();
+            let ends = packer_ends(&order, tokens, 7, sequences);
+            left.push(
+                order
+                    .iter()
+                    .copied()
+                    .filter(|d| !ends.contains(d))
+                    .collect::<Vec<_>>(),
+            );
+            handed.extend(ends.iter().copied());
+            named.push(ends);
+        }
+        let count = left.iter().map(Vec::len).sum::<usize>() as u64;
+        assert!(count > 0);
+        let found = packing.left_out(OPTIONS, 0, (2, 2), |s, i| handed.contains(&(s, i)));
+        assert_eq!(
+            found,
+            Ok(LeftOut {
+                documents: count,
+                exact: true
+            })
+        );
+        // A short document lost from a slot with a remainder: within the
+        // bound, and named by the replay.
+        let (slot, lost) = (0..units.len())
+            .filter(|&slot| !left[slot].is_empty())
+            .flat_map(|slot| named[slot].iter().map(move |&d| (slot, d)))
+            .min_by_key(|&(_, d)| (tokens(d), d))
+            .unwrap();
+        let kept = |s: usize, i: u64| (s, i) != lost && handed.contains(&(s, i));
+        assert!(
+            bound.left_out(OPTIONS, 0, (2, 2), kept).is_ok(),
+            "the bound lets a short document pass"
+        );
+        assert_eq!(
+            packing.left_out(OPTIONS, 0, (2, 2), kept),
+            Err(Unaccounted {
+                slot,
+                first: lost,
+                count: 1
+            })
+        );
+        // Decoders of unknown output, or a byte bound the held documents
+        // may pass: the order is not replayed, and the bound decides.
+        for arrival in [
+            Arrival {
+                decoded: Decoded::Other,
+                ..arrival
+            },
+            Arrival {
+                buffer: Some(ShuffleBounds {
+                    max_bytes: 40,
+                    ..bounds
+                }),
+                ..arrival
+            },
+        ] {
+            let found = bound
+                .clone()
+                .with_arrival(arrival)
+                .left_out(OPTIONS, 0, (2, 2), kept);
+            assert_eq!(
+                found,
+                Ok(LeftOut {
+                    documents: count + 1,
+                    exact: false
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn the_arrival_is_read_from_the_ledger_s_options() {
+        let meta = |options: serde_json::Value| -> DatasetMeta {
+            serde_json::from_value(serde_json::json!({"spec": [], "options": options})).unwrap()
+        };
+        let buffer = serde_json::json!({
+            "shuffle_buffer": 8, "shuffle_buffer_bytes": 4096, "shuffle_initial": 3
+        });
+        let with = |decode: serde_json::Value| {
+            let mut options = buffer.clone();
+            options["decode"] = decode;
+            Arrival::recorded(&meta(options), "text")
+        };
+        let bounds = Some(ShuffleBounds {
+            max_items: 8,
+            max_bytes: 4096,
+            initial: 3,
+        });
+        let arrival = |decoded| {
+            Some(Arrival {
+                buffer: bounds,
+                decoded,
+            })
+        };
+        assert_eq!(with(serde_json::Value::Null), arrival(Decoded::Nothing));
+        assert_eq!(
+            with(serde_json::json!({"text": "Tokenizer(digest=0x1f, eos=0)"})),
+            arrival(Decoded::CountedField)
+        );
+        for other in [
+            serde_json::json!(true),
+            serde_json::json!({"title": "Tokenizer(digest=0x1f)"}),
+            serde_json::json!({"text": "Tokenizer(digest=0x1f)", "title": "Tokenizer(digest=0x1f)"}),
+            serde_json::json!({"text": "json"}),
+        ] {
+            assert_eq!(with(other), arrival(Decoded::Other));
+        }
+        let off = meta(serde_json::json!({"shuffle_buffer": 0}));
+        assert_eq!(
+            Arrival::recorded(&off, "text"),
+            Some(Arrival {
+                buffer: None,
+                decoded: Decoded::Nothing
+            })
+        );
+        // A ledger that did not record the buffer's options.
+        assert_eq!(
+            Arrival::recorded(&meta(serde_json::json!({})), "text"),
+            None
+        );
     }
 }

@@ -155,29 +155,39 @@ def test_plan_pack_prints_the_sequences_each_slot_hands_out(
 
 @pytest.mark.parametrize(
     ("lose", "num_workers"),
-    [(False, 2), (True, 2), (True, None)],
-    ids=["whole", "a-shard-lost", "workers-unknown"],
+    [(None, 2), ("shard", 2), ("short", 2), ("shard", None)],
+    ids=["whole", "a-shard-lost", "a-short-document-lost", "workers-unknown"],
 )
-def test_verify_checks_what_a_concatenated_run_across_ranks_left_out(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], lose: bool, num_workers: int | None
+def test_verify_replays_what_a_concatenated_run_across_ranks_left_out(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], lose: str | None, num_workers: int | None
 ) -> None:
-    """Two ranks pack by concatenation (2 workers each) and record each
-    sequence's documents in a ledger: ``verify`` replays each slot's plan
-    from the manifest's token counts and checks that the documents no
-    sequence ended are within each worker's remainder. Records that lost
-    a shard's documents (each step kept) are a violation; a ledger that
+    """Two ranks pack by concatenation (2 workers each, a shuffle buffer)
+    and record each sequence's documents in a ledger: ``verify`` replays
+    each slot's order (its shuffle buffer) and plan from the manifest's
+    token counts, and checks that the documents no sequence ended are
+    exactly those past each worker's planned sequences. Records that lost
+    a shard's documents, or only the shortest document handed out (which
+    a bound on the remainder lets pass), are a violation; a ledger that
     does not know the worker count is not replayed ("at most once")."""
     urls = indexed_docs(tmp_path / "d")
     ledger_dir = tmp_path / "ledger"
-    for rank in (0, 1):
-        ds = StreamingDataset(
+    datasets = [
+        StreamingDataset(
             urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=rank, batch_size=2, **OPTIONS
         )
+        for rank in (0, 1)
+    ]
+    batches = [list(DataLoader(ds, batch_size=None, num_workers=2)) for ds in datasets]
+    handed = [(int(r[1]), int(r[2])) for b in batches[0] + batches[1] for r in b["__id__"]]
+    docs = documents(urls)
+    shortest = min(handed, key=lambda d: (len(docs[d]), d))
+    for ds, rank_batches in zip(datasets, batches):
         with Ledger(ledger_dir, ds, num_workers=num_workers) as ledger:
-            for batch in DataLoader(ds, batch_size=None, num_workers=2):
+            for batch in rank_batches:
                 ids = batch["__id__"]
-                if lose:
-                    kept = ids[ids[:, 1] != 3]
+                if lose is not None:
+                    shard, index = (3, -1) if lose == "shard" else shortest
+                    kept = ids[(ids[:, 1] != shard) | ((index >= 0) & (ids[:, 2] != index))]
                     ids = kept if len(kept) else ids[:1]
                 ledger.record({**batch, "__id__": ids})
             ledger.epoch_end(0)
@@ -186,11 +196,14 @@ def test_verify_checks_what_a_concatenated_run_across_ranks_left_out(
     out = capfd.readouterr().out
     if num_workers is None:
         assert code == 0 and "sequences past the planned number are left out" in out, out
-    elif lose:
+    elif lose is not None:
         assert code == 1 and "never came" in out, out
+        if lose == "short":
+            assert f"sample {shortest[1]} of {urls[shortest[0]]}," in out, out
     else:
         assert code == 0, out
-        assert "left out are within its remainder" in out and "no sample twice" in out, out
+        assert "left out past the planned sequences" in out, out
+        assert "exactly once" in out and "ok: every sample exactly once" in out, out
 
 
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
