@@ -181,7 +181,7 @@ def test_verify_replays_what_a_concatenated_run_across_ranks_left_out(
     handed = [(int(r[1]), int(r[2])) for b in batches[0] + batches[1] for r in b["__id__"]]
     docs = documents(urls)
     shortest = min(handed, key=lambda d: (len(docs[d]), d))
-    for ds, rank_batches in zip(datasets, batches):
+    for ds, rank_batches in zip(datasets, batches, strict=True):
         with Ledger(ledger_dir, ds, num_workers=num_workers) as ledger:
             for batch in rank_batches:
                 ids = batch["__id__"]
