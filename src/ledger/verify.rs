@@ -18,7 +18,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::file::{ErrorSkip, Generation, Record, RecordKind, TornTail};
-use super::verify_pack::{Packing, PlanOptions};
+use super::verify_pack::{Packing, PlanOptions, Proof};
 use crate::plan::{self, PlanParams, Remainder, ShardInfo};
 
 /// The dataset a ledger is checked against: its shards' URLs and sample
@@ -944,10 +944,12 @@ fn check_epoch(
         }
         // Every document left out is one of a slot's.
         Some(Ok(left)) => {
-            report.packed_remainder_checked = left.documents == report.packed_left_out;
+            report.packed_remainder_checked =
+                left.documents == report.packed_left_out && left.proof != Proof::Unchecked;
             // Each slot's order replayed: its documents left out are
             // exactly those past its planned sequences.
-            report.packed_remainder_exact = report.packed_remainder_checked && left.exact;
+            report.packed_remainder_exact =
+                report.packed_remainder_checked && left.proof == Proof::Exact;
             report.coverage_checked |= report.packed_remainder_exact;
         }
         None => {}

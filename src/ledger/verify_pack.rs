@@ -14,17 +14,21 @@
 //! cut, and a slot that hands out all it packs leaves nothing out; a lost
 //! document shorter than the cut one's handed part fits that bound.
 
+use std::collections::HashSet;
 use std::ops::Range;
+use std::sync::Arc;
 
 use super::explain::{self, BufferCheck, BufferReplay};
 use super::file::DatasetMeta;
+use crate::format::{Sample, SampleId, SAMPLE_ID_FIELD};
 use crate::plan::order::{rng_for, Purpose};
 use crate::plan::resume::Replanner;
 use crate::plan::{Remainder, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::ShuffleBounds;
 use crate::text::counts;
-use crate::text::pack::{PackMode, PackSpec};
+use crate::text::pack::{PackMode, PackSpec, Packer};
+use crate::value::{Array, ArrayData, Value};
 
 /// A dataset packed by concatenation, as verify replays its plan.
 #[derive(Debug, Clone)]
@@ -105,10 +109,22 @@ pub enum Decoded {
 pub struct LeftOut {
     /// Documents no handed-out sequence ended.
     pub documents: u64,
-    /// Whether every slot's order was replayed and its documents left out
-    /// are exactly those past its planned sequences (otherwise they are
-    /// within the bound).
-    pub exact: bool,
+    /// What the check of them amounts to (the weakest of its slots').
+    pub proof: Proof,
+}
+
+/// What checking a slot's documents left out amounts to, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Proof {
+    /// Not checked: `"best_fit"` (its sequences are not full) without its
+    /// order replayed.
+    Unchecked,
+    /// Within the bound concatenation leaves: less than the one document
+    /// the last handed-out sequence cut.
+    Bounded,
+    /// Exactly the documents past the planned sequences, the order
+    /// replayed (or none left out).
+    Exact,
 }
 
 /// The documents of one slot that the remainder does not account for.
@@ -141,16 +157,20 @@ impl Packing {
     /// recorded the option as text, or shards without counts.
     pub fn from_option(pack: &serde_json::Value, shards: &[Shard]) -> Option<Packing> {
         let pack = pack.as_object()?;
-        if pack.get("mode")?.as_str()? != "concat" {
-            return None;
-        }
+        let mode = match pack.get("mode")?.as_str()? {
+            "concat" => PackMode::Concat,
+            "best_fit" => PackMode::BestFit {
+                window: usize::try_from(pack.get("window")?.as_u64()?).ok()?,
+            },
+            _ => return None,
+        };
         let seq_len = usize::try_from(pack.get("seq_len")?.as_u64()?).ok()?;
         let counted = shards.iter().find_map(Shard::tokens)?;
         let field = match pack.get("field").and_then(|f| f.as_str()) {
             Some(field) => field.to_owned(),
             None => counted.field.clone(),
         };
-        let spec = PackSpec::new(Some(field), seq_len, PackMode::Concat, false, 0).ok()?;
+        let spec = PackSpec::new(Some(field), seq_len, mode, false, 0).ok()?;
         let tokenizer = counted.tokenizer.clone();
         counts::check_counted(shards, &spec, tokenizer.clone(), true).ok()?;
         Some(Packing {
@@ -230,7 +250,8 @@ impl Packing {
     /// The documents of `epoch`, planned for `world_size` x `num_workers`
     /// slots, that no handed-out sequence ended (`handed(shard, index)`
     /// false), when each slot's are its remainder (exactly, where its
-    /// order is replayed); otherwise the first slot whose are not.
+    /// order is replayed; within the bound otherwise, by concatenation);
+    /// otherwise the first slot whose are not.
     pub fn left_out(
         &self,
         options: PlanOptions,
@@ -249,77 +270,144 @@ impl Packing {
         .with_weights(weights)
         .plan(epoch, world_size, num_workers);
         let slots = counts::packed_slots(&self.shards, &self.spec, &units, world_size);
-        let capacity = self.spec.capacity() as u64;
         let mut left = LeftOut {
             documents: 0,
-            exact: true,
+            proof: Proof::Exact,
         };
         for (slot, (slot_units, planned)) in units.iter().zip(&slots).enumerate() {
             let sequences = planned.handed_out.unwrap_or(planned.at_least);
-            if let Some(order) = self.arrival_order(options.seed, epoch, slot, slot_units) {
-                let ended = ended_by(&order, |s, i| self.tokens_of(s, i), sequences, capacity);
-                let (mut missing, mut extra, mut count) = (0u64, false, 0u64);
-                let mut first_missing = None;
-                for (&(shard, index), &ended) in order.iter().zip(&ended) {
-                    let got = handed(shard, index);
-                    count += u64::from(!got);
-                    extra |= got && !ended;
-                    if ended && !got {
-                        missing += 1;
-                        first_missing.get_or_insert((shard, index));
-                    }
-                }
-                // A document handed out past the replayed ones says the
-                // replay is not the run's order: the bound decides.
-                if !extra {
-                    if let Some(first) = first_missing {
-                        return Err(Unaccounted {
-                            slot,
-                            first,
-                            count: missing,
-                        });
-                    }
-                    left.documents += count;
-                    continue;
-                }
-            }
-            let (mut ended, mut longest_left, mut count) = (0u64, 0u64, 0u64);
-            let mut first = None;
-            for unit in slot_units {
-                for index in self.samples_of(unit) {
-                    let n = self.tokens_of(unit.shard, index);
-                    if handed(unit.shard, index) {
-                        ended = ended.saturating_add(n);
-                    } else {
-                        longest_left = longest_left.max(n);
-                        count += 1;
-                        first.get_or_insert((unit.shard, index));
-                    }
-                }
-            }
-            let Some(first) = first else {
-                continue;
+            let (count, proof) = match self.arrival_order(options.seed, epoch, slot, slot_units) {
+                Some(order) => self.replayed(slot, &order, sequences, &handed)?,
+                None => self.bounded(slot, slot_units, planned, &handed)?,
             };
-            left.exact = false;
-            // A slot whose documents hold no token makes no sequence, so
-            // none of them is recorded.
-            if planned.at_least == 0 {
-                left.documents += count;
-                continue;
-            }
-            let filled = sequences.saturating_mul(capacity);
-            // Full sequences of the slot's documents in order: what they
-            // ended and the part of the one they cut (less than all of it)
-            // fill them exactly.
-            let cut_one = filled
-                .checked_sub(ended)
-                .is_some_and(|part| part < longest_left.max(1));
-            if sequences >= planned.at_least || !cut_one {
-                return Err(Unaccounted { slot, first, count });
-            }
             left.documents += count;
+            left.proof = left.proof.min(proof);
         }
         Ok(left)
+    }
+
+    /// A slot's documents left out, its documents reaching its packer in
+    /// `order`: those its first `sequences` sequences end must be handed
+    /// out. A document handed out past them says the order is not the
+    /// run's: then the bound decides (concatenation), or nothing.
+    fn replayed(
+        &self,
+        slot: usize,
+        order: &[(usize, u64)],
+        sequences: u64,
+        handed: &impl Fn(usize, u64) -> bool,
+    ) -> Result<(u64, Proof), Unaccounted> {
+        let tokens = |shard, index| self.tokens_of(shard, index);
+        let ended = match self.spec.mode {
+            PackMode::Concat => Some(ended_by(
+                order,
+                tokens,
+                sequences,
+                self.spec.capacity() as u64,
+            )),
+            PackMode::BestFit { .. } => packer_ends(order, tokens, &self.spec, sequences),
+        };
+        let Some(ended) = ended else {
+            return Ok((
+                order.iter().filter(|&&(s, i)| !handed(s, i)).count() as u64,
+                Proof::Unchecked,
+            ));
+        };
+        let (mut missing, mut extra, mut count) = (0u64, false, 0u64);
+        let mut first_missing = None;
+        for (&(shard, index), &ended) in order.iter().zip(&ended) {
+            let got = handed(shard, index);
+            count += u64::from(!got);
+            extra |= got && !ended;
+            if ended && !got {
+                missing += 1;
+                first_missing.get_or_insert((shard, index));
+            }
+        }
+        match (extra, first_missing) {
+            (false, Some(first)) => Err(Unaccounted {
+                slot,
+                first,
+                count: missing,
+            }),
+            (false, None) => Ok((count, Proof::Exact)),
+            (true, _) if self.spec.mode == PackMode::Concat => {
+                Ok((count, self.bound_of(slot, order, sequences, handed)?))
+            }
+            (true, _) => Ok((count, Proof::Unchecked)),
+        }
+    }
+
+    /// A slot's documents left out, its order not replayed: within the
+    /// bound by concatenation, unchecked by best fit (none left out is
+    /// exact either way).
+    fn bounded(
+        &self,
+        slot: usize,
+        slot_units: &[WorkUnit],
+        planned: &counts::PackedSlot,
+        handed: &impl Fn(usize, u64) -> bool,
+    ) -> Result<(u64, Proof), Unaccounted> {
+        let documents: Vec<(usize, u64)> = slot_units
+            .iter()
+            .flat_map(|unit| self.samples_of(unit).map(move |index| (unit.shard, index)))
+            .collect();
+        let count = documents.iter().filter(|&&(s, i)| !handed(s, i)).count() as u64;
+        let proof = match self.spec.mode {
+            _ if count == 0 => Proof::Exact,
+            PackMode::BestFit { .. } => Proof::Unchecked,
+            // A slot whose documents hold no token makes no sequence, so
+            // none of them is recorded.
+            PackMode::Concat if planned.at_least == 0 => Proof::Bounded,
+            PackMode::Concat => {
+                let sequences = planned.handed_out.unwrap_or(planned.at_least);
+                if sequences >= planned.at_least {
+                    let first = documents.iter().copied().find(|&(s, i)| !handed(s, i));
+                    return Err(Unaccounted {
+                        slot,
+                        first: first.unwrap_or_default(),
+                        count,
+                    });
+                }
+                self.bound_of(slot, &documents, sequences, handed)?
+            }
+        };
+        Ok((count, proof))
+    }
+
+    /// Whether a concatenating slot of `documents` that handed out
+    /// `sequences` (fewer than it packs) left out no more than its
+    /// remainder: full sequences of its documents in order, what they
+    /// ended and the part of the one they cut (less than all of it) fill
+    /// them exactly.
+    fn bound_of(
+        &self,
+        slot: usize,
+        documents: &[(usize, u64)],
+        sequences: u64,
+        handed: &impl Fn(usize, u64) -> bool,
+    ) -> Result<Proof, Unaccounted> {
+        let (mut ended, mut longest_left, mut count) = (0u64, 0u64, 0u64);
+        let mut first = None;
+        for &(shard, index) in documents {
+            let n = self.tokens_of(shard, index);
+            if handed(shard, index) {
+                ended = ended.saturating_add(n);
+            } else {
+                longest_left = longest_left.max(n);
+                count += 1;
+                first.get_or_insert((shard, index));
+            }
+        }
+        let filled = sequences.saturating_mul(self.spec.capacity() as u64);
+        let cut_one = filled
+            .checked_sub(ended)
+            .is_some_and(|part| part < longest_left.max(1));
+        match first {
+            None => Ok(Proof::Exact),
+            Some(first) if !cut_one => Err(Unaccounted { slot, first, count }),
+            Some(_) => Ok(Proof::Bounded),
+        }
     }
 }
 
@@ -328,7 +416,8 @@ impl Packing {
 /// `capacity` tokens end, as a concatenating packer with ids records them:
 /// a document whose last token falls within them, and a document without
 /// tokens where the packer places it (in the sequence open when it comes,
-/// else in the last one filled, or in the first).
+/// else in the last one filled, or in the first). What [`packer_ends`]
+/// finds, without making the sequences.
 fn ended_by(
     order: &[(usize, u64)],
     tokens: impl Fn(usize, u64) -> u64,
@@ -355,6 +444,86 @@ fn ended_by(
         .collect()
 }
 
+/// Which of a slot's documents, in the order they reached its packer
+/// (`order`, with `tokens` each), the first `sequences` sequences of a
+/// packer by `spec` with ids name, fed as a packed stream feeds it (a
+/// sequence taken whenever one is ready, no document once the planned
+/// ones are out, the packer finished when the documents end). The
+/// documents' tokens are zeros: where the packer lays a document depends
+/// on its count alone. `None` when a document holds more than
+/// [`MAX_REPLAYED_TOKENS`].
+fn packer_ends(
+    order: &[(usize, u64)],
+    tokens: impl Fn(usize, u64) -> u64,
+    spec: &PackSpec,
+    sequences: u64,
+) -> Option<Vec<bool>> {
+    let mut packer = Packer::new(Arc::new(spec.clone())).with_ids(0);
+    let mut named = HashSet::new();
+    let mut taken = 0u64;
+    let mut documents = order.iter();
+    while taken < sequences {
+        if let Some(sequence) = packer.pop() {
+            taken += 1;
+            named.extend(ids_of(&sequence));
+            continue;
+        }
+        match documents.next() {
+            Some(&(shard, index)) => {
+                let n = tokens(shard, index);
+                if n > MAX_REPLAYED_TOKENS {
+                    return None;
+                }
+                let doc = Sample {
+                    id: SampleId { shard, index },
+                    key: String::new(),
+                    url: Arc::from(""),
+                    fields: vec![(spec.field_name().to_owned(), int32_zeros(n as usize))],
+                    offset: 0,
+                    length: 0,
+                };
+                if packer.push(&doc).is_err() {
+                    break;
+                }
+            }
+            None if packer.is_empty() => break,
+            None => packer.finish(),
+        }
+    }
+    Some(order.iter().map(|d| named.contains(d)).collect())
+}
+
+/// The most tokens of a document [`packer_ends`] lays (a count from a
+/// manifest, which a damaged one could make any size): 256 MiB of ids.
+const MAX_REPLAYED_TOKENS: u64 = 1 << 26;
+
+/// A field of `n` zero token ids.
+fn int32_zeros(n: usize) -> Value {
+    Value::Array(Array {
+        shape: vec![n],
+        data: ArrayData::I32(vec![0; n]),
+    })
+}
+
+/// The documents a packed sequence's `__id__` rows name.
+fn ids_of(sequence: &Sample) -> Vec<(usize, u64)> {
+    let rows = sequence
+        .fields
+        .iter()
+        .find_map(|(name, value)| match value {
+            Value::Array(Array {
+                data: ArrayData::I64(rows),
+                ..
+            }) if name == SAMPLE_ID_FIELD => Some(rows),
+            _ => None,
+        });
+    rows.map_or_else(Vec::new, |rows| {
+        rows.chunks_exact(3)
+            .filter_map(|r| Some((usize::try_from(r[1]).ok()?, u64::try_from(r[2]).ok()?)))
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
@@ -365,11 +534,8 @@ mod tests {
 
     use super::*;
     use crate::byte_size::ByteSize;
-    use crate::format::{Sample, SampleId};
     use crate::shuffle::ShuffleBuffer;
     use crate::text::counts::tests::shard;
-    use crate::text::pack::Packer;
-    use crate::value::Value;
 
     /// A document: `(shard, index)`.
     type Document = (usize, u64);
@@ -431,7 +597,7 @@ mod tests {
             found,
             Ok(LeftOut {
                 documents: count,
-                exact: false
+                proof: Proof::Bounded
             })
         );
         // The records of a slot with a remainder lost its documents: the
@@ -462,7 +628,8 @@ mod tests {
                 count: 1
             })
         );
-        // Another mode, or an option recorded as text, replays nothing.
+        // Best fit without its window, or an option recorded as text,
+        // replays nothing.
         let best_fit = serde_json::json!({"seq_len": 7, "mode": "best_fit", "field": "ids"});
         assert!(Packing::from_option(&best_fit, &shards).is_none());
         assert!(Packing::from_option(&serde_json::json!("Pack(seq_len=7)"), &shards).is_none());
@@ -481,17 +648,16 @@ mod tests {
     }
 
     /// The documents a packed stream's first `sequences` sequences name
-    /// (`__id__`), its packer fed `order` as the stream feeds it: a
-    /// sequence taken whenever one is ready, and no document once the
-    /// planned ones are out.
-    fn packer_ends(
+    /// (`__id__`), its packer by `spec` fed `order` (documents of token
+    /// ids) as the stream feeds it: a sequence taken whenever one is
+    /// ready, and no document once the planned ones are out.
+    fn stream_ends(
         order: &[Document],
         tokens: impl Fn(Document) -> u64,
-        seq_len: usize,
+        spec: &PackSpec,
         sequences: u64,
     ) -> HashSet<Document> {
-        let spec = PackSpec::new(Some("ids".into()), seq_len, PackMode::Concat, false, 0).unwrap();
-        let mut packer = Packer::new(Arc::new(spec)).with_ids(0);
+        let mut packer = Packer::new(Arc::new(spec.clone())).with_ids(0);
         let mut out = Vec::new();
         let mut docs = order.iter();
         while (out.len() as u64) < sequences {
@@ -513,7 +679,7 @@ mod tests {
             else {
                 panic!("no ids");
             };
-            let crate::value::ArrayData::I64(rows) = &array.data else {
+            let ArrayData::I64(rows) = &array.data else {
                 panic!("ids of another type");
             };
             rows.chunks(3)
@@ -523,29 +689,43 @@ mod tests {
         out.iter().flat_map(ids).collect()
     }
 
+    fn pack_spec(seq_len: usize, window: Option<usize>) -> PackSpec {
+        let mode = window.map_or(PackMode::Concat, |window| PackMode::BestFit { window });
+        PackSpec::new(Some("ids".into()), seq_len, mode, false, 0).unwrap()
+    }
+
     proptest! {
-        /// What `ended_by` says a slot's sequences end is what a packer
-        /// with ids names, documents without tokens included, for every
-        /// number of sequences up to all it makes.
+        /// What `ended_by` (concatenation) and `packer_ends` (either mode)
+        /// say a slot's sequences end is what a packer with ids names,
+        /// documents without tokens and longer than a sequence included,
+        /// for every number of sequences up to all it makes.
         #[test]
-        fn ended_by_is_what_the_packer_names(
+        fn the_replay_names_what_the_packer_names(
             lens in proptest::collection::vec(prop_oneof![Just(0u64), 1u64..20], 0..30),
             seq_len in 1usize..9,
+            window in proptest::option::of(1usize..4),
             share in 0.0f64..=1.0,
         ) {
             let order: Vec<Document> = (0..lens.len() as u64).map(|i| (0, i)).collect();
-            let capacity = seq_len as u64 + 1;
+            let spec = pack_spec(seq_len, window);
+            let capacity = spec.capacity() as u64;
             let at_least = lens.iter().sum::<u64>().div_ceil(capacity);
             let sequences = (at_least as f64 * share).round() as u64;
             let tokens = |(_, i): Document| lens[i as usize];
-            let named = packer_ends(&order, tokens, seq_len, sequences);
-            let ended = ended_by(&order, |s, i| tokens((s, i)), sequences, capacity);
-            let said: HashSet<Document> = order
-                .iter()
-                .zip(&ended)
-                .filter_map(|(&d, &e)| e.then_some(d))
-                .collect();
-            prop_assert_eq!(said, named);
+            let named = stream_ends(&order, tokens, &spec, sequences);
+            let said = |ended: Vec<bool>| -> HashSet<Document> {
+                order
+                    .iter()
+                    .zip(&ended)
+                    .filter_map(|(&d, &e)| e.then_some(d))
+                    .collect()
+            };
+            let replayed = packer_ends(&order, |s, i| tokens((s, i)), &spec, sequences);
+            prop_assert_eq!(said(replayed.unwrap()), named.clone());
+            if window.is_none() {
+                let ended = ended_by(&order, |s, i| tokens((s, i)), sequences, capacity);
+                prop_assert_eq!(said(ended), named);
+            }
         }
     }
 
@@ -558,15 +738,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn with_the_order_replayed_every_lost_document_is_named() {
-        let shards: Vec<Shard> = (0..4)
+    /// Four shards of 12 documents of 1 to 23 tokens.
+    fn counted_shards() -> Vec<Shard> {
+        (0..4)
             .map(|s| {
                 let counts = (0..12).map(|d| 1 + (s * 7 + d * 5) % 23).collect();
                 shard(&format!("p-{s}.jsonl"), Some(counts))
             })
-            .collect();
-        let option = serde_json::json!({"seq_len": 7, "mode": "concat", "field": "ids"});
+            .collect()
+    }
+
+    #[test]
+    fn with_the_order_replayed_every_lost_document_is_named() {
+        for window in [None, Some(3)] {
+            replayed_in_either_mode(window);
+        }
+    }
+
+    fn replayed_in_either_mode(window: Option<usize>) {
+        let shards = counted_shards();
+        let option = match window {
+            None => serde_json::json!({"seq_len": 7, "mode": "concat", "field": "ids"}),
+            Some(w) => {
+                serde_json::json!({"seq_len": 7, "mode": "best_fit", "window": w, "field": "ids"})
+            }
+        };
         let bounds = ShuffleBounds {
             max_items: 5,
             max_bytes: 1 << 20,
@@ -576,8 +772,9 @@ mod tests {
             buffer: Some(bounds),
             decoded: Decoded::Nothing,
         };
-        let bound = Packing::from_option(&option, &shards).unwrap();
-        let packing = bound.clone().with_arrival(arrival);
+        let unreplayed = Packing::from_option(&option, &shards).unwrap();
+        assert_eq!(unreplayed.spec, pack_spec(7, window));
+        let packing = unreplayed.clone().with_arrival(arrival);
         // What each slot's stream hands out: its units through the real
         // shuffle buffer (the slot's RNG), then a packer with ids.
         let infos = shards.iter().map(Shard::info).collect();
@@ -603,7 +800,7 @@ mod tests {
                 order.push(d);
             }
             let sequences = slots[slot].handed_out.unwrap();
-            let ends = packer_ends(&order, tokens, 7, sequences);
+            let ends = stream_ends(&order, tokens, &packing.spec, sequences);
             left.push(
                 order
                     .iter()
@@ -617,24 +814,31 @@ mod tests {
         let count = left.iter().map(Vec::len).sum::<usize>() as u64;
         assert!(count > 0);
         let found = packing.left_out(OPTIONS, 0, (2, 2), |s, i| handed.contains(&(s, i)));
-        assert_eq!(
-            found,
-            Ok(LeftOut {
-                documents: count,
-                exact: true
-            })
-        );
+        let exact = LeftOut {
+            documents: count,
+            proof: Proof::Exact,
+        };
+        assert_eq!(found, Ok(exact));
         // A short document lost from a slot with a remainder: within the
-        // bound, and named by the replay.
+        // bound (concatenation), and named by the replay.
         let (slot, lost) = (0..units.len())
             .filter(|&slot| !left[slot].is_empty())
             .flat_map(|slot| named[slot].iter().map(move |&d| (slot, d)))
             .min_by_key(|&(_, d)| (tokens(d), d))
             .unwrap();
         let kept = |s: usize, i: u64| (s, i) != lost && handed.contains(&(s, i));
-        assert!(
-            bound.left_out(OPTIONS, 0, (2, 2), kept).is_ok(),
-            "the bound lets a short document pass"
+        let unchecked = LeftOut {
+            documents: count + 1,
+            proof: if window.is_some() {
+                Proof::Unchecked
+            } else {
+                Proof::Bounded
+            },
+        };
+        assert_eq!(
+            unreplayed.left_out(OPTIONS, 0, (2, 2), kept),
+            Ok(unchecked),
+            "without the order, the loss passes"
         );
         assert_eq!(
             packing.left_out(OPTIONS, 0, (2, 2), kept),
@@ -645,7 +849,7 @@ mod tests {
             })
         );
         // Decoders of unknown output, or a byte bound the held documents
-        // may pass: the order is not replayed, and the bound decides.
+        // may pass: the order is not replayed.
         for arrival in [
             Arrival {
                 decoded: Decoded::Other,
@@ -659,18 +863,42 @@ mod tests {
                 ..arrival
             },
         ] {
-            let found = bound
+            let found = unreplayed
                 .clone()
                 .with_arrival(arrival)
                 .left_out(OPTIONS, 0, (2, 2), kept);
-            assert_eq!(
-                found,
-                Ok(LeftOut {
-                    documents: count + 1,
-                    exact: false
-                })
-            );
+            assert_eq!(found, Ok(unchecked));
         }
+        // No buffer: the plan's order.
+        let in_plan_order = |s: usize, i: u64| {
+            let slot = units
+                .iter()
+                .position(|u| {
+                    u.iter()
+                        .any(|u| u.shard == s && u.samples.as_ref().unwrap().contains(&i))
+                })
+                .unwrap();
+            let order: Vec<Document> = units[slot]
+                .iter()
+                .flat_map(|u| u.samples.clone().unwrap().map(move |i| (u.shard, i)))
+                .collect();
+            stream_ends(
+                &order,
+                tokens,
+                &packing.spec,
+                slots[slot].handed_out.unwrap(),
+            )
+            .contains(&(s, i))
+        };
+        let plain = unreplayed.clone().with_arrival(Arrival {
+            buffer: None,
+            decoded: Decoded::Other,
+        });
+        let found = plain.left_out(OPTIONS, 0, (2, 2), in_plan_order);
+        assert!(
+            matches!(found, Ok(LeftOut { proof: Proof::Exact, documents }) if documents > 0),
+            "{found:?}"
+        );
     }
 
     #[test]

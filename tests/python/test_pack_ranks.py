@@ -154,27 +154,47 @@ def test_plan_pack_prints_the_sequences_each_slot_hands_out(
 
 
 @pytest.mark.parametrize(
-    ("lose", "num_workers"),
-    [(None, 2), ("shard", 2), ("short", 2), ("shard", None)],
-    ids=["whole", "a-shard-lost", "a-short-document-lost", "workers-unknown"],
+    ("mode", "lose", "num_workers"),
+    [
+        ("concat", None, 2),
+        ("concat", "shard", 2),
+        ("concat", "short", 2),
+        ("concat", "shard", None),
+        ("best_fit", None, 2),
+        ("best_fit", "short", 2),
+        ("best_fit", None, None),
+    ],
+    ids=[
+        "whole",
+        "a-shard-lost",
+        "a-short-document-lost",
+        "workers-unknown",
+        "best-fit-whole",
+        "best-fit-short-document-lost",
+        "best-fit-workers-unknown",
+    ],
 )
-def test_verify_replays_what_a_concatenated_run_across_ranks_left_out(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], lose: str | None, num_workers: int | None
+def test_verify_replays_what_a_packed_run_across_ranks_left_out(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    mode: str,
+    lose: str | None,
+    num_workers: int | None,
 ) -> None:
-    """Two ranks pack by concatenation (2 workers each, a shuffle buffer)
-    and record each sequence's documents in a ledger: ``verify`` replays
-    each slot's order (its shuffle buffer) and plan from the manifest's
-    token counts, and checks that the documents no sequence ended are
-    exactly those past each worker's planned sequences. Records that lost
-    a shard's documents, or only the shortest document handed out (which
-    a bound on the remainder lets pass), are a violation; a ledger that
-    does not know the worker count is not replayed ("at most once")."""
+    """Two ranks pack (2 workers each, a shuffle buffer) and record each
+    sequence's documents in a ledger: ``verify`` replays each slot's order
+    (its shuffle buffer), plan and packing from the manifest's token
+    counts, and checks that the documents no sequence ended are exactly
+    those past each worker's planned sequences. Records that lost a
+    shard's documents, or only the shortest document handed out (which a
+    bound on the remainder lets pass), are a violation; a ledger that does
+    not know the worker count is not replayed ("at most once")."""
     urls = indexed_docs(tmp_path / "d")
     ledger_dir = tmp_path / "ledger"
+    window = {"window": 4} if mode == "best_fit" else {}
+    pack = Pack(SEQ, mode=mode, field="ids", **window)  # type: ignore[arg-type]
     datasets = [
-        StreamingDataset(
-            urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=rank, batch_size=2, **OPTIONS
-        )
+        StreamingDataset(urls, pack=pack, world_size=2, rank=rank, batch_size=2, **OPTIONS)
         for rank in (0, 1)
     ]
     batches = [list(DataLoader(ds, batch_size=None, num_workers=2)) for ds in datasets]
@@ -196,6 +216,7 @@ def test_verify_replays_what_a_concatenated_run_across_ranks_left_out(
     out = capfd.readouterr().out
     if num_workers is None:
         assert code == 0 and "sequences past the planned number are left out" in out, out
+        assert "ok: no sample twice" in out, out
     elif lose is not None:
         assert code == 1 and "never came" in out, out
         if lose == "short":
