@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
 use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
-use crate::ledger::verify_pack::Arrival;
+use crate::ledger::verify_pack::{Arrival, Decoded, Packing};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::resume::Replanner;
@@ -29,7 +29,7 @@ use crate::shard::{Shard, ShardKind};
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::text::counts;
-use crate::text::pack::{PackMode, PackSpec};
+use crate::text::pack::{self, PackMode, PackSpec};
 use crate::text::tokenizer::{TokenRef, TokenizerSpec};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
@@ -264,6 +264,23 @@ enum Command {
         /// from the first step after resuming from it.
         #[arg(long, conflicts_with_all = ["epoch", "world_size", "num_workers"])]
         state: Option<PathBuf>,
+        /// The dataset packs its documents into sequences of SEQ_LEN
+        /// tokens (`pack=Pack(SEQ_LEN)`): name the pieces of documents each
+        /// sequence of the step holds, from the documents' token counts in
+        /// the manifest (`shardstream index --count-tokens`); `--batch-size`
+        /// counts sequences.
+        #[arg(long, value_name = "SEQ_LEN", conflicts_with = "state")]
+        pack: Option<usize>,
+        /// The packed field (default: the field the manifest's token counts
+        /// are of).
+        #[arg(long, requires = "pack", value_name = "FIELD")]
+        pack_field: Option<String>,
+        /// The packing's mode (`Pack(mode=...)`).
+        #[arg(long, requires = "pack", value_parser = ["concat", "best_fit"])]
+        pack_mode: Option<String>,
+        /// The open sequences `"best_fit"` keeps (`Pack(window=...)`).
+        #[arg(long, requires = "pack", default_value_t = pack::DEFAULT_WINDOW)]
+        pack_window: usize,
     },
     /// Write WebDataset shards (and their manifest) from a folder of files,
     /// grouped into samples by name (`dir/a.jpg` + `dir/a.cls` is sample
@@ -382,6 +399,10 @@ where
             no_manifest,
             state,
             format,
+            pack,
+            pack_field,
+            pack_mode,
+            pack_window,
         } => {
             let saved = state
                 .as_deref()
@@ -411,11 +432,18 @@ where
                 let params = options
                     .stream()
                     .plan_params(epoch, world_size, num_workers.max(1));
+                let mode = match pack_mode.as_deref() {
+                    Some("best_fit") => PackMode::BestFit {
+                        window: pack_window,
+                    },
+                    _ => PackMode::Concat,
+                };
                 let step = ExplainStep {
                     rank,
                     step,
                     batch_size,
                     saved: saved.map(|(_, position)| position),
+                    pack: pack.map(|seq_len| (seq_len, pack_field, mode)),
                 };
                 explain(&spec, &options, &params, &step, &mut out)
             })
@@ -792,6 +820,48 @@ fn write_units(shards: &[Shard], units: &[plan::WorkUnit], out: &mut dyn Write) 
     Ok(())
 }
 
+/// The packing `(seq_len, field, mode)` of `shards` (their manifest named
+/// `manifest`), from the token counts their manifest records (of `field`,
+/// by default the field they are of); the error names `--pack` and says
+/// how to record them.
+fn counted_packing(
+    shards: &[Shard],
+    manifest: Option<&str>,
+    (seq_len, field, mode): (usize, Option<String>, PackMode),
+) -> Result<Packing> {
+    let as_flag = |reason: String| Error::Config {
+        name: "--pack",
+        reason,
+    };
+    let Some(counted) = shards.iter().find_map(Shard::tokens) else {
+        let found = match manifest {
+            Some(path) => format!("{path} has none"),
+            None => {
+                "no manifest is in use (none beside the shards; name one with --manifest)".into()
+            }
+        };
+        return Err(as_flag(format!(
+            "a packed dataset's plan reads the documents' token counts from its manifest, \
+             and {found}: index the dataset with `shardstream index SPEC -o manifest.json \
+             --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
+        )));
+    };
+    let field = field.unwrap_or_else(|| counted.field.clone());
+    let tokenizer = counted.tokenizer.clone();
+    let spec = PackSpec::new(Some(field), seq_len, mode, false, 0)
+        .map_err(|(_, reason)| as_flag(reason))?;
+    counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|error| match error {
+        Error::Config { reason, .. } => as_flag(reason),
+        other => other,
+    })?;
+    Ok(Packing {
+        shards: shards.to_vec(),
+        spec,
+        tokenizer,
+        arrival: None,
+    })
+}
+
 /// Prints the plan of `shards` (their manifest named `manifest`) packed
 /// into sequences of `seq_len` tokens of `field` (default: the field their
 /// token counts are of), as a packed dataset plans it: with several ranks
@@ -805,37 +875,15 @@ fn print_packed_plan(
     (seq_len, field): (usize, Option<String>),
     out: &mut dyn Write,
 ) -> Result<()> {
-    let as_flag = |reason: String| Error::Config {
-        name: "--pack",
-        reason,
-    };
-    let Some(counted) = shards.iter().find_map(Shard::tokens) else {
-        let found = match manifest {
-            Some(path) => format!("{path} has none"),
-            None => {
-                "no manifest is in use (none beside the shards; name one with --manifest)".into()
-            }
-        };
-        return Err(as_flag(format!(
-            "the plan of a packed dataset reads the documents' token counts from its manifest, \
-             and {found}: index the dataset with `shardstream index SPEC -o manifest.json \
-             --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
-        )));
-    };
+    let packing = counted_packing(shards, manifest, (seq_len, field, PackMode::Concat))?;
+    let (spec, tokenizer) = (&packing.spec, packing.tokenizer.clone());
     let manifest = manifest.unwrap_or_default();
-    let field = field.unwrap_or_else(|| counted.field.clone());
-    let tokenizer = counted.tokenizer.clone();
-    let spec = PackSpec::new(Some(field.clone()), seq_len, PackMode::Concat, false, 0)
-        .map_err(|(_, reason)| as_flag(reason))?;
-    counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|error| match error {
-        Error::Config { reason, .. } => as_flag(reason),
-        other => other,
-    })?;
+    let field = spec.field_name();
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plans = Replanner::new(infos, params.seed, params.shuffle_shards, params.remainder)
-        .with_weights(counts::token_weights(shards, &spec, tokenizer));
+        .with_weights(counts::token_weights(shards, spec, tokenizer));
     let units = plans.plan(params.epoch, params.world_size, params.num_workers);
-    let slots = counts::packed_slots(shards, &spec, &units, params.world_size);
+    let slots = counts::packed_slots(shards, spec, &units, params.world_size);
     let tokens = slots
         .iter()
         .map(|s| s.tokens)
@@ -1130,6 +1178,8 @@ struct ExplainStep {
     batch_size: u64,
     /// Where the rank's workers stood in a saved state (`--state`).
     saved: Option<SavedPosition>,
+    /// The packing (`--pack`): sequence length, field and mode.
+    pack: Option<(usize, Option<String>, PackMode)>,
 }
 
 /// `(epoch, world_size, num_workers)` and the workers' position of rank
@@ -1169,6 +1219,11 @@ fn explain(
         eprintln!("warning: {reason}");
     }
     check_counted(&shards)?;
+    if let Some(pack) = &ask.pack {
+        let manifest = attached.used.or(beside.used);
+        let packing = counted_packing(&shards, manifest.as_deref(), pack.clone())?;
+        return explain_packed(&packing, options, params, ask, out);
+    }
     let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
     let infos: Vec<_> = if params.world_size > 1 || options.count_samples() == Some(true) {
         shards.iter().map(Shard::info).collect()
@@ -1193,7 +1248,7 @@ fn explain(
         (Some(saved), _) => Start::Saved(saved),
         (None, replay) => Start::Fresh(replay.as_ref()),
     };
-    let found = ledger::explain::explain_step(
+    let step = ledger::explain::explain_step(
         &infos,
         &counts,
         params,
@@ -1201,59 +1256,8 @@ fn explain(
         ask.step,
         ask.batch_size,
         start,
-    );
-    let step = match found {
-        Ok(step) => step,
-        Err(ledger::explain::ExplainError::NotThisPlan { worker }) => {
-            return Err(Error::Config {
-                name: "--state",
-                reason: format!(
-                    "the samples worker {worker} of rank {} had handed out are not the first \
-                     ones of its slot in this plan: give the dataset's spec, --seed, \
-                     --no-shuffle, --remainder and --count-samples as the run had them",
-                    ask.rank
-                ),
-            })
-        }
-        Err(ledger::explain::ExplainError::PastTheEnd { steps }) => {
-            return Err(Error::Config {
-                name: "--step",
-                reason: format!(
-                    "rank {} takes {steps} steps in epoch {}{} (steps 0 to {}), not {}",
-                    ask.rank,
-                    params.epoch,
-                    if ask.saved.is_some() {
-                        " after the resume"
-                    } else {
-                        ""
-                    },
-                    steps.saturating_sub(1),
-                    ask.step
-                ),
-            })
-        }
-        Err(ledger::explain::ExplainError::BufferBytes { worker, position }) => {
-            return Err(Error::Config {
-                name: "--shuffle-buffer-bytes",
-                reason: format!(
-                    "the samples worker {worker}'s shuffle buffer holds may pass {} bytes \
-                     when sample {position} of its slot arrives (by their byte spans in the \
-                     manifest), which lets a sample out early: which one depends on their \
-                     bytes, so the plan alone cannot name this step's samples; the ledger \
-                     (sample_ids=True) records what each step saw",
-                    options.stream().shuffle_buffer_bytes
-                ),
-            })
-        }
-        Err(ledger::explain::ExplainError::CountsUnknown) => {
-            return Err(Error::Config {
-                name: "SPEC",
-                reason: "the plan deals whole shards (sample counts unknown): index the \
-                         dataset with `shardstream index`"
-                    .into(),
-            })
-        }
-    };
+    )
+    .map_err(|error| explain_error(error, options, params, ask))?;
     let after = if ask.saved.is_some() {
         " after the resume"
     } else {
@@ -1269,14 +1273,7 @@ fn explain(
         step.worker_batch,
         step.samples.len()
     )?;
-    if step.buffer == BufferCheck::BytesUnknown {
-        eprintln!(
-            "note: the shuffle buffer is replayed by its sample count; this is exact unless \
-             the samples it held passed {} bytes (shuffle_buffer_bytes), which explain cannot \
-             check without a manifest (`shardstream index`) giving each sample's byte span",
-            options.stream().shuffle_buffer_bytes
-        );
-    }
+    note_unchecked_buffer(step.buffer, options);
     for (shard, index) in step.samples {
         let at = match &shards[shard].index {
             Some(spans) => format!(" (bytes {}+{})", spans.offset(index), spans.length(index)),
@@ -1285,6 +1282,136 @@ fn explain(
         writeln!(out, "  {} sample {index}{at}", shards[shard].url)?;
     }
     Ok(())
+}
+
+/// `shardstream explain --pack`: the sequences of the step, each named by
+/// the pieces of documents it holds. The documents reach each worker's
+/// packer through its shuffle buffer, undecoded but for the counted field
+/// when its counts were made with a tokenizer.
+fn explain_packed(
+    packing: &Packing,
+    options: &DatasetOptions,
+    params: &PlanParams,
+    ask: &ExplainStep,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let arrival = Arrival {
+        buffer: options.stream().shuffle_bounds(),
+        decoded: if packing.tokenizer.is_some() {
+            Decoded::CountedField
+        } else {
+            Decoded::Nothing
+        },
+    };
+    let step = ledger::explain_pack::explain_packed_step(
+        packing,
+        arrival,
+        params,
+        ask.rank,
+        ask.step,
+        ask.batch_size,
+    )
+    .map_err(|error| explain_error(error, options, params, ask))?;
+    writeln!(
+        out,
+        "epoch {} rank {} step {}: worker {} (its batch {}), {} sequences of {} + 1 tokens",
+        params.epoch,
+        ask.rank,
+        ask.step,
+        step.worker,
+        step.worker_batch,
+        step.sequences.len(),
+        packing.spec.seq_len,
+    )?;
+    note_unchecked_buffer(step.buffer, options);
+    for (at, pieces) in step.sequences.iter().enumerate() {
+        let number = step.first_sequence + at as u64;
+        writeln!(out, "  sequence {number} of worker {}:", step.worker)?;
+        for &[shard, index, start, end] in pieces {
+            let shard = shard as usize;
+            let tokens = packing.tokens_of(shard, index);
+            writeln!(
+                out,
+                "    {} sample {index} tokens {start}..{end} of {tokens}",
+                packing.shards[shard].url
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Says on stderr that the step's shuffle buffer was replayed by its
+/// sample count alone, when the samples' bytes were not known.
+fn note_unchecked_buffer(buffer: BufferCheck, options: &DatasetOptions) {
+    if buffer == BufferCheck::BytesUnknown {
+        eprintln!(
+            "note: the shuffle buffer is replayed by its sample count; this is exact unless \
+             the samples it held passed {} bytes (shuffle_buffer_bytes), which explain cannot \
+             check without a manifest (`shardstream index`) giving each sample's byte span",
+            options.stream().shuffle_buffer_bytes
+        );
+    }
+}
+
+/// Why explain cannot name the step's samples, as the flag to change.
+fn explain_error(
+    error: ledger::explain::ExplainError,
+    options: &DatasetOptions,
+    params: &PlanParams,
+    ask: &ExplainStep,
+) -> Error {
+    use ledger::explain::ExplainError;
+    match error {
+        ExplainError::NotThisPlan { worker } => Error::Config {
+            name: "--state",
+            reason: format!(
+                "the samples worker {worker} of rank {} had handed out are not the first \
+                 ones of its slot in this plan: give the dataset's spec, --seed, \
+                 --no-shuffle, --remainder and --count-samples as the run had them",
+                ask.rank
+            ),
+        },
+        ExplainError::PastTheEnd { steps } => Error::Config {
+            name: "--step",
+            reason: format!(
+                "rank {} takes {steps} steps in epoch {}{} (steps 0 to {}), not {}",
+                ask.rank,
+                params.epoch,
+                if ask.saved.is_some() {
+                    " after the resume"
+                } else {
+                    ""
+                },
+                steps.saturating_sub(1),
+                ask.step
+            ),
+        },
+        ExplainError::BufferBytes { worker, position } => Error::Config {
+            name: "--shuffle-buffer-bytes",
+            reason: format!(
+                "the samples worker {worker}'s shuffle buffer holds may pass {} bytes \
+                 when sample {position} of its slot arrives (by their byte spans in the \
+                 manifest), which lets a sample out early: which one depends on their \
+                 bytes, so the plan alone cannot name this step's samples; the ledger \
+                 (sample_ids=True) records what each step saw",
+                options.stream().shuffle_buffer_bytes
+            ),
+        },
+        ExplainError::CountsUnknown => Error::Config {
+            name: "SPEC",
+            reason: "the plan deals whole shards (sample counts unknown): index the \
+                     dataset with `shardstream index`"
+                .into(),
+        },
+        ExplainError::TooLong => Error::Config {
+            name: "--pack",
+            reason: format!(
+                "a document holds more than {} tokens by the manifest's counts, more than \
+                 explain lays out: the manifest does not describe these documents",
+                pack::MAX_LAID_TOKENS
+            ),
+        },
+    }
 }
 
 /// Where `shardstream write` takes its samples from.

@@ -137,8 +137,9 @@ pub fn saved_position(
         if packed || state.pack.is_some() || state.sequences_left.is_some() {
             return Err(
                 "the state is of a packed stream (pack=Pack(...)), whose steps are sequences \
-                 that cut across documents: explain names the samples of unpacked steps; the \
-                 ledger (sample_ids=True) records the documents each sequence ends"
+                 that cut across documents: explain --pack names a packed epoch's sequences \
+                 from its start, not after a resume; the ledger (sample_ids=True) records the \
+                 documents each sequence ends"
                     .into(),
             );
         }
@@ -233,6 +234,9 @@ pub enum ExplainError {
         /// The sample (of its slot, from 0) whose arrival may have passed it.
         position: u64,
     },
+    /// A packed document holds more tokens than a replay lays out
+    /// ([`crate::text::pack::MAX_LAID_TOKENS`], by the manifest's counts).
+    TooLong,
 }
 
 /// The samples step `step` of `rank` sees with batches of `batch_size` (at
@@ -300,12 +304,44 @@ pub fn explain_step(
     let batches: Vec<u64> = (0..workers)
         .map(|w| (counts[w] - offsets[w]).div_ceil(batch_size))
         .collect();
-    let total: u64 = batches.iter().sum();
-    if step >= total {
-        return Err(ExplainError::PastTheEnd { steps: total });
+    let Some((worker, round)) = batch_of_step(&batches, first, step) else {
+        return Err(ExplainError::PastTheEnd {
+            steps: batches.iter().sum(),
+        });
+    };
+    let from = offsets[worker] + round * batch_size;
+    let to = (from + batch_size).min(counts[worker]);
+    let (samples, check) = match buffer {
+        None => (
+            samples_between(&runs[worker], from..to),
+            BufferCheck::NoBuffer,
+        ),
+        Some(buffer) => {
+            let slot = rank * params.num_workers + worker;
+            let rng = rng_for(params.seed, params.epoch, Purpose::ShuffleBuffer { slot });
+            let (mut out, check) = shuffled(&runs[worker], buffer, rng, to)
+                .map_err(|position| ExplainError::BufferBytes { worker, position })?;
+            (out.split_off(from as usize), check)
+        }
+    };
+    Ok(StepSamples {
+        worker,
+        worker_batch: from / batch_size,
+        samples,
+        buffer: check,
+    })
+}
+
+/// The worker whose batch step `step` is, and its round (its batch among
+/// those it has left), the workers having `batches` left each and the
+/// turn starting at worker `first`: round `j` hands out the `j`-th
+/// remaining batch of every worker that has one, in turn. `None` past the
+/// last step.
+pub(crate) fn batch_of_step(batches: &[u64], first: usize, step: u64) -> Option<(usize, u64)> {
+    let workers = batches.len();
+    if step >= batches.iter().sum() {
+        return None;
     }
-    // Round `j` hands out the `j`-th remaining batch of every worker that
-    // has one, in turn from `first`.
     let turn: Vec<usize> = (0..workers).map(|i| (first + i) % workers).collect();
     let mut left = step;
     let mut round = 0u64;
@@ -316,28 +352,7 @@ pub fn explain_step(
             .filter(|&w| batches[w] > round)
             .collect();
         if left < active.len() as u64 {
-            let worker = active[left as usize];
-            let from = offsets[worker] + round * batch_size;
-            let to = (from + batch_size).min(counts[worker]);
-            let (samples, check) = match buffer {
-                None => (
-                    samples_between(&runs[worker], from..to),
-                    BufferCheck::NoBuffer,
-                ),
-                Some(buffer) => {
-                    let slot = rank * params.num_workers + worker;
-                    let rng = rng_for(params.seed, params.epoch, Purpose::ShuffleBuffer { slot });
-                    let (mut out, check) = shuffled(&runs[worker], buffer, rng, to)
-                        .map_err(|position| ExplainError::BufferBytes { worker, position })?;
-                    (out.split_off(from as usize), check)
-                }
-            };
-            return Ok(StepSamples {
-                worker,
-                worker_batch: from / batch_size,
-                samples,
-                buffer: check,
-            });
+            return Some((active[left as usize], round));
         }
         left -= active.len() as u64;
         round += 1;

@@ -7,6 +7,7 @@
 //! samples a step sees ([`explain`], from the plan alone).
 
 pub mod explain;
+pub mod explain_pack;
 pub mod file;
 pub mod verify;
 pub mod verify_mix;

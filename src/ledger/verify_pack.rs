@@ -14,21 +14,18 @@
 //! cut, and a slot that hands out all it packs leaves nothing out; a lost
 //! document shorter than the cut one's handed part fits that bound.
 
-use std::collections::HashSet;
-use std::ops::Range;
-use std::sync::Arc;
-
 use super::explain::{self, BufferCheck, BufferReplay};
 use super::file::DatasetMeta;
-use crate::format::{Sample, SampleId, SAMPLE_ID_FIELD};
+use crate::format::SampleId;
 use crate::plan::order::{rng_for, Purpose};
 use crate::plan::resume::Replanner;
 use crate::plan::{Remainder, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::ShuffleBounds;
 use crate::text::counts;
-use crate::text::pack::{PackMode, PackSpec, Packer};
-use crate::value::{Array, ArrayData, Value};
+use crate::text::pack::{self, PackMode, PackSpec};
+use std::collections::HashSet;
+use std::ops::Range;
 
 /// A dataset packed by concatenation, as verify replays its plan.
 #[derive(Debug, Clone)]
@@ -188,25 +185,26 @@ impl Packing {
     }
 
     /// The order slot `slot`'s documents (`slot_units`) reach its packer
-    /// in `epoch`, when it is replayed exactly.
-    fn arrival_order(
+    /// in `epoch` through `arrival`, and whether that is known to be
+    /// exact; `Err(position)`: the held documents' upper bounds pass the
+    /// buffer's byte bound when the one at `position` arrives.
+    pub(crate) fn arrival_order(
         &self,
-        seed: u64,
-        epoch: u64,
+        arrival: Arrival,
+        (seed, epoch): (u64, u64),
         slot: usize,
         slot_units: &[WorkUnit],
-    ) -> Option<Vec<(usize, u64)>> {
-        let arrival = self.arrival?;
+    ) -> Result<(Vec<(usize, u64)>, BufferCheck), u64> {
         let runs: Vec<(usize, Range<u64>)> = slot_units
             .iter()
             .map(|unit| (unit.shard, self.samples_of(unit)))
             .collect();
         let Some(bounds) = arrival.buffer else {
-            return Some(
-                runs.iter()
-                    .flat_map(|(shard, samples)| samples.clone().map(move |i| (*shard, i)))
-                    .collect(),
-            );
+            let order = runs
+                .iter()
+                .flat_map(|(shard, samples)| samples.clone().map(move |i| (*shard, i)))
+                .collect();
+            return Ok((order, BufferCheck::NoBuffer));
         };
         let sample_bytes = |shard: usize, index: u64| {
             let shard = self.shards.get(shard)?;
@@ -226,10 +224,30 @@ impl Packing {
         };
         let documents = runs.iter().map(|(_, s)| s.end - s.start).sum();
         let rng = rng_for(seed, epoch, Purpose::ShuffleBuffer { slot });
-        match explain::shuffled(&runs, &replay, rng, documents) {
-            Ok((order, BufferCheck::WithinBytes | BufferCheck::NoBuffer)) => Some(order),
-            Ok((_, BufferCheck::BytesUnknown)) | Err(_) => None,
-        }
+        explain::shuffled(&runs, &replay, rng, documents)
+    }
+
+    /// Each slot's units of `epoch`, planned for `world_size` x
+    /// `num_workers` slots by the documents' tokens, and what it packs and
+    /// hands out.
+    pub(crate) fn plan_slots(
+        &self,
+        options: PlanOptions,
+        epoch: u64,
+        (world_size, num_workers): (usize, usize),
+    ) -> (Vec<Vec<WorkUnit>>, Vec<counts::PackedSlot>) {
+        let infos = self.shards.iter().map(Shard::info).collect();
+        let weights = counts::token_weights(&self.shards, &self.spec, self.tokenizer.clone());
+        let units = Replanner::new(
+            infos,
+            options.seed,
+            options.shuffle_shards,
+            options.remainder,
+        )
+        .with_weights(weights)
+        .plan(epoch, world_size, num_workers);
+        let slots = counts::packed_slots(&self.shards, &self.spec, &units, world_size);
+        (units, slots)
     }
 
     /// The samples of `unit`: its range, or its whole shard.
@@ -240,7 +258,7 @@ impl Packing {
     }
 
     /// Document `index` of `shard`'s tokens (0 when not counted).
-    fn tokens_of(&self, shard: usize, index: u64) -> u64 {
+    pub(crate) fn tokens_of(&self, shard: usize, index: u64) -> u64 {
         self.shards[shard]
             .tokens()
             .and_then(|t| t.counts.get(usize::try_from(index).ok()?).copied())
@@ -259,24 +277,21 @@ impl Packing {
         (world_size, num_workers): (usize, usize),
         handed: impl Fn(usize, u64) -> bool,
     ) -> Result<LeftOut, Unaccounted> {
-        let infos = self.shards.iter().map(Shard::info).collect();
-        let weights = counts::token_weights(&self.shards, &self.spec, self.tokenizer.clone());
-        let units = Replanner::new(
-            infos,
-            options.seed,
-            options.shuffle_shards,
-            options.remainder,
-        )
-        .with_weights(weights)
-        .plan(epoch, world_size, num_workers);
-        let slots = counts::packed_slots(&self.shards, &self.spec, &units, world_size);
+        let (units, slots) = self.plan_slots(options, epoch, (world_size, num_workers));
         let mut left = LeftOut {
             documents: 0,
             proof: Proof::Exact,
         };
         for (slot, (slot_units, planned)) in units.iter().zip(&slots).enumerate() {
             let sequences = planned.handed_out.unwrap_or(planned.at_least);
-            let (count, proof) = match self.arrival_order(options.seed, epoch, slot, slot_units) {
+            // Exact where the order is known to be.
+            let order = self.arrival.and_then(|arrival| {
+                match self.arrival_order(arrival, (options.seed, epoch), slot, slot_units) {
+                    Ok((order, BufferCheck::WithinBytes | BufferCheck::NoBuffer)) => Some(order),
+                    Ok((_, BufferCheck::BytesUnknown)) | Err(_) => None,
+                }
+            });
+            let (count, proof) = match order {
                 Some(order) => self.replayed(slot, &order, sequences, &handed)?,
                 None => self.bounded(slot, slot_units, planned, &handed)?,
             };
@@ -445,83 +460,27 @@ fn ended_by(
 }
 
 /// Which of a slot's documents, in the order they reached its packer
-/// (`order`, with `tokens` each), the first `sequences` sequences of a
-/// packer by `spec` with ids name, fed as a packed stream feeds it (a
-/// sequence taken whenever one is ready, no document once the planned
-/// ones are out, the packer finished when the documents end). The
-/// documents' tokens are zeros: where the packer lays a document depends
-/// on its count alone. `None` when a document holds more than
-/// [`MAX_REPLAYED_TOKENS`].
+/// (`order`, with `tokens` each), the first `sequences` sequences a packed
+/// stream by `spec` hands out end (their last token, or a document without
+/// tokens, in one of those sequences: what its ids name). `None` when a
+/// document is too long to lay out ([`pack::lay_out`]).
 fn packer_ends(
     order: &[(usize, u64)],
     tokens: impl Fn(usize, u64) -> u64,
     spec: &PackSpec,
     sequences: u64,
 ) -> Option<Vec<bool>> {
-    let mut packer = Packer::new(Arc::new(spec.clone())).with_ids(0);
-    let mut named = HashSet::new();
-    let mut taken = 0u64;
-    let mut documents = order.iter();
-    while taken < sequences {
-        if let Some(sequence) = packer.pop() {
-            taken += 1;
-            named.extend(ids_of(&sequence));
-            continue;
-        }
-        match documents.next() {
-            Some(&(shard, index)) => {
-                let n = tokens(shard, index);
-                if n > MAX_REPLAYED_TOKENS {
-                    return None;
-                }
-                let doc = Sample {
-                    id: SampleId { shard, index },
-                    key: String::new(),
-                    url: Arc::from(""),
-                    fields: vec![(spec.field_name().to_owned(), int32_zeros(n as usize))],
-                    offset: 0,
-                    length: 0,
-                };
-                if packer.push(&doc).is_err() {
-                    break;
-                }
-            }
-            None if packer.is_empty() => break,
-            None => packer.finish(),
-        }
-    }
-    Some(order.iter().map(|d| named.contains(d)).collect())
-}
-
-/// The most tokens of a document [`packer_ends`] lays (a count from a
-/// manifest, which a damaged one could make any size): 256 MiB of ids.
-const MAX_REPLAYED_TOKENS: u64 = 1 << 26;
-
-/// A field of `n` zero token ids.
-fn int32_zeros(n: usize) -> Value {
-    Value::Array(Array {
-        shape: vec![n],
-        data: ArrayData::I32(vec![0; n]),
-    })
-}
-
-/// The documents a packed sequence's `__id__` rows name.
-fn ids_of(sequence: &Sample) -> Vec<(usize, u64)> {
-    let rows = sequence
-        .fields
+    let documents = order
         .iter()
-        .find_map(|(name, value)| match value {
-            Value::Array(Array {
-                data: ArrayData::I64(rows),
-                ..
-            }) if name == SAMPLE_ID_FIELD => Some(rows),
-            _ => None,
-        });
-    rows.map_or_else(Vec::new, |rows| {
-        rows.chunks_exact(3)
-            .filter_map(|r| Some((usize::try_from(r[1]).ok()?, u64::try_from(r[2]).ok()?)))
-            .collect()
-    })
+        .map(|&(shard, index)| (SampleId { shard, index }, tokens(shard, index)));
+    let laid = pack::lay_out(documents, spec, Some(sequences))?;
+    let ended: HashSet<(usize, u64)> = laid
+        .iter()
+        .flatten()
+        .filter(|&&[shard, index, _, end]| end == tokens(shard as usize, index))
+        .map(|&[shard, index, _, _]| (shard as usize, index))
+        .collect();
+    Some(order.iter().map(|d| ended.contains(d)).collect())
 }
 
 #[cfg(test)]
@@ -534,8 +493,11 @@ mod tests {
 
     use super::*;
     use crate::byte_size::ByteSize;
+    use crate::format::Sample;
     use crate::shuffle::ShuffleBuffer;
     use crate::text::counts::tests::shard;
+    use crate::text::pack::Packer;
+    use crate::value::{ArrayData, Value};
 
     /// A document: `(shard, index)`.
     type Document = (usize, u64);

@@ -7,10 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString};
 
 use super::errors;
-use crate::text::pack::{PackMode, PackSpec};
-
-/// The open sequences `"best_fit"` keeps when `window` is not given.
-const DEFAULT_WINDOW: usize = 64;
+use crate::text::pack::{PackMode, PackSpec, DEFAULT_WINDOW};
 
 /// Pack each document's token ids into sequences of `seq_len + 1` tokens
 /// (`input_ids`, `position_ids`, `cu_seqlens`; see `docs/text.md`).

@@ -27,6 +27,9 @@ pub const MAX_SEQ_LEN: usize = 1 << 24;
 /// The most open sequences `"best_fit"` may keep.
 pub const MAX_WINDOW: usize = 4096;
 
+/// The open sequences `"best_fit"` keeps when `window` is not given.
+pub const DEFAULT_WINDOW: usize = 64;
+
 /// The label of a position whose next token is padding (PyTorch's
 /// `cross_entropy` ignores it by default).
 pub const IGNORE_LABEL: i32 = -100;
@@ -174,6 +177,21 @@ impl Bin {
     fn add(&mut self, piece: Piece) {
         self.used += piece.len();
         self.pieces.push(piece);
+    }
+
+    /// Its pieces, as a state saves them.
+    fn saved(&self) -> Vec<SavedPiece> {
+        self.pieces
+            .iter()
+            .map(|p| {
+                [
+                    p.doc.shard as u64,
+                    p.doc.index,
+                    p.start as u64,
+                    p.end as u64,
+                ]
+            })
+            .collect()
     }
 }
 
@@ -422,34 +440,31 @@ impl Packer {
 
     /// The next sequence, if one is filled (or closed).
     pub fn pop(&mut self) -> Option<Sample> {
+        let bin = self.pop_bin()?;
+        Some(self.sequence(bin))
+    }
+
+    /// The pieces of the next sequence, if one is filled (or closed),
+    /// without making it.
+    pub fn pop_pieces(&mut self) -> Option<Vec<SavedPiece>> {
+        self.pop_bin().map(|bin| bin.saved())
+    }
+
+    fn pop_bin(&mut self) -> Option<Bin> {
         // With ids, the last sequence filled waits while none is open: a
         // document with no tokens may still join it.
         let held = self.ids_epoch.is_some() && !self.finished && self.open.is_empty();
         if held && self.ready.len() == 1 {
             return None;
         }
-        let bin = self.ready.pop_front()?;
-        Some(self.sequence(bin))
+        self.ready.pop_front()
     }
 
     /// What the packer holds, as a state saves it.
     pub fn state(&self) -> PackState {
-        let saved = |bin: &Bin| {
-            bin.pieces
-                .iter()
-                .map(|p| {
-                    [
-                        p.doc.shard as u64,
-                        p.doc.index,
-                        p.start as u64,
-                        p.end as u64,
-                    ]
-                })
-                .collect()
-        };
         PackState {
-            ready: self.ready.iter().map(saved).collect(),
-            open: self.open.iter().map(saved).collect(),
+            ready: self.ready.iter().map(Bin::saved).collect(),
+            open: self.open.iter().map(Bin::saved).collect(),
         }
     }
 
@@ -729,6 +744,44 @@ fn tokens_of(doc: &Sample, field: &str) -> Result<Arc<[i32]>> {
     }
 }
 
+/// The most tokens of a document [`lay_out`] lays (a count from a
+/// manifest, which a damaged one could make any size): 256 MiB of ids.
+pub const MAX_LAID_TOKENS: u64 = 1 << 26;
+
+/// The sequences a packed stream by `spec` hands out of `documents` (each
+/// with its token count) in the order they reach its packer, as the pieces
+/// of each: the stream takes a sequence whenever one is ready, and stops
+/// after `sequences` (across ranks, the planned ones) or when the
+/// documents end, its open sequences then handed out. Where the packer
+/// lays a document depends on its count alone, so each is laid as zeros.
+/// `None` when a document holds more than [`MAX_LAID_TOKENS`].
+pub fn lay_out(
+    documents: impl IntoIterator<Item = (SampleId, u64)>,
+    spec: &PackSpec,
+    sequences: Option<u64>,
+) -> Option<Vec<Vec<SavedPiece>>> {
+    let mut packer = Packer::new(Arc::new(spec.clone())).with_ids(0);
+    let mut documents = documents.into_iter();
+    let (key, url): (Arc<str>, Arc<str>) = (Arc::from(""), Arc::from(""));
+    let mut out = Vec::new();
+    while sequences.is_none_or(|n| (out.len() as u64) < n) {
+        if let Some(pieces) = packer.pop_pieces() {
+            out.push(pieces);
+            continue;
+        }
+        match documents.next() {
+            Some((_, count)) if count > MAX_LAID_TOKENS => return None,
+            Some((doc, count)) => {
+                let zeros: Arc<[i32]> = vec![0; count as usize].into();
+                packer.push_tokens(doc, key.clone(), url.clone(), zeros, 0);
+            }
+            None if packer.is_empty() => break,
+            None => packer.finish(),
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -934,6 +987,66 @@ mod tests {
         assert!(bad(vec![vec![[0, 0, 1, 4]]], vec![]).contains("pack.ready[0][0]"));
         assert!(bad(vec![], vec![vec![[0, 1, 0, 1]]]).contains("not read again"));
         assert!(bad(vec![vec![]], vec![]).contains("empty sequence"));
+    }
+
+    proptest! {
+        /// `lay_out` gives the pieces of the sequences a stream's packer
+        /// with ids hands out (fed its documents, a sequence taken when
+        /// ready, at most `sequences`): each sequence's tokens are its
+        /// pieces' tokens, in order, documents without tokens included.
+        #[test]
+        fn lay_out_gives_the_pieces_of_the_sequences_handed_out(
+            lens in proptest::collection::vec(prop_oneof![Just(0usize), 1usize..30], 0..30),
+            seq_len in 1usize..9,
+            mode in mode_strategy(),
+            limit in proptest::option::of(0u64..12),
+        ) {
+            let spec = Arc::new(PackSpec::new(Some("ids".into()), seq_len, mode, false, -1).unwrap());
+            let mut packer = Packer::new(spec.clone()).with_ids(0);
+            let mut docs = lens.iter().enumerate();
+            let mut handed = Vec::new();
+            while limit.is_none_or(|n| (handed.len() as u64) < n) {
+                if let Some(sequence) = packer.pop() {
+                    handed.push(sequence);
+                    continue;
+                }
+                match docs.next() {
+                    Some((i, &len)) => {
+                        packer.push(&doc(i as u64, len)).unwrap();
+                    }
+                    None if packer.is_empty() => break,
+                    None => packer.finish(),
+                }
+            }
+            let documents = lens
+                .iter()
+                .enumerate()
+                .map(|(i, &len)| (SampleId { shard: 0, index: i as u64 }, len as u64));
+            let laid = lay_out(documents, &spec, limit).unwrap();
+            prop_assert_eq!(laid.len(), handed.len());
+            for (pieces, sequence) in laid.iter().zip(&handed) {
+                let tokens: Vec<i32> = pieces
+                    .iter()
+                    .flat_map(|&[_, i, a, b]| (a as i32..b as i32).map(move |t| i as i32 * 1000 + t))
+                    .collect();
+                let real: Vec<i32> =
+                    field(sequence, "input_ids").iter().copied().filter(|&t| t != -1).collect();
+                prop_assert_eq!(tokens, real);
+                // The documents it ends are those its ids name.
+                let ended: Vec<u64> = pieces
+                    .iter()
+                    .filter(|p| p[3] == lens[p[1] as usize] as u64)
+                    .map(|p| p[1])
+                    .collect();
+                let named: Vec<u64> = match sequence.fields.iter().find(|(n, _)| n == SAMPLE_ID_FIELD) {
+                    Some((_, Value::Array(Array { data: ArrayData::I64(rows), .. }))) => {
+                        rows.chunks(3).map(|r| r[2] as u64).collect()
+                    }
+                    other => panic!("ids: {other:?}"),
+                };
+                prop_assert_eq!(ended, named);
+            }
+        }
     }
 
     fn mode_strategy() -> impl Strategy<Value = PackMode> {

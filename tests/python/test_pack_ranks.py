@@ -262,6 +262,53 @@ def test_verify_proves_a_tokenized_run_across_ranks_exactly_once(
     assert ": exactly once" in out and "ok: every sample exactly once" in out, out
 
 
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], mode: str, world: int
+) -> None:
+    """``shardstream explain --pack`` replays each worker's shuffle buffer
+    and packer from the manifest's token counts: the pieces it names for
+    every step's sequences are the tokens those sequences hold (each token
+    of the test documents names its document and place), on one rank and
+    across two."""
+    urls = indexed_docs(tmp_path / "d")
+    docs = documents(urls)
+    best_fit = mode == "best_fit"
+    window = ["--pack-window", "4"] if best_fit else []
+    pack = Pack(SEQ, mode=mode, field="ids", pad_id=-1, **({"window": 4} if best_fit else {}))  # type: ignore[arg-type]
+    rank = world - 1
+    ds = StreamingDataset(urls, pack=pack, world_size=world, rank=rank, batch_size=3, **OPTIONS)
+    batches = list(DataLoader(ds, batch_size=None, num_workers=2))
+    assert len(batches) > 5
+    argv = ["shardstream", "explain", *urls, "--batch-size", "3", "--rank", str(rank)]
+    argv += ["--world-size", str(world), "--num-workers", "2", "--seed", "5"]
+    argv += ["--shuffle-buffer", "8", "--shuffle-initial", "3", "--format", "jsonl"]
+    argv += ["--pack", str(SEQ), "--pack-field", "ids", "--pack-mode", mode, *window]
+    piece = re.compile(r"    (\S+) sample (\d+) tokens (\d+)\.\.(\d+) of (\d+)")
+    for step, batch in enumerate(batches):
+        capfd.readouterr()
+        assert run_cli([*argv, "--step", str(step)]) == 0
+        header, *lines = capfd.readouterr().out.splitlines()
+        assert (
+            f"step {step}: worker " in header and f"{len(batch['input_ids'])} sequences" in header
+        )
+        named: list[list[int]] = []
+        for line in lines:
+            if line.startswith("  sequence "):
+                named.append([])
+                continue
+            m = piece.fullmatch(line)
+            assert m, line
+            doc = docs[(urls.index(m[1]), int(m[2]))]
+            assert int(m[5]) == len(doc)
+            named[-1].extend(doc[int(m[3]) : int(m[4])])
+        real = [[int(t) for t in row if t != -1] for row in batch["input_ids"]]
+        assert named == real, step
+    assert run_cli([*argv, "--step", str(len(batches))]) != 0
+    assert f"takes {len(batches)} steps" in capfd.readouterr().err
+
+
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
     tmp_path: Path,
 ) -> None:

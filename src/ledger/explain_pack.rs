@@ -1,0 +1,188 @@
+//! Which sequences a step of a packed rank sees, from the plan alone: each
+//! DataLoader worker of the rank reads its slot's documents (planned by
+//! their tokens, [`crate::text::counts`]) through its shuffle buffer
+//! (replayed as [`super::explain`] replays it), packs them
+//! ([`crate::text::pack::lay_out`]) and hands out its sequences, all of
+//! them on one rank and the planned ones across ranks, in batches of
+//! `batch_size`; the DataLoader hands out the workers' batches in turn. A
+//! sequence is named by its pieces: which tokens of which documents it
+//! holds.
+
+use super::explain::{batch_of_step, BufferCheck, ExplainError};
+use super::verify_pack::{Arrival, Packing, PlanOptions};
+use crate::format::SampleId;
+use crate::plan::PlanParams;
+use crate::text::pack::{self, SavedPiece};
+
+/// The sequences of one step of a packed rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackedStep {
+    /// The DataLoader worker whose batch it is.
+    pub worker: usize,
+    /// The batch's number among that worker's batches of the epoch.
+    pub worker_batch: u64,
+    /// The number of the batch's first sequence among the worker's.
+    pub first_sequence: u64,
+    /// Each sequence's pieces, `[shard, index, first token, end token]`,
+    /// in order.
+    pub sequences: Vec<Vec<SavedPiece>>,
+    /// Whether the worker's shuffle buffer's replay is known to be exact.
+    pub buffer: BufferCheck,
+}
+
+/// The sequences of step `step` of rank `rank` (its batch number in the
+/// epoch of `params`, batches of `batch_size` sequences), `packing`'s
+/// documents reaching each worker's packer through `arrival`.
+/// [`ExplainError::TooLong`] when a document's token count is too large
+/// to lay out.
+pub fn explain_packed_step(
+    packing: &Packing,
+    arrival: Arrival,
+    params: &PlanParams,
+    rank: usize,
+    step: u64,
+    batch_size: u64,
+) -> Result<PackedStep, ExplainError> {
+    let options = PlanOptions {
+        seed: params.seed,
+        shuffle_shards: params.shuffle_shards,
+        remainder: params.remainder,
+    };
+    let workers = params.num_workers;
+    let (units, slots) = packing.plan_slots(options, params.epoch, (params.world_size, workers));
+    let mut laid = Vec::with_capacity(workers);
+    let mut checks = Vec::with_capacity(workers);
+    for worker in 0..workers {
+        let slot = rank * workers + worker;
+        let (order, check) = packing
+            .arrival_order(arrival, (params.seed, params.epoch), slot, &units[slot])
+            .map_err(|position| ExplainError::BufferBytes { worker, position })?;
+        let documents = order.iter().map(|&(shard, index)| {
+            let tokens = packing.tokens_of(shard, index);
+            (SampleId { shard, index }, tokens)
+        });
+        // Across ranks a slot hands out its planned sequences; on one, all.
+        let sequences = pack::lay_out(documents, &packing.spec, slots[slot].handed_out)
+            .ok_or(ExplainError::TooLong)?;
+        laid.push(sequences);
+        checks.push(check);
+    }
+    let batches: Vec<u64> = laid
+        .iter()
+        .map(|s| (s.len() as u64).div_ceil(batch_size))
+        .collect();
+    let Some((worker, round)) = batch_of_step(&batches, 0, step) else {
+        return Err(ExplainError::PastTheEnd {
+            steps: batches.iter().sum(),
+        });
+    };
+    let from = round * batch_size;
+    let to = (from + batch_size).min(laid[worker].len() as u64);
+    Ok(PackedStep {
+        worker,
+        worker_batch: round,
+        first_sequence: from,
+        sequences: laid[worker][from as usize..to as usize].to_vec(),
+        buffer: checks[worker],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::verify_pack::Decoded;
+    use crate::plan::Remainder;
+    use crate::shard::Shard;
+    use crate::shuffle::ShuffleBounds;
+    use crate::text::counts::tests::shard;
+    use crate::text::pack::{PackMode, PackSpec};
+
+    fn packing(window: Option<usize>) -> Packing {
+        let shards: Vec<Shard> = (0..3)
+            .map(|s| {
+                let counts = (0..10).map(|d| (s * 3 + d * 7) % 19).collect();
+                shard(&format!("p-{s}.jsonl"), Some(counts))
+            })
+            .collect();
+        let mode = window.map_or(PackMode::Concat, |window| PackMode::BestFit { window });
+        let option = serde_json::json!({
+            "seq_len": 6,
+            "mode": if window.is_some() { "best_fit" } else { "concat" },
+            "window": window.unwrap_or(0),
+            "field": "ids",
+        });
+        let packing = Packing::from_option(&option, &shards).unwrap();
+        assert_eq!(
+            packing.spec,
+            PackSpec::new(Some("ids".into()), 6, mode, false, 0).unwrap()
+        );
+        packing
+    }
+
+    #[test]
+    fn a_rank_s_steps_hold_each_token_of_its_sequences_once_in_turn() {
+        let arrival = Arrival {
+            buffer: Some(ShuffleBounds {
+                max_items: 4,
+                max_bytes: 1 << 20,
+                initial: 2,
+            }),
+            decoded: Decoded::Nothing,
+        };
+        for window in [None, Some(2)] {
+            let packing = packing(window);
+            for world_size in [1, 2] {
+                let params = PlanParams {
+                    seed: 4,
+                    epoch: 1,
+                    shuffle_shards: true,
+                    world_size,
+                    num_workers: 2,
+                    remainder: Remainder::Drop,
+                };
+                let mut seen = Vec::new();
+                let mut per_worker = [0u64; 2];
+                for rank in 0..world_size {
+                    let mut step = 0;
+                    while let Ok(found) =
+                        explain_packed_step(&packing, arrival, &params, rank, step, 3)
+                    {
+                        assert_eq!(found.buffer, BufferCheck::WithinBytes);
+                        assert!(!found.sequences.is_empty() && found.sequences.len() <= 3);
+                        // The worker's batches come in order.
+                        if rank == 0 {
+                            assert_eq!(found.first_sequence, per_worker[found.worker]);
+                            per_worker[found.worker] += found.sequences.len() as u64;
+                        }
+                        for sequence in &found.sequences {
+                            let used: u64 = sequence.iter().map(|p| p[3] - p[2]).sum();
+                            assert!(used <= packing.spec.capacity() as u64);
+                            seen.extend(
+                                sequence
+                                    .iter()
+                                    .flat_map(|&[s, i, a, b]| (a..b).map(move |t| (s, i, t))),
+                            );
+                        }
+                        step += 1;
+                    }
+                    assert_eq!(
+                        explain_packed_step(&packing, arrival, &params, rank, step, 3),
+                        Err(ExplainError::PastTheEnd { steps: step })
+                    );
+                }
+                let total = seen.len();
+                seen.sort_unstable();
+                seen.dedup();
+                assert_eq!(seen.len(), total, "no token twice");
+                let all: u64 = (0..3)
+                    .flat_map(|s| packing.shards[s].tokens().unwrap().counts.clone())
+                    .sum();
+                if world_size == 1 {
+                    assert_eq!(total as u64, all, "one rank hands out every token");
+                } else {
+                    assert!(total as u64 <= all);
+                }
+            }
+        }
+    }
+}
