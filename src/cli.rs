@@ -24,12 +24,12 @@ use crate::ledger::verify_pack::{Arrival, Decoded, Packing};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
 use crate::plan::resume::Replanner;
-use crate::plan::{self, PlanParams, Remainder, SlotSpec};
+use crate::plan::{self, PlanParams, Remainder, ShardInfo, SlotSpec};
 use crate::shard::{Shard, ShardKind};
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
 use crate::text::counts;
-use crate::text::pack::{self, PackMode, PackSpec};
+use crate::text::pack::{self, PackMode};
 use crate::text::tokenizer::{TokenRef, TokenizerSpec};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
 
@@ -278,9 +278,10 @@ enum Command {
         /// The packing's mode (`Pack(mode=...)`).
         #[arg(long, requires = "pack", value_parser = ["concat", "best_fit"])]
         pack_mode: Option<String>,
-        /// The open sequences `"best_fit"` keeps (`Pack(window=...)`).
-        #[arg(long, requires = "pack", default_value_t = pack::DEFAULT_WINDOW)]
-        pack_window: usize,
+        /// The open sequences `"best_fit"` keeps (`Pack(window=...)`;
+        /// default 64).
+        #[arg(long, requires = "pack")]
+        pack_window: Option<usize>,
     },
     /// Write WebDataset shards (and their manifest) from a folder of files,
     /// grouped into samples by name (`dir/a.jpg` + `dir/a.cls` is sample
@@ -432,11 +433,17 @@ where
                 let params = options
                     .stream()
                     .plan_params(epoch, world_size, num_workers.max(1));
-                let mode = match pack_mode.as_deref() {
-                    Some("best_fit") => PackMode::BestFit {
-                        window: pack_window,
+                let mode = match (pack_mode.as_deref(), pack_window) {
+                    (Some("best_fit"), window) => PackMode::BestFit {
+                        window: window.unwrap_or(pack::DEFAULT_WINDOW),
                     },
-                    _ => PackMode::Concat,
+                    (_, None) => PackMode::Concat,
+                    (_, Some(_)) => {
+                        return Err(Error::Config {
+                            name: "--pack-window",
+                            reason: "it is the open sequences of --pack-mode best_fit".into(),
+                        })
+                    }
                 };
                 let step = ExplainStep {
                     rank,
@@ -827,47 +834,29 @@ fn write_units(shards: &[Shard], units: &[plan::WorkUnit], out: &mut dyn Write) 
 fn counted_packing(
     shards: &[Shard],
     manifest: Option<&str>,
-    (seq_len, field, mode): (usize, Option<String>, PackMode),
+    pack: (usize, Option<String>, PackMode),
 ) -> Result<Packing> {
     let as_flag = |reason: String| Error::Config {
         name: "--pack",
         reason,
     };
-    let Some(counted) = shards.iter().find_map(Shard::tokens) else {
-        let found = match manifest {
-            Some(path) => format!("{path} has none"),
-            None => {
-                "no manifest is in use (none beside the shards; name one with --manifest)".into()
-            }
-        };
-        return Err(as_flag(format!(
-            "a packed dataset's plan reads the documents' token counts from its manifest, \
-             and {found}: index the dataset with `shardstream index SPEC -o manifest.json \
-             --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
-        )));
-    };
-    let field = field.unwrap_or_else(|| counted.field.clone());
-    let tokenizer = counted.tokenizer.clone();
-    let spec = PackSpec::new(Some(field), seq_len, mode, false, 0)
-        .map_err(|(_, reason)| as_flag(reason))?;
-    counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|error| match error {
-        Error::Config { reason, .. } => as_flag(reason),
-        other => other,
-    })?;
-    Ok(Packing {
-        shards: shards.to_vec(),
-        spec,
-        tokenizer,
-        arrival: None,
-    })
+    match Packing::new(shards, pack).map_err(as_flag)? {
+        Some(packing) => Ok(packing),
+        None => {
+            let found = match manifest {
+                Some(path) => format!("{path} has none"),
+                None => "no manifest is in use (none beside the shards; name one with --manifest)"
+                    .into(),
+            };
+            Err(as_flag(format!(
+                "a packed dataset's plan reads the documents' token counts from its manifest, \
+                 and {found}: index the dataset with `shardstream index SPEC -o manifest.json \
+                 --count-tokens FIELD` (and the Tokenizer's --tokenizer, --bos, --eos)"
+            )))
+        }
+    }
 }
 
-/// Prints the plan of `shards` (their manifest named `manifest`) packed
-/// into sequences of `seq_len` tokens of `field` (default: the field their
-/// token counts are of), as a packed dataset plans it: with several ranks
-/// each slot's documents cut by their token counts and its sequences the
-/// least over the ranks' slots of its worker, so every rank takes as many
-/// steps; at least the tokens past them are the epoch's remainder.
 fn print_packed_plan(
     shards: &[Shard],
     manifest: Option<&str>,
@@ -1112,13 +1101,11 @@ fn resolved_dataset(
             meta.samples.map_or("?".into(), |n| n.to_string()),
         ));
     }
-    let packing =
-        ledger::verify_pack::Packing::from_option(meta.option("pack"), &shards).map(|packing| {
-            match Arrival::recorded(meta, packing.spec.field_name()) {
-                Some(arrival) => packing.with_arrival(arrival),
-                None => packing,
-            }
-        });
+    let packing = Packing::from_option(meta.option("pack"), &shards).map(|mut packing| {
+        let tokenizer = packing.tokenizer.as_deref();
+        packing.arrival = Arrival::recorded(meta, packing.spec.field_name(), tokenizer);
+        packing
+    });
     Ok(ledger::verify::Dataset {
         urls: shards.into_iter().map(|s| s.url).collect(),
         counts,
@@ -1219,17 +1206,17 @@ fn explain(
         eprintln!("warning: {reason}");
     }
     check_counted(&shards)?;
-    if let Some(pack) = &ask.pack {
-        let manifest = attached.used.or(beside.used);
-        let packing = counted_packing(&shards, manifest.as_deref(), pack.clone())?;
-        return explain_packed(&packing, options, params, ask, out);
-    }
     let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
     let infos: Vec<_> = if params.world_size > 1 || options.count_samples() == Some(true) {
         shards.iter().map(Shard::info).collect()
     } else {
         planned.iter().map(Shard::info).collect()
     };
+    if let Some(pack) = &ask.pack {
+        let manifest = attached.used.or(beside.used);
+        let packing = counted_packing(&shards, manifest.as_deref(), pack.clone())?;
+        return explain_packed(&packing, options, (params, infos), ask, out);
+    }
     // A held sample's bytes, by its span in the shard (a manifest's).
     let sample_bytes = |shard: usize, index: u64| {
         ledger::explain::undecoded_bytes_at_most(shards.get(shard)?, index)
@@ -1291,7 +1278,7 @@ fn explain(
 fn explain_packed(
     packing: &Packing,
     options: &DatasetOptions,
-    params: &PlanParams,
+    (params, infos): (&PlanParams, Vec<ShardInfo>),
     ask: &ExplainStep,
     out: &mut dyn Write,
 ) -> Result<()> {
@@ -1306,7 +1293,7 @@ fn explain_packed(
     let step = ledger::explain_pack::explain_packed_step(
         packing,
         arrival,
-        params,
+        (params, infos),
         ask.rank,
         ask.step,
         ask.batch_size,
@@ -1390,8 +1377,9 @@ fn explain_error(
             name: "--shuffle-buffer-bytes",
             reason: format!(
                 "the samples worker {worker}'s shuffle buffer holds may pass {} bytes \
-                 when sample {position} of its slot arrives (by their byte spans in the \
-                 manifest), which lets a sample out early: which one depends on their \
+                 when sample {position} of its slot arrives (by their bytes at most, from \
+                 their byte spans in the manifest), which lets a sample out early: which one \
+                 depends on their \
                  bytes, so the plan alone cannot name this step's samples; the ledger \
                  (sample_ids=True) records what each step saw",
                 options.stream().shuffle_buffer_bytes

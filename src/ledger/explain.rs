@@ -54,8 +54,8 @@ pub struct BufferReplay<'a> {
     /// `shuffle_initial`).
     pub bounds: ShuffleBounds,
     /// The bytes sample `(shard, index)` holds in the buffer at most, when
-    /// known: its byte span in the shard, from a manifest (its members'
-    /// headers name its key and fields, and the data follows them).
+    /// known: from its byte span in the shard, a manifest's
+    /// ([`undecoded_bytes_at_most`]).
     pub sample_bytes: &'a dyn Fn(usize, u64) -> Option<u64>,
 }
 

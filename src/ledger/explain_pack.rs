@@ -11,8 +11,8 @@
 use super::explain::{batch_of_step, BufferCheck, ExplainError};
 use super::verify_pack::{Arrival, Packing, PlanOptions};
 use crate::format::SampleId;
-use crate::plan::PlanParams;
-use crate::text::pack::{self, SavedPiece};
+use crate::plan::{PlanParams, ShardInfo};
+use crate::text::pack::{self, PackMode, SavedPiece};
 
 /// The sequences of one step of a packed rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,13 +32,16 @@ pub struct PackedStep {
 
 /// The sequences of step `step` of rank `rank` (its batch number in the
 /// epoch of `params`, batches of `batch_size` sequences), `packing`'s
-/// documents reaching each worker's packer through `arrival`.
-/// [`ExplainError::TooLong`] when a document's token count is too large
-/// to lay out.
+/// documents planned over shards of `infos` (as the run plans them) and
+/// reaching each worker's packer through `arrival`. Only the asked
+/// worker's order is replayed where the workers' sequence counts are
+/// known without it (across ranks, the planned ones; by concatenation,
+/// all its documents' tokens fill); on one rank by best fit, every
+/// worker's is, and the weakest check is given.
 pub fn explain_packed_step(
     packing: &Packing,
     arrival: Arrival,
-    params: &PlanParams,
+    (params, infos): (&PlanParams, Vec<ShardInfo>),
     rank: usize,
     step: u64,
     batch_size: u64,
@@ -49,10 +52,9 @@ pub fn explain_packed_step(
         remainder: params.remainder,
     };
     let workers = params.num_workers;
-    let (units, slots) = packing.plan_slots(options, params.epoch, (params.world_size, workers));
-    let mut laid = Vec::with_capacity(workers);
-    let mut checks = Vec::with_capacity(workers);
-    for worker in 0..workers {
+    let (units, slots) =
+        packing.plan_slots(infos, options, params.epoch, (params.world_size, workers));
+    let lay = |worker: usize| -> Result<(Vec<Vec<SavedPiece>>, BufferCheck), ExplainError> {
         let slot = rank * workers + worker;
         let (order, check) = packing
             .arrival_order(arrival, (params.seed, params.epoch), slot, &units[slot])
@@ -64,27 +66,57 @@ pub fn explain_packed_step(
         // Across ranks a slot hands out its planned sequences; on one, all.
         let sequences = pack::lay_out(documents, &packing.spec, slots[slot].handed_out)
             .ok_or(ExplainError::TooLong)?;
-        laid.push(sequences);
-        checks.push(check);
-    }
-    let batches: Vec<u64> = laid
-        .iter()
-        .map(|s| (s.len() as u64).div_ceil(batch_size))
+        Ok((sequences, check))
+    };
+    let known: Option<Vec<u64>> = (0..workers)
+        .map(|worker| {
+            let slot = &slots[rank * workers + worker];
+            let all = (packing.spec.mode == PackMode::Concat).then_some(slot.at_least);
+            slot.handed_out.or(all)
+        })
         .collect();
+    let (counts, mut laid, check) = match known {
+        Some(counts) => (counts, Vec::new(), None),
+        None => {
+            let every = (0..workers).map(lay).collect::<Result<Vec<_>, _>>()?;
+            let counts = every.iter().map(|(s, _)| s.len() as u64).collect();
+            let check = every.iter().map(|(_, c)| *c).reduce(weaker);
+            (counts, every, check)
+        }
+    };
+    let batches: Vec<u64> = counts.iter().map(|n| n.div_ceil(batch_size)).collect();
     let Some((worker, round)) = batch_of_step(&batches, 0, step) else {
         return Err(ExplainError::PastTheEnd {
             steps: batches.iter().sum(),
         });
     };
+    let (sequences, check) = match laid.get_mut(worker) {
+        Some((sequences, _)) => (
+            std::mem::take(sequences),
+            check.unwrap_or(BufferCheck::NoBuffer),
+        ),
+        None => lay(worker)?,
+    };
     let from = round * batch_size;
-    let to = (from + batch_size).min(laid[worker].len() as u64);
+    let to = (from + batch_size).min(sequences.len() as u64);
     Ok(PackedStep {
         worker,
         worker_batch: round,
         first_sequence: from,
-        sequences: laid[worker][from as usize..to as usize].to_vec(),
-        buffer: checks[worker],
+        sequences: sequences[from.min(to) as usize..to as usize].to_vec(),
+        buffer: check,
     })
+}
+
+/// The weaker of two replays' checks: bytes unknown, then within them,
+/// then no buffer.
+fn weaker(a: BufferCheck, b: BufferCheck) -> BufferCheck {
+    use BufferCheck::{BytesUnknown, NoBuffer, WithinBytes};
+    match (a, b) {
+        (BytesUnknown, _) | (_, BytesUnknown) => BytesUnknown,
+        (WithinBytes, _) | (_, WithinBytes) => WithinBytes,
+        (NoBuffer, NoBuffer) => NoBuffer,
+    }
 }
 
 #[cfg(test)]
@@ -131,6 +163,7 @@ mod tests {
         };
         for window in [None, Some(2)] {
             let packing = packing(window);
+            let infos = || packing.shards.iter().map(Shard::info).collect();
             for world_size in [1, 2] {
                 let params = PlanParams {
                     seed: 4,
@@ -145,7 +178,7 @@ mod tests {
                 for rank in 0..world_size {
                     let mut step = 0;
                     while let Ok(found) =
-                        explain_packed_step(&packing, arrival, &params, rank, step, 3)
+                        explain_packed_step(&packing, arrival, (&params, infos()), rank, step, 3)
                     {
                         assert_eq!(found.buffer, BufferCheck::WithinBytes);
                         assert!(!found.sequences.is_empty() && found.sequences.len() <= 3);
@@ -166,7 +199,7 @@ mod tests {
                         step += 1;
                     }
                     assert_eq!(
-                        explain_packed_step(&packing, arrival, &params, rank, step, 3),
+                        explain_packed_step(&packing, arrival, (&params, infos()), rank, step, 3),
                         Err(ExplainError::PastTheEnd { steps: step })
                     );
                 }

@@ -39,9 +39,9 @@ pub struct Dataset {
     /// across ranks each slot then stops at its planned sequences, leaving
     /// out the documents of its last ones.
     pub packed: bool,
-    /// A packing by concatenation with the manifest's token counts: what
-    /// checks those left-out documents against each slot's remainder
-    /// (`None`: they are only counted).
+    /// The packing with the manifest's token counts: what checks those
+    /// left-out documents against each slot's remainder (`None`: they are
+    /// only counted).
     pub packing: Option<Packing>,
 }
 
@@ -321,7 +321,8 @@ pub struct EpochReport {
     /// epochs).
     pub packed_left_out: u64,
     /// Whether `packed_left_out` was checked against each slot's remainder
-    /// (concatenation, one generation, [`Packing::left_out`]).
+    /// (one generation, [`Packing::left_out`]: exactly, or within the
+    /// bound by concatenation).
     pub packed_remainder_checked: bool,
     /// Whether they are exactly each slot's documents past its planned
     /// sequences, its order replayed (then `coverage_checked` too).
@@ -883,9 +884,9 @@ fn check_epoch(
     let skips: Vec<&ErrorSkip> = error_skips(generations)
         .filter(|skip| skip.epoch == epoch)
         .collect();
-    // By concatenation, in one generation (a resume, elastic even onto the
-    // same layout, may plan the rest anew) whose worker count is known,
-    // what each slot leaves out is checked against its remainder.
+    // In one generation (a resume, elastic even onto the same layout, may
+    // plan the rest anew) whose worker count is known, what each slot
+    // leaves out is checked against its remainder.
     let replayable = order.len() == 1 && generations[first].meta.num_workers_known;
     let remainder_check = match &dataset.packing {
         Some(packing) if packed_across_ranks && replayable && skips.is_empty() => {

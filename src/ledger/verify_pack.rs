@@ -1,25 +1,30 @@
 //! Packing across ranks in the ledger's proof: which documents of a
-//! complete epoch a concatenating packer leaves out. Each slot hands out
-//! the sequences planned for it from the manifest's token counts
-//! ([`crate::text::counts`]) and stops, so the documents it leaves out are
-//! those past what its handed-out sequences end.
+//! complete epoch a packer leaves out. Each slot hands out the sequences
+//! planned for it from the manifest's token counts ([`crate::text::counts`])
+//! and stops, so the documents it leaves out are those past what its
+//! handed-out sequences end.
 //!
 //! Where the order the slot's documents reach its packer is replayed (its
 //! shuffle buffer with the slot's RNG, as `explain` replays it, known to
 //! stay within its byte bound; or no buffer), the documents handed out
-//! must be exactly those whose last token falls within the planned
-//! sequences: the proof is exact. Otherwise it is a bound: concatenation
-//! fills every sequence but its stream's last, so what the handed-out
-//! sequences ended falls short of them by less than the one document they
-//! cut, and a slot that hands out all it packs leaves nothing out; a lost
-//! document shorter than the cut one's handed part fits that bound.
+//! must be exactly those the planned sequences end, the packer laid out by
+//! the documents' counts ([`pack::lay_out`]): the proof is exact. The
+//! replay rests on what the run checked as it read (each document's span
+//! and token count against the manifest) and on the options and worker
+//! count the ledger recorded. Otherwise, by concatenation, it is a bound:
+//! concatenation fills every sequence but its stream's last, so what the
+//! handed-out sequences ended falls short of them by less than the one
+//! document they cut, and a slot that hands out all it packs leaves
+//! nothing out; a lost document shorter than the cut one's handed part
+//! fits that bound. Best fit without the order is not checked.
 
 use super::explain::{self, BufferCheck, BufferReplay};
 use super::file::DatasetMeta;
+use crate::error::Error;
 use crate::format::SampleId;
 use crate::plan::order::{rng_for, Purpose};
 use crate::plan::resume::Replanner;
-use crate::plan::{Remainder, WorkUnit};
+use crate::plan::{Remainder, ShardInfo, WorkUnit};
 use crate::shard::Shard;
 use crate::shuffle::ShuffleBounds;
 use crate::text::counts;
@@ -27,7 +32,7 @@ use crate::text::pack::{self, PackMode, PackSpec};
 use std::collections::HashSet;
 use std::ops::Range;
 
-/// A dataset packed by concatenation, as verify replays its plan.
+/// A packed dataset, as verify and explain replay its plan.
 #[derive(Debug, Clone)]
 pub struct Packing {
     /// The dataset's shards, with their manifest's token counts.
@@ -53,9 +58,10 @@ pub struct Arrival {
 impl Arrival {
     /// How a packed dataset's documents reached its packer, by the options
     /// a ledger recorded (`meta`): its shuffle buffer, and whether its
-    /// decoders (`decode`) only tokenize `field`, the counted one; `None`
-    /// when the buffer's options are not recorded.
-    pub fn recorded(meta: &DatasetMeta, field: &str) -> Option<Arrival> {
+    /// decoders (`decode`) only tokenize `field`, the counted one, with
+    /// `tokenizer` (the counts' own); `None` when the buffer's options
+    /// are not recorded.
+    pub fn recorded(meta: &DatasetMeta, field: &str, tokenizer: Option<&str>) -> Option<Arrival> {
         let number = |name| usize::try_from(meta.option(name).as_u64()?).ok();
         let items = number("shuffle_buffer")?;
         let buffer = if items == 0 {
@@ -67,19 +73,18 @@ impl Arrival {
                 initial: number("shuffle_initial")?,
             })
         };
-        // A Tokenizer is recorded as its repr.
-        let tokenizes = |decoder: &serde_json::Value| {
-            decoder
-                .as_str()
-                .is_some_and(|d| d.starts_with("Tokenizer("))
+        // A Tokenizer is recorded as its repr, which the counts name too.
+        let counted = |decoder: &serde_json::Value| {
+            tokenizer.is_some_and(|name| decoder.as_str() == Some(name))
         };
-        let decoded = match meta.option("decode") {
-            serde_json::Value::Null | serde_json::Value::Bool(false) => Decoded::Nothing,
-            serde_json::Value::Object(decoders)
-                if decoders.len() == 1 && decoders.get(field).is_some_and(tokenizes) =>
+        let decoded = match meta.options.get("decode") {
+            Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => Decoded::Nothing,
+            Some(serde_json::Value::Object(decoders))
+                if decoders.len() == 1 && decoders.get(field).is_some_and(counted) =>
             {
                 Decoded::CountedField
             }
+            // Other decoders, or none recorded.
             _ => Decoded::Other,
         };
         Some(Arrival { buffer, decoded })
@@ -148,10 +153,10 @@ pub struct PlanOptions {
 
 impl Packing {
     /// The packing a ledger's `pack` option describes (`{"seq_len": ...,
-    /// "mode": ..., "field": ...}`), over `shards` with their manifest's
-    /// token counts of the packed field (by default the field counted);
-    /// `None` for `"best_fit"` (its sequences are not full), a ledger that
-    /// recorded the option as text, or shards without counts.
+    /// "mode": ..., "window": ..., "field": ...}`), over `shards` with
+    /// their manifest's token counts of the packed field; `None` for a
+    /// ledger that recorded the option as text (or best fit without its
+    /// window), or shards without those counts.
     pub fn from_option(pack: &serde_json::Value, shards: &[Shard]) -> Option<Packing> {
         let pack = pack.as_object()?;
         let mode = match pack.get("mode")?.as_str()? {
@@ -162,26 +167,38 @@ impl Packing {
             _ => return None,
         };
         let seq_len = usize::try_from(pack.get("seq_len")?.as_u64()?).ok()?;
-        let counted = shards.iter().find_map(Shard::tokens)?;
-        let field = match pack.get("field").and_then(|f| f.as_str()) {
-            Some(field) => field.to_owned(),
-            None => counted.field.clone(),
+        let field = pack
+            .get("field")
+            .and_then(|f| f.as_str())
+            .map(str::to_owned);
+        Packing::new(shards, (seq_len, field, mode)).ok()?
+    }
+
+    /// The packing `(seq_len, field, mode)` of `shards` by their manifest's
+    /// token counts of `field` (by default the field they count);
+    /// `Ok(None)` when no shard has counts; `Err` (a reason) when the
+    /// parameters are wrong or the counts are not of that field.
+    pub fn new(
+        shards: &[Shard],
+        (seq_len, field, mode): (usize, Option<String>, PackMode),
+    ) -> std::result::Result<Option<Packing>, String> {
+        let Some(counted) = shards.iter().find_map(Shard::tokens) else {
+            return Ok(None);
         };
-        let spec = PackSpec::new(Some(field), seq_len, mode, false, 0).ok()?;
+        let field = field.unwrap_or_else(|| counted.field.clone());
+        let spec =
+            PackSpec::new(Some(field), seq_len, mode, false, 0).map_err(|(_, reason)| reason)?;
         let tokenizer = counted.tokenizer.clone();
-        counts::check_counted(shards, &spec, tokenizer.clone(), true).ok()?;
-        Some(Packing {
+        counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|e| match e {
+            Error::Config { reason, .. } => reason,
+            other => other.to_string(),
+        })?;
+        Ok(Some(Packing {
             shards: shards.to_vec(),
             spec,
             tokenizer,
             arrival: None,
-        })
-    }
-
-    /// The packing with its documents' order replayed through `arrival`.
-    pub fn with_arrival(mut self, arrival: Arrival) -> Self {
-        self.arrival = Some(arrival);
-        self
+        }))
     }
 
     /// The order slot `slot`'s documents (`slot_units`) reach its packer
@@ -227,16 +244,17 @@ impl Packing {
         explain::shuffled(&runs, &replay, rng, documents)
     }
 
-    /// Each slot's units of `epoch`, planned for `world_size` x
-    /// `num_workers` slots by the documents' tokens, and what it packs and
-    /// hands out.
+    /// Each slot's units of `epoch` over shards of `infos` (the dataset's
+    /// counted ones, or as a run on one rank plans them), planned for
+    /// `world_size` x `num_workers` slots by the documents' tokens, and
+    /// what it packs and hands out.
     pub(crate) fn plan_slots(
         &self,
+        infos: Vec<ShardInfo>,
         options: PlanOptions,
         epoch: u64,
         (world_size, num_workers): (usize, usize),
     ) -> (Vec<Vec<WorkUnit>>, Vec<counts::PackedSlot>) {
-        let infos = self.shards.iter().map(Shard::info).collect();
         let weights = counts::token_weights(&self.shards, &self.spec, self.tokenizer.clone());
         let units = Replanner::new(
             infos,
@@ -277,7 +295,8 @@ impl Packing {
         (world_size, num_workers): (usize, usize),
         handed: impl Fn(usize, u64) -> bool,
     ) -> Result<LeftOut, Unaccounted> {
-        let (units, slots) = self.plan_slots(options, epoch, (world_size, num_workers));
+        let infos = self.shards.iter().map(Shard::info).collect();
+        let (units, slots) = self.plan_slots(infos, options, epoch, (world_size, num_workers));
         let mut left = LeftOut {
             documents: 0,
             proof: Proof::Exact,
@@ -291,8 +310,12 @@ impl Packing {
                     Ok((_, BufferCheck::BytesUnknown)) | Err(_) => None,
                 }
             });
-            let (count, proof) = match order {
+            let replayed = match order {
                 Some(order) => self.replayed(slot, &order, sequences, &handed)?,
+                None => None,
+            };
+            let (count, proof) = match replayed {
+                Some(count) => (count, Proof::Exact),
                 None => self.bounded(slot, slot_units, planned, &handed)?,
             };
             left.documents += count;
@@ -303,15 +326,15 @@ impl Packing {
 
     /// A slot's documents left out, its documents reaching its packer in
     /// `order`: those its first `sequences` sequences end must be handed
-    /// out. A document handed out past them says the order is not the
-    /// run's: then the bound decides (concatenation), or nothing.
+    /// out. `Ok(None)` when the replay is not the run's (a document handed
+    /// out past them, or one too long to lay out).
     fn replayed(
         &self,
         slot: usize,
         order: &[(usize, u64)],
         sequences: u64,
         handed: &impl Fn(usize, u64) -> bool,
-    ) -> Result<(u64, Proof), Unaccounted> {
+    ) -> Result<Option<u64>, Unaccounted> {
         let tokens = |shard, index| self.tokens_of(shard, index);
         let ended = match self.spec.mode {
             PackMode::Concat => Some(ended_by(
@@ -323,10 +346,7 @@ impl Packing {
             PackMode::BestFit { .. } => packer_ends(order, tokens, &self.spec, sequences),
         };
         let Some(ended) = ended else {
-            return Ok((
-                order.iter().filter(|&&(s, i)| !handed(s, i)).count() as u64,
-                Proof::Unchecked,
-            ));
+            return Ok(None);
         };
         let (mut missing, mut extra, mut count) = (0u64, false, 0u64);
         let mut first_missing = None;
@@ -340,16 +360,13 @@ impl Packing {
             }
         }
         match (extra, first_missing) {
+            (true, _) => Ok(None),
             (false, Some(first)) => Err(Unaccounted {
                 slot,
                 first,
                 count: missing,
             }),
-            (false, None) => Ok((count, Proof::Exact)),
-            (true, _) if self.spec.mode == PackMode::Concat => {
-                Ok((count, self.bound_of(slot, order, sequences, handed)?))
-            }
-            (true, _) => Ok((count, Proof::Unchecked)),
+            (false, None) => Ok(Some(count)),
         }
     }
 
@@ -736,7 +753,10 @@ mod tests {
         };
         let unreplayed = Packing::from_option(&option, &shards).unwrap();
         assert_eq!(unreplayed.spec, pack_spec(7, window));
-        let packing = unreplayed.clone().with_arrival(arrival);
+        let packing = Packing {
+            arrival: Some(arrival),
+            ..unreplayed.clone()
+        };
         // What each slot's stream hands out: its units through the real
         // shuffle buffer (the slot's RNG), then a packer with ids.
         let infos = shards.iter().map(Shard::info).collect();
@@ -825,10 +845,11 @@ mod tests {
                 ..arrival
             },
         ] {
-            let found = unreplayed
-                .clone()
-                .with_arrival(arrival)
-                .left_out(OPTIONS, 0, (2, 2), kept);
+            let found = Packing {
+                arrival: Some(arrival),
+                ..unreplayed.clone()
+            }
+            .left_out(OPTIONS, 0, (2, 2), kept);
             assert_eq!(found, Ok(unchecked));
         }
         // No buffer: the plan's order.
@@ -852,10 +873,13 @@ mod tests {
             )
             .contains(&(s, i))
         };
-        let plain = unreplayed.clone().with_arrival(Arrival {
-            buffer: None,
-            decoded: Decoded::Other,
-        });
+        let plain = Packing {
+            arrival: Some(Arrival {
+                buffer: None,
+                decoded: Decoded::Other,
+            }),
+            ..unreplayed.clone()
+        };
         let found = plain.left_out(OPTIONS, 0, (2, 2), in_plan_order);
         assert!(
             matches!(found, Ok(LeftOut { proof: Proof::Exact, documents }) if documents > 0),
@@ -871,10 +895,13 @@ mod tests {
         let buffer = serde_json::json!({
             "shuffle_buffer": 8, "shuffle_buffer_bytes": 4096, "shuffle_initial": 3
         });
-        let with = |decode: serde_json::Value| {
+        let tokenizer = "Tokenizer(digest=0x1f, bos=None, eos=0, add_special_tokens=True)";
+        let with = |decode: Option<serde_json::Value>| {
             let mut options = buffer.clone();
-            options["decode"] = decode;
-            Arrival::recorded(&meta(options), "text")
+            if let Some(decode) = decode {
+                options["decode"] = decode;
+            }
+            Arrival::recorded(&meta(options), "text", Some(tokenizer))
         };
         let bounds = Some(ShuffleBounds {
             max_items: 8,
@@ -887,22 +914,28 @@ mod tests {
                 decoded,
             })
         };
-        assert_eq!(with(serde_json::Value::Null), arrival(Decoded::Nothing));
         assert_eq!(
-            with(serde_json::json!({"text": "Tokenizer(digest=0x1f, eos=0)"})),
+            with(Some(serde_json::Value::Null)),
+            arrival(Decoded::Nothing)
+        );
+        assert_eq!(
+            with(Some(serde_json::json!({"text": tokenizer}))),
             arrival(Decoded::CountedField)
         );
-        for other in [
-            serde_json::json!(true),
-            serde_json::json!({"title": "Tokenizer(digest=0x1f)"}),
-            serde_json::json!({"text": "Tokenizer(digest=0x1f)", "title": "Tokenizer(digest=0x1f)"}),
-            serde_json::json!({"text": "json"}),
+        let other = "Tokenizer(digest=0x2e, bos=None, eos=0, add_special_tokens=True)";
+        for decode in [
+            None,
+            Some(serde_json::json!(true)),
+            Some(serde_json::json!({"title": tokenizer})),
+            Some(serde_json::json!({"text": other})),
+            Some(serde_json::json!({"text": tokenizer, "title": tokenizer})),
+            Some(serde_json::json!({"text": "json"})),
         ] {
-            assert_eq!(with(other), arrival(Decoded::Other));
+            assert_eq!(with(decode), arrival(Decoded::Other));
         }
-        let off = meta(serde_json::json!({"shuffle_buffer": 0}));
+        let off = meta(serde_json::json!({"shuffle_buffer": 0, "decode": null}));
         assert_eq!(
-            Arrival::recorded(&off, "text"),
+            Arrival::recorded(&off, "text", None),
             Some(Arrival {
                 buffer: None,
                 decoded: Decoded::Nothing
@@ -910,7 +943,7 @@ mod tests {
         );
         // A ledger that did not record the buffer's options.
         assert_eq!(
-            Arrival::recorded(&meta(serde_json::json!({})), "text"),
+            Arrival::recorded(&meta(serde_json::json!({})), "text", None),
             None
         );
     }

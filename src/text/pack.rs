@@ -754,7 +754,10 @@ pub const MAX_LAID_TOKENS: u64 = 1 << 26;
 /// after `sequences` (across ranks, the planned ones) or when the
 /// documents end, its open sequences then handed out. Where the packer
 /// lays a document depends on its count alone, so each is laid as zeros.
-/// `None` when a document holds more than [`MAX_LAID_TOKENS`].
+/// The packer gives ids (`sample_ids=True`): a document without tokens is
+/// a piece of the sequence it joins (without ids the packer drops it, the
+/// sequences' tokens the same). `None` when a document holds more than
+/// [`MAX_LAID_TOKENS`].
 pub fn lay_out(
     documents: impl IntoIterator<Item = (SampleId, u64)>,
     spec: &PackSpec,

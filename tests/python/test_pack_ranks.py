@@ -307,6 +307,10 @@ def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
         assert named == real, step
     assert run_cli([*argv, "--step", str(len(batches))]) != 0
     assert f"takes {len(batches)} steps" in capfd.readouterr().err
+    if not best_fit:
+        # A window is best fit's: refused with concatenation, by name.
+        assert run_cli([*argv, "--step", "0", "--pack-window", "4"]) != 0
+        assert "--pack-window" in capfd.readouterr().err
 
 
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
