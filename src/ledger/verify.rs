@@ -327,6 +327,9 @@ pub struct EpochReport {
     /// Whether they are exactly each slot's documents past its planned
     /// sequences, its order replayed (then `coverage_checked` too).
     pub packed_remainder_exact: bool,
+    /// Why a slot's order was not replayed, when that keeps the proof of
+    /// `packed_left_out` from being exact.
+    pub packed_order_unreplayed: Option<String>,
     /// A mixture of packed streams: it takes a number of each stream's
     /// sequences, and which documents those hold is not replayed (then no
     /// document came twice, and equal steps per rank, are checked;
@@ -457,6 +460,14 @@ impl fmt::Display for Report {
                 generations.join(","),
                 e.status()
             )?;
+            if let Some(why) = &e.packed_order_unreplayed {
+                writeln!(
+                    f,
+                    "note: epoch {}: a worker's order of documents was not replayed (proved \
+                     exact): {why}",
+                    e.epoch
+                )?;
+            }
         }
         match &self.violation {
             Some(v) => writeln!(f, "FAILED: {v}"),
@@ -818,6 +829,7 @@ fn check_epoch(
         packed_left_out: 0,
         packed_remainder_checked: false,
         packed_remainder_exact: false,
+        packed_order_unreplayed: None,
         sequences_mixed: false,
         violation: None,
     };
@@ -951,6 +963,7 @@ fn check_epoch(
             // exactly those past its planned sequences.
             report.packed_remainder_exact =
                 report.packed_remainder_checked && left.proof == Proof::Exact;
+            report.packed_order_unreplayed = left.unreplayed.map(|why| why.to_string());
             report.coverage_checked |= report.packed_remainder_exact;
         }
         None => {}

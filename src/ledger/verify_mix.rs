@@ -144,6 +144,7 @@ fn check_mix_epoch(
         packed_left_out: 0,
         packed_remainder_checked: false,
         packed_remainder_exact: false,
+        packed_order_unreplayed: None,
         sequences_mixed: false,
         violation: None,
     };

@@ -113,6 +113,51 @@ pub struct LeftOut {
     pub documents: u64,
     /// What the check of them amounts to (the weakest of its slots').
     pub proof: Proof,
+    /// Why the order of the first slot not proved exact was not replayed.
+    pub unreplayed: Option<Unreplayed>,
+}
+
+/// Why a slot's order was not replayed: what keeps its proof from being
+/// exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreplayed {
+    /// The ledger did not record the shuffle buffer's options.
+    OptionsNotRecorded,
+    /// Decoders other than the counted field's tokenizer (or none
+    /// recorded): the bytes a document holds in the buffer are not known.
+    DecodersUnknown,
+    /// The shards give no byte spans (Parquet, or no manifest spans).
+    NoByteSpans,
+    /// The documents the buffer held may pass `shuffle_buffer_bytes`.
+    ByteBound,
+    /// The records hand out a document the replay leaves out (or one too
+    /// long to lay out): the replay is not the run's order.
+    NotTheRunsOrder,
+}
+
+impl std::fmt::Display for Unreplayed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unreplayed::OptionsNotRecorded => {
+                "the ledger does not record the shuffle buffer's options"
+            }
+            Unreplayed::DecodersUnknown => {
+                "the dataset decodes more than the counted field with its tokenizer, so the \
+                 bytes its shuffle buffer held are not known"
+            }
+            Unreplayed::NoByteSpans => {
+                "its shards give no byte spans (Parquet, or a manifest without them), so the \
+                 bytes its shuffle buffer held are not known"
+            }
+            Unreplayed::ByteBound => {
+                "the documents its shuffle buffer held may pass shuffle_buffer_bytes, which \
+                 lets one out early"
+            }
+            Unreplayed::NotTheRunsOrder => {
+                "the records hand out a document the replayed order leaves out"
+            }
+        })
+    }
 }
 
 /// What checking a slot's documents left out amounts to, weakest first.
@@ -300,28 +345,51 @@ impl Packing {
         let mut left = LeftOut {
             documents: 0,
             proof: Proof::Exact,
+            unreplayed: None,
         };
         for (slot, (slot_units, planned)) in units.iter().zip(&slots).enumerate() {
             let sequences = planned.handed_out.unwrap_or(planned.at_least);
             // Exact where the order is known to be.
-            let order = self.arrival.and_then(|arrival| {
-                match self.arrival_order(arrival, (options.seed, epoch), slot, slot_units) {
-                    Ok((order, BufferCheck::WithinBytes | BufferCheck::NoBuffer)) => Some(order),
-                    Ok((_, BufferCheck::BytesUnknown)) | Err(_) => None,
-                }
-            });
-            let replayed = match order {
-                Some(order) => self.replayed(slot, &order, sequences, &handed)?,
-                None => None,
+            let replayed = match self.known_order(options.seed, epoch, slot, slot_units) {
+                Ok(order) => self
+                    .replayed(slot, &order, sequences, &handed)?
+                    .ok_or(Unreplayed::NotTheRunsOrder),
+                Err(why) => Err(why),
             };
             let (count, proof) = match replayed {
-                Some(count) => (count, Proof::Exact),
-                None => self.bounded(slot, slot_units, planned, &handed)?,
+                Ok(count) => (count, Proof::Exact),
+                Err(why) => {
+                    let (count, proof) = self.bounded(slot, slot_units, planned, &handed)?;
+                    if proof != Proof::Exact {
+                        left.unreplayed.get_or_insert(why);
+                    }
+                    (count, proof)
+                }
             };
             left.documents += count;
             left.proof = left.proof.min(proof);
         }
         Ok(left)
+    }
+
+    /// The order slot `slot`'s documents reached its packer in `epoch`,
+    /// when the replay is known to be exact; otherwise why it is not.
+    fn known_order(
+        &self,
+        seed: u64,
+        epoch: u64,
+        slot: usize,
+        slot_units: &[WorkUnit],
+    ) -> Result<Vec<(usize, u64)>, Unreplayed> {
+        let arrival = self.arrival.ok_or(Unreplayed::OptionsNotRecorded)?;
+        match self.arrival_order(arrival, (seed, epoch), slot, slot_units) {
+            Ok((order, BufferCheck::WithinBytes | BufferCheck::NoBuffer)) => Ok(order),
+            Ok((_, BufferCheck::BytesUnknown)) if arrival.decoded == Decoded::Other => {
+                Err(Unreplayed::DecodersUnknown)
+            }
+            Ok((_, BufferCheck::BytesUnknown)) => Err(Unreplayed::NoByteSpans),
+            Err(_) => Err(Unreplayed::ByteBound),
+        }
     }
 
     /// A slot's documents left out, its documents reaching its packer in
@@ -576,7 +644,8 @@ mod tests {
             found,
             Ok(LeftOut {
                 documents: count,
-                proof: Proof::Bounded
+                proof: Proof::Bounded,
+                unreplayed: Some(Unreplayed::OptionsNotRecorded)
             })
         );
         // The records of a slot with a remainder lost its documents: the
@@ -799,6 +868,7 @@ mod tests {
         let exact = LeftOut {
             documents: count,
             proof: Proof::Exact,
+            unreplayed: None,
         };
         assert_eq!(found, Ok(exact));
         // A short document lost from a slot with a remainder: within the
@@ -809,17 +879,18 @@ mod tests {
             .min_by_key(|&(_, d)| (tokens(d), d))
             .unwrap();
         let kept = |s: usize, i: u64| (s, i) != lost && handed.contains(&(s, i));
-        let unchecked = LeftOut {
+        let unchecked = |why| LeftOut {
             documents: count + 1,
             proof: if window.is_some() {
                 Proof::Unchecked
             } else {
                 Proof::Bounded
             },
+            unreplayed: Some(why),
         };
         assert_eq!(
             unreplayed.left_out(OPTIONS, 0, (2, 2), kept),
-            Ok(unchecked),
+            Ok(unchecked(Unreplayed::OptionsNotRecorded)),
             "without the order, the loss passes"
         );
         assert_eq!(
@@ -832,25 +903,31 @@ mod tests {
         );
         // Decoders of unknown output, or a byte bound the held documents
         // may pass: the order is not replayed.
-        for arrival in [
-            Arrival {
-                decoded: Decoded::Other,
-                ..arrival
-            },
-            Arrival {
-                buffer: Some(ShuffleBounds {
-                    max_bytes: 40,
-                    ..bounds
-                }),
-                ..arrival
-            },
+        for (arrival, why) in [
+            (
+                Arrival {
+                    decoded: Decoded::Other,
+                    ..arrival
+                },
+                Unreplayed::DecodersUnknown,
+            ),
+            (
+                Arrival {
+                    buffer: Some(ShuffleBounds {
+                        max_bytes: 40,
+                        ..bounds
+                    }),
+                    ..arrival
+                },
+                Unreplayed::ByteBound,
+            ),
         ] {
             let found = Packing {
                 arrival: Some(arrival),
                 ..unreplayed.clone()
             }
             .left_out(OPTIONS, 0, (2, 2), kept);
-            assert_eq!(found, Ok(unchecked));
+            assert_eq!(found, Ok(unchecked(why)));
         }
         // No buffer: the plan's order.
         let in_plan_order = |s: usize, i: u64| {
@@ -882,7 +959,7 @@ mod tests {
         };
         let found = plain.left_out(OPTIONS, 0, (2, 2), in_plan_order);
         assert!(
-            matches!(found, Ok(LeftOut { proof: Proof::Exact, documents }) if documents > 0),
+            matches!(found, Ok(LeftOut { proof: Proof::Exact, documents, .. }) if documents > 0),
             "{found:?}"
         );
     }

@@ -227,6 +227,32 @@ def test_verify_replays_what_a_packed_run_across_ranks_left_out(
         assert "exactly once" in out and "ok: every sample exactly once" in out, out
 
 
+def test_verify_says_why_a_packed_order_was_not_replayed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A shuffle buffer whose byte bound its documents may pass lets one
+    out early, which the plan alone cannot replay: verify checks what each
+    worker left out within its remainder and says why the order was not
+    replayed."""
+    urls = indexed_docs(tmp_path / "d")
+    ledger_dir = tmp_path / "ledger"
+    options = {**OPTIONS, "shuffle_buffer_bytes": 64}
+    for rank in (0, 1):
+        ds = StreamingDataset(
+            urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=rank, batch_size=2, **options
+        )
+        with Ledger(ledger_dir, ds, num_workers=2) as ledger:
+            for batch in DataLoader(ds, batch_size=None, num_workers=2):
+                ledger.record(batch)
+            ledger.epoch_end(0)
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out = capfd.readouterr().out
+    assert code == 0, out
+    assert "left out are within its remainder" in out, out
+    assert "was not replayed" in out and "may pass shuffle_buffer_bytes" in out, out
+
+
 def test_verify_proves_a_tokenized_run_across_ranks_exactly_once(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
