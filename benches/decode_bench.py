@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -32,6 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from child_run import run_child  # noqa: E402
 from loader_bench import warm  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
@@ -108,14 +108,7 @@ def run_epoch(spec: str, reader: str, num_workers: int) -> dict[str, float]:
 def measure(spec: str, reader: str, num_workers: int, script: str = __file__) -> dict[str, float]:
     """Runs `run_epoch` of `script` (this benchmark or another with the same
     `--child SPEC READER WORKERS` mode) in a fresh subprocess."""
-    out = subprocess.run(
-        [sys.executable, script, "--child", spec, reader, str(num_workers)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(script, [spec, reader, str(num_workers)])
 
 
 def write_shards(

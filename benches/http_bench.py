@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE.parent / "tests" / "python"))
 
+from child_run import run_child  # noqa: E402
 from fault_proxy import Faults, running_fault_proxy  # noqa: E402
 from http_server import running_http_server  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
@@ -106,16 +106,7 @@ def run_reader(reader: str, urls: list[str]) -> dict[str, float]:
 
 def measure(reader: str, urls: list[str]) -> dict[str, float]:
     """Runs `run_reader` in a fresh subprocess."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", reader, json.dumps(urls)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{reader} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, [reader, json.dumps(urls)], timeout=CHILD_TIMEOUT)
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 
+from child_run import run_child  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 
 
@@ -55,14 +55,7 @@ def run_epoch(spec: str, num_workers: int) -> dict[str, float]:
 
 def measure(spec: str, num_workers: int) -> dict[str, float]:
     """Runs `run_epoch` in a fresh subprocess."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", spec, str(num_workers)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, [spec, str(num_workers)])
 
 
 def resume_cost(spec: str, manifest: bool) -> dict[str, float]:

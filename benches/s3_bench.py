@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
@@ -37,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE.parent / "tests" / "python"))
 
+from child_run import run_child  # noqa: E402
 from fault_proxy import Faults, running_fault_proxy  # noqa: E402
 from make_dataset import make_dataset  # noqa: E402
 from s3_server import BUCKET, TEST_KEY_ID, TEST_SECRET, running_s3_server  # noqa: E402
@@ -166,16 +166,7 @@ def measure(reader: str, endpoint: str, keys: list[str], workers: int) -> dict[s
     """Runs `run_reader` in a fresh subprocess."""
     env = dict(os.environ, AWS_ACCESS_KEY_ID=TEST_KEY_ID, AWS_SECRET_ACCESS_KEY=TEST_SECRET)
     child = [reader, endpoint, json.dumps(keys), str(workers)]
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", *child],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-        env=env,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{reader} failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(__file__, child, env=env, timeout=CHILD_TIMEOUT)
 
 
 def main() -> None:

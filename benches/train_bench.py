@@ -57,6 +57,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 
 from augment_bench import make_dataset  # noqa: E402
+from child_run import run_child  # noqa: E402
 
 SIZE = 224
 SEED = 0
@@ -341,22 +342,8 @@ def child_args(args: Any) -> list[str]:
 
 def measure(pipeline: str, data: Path, model: str, batch: int, workers: int, args: Any) -> dict:
     """`run` in a fresh subprocess."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            *child_args(args),
-            "--child",
-            *(pipeline, str(data), model, str(batch), str(workers)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"{pipeline} {model} workers={workers} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    child = [pipeline, str(data), model, str(batch), str(workers)]
+    return run_child(__file__, child, before=child_args(args), timeout=CHILD_TIMEOUT)
 
 
 def main() -> None:
