@@ -37,5 +37,6 @@ def run_child(
         check=False,
     )
     if out.returncode != 0:
-        raise ChildFailed(f"{' '.join(child)} failed ({out.returncode}):\n{out.stderr[-4000:]}")
+        what = " ".join(child)[:200]
+        raise ChildFailed(f"{what} failed ({out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -840,7 +840,15 @@ fn counted_packing(
         name: "--pack",
         reason,
     };
-    match Packing::new(shards, pack).map_err(as_flag)? {
+    let named = |(parameter, reason): (&str, String)| Error::Config {
+        name: match parameter {
+            "window" => "--pack-window",
+            "field" => "--pack-field",
+            _ => "--pack",
+        },
+        reason,
+    };
+    match Packing::new(shards, pack).map_err(named)? {
         Some(packing) => Ok(packing),
         None => {
             let found = match manifest {
@@ -857,6 +865,12 @@ fn counted_packing(
     }
 }
 
+/// Prints the plan of `shards` (their manifest named `manifest`) packed
+/// into sequences of `seq_len` tokens of `field` (default: the field their
+/// token counts are of), as a packed dataset plans it: with several ranks
+/// each slot's documents cut by their token counts and its sequences the
+/// least over the ranks' slots of its worker, so every rank takes as many
+/// steps; at least the tokens past them are the epoch's remainder.
 fn print_packed_plan(
     shards: &[Shard],
     manifest: Option<&str>,

@@ -463,8 +463,8 @@ impl fmt::Display for Report {
             if let Some(why) = &e.packed_order_unreplayed {
                 writeln!(
                     f,
-                    "note: epoch {}: a worker's order of documents was not replayed (proved \
-                     exact): {why}",
+                    "note: epoch {}: a worker's order of documents was not replayed, so what it \
+                     left out is not proved exact: {why}",
                     e.epoch
                 )?;
             }

@@ -130,9 +130,12 @@ pub enum Unreplayed {
     NoByteSpans,
     /// The documents the buffer held may pass `shuffle_buffer_bytes`.
     ByteBound,
-    /// The records hand out a document the replay leaves out (or one too
-    /// long to lay out): the replay is not the run's order.
+    /// The records hand out a document the replay leaves out: the replay
+    /// is not the run's order.
     NotTheRunsOrder,
+    /// A document holds more tokens than a replay lays out
+    /// ([`pack::MAX_LAID_TOKENS`], by the manifest's counts).
+    TooLong,
 }
 
 impl std::fmt::Display for Unreplayed {
@@ -154,7 +157,12 @@ impl std::fmt::Display for Unreplayed {
                  lets one out early"
             }
             Unreplayed::NotTheRunsOrder => {
-                "the records hand out a document the replayed order leaves out"
+                "the records hand out a document the replayed order leaves out, so the \
+                 replay is not the run's order (were the ledger's options and num_workers \
+                 the run's?)"
+            }
+            Unreplayed::TooLong => {
+                "a document holds more tokens by the manifest's counts than a replay lays out"
             }
         })
     }
@@ -221,22 +229,22 @@ impl Packing {
 
     /// The packing `(seq_len, field, mode)` of `shards` by their manifest's
     /// token counts of `field` (by default the field they count);
-    /// `Ok(None)` when no shard has counts; `Err` (a reason) when the
-    /// parameters are wrong or the counts are not of that field.
+    /// `Ok(None)` when no shard has counts; `Err((parameter, reason))`
+    /// when a parameter is wrong (`"seq_len"`, `"window"`, `"field"`) or
+    /// the counts are not of that field (`"pack"`).
     pub fn new(
         shards: &[Shard],
         (seq_len, field, mode): (usize, Option<String>, PackMode),
-    ) -> std::result::Result<Option<Packing>, String> {
+    ) -> std::result::Result<Option<Packing>, (&'static str, String)> {
         let Some(counted) = shards.iter().find_map(Shard::tokens) else {
             return Ok(None);
         };
         let field = field.unwrap_or_else(|| counted.field.clone());
-        let spec =
-            PackSpec::new(Some(field), seq_len, mode, false, 0).map_err(|(_, reason)| reason)?;
+        let spec = PackSpec::new(Some(field), seq_len, mode, false, 0)?;
         let tokenizer = counted.tokenizer.clone();
         counts::check_counted(shards, &spec, tokenizer.clone(), true).map_err(|e| match e {
-            Error::Config { reason, .. } => reason,
-            other => other.to_string(),
+            Error::Config { reason, .. } => ("pack", reason),
+            other => ("pack", other.to_string()),
         })?;
         Ok(Some(Packing {
             shards: shards.to_vec(),
@@ -351,17 +359,19 @@ impl Packing {
             let sequences = planned.handed_out.unwrap_or(planned.at_least);
             // Exact where the order is known to be.
             let replayed = match self.known_order(options.seed, epoch, slot, slot_units) {
-                Ok(order) => self
-                    .replayed(slot, &order, sequences, &handed)?
-                    .ok_or(Unreplayed::NotTheRunsOrder),
+                Ok(order) => self.replayed(slot, &order, sequences, &handed)?,
                 Err(why) => Err(why),
             };
             let (count, proof) = match replayed {
                 Ok(count) => (count, Proof::Exact),
                 Err(why) => {
                     let (count, proof) = self.bounded(slot, slot_units, planned, &handed)?;
-                    if proof != Proof::Exact {
-                        left.unreplayed.get_or_insert(why);
+                    // The records disagreeing with a replay is said before
+                    // any other reason.
+                    if proof != Proof::Exact
+                        && (left.unreplayed.is_none() || why == Unreplayed::NotTheRunsOrder)
+                    {
+                        left.unreplayed = Some(why);
                     }
                     (count, proof)
                 }
@@ -394,15 +404,16 @@ impl Packing {
 
     /// A slot's documents left out, its documents reaching its packer in
     /// `order`: those its first `sequences` sequences end must be handed
-    /// out. `Ok(None)` when the replay is not the run's (a document handed
-    /// out past them, or one too long to lay out).
+    /// out. `Ok(Err(why))` when it cannot tell: a document handed out past
+    /// them (the replay is not the run's order), or one too long to lay
+    /// out.
     fn replayed(
         &self,
         slot: usize,
         order: &[(usize, u64)],
         sequences: u64,
         handed: &impl Fn(usize, u64) -> bool,
-    ) -> Result<Option<u64>, Unaccounted> {
+    ) -> Result<Result<u64, Unreplayed>, Unaccounted> {
         let tokens = |shard, index| self.tokens_of(shard, index);
         let ended = match self.spec.mode {
             PackMode::Concat => Some(ended_by(
@@ -414,7 +425,7 @@ impl Packing {
             PackMode::BestFit { .. } => packer_ends(order, tokens, &self.spec, sequences),
         };
         let Some(ended) = ended else {
-            return Ok(None);
+            return Ok(Err(Unreplayed::TooLong));
         };
         let (mut missing, mut extra, mut count) = (0u64, false, 0u64);
         let mut first_missing = None;
@@ -428,13 +439,13 @@ impl Packing {
             }
         }
         match (extra, first_missing) {
-            (true, _) => Ok(None),
+            (true, _) => Ok(Err(Unreplayed::NotTheRunsOrder)),
             (false, Some(first)) => Err(Unaccounted {
                 slot,
                 first,
                 count: missing,
             }),
-            (false, None) => Ok(Some(count)),
+            (false, None) => Ok(Ok(count)),
         }
     }
 
@@ -928,6 +939,23 @@ mod tests {
             }
             .left_out(OPTIONS, 0, (2, 2), kept);
             assert_eq!(found, Ok(unchecked(why)));
+        }
+        // Records that hand out a document the replay leaves out: not the
+        // run's order, and best fit checks no more (in a slot leaving others
+        // out: were it the slot's only one, every document came once).
+        if window.is_some() {
+            let slot_left = left.iter().find(|l| l.len() > 1).expect("several left out");
+            let past = slot_left[0];
+            let with_past = |s: usize, i: u64| (s, i) == past || handed.contains(&(s, i));
+            let expected = LeftOut {
+                documents: count - 1,
+                proof: Proof::Unchecked,
+                unreplayed: Some(Unreplayed::NotTheRunsOrder),
+            };
+            assert_eq!(
+                packing.left_out(OPTIONS, 0, (2, 2), with_past),
+                Ok(expected)
+            );
         }
         // No buffer: the plan's order.
         let in_plan_order = |s: usize, i: u64| {
