@@ -227,6 +227,24 @@ def test_verify_replays_what_a_packed_run_across_ranks_left_out(
         assert "exactly once" in out and "ok: every sample exactly once" in out, out
 
 
+def verify_two_ranks(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], spec: Any, **options: Any
+) -> tuple[int, str]:
+    """Two ranks of ``StreamingDataset(spec, world_size=2, **options)`` read
+    by DataLoaders of 2 workers, each batch recorded in one ledger: the exit
+    status and output of ``shardstream verify`` on it."""
+    ledger_dir = tmp_path / "ledger"
+    for rank in (0, 1):
+        ds = StreamingDataset(spec, world_size=2, rank=rank, **options)
+        with Ledger(ledger_dir, ds, num_workers=2) as ledger:
+            for batch in DataLoader(ds, batch_size=None, num_workers=2):
+                ledger.record(batch)
+            ledger.epoch_end(0)
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    return code, capfd.readouterr().out
+
+
 def test_verify_says_why_a_packed_order_was_not_replayed(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -235,19 +253,9 @@ def test_verify_says_why_a_packed_order_was_not_replayed(
     worker left out within its remainder and says why the order was not
     replayed."""
     urls = indexed_docs(tmp_path / "d")
-    ledger_dir = tmp_path / "ledger"
     options = {**OPTIONS, "shuffle_buffer_bytes": 64}
-    for rank in (0, 1):
-        ds = StreamingDataset(
-            urls, pack=Pack(SEQ, field="ids"), world_size=2, rank=rank, batch_size=2, **options
-        )
-        with Ledger(ledger_dir, ds, num_workers=2) as ledger:
-            for batch in DataLoader(ds, batch_size=None, num_workers=2):
-                ledger.record(batch)
-            ledger.epoch_end(0)
-    capfd.readouterr()
-    code = run_cli(["shardstream", "verify", str(ledger_dir)])
-    out = capfd.readouterr().out
+    pack = Pack(SEQ, field="ids")
+    code, out = verify_two_ranks(tmp_path, capfd, urls, pack=pack, batch_size=2, **options)
     assert code == 0, out
     assert "left out are within its remainder" in out, out
     assert "was not replayed" in out and "may pass shuffle_buffer_bytes" in out, out
@@ -264,25 +272,9 @@ def test_verify_proves_a_tokenized_run_across_ranks_exactly_once(
     manifest = tmp_path / "c" / "manifest.json"
     argv = ["shardstream", "index", spec, "-o", str(manifest), "--format", "jsonl"]
     assert run_cli([*argv, "--count-tokens", "text", "--tokenizer", tok, "--eos", "</s>"]) == 0
-    ledger_dir = tmp_path / "ledger"
-    for rank in (0, 1):
-        ds = StreamingDataset(
-            spec,
-            decode={"text": Tokenizer(tok, eos="</s>")},
-            pack=Pack(SEQ),
-            world_size=2,
-            rank=rank,
-            batch_size=4,
-            seed=3,
-            sample_ids=True,
-        )
-        with Ledger(ledger_dir, ds, num_workers=2) as ledger:
-            for batch in DataLoader(ds, batch_size=None, num_workers=2):
-                ledger.record(batch)
-            ledger.epoch_end(0)
-    capfd.readouterr()
-    code = run_cli(["shardstream", "verify", str(ledger_dir)])
-    out = capfd.readouterr().out
+    decode = {"text": Tokenizer(tok, eos="</s>")}
+    options = {"pack": Pack(SEQ), "batch_size": 4, "seed": 3, "sample_ids": True}
+    code, out = verify_two_ranks(tmp_path, capfd, spec, decode=decode, **options)
     assert code == 0, out
     assert "left out past the planned sequences" in out, out
     assert ": exactly once" in out and "ok: every sample exactly once" in out, out
