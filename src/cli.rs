@@ -20,15 +20,13 @@ use crate::error::{Error, Result};
 use crate::index;
 use crate::ledger;
 use crate::ledger::explain::{BufferCheck, BufferReplay, SavedPosition, Start};
-use crate::ledger::verify_pack::{Arrival, Decoded, Packing};
+use crate::ledger::verify_pack::{Arrival, Decoded, Packing, PlanOptions};
 use crate::manifest::{self, ManifestChoice};
 use crate::pipeline::SampleStream;
-use crate::plan::resume::Replanner;
 use crate::plan::{self, PlanParams, Remainder, ShardInfo, SlotSpec};
 use crate::shard::{Shard, ShardKind};
 use crate::spec::DatasetFormat;
 use crate::stats::{Counter, Counters};
-use crate::text::counts;
 use crate::text::pack::{self, PackMode};
 use crate::text::tokenizer::{TokenRef, TokenizerSpec};
 use crate::write::{inputs, FieldValue, ShardWriter, WriterOptions};
@@ -712,8 +710,21 @@ fn print_plan(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, 0, params.num_workers, 0)?;
-    // A packed plan reads the manifest's token counts on one rank too.
-    let count = options.count_samples() != Some(false) && (params.world_size > 1 || pack.is_some());
+    if let Some((seq_len, field)) = pack {
+        // The token counts are read on one rank too; the plan is the run's.
+        let RunsPlan {
+            shards,
+            infos,
+            manifest,
+        } = runs_plan(specs, options, params)?;
+        let packing = counted_packing(
+            &shards,
+            manifest.as_deref(),
+            (seq_len, field, PackMode::Concat),
+        )?;
+        return print_packed_plan(&packing, infos, manifest.as_deref(), params, out);
+    }
+    let count = options.count_samples() != Some(false) && params.world_size > 1;
     let Resolved {
         shards, attached, ..
     } = dataset::resolve_shards(&resolving(specs, options), count)?;
@@ -728,15 +739,6 @@ fn print_plan(
                 params.world_size,
             ));
         }
-    }
-    if let Some((seq_len, field)) = pack {
-        return print_packed_plan(
-            &shards,
-            manifest_path.as_deref(),
-            params,
-            (seq_len, field),
-            out,
-        );
     }
     let infos: Vec<_> = shards.iter().map(Shard::info).collect();
     let plan = plan::plan_epoch(&infos, params);
@@ -865,28 +867,33 @@ fn counted_packing(
     }
 }
 
-/// Prints the plan of `shards` (their manifest named `manifest`) packed
-/// into sequences of `seq_len` tokens of `field` (default: the field their
-/// token counts are of), as a packed dataset plans it: with several ranks
-/// each slot's documents cut by their token counts and its sequences the
-/// least over the ranks' slots of its worker, so every rank takes as many
-/// steps; at least the tokens past them are the epoch's remainder.
+/// Prints the plan of `packing`'s shards (their manifest named
+/// `manifest`), planned over `infos` as the run plans them, packed as a
+/// packed dataset plans it: with several ranks each slot's documents cut
+/// by their token counts and its sequences the least over the ranks'
+/// slots of its worker, so every rank takes as many steps; at least the
+/// tokens past them are the epoch's remainder.
 fn print_packed_plan(
-    shards: &[Shard],
+    packing: &Packing,
+    infos: Vec<ShardInfo>,
     manifest: Option<&str>,
     params: &PlanParams,
-    (seq_len, field): (usize, Option<String>),
     out: &mut dyn Write,
 ) -> Result<()> {
-    let packing = counted_packing(shards, manifest, (seq_len, field, PackMode::Concat))?;
-    let (spec, tokenizer) = (&packing.spec, packing.tokenizer.clone());
+    let (shards, spec) = (&packing.shards, &packing.spec);
+    let (seq_len, field) = (spec.seq_len, spec.field_name());
     let manifest = manifest.unwrap_or_default();
-    let field = spec.field_name();
-    let infos: Vec<_> = shards.iter().map(Shard::info).collect();
-    let plans = Replanner::new(infos, params.seed, params.shuffle_shards, params.remainder)
-        .with_weights(counts::token_weights(shards, spec, tokenizer));
-    let units = plans.plan(params.epoch, params.world_size, params.num_workers);
-    let slots = counts::packed_slots(shards, spec, &units, params.world_size);
+    let options = PlanOptions {
+        seed: params.seed,
+        shuffle_shards: params.shuffle_shards,
+        remainder: params.remainder,
+    };
+    let (units, slots) = packing.plan_slots(
+        infos,
+        options,
+        params.epoch,
+        (params.world_size, params.num_workers),
+    );
     let tokens = slots
         .iter()
         .map(|s| s.tokens)
@@ -987,6 +994,48 @@ fn resolve_counted(specs: &[String], options: &DatasetOptions) -> Result<Vec<Sha
 }
 
 /// Refuses `shards` unless every one has a sample count.
+/// The shards of a dataset as a run of `params` plans them, with their
+/// counts for the commands that name samples.
+struct RunsPlan {
+    /// Every shard, with its sample count (and token counts, from its
+    /// manifest).
+    shards: Vec<Shard>,
+    /// What the run plans over: the counted shards with several ranks or
+    /// `count_samples=True`; otherwise the shards as resolved without
+    /// counting (whole shards dealt, unless an attached manifest counted
+    /// them), as one rank's run plans.
+    infos: Vec<ShardInfo>,
+    /// The manifest that counted them, if any.
+    manifest: Option<String>,
+}
+
+/// Resolves `specs` as the dataset does for `params`, then counts every
+/// shard it can (a remote `manifest.json` beside the shards, the headers
+/// of local tar shards), warning of a manifest passed over.
+fn runs_plan(specs: &[String], options: &DatasetOptions, params: &PlanParams) -> Result<RunsPlan> {
+    let how = resolving(specs, options);
+    let Resolved {
+        shards: planned,
+        attached,
+        ..
+    } = dataset::resolve_shards(&how, false)?;
+    let mut shards = planned.clone();
+    let (beside, _) = dataset::count_shards(&how, &mut shards, attached.used.is_some())?;
+    if let Some(reason) = attached.ignored.as_ref().or(beside.ignored.as_ref()) {
+        eprintln!("warning: {reason}");
+    }
+    let infos = if params.world_size > 1 || options.count_samples() == Some(true) {
+        shards.iter().map(Shard::info).collect()
+    } else {
+        planned.iter().map(Shard::info).collect()
+    };
+    Ok(RunsPlan {
+        shards,
+        infos,
+        manifest: attached.used.or(beside.used),
+    })
+}
+
 fn check_counted(shards: &[Shard]) -> Result<()> {
     match crate::dataset::count::first_uncounted(shards) {
         None => Ok(()),
@@ -1205,29 +1254,14 @@ fn explain(
     out: &mut dyn Write,
 ) -> Result<()> {
     SlotSpec::new(params.world_size, ask.rank, params.num_workers, 0)?;
-    // The plan the dataset makes: over counted shards with several ranks
-    // or count_samples=True, else dealing whole shards (counted here only
-    // to cut them into batches).
-    let how = resolving(specs, options);
-    let Resolved {
-        shards: planned,
-        attached,
-        ..
-    } = dataset::resolve_shards(&how, false)?;
-    let mut shards = planned.clone();
-    let (beside, _) = dataset::count_shards(&how, &mut shards, attached.used.is_some())?;
-    if let Some(reason) = attached.ignored.as_ref().or(beside.ignored.as_ref()) {
-        eprintln!("warning: {reason}");
-    }
+    let RunsPlan {
+        shards,
+        infos,
+        manifest,
+    } = runs_plan(specs, options, params)?;
     check_counted(&shards)?;
     let counts: Vec<Option<u64>> = shards.iter().map(|s| s.info().samples).collect();
-    let infos: Vec<_> = if params.world_size > 1 || options.count_samples() == Some(true) {
-        shards.iter().map(Shard::info).collect()
-    } else {
-        planned.iter().map(Shard::info).collect()
-    };
     if let Some(pack) = &ask.pack {
-        let manifest = attached.used.or(beside.used);
         let packing = counted_packing(&shards, manifest.as_deref(), pack.clone())?;
         return explain_packed(&packing, options, (params, infos), ask, out);
     }

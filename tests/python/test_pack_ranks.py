@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from test_pack import real_tokens, write_docs
+from http_server import running_http_server
 from test_train_lm import corpus
 from tokenizers import Tokenizer as HfTokenizer
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, get_worker_info
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from shardstream import (
@@ -151,6 +152,47 @@ def test_plan_pack_prints_the_sequences_each_slot_hands_out(
     assert run_cli(argv) != 0
     err = capfd.readouterr().err
     assert "--pack" in err and "no manifest is in use" in err and "--count-tokens FIELD" in err, err
+
+
+def worker_tagged(sequence: dict[str, Any]) -> dict[str, Any]:
+    """The sequence with the DataLoader worker that made it."""
+    info = get_worker_info()
+    assert info is not None
+    return {**sequence, "worker": info.id}
+
+
+def test_plan_pack_on_one_rank_plans_remote_shards_as_the_run_does(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """On one rank a run over remote shards deals them whole (their
+    ``manifest.json`` beside them is not read to plan); ``plan --pack``
+    reads it for the token counts but plans as the run: each worker's
+    sequences hold the documents of the shards planned for that worker."""
+    urls = indexed_docs(tmp_path / "d")
+    with running_http_server(tmp_path / "d") as server:
+        remote = [server.url(Path(u).name) for u in urls]
+        capfd.readouterr()
+        argv = ["shardstream", "plan", *remote, "--workers", "2", "--seed", "5"]
+        assert run_cli([*argv, "--pack", str(SEQ)]) == 0
+        planned: dict[int, set[int]] = {}
+        at_least: dict[int, int] = {}
+        for line in capfd.readouterr().out.splitlines():
+            if m := re.match(r"rank 0 worker (\d+): .*, at least (\d+) sequences", line):
+                worker = int(m[1])
+                planned[worker], at_least[worker] = set(), int(m[2])
+            elif m := re.match(r"  \S+/p-(\d+)\.jsonl( samples \d+\.\.\d+)?$", line):
+                planned[worker].add(int(m[1]))
+        assert sorted(planned) == [0, 1] and planned[0] | planned[1] == set(range(len(urls)))
+        pack = Pack(SEQ, field="ids")
+        ds = StreamingDataset(remote, pack=pack, transform=worker_tagged, **OPTIONS)
+        shards: dict[int, set[int]] = {0: set(), 1: set()}
+        sequences: Counter[int] = Counter()
+        for seq in DataLoader(ds, batch_size=None, num_workers=2):
+            sequences[int(seq["worker"])] += 1
+            # Token t of document d of shard s is (s * 1000 + d) * 100 + t.
+            shards[int(seq["worker"])] |= {t // 100_000 for t in real_tokens(seq, pack)}
+    assert shards == planned
+    assert all(sequences[w] >= at_least[w] for w in (0, 1)), (sequences, at_least)
 
 
 @pytest.mark.parametrize(
