@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_pack import real_tokens, write_docs
 from http_server import running_http_server
+from test_pack import real_tokens, write_docs
 from test_train_lm import corpus
 from tokenizers import Tokenizer as HfTokenizer
 from torch.utils.data import DataLoader, get_worker_info
