@@ -330,10 +330,11 @@ pub struct EpochReport {
     /// Why a slot's order was not replayed, when that keeps the proof of
     /// `packed_left_out` from being exact.
     pub packed_order_unreplayed: Option<String>,
-    /// A mixture of packed streams: it takes a number of each stream's
-    /// sequences, and which documents those hold is not replayed (then no
-    /// document came twice, and equal steps per rank, are checked;
-    /// `expected` is 0).
+    /// A mixture of packed streams whose epoch was not replayed: it takes
+    /// a number of each stream's sequences, and which documents those hold
+    /// depends on the packing (then no document came twice, and equal
+    /// steps per rank, are checked; `expected` is 0). A replayed one is
+    /// reported as a packed dataset's (`packed_remainder_exact`).
     pub sequences_mixed: bool,
     /// The epoch's first violation, if any.
     pub violation: Option<Violation>,

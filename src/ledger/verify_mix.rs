@@ -7,17 +7,23 @@
 //! each stream and pass, the first samples of the slot's part of that
 //! stream's epoch, as many as the slot's mixture takes ([`SlotPlan`]). An
 //! epoch resumed onto another layout is checked for the first three only:
-//! an elastic resume splits the mixture's rest anew.
+//! an elastic resume splits the mixture's rest anew. A mixture of packed
+//! streams takes sequences: where each slot's order of documents is
+//! replayed (`Packing::known_order`), the documents the sequences it
+//! takes of each pass end must be exactly those recorded
+//! (`replay_packed`); otherwise the first three only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::file::Generation;
 use super::verify::{
     check_epochs, error_skips, left_out_on_error, params, place, Dataset, Entry, EpochReport,
     Report, SampleName, StepTally, Violation,
 };
+use super::verify_pack::{Packing, PlanOptions, Unaccounted, Unreplayed as PackOrder};
 use crate::plan::mix::{pass_epoch, Policy, SlotMixture, SlotPlan, MAX_PASSES};
 use crate::plan::{self, cut, Remainder, ShardInfo, WorkUnit};
+use crate::shard::Shard;
 
 /// The mixture a ledger is checked against.
 #[derive(Debug, Clone)]
@@ -206,9 +212,62 @@ fn check_mix_epoch(
     }
     if mix.streams.iter().any(|s| s.packed) {
         // The mixture takes a number of each stream's sequences: which
-        // documents they hold depends on the packing, not replayed here.
+        // documents they hold depends on the packing, replayed where each
+        // slot's order is known (one generation, its workers known, no
+        // skip, no padding), else only no document twice is checked.
         report.sequences_mixed = true;
         report.coverage_checked = false;
+        let replayable = order.len() == 1
+            && generations[order[0]].meta.num_workers_known
+            && report.padded == 0
+            && !error_skips(generations).any(|skip| skip.epoch == epoch);
+        if !replayable {
+            return report;
+        }
+        let weights = mix.weights_for(&generations[order[0]], epoch);
+        let taken = |sample: &MixSample| seen.contains_key(sample);
+        match replay_packed(mix, weights, epoch, first_layout, taken) {
+            None => {}
+            Some(Err(Unreplayed::Missing(stream, pass, left))) => {
+                let (shard, index) = left.first;
+                let id_shard = pass * offsets[offsets.len() - 1] + offsets[stream] + shard as u64;
+                let workers = first_layout.1.max(1);
+                report.violation = Some(Violation::Missing {
+                    epoch,
+                    sample: mix.name(offsets, (id_shard, index)),
+                    count: left.count,
+                    generation: generations[order[0]].meta.generation,
+                    rank: left.slot / workers,
+                    worker: left.slot % workers,
+                });
+            }
+            Some(Err(Unreplayed::Order(why))) => {
+                report.packed_order_unreplayed = Some(why.to_string());
+            }
+            Some(Ok(replayed)) => {
+                // A document taken that no planned sequence ended.
+                let extra = seen
+                    .iter()
+                    .filter(|(sample, _)| !replayed.ended.contains(sample))
+                    .min_by_key(|(_, (_, at))| *at);
+                if let Some((&(pass, stream, shard, index), &(_, at))) = extra {
+                    let id_shard =
+                        pass * offsets[offsets.len() - 1] + offsets[stream] + shard as u64;
+                    report.violation = Some(Violation::NotPlanned {
+                        epoch,
+                        sample: mix.name(offsets, (id_shard, index)),
+                        place: place(generations, &entries[at]),
+                    });
+                    return report;
+                }
+                report.sequences_mixed = false;
+                report.expected = replayed.ended.len() as u64;
+                report.packed_left_out = replayed.left_out;
+                report.packed_remainder_checked = true;
+                report.packed_remainder_exact = true;
+                report.coverage_checked = true;
+            }
+        }
         return report;
     }
     if !same_layout {
@@ -308,6 +367,166 @@ fn check_mix_epoch(
         });
     }
     report
+}
+
+/// What the replay of a packed mixture's epoch found: every slot's order
+/// of each pass over each stream replayed, and what its taken sequences
+/// end.
+struct PackedReplay {
+    /// The documents the sequences the mixture takes end: exactly those
+    /// it hands out.
+    ended: HashSet<MixSample>,
+    /// The documents of those passes' parts that they leave out: past the
+    /// sequences the mixture takes of each slot's part.
+    left_out: u64,
+}
+
+/// Why a packed mixture's epoch is not proved exactly once by its replay.
+enum Unreplayed {
+    /// Documents stream `.0`'s pass `.1` must have handed out (its taken
+    /// sequences end them, the order replayed) that no record names.
+    Missing(usize, u64, Unaccounted),
+    /// A slot's order is not known (the first reason met, a disagreement
+    /// with the records first).
+    Order(PackOrder),
+}
+
+/// Replays `epoch` of the packed mixture `mix` mixed by `weights` on
+/// `layout`: each slot takes as many sequences of each pass over each
+/// stream as its mixture plans from the streams' planned sequences, and
+/// those sequences, laid out from the slot's order of documents (its
+/// shuffle buffer replayed), end exactly the documents the records name
+/// (`taken`). `None` when a stream's packing or plan is not known.
+fn replay_packed(
+    mix: &MixDataset,
+    weights: &[f64],
+    epoch: u64,
+    layout: (usize, usize),
+    taken: impl Fn(&MixSample) -> bool,
+) -> Option<Result<PackedReplay, Unreplayed>> {
+    let streams = mix.streams.len();
+    let packings = mix
+        .streams
+        .iter()
+        .map(|d| d.packing.as_ref())
+        .collect::<Option<Vec<&Packing>>>()?;
+    let mut plans = PackedPasses {
+        mix,
+        packings: &packings,
+        epoch,
+        layout,
+        passes: HashMap::new(),
+    };
+    let mut replay = PackedReplay {
+        ended: HashSet::new(),
+        left_out: 0,
+    };
+    let mut unknown: Option<PackOrder> = None;
+    for slot in 0..layout.0 * layout.1 {
+        let mixture = SlotMixture {
+            policy: mix.policy,
+            weights,
+            key: (mix.seed, epoch),
+            slot: u32::try_from(slot).ok()?,
+            generation: 0,
+        };
+        let first = (0..streams)
+            .map(|stream| Some(plans.pass(stream, 0)?.sequences[slot]))
+            .collect::<Option<Vec<u64>>>()?;
+        let mut failed = false;
+        let plan = SlotPlan::new(mixture, vec![0; streams], &first, |stream, pass| {
+            let sequences = plans.pass(stream, pass).map(|p| p.sequences[slot]);
+            failed |= sequences.is_none();
+            Ok(sequences.unwrap_or(0))
+        })
+        .ok()?;
+        if failed {
+            return None;
+        }
+        for (stream, passes) in plan.passes.iter().enumerate() {
+            let dataset = &mix.streams[stream];
+            let mut left = plan.counts[stream];
+            for (pass, &read) in passes.iter().enumerate() {
+                let take = read.min(left);
+                left -= take;
+                let pass = pass as u64;
+                let stream_epoch = pass_epoch(epoch, pass).ok()?;
+                let units = &plans.pass(stream, pass)?.units[slot];
+                let packing = packings[stream];
+                let handed = |shard: usize, index: u64| taken(&(pass, stream, shard, index));
+                let order = match packing.known_order(dataset.seed, stream_epoch, slot, units) {
+                    Ok(order) => order,
+                    Err(why) => {
+                        unknown.get_or_insert(why);
+                        continue;
+                    }
+                };
+                match packing.replayed(slot, &order, take, &handed) {
+                    Err(missing) => return Some(Err(Unreplayed::Missing(stream, pass, missing))),
+                    Ok(Err(why)) => {
+                        // A disagreement with the records is said first.
+                        if unknown.is_none() || why == PackOrder::NotTheRunsOrder {
+                            unknown = Some(why);
+                        }
+                    }
+                    Ok(Ok(not_handed)) => {
+                        replay.left_out += not_handed;
+                        for &(shard, index) in &order {
+                            if handed(shard, index) {
+                                replay.ended.insert((pass, stream, shard, index));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Some(match unknown {
+        Some(why) => Err(Unreplayed::Order(why)),
+        None => Ok(replay),
+    })
+}
+
+/// A pass over a packed stream, planned: each slot's units, and the
+/// sequences it hands out (planned on one rank too, as a mixture's packed
+/// stream plans them).
+struct PackedPass {
+    units: Vec<Vec<WorkUnit>>,
+    sequences: Vec<u64>,
+}
+
+/// The passes over a packed mixture's streams, each planned once.
+struct PackedPasses<'a> {
+    mix: &'a MixDataset,
+    packings: &'a [&'a Packing],
+    epoch: u64,
+    layout: (usize, usize),
+    passes: HashMap<(usize, u64), PackedPass>,
+}
+
+impl PackedPasses<'_> {
+    /// Pass `pass` over stream `stream`; `None` past the last epoch.
+    fn pass(&mut self, stream: usize, pass: u64) -> Option<&PackedPass> {
+        if !self.passes.contains_key(&(stream, pass)) {
+            let dataset = &self.mix.streams[stream];
+            let options = PlanOptions {
+                seed: dataset.seed,
+                shuffle_shards: dataset.shuffle_shards,
+                remainder: dataset.remainder,
+            };
+            let packing = self.packings[stream];
+            let infos = packing.shards.iter().map(Shard::info).collect();
+            let stream_epoch = pass_epoch(self.epoch, pass).ok()?;
+            let (units, slots) = packing.plan_slots(infos, options, stream_epoch, self.layout);
+            let sequences = slots
+                .iter()
+                .map(|s| s.handed_out.unwrap_or(s.at_least))
+                .collect();
+            self.passes
+                .insert((stream, pass), PackedPass { units, sequences });
+        }
+        self.passes.get(&(stream, pass))
+    }
 }
 
 /// Each stream's plan of each pass over it, made once for every slot.

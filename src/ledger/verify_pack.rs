@@ -384,7 +384,7 @@ impl Packing {
 
     /// The order slot `slot`'s documents reached its packer in `epoch`,
     /// when the replay is known to be exact; otherwise why it is not.
-    fn known_order(
+    pub(crate) fn known_order(
         &self,
         seed: u64,
         epoch: u64,
@@ -407,7 +407,7 @@ impl Packing {
     /// out. `Ok(Err(why))` when it cannot tell: a document handed out past
     /// them (the replay is not the run's order), or one too long to lay
     /// out.
-    fn replayed(
+    pub(crate) fn replayed(
         &self,
         slot: usize,
         order: &[(usize, u64)],

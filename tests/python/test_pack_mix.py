@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,10 @@ def test_verify_reads_a_packed_mixture_s_ledger(corpora, tmp_path, capfd) -> Non
     capfd.readouterr()
     assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 0
     out = capfd.readouterr().out
-    assert "at most once (a mixture of packed streams" in out, out
-    assert "ok: no sample twice" in out and " of ? samples" in out, out
+    # One process (its worker count known from the loader): each stream's
+    # order replayed, the sequences the mixture takes end every document.
+    assert "ok: every sample exactly once" in out, out
+    assert re.search(r"epoch 0: (\d+) of \1 samples .* left out past the planned", out), out
     # The same documents recorded twice are named.
     twice = tmp_path / "twice"
     seqs = list(DataLoader(mix, batch_size=None))
@@ -226,3 +229,65 @@ def test_verify_reads_a_packed_mixture_s_ledger(corpora, tmp_path, capfd) -> Non
     capfd.readouterr()
     assert run_cli(["shardstream", "verify", str(twice)]) == 1
     assert "twice" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("policy", "lose", "workers_known"),
+    [
+        ("stop", None, True),
+        ("restart", None, True),
+        ("continue", None, True),
+        ("stop", "short", True),
+        ("restart", "short", True),
+        ("stop", None, False),
+    ],
+    ids=["stop", "restart", "continue", "stop-lost", "restart-lost", "workers-unknown"],
+)
+def test_verify_replays_a_packed_mixture_across_ranks(
+    corpora, tmp_path: Path, capfd, policy: str, lose: str | None, workers_known: bool
+) -> None:
+    """Two ranks of two workers mix a best-fit and a concatenating stream:
+    ``verify`` plans each slot's mixture from the streams' planned
+    sequences, replays each pass's order of documents (shuffle buffer,
+    packer) and proves the documents the taken sequences end are exactly
+    those recorded. Records that lost the shortest document handed out are
+    a violation naming it; a ledger that does not know the worker count is
+    checked for no document twice only."""
+    ledger_dir = tmp_path / "ledger"
+    mixes = [
+        mixture(corpora, (BEST_FIT, CONCAT), [1, 2], policy, rank=rank, world_size=2)
+        for rank in (0, 1)
+    ]
+    runs = [list(DataLoader(mix, batch_size=None, num_workers=2)) for mix in mixes]
+    handed = [row for seqs in runs for s in seqs for row in ids_of(s)]
+    assert len(runs[0]) == len(runs[1]) > 0 and len(set(handed)) == len(handed)
+    # Stream 1's documents are numbered after stream 0's four shards (and
+    # before the next pass's).
+    lengths = {
+        (s, i): len(json.loads(line)["ids"])
+        for s, url in enumerate(corpora[0] + corpora[1])
+        for i, line in enumerate(Path(url).read_text().splitlines())
+    }
+    shards = len(corpora[0]) + len(corpora[1])
+    shortest = min(handed, key=lambda row: (lengths[row[1] % shards, row[2]], row))
+    for mix, seqs in zip(mixes, runs, strict=True):
+        with Ledger(ledger_dir, mix, num_workers=2 if workers_known else None) as ledger:
+            for seq in seqs:
+                ids = seq["__id__"]
+                if lose is not None:
+                    kept = ids[(ids[:, 1] != shortest[1]) | (ids[:, 2] != shortest[2])]
+                    ids = kept if len(kept) else ids[:0]
+                ledger.record({**seq, "__id__": ids})
+            ledger.epoch_end(0)
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out = capfd.readouterr().out
+    if not workers_known:
+        assert code == 0 and "at most once (a mixture of packed streams" in out, out
+    elif lose is not None:
+        assert code == 1 and "never came" in out, out
+        url = (corpora[0] + corpora[1])[shortest[1] % shards]
+        assert f"sample {shortest[2]} of {url}" in out, out
+    else:
+        assert code == 0 and "ok: every sample exactly once" in out, out
+        assert f"epoch 0: {len(handed)} of {len(handed)} samples" in out, out
