@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_pack import real_tokens, write_docs
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -239,9 +240,18 @@ def test_verify_reads_a_packed_mixture_s_ledger(corpora, tmp_path, capfd) -> Non
         ("continue", None, True),
         ("stop", "short", True),
         ("restart", "short", True),
+        ("stop", "extra", True),
         ("stop", None, False),
     ],
-    ids=["stop", "restart", "continue", "stop-lost", "restart-lost", "workers-unknown"],
+    ids=[
+        "stop",
+        "restart",
+        "continue",
+        "stop-lost",
+        "restart-lost",
+        "stop-pass-1-recorded",
+        "workers-unknown",
+    ],
 )
 def test_verify_replays_a_packed_mixture_across_ranks(
     corpora, tmp_path: Path, capfd, policy: str, lose: str | None, workers_known: bool
@@ -251,8 +261,9 @@ def test_verify_replays_a_packed_mixture_across_ranks(
     sequences, replays each pass's order of documents (shuffle buffer,
     packer) and proves the documents the taken sequences end are exactly
     those recorded. Records that lost the shortest document handed out are
-    a violation naming it; a ledger that does not know the worker count is
-    checked for no document twice only."""
+    a violation naming it, and so are records naming a document of a pass
+    the mixture never reads; a ledger that does not know the worker count
+    is checked for no document twice only."""
     ledger_dir = tmp_path / "ledger"
     mixes = [
         mixture(corpora, (BEST_FIT, CONCAT), [1, 2], policy, rank=rank, world_size=2)
@@ -270,13 +281,19 @@ def test_verify_replays_a_packed_mixture_across_ranks(
     }
     shards = len(corpora[0]) + len(corpora[1])
     shortest = min(handed, key=lambda row: (lengths[row[1] % shards, row[2]], row))
+    extra: list[torch.Tensor] = []
     for mix, seqs in zip(mixes, runs, strict=True):
         with Ledger(ledger_dir, mix, num_workers=2 if workers_known else None) as ledger:
             for seq in seqs:
                 ids = seq["__id__"]
-                if lose is not None:
+                if lose == "short":
                     kept = ids[(ids[:, 1] != shortest[1]) | (ids[:, 2] != shortest[2])]
                     ids = kept if len(kept) else ids[:0]
+                elif lose == "extra" and len(ids) and not extra:
+                    # The same document of the stream's next pass, which
+                    # "stop" never reads.
+                    extra.append(ids[:1] + torch.tensor([0, shards, 0]))
+                    ids = torch.cat([ids, *extra])
                 ledger.record({**seq, "__id__": ids})
             ledger.epoch_end(0)
     capfd.readouterr()
@@ -284,6 +301,8 @@ def test_verify_replays_a_packed_mixture_across_ranks(
     out = capfd.readouterr().out
     if not workers_known:
         assert code == 0 and "at most once (a mixture of packed streams" in out, out
+    elif lose == "extra":
+        assert code == 1 and "which the mixture's plan does not take" in out, out
     elif lose is not None:
         assert code == 1 and "never came" in out, out
         url = (corpora[0] + corpora[1])[shortest[1] % shards]
