@@ -241,6 +241,7 @@ impl SampleStream {
             ReadAheadOptions {
                 budget_bytes: options.read_ahead_bytes,
                 chunk_bytes: options.chunk_bytes,
+                map_chunk_bytes: crate::store::local::MAP_CHUNK_BYTES,
                 io_timeout: options.io_timeout,
                 store: options.store.clone(),
                 cache: options.cache.clone(),

@@ -231,6 +231,8 @@ pub(super) struct Fetcher {
     pub(super) cancelled: Arc<AtomicBool>,
     /// The most bytes of one chunk.
     pub(super) chunk_bytes: usize,
+    /// The most bytes of one chunk mapped from a local file.
+    pub(super) map_chunk_bytes: usize,
     /// How long an open or a read may take.
     pub(super) io_timeout: Duration,
     /// Where reads are counted.

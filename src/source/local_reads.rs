@@ -166,8 +166,9 @@ async fn map_chunks(
     tx: &ChunkSender,
 ) -> Result<Mapped, ConsumerGone> {
     while offset < end.end {
-        let want = usize::try_from(end.end - offset)
-            .map_or(fetcher.chunk_bytes, |left| left.min(fetcher.chunk_bytes));
+        let want = usize::try_from(end.end - offset).map_or(fetcher.map_chunk_bytes, |left| {
+            left.min(fetcher.map_chunk_bytes)
+        });
         let Some(mut permit) = fetcher.reserve(want).await else {
             return Err(ConsumerGone);
         };
@@ -311,6 +312,7 @@ mod tests {
         let options = super::super::ReadAheadOptions {
             budget_bytes: budget,
             chunk_bytes: chunk,
+            map_chunk_bytes: chunk,
             io_timeout: Duration::from_secs(20),
             store: crate::config::StoreOptions::default(),
             cache: None,

@@ -49,6 +49,9 @@ pub struct ReadAheadOptions {
     pub budget_bytes: usize,
     /// Size of one read.
     pub chunk_bytes: usize,
+    /// Size of one mapping of a local file (at most the budget): see
+    /// [`store::local::MAP_CHUNK_BYTES`].
+    pub map_chunk_bytes: usize,
     /// Longest wait of a [`ShardReader`] for its next bytes.
     pub io_timeout: Duration,
     /// How to reach every store (S3, HTTP(S), GCS, the Hub).
@@ -98,6 +101,7 @@ impl ReadAhead {
             .map_err(|e| Error::Stopped(format!("cannot start the I/O runtime: {e}")))?;
         let chunk_bytes = options.chunk_bytes.min(options.budget_bytes).max(1);
         let budget_total = options.budget_bytes.max(chunk_bytes);
+        let map_chunk_bytes = options.map_chunk_bytes.min(budget_total).max(1);
         let cancelled = Arc::new(AtomicBool::new(false));
         let (shard_tx, shard_rx) = mpsc::channel();
         let task = Dispatcher {
@@ -105,6 +109,7 @@ impl ReadAhead {
                 budget: Arc::new(Semaphore::new(budget_total)),
                 cancelled: cancelled.clone(),
                 chunk_bytes,
+                map_chunk_bytes,
                 io_timeout: options.io_timeout,
                 counters: counters.clone(),
                 budget_total,
@@ -688,6 +693,7 @@ fn read_tails(
         ReadAheadOptions {
             budget_bytes: defaults.read_ahead_bytes,
             chunk_bytes: defaults.chunk_bytes,
+            map_chunk_bytes: store::local::MAP_CHUNK_BYTES,
             io_timeout: defaults.io_timeout,
             store: store_options.clone(),
             cache: None,
@@ -968,6 +974,16 @@ mod tests {
     use crate::store::local::file_origin;
 
     fn read_ahead(path: &Path, chunk_bytes: usize) -> ReadAhead {
+        read_ahead_mapping(path, (chunk_bytes, chunk_bytes), 4 * chunk_bytes)
+    }
+
+    /// A read-ahead of the local file `path` in chunks of `chunk_bytes`,
+    /// mapped `map_chunk_bytes` at a time, within `budget_bytes`.
+    fn read_ahead_mapping(
+        path: &Path,
+        (chunk_bytes, map_chunk_bytes): (usize, usize),
+        budget_bytes: usize,
+    ) -> ReadAhead {
         let unit = FetchUnit {
             url: path.display().to_string(),
             location: Location::Local(path.to_owned()),
@@ -977,13 +993,47 @@ mod tests {
             all_samples: false,
         };
         let options = ReadAheadOptions {
-            budget_bytes: 4 * chunk_bytes,
+            budget_bytes,
             chunk_bytes,
+            map_chunk_bytes,
             io_timeout: Duration::from_secs(20),
             store: StoreOptions::default(),
             cache: None,
         };
         ReadAhead::start(vec![unit], options, Arc::new(Counters::new())).unwrap()
+    }
+
+    #[test]
+    fn a_local_file_is_mapped_in_chunks_of_its_own_size_within_the_budget() {
+        let chunk = 64 << 10;
+        let bytes = content(16 * chunk);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.tar");
+        std::fs::write(&path, &bytes).unwrap();
+        // A member across a read chunk's end lies within one mapping of
+        // four chunks: it is shared.
+        let read_ahead = read_ahead_mapping(&path, (chunk, 4 * chunk), 8 * chunk);
+        let mut reader = read_ahead.next_shard().unwrap().unwrap();
+        let mut head = vec![0; chunk / 2];
+        reader.read_exact(&mut head).unwrap();
+        let across = reader
+            .read_shared(chunk)
+            .unwrap()
+            .expect("within the mapping");
+        assert_eq!(across, bytes[chunk / 2..chunk / 2 + chunk]);
+        // One across the mapping's end is not, and nothing is consumed.
+        let mut skip = vec![0; 2 * chunk];
+        reader.read_exact(&mut skip).unwrap();
+        assert!(reader.read_shared(chunk).unwrap().is_none());
+        let mut rest = Vec::new();
+        reader.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, bytes[chunk / 2 + 3 * chunk..]);
+        // A budget below the mapping's size bounds it.
+        let read_ahead = read_ahead_mapping(&path, (chunk, 4 * chunk), 2 * chunk);
+        let mut reader = read_ahead.next_shard().unwrap().unwrap();
+        reader.read_exact(&mut head).unwrap();
+        assert!(reader.read_shared(2 * chunk).unwrap().is_none());
+        assert!(reader.read_shared(chunk).unwrap().is_some());
     }
 
     fn unit(range: Option<std::ops::Range<u64>>) -> FetchUnit {

@@ -740,6 +740,7 @@ mod tests {
             budget: Arc::new(Semaphore::new(budget)),
             cancelled: Arc::new(AtomicBool::new(false)),
             chunk_bytes: 1 << 20,
+            map_chunk_bytes: 1 << 20,
             io_timeout: Duration::from_secs(20),
             counters: Arc::new(Counters::new()),
             budget_total: budget,
