@@ -993,7 +993,6 @@ fn resolve_counted(specs: &[String], options: &DatasetOptions) -> Result<Vec<Sha
     Ok(shards)
 }
 
-/// Refuses `shards` unless every one has a sample count.
 /// The shards of a dataset as a run of `params` plans them, with their
 /// counts for the commands that name samples.
 struct RunsPlan {
@@ -1036,6 +1035,7 @@ fn runs_plan(specs: &[String], options: &DatasetOptions, params: &PlanParams) ->
     })
 }
 
+/// Refuses `shards` unless every one has a sample count.
 fn check_counted(shards: &[Shard]) -> Result<()> {
     match crate::dataset::count::first_uncounted(shards) {
         None => Ok(()),

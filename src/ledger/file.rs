@@ -522,11 +522,14 @@ pub fn read_generation(dir: &Path) -> Result<Generation, ReadError> {
             ),
         ));
     }
-    if meta.world_size == 0 || meta.num_workers == 0 {
-        return Err(read_error(
-            &meta_path,
-            "world_size and num_workers must be at least 1",
-        ));
+    // A layout no job could have (a value edited by hand) is refused
+    // before anything is planned for it.
+    if let Err(error) = crate::plan::SlotSpec::new(meta.world_size, 0, meta.num_workers, 0) {
+        let reason = match error {
+            crate::error::Error::Config { name, reason } => format!("{name} {reason}"),
+            other => other.to_string(),
+        };
+        return Err(read_error(&meta_path, reason));
     }
     let mut ranks = Vec::with_capacity(meta.world_size);
     for rank in 0..meta.world_size {

@@ -154,16 +154,17 @@ fn check_mix_epoch(
         sequences_mixed: false,
         violation: None,
     };
-    // Repeats a stream's padding may make in one pass, by the first layout.
+    // Repeats a stream's padding may make in one pass, by the first layout
+    // (a packed stream's slots are cut by tokens, never padded).
     let pad_allowance = |stream: usize| -> u64 {
         let dataset = &mix.streams[stream];
         let total: u64 = dataset.counts.iter().sum();
         match dataset.remainder {
-            Remainder::Pad => {
+            Remainder::Pad if !dataset.packed => {
                 let per_rank = cut::samples_per_rank(total, first_layout.0, Remainder::Pad);
                 per_rank * first_layout.0 as u64 - total
             }
-            Remainder::Drop => 0,
+            Remainder::Pad | Remainder::Drop => 0,
         }
     };
     let mut pads: HashMap<(u64, usize), u64> = HashMap::new();
@@ -214,12 +215,11 @@ fn check_mix_epoch(
         // The mixture takes a number of each stream's sequences: which
         // documents they hold depends on the packing, replayed where each
         // slot's order is known (one generation, its workers known, no
-        // skip, no padding), else only no document twice is checked.
+        // skip), else only no document twice is checked.
         report.sequences_mixed = true;
         report.coverage_checked = false;
         let replayable = order.len() == 1
             && generations[order[0]].meta.num_workers_known
-            && report.padded == 0
             && !error_skips(generations).any(|skip| skip.epoch == epoch);
         if !replayable {
             return report;
@@ -404,7 +404,6 @@ fn replay_packed(
     layout: (usize, usize),
     taken: impl Fn(&MixSample) -> bool,
 ) -> Option<Result<PackedReplay, Unreplayed>> {
-    let streams = mix.streams.len();
     let packings = mix
         .streams
         .iter()
@@ -423,58 +422,35 @@ fn replay_packed(
     };
     let mut unknown: Option<PackOrder> = None;
     for slot in 0..layout.0 * layout.1 {
-        let mixture = SlotMixture {
-            policy: mix.policy,
-            weights,
-            key: (mix.seed, epoch),
-            slot: u32::try_from(slot).ok()?,
-            generation: 0,
-        };
-        let first = (0..streams)
-            .map(|stream| Some(plans.pass(stream, 0)?.sequences[slot]))
-            .collect::<Option<Vec<u64>>>()?;
-        let mut failed = false;
-        let plan = SlotPlan::new(mixture, vec![0; streams], &first, |stream, pass| {
-            let sequences = plans.pass(stream, pass).map(|p| p.sequences[slot]);
-            failed |= sequences.is_none();
-            Ok(sequences.unwrap_or(0))
-        })
-        .ok()?;
-        if failed {
-            return None;
-        }
-        for (stream, passes) in plan.passes.iter().enumerate() {
+        let takes = slot_takes(mix, weights, epoch, slot, |stream, pass| {
+            plans.pass(stream, pass)?.sequences.get(slot).copied()
+        })?;
+        for (stream, pass, take) in takes {
             let dataset = &mix.streams[stream];
-            let mut left = plan.counts[stream];
-            for (pass, &read) in passes.iter().enumerate() {
-                let take = read.min(left);
-                left -= take;
-                let pass = pass as u64;
-                let stream_epoch = pass_epoch(epoch, pass).ok()?;
-                let units = &plans.pass(stream, pass)?.units[slot];
-                let packing = packings[stream];
-                let handed = |shard: usize, index: u64| taken(&(pass, stream, shard, index));
-                let order = match packing.known_order(dataset.seed, stream_epoch, slot, units) {
-                    Ok(order) => order,
-                    Err(why) => {
-                        unknown.get_or_insert(why);
-                        continue;
+            let stream_epoch = pass_epoch(epoch, pass).ok()?;
+            let units = plans.pass(stream, pass)?.units.get(slot)?;
+            let packing = packings[stream];
+            let handed = |shard: usize, index: u64| taken(&(pass, stream, shard, index));
+            let order = match packing.known_order(dataset.seed, stream_epoch, slot, units) {
+                Ok(order) => order,
+                Err(why) => {
+                    unknown.get_or_insert(why);
+                    continue;
+                }
+            };
+            match packing.replayed(slot, &order, take, &handed) {
+                Err(missing) => return Some(Err(Unreplayed::Missing(stream, pass, missing))),
+                Ok(Err(why)) => {
+                    // A disagreement with the records is said first.
+                    if unknown.is_none() || why == PackOrder::NotTheRunsOrder {
+                        unknown = Some(why);
                     }
-                };
-                match packing.replayed(slot, &order, take, &handed) {
-                    Err(missing) => return Some(Err(Unreplayed::Missing(stream, pass, missing))),
-                    Ok(Err(why)) => {
-                        // A disagreement with the records is said first.
-                        if unknown.is_none() || why == PackOrder::NotTheRunsOrder {
-                            unknown = Some(why);
-                        }
-                    }
-                    Ok(Ok(not_handed)) => {
-                        replay.left_out += not_handed;
-                        for &(shard, index) in &order {
-                            if handed(shard, index) {
-                                replay.ended.insert((pass, stream, shard, index));
-                            }
+                }
+                Ok(Ok(not_handed)) => {
+                    replay.left_out += not_handed;
+                    for &(shard, index) in &order {
+                        if handed(shard, index) {
+                            replay.ended.insert((pass, stream, shard, index));
                         }
                     }
                 }
@@ -485,6 +461,52 @@ fn replay_packed(
         Some(why) => Err(Unreplayed::Order(why)),
         None => Ok(replay),
     })
+}
+
+/// What slot `slot`'s mixture of `epoch` (mixed by `weights`) takes of
+/// each pass over each stream, as `(stream, pass, taken)` in stream then
+/// pass order, from `length(stream, pass)`: the slot's part of that pass
+/// (samples, or a packed stream's sequences). Under "stop" the slot takes
+/// fewer than its first pass holds; under "restart" its last pass is cut.
+/// `None` when a length is not known or the mixture cannot be planned.
+fn slot_takes(
+    mix: &MixDataset,
+    weights: &[f64],
+    epoch: u64,
+    slot: usize,
+    mut length: impl FnMut(usize, u64) -> Option<u64>,
+) -> Option<Vec<(usize, u64, u64)>> {
+    let streams = mix.streams.len();
+    let mixture = SlotMixture {
+        policy: mix.policy,
+        weights,
+        key: (mix.seed, epoch),
+        slot: u32::try_from(slot).ok()?,
+        generation: 0,
+    };
+    let first = (0..streams)
+        .map(|stream| length(stream, 0))
+        .collect::<Option<Vec<u64>>>()?;
+    let mut failed = false;
+    let plan = SlotPlan::new(mixture, vec![0; streams], &first, |stream, pass| {
+        let part = length(stream, pass);
+        failed |= part.is_none();
+        Ok(part.unwrap_or(0))
+    })
+    .ok()?;
+    if failed {
+        return None;
+    }
+    let mut takes = Vec::new();
+    for (stream, passes) in plan.passes.iter().enumerate() {
+        let mut left = *plan.counts.get(stream)?;
+        for (pass, &read) in passes.iter().enumerate() {
+            let take = read.min(left);
+            left -= take;
+            takes.push((stream, pass as u64, take));
+        }
+    }
+    Some(takes)
 }
 
 /// A pass over a packed stream, planned: each slot's units, and the
@@ -615,58 +637,31 @@ fn planned_samples(
         layout,
         plans: HashMap::new(),
     };
-    let streams = mix.streams.len();
     let mut planned = Planned {
         samples: HashMap::new(),
         passes: HashMap::new(),
     };
     for slot in 0..layout.0 * layout.1 {
-        let mixture = SlotMixture {
-            policy: mix.policy,
-            weights,
-            key: (mix.seed, epoch),
-            slot: u32::try_from(slot).ok()?,
-            generation: 0,
-        };
-        let first = (0..streams)
-            .map(|stream| plans.length(stream, 0, slot))
-            .collect::<Option<Vec<u64>>>()?;
-        let mut failed = false;
-        let plan = SlotPlan::new(mixture, vec![0; streams], &first, |stream, pass| {
-            let length = plans.length(stream, pass, slot);
-            failed |= length.is_none();
-            Ok(length.unwrap_or(0))
-        })
-        .ok()?;
-        if failed {
-            return None;
-        }
-        for (stream, passes) in plan.passes.iter().enumerate() {
-            // The slot takes `counts[stream]` samples, pass after pass
-            // (under "stop" fewer than its first pass holds; `passes`
-            // holds what each pass gives, the last cut under "restart").
-            let mut left = plan.counts[stream];
-            for (pass, &read) in passes.iter().enumerate() {
-                let take = read.min(left);
-                left -= take;
-                let pass = pass as u64;
-                // The slot's part of the pass (restart's last pass is
-                // read in part).
-                let part = plans.length(stream, pass, slot)?;
-                let totals = planned.passes.entry((pass, stream)).or_default();
-                totals.take += take;
-                totals.cut |= take < part;
-                let samples = plans.slot(stream, pass, slot)?.iter().flat_map(|u| {
-                    let range = u.samples.clone().unwrap_or(0..0);
-                    range.map(move |index| (u.shard, index))
-                });
-                for (shard, index) in samples {
-                    let entry = planned
-                        .samples
-                        .entry((pass, stream, shard, index))
-                        .or_insert((0, slot));
-                    entry.0 += 1;
-                }
+        let takes = slot_takes(mix, weights, epoch, slot, |stream, pass| {
+            plans.length(stream, pass, slot)
+        })?;
+        for (stream, pass, take) in takes {
+            // The slot's part of the pass (restart's last pass is
+            // read in part).
+            let part = plans.length(stream, pass, slot)?;
+            let totals = planned.passes.entry((pass, stream)).or_default();
+            totals.take += take;
+            totals.cut |= take < part;
+            let samples = plans.slot(stream, pass, slot)?.iter().flat_map(|u| {
+                let range = u.samples.clone().unwrap_or(0..0);
+                range.map(move |index| (u.shard, index))
+            });
+            for (shard, index) in samples {
+                let entry = planned
+                    .samples
+                    .entry((pass, stream, shard, index))
+                    .or_insert((0, slot));
+                entry.0 += 1;
             }
         }
     }

@@ -283,6 +283,26 @@ def test_a_torn_last_record_is_reported_and_ignored(
     assert code == 2 and "cannot list the ledger folder" in out, out
 
 
+@pytest.mark.parametrize(
+    ("field", "value"), [("num_workers", 2**40), ("world_size", 2**21), ("num_workers", 0)]
+)
+def test_a_layout_no_job_could_have_is_refused_naming_it(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], field: str, value: int
+) -> None:
+    """A ``meta.json`` edited to a layout past the limits is a read error
+    naming the field, not a plan of that many slots."""
+    ds = make(dataset.spec, batch_size=8)
+    with shardstream.Ledger(tmp_path, ds) as ledger:
+        for _ in ledger.track(ds):
+            pass
+    meta_path = tmp_path / "gen-000000" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta[field] = value
+    meta_path.write_text(json.dumps(meta))
+    code, out = verify(capfd, tmp_path)
+    assert code == 2 and "meta.json" in out and f"{field} must be" in out, out
+
+
 def test_explain_names_the_samples_of_a_step(
     dataset: DatasetInfo, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -27,10 +27,10 @@ OPTIONS = {"seed": 5, "shuffle_buffer": 8, "shuffle_initial": 3, "sample_ids": T
 OFFSET = 10**8
 
 
-def indexed(folder: Path, shards: int, offset: int) -> list[str]:
-    """``write_docs`` shards (their ids moved by ``offset``) and their
-    manifest with each document's count of ``ids``."""
-    urls = write_docs(folder, shards=shards, docs=20, seed=offset % 7)
+def indexed(folder: Path, shards: int, offset: int, docs: int = 20) -> list[str]:
+    """``write_docs`` shards of ``docs`` documents (their ids moved by
+    ``offset``) and their manifest with each document's count of ``ids``."""
+    urls = write_docs(folder, shards=shards, docs=docs, seed=offset % 7)
     for url in urls:
         docs = [json.loads(line) for line in Path(url).read_text().splitlines()]
         lines = [json.dumps({**d, "ids": [t + offset for t in d["ids"]]}) for d in docs]
@@ -310,3 +310,49 @@ def test_verify_replays_a_packed_mixture_across_ranks(
     else:
         assert code == 0 and "ok: every sample exactly once" in out, out
         assert f"epoch 0: {len(handed)} of {len(handed)} samples" in out, out
+
+
+def test_verify_names_a_repeated_document_of_a_padded_packed_stream(tmp_path, capfd) -> None:
+    """A packed stream is cut by tokens, never padded: a document recorded
+    twice is a violation even with ``remainder="pad"`` and a document
+    count that does not divide among the ranks."""
+    corpora = indexed(tmp_path / "a", 4, 0), indexed(tmp_path / "b", 3, OFFSET, docs=21)
+    ledger_dir = tmp_path / "ledger"
+    for rank in (0, 1):
+        mix = mixture(corpora, (CONCAT, CONCAT), [1, 1], rank=rank, world_size=2, remainder="pad")
+        seqs = list(DataLoader(mix, batch_size=None))
+        # Stream 1's last document handed out, recorded a second time.
+        again = next(s for s in reversed(seqs) if stream_of(s) == 1 and len(s["__id__"]))
+        if rank == 1:
+            # Recorded again in the rank's last step (as many steps).
+            last = seqs[-1]
+            seqs[-1] = {**last, "__id__": torch.cat([last["__id__"], again["__id__"][:1]])}
+        with Ledger(ledger_dir, mix, num_workers=1) as ledger:
+            for seq in seqs:
+                ledger.record(seq)
+            ledger.epoch_end(0)
+    capfd.readouterr()
+    assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 1
+    out = capfd.readouterr().out
+    assert "twice" in out and "repeated by pad" not in out, out
+
+
+def test_verify_says_which_packed_mixture_order_was_not_replayed(corpora, tmp_path, capfd) -> None:
+    """One stream whose shuffle buffer may let a document out early by its
+    byte bound: its order is not replayed, so the epoch is checked for no
+    document twice, and a note says why."""
+    a, b = corpora
+    streams = [
+        StreamingDataset(a, pack=BEST_FIT, **{**OPTIONS, "shuffle_buffer_bytes": 64}),
+        StreamingDataset(b, pack=CONCAT, **OPTIONS),
+    ]
+    mix = Mix(streams, [1, 2])
+    ledger_dir = tmp_path / "ledger"
+    with Ledger(ledger_dir, mix) as ledger:
+        for _ in ledger.track(DataLoader(mix, batch_size=None)):
+            pass
+    capfd.readouterr()
+    assert run_cli(["shardstream", "verify", str(ledger_dir)]) == 0
+    out = capfd.readouterr().out
+    assert "at most once (a mixture of packed streams" in out, out
+    assert "was not replayed" in out and "may pass shuffle_buffer_bytes" in out, out

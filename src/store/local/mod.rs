@@ -34,7 +34,7 @@ use crate::fork::{self, ForkHandlers};
 /// a `munmap` with its TLB shootdown once its last member goes, and a
 /// thread hand-off, and a member that crosses a mapping's end is copied:
 /// over audio epochs at workers 0 (80 KB members, 2 cores) 4 MiB
-/// mappings took 10% less CPU and delivered 18-24% more samples per
+/// mappings took 10% less CPU and delivered 17-24% more samples per
 /// second than 1 MiB ones (docs/performance.md, "Larger mappings of local
 /// shards").
 pub const MAP_CHUNK_BYTES: usize = 4 << 20;
