@@ -33,8 +33,8 @@ pub struct StreamOptions {
     pub shuffle_initial: usize,
     /// Bytes read ahead of the parser, across shard boundaries.
     pub read_ahead_bytes: usize,
-    /// Size of one read from storage (a local file is mapped
-    /// [`crate::store::local::MAP_CHUNK_BYTES`] at a time instead).
+    /// Size of one read from storage (a local file is mapped in larger
+    /// chunks: `MAP_CHUNK_BYTES` of the local store).
     pub chunk_bytes: usize,
     /// Samples queued for the consumer. They are sent in groups of
     /// `output_queue / 4` (1 to 64), a group going out early once its

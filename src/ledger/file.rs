@@ -526,7 +526,7 @@ pub fn read_generation(dir: &Path) -> Result<Generation, ReadError> {
     // before anything is planned for it.
     if let Err(error) = crate::plan::SlotSpec::new(meta.world_size, 0, meta.num_workers, 0) {
         let reason = match error {
-            crate::error::Error::Config { name, reason } => format!("{name} {reason}"),
+            crate::error::Error::Config { name, reason } => format!("{name}: {reason}"),
             other => other.to_string(),
         };
         return Err(read_error(&meta_path, reason));

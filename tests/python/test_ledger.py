@@ -300,7 +300,7 @@ def test_a_layout_no_job_could_have_is_refused_naming_it(
     meta[field] = value
     meta_path.write_text(json.dumps(meta))
     code, out = verify(capfd, tmp_path)
-    assert code == 2 and "meta.json" in out and f"{field} must be" in out, out
+    assert code == 2 and "meta.json" in out and f"{field}: " in out and "must be" in out, out
 
 
 def test_explain_names_the_samples_of_a_step(
