@@ -81,6 +81,12 @@ impl MixDataset {
         (index < self.streams[stream].counts[shard]).then_some((pass, stream, shard, index))
     }
 
+    /// The id (`(shard, index)` in the mixture's numbering) of a sample.
+    fn id_of(offsets: &[u64], (pass, stream, shard, index): MixSample) -> (u64, u64) {
+        let total = offsets.last().copied().unwrap_or(0);
+        (pass * total + offsets[stream] + shard as u64, index)
+    }
+
     /// The name of an id, in errors.
     fn name(&self, offsets: &[u64], (id_shard, index): (u64, u64)) -> SampleName {
         match self.shard_of(offsets, id_shard) {
@@ -230,11 +236,11 @@ fn check_mix_epoch(
             None => {}
             Some(Err(Unreplayed::Missing(stream, pass, left))) => {
                 let (shard, index) = left.first;
-                let id_shard = pass * offsets[offsets.len() - 1] + offsets[stream] + shard as u64;
+                let id = MixDataset::id_of(offsets, (pass, stream, shard, index));
                 let workers = first_layout.1.max(1);
                 report.violation = Some(Violation::Missing {
                     epoch,
-                    sample: mix.name(offsets, (id_shard, index)),
+                    sample: mix.name(offsets, id),
                     count: left.count,
                     generation: generations[order[0]].meta.generation,
                     rank: left.slot / workers,
@@ -250,12 +256,10 @@ fn check_mix_epoch(
                     .iter()
                     .filter(|(sample, _)| !replayed.ended.contains(sample))
                     .min_by_key(|(_, (_, at))| *at);
-                if let Some((&(pass, stream, shard, index), &(_, at))) = extra {
-                    let id_shard =
-                        pass * offsets[offsets.len() - 1] + offsets[stream] + shard as u64;
+                if let Some((&sample, &(_, at))) = extra {
                     report.violation = Some(Violation::NotPlanned {
                         epoch,
-                        sample: mix.name(offsets, (id_shard, index)),
+                        sample: mix.name(offsets, MixDataset::id_of(offsets, sample)),
                         place: place(generations, &entries[at]),
                     });
                     return report;
@@ -281,10 +285,7 @@ fn check_mix_epoch(
     };
     report.expected = planned.passes.values().map(|p| p.take).sum();
     let workers = first_layout.1;
-    let id_of = |(pass, stream, shard, index): MixSample| {
-        let id_shard = pass * offsets[offsets.len() - 1] + offsets[stream] + shard as u64;
-        (id_shard, index)
-    };
+    let id_of = |sample: MixSample| MixDataset::id_of(offsets, sample);
     let is_cut = |(pass, stream, _, _): MixSample| {
         planned.passes.get(&(pass, stream)).is_some_and(|p| p.cut)
     };
