@@ -456,12 +456,18 @@ fn fault_handler_installed() -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::pages::page_size;
+    use super::pages::{page_size, release_pending, ONE_CALL_REFUSED, RELEASE_LOT};
 
     use super::*;
 
     /// The resident size, in kB, of this process's mapping that holds `address`.
     fn mapping_rss_kb(address: usize) -> u64 {
+        mapped_rss_kb(address).unwrap_or_else(|| panic!("no mapping holds {address:#x}"))
+    }
+
+    /// The resident size, in kB, of this process's mapping that holds
+    /// `address`, if one does.
+    fn mapped_rss_kb(address: usize) -> Option<u64> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
         let mut inside = false;
         for line in smaps.lines() {
@@ -477,11 +483,112 @@ mod tests {
             }
             if inside {
                 if let Some(kb) = line.strip_prefix("Rss:") {
-                    return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+                    return Some(kb.trim().trim_end_matches("kB").trim().parse().unwrap());
                 }
             }
         }
-        panic!("no mapping holds {address:#x}");
+        None
+    }
+
+    /// A populated mapping of a file of `pages` pages, as a chunk.
+    fn mapped_chunk(dir: &Path, pages: usize) -> Bytes {
+        let path = dir.join("shard.tar");
+        std::fs::write(&path, vec![7u8; pages * page_size()]).unwrap();
+        let file = File::open(&path).unwrap();
+        // SAFETY: a file of this test's own, not modified while mapped.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.unwrap();
+        Bytes::from_owner(map)
+    }
+
+    /// Each of `count` members of `chunk`: two whole pages of its own,
+    /// a page apart.
+    fn two_page_members(chunk: &Bytes, count: usize) -> Vec<Bytes> {
+        let page = page_size();
+        (0..count)
+            .map(|i| Bytes::from_owner(MappedMember::new(chunk.clone(), 3 * i * page, 2 * page)))
+            .collect()
+    }
+
+    #[test]
+    fn dropped_members_give_their_pages_back_a_lot_at_a_time_and_keep_the_mapping_till_then() {
+        let page_kb = (page_size() / 1024) as u64;
+        let dir = tempfile::tempdir().unwrap();
+        let chunk = mapped_chunk(dir.path(), 3 * RELEASE_LOT + 3);
+        let address = chunk.as_ptr() as usize;
+        let full_kb = mapping_rss_kb(address);
+        let mut members = two_page_members(&chunk, RELEASE_LOT + 1);
+        let last = members.pop().unwrap();
+        // The chunk's own handle goes first: the members' ranges must
+        // keep it mapped until they are given back.
+        drop(chunk);
+        let lot_but_one = members.split_off(1);
+        drop(lot_but_one);
+        assert_eq!(mapping_rss_kb(address), full_kb, "a lot not full yet");
+        drop(members);
+        assert_eq!(
+            mapping_rss_kb(address),
+            full_kb - 2 * RELEASE_LOT as u64 * page_kb,
+            "the full lot given back at once"
+        );
+        // The last member's range waits for the next lot, and keeps the
+        // mapping: the range of a mapping that went is never released.
+        drop(last);
+        assert!(
+            mapped_rss_kb(address).is_some(),
+            "the mapping outlives its waiting range"
+        );
+        release_pending();
+        assert_eq!(
+            mapped_rss_kb(address),
+            None,
+            "the mapping goes with its last range"
+        );
+    }
+
+    #[test]
+    fn a_forked_child_gives_its_pages_back_with_its_own_pidfd() {
+        let dir = tempfile::tempdir().unwrap();
+        // A lot given back here opens this process's pidfd.
+        let chunk = mapped_chunk(dir.path(), 3 * RELEASE_LOT + 3);
+        drop(two_page_members(&chunk, RELEASE_LOT));
+        release_pending();
+        let one_call = !ONE_CALL_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+        let address = chunk.as_ptr() as usize;
+        let page_kb = (page_size() / 1024) as u64;
+        // SAFETY: the child drops members of a mapping it inherited,
+        // reads its own smaps and leaves with `_exit`.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // A shared file mapping's pages are not copied by the fork:
+            // touch each, so that the child holds them all.
+            let sum: u64 = chunk.iter().map(|&byte| u64::from(byte)).sum();
+            let before = mapped_rss_kb(address).unwrap_or(0);
+            drop(two_page_members(&chunk, RELEASE_LOT));
+            let after = mapped_rss_kb(address).unwrap_or(0);
+            let refused = ONE_CALL_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+            let code = if sum == 0 || before != chunk.len() as u64 / 1024 {
+                3
+            } else if after != before - 2 * RELEASE_LOT as u64 * page_kb {
+                4
+            } else if one_call && refused {
+                5
+            } else {
+                0
+            };
+            // SAFETY: leaves the forked child without running the
+            // parent's exit handlers.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(child > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: waits for our own child, which exits on its own.
+        unsafe { libc::waitpid(child, &mut status, 0) };
+        assert!(libc::WIFEXITED(status), "the child did not exit");
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            0,
+            "3: nothing mapped, 4: pages kept, 5: the child's lot refused"
+        );
     }
 
     #[test]
@@ -545,6 +652,7 @@ mod tests {
         drop(member);
         assert_eq!(mapping_rss_kb(address), full_kb, "a clone still holds it");
         drop(copy);
+        release_pending();
         assert_eq!(mapping_rss_kb(address), full_kb - (9 * page / 1024) as u64);
         // The chunk still reads as the file: dropped pages map in again.
         assert_eq!(&chunk[..], &content[..]);
