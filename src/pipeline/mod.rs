@@ -497,7 +497,7 @@ impl SampleStream {
                 Err(TryRecvError::Empty) if wait.is_zero() => Err(RecvTimeoutError::Timeout),
                 Err(TryRecvError::Empty) => {
                     let waiting = Instant::now();
-                    let received = messages.recv_timeout(wait);
+                    let received = wait_for_message(messages, wait);
                     self.counters.add_since(Counter::NextWaitNanos, waiting);
                     received
                 }
@@ -610,6 +610,18 @@ impl Iterator for SampleStream {
             }
         }
     }
+}
+
+/// The next message of `messages`, waiting for it up to `wait`. The
+/// thread is idle meanwhile, so the pages of the members it dropped go back
+/// first rather than waiting for its next lot (see `store::local`): a
+/// consumer that stops (an epoch's end, an evaluation) holds none.
+fn wait_for_message(
+    messages: &Receiver<Message>,
+    wait: Duration,
+) -> std::result::Result<Message, RecvTimeoutError> {
+    crate::store::local::release_pending();
+    messages.recv_timeout(wait)
 }
 
 impl Drop for SampleStream {
@@ -748,4 +760,33 @@ fn pack_stage(
         ids_epoch,
         planned,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::store::local::{waiting_page_ranges, MappedMember};
+
+    #[test]
+    fn a_consumer_that_waits_gives_its_dropped_members_pages_back_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.tar");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: a file of this test's own, not modified while mapped.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.unwrap();
+        let chunk = Bytes::from_owner(map);
+        drop(Bytes::from_owner(MappedMember::new(chunk, 0, 64 << 10)));
+        assert_eq!(
+            waiting_page_ranges(),
+            1,
+            "a dropped member's pages wait for a lot"
+        );
+        let (_tx, messages) = std::sync::mpsc::channel::<Message>();
+        let waited = wait_for_message(&messages, Duration::from_millis(10));
+        assert!(matches!(waited, Err(RecvTimeoutError::Timeout)));
+        assert_eq!(waiting_page_ranges(), 0, "given back before the wait");
+    }
 }

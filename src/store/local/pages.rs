@@ -4,22 +4,23 @@
 //! not the whole chunk's.
 //!
 //! Each thread gives dropped members' pages back in lots of up to
-//! [`RELEASE_LOT`] ranges (or [`RELEASE_LOT_BYTES`]), with one
-//! `process_madvise` call where the kernel takes `MADV_DONTNEED` that
-//! way (Linux 6.13 and later), one `madvise` per range otherwise. Each
-//! release from a mapping costs a TLB shootdown on every core running the
-//! process; a lot costs one (Linux 6.16 and later) instead of one per
-//! member, which at workers 0 on 80 KB members was half the consuming
-//! thread's time (docs/performance.md, "Where the CPU goes at workers 0
-//! on audio").
+//! [`RELEASE_LOT`] ranges (or [`RELEASE_LOT_BYTES`]), and gives back what
+//! waits when it is about to wait for its next sample
+//! ([`release_pending`]) or ends. A lot is one `process_madvise` call
+//! where the kernel takes `MADV_DONTNEED` that way (Linux 6.13 and later),
+//! one `madvise` per range otherwise. Each release from a mapping costs a
+//! TLB shootdown on every core running the process; a lot costs one
+//! (Linux 6.16 and later) instead of one per member, which at workers 0 on
+//! 80 KB members was half the consuming thread's time
+//! (docs/performance.md, "Where the CPU goes at workers 0 on audio").
 
 use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use bytes::Bytes;
 
-use crate::fork::{self, ForkHandlers};
+use crate::fork::ForkHandlers;
 
 /// The most dropped members' page ranges a thread holds before giving
 /// them back in one call (the kernel's `process_madvise` takes up to
@@ -81,9 +82,10 @@ impl Drop for MappedMember {
 
 /// Dropped members' page ranges waiting to be given back, each with its
 /// chunk (which keeps the range mapped until then).
-#[derive(Default)]
 struct PendingReleases {
+    /// Each waiting range, with the chunk it lies in.
     ranges: Vec<(Bytes, Range<usize>)>,
+    /// The bytes of the waiting ranges.
     bytes: usize,
 }
 
@@ -99,6 +101,9 @@ impl PendingReleases {
 
     /// Gives every waiting range back, then lets their chunks go.
     fn release_all(&mut self) {
+        if self.ranges.is_empty() {
+            return;
+        }
         release(&self.ranges);
         self.ranges.clear();
         self.bytes = 0;
@@ -113,14 +118,31 @@ impl Drop for PendingReleases {
 
 thread_local! {
     /// This thread's dropped members' pages not yet given back.
-    static PENDING: RefCell<PendingReleases> = RefCell::new(PendingReleases::default());
+    static PENDING: RefCell<PendingReleases> = const {
+        RefCell::new(PendingReleases {
+            ranges: Vec::new(),
+            bytes: 0,
+        })
+    };
 }
 
-/// Gives back what this thread's dropped members still hold (their pages
-/// are otherwise given back with the next lot).
+/// Gives back the pages this thread's dropped members still hold, which
+/// otherwise wait for its next lot: called by a consumer about to wait
+/// for its next sample, so that a thread that stops (an epoch's end, an
+/// evaluation between epochs) keeps at most a lot's ranges until it
+/// waits again.
+pub(crate) fn release_pending() {
+    let _ = PENDING.try_with(|pending| {
+        if let Ok(mut pending) = pending.try_borrow_mut() {
+            pending.release_all();
+        }
+    });
+}
+
+/// How many dropped members' page ranges wait in this thread's lot.
 #[cfg(test)]
-pub(super) fn release_pending() {
-    PENDING.with(|pending| pending.borrow_mut().release_all());
+pub(crate) fn waiting_page_ranges() -> usize {
+    PENDING.with(|pending| pending.borrow().ranges.len())
 }
 
 /// Drops the pages of `ranges` from their mappings: all in one
@@ -164,7 +186,7 @@ pub(super) static ONE_CALL_REFUSED: AtomicBool = AtomicBool::new(false);
 
 /// A pidfd of this process, opened at the first lot (-1: none yet).
 /// Closed and forgotten in a forked child, whose pidfd it is not.
-static SELF_PIDFD: AtomicI64 = AtomicI64::new(-1);
+static SELF_PIDFD: AtomicI32 = AtomicI32::new(-1);
 
 /// Drops the pages of the leading ranges of `ranges` with one
 /// `process_madvise` call; the bytes it covered, in order (0 where the
@@ -207,8 +229,7 @@ fn release_in_one_call(ranges: &[(Bytes, Range<usize>)]) -> usize {
 }
 
 /// This process's pidfd, opened once (and again in a forked child).
-fn self_pidfd() -> Option<i64> {
-    register_fork_handlers();
+fn self_pidfd() -> Option<libc::c_int> {
     let known = SELF_PIDFD.load(Ordering::Acquire);
     if known >= 0 {
         return Some(known);
@@ -216,40 +237,44 @@ fn self_pidfd() -> Option<i64> {
     // SAFETY: opens a pidfd of this process; no pointer is passed.
     let opened = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
     if opened < 0 {
-        ONE_CALL_REFUSED.store(true, Ordering::Relaxed);
+        // A kernel before 5.3, or a filter that refuses it; other
+        // failures (out of descriptors) may pass.
+        let refused = std::io::Error::last_os_error().raw_os_error();
+        if matches!(refused, Some(libc::EINVAL | libc::ENOSYS | libc::EPERM)) {
+            ONE_CALL_REFUSED.store(true, Ordering::Relaxed);
+        }
         return None;
     }
+    let opened = libc::c_int::try_from(opened).ok()?;
     match SELF_PIDFD.compare_exchange(-1, opened, Ordering::AcqRel, Ordering::Acquire) {
         Ok(_) => Some(opened),
         Err(other) => {
             // Another thread opened one first: keep that one.
             // SAFETY: `opened` is this call's own descriptor.
-            unsafe { libc::close(opened as libc::c_int) };
+            unsafe { libc::close(opened) };
             Some(other)
         }
     }
 }
 
-/// Registers, once, the fork handler that forgets the parent's pidfd.
-fn register_fork_handlers() {
-    static REGISTERED: std::sync::Once = std::sync::Once::new();
-    REGISTERED.call_once(|| fork::register(&FORK_HANDLERS));
-}
-
-/// This module's handlers around a `fork`.
-static FORK_HANDLERS: ForkHandlers = ForkHandlers {
+/// This module's handlers around a `fork`, registered with the local
+/// store's (before any chunk is mapped).
+pub(super) static FORK_HANDLERS: ForkHandlers = ForkHandlers {
     prepare: None,
     parent: None,
     child: Some(forget_parents_pidfd),
 };
 
 /// In a forked child: closes the parent's pidfd, so that the child's
-/// next lot opens its own (a lot is never given to another process).
+/// next lot opens its own (a lot is never given to another process; the
+/// kernel would refuse it anyway). The descriptor is this module's own,
+/// inherited by the fork a moment ago, unless code outside it closed that
+/// number and opened another since, which nothing here does.
 fn forget_parents_pidfd() {
     let parents = SELF_PIDFD.swap(-1, Ordering::AcqRel);
     if parents >= 0 {
         // SAFETY: the descriptor this module opened, inherited by the fork.
-        unsafe { libc::close(parents as libc::c_int) };
+        unsafe { libc::close(parents) };
     }
 }
 
