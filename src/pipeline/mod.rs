@@ -612,16 +612,28 @@ impl Iterator for SampleStream {
     }
 }
 
-/// The next message of `messages`, waiting for it up to `wait`. The
-/// thread is idle meanwhile, so the pages of the members it dropped go back
-/// first rather than waiting for its next lot (see `store::local`): a
-/// consumer that stops (an epoch's end, an evaluation) holds none.
+/// How long a consumer waits for its next message before it counts as
+/// idle and gives back the pages of the members it dropped.
+const IDLE_AFTER: Duration = Duration::from_millis(10);
+
+/// The next message of `messages`, waiting for it up to `wait`. A wait
+/// past [`IDLE_AFTER`] gives back the pages of the members this thread
+/// dropped ([`crate::store::local::release_pending`]) rather than leaving
+/// them for its next lot: a consumer that stops (an epoch's end, an
+/// evaluation) holds none, while one waiting briefly on a busy pipeline
+/// keeps filling whole lots.
 fn wait_for_message(
     messages: &Receiver<Message>,
     wait: Duration,
 ) -> std::result::Result<Message, RecvTimeoutError> {
-    crate::store::local::release_pending();
-    messages.recv_timeout(wait)
+    let brief = wait.min(IDLE_AFTER);
+    match messages.recv_timeout(brief) {
+        Err(RecvTimeoutError::Timeout) if wait > brief => {
+            crate::store::local::release_pending();
+            messages.recv_timeout(wait - brief)
+        }
+        received => received,
+    }
 }
 
 impl Drop for SampleStream {
@@ -770,7 +782,7 @@ mod tests {
     use crate::store::local::{waiting_page_ranges, MappedMember};
 
     #[test]
-    fn a_consumer_that_waits_gives_its_dropped_members_pages_back_first() {
+    fn a_consumer_idle_past_a_moment_gives_its_dropped_members_pages_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("shard.tar");
         std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
@@ -784,9 +796,18 @@ mod tests {
             1,
             "a dropped member's pages wait for a lot"
         );
-        let (_tx, messages) = std::sync::mpsc::channel::<Message>();
-        let waited = wait_for_message(&messages, Duration::from_millis(10));
+        let (tx, messages) = std::sync::mpsc::channel::<Message>();
+        // A message at hand: no wait, the lot keeps filling.
+        tx.send(Message::Events(Vec::new())).unwrap();
+        let waited = wait_for_message(&messages, IDLE_AFTER * 5);
+        assert!(matches!(waited, Ok(Message::Events(_))));
+        assert_eq!(waiting_page_ranges(), 1, "no wait, the lot waits");
+        // A wait that only a moment ends keeps the lot too.
+        let waited = wait_for_message(&messages, IDLE_AFTER / 2);
         assert!(matches!(waited, Err(RecvTimeoutError::Timeout)));
-        assert_eq!(waiting_page_ranges(), 0, "given back before the wait");
+        assert_eq!(waiting_page_ranges(), 1, "a brief wait, the lot waits");
+        let waited = wait_for_message(&messages, IDLE_AFTER * 5);
+        assert!(matches!(waited, Err(RecvTimeoutError::Timeout)));
+        assert_eq!(waiting_page_ranges(), 0, "given back once idle");
     }
 }
