@@ -127,10 +127,9 @@ thread_local! {
 }
 
 /// Gives back the pages this thread's dropped members still hold, which
-/// otherwise wait for its next lot: called by a consumer about to wait
-/// for its next sample, so that a thread that stops (an epoch's end, an
-/// evaluation between epochs) keeps at most a lot's ranges until it
-/// waits again.
+/// otherwise wait for its next lot: called by a consumer that has waited a
+/// moment for its next sample, so that one that stops (an epoch's end, an
+/// evaluation between epochs) holds none.
 pub(crate) fn release_pending() {
     let _ = PENDING.try_with(|pending| {
         if let Ok(mut pending) = pending.try_borrow_mut() {
