@@ -18,7 +18,7 @@ use std::fmt;
 use serde::Serialize;
 
 use super::file::{ErrorSkip, Generation, Record, RecordKind, TornTail};
-use super::verify_pack::{Packing, PlanOptions, Proof};
+use super::verify_pack::{Packing, PlanOptions, Proof, Unreplayed};
 use crate::plan::{self, PlanParams, Remainder, ShardInfo};
 
 /// The dataset a ledger is checked against: its shards' URLs and sample
@@ -321,7 +321,7 @@ pub struct EpochReport {
     /// epochs).
     pub packed_left_out: u64,
     /// Whether `packed_left_out` was checked against each slot's remainder
-    /// (one generation, [`Packing::left_out`]: exactly, or within the
+    /// (one layout, [`Packing::left_out`]: exactly, or within the
     /// bound by concatenation).
     pub packed_remainder_checked: bool,
     /// Whether they are exactly each slot's documents past its planned
@@ -897,10 +897,13 @@ fn check_epoch(
     let skips: Vec<&ErrorSkip> = error_skips(generations)
         .filter(|skip| skip.epoch == epoch)
         .collect();
-    // In one generation (a resume, elastic even onto the same layout, may
-    // plan the rest anew) whose worker count is known, what each slot
-    // leaves out is checked against its remainder.
-    let replayable = order.len() == 1 && generations[first].meta.num_workers_known;
+    // Under one layout whose worker count is known, what each slot leaves
+    // out is checked against its remainder, the records that count being
+    // those of an uninterrupted run: one generation, or an exact resume,
+    // which continues the plan.
+    let replayable = order
+        .iter()
+        .all(|&g| layout(g) == layout(first) && generations[g].meta.num_workers_known);
     let remainder_check = match &dataset.packing {
         Some(packing) if packed_across_ranks && replayable && skips.is_empty() => {
             let options = PlanOptions {
@@ -913,7 +916,24 @@ fn check_epoch(
                     .position(dataset, (shard as u64, index))
                     .is_some_and(|p| seen[p as usize] > 0)
             };
-            Some(packing.left_out(options, epoch, (first_world, first_workers), handed))
+            let left = packing.left_out(options, epoch, (first_world, first_workers), handed);
+            // A resume within the epoch may have planned its rest anew (an
+            // elastic resume does, even onto the same layout; the ledger
+            // does not tell it from an exact one): records that are not
+            // the uninterrupted run's then leave the epoch at most once.
+            match left {
+                Err(_) if order.len() > 1 => {
+                    report.packed_order_unreplayed = Some(Unreplayed::ResumedAnew.to_string());
+                    None
+                }
+                Ok(mut left)
+                    if order.len() > 1 && left.unreplayed == Some(Unreplayed::NotTheRunsOrder) =>
+                {
+                    left.unreplayed = Some(Unreplayed::ResumedAnew);
+                    Some(Ok(left))
+                }
+                left => Some(left),
+            }
         }
         _ => None,
     };

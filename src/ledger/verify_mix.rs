@@ -220,19 +220,33 @@ fn check_mix_epoch(
     if mix.streams.iter().any(|s| s.packed) {
         // The mixture takes a number of each stream's sequences: which
         // documents they hold depends on the packing, replayed where each
-        // slot's order is known (one generation, its workers known, no
-        // skip), else only no document twice is checked.
+        // slot's order is known (one layout, its workers known, no skip),
+        // else only no document twice is checked. The records that count
+        // are replayed as an uninterrupted run's: a resume within the
+        // epoch may have planned its rest anew (an elastic one does, even
+        // onto the same layout), and records that are not the
+        // uninterrupted run's then leave the epoch at most once.
         report.sequences_mixed = true;
         report.coverage_checked = false;
-        let replayable = order.len() == 1
-            && generations[order[0]].meta.num_workers_known
+        let replayable = same_layout
+            && order.iter().all(|&g| generations[g].meta.num_workers_known)
             && !error_skips(generations).any(|skip| skip.epoch == epoch);
         if !replayable {
             return report;
         }
+        let resumed = order.len() > 1;
         let weights = mix.weights_for(&generations[order[0]], epoch);
         let taken = |sample: &MixSample| seen.contains_key(sample);
-        match replay_packed(mix, weights, epoch, first_layout, taken) {
+        let replayed = match replay_packed(mix, weights, epoch, first_layout, taken) {
+            Some(Err(Unreplayed::Missing(..))) if resumed => {
+                Some(Err(Unreplayed::Order(PackOrder::ResumedAnew)))
+            }
+            Some(Err(Unreplayed::Order(PackOrder::NotTheRunsOrder))) if resumed => {
+                Some(Err(Unreplayed::Order(PackOrder::ResumedAnew)))
+            }
+            replayed => replayed,
+        };
+        match replayed {
             None => {}
             Some(Err(Unreplayed::Missing(stream, pass, left))) => {
                 let (shard, index) = left.first;
@@ -257,6 +271,10 @@ fn check_mix_epoch(
                     .filter(|(sample, _)| !replayed.ended.contains(sample))
                     .min_by_key(|(_, (_, at))| *at);
                 if let Some((&sample, &(_, at))) = extra {
+                    if resumed {
+                        report.packed_order_unreplayed = Some(PackOrder::ResumedAnew.to_string());
+                        return report;
+                    }
                     report.violation = Some(Violation::NotPlanned {
                         epoch,
                         sample: mix.name(offsets, MixDataset::id_of(offsets, sample)),

@@ -133,6 +133,9 @@ pub enum Unreplayed {
     /// The records hand out a document the replay leaves out: the replay
     /// is not the run's order.
     NotTheRunsOrder,
+    /// The epoch was resumed within it, and its records are not those of
+    /// the uninterrupted plan (an elastic resume plans the rest anew).
+    ResumedAnew,
     /// A document holds more tokens than a replay lays out
     /// ([`pack::MAX_LAID_TOKENS`], by the manifest's counts).
     TooLong,
@@ -160,6 +163,11 @@ impl std::fmt::Display for Unreplayed {
                 "the records hand out a document the replayed order leaves out, so the \
                  replay is not the run's order (were the ledger's options and num_workers \
                  the run's?)"
+            }
+            Unreplayed::ResumedAnew => {
+                "the epoch was resumed within it and its records are not the uninterrupted \
+                 plan's (an elastic resume plans the rest anew; an exact resume continues the \
+                 plan and is replayed)"
             }
             Unreplayed::TooLong => {
                 "a document holds more tokens by the manifest's counts than a replay lays out"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from test_pack import real_tokens, write_docs
+from test_pack_ranks import check_resumed_verdict, record_a_resumed_run, uninterrupted_ids
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -310,6 +311,29 @@ def test_verify_replays_a_packed_mixture_across_ranks(
     else:
         assert code == 0 and "ok: every sample exactly once" in out, out
         assert f"epoch 0: {len(handed)} of {len(handed)} samples" in out, out
+
+
+@pytest.mark.parametrize("resume", ["exact", "elastic"])
+def test_verify_replays_a_packed_mixture_resumed_within_its_epoch(
+    corpora, tmp_path: Path, capfd, resume: str
+) -> None:
+    """A packed mixture across two ranks of two workers, killed after a
+    checkpoint and resumed in a new generation: an exact resume continues
+    the plan, and verify proves the epoch exactly once from the records
+    that count; an elastic resume onto the same layout plans the rest
+    anew (here other documents than an uninterrupted run's), and the epoch
+    is at most once, saying why."""
+    ledger_dir = tmp_path / "ledger"
+
+    def make(rank: int) -> Mix:
+        return mixture(corpora, (BEST_FIT, CONCAT), [1, 2], rank=rank, world_size=2)
+
+    counted = record_a_resumed_run(ledger_dir, make, resume)
+    whole = uninterrupted_ids(make)
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    same = check_resumed_verdict(capfd.readouterr().out, code, counted, whole)
+    assert same == (resume == "exact")
 
 
 def test_verify_names_a_repeated_document_of_a_padded_packed_stream(tmp_path, capfd) -> None:
