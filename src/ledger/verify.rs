@@ -917,13 +917,20 @@ fn check_epoch(
                     .is_some_and(|p| seen[p as usize] > 0)
             };
             let left = packing.left_out(options, epoch, (first_world, first_workers), handed);
-            // A resume within the epoch may have planned its rest anew (an
-            // elastic resume does, even onto the same layout; the ledger
-            // does not tell it from an exact one): records that are not
-            // the uninterrupted run's then leave the epoch at most once.
+            // A resume within the epoch (or at its start) may have planned
+            // its rest anew (an elastic resume does, even onto the same
+            // layout; the ledger does not tell it from an exact one):
+            // records that are not the uninterrupted run's then leave the
+            // epoch at most once, naming what the plan missed.
             match left {
-                Err(_) if order.len() > 1 => {
-                    report.packed_order_unreplayed = Some(Unreplayed::ResumedAnew.to_string());
+                Err(left) if order.len() > 1 => {
+                    let first = name(dataset, (left.first.0 as u64, left.first.1));
+                    report.packed_order_unreplayed = Some(format!(
+                        "{}; {} document(s) that plan's sequences end were not recorded, the \
+                         first {first}",
+                        Unreplayed::ResumedAnew,
+                        left.count
+                    ));
                     None
                 }
                 Ok(mut left)
@@ -1030,6 +1037,8 @@ mod tests {
     use super::super::file::{
         DatasetMeta, ErrorSkip, Meta, RankLog, LEDGER_FORMAT, LEDGER_VERSION,
     };
+    use super::super::verify_pack::tests::{counted_packing, slots_run, SlotsRun, BOUNDS, OPTIONS};
+    use super::super::verify_pack::{Arrival, Decoded};
     use super::*;
 
     /// Three shards of 4, 3 and 5 samples, listed order.
@@ -1178,6 +1187,115 @@ mod tests {
         assert!(report.ok, "{report}");
         assert_eq!(report.generations[0].superseded, 2);
         assert_eq!(report.epochs[0].generations, [0, 1]);
+    }
+
+    /// Each rank's documents that `run` says its slots' sequences end (2
+    /// ranks x 2 workers), sorted, in `steps` steps.
+    fn rank_steps(run: &SlotsRun, steps: usize) -> Vec<Vec<Vec<(u64, u64)>>> {
+        (0..2)
+            .map(|rank| {
+                let mut docs: Vec<(u64, u64)> = run.named[2 * rank]
+                    .iter()
+                    .chain(&run.named[2 * rank + 1])
+                    .map(|&(s, i)| (s as u64, i))
+                    .collect();
+                docs.sort_unstable();
+                (0..steps)
+                    .map(|k| docs[k * docs.len() / steps..(k + 1) * docs.len() / steps].to_vec())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_packed_epoch_resumed_within_it_is_replayed_as_one_run() {
+        for window in [None, Some(3)] {
+            let packing = Packing {
+                arrival: Some(Arrival {
+                    buffer: Some(BOUNDS),
+                    decoded: Decoded::Nothing,
+                }),
+                ..counted_packing(window)
+            };
+            let run = slots_run(&packing, BOUNDS);
+            let d = Dataset {
+                urls: (0..4).map(|s| format!("p-{s}.jsonl")).collect(),
+                counts: vec![12; 4],
+                seed: OPTIONS.seed,
+                shuffle_shards: OPTIONS.shuffle_shards,
+                remainder: OPTIONS.remainder,
+                packed: true,
+                packing: Some(packing),
+            };
+            let ranks = rank_steps(&run, 4);
+            let packed_generation = |number: u64, start_step: u64| {
+                let mut g = generation(number, start_step, 2);
+                (g.meta.num_workers, g.meta.num_workers_known) = (2, true);
+                g
+            };
+            // Steps 0..3 of a run that crashed after its checkpoint at step
+            // 2, and steps 2..4 of the run resumed from it: `lose` one
+            // document of the resumed steps, or `repeat` one of the first.
+            let resumed = |lose: Option<(u64, u64)>, repeat: Option<(u64, u64)>| {
+                let (mut first, mut second) = (packed_generation(0, 0), packed_generation(1, 2));
+                for (rank, steps) in ranks.iter().enumerate() {
+                    for (step, ids) in steps[..3].iter().enumerate() {
+                        push(&mut first, rank, step as u64, RecordKind::Trained, ids);
+                    }
+                    for (step, ids) in steps.iter().enumerate().skip(2) {
+                        let mut ids = ids.clone();
+                        ids.retain(|&id| Some(id) != lose);
+                        ids.extend(repeat.filter(|_| rank == 1 && step == 3));
+                        push(&mut second, rank, step as u64, RecordKind::Trained, &ids);
+                    }
+                    push(&mut second, rank, 3, RecordKind::EpochEnd, &[]);
+                }
+                verify(&[first, second], &d)
+            };
+            let report = resumed(None, None);
+            assert!(report.ok, "{report}");
+            let epoch = &report.epochs[0];
+            assert_eq!(epoch.generations, [0, 1]);
+            let left: usize = run.left.iter().map(Vec::len).sum();
+            assert!(left > 0);
+            assert_eq!(epoch.packed_left_out, left as u64);
+            assert_eq!(epoch.status(), "exactly once", "{report}");
+            // A document of the resumed steps lost: not the uninterrupted
+            // plan's records, which an elastic resume's may be too; at most
+            // once, naming the document.
+            let lost = ranks[1][3][0];
+            let report = resumed(Some(lost), None);
+            assert!(report.ok, "{report}");
+            let epoch = &report.epochs[0];
+            assert!(epoch.status().starts_with("at most once"), "{report}");
+            let note = epoch.packed_order_unreplayed.as_deref().unwrap();
+            assert!(note.contains("not the uninterrupted plan's"), "{note}");
+            let name = format!("sample {} of p-{}.jsonl", lost.1, lost.0);
+            assert!(note.contains(&name), "{note}");
+            // The same loss in one generation is a violation naming it.
+            let mut one = packed_generation(0, 0);
+            for (rank, steps) in ranks.iter().enumerate() {
+                for (step, ids) in steps.iter().enumerate() {
+                    let mut ids = ids.clone();
+                    ids.retain(|&id| id != lost);
+                    push(&mut one, rank, step as u64, RecordKind::Trained, &ids);
+                }
+                push(&mut one, rank, 3, RecordKind::EpochEnd, &[]);
+            }
+            let report = verify(&[one], &d);
+            assert!(
+                matches!(&report.violation, Some(Violation::Missing { sample, .. })
+                    if sample.to_string() == name),
+                "{report}"
+            );
+            // A document of the crashed run's counted steps again after
+            // the resume is a repeat, whatever the plan.
+            let report = resumed(None, Some(ranks[0][0][0]));
+            assert!(
+                matches!(report.violation, Some(Violation::Twice { .. })),
+                "{report}"
+            );
+        }
     }
 
     #[test]

@@ -234,7 +234,12 @@ fn check_mix_epoch(
         if !replayable {
             return report;
         }
-        let resumed = order.len() > 1;
+        // Resumed within the epoch, or at its first step (a state saved
+        // before it may have been elastic).
+        let resumed = order.len() > 1
+            || entries.first().is_some_and(|e| {
+                order[0] > 0 && e.record.step == generations[order[0]].meta.start_step
+            });
         let weights = mix.weights_for(&generations[order[0]], epoch);
         let taken = |sample: &MixSample| seen.contains_key(sample);
         let replayed = match replay_packed(mix, weights, epoch, first_layout, taken) {

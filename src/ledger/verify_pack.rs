@@ -133,8 +133,9 @@ pub enum Unreplayed {
     /// The records hand out a document the replay leaves out: the replay
     /// is not the run's order.
     NotTheRunsOrder,
-    /// The epoch was resumed within it, and its records are not those of
-    /// the uninterrupted plan (an elastic resume plans the rest anew).
+    /// The epoch was resumed within it or at its start, and its records
+    /// are not those of the uninterrupted plan (an elastic resume plans
+    /// the rest anew).
     ResumedAnew,
     /// A document holds more tokens than a replay lays out
     /// ([`pack::MAX_LAID_TOKENS`], by the manifest's counts).
@@ -165,9 +166,9 @@ impl std::fmt::Display for Unreplayed {
                  the run's?)"
             }
             Unreplayed::ResumedAnew => {
-                "the epoch was resumed within it and its records are not the uninterrupted \
-                 plan's (an elastic resume plans the rest anew; an exact resume continues the \
-                 plan and is replayed)"
+                "the epoch was resumed (within it or at its start) and its records are not the \
+                 uninterrupted plan's: an elastic resume plans the rest anew, an exact one \
+                 continues the plan (or were the ledger's options and num_workers the run's?)"
             }
             Unreplayed::TooLong => {
                 "a document holds more tokens by the manifest's counts than a replay lays out"
@@ -588,7 +589,7 @@ fn packer_ends(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::collections::HashSet;
     use std::ops::ControlFlow;
     use std::sync::Arc;
@@ -604,9 +605,10 @@ mod tests {
     use crate::value::{ArrayData, Value};
 
     /// A document: `(shard, index)`.
-    type Document = (usize, u64);
+    pub(in crate::ledger) type Document = (usize, u64);
 
-    const OPTIONS: PlanOptions = PlanOptions {
+    /// The plan options of these tests.
+    pub(in crate::ledger) const OPTIONS: PlanOptions = PlanOptions {
         seed: 3,
         shuffle_shards: true,
         remainder: Remainder::Drop,
@@ -822,38 +824,54 @@ mod tests {
         }
     }
 
-    fn replayed_in_either_mode(window: Option<usize>) {
-        let shards = counted_shards();
+    /// The packing of [`counted_shards`] in 7-token sequences
+    /// (concatenation, or best fit over `window`), without the options of
+    /// the shuffle buffer its documents came through.
+    pub(in crate::ledger) fn counted_packing(window: Option<usize>) -> Packing {
         let option = match window {
             None => serde_json::json!({"seq_len": 7, "mode": "concat", "field": "ids"}),
             Some(w) => {
                 serde_json::json!({"seq_len": 7, "mode": "best_fit", "window": w, "field": "ids"})
             }
         };
-        let bounds = ShuffleBounds {
-            max_items: 5,
-            max_bytes: 1 << 20,
-            initial: 2,
-        };
-        let arrival = Arrival {
-            buffer: Some(bounds),
-            decoded: Decoded::Nothing,
-        };
-        let unreplayed = Packing::from_option(&option, &shards).unwrap();
-        assert_eq!(unreplayed.spec, pack_spec(7, window));
-        let packing = Packing {
-            arrival: Some(arrival),
-            ..unreplayed.clone()
-        };
-        // What each slot's stream hands out: its units through the real
-        // shuffle buffer (the slot's RNG), then a packer with ids.
+        let packing = Packing::from_option(&option, &counted_shards()).unwrap();
+        assert_eq!(packing.spec, pack_spec(7, window));
+        packing
+    }
+
+    /// A shuffle buffer of 5 documents that lets 2 in before the first
+    /// one out, its bytes never the bound.
+    pub(in crate::ledger) const BOUNDS: ShuffleBounds = ShuffleBounds {
+        max_items: 5,
+        max_bytes: 1 << 20,
+        initial: 2,
+    };
+
+    /// What each slot of 2 ranks x 2 workers hands out in epoch 0
+    /// ([`OPTIONS`]).
+    pub(in crate::ledger) struct SlotsRun {
+        /// Each slot's units of the plan.
+        pub(in crate::ledger) units: Vec<Vec<WorkUnit>>,
+        /// Each slot's planned sequences.
+        pub(in crate::ledger) slots: Vec<counts::PackedSlot>,
+        /// The documents each slot's handed-out sequences end.
+        pub(in crate::ledger) named: Vec<HashSet<Document>>,
+        /// Each slot's documents past them, in the order they came.
+        pub(in crate::ledger) left: Vec<Vec<Document>>,
+    }
+
+    /// What each slot's stream hands out under `packing`: its units
+    /// through the real shuffle buffer (`bounds`, the slot's RNG), then a
+    /// packer with ids.
+    pub(in crate::ledger) fn slots_run(packing: &Packing, bounds: ShuffleBounds) -> SlotsRun {
+        let shards = &packing.shards;
         let infos = shards.iter().map(Shard::info).collect();
         let units = Replanner::new(infos, OPTIONS.seed, true, Remainder::Drop)
-            .with_weights(counts::token_weights(&shards, &packing.spec, None))
+            .with_weights(counts::token_weights(shards, &packing.spec, None))
             .plan(0, 2, 2);
-        let slots = counts::packed_slots(&shards, &packing.spec, &units, 2);
+        let slots = counts::packed_slots(shards, &packing.spec, &units, 2);
         let tokens = |(s, i): Document| shards[s].tokens().unwrap().counts[i as usize];
-        let (mut handed, mut named, mut left) = (HashSet::new(), Vec::new(), Vec::new());
+        let (mut named, mut left) = (Vec::new(), Vec::new());
         for (slot, slot_units) in units.iter().enumerate() {
             let rng = rng_for(OPTIONS.seed, 0, Purpose::ShuffleBuffer { slot });
             let mut buffer = ShuffleBuffer::new(bounds, rng, 0);
@@ -876,11 +894,38 @@ mod tests {
                     .iter()
                     .copied()
                     .filter(|d| !ends.contains(d))
-                    .collect::<Vec<_>>(),
+                    .collect(),
             );
-            handed.extend(ends.iter().copied());
             named.push(ends);
         }
+        SlotsRun {
+            units,
+            slots,
+            named,
+            left,
+        }
+    }
+
+    fn replayed_in_either_mode(window: Option<usize>) {
+        let shards = counted_shards();
+        let bounds = BOUNDS;
+        let arrival = Arrival {
+            buffer: Some(bounds),
+            decoded: Decoded::Nothing,
+        };
+        let unreplayed = counted_packing(window);
+        let packing = Packing {
+            arrival: Some(arrival),
+            ..unreplayed.clone()
+        };
+        let SlotsRun {
+            units,
+            slots,
+            named,
+            left,
+        } = slots_run(&packing, bounds);
+        let tokens = |(s, i): Document| shards[s].tokens().unwrap().counts[i as usize];
+        let handed: HashSet<Document> = named.iter().flatten().copied().collect();
         let count = left.iter().map(Vec::len).sum::<usize>() as u64;
         assert!(count > 0);
         let found = packing.left_out(OPTIONS, 0, (2, 2), |s, i| handed.contains(&(s, i)));
