@@ -109,9 +109,11 @@ fuzz: develop ## Mutation-fuzz the tar, gzip, zstd and Parquet readers (FUZZ_CAS
 	SHARDSTREAM_FUZZ_CASES=$(FUZZ_CASES) SHARDSTREAM_FUZZ_SEED=$(FUZZ_SEED) \
 		$(PY) -m pytest -q tests/python/test_fuzz.py
 
-lint: $(STAMP) ## rustfmt, clippy, ruff, mypy and stubtest
+lint: $(STAMP) ## rustfmt, clippy, rustdoc's links, ruff, mypy and stubtest
 	cargo fmt --check
 	cargo clippy $(CARGO_PROFILE) --all-targets --features python -- -D warnings
+	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
+		cargo doc $(CARGO_PROFILE) --features python --no-deps --document-private-items --quiet
 	ruff check python tests examples benches build-support
 	ruff format --check python tests examples benches build-support
 	$(PY) -m mypy python/shardstream

@@ -1,11 +1,11 @@
 //! shardstream: deterministic, shard-aware streaming of WebDataset tar
 //! shards into PyTorch.
 //!
-//! One module per stage: [`spec`] parses the dataset spec, [`resolve`]
-//! turns it into [`shard`]s, [`plan`] assigns
+//! One module per stage: [`spec`] parses the dataset spec, [`dataset`]
+//! resolves it into [`shard`]s, [`plan`] assigns
 //! shards to `(rank, worker)` slots before any byte is read, [`store`]
 //! reaches each backend's objects, [`source`] reads their bytes ahead of
-//! the parser, [`format`] turns bytes into samples
+//! the parser, [`format`](mod@format) turns bytes into samples
 //! without doing I/O, [`shuffle`] mixes them in a bounded buffer, and
 //! [`pipeline`] wires the stages together for one slot.
 #![warn(missing_docs)]

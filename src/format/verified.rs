@@ -19,7 +19,7 @@ pub(super) struct Held {
 }
 
 /// Hands samples to the callback, holding back those whose bytes the
-/// stream has not verified yet (see [`read_samples_verified`]).
+/// stream has not verified yet (see `tar::read_samples_verified`).
 pub(super) struct Outbox<'f, F> {
     on_sample: &'f mut F,
     held: VecDeque<Held>,

@@ -1,5 +1,5 @@
 //! The sample ledger: what each rank's optimizer steps consumed, written
-//! by `shardstream.Ledger` during training ([`file`]: the format, read
+//! by `shardstream.Ledger` during training ([`file`](mod@file): the format, read
 //! back), and its verifier ([`verify`]: each epoch's coverage proved
 //! against the replayed plan, or the first violation named; [`verify_mix`]:
 //! the same for a `Mix`; [`verify_pack`]: what packing across ranks

@@ -301,8 +301,8 @@ pub(crate) struct Answer {
 }
 
 /// An object read by byte ranges (an S3 object, an HTTP(S) resource): how
-/// to send one GET of a range of it and check its answer. [`stream_range`]
-/// streams a range with such GETs, retried and resumed; [`read_ranged`]
+/// to send one GET of a range of it and check its answer. `source::remote_reads::stream_range`
+/// streams a range with such GETs, retried and resumed; `read_ranged`
 /// reads a unit of any such object within the read-ahead budget as one
 /// streaming request, the part queue (`queue.rs`) as parallel ranged requests.
 pub(crate) trait RangedObject: Send + Sync + 'static {

@@ -213,7 +213,7 @@ pub(super) fn chunk_range(column: &ColumnChunkMetaData) -> Option<Range<u64>> {
 }
 
 /// The byte range of the file covering every column chunk of `row_group`
-/// (dictionary pages included): the bytes [`read_row_group`] needs.
+/// (dictionary pages included): the bytes `read_row_group` needs.
 ///
 /// Empty for a row group without columns. Panics if `row_group` is out of
 /// range; metadata from [`decode_footer`] has been checked to hold valid

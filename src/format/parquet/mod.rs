@@ -9,10 +9,10 @@
 //! 2. for each row group (the unit of work), fetch the bytes of
 //!    [`row_group_span`] and decode them with [`read_row_group`] into Arrow
 //!    batches;
-//! 3. for per-row output, turn each batch into [`Sample`]s with
+//! 3. for per-row output, turn each batch into [`Sample`](crate::format::Sample)s with
 //!    [`batch_to_samples`], whose values match pyarrow's `to_pylist()`.
 //!
-//! Every failure is an [`Error::Format`] naming the file's URL and a byte
+//! Every failure is an [`Error::Format`](crate::error::Error::Format) naming the file's URL and a byte
 //! offset; a panic inside the Parquet decoder on corrupt bytes is caught and
 //! reported the same way.
 

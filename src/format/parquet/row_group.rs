@@ -65,13 +65,13 @@ impl ChunkReader for SpanReader {
 
 /// Decodes `row_group` of a file whose metadata is `meta` from `bytes`, the
 /// file's bytes starting at offset `span_start` and covering
-/// [`row_group_span`], into Arrow batches of up to `batch_rows` rows.
+/// [`row_group_span`](super::footer::row_group_span), into Arrow batches of up to `batch_rows` rows.
 ///
 /// `columns` selects top-level columns by name (the batches keep the file's
 /// column order); `None` reads them all. An unknown name fails with an
-/// [`Error::Format`] listing the file's columns; bytes that do not cover the
+/// [`Error::Format`](crate::error::Error::Format) listing the file's columns; bytes that do not cover the
 /// selected column chunks, or that do not decode, fail with an
-/// [`Error::Format`] at `span_start`.
+/// [`Error::Format`](crate::error::Error::Format) at `span_start`.
 pub fn read_row_group(
     shard: &ShardRef,
     meta: &Arc<ParquetMetaData>,
@@ -207,7 +207,7 @@ impl RowGroupBatches {
     }
 
     /// Index within the row group of the next batch's first row: pass it to
-    /// [`batch_to_samples`] as `first_row` before taking the batch.
+    /// [`batch_to_samples`](super::rows::batch_to_samples) as `first_row` before taking the batch.
     pub fn next_row(&self) -> u64 {
         self.next_row
     }

@@ -32,7 +32,7 @@ use crate::value::Value;
 /// strings, bytes, lists, dicts for structs, lists of `(key, value)` tuples
 /// for maps, decoded values for dictionaries and `None` for nulls at any
 /// depth. A column of another type (dates, times, timestamps, decimals...)
-/// fails with an [`Error::Format`] rather than being dropped.
+/// fails with an [`Error::Format`](crate::error::Error::Format) rather than being dropped.
 pub fn batch_to_samples(
     shard: &ShardRef,
     key_prefix: &str,

@@ -411,7 +411,7 @@ pub(crate) fn cut_short(url: &str, offset: u64) -> Error {
 }
 
 /// A chunk of a local file mapped into memory, listed in [`MAPPED_CHUNKS`]
-/// and in the fault handler's [`SLOTS`] from when it is made until it is
+/// and in the fault handler's `sigbus::SLOTS` from when it is made until it is
 /// unmapped.
 struct MappedChunk {
     map: memmap2::Mmap,
