@@ -266,8 +266,10 @@ enum Command {
         /// tokens (`pack=Pack(SEQ_LEN)`): name the pieces of documents each
         /// sequence of the step holds, from the documents' token counts in
         /// the manifest (`shardstream index --count-tokens`); `--batch-size`
-        /// counts sequences.
-        #[arg(long, value_name = "SEQ_LEN", conflicts_with = "state")]
+        /// counts sequences. With `--state`, after the resume: each
+        /// worker's place is found from the documents its packer had taken
+        /// and held.
+        #[arg(long, value_name = "SEQ_LEN")]
         pack: Option<usize>,
         /// The packed field (default: the field the manifest's token counts
         /// are of).
@@ -405,7 +407,7 @@ where
         } => {
             let saved = state
                 .as_deref()
-                .map(|path| saved_state(path, rank))
+                .map(|path| saved_state(path, rank, pack.is_some()))
                 .transpose();
             remainder.parse().and_then(|remainder| {
                 let saved = saved?;
@@ -1233,8 +1235,13 @@ struct ExplainStep {
 }
 
 /// `(epoch, world_size, num_workers)` and the workers' position of rank
-/// `rank` in the loader state saved at `path` (`--state`).
-fn saved_state(path: &Path, rank: usize) -> Result<((u64, usize, usize), SavedPosition)> {
+/// `rank` in the loader state saved at `path` (`--state`), of a packed
+/// stream when `packed` (`--pack`).
+fn saved_state(
+    path: &Path,
+    rank: usize,
+    packed: bool,
+) -> Result<((u64, usize, usize), SavedPosition)> {
     let config = |reason: String| Error::Config {
         name: "--state",
         reason,
@@ -1243,7 +1250,7 @@ fn saved_state(path: &Path, rank: usize) -> Result<((u64, usize, usize), SavedPo
         .map_err(|e| config(format!("cannot read {}: {e}", path.display())))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| config(format!("{} is not JSON: {e}", path.display())))?;
-    ledger::explain::saved_position(&value, rank).map_err(config)
+    ledger::explain::saved_position(&value, rank, packed).map_err(config)
 }
 
 fn explain(
@@ -1342,14 +1349,18 @@ fn explain_packed(
         packing,
         arrival,
         (params, infos),
-        ask.rank,
-        ask.step,
-        ask.batch_size,
+        (ask.rank, ask.step, ask.batch_size),
+        ask.saved.as_ref(),
     )
     .map_err(|error| explain_error(error, options, params, ask))?;
+    let after = if ask.saved.is_some() {
+        " after the resume"
+    } else {
+        ""
+    };
     writeln!(
         out,
-        "epoch {} rank {} step {}: worker {} (its batch {}), {} sequences of {} + 1 tokens",
+        "epoch {} rank {} step {}{after}: worker {} (its batch {}), {} sequences of {} + 1 tokens",
         params.epoch,
         ask.rank,
         ask.step,
@@ -1397,6 +1408,16 @@ fn explain_error(
 ) -> Error {
     use ledger::explain::ExplainError;
     match error {
+        ExplainError::NotThisPlan { worker } if ask.pack.is_some() => Error::Config {
+            name: "--state",
+            reason: format!(
+                "the documents worker {worker} of rank {} had packed, or the sequences it had \
+                 handed out, are not those of its slot in this plan: give the dataset's spec, \
+                 --seed, --no-shuffle, --shuffle-buffer, --shuffle-buffer-bytes, \
+                 --shuffle-initial, --remainder and the --pack options as the run had them",
+                ask.rank
+            ),
+        },
         ExplainError::NotThisPlan { worker } => Error::Config {
             name: "--state",
             reason: format!(

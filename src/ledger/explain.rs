@@ -23,6 +23,7 @@ use crate::plan::{self, PlanParams, ShardInfo, SlotSpec, WorkUnit};
 use crate::shard::{Shard, ShardKind};
 use crate::shuffle::{ShuffleBounds, ShuffleBuffer};
 use crate::state::{runs_digest, SlotState, STATE_FORMAT, TOKENS_PART};
+use crate::text::pack::PackState;
 
 /// The `format` of a loader state that gathers every rank's.
 const RANK_STATES: &str = "shardstream.rank_states";
@@ -36,6 +37,19 @@ pub struct SavedPosition {
     pub digests: Vec<u64>,
     /// The worker whose batch comes first after the resume.
     pub next_worker: usize,
+    /// Of a packed stream (`pack`): what each worker's packer held, and
+    /// the sequences it still handed out when planned across ranks; empty
+    /// otherwise. `produced` then counts the documents its packer took.
+    pub packed: Vec<SavedPacker>,
+}
+
+/// Where a worker's packer stood in a saved state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SavedPacker {
+    /// The pieces of documents it held: sequences ready, then open.
+    pub held: PackState,
+    /// Across ranks: the sequences it still handed out this epoch.
+    pub sequences_left: Option<u64>,
 }
 
 /// Where the workers of a rank start.
@@ -89,11 +103,13 @@ pub struct StepSamples {
 /// stood in a saved loader state: a `StatefulDataLoader`'s `state_dict()`
 /// (its workers' dataset states, and the worker whose batch came last), a
 /// dataset's own state, or every rank's loader state gathered
-/// (`shardstream.rank_states`). The error says why the state cannot be
-/// explained.
+/// (`shardstream.rank_states`). `packed`: the state must be of a packed
+/// stream (`explain --pack`), else must not be. The error says why the
+/// state cannot be explained.
 pub fn saved_position(
     value: &serde_json::Value,
     rank: usize,
+    packed: bool,
 ) -> Result<((u64, usize, usize), SavedPosition), String> {
     let value = match value.get("format").and_then(|f| f.as_str()) {
         Some(RANK_STATES) => value
@@ -114,6 +130,7 @@ pub fn saved_position(
     let (epoch, world_size, workers) = (first.epoch, first.world_size, first.num_workers);
     let mut produced = vec![None; workers];
     let mut digests = vec![0; workers];
+    let mut held = vec![SavedPacker::default(); if packed { workers } else { 0 }];
     for state in &states {
         if (state.epoch, state.world_size, state.num_workers) != (epoch, world_size, workers) {
             return Err(format!(
@@ -130,20 +147,28 @@ pub fn saved_position(
         }
         // A packed stream's parts name its token counts, whatever its
         // packer holds.
-        let packed = state.fingerprint_parts.split(',').any(|part| {
+        let of_packed = state.fingerprint_parts.split(',').any(|part| {
             part.split_once('=')
                 .is_some_and(|(name, _)| name == TOKENS_PART)
-        });
-        if packed || state.pack.is_some() || state.sequences_left.is_some() {
-            return Err(
-                "the state is of a packed stream (pack=Pack(...)), whose steps are sequences \
-                 that cut across documents: explain --pack names a packed epoch's sequences \
-                 from its start, not after a resume; the ledger (sample_ids=True) records the \
-                 documents each sequence ends"
-                    .into(),
-            );
+        }) || state.pack.is_some()
+            || state.sequences_left.is_some();
+        match (of_packed, packed) {
+            (true, false) => {
+                return Err(
+                    "the state is of a packed stream (pack=Pack(...)), whose steps are \
+                     sequences: give --pack SEQ_LEN (and --pack-field, --pack-mode, \
+                     --pack-window) as the run had them"
+                        .into(),
+                )
+            }
+            (false, true) => {
+                return Err("the state is not of a packed stream: leave out --pack".into())
+            }
+            _ => {}
         }
-        if !state.buffer.is_empty() || state.rng_word_pos != "0" {
+        // A packed explain replays each worker's shuffle buffer from the
+        // epoch's start; the state only says how far it had gone.
+        if !packed && (!state.buffer.is_empty() || state.rng_word_pos != "0") {
             return Err(
                 "the state was saved with a shuffle buffer: which sample leaves it \
                         depends on the samples' bytes, not on the plan: explain answers for \
@@ -164,6 +189,12 @@ pub fn saved_position(
         };
         *slot = Some(state.produced);
         *digest = state.digest_value().map_err(|e| e.to_string())?;
+        if packed {
+            held[worker] = SavedPacker {
+                held: state.pack.clone().unwrap_or_default(),
+                sequences_left: state.sequences_left,
+            };
+        }
     }
     let produced = produced
         .iter()
@@ -177,6 +208,7 @@ pub fn saved_position(
         produced,
         digests,
         next_worker,
+        packed: held,
     };
     Ok(((epoch, world_size, workers), position))
 }
@@ -705,6 +737,7 @@ mod tests {
                 runs_digest(&[(0, 5..6), (1, 0..1)]),
             ],
             next_worker: 1,
+            packed: Vec::new(),
         };
         let step = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Saved(&saved));
         let whole = |n| explain_step(&s, &counts, &p, 0, n, 2, Start::Fresh(None)).unwrap();

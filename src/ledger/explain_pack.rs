@@ -8,10 +8,11 @@
 //! sequence is named by its pieces: which tokens of which documents it
 //! holds.
 
-use super::explain::{batch_of_step, BufferCheck, ExplainError};
+use super::explain::{batch_of_step, BufferCheck, ExplainError, SavedPosition};
 use super::verify_pack::{Arrival, Packing, PlanOptions};
 use crate::format::SampleId;
 use crate::plan::{PlanParams, ShardInfo};
+use crate::state::runs_digest;
 use crate::text::pack::{self, PackMode, SavedPiece};
 
 /// The sequences of one step of a packed rank.
@@ -30,21 +31,30 @@ pub struct PackedStep {
     pub buffer: BufferCheck,
 }
 
+/// One worker's epoch, replayed: the order its documents reached its
+/// packer and the sequences it hands out.
+struct Laid {
+    order: Vec<(usize, u64)>,
+    sequences: Vec<Vec<SavedPiece>>,
+    check: BufferCheck,
+}
+
 /// The sequences of step `step` of rank `rank` (its batch number in the
-/// epoch of `params`, batches of `batch_size` sequences), `packing`'s
-/// documents planned over shards of `infos` (as the run plans them) and
-/// reaching each worker's packer through `arrival`. Only the asked
-/// worker's order is replayed where the workers' sequence counts are
-/// known without it (across ranks, the planned ones; by concatenation,
-/// all its documents' tokens fill); on one rank by best fit, every
-/// worker's is, and the weakest check is given.
+/// epoch of `params`, or after the resume from `saved`; batches of
+/// `batch_size` sequences), `packing`'s documents planned over shards of
+/// `infos` (as the run plans them) and reaching each worker's packer
+/// through `arrival`. Only the asked worker's order is replayed where the
+/// workers' sequence counts are known without it (across ranks, the
+/// planned ones; by concatenation, all its documents' tokens fill) and no
+/// state is given; otherwise every worker's is, and the weakest check is
+/// given. An exact resume hands out the sequences the epoch would have
+/// from where each worker stood ([`handed_before`]).
 pub fn explain_packed_step(
     packing: &Packing,
     arrival: Arrival,
     (params, infos): (&PlanParams, Vec<ShardInfo>),
-    rank: usize,
-    step: u64,
-    batch_size: u64,
+    (rank, step, batch_size): (usize, u64, u64),
+    saved: Option<&SavedPosition>,
 ) -> Result<PackedStep, ExplainError> {
     let options = PlanOptions {
         seed: params.seed,
@@ -54,7 +64,7 @@ pub fn explain_packed_step(
     let workers = params.num_workers;
     let (units, slots) =
         packing.plan_slots(infos, options, params.epoch, (params.world_size, workers));
-    let lay = |worker: usize| -> Result<(Vec<Vec<SavedPiece>>, BufferCheck), ExplainError> {
+    let lay = |worker: usize| -> Result<Laid, ExplainError> {
         let slot = rank * workers + worker;
         let (order, check) = packing
             .arrival_order(arrival, (params.seed, params.epoch), slot, &units[slot])
@@ -66,46 +76,117 @@ pub fn explain_packed_step(
         // Across ranks a slot hands out its planned sequences; on one, all.
         let sequences = pack::lay_out(documents, &packing.spec, slots[slot].handed_out)
             .ok_or(ExplainError::TooLong)?;
-        Ok((sequences, check))
+        Ok(Laid {
+            order,
+            sequences,
+            check,
+        })
     };
+    // A resume needs every worker's replay, to know where each stood.
     let known: Option<Vec<u64>> = (0..workers)
         .map(|worker| {
             let slot = &slots[rank * workers + worker];
             let all = (packing.spec.mode == PackMode::Concat).then_some(slot.at_least);
             slot.handed_out.or(all)
         })
-        .collect();
+        .collect::<Option<_>>()
+        .filter(|_| saved.is_none());
     let (counts, mut laid, check) = match known {
         Some(counts) => (counts, Vec::new(), None),
         None => {
             let every = (0..workers).map(lay).collect::<Result<Vec<_>, _>>()?;
-            let counts = every.iter().map(|(s, _)| s.len() as u64).collect();
-            let check = every.iter().map(|(_, c)| *c).reduce(weaker);
+            let counts = every.iter().map(|l| l.sequences.len() as u64).collect();
+            let check = every.iter().map(|l| l.check).reduce(weaker);
             (counts, every, check)
         }
     };
-    let batches: Vec<u64> = counts.iter().map(|n| n.div_ceil(batch_size)).collect();
-    let Some((worker, round)) = batch_of_step(&batches, 0, step) else {
+    // Where each worker's sequences go on: the epoch's start, or past
+    // those it had handed out when the state was saved.
+    let (offsets, first) = match saved {
+        None => (vec![0; workers], 0),
+        Some(saved) => {
+            let offsets = (0..workers)
+                .map(|worker| {
+                    handed_before(packing, &laid[worker], saved, worker)
+                        .ok_or(ExplainError::NotThisPlan { worker })
+                })
+                .collect::<Result<Vec<u64>, _>>()?;
+            (offsets, saved.next_worker % workers.max(1))
+        }
+    };
+    let batches: Vec<u64> = counts
+        .iter()
+        .zip(&offsets)
+        .map(|(n, handed)| (n - handed).div_ceil(batch_size))
+        .collect();
+    let Some((worker, round)) = batch_of_step(&batches, first, step) else {
         return Err(ExplainError::PastTheEnd {
             steps: batches.iter().sum(),
         });
     };
     let (sequences, check) = match laid.get_mut(worker) {
-        Some((sequences, _)) => (
-            std::mem::take(sequences),
+        Some(l) => (
+            std::mem::take(&mut l.sequences),
             check.unwrap_or(BufferCheck::NoBuffer),
         ),
-        None => lay(worker)?,
+        None => {
+            let l = lay(worker)?;
+            (l.sequences, l.check)
+        }
     };
-    let from = round * batch_size;
+    let from = offsets[worker] + round * batch_size;
     let to = (from + batch_size).min(sequences.len() as u64);
     Ok(PackedStep {
         worker,
-        worker_batch: round,
+        worker_batch: from / batch_size,
         first_sequence: from,
         sequences: sequences[from.min(to) as usize..to as usize].to_vec(),
         buffer: check,
     })
+}
+
+/// The sequences worker `worker` had handed out when `saved` was saved,
+/// its epoch replayed as `laid`: its packer had taken the first
+/// `produced` documents (their digest the state's), and held pieces of
+/// them in its ready and open sequences, so the sequences handed out are
+/// the replayed ones whose tokens the rest make up (across ranks, all but
+/// the sequences left), followed by the ready ones. `None` where the
+/// state does not fit the replay (another plan, order or packing).
+fn handed_before(
+    packing: &Packing,
+    laid: &Laid,
+    saved: &SavedPosition,
+    worker: usize,
+) -> Option<u64> {
+    let produced = usize::try_from(*saved.produced.get(worker)?).ok()?;
+    let taken = laid.order.get(..produced)?;
+    let runs: Vec<(usize, std::ops::Range<u64>)> =
+        taken.iter().map(|&(shard, i)| (shard, i..i + 1)).collect();
+    if runs_digest(&runs) != *saved.digests.get(worker)? {
+        return None;
+    }
+    let packer = saved.packed.get(worker)?;
+    let ready = &packer.held.ready;
+    let tokens = |sequence: &Vec<SavedPiece>| sequence.iter().map(|p| p[3] - p[2]).sum::<u64>();
+    let handed = match packer.sequences_left {
+        Some(left) => laid
+            .sequences
+            .len()
+            .checked_sub(usize::try_from(left).ok()?)?,
+        None => {
+            let consumed: u64 = taken.iter().map(|&(s, i)| packing.tokens_of(s, i)).sum();
+            let held: u64 = ready.iter().chain(&packer.held.open).map(tokens).sum();
+            let mut rest = consumed.checked_sub(held)?;
+            let mut handed = 0;
+            while rest > 0 {
+                rest = rest.checked_sub(tokens(laid.sequences.get(handed)?))?;
+                handed += 1;
+            }
+            handed
+        }
+    };
+    let next = laid.sequences.get(handed..)?;
+    (next.len() >= ready.len() && next[..ready.len()] == ready[..]).then_some(handed as u64)
 }
 
 /// The weaker of two replays' checks: bytes unknown, then within them,
@@ -152,6 +233,73 @@ mod tests {
     }
 
     #[test]
+    fn a_saved_position_is_checked_against_the_replay() {
+        use crate::ledger::explain::SavedPacker;
+        use crate::text::pack::PackState;
+
+        let arrival = Arrival {
+            buffer: None,
+            decoded: Decoded::Nothing,
+        };
+        let packing = packing(None);
+        let infos = || packing.shards.iter().map(Shard::info).collect();
+        let params = PlanParams {
+            seed: 4,
+            epoch: 0,
+            shuffle_shards: false,
+            world_size: 1,
+            num_workers: 2,
+            remainder: Remainder::Drop,
+        };
+        let explain = |step, saved: Option<&SavedPosition>| {
+            explain_packed_step(&packing, arrival, (&params, infos()), (0, step, 2), saved)
+        };
+        // Saved before any document: the epoch from its start.
+        let start = SavedPosition {
+            produced: vec![0, 0],
+            digests: vec![0, 0],
+            next_worker: 0,
+            packed: vec![SavedPacker::default(); 2],
+        };
+        let mut step = 0;
+        while let Ok(fresh) = explain(step, None) {
+            assert_eq!(explain(step, Some(&start)), Ok(fresh));
+            step += 1;
+        }
+        assert_eq!(
+            explain(step, Some(&start)),
+            Err(ExplainError::PastTheEnd { steps: step })
+        );
+        // Held pieces no replayed document's first ones make up, or a
+        // digest of other documents: not this plan.
+        let holding = SavedPosition {
+            packed: vec![
+                SavedPacker {
+                    held: PackState {
+                        ready: vec![],
+                        open: vec![vec![[0, 0, 0, 1]]],
+                    },
+                    sequences_left: None,
+                },
+                SavedPacker::default(),
+            ],
+            ..start.clone()
+        };
+        assert_eq!(
+            explain(0, Some(&holding)),
+            Err(ExplainError::NotThisPlan { worker: 0 })
+        );
+        let other = SavedPosition {
+            digests: vec![0, 7],
+            ..start
+        };
+        assert_eq!(
+            explain(0, Some(&other)),
+            Err(ExplainError::NotThisPlan { worker: 1 })
+        );
+    }
+
+    #[test]
     fn a_rank_s_steps_hold_each_token_of_its_sequences_once_in_turn() {
         let arrival = Arrival {
             buffer: Some(ShuffleBounds {
@@ -177,9 +325,13 @@ mod tests {
                 let mut per_worker = [0u64; 2];
                 for rank in 0..world_size {
                     let mut step = 0;
-                    while let Ok(found) =
-                        explain_packed_step(&packing, arrival, (&params, infos()), rank, step, 3)
-                    {
+                    while let Ok(found) = explain_packed_step(
+                        &packing,
+                        arrival,
+                        (&params, infos()),
+                        (rank, step, 3),
+                        None,
+                    ) {
                         assert_eq!(found.buffer, BufferCheck::WithinBytes);
                         assert!(!found.sequences.is_empty() && found.sequences.len() <= 3);
                         // The worker's batches come in order.
@@ -199,7 +351,13 @@ mod tests {
                         step += 1;
                     }
                     assert_eq!(
-                        explain_packed_step(&packing, arrival, (&params, infos()), rank, step, 3),
+                        explain_packed_step(
+                            &packing,
+                            arrival,
+                            (&params, infos()),
+                            (rank, step, 3),
+                            None
+                        ),
                         Err(ExplainError::PastTheEnd { steps: step })
                     );
                 }

@@ -449,8 +449,9 @@ def test_explain_from_a_saved_state_names_the_steps_of_the_resumed_run(
 def test_explain_refuses_a_state_it_cannot_follow(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A state saved with a shuffle buffer, of a packed stream (its steps
-    are sequences), or none at all, is refused, naming why; ``--state`` and
+    """A state saved with a shuffle buffer, of a packed stream without
+    ``--pack`` (its steps are sequences), or none at all, is refused,
+    naming why; ``--state`` and
     ``--num-workers`` together are an error."""
     loader = stateful(make(dataset.spec, shuffle_buffer=10))
     iterator = iter(loader)

@@ -432,6 +432,28 @@ def test_verify_proves_a_tokenized_run_across_ranks_exactly_once(
     assert ": exactly once" in out and "ok: every sample exactly once" in out, out
 
 
+PIECE = re.compile(r"    (\S+) sample (\d+) tokens (\d+)\.\.(\d+) of (\d+)")
+
+
+def explained_sequences(
+    out: str, urls: list[str], docs: dict[tuple[int, int], list[int]]
+) -> tuple[str, list[list[int]]]:
+    """The header of ``explain --pack``'s answer, and the tokens of each
+    sequence it names (each piece read from the documents)."""
+    header, *lines = out.splitlines()
+    named: list[list[int]] = []
+    for line in lines:
+        if line.startswith("  sequence "):
+            named.append([])
+            continue
+        m = PIECE.fullmatch(line)
+        assert m, line
+        doc = docs[(urls.index(m[1]), int(m[2]))]
+        assert int(m[5]) == len(doc)
+        named[-1].extend(doc[int(m[3]) : int(m[4])])
+    return header, named
+
+
 @pytest.mark.parametrize("mode", ["concat", "best_fit"])
 @pytest.mark.parametrize("world", [1, 2])
 def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
@@ -455,24 +477,13 @@ def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
     argv += ["--world-size", str(world), "--num-workers", "2", "--seed", "5"]
     argv += ["--shuffle-buffer", "8", "--shuffle-initial", "3", "--format", "jsonl"]
     argv += ["--pack", str(SEQ), "--pack-field", "ids", "--pack-mode", mode, *window]
-    piece = re.compile(r"    (\S+) sample (\d+) tokens (\d+)\.\.(\d+) of (\d+)")
     for step, batch in enumerate(batches):
         capfd.readouterr()
         assert run_cli([*argv, "--step", str(step)]) == 0
-        header, *lines = capfd.readouterr().out.splitlines()
+        header, named = explained_sequences(capfd.readouterr().out, urls, docs)
         assert (
             f"step {step}: worker " in header and f"{len(batch['input_ids'])} sequences" in header
         )
-        named: list[list[int]] = []
-        for line in lines:
-            if line.startswith("  sequence "):
-                named.append([])
-                continue
-            m = piece.fullmatch(line)
-            assert m, line
-            doc = docs[(urls.index(m[1]), int(m[2]))]
-            assert int(m[5]) == len(doc)
-            named[-1].extend(doc[int(m[3]) : int(m[4])])
         real = [[int(t) for t in row if t != -1] for row in batch["input_ids"]]
         assert named == real, step
     assert run_cli([*argv, "--step", str(len(batches))]) != 0
@@ -481,6 +492,68 @@ def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
         # A window is best fit's: refused with concatenation, by name.
         assert run_cli([*argv, "--step", "0", "--pack-window", "4"]) != 0
         assert "--pack-window" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["concat", "best_fit"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_explain_pack_from_a_saved_state_names_the_sequences_of_the_resumed_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], mode: str, world: int
+) -> None:
+    """``shardstream explain --pack --state``: a ``StatefulDataLoader`` of 2
+    workers over a packed rank, saved after 5 batches (its packers holding
+    ready and open sequences); each step of the run resumed from that state
+    holds the tokens explain names from the state alone (each worker's
+    place found from the documents its packer took and held), and no step
+    is past the rest. A state of another seed's plan is named."""
+    urls = indexed_docs(tmp_path / "d")
+    docs = documents(urls)
+    best_fit = mode == "best_fit"
+    window = {"window": 4} if best_fit else {}
+    pack = Pack(SEQ, mode=mode, field="ids", pad_id=-1, **window)  # type: ignore[arg-type]
+    rank = world - 1
+
+    def loader() -> StatefulDataLoader:
+        ds = StreamingDataset(urls, pack=pack, world_size=world, rank=rank, batch_size=3, **OPTIONS)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    first = loader()
+    iterator = iter(first)
+    for _ in range(5):
+        next(iterator)
+    state = first.state_dict()
+    del iterator
+    saved = tmp_path / "state.json"
+    saved.write_text(json.dumps(state))
+    assert '"ready"' in saved.read_text() or '"open"' in saved.read_text()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) > 3
+
+    def explain(seed: int) -> list[str]:
+        argv = ["shardstream", "explain", *urls, "--batch-size", "3", "--rank", str(rank)]
+        argv += ["--state", str(saved), "--seed", str(seed), "--format", "jsonl"]
+        argv += ["--shuffle-buffer", "8", "--shuffle-initial", "3"]
+        argv += ["--pack", str(SEQ), "--pack-field", "ids", "--pack-mode", mode]
+        return argv + (["--pack-window", "4"] if best_fit else [])
+
+    argv = explain(5)
+    for step, batch in enumerate(rest):
+        capfd.readouterr()
+        assert run_cli([*argv, "--step", str(step)]) == 0, capfd.readouterr().err
+        header, named = explained_sequences(capfd.readouterr().out, urls, docs)
+        assert f"step {step} after the resume: worker " in header, header
+        real = [[int(t) for t in row if t != -1] for row in batch["input_ids"]]
+        assert named == real, step
+    assert run_cli([*argv, "--step", str(len(rest))]) == 1
+    assert f"takes {len(rest)} steps in epoch 0 after the resume" in capfd.readouterr().err
+    # Another seed's order did not pack the state's documents: named.
+    assert run_cli([*explain(6), "--step", "0"]) == 1
+    assert "are not those of its slot in this plan" in capfd.readouterr().err
+    # The state of a packed stream needs --pack.
+    unpacked = argv[: argv.index("--pack")]
+    assert run_cli([*unpacked, "--step", "0"]) == 1
+    assert "give --pack SEQ_LEN" in capfd.readouterr().err
 
 
 def test_packing_across_ranks_without_token_counts_is_refused_at_construction(
