@@ -14,6 +14,7 @@ use crate::format::SampleId;
 use crate::plan::{PlanParams, ShardInfo};
 use crate::state::runs_digest;
 use crate::text::pack::{self, PackMode, SavedPiece};
+use std::collections::HashSet;
 
 /// The sequences of one step of a packed rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +36,19 @@ pub struct PackedStep {
 /// packer and the sequences it hands out.
 struct Laid {
     order: Vec<(usize, u64)>,
+    /// Every sequence its packer makes of them.
     sequences: Vec<Vec<SavedPiece>>,
+    /// Those it hands out: across ranks its planned ones, on one all.
+    planned: Option<u64>,
     check: BufferCheck,
+}
+
+impl Laid {
+    /// The number of sequences it hands out.
+    fn handed_out(&self) -> u64 {
+        let all = self.sequences.len() as u64;
+        self.planned.map_or(all, |planned| planned.min(all))
+    }
 }
 
 /// The sequences of step `step` of rank `rank` (its batch number in the
@@ -74,11 +86,14 @@ pub fn explain_packed_step(
             (SampleId { shard, index }, tokens)
         });
         // Across ranks a slot hands out its planned sequences; on one, all.
-        let sequences = pack::lay_out(documents, &packing.spec, slots[slot].handed_out)
-            .ok_or(ExplainError::TooLong)?;
+        // Those past them are laid too: a saved packer's open sequences
+        // are checked against them.
+        let sequences =
+            pack::lay_out(documents, &packing.spec, None).ok_or(ExplainError::TooLong)?;
         Ok(Laid {
             order,
             sequences,
+            planned: slots[slot].handed_out,
             check,
         })
     };
@@ -95,7 +110,7 @@ pub fn explain_packed_step(
         Some(counts) => (counts, Vec::new(), None),
         None => {
             let every = (0..workers).map(lay).collect::<Result<Vec<_>, _>>()?;
-            let counts = every.iter().map(|l| l.sequences.len() as u64).collect();
+            let counts = every.iter().map(Laid::handed_out).collect();
             let check = every.iter().map(|l| l.check).reduce(weaker);
             (counts, every, check)
         }
@@ -107,7 +122,7 @@ pub fn explain_packed_step(
         Some(saved) => {
             let offsets = (0..workers)
                 .map(|worker| {
-                    handed_before(packing, &laid[worker], saved, worker)
+                    handed_before(&laid[worker], |s, i| packing.tokens_of(s, i), saved, worker)
                         .ok_or(ExplainError::NotThisPlan { worker })
                 })
                 .collect::<Result<Vec<u64>, _>>()?;
@@ -135,7 +150,7 @@ pub fn explain_packed_step(
         }
     };
     let from = offsets[worker] + round * batch_size;
-    let to = (from + batch_size).min(sequences.len() as u64);
+    let to = (from + batch_size).min(counts[worker]);
     Ok(PackedStep {
         worker,
         worker_batch: from / batch_size,
@@ -146,15 +161,18 @@ pub fn explain_packed_step(
 }
 
 /// The sequences worker `worker` had handed out when `saved` was saved,
-/// its epoch replayed as `laid`: its packer had taken the first
-/// `produced` documents (their digest the state's), and held pieces of
-/// them in its ready and open sequences, so the sequences handed out are
-/// the replayed ones whose tokens the rest make up (across ranks, all but
-/// the sequences left), followed by the ready ones. `None` where the
-/// state does not fit the replay (another plan, order or packing).
+/// its epoch replayed as `laid`. Its packer had taken the first `produced`
+/// documents of its order (their digest the state's) and held pieces of
+/// them in ready and open sequences: the sequences handed out are the
+/// replayed ones the rest of those documents' tokens make up (across
+/// ranks, also all but the sequences left), its ready ones come next,
+/// whole, and each open one begins a later one (pieces without tokens,
+/// which a packer without ids drops, left out of the comparisons).
+/// `None` where the state does not fit the replay (another plan, order or
+/// packing).
 fn handed_before(
-    packing: &Packing,
     laid: &Laid,
+    tokens_of: impl Fn(usize, u64) -> u64,
     saved: &SavedPosition,
     worker: usize,
 ) -> Option<u64> {
@@ -166,27 +184,56 @@ fn handed_before(
         return None;
     }
     let packer = saved.packed.get(worker)?;
-    let ready = &packer.held.ready;
+    if packer.sequences_left.is_some() != laid.planned.is_some() {
+        return None;
+    }
+    let held = &packer.held;
+    let taken_set: HashSet<(usize, u64)> = taken.iter().copied().collect();
+    let mut pieces = held.ready.iter().chain(&held.open).flatten();
+    if !pieces.all(|p| taken_set.contains(&(p[0] as usize, p[1]))) {
+        return None;
+    }
     let tokens = |sequence: &Vec<SavedPiece>| sequence.iter().map(|p| p[3] - p[2]).sum::<u64>();
-    let handed = match packer.sequences_left {
-        Some(left) => laid
-            .sequences
-            .len()
-            .checked_sub(usize::try_from(left).ok()?)?,
-        None => {
-            let consumed: u64 = taken.iter().map(|&(s, i)| packing.tokens_of(s, i)).sum();
-            let held: u64 = ready.iter().chain(&packer.held.open).map(tokens).sum();
-            let mut rest = consumed.checked_sub(held)?;
-            let mut handed = 0;
-            while rest > 0 {
-                rest = rest.checked_sub(tokens(laid.sequences.get(handed)?))?;
-                handed += 1;
-            }
-            handed
+    let walk = || -> Option<usize> {
+        let consumed: u64 = taken.iter().map(|&(s, i)| tokens_of(s, i)).sum();
+        let held: u64 = held.ready.iter().chain(&held.open).map(tokens).sum();
+        let mut rest = consumed.checked_sub(held)?;
+        let mut handed = 0;
+        while rest > 0 {
+            rest = rest.checked_sub(tokens(laid.sequences.get(handed)?))?;
+            handed += 1;
         }
+        Some(handed)
     };
-    let next = laid.sequences.get(handed..)?;
-    (next.len() >= ready.len() && next[..ready.len()] == ready[..]).then_some(handed as u64)
+    let handed_out = usize::try_from(laid.handed_out()).ok()?;
+    let handed = match packer.sequences_left.map(usize::try_from) {
+        // With none left a packer saves nothing of what it took.
+        Some(Ok(0)) => handed_out,
+        Some(left) => {
+            let handed = handed_out.checked_sub(left.ok()?)?;
+            (walk()? == handed).then_some(handed)?
+        }
+        None => walk()?,
+    };
+    let with_tokens = |sequence: &Vec<SavedPiece>| -> Vec<SavedPiece> {
+        sequence.iter().copied().filter(|p| p[3] > p[2]).collect()
+    };
+    let mut next = laid.sequences.get(handed..)?.iter().map(with_tokens);
+    if !held
+        .ready
+        .iter()
+        .all(|ready| next.next() == Some(with_tokens(ready)))
+    {
+        return None;
+    }
+    let mut later: Vec<Vec<SavedPiece>> = next.collect();
+    for open in held.open.iter().map(with_tokens) {
+        let at = later
+            .iter()
+            .position(|sequence| sequence.starts_with(&open))?;
+        later.remove(at);
+    }
+    Some(handed as u64)
 }
 
 /// The weaker of two replays' checks: bytes unknown, then within them,
@@ -230,6 +277,103 @@ mod tests {
             PackSpec::new(Some("ids".into()), 6, mode, false, 0).unwrap()
         );
         packing
+    }
+
+    #[test]
+    fn a_saved_packer_s_place_is_found_and_the_rest_of_the_epoch_follows() {
+        use std::sync::Arc;
+
+        use crate::ledger::explain::SavedPacker;
+        use crate::ledger::verify_pack::tests::doc;
+        use crate::state::runs_digest;
+        use crate::text::pack::{PackState, Packer};
+
+        let arrival = Arrival {
+            buffer: Some(ShuffleBounds {
+                max_items: 4,
+                max_bytes: 1 << 20,
+                initial: 2,
+            }),
+            decoded: Decoded::Nothing,
+        };
+        for window in [None, Some(2)] {
+            let packing = packing(window);
+            let infos = || packing.shards.iter().map(Shard::info).collect();
+            for world_size in [1, 2] {
+                let params = PlanParams {
+                    seed: 4,
+                    epoch: 1,
+                    shuffle_shards: true,
+                    world_size,
+                    num_workers: 1,
+                    remainder: Remainder::Drop,
+                };
+                let options = PlanOptions {
+                    seed: 4,
+                    shuffle_shards: true,
+                    remainder: Remainder::Drop,
+                };
+                let (units, slots) = packing.plan_slots(infos(), options, 1, (world_size, 1));
+                let (order, _) = packing
+                    .arrival_order(arrival, (4, 1), 0, &units[0])
+                    .unwrap();
+                let explain = |packing: &Packing, step, saved: Option<&SavedPosition>| {
+                    explain_packed_step(packing, arrival, (&params, infos()), (0, step, 1), saved)
+                };
+                let total = (0..)
+                    .take_while(|&s| explain(&packing, s, None).is_ok())
+                    .count();
+                assert!(total > 4, "{total}");
+                for handed in [0, 1, total / 2, total - 1, total] {
+                    // The stream: its packer takes a document whenever no
+                    // sequence is ready, until `handed` are handed out.
+                    let mut packer = Packer::new(Arc::new(packing.spec.clone())).with_ids(1);
+                    let (mut out, mut taken) = (0, 0);
+                    while out < handed {
+                        if packer.pop_pieces().is_some() {
+                            out += 1;
+                            continue;
+                        }
+                        match order.get(taken) {
+                            Some(&d) => {
+                                packer.push(&doc(d, packing.tokens_of(d.0, d.1))).unwrap();
+                                taken += 1;
+                            }
+                            None if packer.is_empty() => break,
+                            None => packer.finish(),
+                        }
+                    }
+                    assert_eq!(out, handed);
+                    let left = slots[0].handed_out.map(|n| n - handed as u64);
+                    let held = match left {
+                        Some(0) => PackState::default(),
+                        _ => packer.state(),
+                    };
+                    let runs: Vec<_> = order[..taken].iter().map(|&(s, i)| (s, i..i + 1)).collect();
+                    let saved = SavedPosition {
+                        produced: vec![taken as u64],
+                        digests: vec![runs_digest(&runs)],
+                        next_worker: 0,
+                        packed: vec![SavedPacker {
+                            held,
+                            sequences_left: left,
+                        }],
+                    };
+                    for step in 0..(total - handed) as u64 {
+                        assert_eq!(
+                            explain(&packing, step, Some(&saved)),
+                            explain(&packing, handed as u64 + step, None),
+                            "{window:?} {world_size} {handed} {step}"
+                        );
+                    }
+                    let steps = (total - handed) as u64;
+                    assert_eq!(
+                        explain(&packing, steps, Some(&saved)),
+                        Err(ExplainError::PastTheEnd { steps })
+                    );
+                }
+            }
+        }
     }
 
     #[test]

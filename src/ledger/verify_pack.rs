@@ -705,7 +705,9 @@ pub(super) mod tests {
     }
 
     /// Document `(shard, index)` with `n` tokens of `ids`.
-    fn doc((shard, index): Document, n: u64) -> Sample {
+    /// Document `(shard, index)` of `n` token ids, as a stream hands it
+    /// to its packer.
+    pub(in crate::ledger) fn doc((shard, index): Document, n: u64) -> Sample {
         Sample {
             id: SampleId { shard, index },
             key: format!("{shard}-{index}"),
