@@ -257,6 +257,30 @@ mod tests {
     use crate::text::counts::tests::shard;
     use crate::text::pack::{PackMode, PackSpec};
 
+    /// Documents through a shuffle buffer of 4 that lets 2 in first, none
+    /// decoded.
+    const ARRIVAL: Arrival = Arrival {
+        buffer: Some(ShuffleBounds {
+            max_items: 4,
+            max_bytes: 1 << 20,
+            initial: 2,
+        }),
+        decoded: Decoded::Nothing,
+    };
+
+    /// Epoch 1 of seed 4, shards shuffled, on `world_size` ranks of
+    /// `num_workers` workers.
+    fn params(world_size: usize, num_workers: usize) -> PlanParams {
+        PlanParams {
+            seed: 4,
+            epoch: 1,
+            shuffle_shards: true,
+            world_size,
+            num_workers,
+            remainder: Remainder::Drop,
+        }
+    }
+
     fn packing(window: Option<usize>) -> Packing {
         let shards: Vec<Shard> = (0..3)
             .map(|s| {
@@ -288,26 +312,12 @@ mod tests {
         use crate::state::runs_digest;
         use crate::text::pack::{PackState, Packer};
 
-        let arrival = Arrival {
-            buffer: Some(ShuffleBounds {
-                max_items: 4,
-                max_bytes: 1 << 20,
-                initial: 2,
-            }),
-            decoded: Decoded::Nothing,
-        };
+        let arrival = ARRIVAL;
         for window in [None, Some(2)] {
             let packing = packing(window);
             let infos = || packing.shards.iter().map(Shard::info).collect();
             for world_size in [1, 2] {
-                let params = PlanParams {
-                    seed: 4,
-                    epoch: 1,
-                    shuffle_shards: true,
-                    world_size,
-                    num_workers: 1,
-                    remainder: Remainder::Drop,
-                };
+                let params = params(world_size, 1);
                 let options = PlanOptions {
                     seed: 4,
                     shuffle_shards: true,
@@ -381,22 +391,11 @@ mod tests {
         use crate::ledger::explain::SavedPacker;
         use crate::text::pack::PackState;
 
-        let arrival = Arrival {
-            buffer: None,
-            decoded: Decoded::Nothing,
-        };
         let packing = packing(None);
         let infos = || packing.shards.iter().map(Shard::info).collect();
-        let params = PlanParams {
-            seed: 4,
-            epoch: 0,
-            shuffle_shards: false,
-            world_size: 1,
-            num_workers: 2,
-            remainder: Remainder::Drop,
-        };
+        let params = params(1, 2);
         let explain = |step, saved: Option<&SavedPosition>| {
-            explain_packed_step(&packing, arrival, (&params, infos()), (0, step, 2), saved)
+            explain_packed_step(&packing, ARRIVAL, (&params, infos()), (0, step, 2), saved)
         };
         // Saved before any document: the epoch from its start.
         let start = SavedPosition {
@@ -445,26 +444,12 @@ mod tests {
 
     #[test]
     fn a_rank_s_steps_hold_each_token_of_its_sequences_once_in_turn() {
-        let arrival = Arrival {
-            buffer: Some(ShuffleBounds {
-                max_items: 4,
-                max_bytes: 1 << 20,
-                initial: 2,
-            }),
-            decoded: Decoded::Nothing,
-        };
+        let arrival = ARRIVAL;
         for window in [None, Some(2)] {
             let packing = packing(window);
             let infos = || packing.shards.iter().map(Shard::info).collect();
             for world_size in [1, 2] {
-                let params = PlanParams {
-                    seed: 4,
-                    epoch: 1,
-                    shuffle_shards: true,
-                    world_size,
-                    num_workers: 2,
-                    remainder: Remainder::Drop,
-                };
+                let params = params(world_size, 2);
                 let mut seen = Vec::new();
                 let mut per_worker = [0u64; 2];
                 for rank in 0..world_size {

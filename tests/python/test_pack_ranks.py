@@ -494,14 +494,22 @@ def test_explain_pack_names_the_tokens_each_sequence_of_a_step_holds(
         assert "--pack-window" in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("mode", ["concat", "best_fit"])
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize(
+    ("mode", "world", "workers"),
+    [
+        ("concat", 1, 2),
+        ("best_fit", 1, 2),
+        ("concat", 2, 2),
+        ("best_fit", 2, 2),
+        ("best_fit", 2, 0),
+    ],
+)
 def test_explain_pack_from_a_saved_state_names_the_sequences_of_the_resumed_run(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], mode: str, world: int
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], mode: str, world: int, workers: int
 ) -> None:
     """``shardstream explain --pack --state``: a ``StatefulDataLoader`` of 2
-    workers over a packed rank, saved after 5 batches (its packers holding
-    ready and open sequences); each step of the run resumed from that state
+    workers (or none) over a packed rank, saved after 5 batches (its packers
+    holding ready or open sequences); each step of the run resumed from that state
     holds the tokens explain names from the state alone (each worker's
     place found from the documents its packer took and held), and no step
     is past the rest. A state of another seed's plan is named."""
@@ -514,7 +522,7 @@ def test_explain_pack_from_a_saved_state_names_the_sequences_of_the_resumed_run(
 
     def loader() -> StatefulDataLoader:
         ds = StreamingDataset(urls, pack=pack, world_size=world, rank=rank, batch_size=3, **OPTIONS)
-        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
 
     first = loader()
     iterator = iter(first)
