@@ -1,17 +1,19 @@
 """What an epoch boundary costs the training loop: several epochs of a
 local dataset through a DataLoader whose consumer stands for a training
 step (a fixed sleep per batch, so that the loader keeps up within an
-epoch), with ``persistent_workers`` off and on, at each worker count.
+epoch), with ``persistent_workers`` off and on, at each worker count
+(workers 0: the main process reads the data).
 
     python benches/epoch_boundary_bench.py --out bench-results \\
-        [--workers 2 4] [--epochs 4] [--step-ms 5] [--start-method fork] \\
-        [--epoch-end-ms 200] [--s3-first-byte-ms 20] [--mix]
+        [--workers 0 2 4] [--epochs 4] [--step-ms 5] [--start-method fork] \\
+        [--epoch-end-ms 200] [--s3-first-byte-ms 20] [--mix] [--no-early-start]
 
 ``--s3-first-byte-ms`` reads the shards from a local S3 server (moto)
 behind ``tests/python/fault_proxy.py``, each answer that late and each
 connection at 100 MB/s, instead of from local files. ``--mix`` reads a
 ``shardstream.Mix`` of two streams (each half of the shards, equal weights,
-``policy="continue"``) instead of one dataset.
+``policy="continue"``) instead of one dataset. ``--no-early-start`` makes
+the datasets with ``read_next_epoch_early=False``.
 
 For each boundary the stall is the time from the end of the step on an
 epoch's last batch (and of ``--epoch-end-ms``, the loop's own work between
@@ -58,10 +60,11 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
     s3 = None
     if args.endpoint:
         s3 = S3Config(endpoint_url=args.endpoint, region="us-east-1", path_style=True)
-    dataset: Any = StreamingDataset(spec, seed=0, s3=s3)
+    early = not args.no_early_start
+    dataset: Any = StreamingDataset(spec, seed=0, s3=s3, read_next_epoch_early=early)
     if args.mix:
         halves = [spec_of(spec, 0, args.shards // 2), spec_of(spec, args.shards // 2, args.shards)]
-        streams = [StreamingDataset(half, seed=0) for half in halves]
+        streams = [StreamingDataset(half, seed=0, read_next_epoch_early=early) for half in halves]
         dataset = Mix(streams, [1.0, 1.0], policy="continue")
     loader = DataLoader(
         dataset,
@@ -69,7 +72,7 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
         num_workers=workers,
         collate_fn=list,
         persistent_workers=persistent,
-        multiprocessing_context=args.start_method,
+        multiprocessing_context=args.start_method if workers else None,
     )
     step = args.step_ms / 1000
     stalls, waits, samples, touched = [], [], 0, 0
@@ -128,11 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mix", action="store_true", help="a Mix of two streams (local files only)"
     )
+    parser.add_argument(
+        "--no-early-start",
+        action="store_true",
+        help="read_next_epoch_early=False: each epoch's streams open at its iteration",
+    )
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.epochs < 2 or args.repeats < 1 or min(args.workers) < 1:
-        parser.error("--epochs must be at least 2, --repeats and --workers at least 1")
+    if args.epochs < 2 or args.repeats < 1 or min(args.workers) < 0:
+        parser.error("--epochs must be at least 2, --repeats at least 1, --workers at least 0")
     if args.mix and (args.s3_first_byte_ms is not None or args.shards < 2):
         parser.error("--mix reads local files, at least 2 shards")
     if args.child:
@@ -149,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.s3_first_byte_ms is not None:
             spec, endpoint = serve_on_s3(stack, spec, args.s3_first_byte_ms / 1000)
         for workers in args.workers:
-            for persistent in (False, True):
+            # Persistent workers need workers.
+            for persistent in (False, True) if workers else (False,):
                 stalls, waits = [], []
                 for _ in range(args.repeats):
                     child = [sys.executable, __file__, *(argv or sys.argv[1:]), *endpoint]
@@ -185,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.shards} shards x {args.per_shard} samples of {args.size:,} bytes ({where}), "
         f"batch {args.batch}, a {args.step_ms:g} ms step per batch, {args.epoch_end_ms:g} ms "
         f"of the loop's own between epochs, {args.epochs} epochs, "
-        f"{args.repeats} runs, {args.start_method} workers",
+        f"{args.repeats} runs, {args.start_method} workers, read_next_epoch_early "
+        f"{not args.no_early_start}",
         "",
         "| workers | persistent_workers | boundary stall, median (max) | wait for a batch "
         "within epochs, median |",

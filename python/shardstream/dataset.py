@@ -187,10 +187,13 @@ class StreamingDataset(IterableDataset[Any]):
             stream when its epoch ends and start reading it, so that its
             first batches are ready when the next iteration asks (while the
             training loop evaluates or checkpoints, the worker's read-ahead
-            budget and first samples are held). The iteration takes it only
-            if it is the stream it would open (``set_epoch`` to another
-            epoch or a loaded state drop it). In a ``Mix`` read by
-            persistent workers, each stream whose dataset has it and of
+            budget and first samples are held). The same in a process that
+            is no worker (the main process with ``num_workers=0``,
+            torchdata.nodes) once it has begun a second iteration of the
+            dataset: from the end of that one on (a single pass starts
+            nothing). The iteration takes it only if it is the stream it
+            would open (``set_epoch`` to another epoch or a loaded state
+            drop it). In a ``Mix``, each stream whose dataset has it and of
             which the next epoch's mixture takes samples starts its next
             epoch when the mixture's epoch ends. ``False`` opens each
             epoch's stream at its iteration.
@@ -443,7 +446,7 @@ class StreamingDataset(IterableDataset[Any]):
             raise_malloc_thresholds()
         stream = self._started_next()
         if stream is None:
-            early = self.options["read_next_epoch_early"] and persistent_worker()
+            early = self.options["read_next_epoch_early"] and goes_on_to_next_epoch(self._epochs)
             stream = self._open_stream(self.epoch, start_next_of(self) if early else None)
         # A resumed stream takes its epoch from the state; either way the
         # next iteration streams the epoch after this one.
@@ -560,11 +563,12 @@ class StreamingDataset(IterableDataset[Any]):
         )
 
     def _start_next(self) -> None:
-        """Called in a persistent DataLoader worker when its epoch's stream
-        ends (``read_next_epoch_early``): opens the next epoch's stream and
-        starts its reads, so that they run while the other workers and the
-        training loop finish the epoch. The next ``__iter__`` takes it if it
-        is still the stream that iteration would open (``_started_next``).
+        """Called when an epoch's stream ends in a process that goes on to
+        the next epoch (``read_next_epoch_early``, ``goes_on_to_next_epoch``):
+        opens the next epoch's stream and starts its reads, so that they run
+        while the other workers and the training loop finish the epoch. The
+        next ``__iter__`` takes it if it is still the stream that iteration
+        would open (``_started_next``).
         A stream that cannot be opened or started now is opened again by
         that iteration, which raises what stops it."""
         self._next_stream = None
@@ -780,6 +784,21 @@ def _worker_loop_persistent(frame: FrameType | None) -> bool:
             return bool(frame.f_locals.get("persistent_workers"))
         frame = frame.f_back
     return False
+
+
+def goes_on_to_next_epoch(epochs: EpochAdvance[Any]) -> bool:
+    """Whether this process is taken to iterate the dataset again once the
+    iteration beginning now ends, so that its end may start the next
+    epoch's reads (``read_next_epoch_early``): a DataLoader worker made with
+    ``persistent_workers=True``, or a process that is no worker (the main
+    process with ``num_workers=0``, torchdata.nodes) and has begun an
+    iteration of the dataset before this one, as a loop over epochs does.
+    A single pass starts nothing, and neither does a worker that stops at
+    its epoch's end, nor a DataLoader2 or Grain worker. Called before
+    ``epochs`` counts the iteration beginning now."""
+    if get_worker_info() is not None:
+        return persistent_worker()
+    return epochs.worker_entry() is None and epochs.began_here()
 
 
 class StartsNext(Protocol):

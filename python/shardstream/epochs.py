@@ -14,6 +14,7 @@ epoch instead of the resumed rest again.
 
 from __future__ import annotations
 
+import os
 from typing import Generic, TypeVar
 
 from torch.utils.data import get_worker_info
@@ -42,6 +43,8 @@ class EpochAdvance(Generic[Resume]):
         self.pipe_worker: tuple[int, int] | None = None
         self.resume: Resume | None = None
         self._resume_epoch: int | None = None
+        # The process id of the last process that began an iteration.
+        self._began_in: int | None = None
 
     def worker_entry(self) -> tuple[int, int] | None:
         """``(worker_id, num_workers)`` of this process when it is a
@@ -103,6 +106,12 @@ class EpochAdvance(Generic[Resume]):
         next streams the epoch after it, and the pending resume is used up."""
         self._set_next(epoch + 1)
         self.resume = self._resume_epoch = None
+        self._began_in = os.getpid()
+
+    def began_here(self) -> bool:
+        """Whether an iteration began in this process before (a copy made
+        for another process by fork or pickle does not count it there)."""
+        return self._began_in == os.getpid()
 
     def load(self, resume: Resume, epoch: int, finished: bool) -> None:
         """A state of ``epoch`` was loaded: the next iteration resumes it, or,

@@ -29,7 +29,7 @@ from .dataset import (
     StreamingDataset,
     apply_transform,
     check_worker_count,
-    persistent_worker,
+    goes_on_to_next_epoch,
     start_next_of,
 )
 from .epochs import EpochAdvance
@@ -280,7 +280,8 @@ class Mix(IterableDataset[Any]):
         slot = self._slot()
         started = self._started_next(slot)
         iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, slot, started))
-        if persistent_worker() and any(ds.options["read_next_epoch_early"] for ds in self.datasets):
+        early = any(ds.options["read_next_epoch_early"] for ds in self.datasets)
+        if early and goes_on_to_next_epoch(self._epochs):
             iterator.on_end = start_next_of(self)
         self._epochs.started(iterator.epoch)
         self._iterator = iterator
@@ -290,9 +291,10 @@ class Mix(IterableDataset[Any]):
         return _MixIterator(self.datasets, self._mix_slot(epoch, self._slot()))
 
     def _start_next(self) -> None:
-        """Called in a persistent DataLoader worker when its epoch's mixture
-        ends: opens and starts pass 0 of the next epoch of every stream
-        the next epoch's mixture takes samples of in this slot (and whose
+        """Called when the epoch's mixture ends in a process that goes on to
+        the next epoch (``goes_on_to_next_epoch``): opens and starts pass 0
+        of the next epoch of every stream the next epoch's mixture takes
+        samples of in this slot (and whose
         dataset has ``read_next_epoch_early``), so that their reads run
         while the other workers and the training loop finish the epoch. A
         stream's pass 0 is the stream's own epoch whatever the weights, so

@@ -116,6 +116,50 @@ def test_a_persistent_worker_starts_reading_the_next_epoch_when_its_own_ends(dat
     assert keys_of(collect(resumed)) == rest
 
 
+def test_the_main_process_starts_the_next_epoch_from_its_second_epoch_on(dataset):
+    """A process that is no DataLoader worker cannot tell a single pass
+    from a loop over epochs: its first epoch's end starts nothing; from its
+    second iteration on, each end starts the next epoch's reads, which the
+    next iteration takes (the epochs those of a fresh dataset told its
+    epoch), and a checkpoint inside a started epoch resumes exactly."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    one_epoch = sum(p.stat().st_size for p in dataset.paths)
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+    dl = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 0, 0)
+    assert ds._next_stream is None, "a single pass started the next epoch"
+    time.sleep(0.2)
+    assert ds.stats()["bytes_read"] == one_epoch
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 0, 1)
+    assert ds._next_stream is not None, "the second epoch's end started nothing"
+    started = ds._next_stream[1]
+    assert started.epoch == 2 and started.started
+    deadline = time.monotonic() + 10
+    while ds.stats()["bytes_read"] <= 2 * one_epoch and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ds.stats()["bytes_read"] > 2 * one_epoch, "no read of the next epoch began"
+    iterator = iter(dl)
+    first = keys_of([next(iterator) for _ in range(5)])
+    assert ds._stream is started
+    state = dl.state_dict()
+    rest = keys_of(list(iterator))
+    assert first + rest == epoch_order(dataset.spec, 0, 2)
+    # The epoch after goes on from the started one, itself started early.
+    assert ds._next_stream is not None and ds._next_stream[1].epoch == 3
+    assert keys_of(collect(dl)) == epoch_order(dataset.spec, 0, 3)
+    resumed = StatefulDataLoader(
+        shardstream.StreamingDataset(dataset.spec, seed=SEED), batch_size=None, num_workers=0
+    )
+    resumed.load_state_dict(state)
+    assert keys_of(collect(resumed)) == rest
+    # Off: no epoch starts before its iteration, however many came before.
+    off = shardstream.StreamingDataset(dataset.spec, seed=SEED, read_next_epoch_early=False)
+    for epoch in range(3):
+        assert keys_of(collect(off)) == epoch_order(dataset.spec, 0, epoch)
+        assert off._next_stream is None
+
+
 def test_read_next_epoch_early_false_opens_each_epoch_at_its_iteration(dataset):
     one_epoch = sum(p.stat().st_size for p in dataset.paths)
     ds = shardstream.StreamingDataset(dataset.spec, seed=SEED, read_next_epoch_early=False)

@@ -305,6 +305,23 @@ def test_the_next_iteration_takes_the_started_streams_only_if_it_would_open_them
     assert first + [ident(s) for s in collect(iterator)] == only_a
 
 
+def test_a_mixture_in_the_main_process_starts_its_next_epoch_from_its_second_on(streams):
+    """As a dataset does: the first epoch's end starts nothing, the second's
+    starts the next epoch's streams, which the third iteration takes."""
+    mix = make_mix(streams)
+    first = [ident(s) for s in collect(mix)]
+    assert first == slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1)
+    assert mix._next_streams is None, "a single pass started the next epoch"
+    second = [ident(s) for s in collect(mix)]
+    assert second == slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1, epoch=1)
+    assert mix._next_streams is not None, "the second epoch's end started nothing"
+    started = dict(mix._next_streams[4])
+    assert started and all(stream.started for stream in started.values())
+    assert {epoch for _, epoch in started} == {2}
+    third = [ident(s) for s in collect(mix)]
+    assert third == slot_keys(streams, (0.7, 0.3), "continue", 0, 1, 0, 1, epoch=2)
+
+
 def test_only_streams_the_next_mixture_takes_samples_of_start_early(streams):
     """A stream with a weight above 0 may give a slot no sample (here its
     weight is too small for one under ``"stop"``): it is not started."""
