@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
 
 use crate::byte_size::ByteSize;
 use crate::compression::Compression;
@@ -1124,31 +1125,35 @@ fn resolved_dataset(
     store_options: &StoreOptions,
 ) -> std::result::Result<ledger::verify::Dataset, String> {
     let defaults = StreamOptions::default();
-    let format = match meta.option("format").as_str() {
+    let format = match meta_option(meta, "format", "a format name", Value::as_str)? {
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
         None => DatasetFormat::Auto,
     };
-    let choice = match meta.option("manifest") {
-        serde_json::Value::String(path) => manifest::choice_of(path),
-        serde_json::Value::Bool(false) => ManifestChoice::Off,
-        _ => ManifestChoice::Auto,
-    };
-    let remainder = match meta.option("remainder").as_str() {
+    let choice = meta_option(
+        meta,
+        "manifest",
+        "a path, false or true",
+        |value| match value {
+            Value::String(path) => Some(manifest::choice_of(path)),
+            Value::Bool(false) => Some(ManifestChoice::Off),
+            Value::Bool(true) => Some(ManifestChoice::Auto),
+            _ => None,
+        },
+    )?;
+    let remainder = match meta_option(meta, "remainder", "a remainder name", Value::as_str)? {
         Some(name) => name.parse().map_err(|e: Error| e.to_string())?,
         None => defaults.remainder,
     };
+    let seed = meta_option(meta, "seed", "an int of at least 0", Value::as_u64)?;
+    let shuffle_shards = meta_option(meta, "shuffle_shards", "true or false", Value::as_bool)?;
     let stream = StreamOptions::builder()
-        .with_seed(meta.option("seed").as_u64().unwrap_or(defaults.seed))
-        .with_shuffle_shards(
-            meta.option("shuffle_shards")
-                .as_bool()
-                .unwrap_or(defaults.shuffle_shards),
-        )
+        .with_seed(seed.unwrap_or(defaults.seed))
+        .with_shuffle_shards(shuffle_shards.unwrap_or(defaults.shuffle_shards))
         .with_remainder(remainder)
         .with_store(store_options.clone());
     let options = DatasetOptions::builder(stream)
         .with_format(format)
-        .with_manifest(choice)
+        .with_manifest(choice.unwrap_or(ManifestChoice::Auto))
         .build()
         .map_err(|e| e.to_string())?;
     let shards = resolve_counted(specs, &options).map_err(|e| e.to_string())?;
@@ -1179,6 +1184,25 @@ fn resolved_dataset(
         remainder: options.stream().remainder,
         packed: !meta.option("pack").is_null(),
         packing,
+    })
+}
+
+/// Option `name` of a ledger's `meta.json`, as `read` takes it: `None`
+/// when the meta leaves it out (`null`, or absent: written by a version
+/// before the option); a value `read` does not take is an error naming the
+/// field, never a default (the verdict would be about another plan).
+fn meta_option<'m, T>(
+    meta: &'m ledger::file::DatasetMeta,
+    name: &str,
+    expected: &str,
+    read: impl FnOnce(&'m Value) -> Option<T>,
+) -> std::result::Result<Option<T>, String> {
+    let value = meta.option(name);
+    if value.is_null() {
+        return Ok(None);
+    }
+    read(value).map(Some).ok_or_else(|| {
+        format!("the ledger's meta.json: dataset option {name} is {value}, not {expected}")
     })
 }
 

@@ -231,9 +231,12 @@ impl SampleIndex {
 
     /// The bytes a read of `samples` (non-empty, within the shard) of a
     /// plain shard of `size` bytes (when known) fetches: from the first
-    /// one's offset to the next sample's, or, after the shard's last
-    /// sample, to its end. The read then sees where its last sample really
-    /// ends: a member of it past its recorded length is found, not cut off.
+    /// one's offset (from the shard's first byte for its first sample) to
+    /// the next sample's, or, after the shard's last sample, to its end.
+    /// The read then sees where its last sample really ends (a member of it
+    /// past its recorded length is found, not cut off), and every sample
+    /// the manifest leaves out before its first sample, between two of
+    /// its samples or after its last one lies in some read.
     pub fn read_range(&self, samples: &Range<u64>, size: Option<u64>) -> Range<u64> {
         let last = samples.end as usize - 1;
         let last_end = self.offsets[last] + self.lengths[last];
@@ -241,7 +244,11 @@ impl SampleIndex {
             Some(&next) => next,
             None => size.filter(|&size| size >= last_end).unwrap_or(last_end),
         };
-        self.offsets[samples.start as usize]..end
+        let start = match samples.start {
+            0 => 0,
+            start => self.offsets[start as usize],
+        };
+        start..end
     }
 }
 
@@ -261,5 +268,12 @@ mod tests {
         assert_eq!(index.read_range(&(1..3), None), 1024..3584);
         assert_eq!(index.read_range(&(0..1), Some(10240)), 0..1024);
         assert_eq!(index.read_range(&(0..2), None), 0..3072);
+        // The first sample's read starts at the shard's first byte.
+        let later = SampleIndex {
+            offsets: vec![512, 1536],
+            ..index
+        };
+        assert_eq!(later.read_range(&(0..1), None), 0..1536);
+        assert_eq!(later.read_range(&(1..2), None), 1536..3584);
     }
 }

@@ -3,6 +3,7 @@ and raw objects."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -28,6 +29,7 @@ from ._core import (
     SampleStream,
     ShardList,
     StateMismatchError,
+    StreamHandle,
     TransformError,
     check_layout,
     check_state,
@@ -287,6 +289,11 @@ class StreamingDataset(IterableDataset[Any]):
         self._counters = Counters()
         self._stats_since: dict[str, int] | None = None
         self._stream: SampleStream | None = None
+        # The shards a loaded state's epoch is planned over, when they are
+        # counted for it alone (``load_state_dict``).
+        self._resume_shards: ShardList | None = None
+        # What the last ``__iter__`` handed out (``_being_read``).
+        self._last_iterator: weakref.ref[Iterator[Any]] | None = None
         # The next epoch's stream, started in a persistent DataLoader worker
         # when this epoch's ended, with the process that started it (see
         # ``_start_next``).
@@ -334,11 +341,15 @@ class StreamingDataset(IterableDataset[Any]):
         it changes nothing; with another, an iterator not read yet streams
         the new epoch, and one being read goes on (its state is still the
         one ``state_dict`` gives) while the next iteration takes the new
-        epoch.
+        epoch. An iterator left before its end that nothing holds any more
+        (a ``break`` out of the loop) is not in progress: the next
+        iteration streams ``epoch`` from its start, as with DataLoader
+        workers (Accelerate sets the epoch it counts again after such a
+        pass).
         """
         stream = self._stream
-        if stream is None or json.loads(stream.state())["finished"]:
-            if self._epochs.set(epoch):
+        if stream is None or json.loads(stream.state())["finished"] or not self._being_read():
+            if self._epochs.set(epoch) or stream is not None:
                 self._stream = None
             return
         if stream.started or epoch == stream.epoch:
@@ -437,6 +448,10 @@ class StreamingDataset(IterableDataset[Any]):
         return n
 
     def __iter__(self) -> Iterator[Any]:
+        return in_worker_raising_at_next(self._iterate, self._epochs)
+
+    def _iterate(self) -> Iterator[Any]:
+        """``__iter__``'s iterator, what stops it raised here."""
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.distributed_slot()[1])
         # The pending resume is used up here, not lazily: StatefulDataLoader
@@ -458,10 +473,21 @@ class StreamingDataset(IterableDataset[Any]):
         if batches or check:
             items = _handed_out(stream, self, batches)
         transform = self.options["transform"]
-        if transform is None:
-            return items
-        skip = self.options["on_error"] == "warn"
-        return _Transformed(items, transform, skip, self._counters, self.skip_log)
+        if transform is not None:
+            skip = self.options["on_error"] == "warn"
+            items = _Transformed(items, transform, skip, self._counters, self.skip_log)
+        elif items is stream:
+            # Not the stream itself, which the dataset keeps for its state.
+            items = StreamHandle(stream)
+        self._last_iterator = weakref.ref(items)
+        return items
+
+    def _being_read(self) -> bool:
+        """Whether the iterator the last ``__iter__`` handed out is still
+        held (by a loop, a DataLoader's fetcher, a framework's iterator):
+        one nothing holds any more was left before its end."""
+        last = self._last_iterator
+        return last is not None and last() is not None
 
     def check_decode_fields(self, item: Any) -> None:
         """Warns with a ``DecodeFieldWarning`` if a key of the ``decode``
@@ -541,9 +567,15 @@ class StreamingDataset(IterableDataset[Any]):
         if not elastic:
             check_worker_count(parsed, self.num_workers)
         epoch = int(slots[0]["epoch"])
-        # Saved by several ranks, so with counted shards: count them here
-        # too, whatever this job's world size.
-        count_for_ranks(self.shard_list, max(int(slot["world_size"]) for slot in slots))
+        # Saved by several ranks (or in an epoch resumed from such states),
+        # so planned over counted shards: the resumed epoch is planned over
+        # a counted copy here too, whatever this job's world size. Later
+        # epochs are this dataset's own, as a fresh one plans them.
+        self._resume_shards = None
+        saved_world = saved_world_size(slots)
+        if saved_world > 1 and not self.shard_list.counted:
+            self._resume_shards = copy.copy(self.shard_list)
+            count_for_ranks(self._resume_shards, saved_world)
         self._stream = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 
@@ -620,8 +652,9 @@ class StreamingDataset(IterableDataset[Any]):
         shared_limit = shared_limit if SHARED_MEMORY_AVAILABLE else 0
         if shared_limit:
             configure_shared_bytes(shared_limit, raise_thresholds, self._main_process())
+        resumed_shards = self._resume_shards if resume is not None else None
         return SampleStream(
-            self.shard_list,
+            self.shard_list if resumed_shards is None else resumed_shards,
             epoch=epoch,
             world_size=world_size,
             rank=rank,
@@ -687,7 +720,7 @@ class StreamingDataset(IterableDataset[Any]):
                     f"nested function ({type(error).__name__}: {error})"
                 ) from error
         state = self.__dict__.copy()
-        state["_stream"] = state["_next_stream"] = None
+        state["_stream"] = state["_next_stream"] = state["_last_iterator"] = None
         # A DataLoader starting spawn or forkserver workers pickles the
         # dataset in its main process, which is then not the workers' parent.
         state["_pickled_by"] = os.getpid()
@@ -725,7 +758,7 @@ class _Transformed:
     is as exact as without a transform. The transform's time is counted
     (``transform_ns``)."""
 
-    __slots__ = ("_counters", "_skip", "_skip_log", "_stream", "_transform")
+    __slots__ = ("__weakref__", "_counters", "_skip", "_skip_log", "_stream", "_transform")
 
     def __init__(
         self,
@@ -801,6 +834,38 @@ def goes_on_to_next_epoch(epochs: EpochAdvance[Any]) -> bool:
     return epochs.worker_entry() is None and epochs.began_here()
 
 
+def in_worker_raising_at_next(
+    iterate: Callable[[], Iterator[Any]], epochs: EpochAdvance[Any]
+) -> Iterator[Any]:
+    """``iterate()``; in a DataLoader worker that has begun an iteration
+    before (``epochs``), what it raises is raised by the iterator's first
+    ``next()`` instead. A persistent worker makes each later epoch's
+    iterator outside its error handling: an error raised there ends the
+    worker ("exited unexpectedly", its message lost), while one raised by
+    ``next()`` reaches the training loop as it is. A worker's first
+    iterator is made inside it (``StatefulDataLoader`` reports what it
+    raises as the workers start, before any batch is asked for)."""
+    if get_worker_info() is None or not epochs.began_here():
+        return iterate()
+    try:
+        return iterate()
+    except Exception as error:
+        return _RaisingAtNext(error)
+
+
+class _RaisingAtNext:
+    """An iterator whose ``next()`` raises the error it was given."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def __iter__(self) -> _RaisingAtNext:
+        return self
+
+    def __next__(self) -> Any:
+        raise self._error
+
+
 class StartsNext(Protocol):
     """A dataset that starts its next epoch's reads when an epoch ends
     (``StreamingDataset``, ``Mix``)."""
@@ -819,6 +884,17 @@ def start_next_of(owner: StartsNext) -> Callable[[], None]:
             live._start_next()
 
     return start_next
+
+
+def saved_world_size(slots: list[dict[str, Any]]) -> int:
+    """The largest world size of ``slots`` (parsed slot states) and of the
+    states each was resumed from."""
+    largest = 1
+    for slot in slots:
+        largest = max(largest, int(slot["world_size"]))
+        if slot.get("resumed_from"):
+            largest = max(largest, saved_world_size(slot["resumed_from"]))
+    return largest
 
 
 def count_for_ranks(shard_list: ShardList, world_size: int) -> None:

@@ -22,7 +22,7 @@ from torch.utils.data import get_worker_info
 # Imported for what it registers: how spawned workers attach to the table
 # (and to the stream counters).
 from . import worker_sharing  # noqa: F401
-from ._core import EpochTable
+from ._core import EpochTable, StateMismatchError
 
 Resume = TypeVar("Resume")
 
@@ -69,8 +69,22 @@ class EpochAdvance(Generic[Resume]):
         """The loaded state this process's next iteration resumes, if it
         has not been used yet in this process (nor, for a DataLoader worker,
         by the worker of the same id that an earlier iteration of the same
-        DataLoader started)."""
-        return self.resume if self._entry() & PENDING else None
+        DataLoader started).
+
+        Raises ``StateMismatchError`` in a worker whose entry says a state
+        is pending that the worker does not hold: the state was loaded in
+        the main process after the worker was made (a persistent worker
+        of a DataLoader that has run), which would otherwise stream the
+        state's epoch from its start."""
+        if not self._entry() & PENDING:
+            return None
+        if self.resume is None:
+            raise StateMismatchError(
+                "a state was loaded (load_state_dict) after this DataLoader's workers were "
+                "made, and they hold the dataset as it was before: load the state before "
+                "making the DataLoader, or make a new DataLoader once it is loaded"
+            )
+        return self.resume
 
     def _entry(self) -> int:
         """This process's entry of the table, ``PENDING`` bit included."""
@@ -87,6 +101,8 @@ class EpochAdvance(Generic[Resume]):
         frameworks call ``set_epoch`` once the epoch's iterator exists
         (Lightning's epoch hooks, ``StatefulDataLoader``), and the state of
         the stream being read must stay the one a checkpoint takes."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise TypeError(f"epoch must be an int, got {epoch!r}")
         if running is not None and epoch == running and self.next == running + 1:
             return False
         if epoch < 0 or (self._limit is not None and epoch >= self._limit):

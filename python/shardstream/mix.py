@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ from .dataset import (
     apply_transform,
     check_worker_count,
     goes_on_to_next_epoch,
+    in_worker_raising_at_next,
     start_next_of,
 )
 from .epochs import EpochAdvance
@@ -171,7 +173,10 @@ class Mix(IterableDataset[Any]):
         self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(
             MIX_PASS_STRIDE
         )
-        self._iterator: _MixIterator | None = None
+        # The mixture the last ``__iter__`` began (kept for its state), and
+        # the iterator it handed out, held weakly (``_being_read``).
+        self._read_mixture: MixSlot | None = None
+        self._iterator: weakref.ref[_MixIterator] | None = None
         # The next epoch's streams, opened (and started where the mixture
         # takes samples of them) in a persistent DataLoader worker when this
         # epoch's mixture ended; see ``_start_next``.
@@ -247,12 +252,15 @@ class Mix(IterableDataset[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next iteration (then ``epoch + 1``, ...):
         pass 0 of every stream reads that stream's epoch ``epoch``. Calling
-        it with another epoch than a pending resume's drops the resume."""
-        iterator = self._iterator
-        state = iterator.state() if iterator is not None else None
-        if iterator is None or state is None or state["finished"]:
-            if self._epochs.set(epoch):
-                self._iterator = None
+        it with another epoch than a pending resume's drops the resume.
+        As ``StreamingDataset.set_epoch`` with an iterator being read, made
+        and not read yet, or left before its end."""
+        mixture = self._read_mixture
+        state = json.loads(mixture.state()) if mixture is not None else None
+        iterator = self._iterator() if self._iterator is not None else None
+        if mixture is None or state is None or state["finished"] or iterator is None:
+            if self._epochs.set(epoch) or mixture is not None:
+                self._read_mixture = self._iterator = None
             return
         if state["position"] or epoch == iterator.epoch:
             # The mixture being read stays the one a state describes.
@@ -261,7 +269,8 @@ class Mix(IterableDataset[Any]):
         # An iterator made and not read yet (StatefulDataLoader makes one
         # to take its first state): it streams the epoch set now.
         self._epochs.set(epoch)
-        iterator.retarget(self._mix_slot(self.epoch, self._slot()))
+        self._read_mixture = self._mix_slot(self.epoch, self._slot())
+        iterator.retarget(self._read_mixture)
         self._epochs.started(iterator.epoch)
 
     # -- iteration -------------------------------------------------------
@@ -272,6 +281,10 @@ class Mix(IterableDataset[Any]):
         return rank, world_size, worker_id, num_workers
 
     def __iter__(self) -> Iterator[Any]:
+        return in_worker_raising_at_next(self._iterate, self._epochs)
+
+    def _iterate(self) -> Iterator[Any]:
+        """``__iter__``'s iterator, what stops it raised here."""
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
         if any(ds.options["raise_malloc_thresholds"] for ds in self.datasets):
@@ -284,11 +297,9 @@ class Mix(IterableDataset[Any]):
         if early and goes_on_to_next_epoch(self._epochs):
             iterator.on_end = start_next_of(self)
         self._epochs.started(iterator.epoch)
-        self._iterator = iterator
+        self._read_mixture = iterator.mix_slot
+        self._iterator = weakref.ref(iterator)
         return iterator
-
-    def _open_iterator(self, epoch: int) -> _MixIterator:
-        return _MixIterator(self.datasets, self._mix_slot(epoch, self._slot()))
 
     def _start_next(self) -> None:
         """Called when the epoch's mixture ends in a process that goes on to
@@ -403,10 +414,11 @@ class Mix(IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's mixture as of the last sample it
         handed out: the mixture's position and each stream's state."""
-        iterator = self._iterator
-        if iterator is None:
-            iterator = self._open_iterator(self.epoch)
-        return iterator.state()
+        mixture = self._read_mixture
+        if mixture is None:
+            mixture = self._mix_slot(self.epoch, self._slot())
+        state: dict[str, Any] = json.loads(mixture.state())
+        return state
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], *, weights: Sequence[float] | None = None
@@ -462,7 +474,7 @@ class Mix(IterableDataset[Any]):
                 )
         else:
             self._weights.set(new_weights, epoch)
-        self._iterator = None
+        self._read_mixture = self._iterator = None
         self._epochs.load((kind, resume, new_weights), epoch, finished)
 
     def _check_form(self, state: Any, prefix: str) -> dict[str, Any]:
@@ -515,7 +527,7 @@ class Mix(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         check_worker_start()
         state = self.__dict__.copy()
-        state["_iterator"] = state["_next_streams"] = None
+        state["_read_mixture"] = state["_iterator"] = state["_next_streams"] = None
         # As for StreamingDataset: the wrapper a spawned worker cannot see.
         state["_pickled_under"] = find_splitter(self)
         return state
@@ -631,7 +643,3 @@ class _MixIterator:
         """Reads ``mix_slot`` instead (this iterator has handed out nothing)."""
         self.mix_slot = mix_slot
         self.epoch = mix_slot.epoch
-
-    def state(self) -> dict[str, Any]:
-        state: dict[str, Any] = json.loads(self.mix_slot.state())
-        return state

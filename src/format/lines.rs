@@ -31,9 +31,9 @@ pub const MAX_LINE_BYTES: u64 = 256 << 20;
 /// Bytes read from the stream at once.
 const READ_BYTES: usize = 256 << 10;
 
-/// The names a sample is given besides its fields (`__url__`, and the
-/// `__id__` and `__seed__` that options add): a line may not hold them.
-const RESERVED: [&str; 3] = ["__url__", "__id__", "__seed__"];
+/// The names a sample is given besides its fields that a line may not hold
+/// ([`GIVEN_NAMES`](super::GIVEN_NAMES) but the key, which a line may give).
+const RESERVED: [&str; 3] = ["__url__", super::SAMPLE_ID_FIELD, "__seed__"];
 
 /// The key a line may give its sample.
 const KEY: &str = "__key__";

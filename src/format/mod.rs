@@ -42,6 +42,13 @@ pub struct SampleId {
 /// `int64` rows on a packed sequence.
 pub const SAMPLE_ID_FIELD: &str = "__id__";
 
+/// The names shardstream gives each sample besides its fields: `__key__`,
+/// `__url__`, and the [`SAMPLE_ID_FIELD`] and `__seed__` that options add.
+/// A shard's field may not take one (it would replace the name, or the
+/// name it): a tar member or Parquet column so named is a format error, and
+/// a JSON line may give only its `__key__`, as a string.
+pub const GIVEN_NAMES: [&str; 4] = ["__key__", "__url__", SAMPLE_ID_FIELD, "__seed__"];
+
 /// The field that carries a packed sequence's epoch when `sample_ids` is
 /// on (a `(1,)` `int64` array): what a ledger records a step by when no
 /// document ends in it (its `__id__` has no rows).

@@ -268,11 +268,8 @@ impl Worker {
         let mut rows = 0;
         for batch in self.decode_row_group(group, reader, shard)? {
             let batch = batch?;
-            let mut samples = parquet::batch_to_samples(shard, "", &batch, rows)?;
+            let samples = parquet::batch_to_samples(shard, "", &batch, group.first_row, rows)?;
             rows += batch.num_rows() as u64;
-            for sample in &mut samples {
-                sample.key = (group.first_row + sample.id.index).to_string();
-            }
             for sample in samples {
                 if self.accept(read, sample, restored, stop).is_break() {
                     return Ok(None);
@@ -425,7 +422,11 @@ impl Worker {
                 }
             }
         }
-        if let ReadPurpose::Unit { samples, .. } = &read.purpose {
+        // With a manifest the read goes on to the next sample (or the
+        // shard's end), whose span check above finds a sample the manifest
+        // leaves out after this one: the read's range reaches the next
+        // recorded sample, and the shard's end after its last.
+        if let (ReadPurpose::Unit { samples, .. }, None) = (&read.purpose, &read.index) {
             if id.index + 1 >= samples.end {
                 *stop = Some(Stop::Enough);
                 return ControlFlow::Break(());

@@ -73,12 +73,16 @@ pub fn check_layout(
     }
     let world_size = layout_part("world_size", world_size, plan::slot::MAX_WORLD_SIZE)?;
     let num_workers = layout_part("num_workers", num_workers, plan::slot::MAX_SLOTS)?;
+    // Checked against the layout when it is known (torch.distributed, the
+    // DataLoader): here against the largest layout there can be.
+    layout_part("rank", rank, plan::slot::MAX_WORLD_SIZE - 1)?;
+    layout_part("worker_id", worker_id, plan::slot::MAX_SLOTS - 1)?;
     SlotSpec::new(world_size, 0, num_workers, 0).map_err(to_py)?;
     Ok(())
 }
 
-/// One part of a layout (1 when not given); an int too large for a
-/// `usize` is refused as above `most`.
+/// One part of a layout (1 when not given); above `most` (an int too large
+/// for a `usize` included) it is refused.
 fn layout_part(
     name: &'static str,
     value: Option<&Bound<'_, PyAny>>,
@@ -87,12 +91,13 @@ fn layout_part(
     let Some(value) = value else {
         return Ok(1);
     };
-    value.extract::<usize>().map_err(|_| {
-        to_py(crate::Error::Config {
+    match value.extract::<usize>() {
+        Ok(part) if part <= most => Ok(part),
+        _ => Err(to_py(crate::Error::Config {
             name,
             reason: format!("must be at most {most}, got {value}"),
-        })
-    })
+        })),
+    }
 }
 
 #[pyfunction]

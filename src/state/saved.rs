@@ -16,6 +16,9 @@ use crate::text::pack::PackState;
 pub const STATE_FORMAT: &str = "shardstream.state";
 /// The state version this build reads and writes.
 pub const STATE_VERSION: u32 = 2;
+/// A state's epoch is below this, as `set_epoch`'s is: the top bit of an
+/// epoch table entry says that its process has a loaded state pending.
+pub const EPOCH_LIMIT: u64 = 1 << 63;
 
 /// Where a slot's reading stands: the next sample to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +122,13 @@ impl SlotState {
                 "expected format {STATE_FORMAT:?} version {STATE_VERSION}, got {:?} version {}",
                 self.format, self.version
             )));
+        }
+        if self.epoch >= EPOCH_LIMIT {
+            return Err(field_error(
+                "",
+                "epoch",
+                format!("{} is not below 2^63", self.epoch),
+            ));
         }
         if let Some(from) = &self.resumed_from {
             from.iter().try_for_each(SlotState::check_format)?;

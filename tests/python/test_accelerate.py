@@ -246,3 +246,52 @@ def test_an_accelerator_of_one_process_under_a_world_size_of_two_is_refused(data
         assert "Accelerator(cpu=True)" in message and "accelerate launch" in message, message
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
+def test_a_pass_left_early_then_the_epochs_accelerate_counts(dataset, mixed, num_workers):
+    """Accelerate counts an epoch only when a pass ends, and sets the epoch
+    it counts at each new pass: after a pass left early (``break``) it
+    sets that epoch again. Each later pass streams the epoch Accelerate
+    set, whole, in the main process as in DataLoader workers. Before, in
+    the main process the iterator left was taken for the one in progress:
+    the pass after it streamed epoch 1 and the next one epoch 1 again."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from torch.utils.data import DataLoader
+
+    def ids(samples):
+        return [tuple(int(v) for v in s["__id__"]) for s in samples]
+
+    def data():
+        streams = [
+            shardstream.StreamingDataset(dataset.spec, seed=s, sample_ids=True) for s in (0, 1)
+        ]
+        return shardstream.Mix(streams, [1, 1], policy="stop") if mixed else streams[0]
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        accelerator = Accelerator(cpu=True)
+        loader = shardstream.accelerate.prepare_loader(
+            accelerator, DataLoader(data(), batch_size=4, num_workers=num_workers, collate_fn=ids)
+        )
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        for epoch in range(3):
+            assert loader.iteration == epoch
+            got = [sample for batch in loader for sample in batch]
+            expected = data()
+            expected.set_epoch(epoch)
+            whole = [
+                s
+                for batch in DataLoader(
+                    expected, batch_size=4, num_workers=num_workers, collate_fn=ids
+                )
+                for s in batch
+            ]
+            assert got == whole, f"pass of epoch {epoch}"
+            assert {e for e, _, _ in got} == {epoch}
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

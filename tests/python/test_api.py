@@ -263,6 +263,15 @@ def test_set_epoch_rejects_negative(dataset):
     ds = shardstream.StreamingDataset(dataset.spec)
     with pytest.raises(ValueError):
         ds.set_epoch(-1)
+    with pytest.raises(ValueError, match="below 2\\*\\*63"):
+        ds.set_epoch(2**63)
+    # Named, not an operator's error.
+    for value in (1.0, "1", None, True):
+        with pytest.raises(TypeError, match="epoch must be an int"):
+            ds.set_epoch(value)
+    for value in (1.0, "1"):
+        with pytest.raises(TypeError, match="epoch must be an int"):
+            shardstream.Mix([ds], [1.0]).set_epoch(value)
 
 
 def test_stats_in_process(dataset):

@@ -160,6 +160,40 @@ def test_the_main_process_starts_the_next_epoch_from_its_second_epoch_on(dataset
         assert off._next_stream is None
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
+def test_an_iteration_left_before_its_end_is_not_the_one_in_progress(dataset, mixed):
+    """``set_epoch`` with the epoch of an iterator still read changes
+    nothing (the frameworks that call it once the epoch's iterator exists);
+    with that of an iterator left before its end, which nothing holds any
+    more, the next iteration streams the epoch from its start."""
+
+    def make():
+        ds = shardstream.StreamingDataset(dataset.spec, seed=SEED)
+        return shardstream.Mix([ds], [1.0]) if mixed else ds
+
+    def whole(epoch):
+        fresh = make()
+        fresh.set_epoch(epoch)
+        return keys_of(collect(fresh))
+
+    ds = make()
+    held = iter(ds)
+    first = keys_of([next(held) for _ in range(5)])
+    ds.set_epoch(0)
+    assert first + keys_of(collect(held)) == whole(0)
+    assert keys_of(collect(ds)) == whole(1)
+
+    left = iter(ds)
+    assert keys_of([next(left) for _ in range(5)]) == whole(2)[:5]
+    del left
+    ds.set_epoch(2)
+    # The state is the next iteration's: epoch 2 from its start.
+    state = ds.state_dict()
+    assert state["epoch"] == 2 and not state["finished"]
+    assert keys_of(collect(ds)) == whole(2)
+    assert keys_of(collect(ds)) == whole(3)
+
+
 def test_read_next_epoch_early_false_opens_each_epoch_at_its_iteration(dataset):
     one_epoch = sum(p.stat().st_size for p in dataset.paths)
     ds = shardstream.StreamingDataset(dataset.spec, seed=SEED, read_next_epoch_early=False)
@@ -180,14 +214,14 @@ def test_the_next_iteration_takes_the_started_stream_only_if_it_would_open_it(da
     ds._start_next()
     started = ds._next_stream[1]
     iterator = iter(ds)
-    assert iterator is started
+    assert ds._stream is started
     assert keys_of(collect(iterator)) == epoch_order(dataset.spec, 0, 1)
 
     ds._start_next()
     started = ds._next_stream[1]
     ds.set_epoch(7)
     iterator = iter(ds)
-    assert iterator is not started
+    assert ds._stream is not started
     assert keys_of(collect(iterator)) == epoch_order(dataset.spec, 0, 7)
 
     iterator = iter(ds)
@@ -199,7 +233,7 @@ def test_the_next_iteration_takes_the_started_stream_only_if_it_would_open_it(da
     started = ds._next_stream[1]
     ds.load_state_dict(state)
     iterator = iter(ds)
-    assert iterator is not started
+    assert ds._stream is not started
     assert keys_of(collect(iterator)) == rest
 
 
@@ -274,6 +308,31 @@ def test_dataloaders_with_other_worker_counts_agree_on_the_epoch(dataset):
     assert keys_of(collect(ds)) == epoch_order(dataset.spec, 0, 2)
     assert keys_of(collect(loader(ds, 3))) == epoch_order(dataset.spec, 3, 3)
     assert ds.epoch == 4
+
+
+def test_a_state_loaded_after_persistent_workers_were_made_is_refused_in_them(dataset):
+    """Persistent workers hold the dataset as it was when they were made:
+    a state loaded in the main process after that is not theirs to
+    resume. Before, they streamed the state's epoch from its start (its
+    first samples again) with no error; now the iteration raises, naming
+    the fix. Loaded before the DataLoader is made, it resumes (counted
+    shards: the state of one slot is resumed by two)."""
+    reader = shardstream.StreamingDataset(dataset.spec, seed=SEED, count_samples=True)
+    reader.set_epoch(1)
+    iterator = iter(reader)
+    first = keys_of([next(iterator) for _ in range(7)])
+    state = shardstream.elastic_state(reader.state_dict())
+    del iterator
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED, count_samples=True)
+    dl = loader(ds, 2, persistent_workers=True)
+    assert len(keys_of([next(iter(dl))])) == 1
+    ds.load_state_dict(state)
+    with pytest.raises(shardstream.ShardStreamError, match="load the state before making"):
+        collect(dl)
+    fresh = shardstream.StreamingDataset(dataset.spec, seed=SEED, count_samples=True)
+    fresh.load_state_dict(state)
+    rest = keys_of(collect(loader(fresh, 2)))
+    assert_exactly_once(first + rest, dataset.keys)
 
 
 def test_a_plain_pickle_copies_the_epoch_without_sharing_it(dataset):

@@ -303,6 +303,43 @@ def test_a_layout_no_job_could_have_is_refused_naming_it(
     assert code == 2 and "meta.json" in out and f"{field}: " in out and "must be" in out, out
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("seed", 7.0),
+        ("seed", "7"),
+        ("seed", -1),
+        ("shuffle_shards", "yes"),
+        ("remainder", 3),
+        ("manifest", 5),
+        ("format", ["tar"]),
+    ],
+)
+def test_a_meta_option_of_another_type_is_refused_naming_it(
+    dataset: DatasetInfo,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    option: str,
+    value: object,
+) -> None:
+    """An order option of ``meta.json`` that verify cannot read is a read
+    error naming it (exit 2); before, it became the default, and the
+    verdict was about another plan (a seed of ``7.0`` reported samples
+    that never came)."""
+    ds = make(dataset.spec, batch_size=8)
+    with shardstream.Ledger(tmp_path, ds) as ledger:
+        for _ in ledger.track(ds):
+            pass
+    assert verify(capfd, tmp_path)[0] == 0
+    meta_path = tmp_path / "gen-000000" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert option in meta["dataset"]["options"]
+    meta["dataset"]["options"][option] = value
+    meta_path.write_text(json.dumps(meta))
+    code, out = verify(capfd, tmp_path)
+    assert code == 2 and "meta.json" in out and f"option {option} is " in out, out
+
+
 def test_explain_names_the_samples_of_a_step(
     dataset: DatasetInfo, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -168,6 +168,73 @@ def test_a_sample_length_the_manifest_records_short_is_refused(tmp_path):
     assert f"bytes {start}..{start + entry['lengths'][last]}" in message, message
 
 
+def four_samples(path, compress: bool):
+    """A tar (gzip-compressed or not) of samples a, b, c, d, 1,024 bytes each."""
+    members = []
+    for key in "abcd":
+        member = tarfile.TarInfo(f"{key}.txt")
+        member.size = 1
+        members.append((member, b"x"))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for member, data in members:
+            tar.addfile(member, io.BytesIO(data))
+    data = buffer.getvalue()
+    if compress:
+        import gzip
+
+        data = gzip.compress(data, mtime=0)
+    path.write_bytes(data)
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["tar", "tar.gz"])
+@pytest.mark.parametrize(
+    ("left_out", "world_size"),
+    [("a", 1), ("d", 1), ("a", 2), ("d", 2), ("c", 2)],
+)
+def test_a_sample_the_manifest_leaves_out_is_refused(tmp_path, compress, left_out, world_size):
+    """A manifest whose spans leave out a sample of the shard (its size and
+    modification time still the shard's): before the first recorded
+    sample, after the last, or between two where the plan cuts the shard
+    between ranks. Each read of a plain shard starts at the shard's first
+    byte for its first sample and goes on to the next recorded sample (to
+    the shard's end after its last), so the sample is found and its span
+    is refused; before, it was left out silently."""
+    path = tmp_path / ("s.tar.gz" if compress else "s.tar")
+    four_samples(path, compress)
+    manifest_path = tmp_path / "manifest.json"
+    manifest = index_manifest([str(path)], manifest_path)
+    entry = manifest["shards"][0]
+    assert entry["offsets"] == [0, 1024, 2048, 3072]
+    kept = [i for i, key in enumerate("abcd") if key != left_out]
+    entry["samples"] = 3
+    entry["offsets"] = [entry["offsets"][i] for i in kept]
+    entry["lengths"] = [entry["lengths"][i] for i in kept]
+    manifest_path.write_text(json.dumps(manifest))
+    seen, errors = [], []
+    for rank in range(world_size):
+        ds = StreamingDataset(
+            str(path),
+            manifest=str(manifest_path),
+            shuffle_buffer=0,
+            shuffle_shards=False,
+            remainder="pad",
+            rank=rank,
+            world_size=world_size,
+        )
+        try:
+            seen += keys(ds)
+        except ManifestMismatchError as error:
+            errors.append(str(error))
+    assert errors, f"{left_out} left out silently: the ranks read {seen}"
+    assert all(str(path) in message for message in errors), errors
+    assert any("spans bytes" in message for message in errors), errors
+    # The manifest as indexed reads every sample.
+    index_manifest([str(path)], manifest_path)
+    ds = StreamingDataset(str(path), manifest=str(manifest_path), shuffle_buffer=0)
+    assert sorted(keys(ds)) == list("abcd")
+
+
 def test_a_damaged_local_shard_met_while_counting_under_warn_is_named_and_skipped(tmp_path):
     """Counted for equal ranks under ``on_error="warn"``: the damaged shard
     is skipped with a warning naming it and the offset, every rank plans

@@ -123,6 +123,11 @@ def test_bad_slot_arguments_are_refused_at_construction(dataset):
         ({"rank": -1}, "rank"),
         ({"num_workers": 0}, "num_workers"),
         ({"worker_id": 3, "num_workers": 3}, "worker_id"),
+        # Without the layout, bounded by the largest there can be (before,
+        # these passed and iterating raised a bare OverflowError).
+        ({"rank": 1 << 64}, "rank"),
+        ({"rank": 1 << 20}, "rank"),
+        ({"worker_id": 1 << 64}, "worker_id"),
     ]:
         with pytest.raises(ValueError, match=f"invalid option {name}"):
             shardstream.StreamingDataset(dataset.spec, **slot)

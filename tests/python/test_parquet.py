@@ -368,3 +368,36 @@ def test_a_dictionary_page_offset_of_zero_means_none(tmp_path):
     samples = collect(StreamingDataset(str(path), shuffle_buffer=0))
     assert [row_of(s) for s in samples] == expected
     assert [s["__key__"] for s in samples] == [str(i) for i in range(len(expected))]
+
+
+def test_columns_named_like_a_sample_s_own_names(tmp_path):
+    """A string column ``__key__`` keys the rows (a file converted from
+    WebDataset shards keeps its keys); a ``__url__``, ``__id__`` or
+    ``__seed__`` column, or two columns of one name, would lose a value:
+    each is a ``ShardFormatError`` naming the file and the column, and
+    ``columns=`` or Arrow batches read the file. Before, the column
+    replaced the sample's own (or was replaced by it), and of two columns
+    the last was kept."""
+    keyed = tmp_path / "keyed.parquet"
+    pq.write_table(pa.table({"__key__": ["a/1", "a/2"], "v": [1, 2]}), keyed)
+    rows = collect(StreamingDataset(str(keyed), shuffle_buffer=0, sample_ids=True))
+    assert [(r["__key__"], r["v"], r["__id__"]) for r in rows] == [
+        ("a/1", 1, (0, 0, 0)),
+        ("a/2", 2, (0, 0, 1)),
+    ]
+    assert list(rows[0]) == ["__key__", "__url__", "v", "__id__"]
+
+    named = tmp_path / "named.parquet"
+    pq.write_table(pa.table({"__url__": ["u0", "u1"], "__id__": [10, 11], "v": [1, 2]}), named)
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], ["a", "a"]), twice)
+    for path, column in ((named, "__url__"), (twice, "a")):
+        with pytest.raises(shardstream.ShardFormatError) as raised:
+            collect(StreamingDataset(str(path), shuffle_buffer=0))
+        message = str(raised.value)
+        assert str(path) in message and f'column "{column}"' in message, message
+        assert "columns=" in message, message
+    rows = collect(StreamingDataset(str(named), shuffle_buffer=0, columns=["v"]))
+    assert [(r["__url__"], r["v"]) for r in rows] == [(str(named), 1), (str(named), 2)]
+    batches = collect(StreamingDataset(str(named), batch_format="arrow", shuffle_buffer=0))
+    assert batches[0].column("__url__").to_pylist() == ["u0", "u1"]

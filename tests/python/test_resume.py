@@ -27,6 +27,7 @@ from _shardtest import (
     loader,
     run_bounded,
     slot_states,
+    write_uneven_dataset,
 )
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -361,7 +362,7 @@ def saved_slot(uneven_dataset):
     iterator = iter(ds)
     handed_out = [sample_id(next(iterator)["__key__"]) for _ in range(10)]
     state = json_round_trip(ds.state_dict())
-    units = iterator.units
+    units = ds._stream.units
     del iterator
     assert len(state["buffer"]) >= 3 and state["cursor"]["next_sample"] is not None
     return state, handed_out, units
@@ -408,6 +409,10 @@ def damage_exact(case: str, good: dict, handed_out: list, units: list) -> dict:
         state["digest"] = "0123456789abcdef"
     elif case == "rank-past-world-size":
         state["rank"] = 3
+    elif case == "epoch-past-2-63":
+        # set_epoch's bound: before, the state loaded and its next epochs
+        # repeated earlier ones (or iterating raised OverflowError).
+        state["epoch"] = 2**63 + 5
     else:
         raise AssertionError(case)
     return state
@@ -429,6 +434,7 @@ EXACT_DAMAGE = {
     "resumed-from-empty": r"field resumed_from",
     "digest-edited": r"field digest",
     "rank-past-world-size": r"field rank",
+    "epoch-past-2-63": r"field epoch: 9223372036854775813 is not below 2\^63",
 }
 
 
@@ -472,6 +478,9 @@ def damage_elastic(case: str, states: list[dict]) -> list[dict]:
     elif case == "world-size-absurd":
         for state in states:
             state["world_size"] = 2**60
+    elif case == "epoch-past-2-63":
+        for state in states:
+            state["epoch"] = 2**64 - 1
     else:
         raise AssertionError(case)
     return states
@@ -487,6 +496,7 @@ ELASTIC_DAMAGE = {
     "missing-slot": r"every one of the 4 x 2 slots",
     "mixed-fingerprints": r"slots\[\d\]\.fingerprint",
     "world-size-absurd": r"slots\[\d\]\.world_size: \d+ is above 1048576",
+    "epoch-past-2-63": r"field epoch: 18446744073709551615 is not below 2\^63",
 }
 
 
@@ -508,6 +518,52 @@ def test_a_slot_state_given_twice_counts_once(uneven_dataset, old_job):
     check_elastic_accounting(
         old_full, consumed, [keys_of(collect(ds))], "drop", len(uneven_dataset.keys)
     )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_epochs_after_an_elastic_resume_onto_one_rank_are_a_fresh_dataset_s(
+    tmp_path, num_workers
+):
+    """Local shards without a manifest, a job of 2 ranks (which counts
+    them) resumed elastically onto 1 rank (which deals them whole). The
+    resumed epoch is planned over counted shards; the epochs after it as a
+    fresh dataset plans them, so a checkpoint taken in one resumes in a
+    fresh dataset. Before, the counts stayed: the later epochs differed
+    from a fresh dataset's (through workers), and their checkpoints were
+    refused as "saved for another dataset"."""
+    info = write_uneven_dataset(tmp_path / "d", (11, 30, 2, 0, 26))
+
+    def make(epoch: int | None = None, **slot) -> shardstream.StreamingDataset:
+        ds = shardstream.StreamingDataset(info.spec, seed=3, shuffle_buffer=5, **slot)
+        if epoch is not None:
+            ds.set_epoch(epoch)
+        return ds
+
+    states, consumed = [], []
+    for rank in range(2):
+        old = make(1, rank=rank, world_size=2)
+        iterator = iter(old)
+        consumed += keys_of([next(iterator) for _ in range(10)])
+        states.append(old.state_dict())
+    ds = make()
+    assert not ds.shard_list.counted
+    ds.load_state_dict(shardstream.elastic_state(*states))
+    rest = keys_of(collect(loader(ds, num_workers)))
+    # Exactly once, less what remainder="drop" leaves out of the old plan.
+    counts = Counter(consumed + rest)
+    assert max(counts.values()) == 1 and set(counts) <= set(info.keys)
+    assert len(info.keys) - len(counts) < 2
+    assert keys_of(collect(loader(ds, num_workers))) == keys_of(
+        collect(loader(make(2), num_workers))
+    )
+    assert not ds.shard_list.counted
+    # A checkpoint of epoch 3, resumed by a fresh dataset.
+    iterator = iter(ds)
+    taken = keys_of([next(iterator) for _ in range(7)])
+    state = ds.state_dict()
+    fresh = make()
+    fresh.load_state_dict(state)
+    assert taken + keys_of(collect(fresh)) == keys_of(collect(make(3)))
 
 
 # --------------------------------------------------------------------------

@@ -19,14 +19,21 @@ use arrow_schema::DataType;
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::format::{Sample, SampleId, ShardRef};
+use crate::format::{Sample, SampleId, ShardRef, GIVEN_NAMES};
 use crate::value::Value;
 
 /// Turns the rows of `batch` into samples: row `i` becomes the sample with
 /// index `first_row + i` (its row within the row group), key
-/// `{key_prefix}{first_row + i}` (pass a prefix that makes keys unique in
-/// the file, such as `"rg3/"`), offset and length 0, and one field per
-/// column in schema order.
+/// `{key_prefix}{key_first_row + first_row + i}` (pass a prefix or a first
+/// row that makes keys unique in the file: `"rg3/"`, or the row group's
+/// first row in the file), offset and length 0, and one field per column
+/// in schema order.
+///
+/// A string column named `__key__` gives each row its key instead (a null
+/// or a column of another type is a format error). A column named like
+/// another name shardstream gives each sample (`__url__`, `__id__`,
+/// `__seed__`), or a name two columns share, is a format error naming it:
+/// the sample would lose one of the values.
 ///
 /// Values are what pyarrow's `to_pylist()` gives: integers, floats,
 /// strings, bytes, lists, dicts for structs, lists of `(key, value)` tuples
@@ -37,11 +44,29 @@ pub fn batch_to_samples(
     shard: &ShardRef,
     key_prefix: &str,
     batch: &RecordBatch,
+    key_first_row: u64,
     first_row: u64,
 ) -> Result<Vec<Sample>> {
-    let columns = batch
-        .schema_ref()
-        .fields()
+    let fields = batch.schema_ref().fields();
+    for (i, field) in fields.iter().enumerate() {
+        let name = field.name().as_str();
+        let reason = if fields[..i].iter().any(|other| other.name() == name) {
+            "is the name of two columns: a sample holds one value per name"
+        } else if name != KEY_COLUMN && GIVEN_NAMES.contains(&name) {
+            "is a name shardstream gives each sample"
+        } else {
+            continue;
+        };
+        return Err(shard.format_error(
+            0,
+            None,
+            format!(
+                "column {name:?} {reason}; leave it out (columns=[...]) or read Arrow batches \
+                 (batch_format=\"arrow\")"
+            ),
+        ));
+    }
+    let columns = fields
         .iter()
         .zip(batch.columns())
         .map(|(field, array)| {
@@ -59,26 +84,50 @@ pub fn batch_to_samples(
                 })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((0..batch.num_rows())
+    let key_column = columns.iter().position(|(name, _)| *name == KEY_COLUMN);
+    (0..batch.num_rows())
         .map(|i| {
             let index = first_row + i as u64;
-            Sample {
+            let key = match key_column {
+                Some(at) => match columns[at].1.value(i) {
+                    Value::Str(key) => key,
+                    other => {
+                        let what = if matches!(other, Value::Null) {
+                            "null"
+                        } else {
+                            "not a string"
+                        };
+                        return Err(shard.format_error(
+                            0,
+                            None,
+                            format!("column {KEY_COLUMN:?}: row {index} is {what}"),
+                        ));
+                    }
+                },
+                None => format!("{key_prefix}{}", key_first_row + index),
+            };
+            Ok(Sample {
                 id: SampleId {
                     shard: shard.index,
                     index,
                 },
-                key: format!("{key_prefix}{index}"),
+                key,
                 url: shard.url.clone(),
                 fields: columns
                     .iter()
-                    .map(|(name, column)| ((*name).to_owned(), column.value(i)))
+                    .enumerate()
+                    .filter(|&(at, _)| Some(at) != key_column)
+                    .map(|(_, (name, column))| ((*name).to_owned(), column.value(i)))
                     .collect(),
                 offset: 0,
                 length: 0,
-            }
+            })
         })
-        .collect())
+        .collect()
 }
+
+/// The column whose strings are the rows' keys, when a file has one.
+const KEY_COLUMN: &str = "__key__";
 
 /// An Arrow array downcast once, with its children, for reading values
 /// row by row.

@@ -254,7 +254,7 @@ fn read_samples(file: &[u8], columns: Option<&[String]>) -> Vec<Sample> {
             assert!(batch.num_rows() <= 3);
             assert_eq!(batch.schema(), batches.schema());
             samples.extend(
-                batch_to_samples(&shard(), &format!("rg{rg}/"), &batch, first_row).unwrap(),
+                batch_to_samples(&shard(), &format!("rg{rg}/"), &batch, 0, first_row).unwrap(),
             );
         }
         assert_eq!(batches.next_row(), row_group_rows(&meta, rg));
@@ -679,7 +679,7 @@ fn arrow_types_convert_like_to_pylist() {
         ),
     ];
     let batch = RecordBatch::try_from_iter(columns).unwrap();
-    let samples = batch_to_samples(&shard(), "k/", &batch.slice(1, 3), 10).unwrap();
+    let samples = batch_to_samples(&shard(), "k/", &batch.slice(1, 3), 0, 10).unwrap();
     assert_eq!(samples.len(), 3);
     assert_eq!(samples[0].key, "k/10");
     assert_eq!(
@@ -741,7 +741,7 @@ fn arrow_types_convert_like_to_pylist() {
     assert_eq!(names[..3], ["null", "bool", "u8"]);
 
     // The unsliced batch: first rows, u8 at 255, u32 at its maximum.
-    let all = batch_to_samples(&shard(), "", &batch, 0).unwrap();
+    let all = batch_to_samples(&shard(), "", &batch, 0, 0).unwrap();
     assert_eq!(all[0].fields[2].1, Value::Int(255));
     assert_eq!(all[0].fields[4].1, Value::Int(u32::MAX.into()));
     assert_eq!(all[0].fields[3].1, Value::Int(-300));
@@ -763,7 +763,7 @@ fn unsupported_types_are_an_error_not_dropped() {
         ("day", dates),
     ])
     .unwrap();
-    let (url, _, reason) = unwrap_format(batch_to_samples(&shard(), "", &batch, 0).unwrap_err());
+    let (url, _, reason) = unwrap_format(batch_to_samples(&shard(), "", &batch, 0, 0).unwrap_err());
     assert_eq!(url, URL);
     assert_eq!(
         reason,
@@ -775,10 +775,58 @@ fn unsupported_types_are_an_error_not_dropped() {
     decimals.append_null();
     let batch =
         RecordBatch::try_from_iter([("amounts", Arc::new(decimals.finish()) as ArrayRef)]).unwrap();
-    let (_, _, reason) = unwrap_format(batch_to_samples(&shard(), "", &batch, 0).unwrap_err());
+    let (_, _, reason) = unwrap_format(batch_to_samples(&shard(), "", &batch, 0, 0).unwrap_err());
     assert!(
         reason.starts_with("column \"amounts\": type Decimal128("),
         "{reason}"
+    );
+}
+
+/// A `__key__` column of strings keys the rows; a column named like
+/// another name each sample is given, or a name two columns share, would
+/// lose a value: an error naming the column. Before, the column replaced
+/// the sample's own (`__url__`) or was replaced (`__id__` with sample ids),
+/// and of two columns of one name the last was kept.
+#[test]
+fn a_column_named_like_a_sample_s_own_names_is_its_key_or_an_error() {
+    let ints = |values: Vec<i32>| Arc::new(Int32Array::from(values)) as ArrayRef;
+    let strings = |values: Vec<Option<&str>>| Arc::new(StringArray::from(values)) as ArrayRef;
+    let batch = RecordBatch::try_from_iter([
+        ("__key__", strings(vec![Some("x"), Some("y")])),
+        ("v", ints(vec![1, 2])),
+    ])
+    .unwrap();
+    let samples = batch_to_samples(&shard(), "", &batch, 100, 0).unwrap();
+    let keys: Vec<_> = samples.iter().map(|s| s.key.as_str()).collect();
+    assert_eq!(keys, ["x", "y"]);
+    assert_eq!(samples[1].fields, [("v".to_owned(), Value::Int(2))]);
+    let plain = RecordBatch::try_from_iter([("v", ints(vec![1, 2]))]).unwrap();
+    let samples = batch_to_samples(&shard(), "", &plain, 100, 5).unwrap();
+    assert_eq!(samples[1].key, "106");
+    let refused = |columns: Vec<(&str, ArrayRef)>, expected: &str| {
+        let batch = RecordBatch::try_from_iter(columns).unwrap();
+        let (url, _, reason) =
+            unwrap_format(batch_to_samples(&shard(), "", &batch, 0, 0).unwrap_err());
+        assert_eq!(url, URL);
+        assert!(reason.starts_with(expected), "{reason}");
+    };
+    for name in ["__url__", "__id__", "__seed__"] {
+        refused(
+            vec![(name, ints(vec![1])), ("v", ints(vec![1]))],
+            &format!("column {name:?} is a name shardstream gives each sample; leave it out"),
+        );
+    }
+    refused(
+        vec![("a", ints(vec![1])), ("a", ints(vec![2]))],
+        "column \"a\" is the name of two columns",
+    );
+    refused(
+        vec![("__key__", ints(vec![1]))],
+        "column \"__key__\": row 0 is not a string",
+    );
+    refused(
+        vec![("__key__", strings(vec![Some("x"), None]))],
+        "column \"__key__\": row 1 is null",
     );
 }
 

@@ -39,7 +39,9 @@ const TRAILER_CHUNK: usize = 16 << 10;
 /// One member, after the extension headers that describe it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Member {
-    /// Whether the member is a regular file (type flag `0` or NUL).
+    /// Whether the member is a regular file (type flag `0`, NUL or `7`, a
+    /// contiguous file: Python's `tarfile`, and so webdataset, reads all
+    /// three as files).
     pub is_file: bool,
     /// Bytes of data that follow the header (a pax `size` record wins).
     pub size: u64,
@@ -206,7 +208,9 @@ impl<R: ByteSource> Members<R> {
             path.clear();
             let (long_name, pax) = (self.long_name.take(), self.pax.take());
             if let Some(name) = &long_name {
-                path.extend_from_slice(name.strip_suffix(&[0]).unwrap_or(name));
+                // A GNU long name ends at its first NUL, as tarfile reads it.
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                path.extend_from_slice(&name[..end]);
             } else if let Some(pax_path) = pax.as_deref().and_then(|p| pax_value(p, b"path")) {
                 path.extend_from_slice(pax_path);
             } else {
@@ -214,7 +218,7 @@ impl<R: ByteSource> Members<R> {
             }
             self.long_link = false;
             return Ok(Some(Member {
-                is_file: matches!(type_flag, b'0' | 0),
+                is_file: matches!(type_flag, b'0' | 0 | b'7'),
                 size,
                 header_position,
                 data_position,
@@ -467,8 +471,10 @@ fn until_nul(field: &[u8]) -> &[u8] {
 }
 
 /// The value of the pax record `key` in `records` (`"<length> key=value\n"`
-/// each), or `None` when it is absent or a record is malformed.
+/// each; the last one when several name `key`, as tarfile reads them), or
+/// `None` when it is absent or a record is malformed.
 fn pax_value<'a>(mut records: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let mut found = None;
     while !records.is_empty() {
         let space = records.iter().position(|&b| b == b' ')?;
         let length: usize = std::str::from_utf8(&records[..space]).ok()?.parse().ok()?;
@@ -478,11 +484,11 @@ fn pax_value<'a>(mut records: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
         let record = &records[space + 1..length - 1];
         let equals = record.iter().position(|&b| b == b'=')?;
         if &record[..equals] == key {
-            return Some(&record[equals + 1..]);
+            found = Some(&record[equals + 1..]);
         }
         records = &records[length..];
     }
-    None
+    found
 }
 
 #[cfg(test)]
@@ -521,7 +527,12 @@ mod tests {
             let mut entry = entry.unwrap();
             let mut data = Vec::new();
             let path = entry.path_bytes().into_owned();
-            let (is_file, size) = (entry.header().entry_type().is_file(), entry.size());
+            let kind = entry.header().entry_type();
+            let is_file = matches!(
+                kind,
+                ::tar::EntryType::Regular | ::tar::EntryType::Continuous
+            );
+            let size = entry.size();
             let positions = (entry.raw_header_position(), entry.raw_file_position());
             entry.read_to_end(&mut data).unwrap();
             seen.push((path, is_file, size, data, positions.0, positions.1));
@@ -726,6 +737,53 @@ mod tests {
         assert!(
             error.to_string().contains("size was not a number"),
             "{error}"
+        );
+    }
+
+    /// Three members `tarfile` (and so webdataset) reads otherwise than the
+    /// `tar` crate: a contiguous file (type `7`) is a file, a GNU long name
+    /// ends at its first NUL, and of two pax `path` records the last wins.
+    #[test]
+    fn members_read_as_tarfile_reads_them() {
+        let padded = |mut data: Vec<u8>| {
+            data.resize(data.len().div_ceil(512) * 512, 0);
+            data
+        };
+        let mut bytes = header_block("a.jpg", b'7', b"00000000001\0").to_vec();
+        bytes.extend(padded(b"1".to_vec()));
+        let long = b"long.jpg\0\0";
+        let size = format!("{:011o}\0", long.len());
+        bytes.extend(header_block(
+            "././@LongLink",
+            b'L',
+            size.as_bytes().try_into().unwrap(),
+        ));
+        bytes.extend(padded(long.to_vec()));
+        bytes.extend(header_block("short", b'0', b"00000000001\0"));
+        bytes.extend(padded(b"2".to_vec()));
+        let records = b"18 path=first.jpg\n19 path=second.jpg\n";
+        let size = format!("{:011o}\0", records.len());
+        bytes.extend(header_block(
+            "pax",
+            b'x',
+            size.as_bytes().try_into().unwrap(),
+        ));
+        bytes.extend(padded(records.to_vec()));
+        bytes.extend(header_block("plain.jpg", b'0', b"00000000001\0"));
+        bytes.extend(padded(b"3".to_vec()));
+        bytes.resize(bytes.len() + 1024, 0);
+        let seen: Vec<(Vec<u8>, bool, Vec<u8>)> = read_all(&bytes)
+            .unwrap()
+            .into_iter()
+            .map(|(path, is_file, _, data, _, _)| (path, is_file, data))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (b"a.jpg".to_vec(), true, b"1".to_vec()),
+                (b"long.jpg".to_vec(), true, b"2".to_vec()),
+                (b"second.jpg".to_vec(), true, b"3".to_vec()),
+            ]
         );
     }
 

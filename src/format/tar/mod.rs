@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use self::members::Members;
 use super::verified::Outbox;
-use super::{ByteSource, Outcome, Sample, SampleId, ShardRef, Value};
+use super::{ByteSource, Outcome, Sample, SampleId, ShardRef, Value, GIVEN_NAMES};
 use crate::error::{Error, Result};
 
 /// Splits a member path into `(key, field)` by the WebDataset rule, or
@@ -383,6 +383,16 @@ impl<'a> Grouper<'a> {
         offset: u64,
         (span_start, span_end): (u64, u64),
     ) -> Result<()> {
+        if field.starts_with("__") && GIVEN_NAMES.contains(&field.as_str()) {
+            return Err(self.shard.format_error(
+                offset,
+                Some(member.to_owned()),
+                format!(
+                    "field {field:?} is a name shardstream gives each sample (webdataset \
+                     refuses it too): rename the member"
+                ),
+            ));
+        }
         if let Some(current) = &mut self.current {
             debug_assert_eq!(current.key, key, "take_if_new_key first");
             if current.fields.iter().any(|(f, _)| *f == field) {
