@@ -45,7 +45,6 @@ __all__ = [
     "SharedWeights",
     "StateMismatchError",
     "StorageAuthError",
-    "StreamHandle",
     "StreamProcessError",
     "Tokenizer",
     "TransformError",
@@ -595,16 +594,6 @@ class SampleStream(Iterator[Any]):
     def __next__(self) -> Any:
         """The next sample (a dict), batch (a dict of columns) or record batch; raises
         ``StreamProcessError`` in a process other than the one that started the stream."""
-
-@final
-class StreamHandle(Iterator[Any]):
-    """What ``StreamingDataset.__iter__`` hands out when nothing wraps its stream: the
-    stream's items. The dataset keeps the stream and only a weak reference to this."""
-
-    def __new__(cls, stream: SampleStream) -> StreamHandle: ...
-    def __iter__(self) -> StreamHandle: ...
-    def __next__(self) -> Any:
-        """The stream's next item (see ``SampleStream.__next__``)."""
 
 def resolve_shards(specs: list[str]) -> list[tuple[str, int | None]]:
     """Resolves dataset specs to ``(url, size or None)`` pairs, in order."""

@@ -29,7 +29,6 @@ from ._core import (
     SampleStream,
     ShardList,
     StateMismatchError,
-    StreamHandle,
     TransformError,
     check_layout,
     check_state,
@@ -292,8 +291,9 @@ class StreamingDataset(IterableDataset[Any]):
         # The shards a loaded state's epoch is planned over, when they are
         # counted for it alone (``load_state_dict``).
         self._resume_shards: ShardList | None = None
-        # What the last ``__iter__`` handed out (``_being_read``).
-        self._last_iterator: weakref.ref[Iterator[Any]] | None = None
+        # The epoch ``set_epoch`` set while the stream of it was read: the
+        # next iteration's if that stream is left before its end.
+        self._again: int | None = None
         # The next epoch's stream, started in a persistent DataLoader worker
         # when this epoch's ended, with the process that started it (see
         # ``_start_next``).
@@ -341,20 +341,22 @@ class StreamingDataset(IterableDataset[Any]):
         it changes nothing; with another, an iterator not read yet streams
         the new epoch, and one being read goes on (its state is still the
         one ``state_dict`` gives) while the next iteration takes the new
-        epoch. An iterator left before its end that nothing holds any more
-        (a ``break`` out of the loop) is not in progress: the next
-        iteration streams ``epoch`` from its start, as with DataLoader
-        workers (Accelerate sets the epoch it counts again after such a
-        pass).
+        epoch. If the next iteration begins before the iterator of
+        ``epoch`` being read has ended (it was left early, a ``break``), it
+        streams ``epoch`` from its start, as DataLoader workers do
+        (Accelerate sets the epoch it counts again after such a pass).
         """
+        self._again = None
         stream = self._stream
-        if stream is None or json.loads(stream.state())["finished"] or not self._being_read():
-            if self._epochs.set(epoch) or stream is not None:
+        if stream is None or json.loads(stream.state())["finished"]:
+            if self._epochs.set(epoch):
                 self._stream = None
             return
         if stream.started or epoch == stream.epoch:
-            # The stream being read stays the one a state describes.
+            # The stream being read stays the one a state describes (and
+            # the next iteration's epoch if it is left before its end).
             self._epochs.set(epoch, running=stream.epoch)
+            self._again = epoch if epoch == stream.epoch else None
             return
         # An iterator made and not read yet (StatefulDataLoader makes one
         # to take its first state; Accelerate sets the epoch after that):
@@ -459,6 +461,11 @@ class StreamingDataset(IterableDataset[Any]):
         if self.options["raise_malloc_thresholds"]:
             # The process that iterates makes each sample's ``bytes``.
             raise_malloc_thresholds()
+        again, self._again = self._again, None
+        left = self._stream
+        if again is not None and left is not None and not json.loads(left.state())["finished"]:
+            # The stream of the epoch set last was left before its end.
+            self._epochs.set(again)
         stream = self._started_next()
         if stream is None:
             early = self.options["read_next_epoch_early"] and goes_on_to_next_epoch(self._epochs)
@@ -473,21 +480,10 @@ class StreamingDataset(IterableDataset[Any]):
         if batches or check:
             items = _handed_out(stream, self, batches)
         transform = self.options["transform"]
-        if transform is not None:
-            skip = self.options["on_error"] == "warn"
-            items = _Transformed(items, transform, skip, self._counters, self.skip_log)
-        elif items is stream:
-            # Not the stream itself, which the dataset keeps for its state.
-            items = StreamHandle(stream)
-        self._last_iterator = weakref.ref(items)
-        return items
-
-    def _being_read(self) -> bool:
-        """Whether the iterator the last ``__iter__`` handed out is still
-        held (by a loop, a DataLoader's fetcher, a framework's iterator):
-        one nothing holds any more was left before its end."""
-        last = self._last_iterator
-        return last is not None and last() is not None
+        if transform is None:
+            return items
+        skip = self.options["on_error"] == "warn"
+        return _Transformed(items, transform, skip, self._counters, self.skip_log)
 
     def check_decode_fields(self, item: Any) -> None:
         """Warns with a ``DecodeFieldWarning`` if a key of the ``decode``
@@ -576,7 +572,7 @@ class StreamingDataset(IterableDataset[Any]):
         if saved_world > 1 and not self.shard_list.counted:
             self._resume_shards = copy.copy(self.shard_list)
             count_for_ranks(self._resume_shards, saved_world)
-        self._stream = None
+        self._stream = self._again = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 
     def _open_stream(self, epoch: int, on_end: Callable[[], None] | None = None) -> SampleStream:
@@ -720,7 +716,7 @@ class StreamingDataset(IterableDataset[Any]):
                     f"nested function ({type(error).__name__}: {error})"
                 ) from error
         state = self.__dict__.copy()
-        state["_stream"] = state["_next_stream"] = state["_last_iterator"] = None
+        state["_stream"] = state["_next_stream"] = None
         # A DataLoader starting spawn or forkserver workers pickles the
         # dataset in its main process, which is then not the workers' parent.
         state["_pickled_by"] = os.getpid()
@@ -758,7 +754,7 @@ class _Transformed:
     is as exact as without a transform. The transform's time is counted
     (``transform_ns``)."""
 
-    __slots__ = ("__weakref__", "_counters", "_skip", "_skip_log", "_stream", "_transform")
+    __slots__ = ("_counters", "_skip", "_skip_log", "_stream", "_transform")
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ epoch instead of the resumed rest again.
 
 from __future__ import annotations
 
+import operator
 import os
 from typing import Generic, TypeVar
 
@@ -71,14 +72,17 @@ class EpochAdvance(Generic[Resume]):
         by the worker of the same id that an earlier iteration of the same
         DataLoader started).
 
-        Raises ``StateMismatchError`` in a worker whose entry says a state
-        is pending that the worker does not hold: the state was loaded in
+        Raises ``StateMismatchError`` in a worker (of a DataLoader or
+        DataLoader2) whose entry says a state is pending that the worker
+        does not hold: the state was loaded in
         the main process after the worker was made (a persistent worker
         of a DataLoader that has run), which would otherwise stream the
         state's epoch from its start."""
         if not self._entry() & PENDING:
             return None
-        if self.resume is None:
+        # The main process shares worker 0's entry, which a worker that
+        # loads its own state (StatefulDataLoader's) marks pending.
+        if self.resume is None and self.worker_entry() is not None:
             raise StateMismatchError(
                 "a state was loaded (load_state_dict) after this DataLoader's workers were "
                 "made, and they hold the dataset as it was before: load the state before "
@@ -101,8 +105,12 @@ class EpochAdvance(Generic[Resume]):
         frameworks call ``set_epoch`` once the epoch's iterator exists
         (Lightning's epoch hooks, ``StatefulDataLoader``), and the state of
         the stream being read must stay the one a checkpoint takes."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise TypeError(f"epoch must be an int, got {epoch!r}")
+        try:
+            if isinstance(epoch, bool):
+                raise TypeError
+            epoch = operator.index(epoch)  # numpy's integers too
+        except TypeError:
+            raise TypeError(f"epoch must be an int, got {epoch!r}") from None
         if running is not None and epoch == running and self.next == running + 1:
             return False
         if epoch < 0 or (self._limit is not None and epoch >= self._limit):

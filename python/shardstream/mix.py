@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -173,10 +172,10 @@ class Mix(IterableDataset[Any]):
         self._epochs: EpochAdvance[tuple[str, Any, list[float] | None]] = EpochAdvance(
             MIX_PASS_STRIDE
         )
-        # The mixture the last ``__iter__`` began (kept for its state), and
-        # the iterator it handed out, held weakly (``_being_read``).
-        self._read_mixture: MixSlot | None = None
-        self._iterator: weakref.ref[_MixIterator] | None = None
+        self._iterator: _MixIterator | None = None
+        # The epoch ``set_epoch`` set while an iterator of it was read: the
+        # next iteration's if that iterator is left before its end.
+        self._again: int | None = None
         # The next epoch's streams, opened (and started where the mixture
         # takes samples of them) in a persistent DataLoader worker when this
         # epoch's mixture ended; see ``_start_next``.
@@ -253,24 +252,25 @@ class Mix(IterableDataset[Any]):
         """Sets the epoch of the next iteration (then ``epoch + 1``, ...):
         pass 0 of every stream reads that stream's epoch ``epoch``. Calling
         it with another epoch than a pending resume's drops the resume.
-        As ``StreamingDataset.set_epoch`` with an iterator being read, made
-        and not read yet, or left before its end."""
-        mixture = self._read_mixture
-        state = json.loads(mixture.state()) if mixture is not None else None
-        iterator = self._iterator() if self._iterator is not None else None
-        if mixture is None or state is None or state["finished"] or iterator is None:
-            if self._epochs.set(epoch) or mixture is not None:
-                self._read_mixture = self._iterator = None
+        With an iterator being read, or made and not read yet, as
+        ``StreamingDataset.set_epoch``."""
+        self._again = None
+        iterator = self._iterator
+        state = iterator.state() if iterator is not None else None
+        if iterator is None or state is None or state["finished"]:
+            if self._epochs.set(epoch):
+                self._iterator = None
             return
         if state["position"] or epoch == iterator.epoch:
-            # The mixture being read stays the one a state describes.
+            # The mixture being read stays the one a state describes (and
+            # the next iteration's epoch if it is left before its end).
             self._epochs.set(epoch, running=iterator.epoch)
+            self._again = epoch if epoch == iterator.epoch else None
             return
         # An iterator made and not read yet (StatefulDataLoader makes one
         # to take its first state): it streams the epoch set now.
         self._epochs.set(epoch)
-        self._read_mixture = self._mix_slot(self.epoch, self._slot())
-        iterator.retarget(self._read_mixture)
+        iterator.retarget(self._mix_slot(self.epoch, self._slot()))
         self._epochs.started(iterator.epoch)
 
     # -- iteration -------------------------------------------------------
@@ -290,6 +290,11 @@ class Mix(IterableDataset[Any]):
         if any(ds.options["raise_malloc_thresholds"] for ds in self.datasets):
             # The process that iterates makes each sample's ``bytes``.
             raise_malloc_thresholds()
+        again, self._again = self._again, None
+        iterator = self._iterator
+        if again is not None and iterator is not None and not iterator.state()["finished"]:
+            # The iterator of the epoch set last was left before its end.
+            self._epochs.set(again)
         slot = self._slot()
         started = self._started_next(slot)
         iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, slot, started))
@@ -297,8 +302,7 @@ class Mix(IterableDataset[Any]):
         if early and goes_on_to_next_epoch(self._epochs):
             iterator.on_end = start_next_of(self)
         self._epochs.started(iterator.epoch)
-        self._read_mixture = iterator.mix_slot
-        self._iterator = weakref.ref(iterator)
+        self._iterator = iterator
         return iterator
 
     def _start_next(self) -> None:
@@ -414,11 +418,10 @@ class Mix(IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's mixture as of the last sample it
         handed out: the mixture's position and each stream's state."""
-        mixture = self._read_mixture
-        if mixture is None:
-            mixture = self._mix_slot(self.epoch, self._slot())
-        state: dict[str, Any] = json.loads(mixture.state())
-        return state
+        iterator = self._iterator
+        if iterator is None:
+            iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, self._slot()))
+        return iterator.state()
 
     def load_state_dict(
         self, state_dict: Mapping[str, Any], *, weights: Sequence[float] | None = None
@@ -474,7 +477,7 @@ class Mix(IterableDataset[Any]):
                 )
         else:
             self._weights.set(new_weights, epoch)
-        self._read_mixture = self._iterator = None
+        self._iterator = self._again = None
         self._epochs.load((kind, resume, new_weights), epoch, finished)
 
     def _check_form(self, state: Any, prefix: str) -> dict[str, Any]:
@@ -527,7 +530,7 @@ class Mix(IterableDataset[Any]):
     def __getstate__(self) -> dict[str, Any]:
         check_worker_start()
         state = self.__dict__.copy()
-        state["_read_mixture"] = state["_iterator"] = state["_next_streams"] = None
+        state["_iterator"] = state["_next_streams"] = None
         # As for StreamingDataset: the wrapper a spawned worker cannot see.
         state["_pickled_under"] = find_splitter(self)
         return state
@@ -638,6 +641,10 @@ class _MixIterator:
         if on_end is not None:
             on_end()
         raise StopIteration
+
+    def state(self) -> dict[str, Any]:
+        state: dict[str, Any] = json.loads(self.mix_slot.state())
+        return state
 
     def retarget(self, mix_slot: MixSlot) -> None:
         """Reads ``mix_slot`` instead (this iterator has handed out nothing)."""

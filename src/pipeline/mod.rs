@@ -289,6 +289,7 @@ impl SampleStream {
             columns: options.columns.clone(),
             table_output: options.table_output,
             batch_rows: options.batch_rows,
+            read_past_end: false,
         };
         std::thread::Builder::new()
             .name("shardstream-pipeline".into())

@@ -51,6 +51,10 @@ pub(super) struct Worker {
     pub(super) columns: Option<Vec<String>>,
     pub(super) table_output: TableOutput,
     pub(super) batch_rows: usize,
+    /// The current read has taken every sample it wanted and reads on
+    /// only for the next sample's span check (with a manifest): a format
+    /// error met there is the next read's to report.
+    pub(super) read_past_end: bool,
 }
 
 /// Why a read stopped before its archive ended.
@@ -187,6 +191,7 @@ impl Worker {
             compression: None,
         };
         let mut stop = None;
+        self.read_past_end = false;
         let result = match &read.kind {
             ShardKind::Tar | ShardKind::Lines => {
                 self.read_stream(read, reader, &mut shard, restored, &mut stop)
@@ -212,6 +217,9 @@ impl Worker {
             (Ok(_), Some(Stop::Enough)) => Ok(()),
             (Ok(Some(samples)), None) => self.check_complete(read, &shard, samples),
             (Ok(None), None) => return Ok(ControlFlow::Break(())),
+            // In a sample after this read's last (a compressed shard is
+            // read on to the next sample): the read that wants it reports it.
+            (Err(error), None) if self.read_past_end && error.is_shard_error() => Ok(()),
             (Err(error), _) => Err(error),
         };
         self.settle(read, outcome)
@@ -426,10 +434,14 @@ impl Worker {
         // shard's end), whose span check above finds a sample the manifest
         // leaves out after this one: the read's range reaches the next
         // recorded sample, and the shard's end after its last.
-        if let (ReadPurpose::Unit { samples, .. }, None) = (&read.purpose, &read.index) {
+        if let ReadPurpose::Unit { samples, .. } = &read.purpose {
             if id.index + 1 >= samples.end {
-                *stop = Some(Stop::Enough);
-                return ControlFlow::Break(());
+                if read.index.is_some() {
+                    self.read_past_end = true;
+                } else {
+                    *stop = Some(Stop::Enough);
+                    return ControlFlow::Break(());
+                }
             }
         }
         ControlFlow::Continue(())

@@ -90,7 +90,7 @@ mod _core {
     #[pymodule_export]
     use super::pack::Pack;
     #[pymodule_export]
-    use super::sample_stream::{SampleStream, StreamHandle};
+    use super::sample_stream::SampleStream;
     #[pymodule_export]
     use super::shard_list::{_rebuild_shard_list, ShardList};
     #[pymodule_export]

@@ -384,33 +384,6 @@ impl SampleStream {
     }
 }
 
-/// What `StreamingDataset.__iter__` hands out when nothing wraps its
-/// stream: the stream's items, taken through it. The dataset keeps the
-/// stream (for its state) and only a weak reference to this, so that it
-/// can tell an iteration still read (this held by a loop, a DataLoader's
-/// fetcher, a framework's iterator) from one left before its end.
-#[pyclass(module = "shardstream._core", weakref)]
-pub struct StreamHandle {
-    stream: Py<SampleStream>,
-}
-
-#[pymethods]
-impl StreamHandle {
-    #[new]
-    fn new(stream: Py<SampleStream>) -> Self {
-        Self { stream }
-    }
-
-    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
-        slf
-    }
-
-    /// The stream's next item (see `SampleStream.__next__`).
-    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
-        self.stream.bind(py).borrow().__next__(py)
-    }
-}
-
 impl SampleStream {
     /// The state as of the last sample handed out.
     pub(super) fn slot_state(&self) -> SlotState {

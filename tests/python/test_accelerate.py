@@ -248,16 +248,17 @@ def test_an_accelerator_of_one_process_under_a_world_size_of_two_is_refused(data
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.parametrize("stateful", [False, True], ids=["dataloader", "stateful"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("mixed", [False, True], ids=["dataset", "mix"])
-def test_a_pass_left_early_then_the_epochs_accelerate_counts(dataset, mixed, num_workers):
+def test_a_pass_left_early_then_the_epochs_accelerate_counts(dataset, mixed, num_workers, stateful):
     """Accelerate counts an epoch only when a pass ends, and sets the epoch
     it counts at each new pass: after a pass left early (``break``) it
     sets that epoch again. Each later pass streams the epoch Accelerate
     set, whole, in the main process as in DataLoader workers. Before, in
     the main process the iterator left was taken for the one in progress:
     the pass after it streamed epoch 1 and the next one epoch 1 again."""
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DataLoaderConfiguration
     from accelerate.state import AcceleratorState
     from torch.utils.data import DataLoader
 
@@ -272,7 +273,8 @@ def test_a_pass_left_early_then_the_epochs_accelerate_counts(dataset, mixed, num
 
     AcceleratorState._reset_state(reset_partial_state=True)
     try:
-        accelerator = Accelerator(cpu=True)
+        config = DataLoaderConfiguration(use_stateful_dataloader=stateful)
+        accelerator = Accelerator(cpu=True, dataloader_config=config)
         loader = shardstream.accelerate.prepare_loader(
             accelerator, DataLoader(data(), batch_size=4, num_workers=num_workers, collate_fn=ids)
         )

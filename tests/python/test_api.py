@@ -272,6 +272,11 @@ def test_set_epoch_rejects_negative(dataset):
     for value in (1.0, "1"):
         with pytest.raises(TypeError, match="epoch must be an int"):
             shardstream.Mix([ds], [1.0]).set_epoch(value)
+    # numpy's integers are ints.
+    import numpy as np
+
+    ds.set_epoch(np.int64(3))
+    assert ds.epoch == 3
 
 
 def test_stats_in_process(dataset):

@@ -235,6 +235,55 @@ def test_a_sample_the_manifest_leaves_out_is_refused(tmp_path, compress, left_ou
     assert sorted(keys(ds)) == list("abcd")
 
 
+def test_the_damage_a_read_meets_past_its_last_sample_is_the_next_read_s(tmp_path):
+    """A compressed shard cut between two ranks: rank 0's read goes on past
+    its last sample to check the next one's span, and meets that sample's
+    damage (a member named like a sample's own names). It is rank 1's to
+    report, as before reads went on: rank 0 completes its shard."""
+    import gzip
+
+    def shard(third: str) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+            for name in ("a.txt", "b.txt", third, "d.txt"):
+                member = tarfile.TarInfo(name)
+                member.size = 1
+                tar.addfile(member, io.BytesIO(b"x"))
+        # Stored blocks: the damaged shard has the indexed one's size.
+        return gzip.compress(buffer.getvalue(), compresslevel=0, mtime=0)
+
+    path = tmp_path / "s.tar.gz"
+    path.write_bytes(shard("c.txt"))
+    manifest_path = tmp_path / "manifest.json"
+    recorded = index_manifest([str(path)], manifest_path)["shards"][0]
+    damaged = shard("c.__url__")
+    assert len(damaged) == recorded["size"]
+    path.write_bytes(damaged)
+    os.utime(path, ns=(recorded["mtime_ns"], recorded["mtime_ns"]))
+
+    def rank(r: int, **options: Any) -> StreamingDataset:
+        return StreamingDataset(
+            str(path),
+            manifest=str(manifest_path),
+            shuffle_buffer=0,
+            shuffle_shards=False,
+            rank=r,
+            world_size=2,
+            **options,
+        )
+
+    first = rank(0)
+    assert keys(first) == ["a", "b"]
+    assert first.stats()["shards_completed"] == 1
+    with pytest.raises(ShardFormatError, match=r"c\.__url__"):
+        keys(rank(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warned = rank(0, on_error="warn")
+        assert keys(warned) == ["a", "b"]
+    assert warned.stats()["errors_skipped"] == 0, [str(w.message) for w in caught]
+
+
 def test_a_damaged_local_shard_met_while_counting_under_warn_is_named_and_skipped(tmp_path):
     """Counted for equal ranks under ``on_error="warn"``: the damaged shard
     is skipped with a warning naming it and the offset, every rank plans

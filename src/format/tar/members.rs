@@ -745,32 +745,23 @@ mod tests {
     /// ends at its first NUL, and of two pax `path` records the last wins.
     #[test]
     fn members_read_as_tarfile_reads_them() {
-        let padded = |mut data: Vec<u8>| {
-            data.resize(data.len().div_ceil(512) * 512, 0);
-            data
+        let mut bytes = Vec::new();
+        let mut member = |name: &str, type_flag: u8, data: &[u8]| {
+            let size = format!("{:011o}\0", data.len());
+            bytes.extend(header_block(
+                name,
+                type_flag,
+                size.as_bytes().try_into().unwrap(),
+            ));
+            let mut padded = data.to_vec();
+            padded.resize(data.len().div_ceil(512) * 512, 0);
+            bytes.extend(padded);
         };
-        let mut bytes = header_block("a.jpg", b'7', b"00000000001\0").to_vec();
-        bytes.extend(padded(b"1".to_vec()));
-        let long = b"long.jpg\0\0";
-        let size = format!("{:011o}\0", long.len());
-        bytes.extend(header_block(
-            "././@LongLink",
-            b'L',
-            size.as_bytes().try_into().unwrap(),
-        ));
-        bytes.extend(padded(long.to_vec()));
-        bytes.extend(header_block("short", b'0', b"00000000001\0"));
-        bytes.extend(padded(b"2".to_vec()));
-        let records = b"18 path=first.jpg\n19 path=second.jpg\n";
-        let size = format!("{:011o}\0", records.len());
-        bytes.extend(header_block(
-            "pax",
-            b'x',
-            size.as_bytes().try_into().unwrap(),
-        ));
-        bytes.extend(padded(records.to_vec()));
-        bytes.extend(header_block("plain.jpg", b'0', b"00000000001\0"));
-        bytes.extend(padded(b"3".to_vec()));
+        member("a.jpg", b'7', b"1");
+        member("././@LongLink", b'L', b"long.jpg\0\0");
+        member("short", b'0', b"2");
+        member("pax", b'x', b"18 path=first.jpg\n19 path=second.jpg\n");
+        member("plain.jpg", b'0', b"3");
         bytes.resize(bytes.len() + 1024, 0);
         let seen: Vec<(Vec<u8>, bool, Vec<u8>)> = read_all(&bytes)
             .unwrap()

@@ -388,8 +388,8 @@ impl<'a> Grouper<'a> {
                 offset,
                 Some(member.to_owned()),
                 format!(
-                    "field {field:?} is a name shardstream gives each sample (webdataset \
-                     refuses it too): rename the member"
+                    "field {field:?} is a name shardstream gives each sample: rename the \
+                     member"
                 ),
             ));
         }
