@@ -15,14 +15,19 @@ ImageNet's; made by `augment_bench.make_dataset`) and their labels:
   batch's JPEGs as one pinned uint8 buffer and offsets, with each image's
   crop box and flip drawn from its header (`ImageBoxes`); the training
   process decodes them with `shardstream.gpu.BatchImageDecoder` (nvJPEG on
-  the batch, one `roi_align` and one flip); the loader's workers only read
-  headers and pack bytes;
+  the batch, one gather into a padded tensor, one `roi_align` and one flip)
+  in `decode_ahead`'s thread, on a CUDA stream of its own, a batch or two
+  ahead of the training step; the loader's workers only read headers and
+  pack bytes;
 - "shardstream + PIL", "webdataset + PIL", "litdata + PIL": each library
   hands out the JPEG bytes and the DataLoader workers run the usual recipe:
   PIL decode, `RandomResizedCrop(224)`, `RandomHorizontalFlip()`,
   `PILToTensor()`, default collate, `pin_memory=True`;
 - "ceiling": one batch of random uint8 images made on the device, trained on
   repeatedly: what the model and device allow.
+
+`--models none` trains nothing: the step only normalises the batch on the
+device, so a pipeline's row is what it delivers there, its own ceiling.
 
 Every pipeline hands uint8 `(N, 3, 224, 224)` to the same step, which
 converts and normalises on the device. `warmup` steps are not timed; images/s
@@ -215,10 +220,8 @@ def gpu_decoder(device: Any) -> Any:
     return BatchImageDecoder(Image(SIZE, flip=0.5), device=device)
 
 
-def batches(loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
-    """`(images, labels)` from the loader, epoch after epoch (packed JPEGs
-    decoded and augmented on `device`)."""
-    decode_on_device = gpu_decoder(device)
+def epochs(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch."""
     epoch = 0
     while True:
         dataset = getattr(loader, "dataset", None)
@@ -227,15 +230,24 @@ def batches(loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
         got = 0
         for batch in loader:
             got += 1
-            if isinstance(batch, dict) and "jpg_offsets" in batch:
-                yield decode_on_device(batch), batch["cls"]
-            elif isinstance(batch, dict):
-                yield batch["jpg"], batch["cls"]
-            else:
-                yield batch[0], batch[1]
+            yield batch
         if got == 0:
             raise RuntimeError("the loader yielded no batch")
         epoch += 1
+
+
+def batches(pipeline: str, loader: Any, device: Any) -> Iterator[tuple[Any, Any]]:
+    """`(images, labels)` from the loader, epoch after epoch (packed JPEGs
+    decoded and augmented on `device` by a thread, a batch or two ahead)."""
+    if pipeline == "shardstream GPU decode":
+        for batch in gpu_decoder(device).decode_ahead(epochs(loader)):
+            yield batch["jpg"], batch["cls"]
+        return
+    for batch in epochs(loader):
+        if isinstance(batch, dict):
+            yield batch["jpg"], batch["cls"]
+        else:
+            yield batch[0], batch[1]
 
 
 def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, args: Any) -> dict:
@@ -245,18 +257,25 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
 
     device = torch.device(args.device)
     torch.manual_seed(SEED)
-    model = getattr(torchvision.models, model_name)(num_classes=1000)
-    model = model.to(device, memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    criterion = torch.nn.CrossEntropyLoss()
     mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
     std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    if model_name == "none":
+        # What the pipeline delivers on the device with no model to train:
+        # the step only normalises the batch (and so reads every byte).
+        model = None
+    else:
+        model = getattr(torchvision.models, model_name)(num_classes=1000)
+        model = model.to(device, memory_format=torch.channels_last)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        criterion = torch.nn.CrossEntropyLoss()
 
     def step(images: Any, labels: Any) -> None:
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         assert images.dtype == torch.uint8 and images.shape[1:] == (3, SIZE, SIZE)
         x = ((images.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        if model is None:
+            return
         with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = criterion(model(x), labels % 1000)
         loss.backward()
@@ -274,7 +293,7 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
     else:
         pin = device.type == "cuda"
         loader = loader_for(pipeline, data, batch, workers, pin, args.persistent_workers)
-        source = batches(loader, device)
+        source = batches(pipeline, loader, device)
     for _ in range(args.warmup):
         step(*next(source))
     sync()
@@ -284,10 +303,13 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
         machine_busy_seconds(),
         0,
     )
+    step_seconds = []
     for _ in range(args.steps):
+        began = time.perf_counter()
         images, labels = next(source)
         seen += len(images)
         step(images, labels)
+        step_seconds.append(time.perf_counter() - began)
     sync()
     seconds, end_cpu = time.perf_counter() - start, tree_cpu_seconds()
     busy = machine_busy_seconds() - start_busy
@@ -300,6 +322,10 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
         "cpu_seconds": busy,
         "tree_cpu_seconds": own + workers_cpu,
         "worker_cpu_seconds": workers_cpu,
+        # The host's time per step (the device runs behind it): a stall
+        # at an epoch's end shows as the slowest step.
+        "median_step_seconds": statistics.median(step_seconds),
+        "slowest_step_seconds": max(step_seconds),
     }
 
 
@@ -416,6 +442,8 @@ def main() -> None:
                 row["worker_cpu_ms_per_image"] = statistics.median(
                     1000 * r["worker_cpu_seconds"] / r["images"] for r in runs
                 )
+                for key in ("median_step_seconds", "slowest_step_seconds"):
+                    row[key] = statistics.median(r[key] for r in runs)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -427,9 +455,9 @@ def main() -> None:
     )
     print(
         "| model | workers | pipeline | images/s | of ceiling | cores busy "
-        "| CPU ms per image | the loader's workers |"
+        "| CPU ms per image | the loader's workers | median step | slowest step |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ceiling = next(
             (
@@ -442,7 +470,7 @@ def main() -> None:
         if "error" in row:
             print(
                 f"| {row['model']} | {row['workers']} | {row['pipeline']} | {row['error']} "
-                "| | | | |"
+                "| | | | | | |"
             )
             continue
         share = f"{row['images_per_s'] / ceiling:.0%}" if ceiling else "-"
@@ -450,7 +478,9 @@ def main() -> None:
         print(
             f"| {row['model']} | {workers} | {row['pipeline']} | {row['images_per_s']:,.0f} "
             f"| {share} | {row['cores_busy']:.2f} | {row['cpu_ms_per_image']:.2f} "
-            f"| {row['worker_cpu_ms_per_image']:.2f} |"
+            f"| {row['worker_cpu_ms_per_image']:.2f} "
+            f"| {1000 * row['median_step_seconds']:.1f} ms "
+            f"| {1000 * row['slowest_step_seconds']:.1f} ms |"
         )
 
 

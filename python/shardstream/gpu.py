@@ -13,11 +13,12 @@ the batch. ``import shardstream`` does not import this module; see
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
 from torchvision.ops import roi_align  # type: ignore[import-untyped]
 
@@ -123,18 +124,142 @@ class BatchImageDecoder:
         return chunks
 
     def _resample(self, images: Sequence[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-        """One ``roi_align`` of the padded images over their boxes."""
-        tall = max(image.shape[-2] for image in images) + 1
-        wide = max(image.shape[-1] for image in images) + 1
-        padded = torch.zeros((len(images), 3, tall, wide), dtype=torch.float32, device=self.device)
-        for i, image in enumerate(images):
-            rows, cols = image.shape[-2:]
-            edged = F.pad(image.unsqueeze(0).float(), (0, 1, 0, 1), mode="replicate")
-            padded[i, :, : rows + 1, : cols + 1] = edged[0]
+        """One ``roi_align`` of the images, padded into one tensor, over their
+        boxes."""
         index = torch.arange(len(images), dtype=torch.float32, device=self.device)
         x, y, w, h = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
         rois = torch.stack([index, x, y, x + w, y + h], dim=1)
+        padded = _padded(images, self.device)
         return roi_align(padded, rois, output_size=self.size, sampling_ratio=0, aligned=True)
+
+    def decode_ahead(
+        self, batches: Iterable[Mapping[str, Any]], *, field: str = "jpg", depth: int = 2
+    ) -> Iterator[dict[str, Any]]:
+        """The batches of ``batches`` (a ``DataLoader``, say), each with
+        ``field`` decoded: a thread takes the next ``depth`` batches from
+        ``batches`` and decodes them on a CUDA stream of its own while the
+        caller trains on the current one, so that the decode (nvJPEG waits for
+        its batch) neither holds up the training step's launches nor waits
+        for them. Each batch comes as a ``dict``: its fields, ``field`` the
+        images on ``device`` (ready for the caller's current stream), and
+        ``<field>_offsets`` left out.
+
+        ``batches`` belongs to the thread until the iterator ends or is
+        closed; an error met there (reading or decoding) is raised here, at
+        the batch it concerns. Closing the iterator (``break``, garbage
+        collection) stops the thread after the batch it is on."""
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
+            raise ValueError(
+                f"invalid decode_ahead parameter depth: an int of at least 1, got {depth!r}"
+            )
+        return _DecodeAhead(self, iter(batches), field, depth).batches()
+
+    def _decode_batch(self, batch: Mapping[str, Any], field: str) -> dict[str, Any]:
+        """``batch`` as a dict with ``field`` decoded (and no offsets)."""
+        out = {k: v for k, v in batch.items() if k != f"{field}_offsets"}
+        out[field] = self(batch, field)
+        return out
+
+
+# How long the thread of ``decode_ahead`` waits at a time for room in its
+# queue before it looks again whether it should stop, and how long closing
+# waits for it to end.
+_POLL_SECONDS = 0.1
+_CLOSE_SECONDS = 60.0
+
+
+class _DecodeAhead:
+    """The thread and queue behind ``BatchImageDecoder.decode_ahead``."""
+
+    def __init__(
+        self, decoder: BatchImageDecoder, source: Iterator[Any], field: str, depth: int
+    ) -> None:
+        self.decoder = decoder
+        self.source = source
+        self.field = field
+        self.queue: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        on_cuda = decoder.device.type == "cuda"
+        self.stream = torch.cuda.Stream(decoder.device) if on_cuda else None
+        self.thread = threading.Thread(
+            target=self._run, name="shardstream-decode-ahead", daemon=True
+        )
+
+    def _put(self, item: tuple[str, Any, Any]) -> bool:
+        """Puts ``item`` when there is room; False if told to stop first."""
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=_POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    batch = next(self.source)
+                except StopIteration:
+                    self._put(("end", None, None))
+                    return
+                item: tuple[str, Any, Any]
+                if self.stream is None:
+                    item = ("batch", self.decoder._decode_batch(batch, self.field), None)
+                else:
+                    with torch.cuda.stream(self.stream):
+                        decoded = self.decoder._decode_batch(batch, self.field)
+                        done = torch.cuda.Event()
+                        done.record(self.stream)
+                    item = ("batch", decoded, done)
+                if not self._put(item):
+                    return
+        except BaseException as error:  # raised again in the caller
+            self._put(("error", error, None))
+
+    def batches(self) -> Iterator[dict[str, Any]]:
+        self.thread.start()
+        try:
+            while True:
+                kind, value, done = self.queue.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise value
+                if done is not None:
+                    current = torch.cuda.current_stream(self.decoder.device)
+                    current.wait_event(done)
+                    # The images were made on the thread's stream: the
+                    # allocator must not hand their memory out again before
+                    # the caller's stream is done with them.
+                    value[self.field].record_stream(current)
+                yield value
+        finally:
+            self.stop.set()
+            self.thread.join(timeout=_CLOSE_SECONDS)
+
+
+def _padded(images: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The ``(3, h, w)`` images in one float32 ``(B, 3, H + 1, W + 1)``
+    tensor, each image's last row and column repeated to fill its padding
+    (so that bilinear sampling at its edge reads the edge): one
+    concatenation and one gather, whatever the number of images."""
+    heights = torch.tensor([image.shape[-2] for image in images])
+    widths = torch.tensor([image.shape[-1] for image in images])
+    tall, wide = int(heights.max()) + 1, int(widths.max()) + 1
+    flat = torch.cat([image.reshape(-1) for image in images])
+    dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
+    plane = heights * widths
+    starts = torch.cumsum(3 * plane, 0) - 3 * plane
+    # Offsets in `flat` of each image's channel planes, of each padded row's
+    # source row, and of each padded column's source column.
+    planes = starts[:, None] + torch.arange(3)[None, :] * plane[:, None]
+    rows = torch.minimum(torch.arange(tall)[None, :], heights[:, None] - 1) * widths[:, None]
+    cols = torch.minimum(torch.arange(wide)[None, :], widths[:, None] - 1)
+    planes, rows, cols = (t.to(device=device, dtype=dtype) for t in (planes, rows, cols))
+    index = planes[:, :, None, None] + rows[:, None, :, None]
+    index = index + cols[:, None, None, :]
+    return flat[index].float()
 
 
 def _members(batch: Mapping[str, Any], field: str) -> list[torch.Tensor]:

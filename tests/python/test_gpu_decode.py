@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,50 @@ def test_the_state_tells_boxes_from_decoded_images(shards, tmp_path: Path):
     other.load_state_dict(ds.state_dict())
     with pytest.raises(StateMismatchError, match=r"saved for other options \(decode differs\)"):
         next(iter(other))
+
+
+def test_decode_ahead_gives_each_batch_decoded_in_order(shards):
+    """The thread's batches are the decoder's own, in the loader's order,
+    with the other fields kept and the offsets left out."""
+    decoder = BatchImageDecoder(Image(40, flip=0.5), device="cpu")
+    ds = StreamingDataset(
+        shards, decode={"jpg": decoder.boxes, "cls": "int"}, batch_size=5, pack_bytes=True, seed=2
+    )
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+    ds.set_epoch(0)
+    expected = [(b["__key__"], decoder(b), b["cls"]) for b in loader]
+    ds.set_epoch(0)
+    got = list(decoder.decode_ahead(loader, depth=1))
+    assert len(got) == len(expected) >= 5
+    for batch, (keys, images, labels) in zip(got, expected, strict=True):
+        assert batch["__key__"] == keys and torch.equal(batch["cls"], labels)
+        assert torch.equal(batch["jpg"], images) and "jpg_offsets" not in batch
+        assert batch["jpg_box"].shape == (len(keys), 5)
+
+
+def test_decode_ahead_raises_the_threads_error_and_stops_when_closed(shards):
+    decoder = BatchImageDecoder(Image(16), device="cpu")
+    good = {"jpg": [gradient_jpeg(20, 30)], "jpg_box": torch.tensor([[0, 0, 30, 20, 0]])}
+    ahead = decoder.decode_ahead(iter([good, {"jpg": [b""]}, good]))
+    assert next(ahead)["jpg"].shape == (1, 3, 16, 16)
+    with pytest.raises(KeyError, match="jpg_box"):
+        next(ahead)
+
+    taken = []
+
+    def endless():
+        while len(taken) < 1000:
+            taken.append(1)
+            yield good
+
+    ahead = decoder.decode_ahead(endless(), depth=2)
+    next(ahead)
+    threads = [t for t in threading.enumerate() if t.name == "shardstream-decode-ahead"]
+    assert len(threads) == 1
+    ahead.close()
+    assert not threads[0].is_alive()
+    # One batch handed out, two queued, one more taken while the queue was full.
+    assert len(taken) <= 4
+    for depth in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="invalid decode_ahead parameter depth"):
+            decoder.decode_ahead([], depth=depth)  # type: ignore[arg-type]
