@@ -15,7 +15,7 @@ ImageNet's; made by `augment_bench.make_dataset`) and their labels:
   batch's JPEGs as one pinned uint8 buffer and offsets, with each image's
   crop box and flip drawn from its header (`ImageBoxes`); the training
   process decodes them with `shardstream.gpu.BatchImageDecoder` (nvJPEG on
-  the batch, one gather into a padded tensor, one `roi_align` and one flip)
+  the batch, one copy into a padded tensor, one `roi_align` and one flip)
   in `decode_ahead`'s thread, on a CUDA stream of its own, a batch or two
   ahead of the training step; the loader's workers only read headers and
   pack bytes;

@@ -12,12 +12,14 @@ the batch. ``import shardstream`` does not import this module; see
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
+import numpy as np
 import torch
 from torchvision.io import ImageReadMode, decode_jpeg  # type: ignore[import-untyped]
 from torchvision.ops import roi_align  # type: ignore[import-untyped]
@@ -80,69 +82,89 @@ class BatchImageDecoder:
 
     def __call__(self, batch: Mapping[str, Any], field: str = "jpg") -> torch.Tensor:
         """The images of ``batch[field]`` (packed bytes with
-        ``<field>_offsets``, or a list of ``bytes``) with ``<field>_box``."""
-        if f"{field}_box" not in batch:
-            raise KeyError(
-                f"the batch has no field {field}_box: decode the field {field!r} with "
-                "decoder.boxes (and give the dataset a batch_size)"
-            )
-        jpegs = _members(batch, field)
-        boxes = torch.as_tensor(batch[f"{field}_box"], dtype=torch.float32)
-        if boxes.ndim != 2 or boxes.shape != (len(jpegs), 5):
-            raise ValueError(
-                f"{field}_box has shape {tuple(boxes.shape)}, expected ({len(jpegs)}, 5)"
-            )
+        ``<field>_offsets``, or a list of ``bytes``) with ``<field>_box``,
+        made on the current stream."""
+        jpegs, boxes = _inputs(batch, field)
+        return self._augment(self._decode(jpegs), boxes)
+
+    def _decode(self, jpegs: list[torch.Tensor]) -> _Decoded:
+        """The JPEGs decoded (nvJPEG waits for its batch), one after the
+        other in one buffer."""
         images = decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=self.device)
         if isinstance(images, torch.Tensor):
             images = [images]
-        boxes = boxes.to(self.device, non_blocking=True)
+        shapes = [(image.shape[-2], image.shape[-1]) for image in images]
+        # A window as wide as the widest image (plus its repeated column)
+        # starts at every pixel: the zeros after the last one.
+        tail = torch.zeros(max(w for _, w in shapes) + 1, dtype=torch.uint8, device=self.device)
+        pixels = torch.cat([image.reshape(-1) for image in images] + [tail])
+        return _Decoded(pixels, shapes)
+
+    def _augment(self, decoded: _Decoded, boxes: np.ndarray) -> torch.Tensor:
+        """The decoded images cropped, resized and flipped by their boxes:
+        a fixed number of kernel launches per chunk of the batch."""
         height, width = self.size
-        out = torch.empty((len(images), 3, height, width), dtype=torch.float32, device=self.device)
-        for start, stop in self._chunks(images):
-            out[start:stop] = self._resample(images[start:stop], boxes[start:stop])
-        flipped = (boxes[:, 4] > 0.5).view(-1, 1, 1, 1)
-        out = torch.where(flipped, out.flip(-1), out)
+        count = len(decoded.shapes)
+        pixels = decoded.pixels.float()
+        chunks = self._chunks(decoded.shapes)
+        if len(chunks) == 1:
+            out = self._resample(pixels, decoded.shapes, boxes, 0, count)
+        else:
+            out = torch.empty((count, 3, height, width), dtype=torch.float32, device=self.device)
+            for start, stop in chunks:
+                out[start:stop] = self._resample(pixels, decoded.shapes, boxes, start, stop)
+        flips = torch.from_numpy(boxes[:, 4] > 0.5).to(self.device).view(-1, 1, 1, 1)
+        out = torch.where(flips, out.flip(-1), out)
         if self.dtype == torch.uint8:
             out = out.round_().clamp_(0, 255).to(torch.uint8)
         if self.image.layout == "HWC":
             out = out.permute(0, 2, 3, 1).contiguous()
         return out
 
-    def _chunks(self, images: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    def _chunks(self, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         """Runs of images whose padded float32 tensor fits ``max_padded_bytes``
         (an image alone is always a run)."""
         chunks, start, tall, wide = [], 0, 0, 0
-        for i, image in enumerate(images):
-            h, w = image.shape[-2] + 1, image.shape[-1] + 1
-            grown_h, grown_w = max(tall, h), max(wide, w)
+        for i, (h, w) in enumerate(shapes):
+            grown_h, grown_w = max(tall, h + 1), max(wide, w + 1)
             if i > start and (i - start + 1) * 3 * grown_h * grown_w * 4 > self.max_padded_bytes:
                 chunks.append((start, i))
-                start, grown_h, grown_w = i, h, w
+                start, grown_h, grown_w = i, h + 1, w + 1
             tall, wide = grown_h, grown_w
-        if images:
-            chunks.append((start, len(images)))
+        if shapes:
+            chunks.append((start, len(shapes)))
         return chunks
 
-    def _resample(self, images: Sequence[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
-        """One ``roi_align`` of the images, padded into one tensor, over their
-        boxes."""
-        index = torch.arange(len(images), dtype=torch.float32, device=self.device)
-        x, y, w, h = boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3]
-        rois = torch.stack([index, x, y, x + w, y + h], dim=1)
-        padded = _padded(images, self.device)
+    def _resample(
+        self,
+        pixels: torch.Tensor,
+        shapes: Sequence[tuple[int, int]],
+        boxes: np.ndarray,
+        start: int,
+        stop: int,
+    ) -> torch.Tensor:
+        """One ``roi_align`` of images ``start:stop``, padded into one tensor,
+        over their boxes."""
+        padded = _padded(pixels, shapes, start, stop, self.device)
+        x, y, w, h = (boxes[start:stop, i] for i in range(4))
+        index = np.arange(stop - start, dtype=np.float32)
+        rois = torch.from_numpy(np.stack([index, x, y, x + w, y + h], axis=1)).to(self.device)
         return roi_align(padded, rois, output_size=self.size, sampling_ratio=0, aligned=True)
 
     def decode_ahead(
         self, batches: Iterable[Mapping[str, Any]], *, field: str = "jpg", depth: int = 2
     ) -> Iterator[dict[str, Any]]:
         """The batches of ``batches`` (a ``DataLoader``, say), each with
-        ``field`` decoded: a thread takes the next ``depth`` batches from
-        ``batches`` and decodes them on a CUDA stream of its own while the
-        caller trains on the current one, so that the decode (nvJPEG waits for
-        its batch) neither holds up the training step's launches nor waits
-        for them. Each batch comes as a ``dict``: its fields, ``field`` the
-        images on ``device`` (ready for the caller's current stream), and
-        ``<field>_offsets`` left out.
+        ``field`` decoded, a batch or more ahead of the caller. A thread
+        takes the next ``depth`` batches from ``batches`` and decodes their
+        JPEGs, then crops, resizes and flips them (a few launches per batch,
+        their offsets worked out on the CPU), on a CUDA stream of its own:
+        nvJPEG's batched decode waits for its batch on the CPU, which in the
+        training loop would hold up the launches of the next step, and the
+        thread's work runs while the caller trains. Each batch comes as a
+        ``dict``: its fields,
+        ``field`` the images on ``device`` (ready for the caller's current
+        stream), and ``<field>_offsets`` left out.
 
         ``batches`` belongs to the thread until the iterator ends or is
         closed; an error met there (reading or decoding) is raised here, at
@@ -154,11 +176,27 @@ class BatchImageDecoder:
             )
         return _DecodeAhead(self, iter(batches), field, depth).batches()
 
-    def _decode_batch(self, batch: Mapping[str, Any], field: str) -> dict[str, Any]:
-        """``batch`` as a dict with ``field`` decoded (and no offsets)."""
-        out = {k: v for k, v in batch.items() if k != f"{field}_offsets"}
-        out[field] = self(batch, field)
-        return out
+
+class _Decoded(NamedTuple):
+    """A batch's images decoded: their pixels one after the other (each
+    ``(3, h, w)``), then zeros; and each image's ``(h, w)``."""
+
+    pixels: torch.Tensor
+    shapes: list[tuple[int, int]]
+
+
+def _inputs(batch: Mapping[str, Any], field: str) -> tuple[list[torch.Tensor], np.ndarray]:
+    """The batch's JPEGs and their boxes (float32 ``(B, 5)``), checked."""
+    if f"{field}_box" not in batch:
+        raise KeyError(
+            f"the batch has no field {field}_box: decode the field {field!r} with "
+            "decoder.boxes (and give the dataset a batch_size)"
+        )
+    jpegs = _members(batch, field)
+    boxes = np.asarray(batch[f"{field}_box"], dtype=np.float32)
+    if boxes.ndim != 2 or boxes.shape != (len(jpegs), 5):
+        raise ValueError(f"{field}_box has shape {tuple(boxes.shape)}, expected ({len(jpegs)}, 5)")
+    return jpegs, boxes
 
 
 # How long the thread of ``decode_ahead`` waits at a time for room in its
@@ -177,7 +215,7 @@ class _DecodeAhead:
         self.decoder = decoder
         self.source = source
         self.field = field
-        self.queue: queue.Queue[tuple[str, Any, Any]] = queue.Queue(maxsize=depth)
+        self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         on_cuda = decoder.device.type == "cuda"
         self.stream = torch.cuda.Stream(decoder.device) if on_cuda else None
@@ -185,7 +223,12 @@ class _DecodeAhead:
             target=self._run, name="shardstream-decode-ahead", daemon=True
         )
 
-    def _put(self, item: tuple[str, Any, Any]) -> bool:
+    def _on_stream(self) -> contextlib.AbstractContextManager[Any]:
+        return (
+            torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        )
+
+    def _put(self, item: tuple[str, Any]) -> bool:
         """Puts ``item`` when there is room; False if told to stop first."""
         while not self.stop.is_set():
             try:
@@ -201,65 +244,91 @@ class _DecodeAhead:
                 try:
                     batch = next(self.source)
                 except StopIteration:
-                    self._put(("end", None, None))
+                    self._put(("end", None))
                     return
-                item: tuple[str, Any, Any]
-                if self.stream is None:
-                    item = ("batch", self.decoder._decode_batch(batch, self.field), None)
-                else:
-                    with torch.cuda.stream(self.stream):
-                        decoded = self.decoder._decode_batch(batch, self.field)
-                        done = torch.cuda.Event()
-                        done.record(self.stream)
-                    item = ("batch", decoded, done)
-                if not self._put(item):
+                jpegs, boxes = _inputs(batch, self.field)
+                with self._on_stream():
+                    decoded = self.decoder._decode(jpegs)
+                if not self._put(("batch", self._augmented(batch, decoded, boxes))):
                     return
         except BaseException as error:  # raised again in the caller
-            self._put(("error", error, None))
+            self._put(("error", error))
+
+    def _augmented(self, batch: Mapping[str, Any], decoded: _Decoded, boxes: np.ndarray) -> Any:
+        """Launches the batch's crops, resizes and flips on the thread's
+        stream (after its decode there); the batch and when it is ready."""
+        out = {k: v for k, v in batch.items() if k != f"{self.field}_offsets"}
+        with self._on_stream():
+            out[self.field] = self.decoder._augment(decoded, boxes)
+            if self.stream is None:
+                return out, None
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return out, ready
+
+    def _handed(self, out: dict[str, Any], ready: Any) -> dict[str, Any]:
+        if ready is not None:
+            current = torch.cuda.current_stream(self.decoder.device)
+            current.wait_event(ready)
+            # The images were made on the thread's stream: the allocator
+            # must not hand their memory out again before the caller's
+            # stream is done with them.
+            out[self.field].record_stream(current)
+        return out
 
     def batches(self) -> Iterator[dict[str, Any]]:
         self.thread.start()
         try:
             while True:
-                kind, value, done = self.queue.get()
+                kind, value = self.queue.get()
                 if kind == "end":
                     return
                 if kind == "error":
                     raise value
-                if done is not None:
-                    current = torch.cuda.current_stream(self.decoder.device)
-                    current.wait_event(done)
-                    # The images were made on the thread's stream: the
-                    # allocator must not hand their memory out again before
-                    # the caller's stream is done with them.
-                    value[self.field].record_stream(current)
-                yield value
+                yield self._handed(*value)
         finally:
             self.stop.set()
             self.thread.join(timeout=_CLOSE_SECONDS)
 
 
-def _padded(images: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The ``(3, h, w)`` images in one float32 ``(B, 3, H + 1, W + 1)``
-    tensor, each image's last row and column repeated to fill its padding
-    (so that bilinear sampling at its edge reads the edge): one
-    concatenation and one gather, whatever the number of images."""
-    heights = torch.tensor([image.shape[-2] for image in images])
-    widths = torch.tensor([image.shape[-1] for image in images])
-    tall, wide = int(heights.max()) + 1, int(widths.max()) + 1
-    flat = torch.cat([image.reshape(-1) for image in images])
-    dtype = torch.int32 if flat.numel() < 2**31 else torch.int64
+def _padded(
+    pixels: torch.Tensor,
+    shapes: Sequence[tuple[int, int]],
+    start: int,
+    stop: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Images ``start:stop`` of ``pixels`` (float32, as ``_Decoded`` holds
+    them) in one ``(n, 3, H + 1, W + 1)`` tensor for ``roi_align``: each
+    image's rows and columns, then its last row and column repeated once
+    (so that bilinear sampling at its edge reads the edge); what lies
+    further right is whatever followed in the batch's pixels, which no box
+    inside its image reaches. A copy of row windows and an edge fix,
+    whatever the number of images; the offsets are worked out on the CPU
+    and sent in one copy."""
+    sizes = np.array(shapes, dtype=np.int64).reshape(-1, 2)
+    heights, widths = sizes[:, 0], sizes[:, 1]
     plane = heights * widths
-    starts = torch.cumsum(3 * plane, 0) - 3 * plane
-    # Offsets in `flat` of each image's channel planes, of each padded row's
-    # source row, and of each padded column's source column.
-    planes = starts[:, None] + torch.arange(3)[None, :] * plane[:, None]
-    rows = torch.minimum(torch.arange(tall)[None, :], heights[:, None] - 1) * widths[:, None]
-    cols = torch.minimum(torch.arange(wide)[None, :], widths[:, None] - 1)
-    planes, rows, cols = (t.to(device=device, dtype=dtype) for t in (planes, rows, cols))
-    index = planes[:, :, None, None] + rows[:, None, :, None]
-    index = index + cols[:, None, None, :]
-    return flat[index].float()
+    starts = np.cumsum(3 * plane) - 3 * plane
+    heights, widths, plane, starts = (a[start:stop] for a in (heights, widths, plane, starts))
+    count = stop - start
+    tall, wide = int(heights.max()) + 1, int(widths.max()) + 1
+    # Where each padded row starts in `pixels`: its image's channel plane,
+    # then its row (the last one again below the image).
+    rows = (
+        starts[:, None, None]
+        + np.arange(3)[None, :, None] * plane[:, None, None]
+        + np.minimum(np.arange(tall)[None, None, :], heights[:, None, None] - 1)
+        * widths[:, None, None]
+    ).reshape(-1)
+    # Column w of each padded row (in the padded tensor), and column w - 1.
+    edges = np.arange(count * 3 * tall) * wide + np.repeat(widths, 3 * tall)
+    offsets = torch.from_numpy(np.concatenate([rows, edges, edges - 1])).to(device)
+    rows_at, edge_at, inner_at = torch.split(offsets, [len(rows), len(edges), len(edges)])
+    padded = pixels.unfold(0, wide, 1).index_select(0, rows_at)
+    cells = padded.view(-1)
+    cells[edge_at] = cells[inner_at]
+    return padded.view(count, 3, tall, wide)
 
 
 def _members(batch: Mapping[str, Any], field: str) -> list[torch.Tensor]:
@@ -269,7 +338,10 @@ def _members(batch: Mapping[str, Any], field: str) -> list[torch.Tensor]:
     if offsets is not None:
         buffer = torch.as_tensor(data)
         bounds = torch.as_tensor(offsets).tolist()
-        return [buffer[a:b] for a, b in itertools.pairwise(bounds)]
+        sizes = [b - a for a, b in itertools.pairwise(bounds)]
+        # One call makes every view (the offsets start at 0 and end at the
+        # buffer's end: the packed layout).
+        return list(torch.split(buffer[bounds[0] : bounds[-1]], sizes))
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = [data]
     return [torch.frombuffer(bytearray(member), dtype=torch.uint8) for member in data]

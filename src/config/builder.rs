@@ -75,6 +75,13 @@ impl StreamOptionsBuilder {
         self
     }
 
+    /// Sets the samples the consumer takes at a time (see
+    /// [`StreamOptions::output_batch`]).
+    pub fn with_output_batch(mut self, samples: usize) -> Self {
+        self.options.output_batch = samples;
+        self
+    }
+
     /// Sets the longest wait for the next bytes of a shard.
     pub fn with_io_timeout(mut self, timeout: Duration) -> Self {
         self.options.io_timeout = timeout;
@@ -234,6 +241,7 @@ impl StreamOptionsBuilder {
             ("shuffle_buffer", o.shuffle_buffer),
             ("shuffle_initial", o.shuffle_initial),
             ("output_queue", o.output_queue),
+            ("batch_size", o.output_batch),
             ("batch_rows", o.batch_rows),
         ] {
             if value as u64 > MAX_ITEMS {

@@ -40,6 +40,12 @@ pub struct StreamOptions {
     /// `output_queue / 4` (1 to 64), a group going out early once its
     /// samples hold 1 MiB, so up to one more group may wait.
     pub output_queue: usize,
+    /// Samples the consumer takes at a time (the dataset's `batch_size`
+    /// for dict batches; 0 for samples one by one). Until that many wait,
+    /// the queue to the consumer takes more groups whatever their bytes,
+    /// so that a whole batch can be ready before it is asked for (a next
+    /// epoch's first batch, read early).
+    pub output_batch: usize,
     /// Longest wait for the next bytes of a shard.
     pub io_timeout: Duration,
     /// Error policy.
@@ -162,6 +168,7 @@ impl Default for StreamOptions {
             read_ahead_bytes: 32 << 20,
             chunk_bytes: 1 << 20,
             output_queue: 256,
+            output_batch: 0,
             io_timeout: Duration::from_secs(120),
             on_error: OnError::Raise,
             remainder: Remainder::Drop,

@@ -562,7 +562,7 @@ mod tests {
     /// it and a value other than its default. The pattern names every field
     /// (no `..`): a field added to the struct does not compile here until it
     /// is listed, with its options.
-    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 22] {
+    fn fields() -> [(&'static str, &'static [&'static str], StreamOptions); 23] {
         let StreamOptions {
             seed: _,
             shuffle_shards: _,
@@ -572,6 +572,7 @@ mod tests {
             read_ahead_bytes: _,
             chunk_bytes: _,
             output_queue: _,
+            output_batch: _,
             io_timeout: _,
             on_error: _,
             remainder: _,
@@ -651,6 +652,14 @@ mod tests {
                 &[],
                 StreamOptions {
                     output_queue: 7,
+                    ..d()
+                },
+            ),
+            (
+                "output_batch",
+                &["batch_size"],
+                StreamOptions {
+                    output_batch: 7,
                     ..d()
                 },
             ),

@@ -210,8 +210,10 @@ impl DatasetOptionsBuilder {
             ));
         }
         let mut stream = self.stream.with_table_output(self.table_output);
-        if let (Some(rows), true) = (self.batch_size, arrow) {
-            stream = stream.with_batch_rows(rows);
+        match (self.batch_size, arrow) {
+            (Some(rows), true) => stream = stream.with_batch_rows(rows),
+            (Some(samples), false) => stream = stream.with_output_batch(samples),
+            (None, _) => {}
         }
         if let Some(dir) = self.cache_dir {
             stream = stream.with_cache(Some(CacheOptions::new(dir, self.cache_limit_bytes)));

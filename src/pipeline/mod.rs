@@ -19,14 +19,14 @@ mod worker;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use self::decode_pool::DecodePool;
 use self::event::CompressedShards;
 pub use self::event::{Event, TableBatch};
-use self::outbox::{Delivery, Message, Outbox, MAX_DELIVERY_GROUP};
+use self::outbox::{Delivery, Inbox, Message, Outbox, MAX_DELIVERY_GROUP};
 use self::packing::{PackStage, Planned};
 use self::reads::{read_list, Read};
 use self::worker::Worker;
@@ -89,7 +89,7 @@ pub struct SampleStream {
     /// When the first [`SampleStream::poll`] asked for an event: the
     /// pipeline's waits on a full queue count from then.
     asked: Arc<OnceLock<Instant>>,
-    messages: Option<Receiver<Message>>,
+    messages: Option<Inbox>,
     /// Events received and not yet handed out, in order.
     ready: VecDeque<Delivery>,
     cancelled: Arc<AtomicBool>,
@@ -227,7 +227,7 @@ impl SampleStream {
     }
 
     /// Starts the I/O runtime and the pipeline thread.
-    fn launch(&mut self, launch: Launch) -> Result<Receiver<Message>> {
+    fn launch(&mut self, launch: Launch) -> Result<Inbox> {
         let Launch {
             reads,
             replay,
@@ -252,6 +252,7 @@ impl SampleStream {
         let (outbox, rx) = Outbox::new(
             options.output_queue,
             group_size,
+            options.output_batch,
             counters.clone(),
             self.sent.clone(),
             self.asked.clone(),
@@ -498,7 +499,7 @@ impl SampleStream {
                 Err(TryRecvError::Empty) if wait.is_zero() => Err(RecvTimeoutError::Timeout),
                 Err(TryRecvError::Empty) => {
                     let waiting = Instant::now();
-                    let received = wait_for_message(messages, wait);
+                    let received = wait_for_message(|w| messages.recv_timeout(w), wait);
                     self.counters.add_since(Counter::NextWaitNanos, waiting);
                     received
                 }
@@ -617,21 +618,22 @@ impl Iterator for SampleStream {
 /// idle and gives back the pages of the members it dropped.
 const IDLE_AFTER: Duration = Duration::from_millis(10);
 
-/// The next message of `messages`, waiting for it up to `wait`. A wait
-/// past [`IDLE_AFTER`] gives back the pages of the members this thread
-/// dropped ([`crate::store::local::release_pending`]) rather than leaving
-/// them for its next lot: a consumer that stops (an epoch's end, an
-/// evaluation) holds none, while one waiting briefly on a busy pipeline
-/// keeps filling whole lots.
+/// The next message `receive` (a receiver's `recv_timeout`) gives,
+/// waiting for it up to `wait`. A wait past [`IDLE_AFTER`] gives back the
+/// pages of the members this thread dropped
+/// ([`crate::store::local::release_pending`]) rather than leaving them for
+/// its next lot: a consumer that stops (an epoch's end, an evaluation)
+/// holds none, while one waiting briefly on a busy pipeline keeps filling
+/// whole lots.
 fn wait_for_message(
-    messages: &Receiver<Message>,
+    receive: impl Fn(Duration) -> std::result::Result<Message, RecvTimeoutError>,
     wait: Duration,
 ) -> std::result::Result<Message, RecvTimeoutError> {
     let brief = wait.min(IDLE_AFTER);
-    match messages.recv_timeout(brief) {
+    match receive(brief) {
         Err(RecvTimeoutError::Timeout) if wait > brief => {
             crate::store::local::release_pending();
-            messages.recv_timeout(wait - brief)
+            receive(wait - brief)
         }
         received => received,
     }
@@ -800,14 +802,14 @@ mod tests {
         let (tx, messages) = std::sync::mpsc::channel::<Message>();
         // A message at hand: no wait, the lot keeps filling.
         tx.send(Message::Events(Vec::new())).unwrap();
-        let waited = wait_for_message(&messages, IDLE_AFTER * 5);
+        let waited = wait_for_message(|w| messages.recv_timeout(w), IDLE_AFTER * 5);
         assert!(matches!(waited, Ok(Message::Events(_))));
         assert_eq!(waiting_page_ranges(), 1, "no wait, the lot waits");
         // A wait that only a moment ends keeps the lot too.
-        let waited = wait_for_message(&messages, IDLE_AFTER / 2);
+        let waited = wait_for_message(|w| messages.recv_timeout(w), IDLE_AFTER / 2);
         assert!(matches!(waited, Err(RecvTimeoutError::Timeout)));
         assert_eq!(waiting_page_ranges(), 1, "a brief wait, the lot waits");
-        let waited = wait_for_message(&messages, IDLE_AFTER * 5);
+        let waited = wait_for_message(|w| messages.recv_timeout(w), IDLE_AFTER * 5);
         assert!(matches!(waited, Err(RecvTimeoutError::Timeout)));
         assert_eq!(waiting_page_ranges(), 0, "given back once idle");
     }

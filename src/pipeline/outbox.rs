@@ -2,8 +2,9 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 use std::time::Instant;
 
 use super::event::Event;
@@ -40,6 +41,96 @@ pub(super) struct Delivery {
     pub(super) event: Event,
 }
 
+/// How many events wait for the consumer: what [`QueueRoom`] counts.
+#[derive(Default)]
+struct Queued {
+    groups: usize,
+    samples: usize,
+    /// The consumer is gone.
+    closed: bool,
+}
+
+/// The room in the queue to the consumer: a group may join it while fewer
+/// than `groups` groups wait, or fewer than `batch` samples (so that a
+/// whole batch of large samples can wait, however few its groups of
+/// [`DELIVERY_GROUP_BYTES`] hold).
+struct QueueRoom {
+    queued: Mutex<Queued>,
+    freed: Condvar,
+    groups: usize,
+    batch: usize,
+}
+
+impl QueueRoom {
+    /// Waits for room for a group of `samples`, and takes it: whether the
+    /// thread had to wait, `None` once the consumer is gone.
+    fn take(&self, samples: usize) -> Option<bool> {
+        let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waited = false;
+        loop {
+            if queued.closed {
+                return None;
+            }
+            if queued.groups < self.groups || queued.samples < self.batch {
+                queued.groups += 1;
+                queued.samples += samples;
+                return Some(waited);
+            }
+            waited = true;
+            queued = self.freed.wait(queued).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Gives back the room of a message the consumer received.
+    fn give_back(&self, message: &Message) {
+        if let Message::Events(group) = message {
+            let mut queued = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+            queued.groups = queued.groups.saturating_sub(1);
+            queued.samples = queued.samples.saturating_sub(group.len());
+            self.freed.notify_one();
+        }
+    }
+
+    /// The consumer is gone: a thread waiting for room stops waiting.
+    fn close(&self) {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
+        self.freed.notify_all();
+    }
+}
+
+/// The consumer's end of the channel: receiving a group gives its room
+/// back, and dropping it tells the pipeline thread the consumer is gone.
+pub(super) struct Inbox {
+    rx: Receiver<Message>,
+    room: Arc<QueueRoom>,
+}
+
+impl Inbox {
+    /// The next message, if one waits.
+    pub(super) fn try_recv(&self) -> Result<Message, TryRecvError> {
+        self.rx.try_recv().inspect(|m| self.room.give_back(m))
+    }
+
+    /// The next message, waiting at most `wait`.
+    pub(super) fn recv_timeout(&self, wait: Duration) -> Result<Message, RecvTimeoutError> {
+        self.rx
+            .recv_timeout(wait)
+            .inspect(|m| self.room.give_back(m))
+    }
+
+    /// The next message, waiting for it.
+    #[cfg(test)]
+    fn recv(&self) -> Result<Message, mpsc::RecvError> {
+        self.rx.recv().inspect(|m| self.room.give_back(m))
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.room.close();
+    }
+}
+
 /// The pipeline's end of the channel to the consumer. Events go in groups,
 /// so the consumer wakes once per group rather than once per sample: a
 /// group is sent when it is full (its events, or [`DELIVERY_GROUP_BYTES`]),
@@ -58,6 +149,7 @@ pub(super) struct Outbox(Arc<Mutex<OutboxState>>);
 
 struct OutboxState {
     tx: SyncSender<Message>,
+    room: Arc<QueueRoom>,
     group: Vec<Delivery>,
     group_size: usize,
     /// The bytes of the group's events.
@@ -74,20 +166,32 @@ struct OutboxState {
 }
 
 impl Outbox {
-    /// An outbox of groups of `group_size` events, and the consumer's end;
-    /// `sent` counts the events sent; `asked` is set when the consumer
-    /// first asks for an event.
+    /// An outbox of groups of `group_size` events, `queued` events waiting
+    /// at most (in whole groups), or more until `batch` wait; and the
+    /// consumer's end. `sent` counts the events sent; `asked` is set when
+    /// the consumer first asks for an event.
     pub(super) fn new(
         queued: usize,
         group_size: usize,
+        batch: usize,
         counters: Arc<Counters>,
         sent: Arc<AtomicU64>,
         asked: Arc<OnceLock<Instant>>,
-    ) -> (Self, Receiver<Message>) {
+    ) -> (Self, Inbox) {
         let group_size = group_size.max(1);
-        let (tx, rx) = mpsc::sync_channel(queued.div_ceil(group_size).max(1));
+        let groups = queued.div_ceil(group_size).max(1);
+        // Each group holds an event: the room never lets more than
+        // `max(groups, batch)` wait, and the end takes one more place.
+        let (tx, rx) = mpsc::sync_channel(groups.max(batch) + 1);
+        let room = Arc::new(QueueRoom {
+            queued: Mutex::new(Queued::default()),
+            freed: Condvar::new(),
+            groups,
+            batch,
+        });
         let state = OutboxState {
             tx,
+            room: room.clone(),
             group: Vec::with_capacity(group_size),
             group_size,
             group_bytes: 0,
@@ -97,7 +201,7 @@ impl Outbox {
             sent,
             asked,
         };
-        (Outbox(Arc::new(Mutex::new(state))), rx)
+        (Outbox(Arc::new(Mutex::new(state))), Inbox { rx, room })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, OutboxState> {
@@ -172,20 +276,20 @@ impl OutboxState {
         ControlFlow::Continue(())
     }
 
-    /// Sends `message`, waiting for room in the queue if it is full (the
-    /// wait counted by [`OutboxState::count_output_wait`]); `Err` once the
-    /// consumer is gone.
+    /// Sends `message`, a group waiting for room in the queue if it is
+    /// full (the wait counted by [`OutboxState::count_output_wait`]);
+    /// `Err` once the consumer is gone.
     fn send_waiting(&mut self, message: Message) -> Result<(), ()> {
-        match self.tx.try_send(message) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(message)) => {
-                let waiting = Instant::now();
-                let sent = self.tx.send(message).map_err(drop);
-                self.count_output_wait(waiting);
-                sent
+        if let Message::Events(group) = &message {
+            let waiting = Instant::now();
+            match self.room.take(group.len()) {
+                None => return Err(()),
+                Some(true) => self.count_output_wait(waiting),
+                Some(false) => {}
             }
-            Err(TrySendError::Disconnected(_)) => Err(()),
         }
+        // The room taken leaves a place in the channel: this does not wait.
+        self.tx.send(message).map_err(drop)
     }
 
     /// Counts a wait for room in the queue from `waiting` to now: from
@@ -254,7 +358,7 @@ mod tests {
     /// the ops gathered before each.
     #[test]
     fn events_go_in_groups_in_order() {
-        let (outbox, rx) = Outbox::new(16, 3, Arc::default(), Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(16, 3, 0, Arc::default(), Arc::default(), Arc::default());
         let mut ops = Vec::new();
         for i in 0..4 {
             ops.push(Op::UnitDone { unit: i as usize });
@@ -275,7 +379,7 @@ mod tests {
     /// however few they are.
     #[test]
     fn a_group_of_large_samples_goes_out_at_its_byte_limit() {
-        let (outbox, rx) = Outbox::new(256, 64, Arc::default(), Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(256, 64, 0, Arc::default(), Arc::default(), Arc::default());
         let large = |index| {
             let Event::Sample(mut sample) = event(index) else {
                 unreachable!()
@@ -307,7 +411,7 @@ mod tests {
         let counters = Arc::new(Counters::new());
         let sent = Arc::new(AtomicU64::new(0));
         let asked = Arc::new(OnceLock::from(Instant::now()));
-        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), sent.clone(), asked);
+        let (outbox, rx) = Outbox::new(1, 1, 0, counters.clone(), sent.clone(), asked);
         let mut ops = Vec::new();
         assert!(outbox.send(&mut ops, event(0)).is_continue());
         let consumer = std::thread::spawn(move || {
@@ -327,13 +431,13 @@ mod tests {
     /// A stream started before its consumer asks (the next epoch's, in a
     /// persistent DataLoader worker) waits on a full queue: that wait is
     /// the consumer not there yet, and counts neither as output wait nor
-    /// as the pipeline thread's time; from the first request on it does,
-    /// the end's wait included.
+    /// as the pipeline thread's time; from the first request on it does.
+    /// The end has a place of its own: it does not wait.
     #[test]
     fn a_wait_before_the_consumer_asks_is_not_counted() {
         let counters = Arc::new(Counters::new());
         let asked = Arc::new(OnceLock::new());
-        let (outbox, rx) = Outbox::new(1, 1, counters.clone(), Arc::default(), asked.clone());
+        let (outbox, rx) = Outbox::new(1, 1, 0, counters.clone(), Arc::default(), asked.clone());
         let mut ops = Vec::new();
         assert!(outbox.send(&mut ops, event(0)).is_continue());
         let consumer = std::thread::spawn(move || {
@@ -354,9 +458,12 @@ mod tests {
         // Waits about 200 ms for the consumer, which asked: counted.
         assert!(outbox.send(&mut ops, event(2)).is_continue());
         let after_send = counters.snapshot().get(Counter::OutputWaitNanos);
-        // The end waits for the consumer too, and is counted the same way.
+        // The end goes in beside the last group, while the consumer pauses.
+        let ending = Instant::now();
         outbox.finish(Message::End(Vec::new()));
+        let end_wait = ending.elapsed();
         assert_eq!(consumer.join().unwrap(), (vec![0], vec![1], vec![2]));
+        assert!(end_wait.as_millis() < 100, "the end waited {end_wait:?}");
         for counter in [Counter::OutputWaitNanos, Counter::PipelineNanos] {
             let counted = before.get(counter);
             assert!(
@@ -367,15 +474,59 @@ mod tests {
         assert!(after_send >= 100_000_000, "{after_send} ns");
         let waited = counters.snapshot().get(Counter::OutputWaitNanos);
         assert!(
-            waited >= after_send + 100_000_000,
+            waited < after_send + 100_000_000,
             "{waited} ns, {after_send} ns before the end"
         );
+    }
+
+    /// With a batch, groups join the queue past its groups until a batch
+    /// of samples waits (a group of large samples holds few of them); the
+    /// room comes back as the consumer receives.
+    #[test]
+    fn a_whole_batch_of_large_samples_can_wait() {
+        let (outbox, rx) = Outbox::new(4, 1, 5, Arc::default(), Arc::default(), Arc::default());
+        let sender = std::thread::spawn(move || {
+            let mut ops = Vec::new();
+            for i in 0..8 {
+                assert!(outbox.send(&mut ops, event(i)).is_continue());
+            }
+            outbox.finish(Message::End(Vec::new()));
+        });
+        // Four groups would fill the queue without the batch: five wait.
+        let waiting = || rx.room.queued.lock().unwrap().groups;
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while waiting() < 5 && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(waiting(), 5, "a batch waits, and no more");
+        let mut got = Vec::new();
+        loop {
+            match rx.recv().unwrap() {
+                Message::End(_) => break,
+                message => got.extend(indices(message)),
+            }
+        }
+        sender.join().unwrap();
+        assert_eq!(got, (0..8).collect::<Vec<_>>());
+    }
+
+    /// A thread waiting for room stops when the consumer goes.
+    #[test]
+    fn a_wait_for_room_ends_when_the_consumer_goes() {
+        let (outbox, rx) = Outbox::new(1, 1, 0, Arc::default(), Arc::default(), Arc::default());
+        let mut ops = Vec::new();
+        assert!(outbox.send(&mut ops, event(0)).is_continue());
+        let sender = std::thread::spawn(move || outbox.send(&mut Vec::new(), event(1)));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(rx);
+        assert!(sender.join().unwrap().is_break());
     }
 
     /// Once the consumer is gone, every send says so.
     #[test]
     fn a_gone_consumer_breaks_sends() {
-        let (outbox, rx) = Outbox::new(1, 1, Arc::default(), Arc::default(), Arc::default());
+        let (outbox, rx) = Outbox::new(1, 1, 0, Arc::default(), Arc::default(), Arc::default());
         drop(rx);
         assert!(outbox.send(&mut Vec::new(), event(0)).is_break());
         assert!(outbox.send(&mut Vec::new(), event(1)).is_break());

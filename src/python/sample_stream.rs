@@ -124,9 +124,11 @@ impl SampleStream {
     /// (`first..end` of the shard; `end` `None` when its count is unknown).
     /// `plan_sequences`: with `pack`, the stream hands out the sequences
     /// planned from the token counts on one rank too (a mixture's stream).
-    /// `on_end()` is called once when the stream ends, before `next()`
-    /// raises `StopIteration` (never after the stream failed; what it
-    /// raises is reported with `sys.unraisablehook`).
+    /// `on_end()` is called once when the stream ends, by the `next()`
+    /// that finds the end: the one that hands out the last samples if they
+    /// are fewer than a batch, else the one that raises `StopIteration`
+    /// (never after the stream failed; what it raises is reported with
+    /// `sys.unraisablehook`).
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,
@@ -345,23 +347,26 @@ impl SampleStream {
                 Collected::Pending if wait.is_zero() => wait = POLL_INTERVAL,
                 Collected::Pending => py.check_signals()?,
                 Collected::End => {
+                    // Called as soon as the end is known, with the last
+                    // samples still to hand out (a batch short of
+                    // `batch_size`): the next epoch's reads start a call
+                    // sooner.
+                    let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    if let Some(on_end) = on_end {
+                        // The epoch ended whatever the callback raises,
+                        // but an interrupt (not an `Exception`) goes on.
+                        match on_end.call0(py) {
+                            Err(error)
+                                if error.is_instance_of::<pyo3::exceptions::PyException>(py) =>
+                            {
+                                error.write_unraisable(py, Some(on_end.bind(py)));
+                            }
+                            Err(interrupt) => return Err(interrupt),
+                            Ok(_) => {}
+                        }
+                    }
                     let samples = held();
                     if samples.is_empty() {
-                        let on_end = self.on_end.lock().unwrap_or_else(|e| e.into_inner()).take();
-                        if let Some(on_end) = on_end {
-                            // The epoch ended whatever the callback raises,
-                            // but an interrupt (not an `Exception`) goes on.
-                            match on_end.call0(py) {
-                                Err(error)
-                                    if error
-                                        .is_instance_of::<pyo3::exceptions::PyException>(py) =>
-                                {
-                                    error.write_unraisable(py, Some(on_end.bind(py)));
-                                }
-                                Err(interrupt) => return Err(interrupt),
-                                Ok(_) => {}
-                            }
-                        }
                         return Ok(None);
                     }
                     return self.hand_out(py, samples).map(Some);

@@ -207,3 +207,22 @@ def test_decode_ahead_raises_the_threads_error_and_stops_when_closed(shards):
     for depth in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="invalid decode_ahead parameter depth"):
             decoder.decode_ahead([], depth=depth)  # type: ignore[arg-type]
+
+
+def test_the_padded_batch_repeats_each_images_last_row_and_column():
+    """What ``roi_align`` may read of each image: its pixels, its last row
+    below them and its last column beside them, in one tensor."""
+    from shardstream.gpu import _padded
+
+    sizes = [(5, 7), (9, 3), (4, 4), (9, 7)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8) for h, w in sizes]
+    pixels = torch.cat([image.reshape(-1) for image in images] + [torch.zeros(8)]).float()
+    padded = _padded(
+        pixels, [tuple(image.shape[1:]) for image in images], 0, 4, torch.device("cpu")
+    )
+    assert padded.shape == (4, 3, 10, 8) and padded.dtype == torch.float32
+    for i, image in enumerate(images):
+        h, w = image.shape[1:]
+        edged = torch.nn.functional.pad(image[None].float(), (0, 1, 0, 1), mode="replicate")[0]
+        assert torch.equal(padded[i, :, : h + 1, : w + 1], edged), i
+        assert torch.equal(padded[i, :, h:, : w + 1], edged[:, -1:].expand(3, 10 - h, w + 1)), i
