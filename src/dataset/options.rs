@@ -308,6 +308,8 @@ mod tests {
             (options.batch_size(), options.pack_bytes()),
             (Some(8), true)
         );
+        // The stream's queue to the consumer may hold a whole batch.
+        assert_eq!(options.stream().output_batch, 8);
         let arrow = DatasetOptions::builder(StreamOptions::builder().with_shuffle_buffer(0))
             .with_table_output(TableOutput::Arrow)
             .with_batch_size(Some(64))
@@ -315,5 +317,6 @@ mod tests {
             .unwrap();
         assert_eq!(arrow.batch_size(), None);
         assert_eq!(arrow.stream().batch_rows, 64);
+        assert_eq!(arrow.stream().output_batch, 0);
     }
 }

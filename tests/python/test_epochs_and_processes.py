@@ -258,6 +258,23 @@ def test_an_epoch_ends_whatever_its_end_callback_raises(dataset):
     assert [str(r.exc_value) for r in reported] == ["from on_end"]
 
 
+def test_the_end_callback_runs_as_the_short_last_batch_is_handed_out(dataset):
+    """With batches, the ``next()`` that finds the end while it collects
+    (the last batch short of ``batch_size``) calls ``on_end`` before it
+    hands that batch out, a call sooner than the ``StopIteration``: the
+    next epoch's reads start while the last batch is trained on."""
+    n = len(dataset.keys)
+    size = next(k for k in range(5, n) if n % k)  # the last batch is short
+    calls = []
+    ds = shardstream.StreamingDataset(dataset.spec, seed=SEED, batch_size=size)
+    stream = _core.SampleStream(ds.shard_list, on_end=lambda: calls.append(1))
+    seen = 0
+    for batch in stream:
+        seen += len(batch["__key__"])
+        assert calls == ([1] if seen == n else []), seen
+    assert seen == n and calls == [1]
+
+
 def test_an_interrupt_in_the_end_callback_goes_on(dataset):
     def on_end():
         raise KeyboardInterrupt
