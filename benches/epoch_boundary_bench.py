@@ -6,14 +6,18 @@ epoch), with ``persistent_workers`` off and on, at each worker count
 
     python benches/epoch_boundary_bench.py --out bench-results \\
         [--workers 0 2 4] [--epochs 4] [--step-ms 5] [--start-method fork] \\
-        [--epoch-end-ms 200] [--s3-first-byte-ms 20] [--mix] [--no-early-start]
+        [--epoch-end-ms 200] [--s3-first-byte-ms 20] [--mix] [--no-early-start] [--jpeg]
 
 ``--s3-first-byte-ms`` reads the shards from a local S3 server (moto)
 behind ``tests/python/fault_proxy.py``, each answer that late and each
 connection at 100 MB/s, instead of from local files. ``--mix`` reads a
 ``shardstream.Mix`` of two streams (each half of the shards, equal weights,
 ``policy="continue"``) instead of one dataset. ``--no-early-start`` makes
-the datasets with ``read_next_epoch_early=False``.
+the datasets with ``read_next_epoch_early=False``. ``--jpeg`` reads JPEGs of
+500x375 (``augment_bench.make_dataset``) decoded by ``Image(224, flip=0.5)``
+in batches of ``--batch`` made in Rust (``batch_size``, the DataLoader's
+``batch_size=None``) instead of samples of ``--size`` bytes: a next epoch
+whose first batch costs its decode.
 
 For each boundary the stall is the time from the end of the step on an
 epoch's last batch (and of ``--epoch-end-ms``, the loop's own work between
@@ -40,7 +44,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from mix_bench import write_stream  # benches/, the directory of this script
+from augment_bench import make_dataset  # benches/, the directory of this script
+from mix_bench import write_stream
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "python"))
 from fault_proxy import Faults, running_fault_proxy
@@ -61,16 +66,21 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
     if args.endpoint:
         s3 = S3Config(endpoint_url=args.endpoint, region="us-east-1", path_style=True)
     early = not args.no_early_start
-    dataset: Any = StreamingDataset(spec, seed=0, s3=s3, read_next_epoch_early=early)
+    options: dict[str, Any] = {"seed": 0, "read_next_epoch_early": early}
+    if args.jpeg:
+        from shardstream import Image
+
+        options.update(decode={"jpg": Image(224, flip=0.5)}, batch_size=args.batch)
+    dataset: Any = StreamingDataset(spec, s3=s3, **options)
     if args.mix:
         halves = [spec_of(spec, 0, args.shards // 2), spec_of(spec, args.shards // 2, args.shards)]
-        streams = [StreamingDataset(half, seed=0, read_next_epoch_early=early) for half in halves]
+        streams = [StreamingDataset(half, **options) for half in halves]
         dataset = Mix(streams, [1.0, 1.0], policy="continue")
     loader = DataLoader(
         dataset,
-        batch_size=args.batch,
+        batch_size=None if args.jpeg else args.batch,
         num_workers=workers,
-        collate_fn=list,
+        collate_fn=None if args.jpeg else list,
         persistent_workers=persistent,
         multiprocessing_context=args.start_method if workers else None,
     )
@@ -95,9 +105,14 @@ def run(spec: str, workers: int, persistent: bool, args: Any) -> dict[str, Any]:
                 waits.append(got - asked)
             first = False
             # The consumer touches every byte it is handed.
-            for sample in batch:
-                touched = zlib.crc32(sample["bin"], touched)
-            samples += len(batch)
+            if args.jpeg:
+                images = batch["jpg"].numpy()
+                touched = zlib.crc32(images.tobytes(), touched)
+                samples += len(images)
+            else:
+                for sample in batch:
+                    touched = zlib.crc32(sample["bin"], touched)
+                samples += len(batch)
             time.sleep(step)
             step_end = time.perf_counter()
     return {"stalls": stalls, "waits": waits, "samples": samples, "crc32": touched}
@@ -136,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="read_next_epoch_early=False: each epoch's streams open at its iteration",
     )
+    parser.add_argument(
+        "--jpeg",
+        action="store_true",
+        help="JPEGs decoded by Image(224) in Rust batches of --batch (--size unused)",
+    )
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -143,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--epochs must be at least 2, --repeats at least 1, --workers at least 0")
     if args.mix and (args.s3_first_byte_ms is not None or args.shards < 2):
         parser.error("--mix reads local files, at least 2 shards")
+    if args.jpeg and (args.mix or args.s3_first_byte_ms is not None):
+        parser.error("--jpeg reads one dataset of local files")
     if args.child:
         spec, workers, persistent = args.child
         print(json.dumps(run(spec, int(workers), persistent == "1", args)))
@@ -152,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ, AWS_ACCESS_KEY_ID=TEST_KEY_ID, AWS_SECRET_ACCESS_KEY=TEST_SECRET)
     rows = []
     with tempfile.TemporaryDirectory(dir=args.out) as work, ExitStack() as stack:
-        spec = write_stream(Path(work) / "data", "s", args.shards, args.per_shard, args.size)
+        if args.jpeg:
+            root = Path(work) / "data"
+            make_dataset(root, args.shards, args.per_shard, jobs=os.cpu_count() or 1)
+            spec = str(root)
+        else:
+            spec = write_stream(Path(work) / "data", "s", args.shards, args.per_shard, args.size)
         endpoint = []
         if args.s3_first_byte_ms is not None:
             spec, endpoint = serve_on_s3(stack, spec, args.s3_first_byte_ms / 1000)
@@ -190,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             f"S3 (moto) behind a proxy: {args.s3_first_byte_ms:g} ms to the first byte, "
             f"{S3_BANDWIDTH / 1e6:.0f} MB/s per connection"
         )
+    samples = "500x375 JPEGs decoded by Image(224)" if args.jpeg else f"{args.size:,} bytes"
     lines = [
-        f"{args.shards} shards x {args.per_shard} samples of {args.size:,} bytes ({where}), "
+        f"{args.shards} shards x {args.per_shard} samples of {samples} ({where}), "
         f"batch {args.batch}, a {args.step_ms:g} ms step per batch, {args.epoch_end_ms:g} ms "
         f"of the loop's own between epochs, {args.epochs} epochs, "
         f"{args.repeats} runs, {args.start_method} workers, read_next_epoch_early "

@@ -10,7 +10,10 @@
 #     boundary costs the training loop;
 #   - "s3": the side-by-side S3 benchmark behind the bench server's latency
 #     proxy (20 ms first byte, 100 MB/s per connection) at 0, 4, 8 and 16
-#     workers, shardstream against webdataset and LitData.
+#     workers, shardstream against webdataset and LitData;
+#   - "decode" (not run unless named): where the batched GPU decode spends
+#     its time (`gpu_decode_profile.py`), and the GPU decode pipeline with
+#     no model (`--models none`: what it delivers alone), about 1 minute.
 #
 #   benches/gpu_figures.sh [OUT]
 #
@@ -45,8 +48,14 @@ for part in $parts; do
             --libraries shardstream "shardstream (Rust batches)" webdataset litdata \
             2>&1 | tee "$out/s3.log"
         ;;
+    decode)
+        "$py" "$here/gpu_decode_profile.py" --data "$out/train-data" 2>&1 | tee "$out/decode.log"
+        "$py" "$here/train_bench.py" --out "$out/decode" --data "$out/train-data" \
+            --steps 30 --warmup 8 --shards 64 --per-shard 250 --models none --workers 4 \
+            --pipelines "shardstream GPU decode" "shardstream Image" 2>&1 | tee -a "$out/decode.log"
+        ;;
     *)
-        echo "gpu_figures.sh: unknown part $part (train, boundary, s3)" >&2
+        echo "gpu_figures.sh: unknown part $part (train, boundary, s3, decode)" >&2
         exit 2
         ;;
     esac

@@ -4,10 +4,11 @@
 The loader's workers only read each JPEG's header and draw its box and flip
 (``ImageBoxes``: the very draws ``Image`` makes for that sample, so an
 epoch's augmentation is the same whichever side decodes); the GPU decodes the
-batch with nvJPEG (``torchvision.io.decode_jpeg`` on a list) and crops,
-resizes and flips it with one ``roi_align`` and one ``where`` per chunk of
-the batch. ``import shardstream`` does not import this module; see
-``docs/augment.md``.
+batch with nvJPEG (``torchvision.io.decode_jpeg`` on a list) and crops
+and resizes it with one ``roi_align`` per chunk of the batch, then flips it
+with one ``where``; ``decode_ahead`` does all that in a thread, a batch or
+more ahead of the training loop. ``import shardstream`` does not import
+this module; see ``docs/augment.md``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import itertools
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -26,7 +27,7 @@ from torchvision.ops import roi_align  # type: ignore[import-untyped]
 
 from ._core import Image, ImageBoxes
 
-__all__ = ["BatchImageDecoder"]
+__all__ = ["BatchImageDecoder", "DecodeAhead"]
 
 
 class BatchImageDecoder:
@@ -105,7 +106,7 @@ class BatchImageDecoder:
         a fixed number of kernel launches per chunk of the batch."""
         height, width = self.size
         count = len(decoded.shapes)
-        pixels = decoded.pixels.float()
+        pixels = decoded.pixels
         chunks = self._chunks(decoded.shapes)
         if len(chunks) == 1:
             out = self._resample(pixels, decoded.shapes, boxes, 0, count)
@@ -153,28 +154,24 @@ class BatchImageDecoder:
 
     def decode_ahead(
         self, batches: Iterable[Mapping[str, Any]], *, field: str = "jpg", depth: int = 2
-    ) -> Iterator[dict[str, Any]]:
+    ) -> DecodeAhead:
         """The batches of ``batches`` (a ``DataLoader``, say), each with
-        ``field`` decoded, a batch or more ahead of the caller. A thread
-        takes the next ``depth`` batches from ``batches`` and decodes their
-        JPEGs, then crops, resizes and flips them (a few launches per batch,
-        their offsets worked out on the CPU), on a CUDA stream of its own:
-        nvJPEG's batched decode waits for its batch on the CPU, which in the
-        training loop would hold up the launches of the next step, and the
-        thread's work runs while the caller trains. Each batch comes as a
-        ``dict``: its fields,
-        ``field`` the images on ``device`` (ready for the caller's current
-        stream), and ``<field>_offsets`` left out.
-
-        ``batches`` belongs to the thread until the iterator ends or is
-        closed; an error met there (reading or decoding) is raised here, at
-        the batch it concerns. Closing the iterator (``break``, garbage
-        collection) stops the thread after the batch it is on."""
+        ``field`` decoded, ahead of the caller (``DecodeAhead``). A thread
+        takes batches from ``batches`` and decodes their JPEGs, then crops,
+        resizes and flips them (a few launches per batch, their offsets
+        worked out on the CPU), on a CUDA stream of its own: nvJPEG's
+        batched decode waits for its batch on the CPU, which in the training
+        loop would hold up the launches of the next step, and the thread's
+        work runs while the caller trains. Up to ``depth`` decoded batches
+        wait for the caller, and the thread works on one more. Each batch
+        comes as a ``dict``: its fields, ``field`` the images on ``device``
+        (ready for the caller's current stream), and ``<field>_offsets``
+        left out."""
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
             raise ValueError(
                 f"invalid decode_ahead parameter depth: an int of at least 1, got {depth!r}"
             )
-        return _DecodeAhead(self, iter(batches), field, depth).batches()
+        return DecodeAhead(self, batches, field, depth)
 
 
 class _Decoded(NamedTuple):
@@ -206,14 +203,76 @@ _POLL_SECONDS = 0.1
 _CLOSE_SECONDS = 60.0
 
 
-class _DecodeAhead:
-    """The thread and queue behind ``BatchImageDecoder.decode_ahead``."""
+class DecodeAhead:
+    """The iterator ``BatchImageDecoder.decode_ahead`` returns: the batches
+    of a loader with their JPEGs decoded by a thread, ahead of the caller.
+
+    The loader belongs to the thread until the iterator ends or is closed;
+    an error met there (reading or decoding) is raised by ``next()`` at the
+    batch it concerns. ``close()``, or dropping the iterator, stops the
+    thread after the batch it is on.
+
+    The thread takes batches before the loop does, so a loader's own
+    ``state_dict()`` counts batches the loop has not had yet: checkpoint
+    with this iterator's ``state_dict()`` instead."""
 
     def __init__(
-        self, decoder: BatchImageDecoder, source: Iterator[Any], field: str, depth: int
+        self, decoder: BatchImageDecoder, batches: Iterable[Any], field: str, depth: int
+    ) -> None:
+        self._feeder = _Feeder(decoder, batches, field, depth)
+        self._state: dict[str, Any] | None = None
+        self._started = False
+        self._ended = False
+
+    def __iter__(self) -> DecodeAhead:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self._ended:
+            raise StopIteration
+        if not self._started:
+            self._started = True
+            self._feeder.thread.start()
+        kind, value = self._feeder.queue.get()
+        if kind == "batch":
+            out, ready, self._state = value
+            return self._feeder.handed(out, ready)
+        self.close()
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def close(self) -> None:
+        """Stops the thread after the batch it is on (waiting for it at
+        most a minute); later ``next()`` calls raise ``StopIteration``."""
+        self._ended = True
+        self._feeder.stop.set()
+        if self._started:
+            self._feeder.thread.join(timeout=_CLOSE_SECONDS)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """The loader's ``state_dict()`` as of the last batch this iterator
+        handed out (taken by the thread right after it took that batch):
+        loaded into a new loader, it resumes with the batch after it. None
+        when the loader has no ``state_dict`` or before the first batch."""
+        return self._state
+
+
+class _Feeder:
+    """The thread behind ``DecodeAhead`` and its queue (kept apart, so that
+    the thread does not keep the iterator alive)."""
+
+    def __init__(
+        self, decoder: BatchImageDecoder, batches: Iterable[Any], field: str, depth: int
     ) -> None:
         self.decoder = decoder
-        self.source = source
+        # A StatefulDataLoader's state is taken in the thread, after each
+        # batch it takes (the loader is the thread's until the end).
+        self.state_of = getattr(batches, "state_dict", None)
+        self.source = iter(batches)
         self.field = field
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
@@ -224,9 +283,10 @@ class _DecodeAhead:
         )
 
     def _on_stream(self) -> contextlib.AbstractContextManager[Any]:
-        return (
-            torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        )
+        """The thread's CUDA stream made current (nothing on another device)."""
+        if self.stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self.stream)
 
     def _put(self, item: tuple[str, Any]) -> bool:
         """Puts ``item`` when there is room; False if told to stop first."""
@@ -246,10 +306,12 @@ class _DecodeAhead:
                 except StopIteration:
                     self._put(("end", None))
                     return
+                state = self.state_of() if self.state_of is not None else None
                 jpegs, boxes = _inputs(batch, self.field)
                 with self._on_stream():
                     decoded = self.decoder._decode(jpegs)
-                if not self._put(("batch", self._augmented(batch, decoded, boxes))):
+                out, ready = self._augmented(batch, decoded, boxes)
+                if not self._put(("batch", (out, ready, state))):
                     return
         except BaseException as error:  # raised again in the caller
             self._put(("error", error))
@@ -266,7 +328,8 @@ class _DecodeAhead:
             ready.record(self.stream)
         return out, ready
 
-    def _handed(self, out: dict[str, Any], ready: Any) -> dict[str, Any]:
+    def handed(self, out: dict[str, Any], ready: Any) -> dict[str, Any]:
+        """The batch, once the caller's current stream waits for it."""
         if ready is not None:
             current = torch.cuda.current_stream(self.decoder.device)
             current.wait_event(ready)
@@ -276,20 +339,6 @@ class _DecodeAhead:
             out[self.field].record_stream(current)
         return out
 
-    def batches(self) -> Iterator[dict[str, Any]]:
-        self.thread.start()
-        try:
-            while True:
-                kind, value = self.queue.get()
-                if kind == "end":
-                    return
-                if kind == "error":
-                    raise value
-                yield self._handed(*value)
-        finally:
-            self.stop.set()
-            self.thread.join(timeout=_CLOSE_SECONDS)
-
 
 def _padded(
     pixels: torch.Tensor,
@@ -298,8 +347,8 @@ def _padded(
     stop: int,
     device: torch.device,
 ) -> torch.Tensor:
-    """Images ``start:stop`` of ``pixels`` (float32, as ``_Decoded`` holds
-    them) in one ``(n, 3, H + 1, W + 1)`` tensor for ``roi_align``: each
+    """Images ``start:stop`` of ``pixels`` (as ``_Decoded`` holds them) in
+    one float32 ``(n, 3, H + 1, W + 1)`` tensor for ``roi_align``: each
     image's rows and columns, then its last row and column repeated once
     (so that bilinear sampling at its edge reads the edge); what lies
     further right is whatever followed in the batch's pixels, which no box
@@ -328,7 +377,7 @@ def _padded(
     padded = pixels.unfold(0, wide, 1).index_select(0, rows_at)
     cells = padded.view(-1)
     cells[edge_at] = cells[inner_at]
-    return padded.view(count, 3, tall, wide)
+    return padded.view(count, 3, tall, wide).float()
 
 
 def _members(batch: Mapping[str, Any], field: str) -> list[torch.Tensor]:

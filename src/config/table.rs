@@ -309,8 +309,8 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
         python_type: "bool",
         default: || DefaultValue::Bool(true),
         doc: "in DataLoader workers with `persistent_workers=True`, a worker's next epoch (in a \
-              `Mix`, each stream that epoch's mixture takes samples of) starts reading when its epoch ends, its read-ahead and first samples held until the next \
-              iteration; in the main process (`num_workers=0`, torchdata.nodes) from the end of its second iteration on ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#how-the-epoch-is-planned)); \
+              `Mix`, each stream that epoch's mixture takes samples of) starts reading when its epoch ends, its read-ahead and first samples (with `batch_size`, \
+              its whole first batch, decoded) held until the next iteration; in the main process (`num_workers=0`, torchdata.nodes) from the end of its second iteration on ([details](https://github.com/shardstream/shardstream/blob/main/docs/internals.md#how-the-epoch-is-planned)); \
               `False` starts it at the next iteration",
         order: SampleOrder::No,
     },

@@ -218,7 +218,12 @@ impl DatasetOptionsBuilder {
         if let Some(dir) = self.cache_dir {
             stream = stream.with_cache(Some(CacheOptions::new(dir, self.cache_limit_bytes)));
         }
-        let stream = stream.build()?;
+        let mut stream = stream.build()?;
+        if stream.pack.is_some() {
+            // The queue counts documents, which packing turns into
+            // sequences: a batch of sequences is no count of them.
+            stream.output_batch = 0;
+        }
         // A batch's `cu_seqlens` count its packed tokens in `int32`.
         if let (Some(rows), Some(pack)) = (self.batch_size, &stream.pack) {
             let tokens = rows.saturating_mul(pack.width());
@@ -318,5 +323,19 @@ mod tests {
         assert_eq!(arrow.batch_size(), None);
         assert_eq!(arrow.stream().batch_rows, 64);
         assert_eq!(arrow.stream().output_batch, 0);
+        // Packed, the queue counts documents, not the batch's sequences.
+        let spec = crate::text::pack::PackSpec::new(
+            Some("ids".into()),
+            8,
+            crate::text::pack::PackMode::Concat,
+            false,
+            0,
+        )
+        .unwrap();
+        let packed = DatasetOptions::builder(StreamOptions::builder().with_pack(Some(spec)))
+            .with_batch_size(Some(16))
+            .build()
+            .unwrap();
+        assert_eq!(packed.stream().output_batch, 0);
     }
 }

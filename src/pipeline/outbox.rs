@@ -2,7 +2,7 @@
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 use std::time::Instant;
@@ -103,6 +103,8 @@ impl QueueRoom {
 pub(super) struct Inbox {
     rx: Receiver<Message>,
     room: Arc<QueueRoom>,
+    /// The process the pipeline thread runs in.
+    process: u32,
 }
 
 impl Inbox {
@@ -127,7 +129,11 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
-        self.room.close();
+        // A forked child has no pipeline thread to tell, and its copy of
+        // the room's lock may have been held by that thread at the fork.
+        if std::process::id() == self.process {
+            self.room.close();
+        }
     }
 }
 
@@ -148,7 +154,7 @@ impl Drop for Inbox {
 pub(super) struct Outbox(Arc<Mutex<OutboxState>>);
 
 struct OutboxState {
-    tx: SyncSender<Message>,
+    tx: Sender<Message>,
     room: Arc<QueueRoom>,
     group: Vec<Delivery>,
     group_size: usize,
@@ -180,9 +186,10 @@ impl Outbox {
     ) -> (Self, Inbox) {
         let group_size = group_size.max(1);
         let groups = queued.div_ceil(group_size).max(1);
-        // Each group holds an event: the room never lets more than
-        // `max(groups, batch)` wait, and the end takes one more place.
-        let (tx, rx) = mpsc::sync_channel(groups.max(batch) + 1);
+        // The room bounds the groups that wait (each holds an event, so
+        // never more than `max(groups, batch)`); the end never waits. The
+        // channel itself is unbounded: it takes no place ahead.
+        let (tx, rx) = mpsc::channel();
         let room = Arc::new(QueueRoom {
             queued: Mutex::new(Queued::default()),
             freed: Condvar::new(),
@@ -201,7 +208,12 @@ impl Outbox {
             sent,
             asked,
         };
-        (Outbox(Arc::new(Mutex::new(state))), Inbox { rx, room })
+        let inbox = Inbox {
+            rx,
+            room,
+            process: std::process::id(),
+        };
+        (Outbox(Arc::new(Mutex::new(state))), inbox)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, OutboxState> {
@@ -288,7 +300,6 @@ impl OutboxState {
                 Some(false) => {}
             }
         }
-        // The room taken leaves a place in the channel: this does not wait.
         self.tx.send(message).map_err(drop)
     }
 

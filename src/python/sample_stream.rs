@@ -126,9 +126,10 @@ impl SampleStream {
     /// planned from the token counts on one rank too (a mixture's stream).
     /// `on_end()` is called once when the stream ends, by the `next()`
     /// that finds the end: the one that hands out the last samples if they
-    /// are fewer than a batch, else the one that raises `StopIteration`
-    /// (never after the stream failed; what it raises is reported with
-    /// `sys.unraisablehook`).
+    /// are fewer than a batch (before they are collated, so a failure to
+    /// collate them comes after it), else the one that raises
+    /// `StopIteration`; never after the stream failed. What it raises is
+    /// reported with `sys.unraisablehook`.
     #[new]
     #[pyo3(signature = (
         shards, *, epoch = 0, world_size = 1, rank = 0, num_workers = 1, worker_id = 0,

@@ -226,3 +226,35 @@ def test_the_padded_batch_repeats_each_images_last_row_and_column():
         edged = torch.nn.functional.pad(image[None].float(), (0, 1, 0, 1), mode="replicate")[0]
         assert torch.equal(padded[i, :, : h + 1, : w + 1], edged), i
         assert torch.equal(padded[i, :, h:, : w + 1], edged[:, -1:].expand(3, 10 - h, w + 1)), i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_decode_ahead_checkpoints_the_batch_it_handed_out(shards, workers):
+    """The thread takes batches before the loop: ``state_dict()`` of the
+    iterator (not of the loader) resumes with the batch after the last one
+    the loop had, so every sample comes once."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    decoder = BatchImageDecoder(Image(24, flip=0.5), device="cpu")
+
+    def loader():
+        ds = StreamingDataset(
+            shards, decode={"jpg": decoder.boxes}, batch_size=3, pack_bytes=True, seed=4
+        )
+        return StatefulDataLoader(ds, batch_size=None, num_workers=workers)
+
+    whole = [b["__key__"] for b in decoder.decode_ahead(loader())]
+    ahead = decoder.decode_ahead(loader(), depth=2)
+    assert ahead.state_dict() is None
+    taken = [next(ahead)["__key__"] for _ in range(3)]
+    state = ahead.state_dict()
+    ahead.close()
+    with pytest.raises(StopIteration):
+        next(ahead)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [b["__key__"] for b in decoder.decode_ahead(resumed)]
+    assert taken + rest == whole
+    assert sorted(k for keys in whole for k in keys) == sorted(
+        f"s{s}-{i:02d}" for s in range(2) for i in range(12)
+    )
