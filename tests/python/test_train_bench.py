@@ -58,6 +58,41 @@ def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
     assert "| resnet18 | 2 | shardstream Image |" in out.stdout
 
 
+@pytest.mark.timeout(600)
+def test_no_model_times_each_step_and_the_decode_profile_runs(tmp_path):
+    """``--models none`` trains nothing and reports each step's median and
+    slowest time; ``gpu_decode_profile.py`` times each stage of the
+    batched decode and a step beside its thread (here on the CPU)."""
+    sizes = ("--batch", "4", "--steps", "3", "--warmup", "1", "--shards", "2", "--per-shard", "8")
+    run = ("--out", str(tmp_path), "--device", "cpu", "--models", "none", "--workers", "0")
+    pipelines = ("--pipelines", "shardstream GPU decode")
+    out = subprocess.run(
+        [sys.executable, str(BENCH), *run, *sizes, *pipelines],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    (row,) = json.loads((tmp_path / "train_bench.json").read_text())
+    assert row["model"] == "none" and row["images"] == 12, row
+    assert 0 < row["median_step_seconds"] <= row["slowest_step_seconds"], row
+    profile = BENCH.parent / "gpu_decode_profile.py"
+    args = ("--data", str(tmp_path / "train-data"), "--device", "cpu", "--batch", "4")
+    args += ("--steps", "1", "--reps", "1", "--models", "resnet18")
+    out = subprocess.run(
+        [sys.executable, str(profile), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    for stage in ("decode_jpeg on the list", "augment (pad", "the whole decoder call"):
+        assert f"{stage}" in out.stdout, out.stdout
+    assert out.stdout.count("resnet18 step beside") == 4, out.stdout
+
+
 def test_without_a_cuda_device_it_refuses_rather_than_measure_the_cpu(tmp_path):
     # No device is visible to the run, whatever this machine has.
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
