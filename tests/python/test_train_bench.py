@@ -19,19 +19,24 @@ BENCH = Path(__file__).resolve().parents[2] / "benches" / "train_bench.py"
 LIBRARIES = {"webdataset + PIL": "webdataset", "litdata + PIL": "litdata"}
 
 
+def launch(script: Path, *args: str, timeout: int) -> subprocess.CompletedProcess[str]:
+    """`script` run with `args` by this interpreter, its output captured."""
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 @pytest.mark.timeout(900)  # several launched jobs, each bounded; `make test` shares the cores
 def test_every_pipeline_trains_the_steps_asked_for(tmp_path):
     batch, steps = 4, 2
     sizes = ("--batch", str(batch), "--steps", str(steps), "--warmup", "1")
     data = ("--shards", "2", "--per-shard", "8")
     run = ("--out", str(tmp_path), "--device", "cpu", "--models", "resnet18", "--workers", "2")
-    out = subprocess.run(
-        [sys.executable, str(BENCH), *run, *sizes, *data],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    out = launch(BENCH, *run, *sizes, *data, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     rows = json.loads((tmp_path / "train_bench.json").read_text())
     assert [r["pipeline"] for r in rows] == [
@@ -66,13 +71,7 @@ def test_no_model_times_each_step_and_the_decode_profile_runs(tmp_path):
     sizes = ("--batch", "4", "--steps", "3", "--warmup", "1", "--shards", "2", "--per-shard", "8")
     run = ("--out", str(tmp_path), "--device", "cpu", "--models", "none", "--workers", "0")
     pipelines = ("--pipelines", "shardstream GPU decode")
-    out = subprocess.run(
-        [sys.executable, str(BENCH), *run, *sizes, *pipelines],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    out = launch(BENCH, *run, *sizes, *pipelines, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     (row,) = json.loads((tmp_path / "train_bench.json").read_text())
     assert row["model"] == "none" and row["images"] == 12, row
@@ -80,13 +79,7 @@ def test_no_model_times_each_step_and_the_decode_profile_runs(tmp_path):
     profile = BENCH.parent / "gpu_decode_profile.py"
     args = ("--data", str(tmp_path / "train-data"), "--device", "cpu", "--batch", "4")
     args += ("--steps", "1", "--reps", "1", "--models", "resnet18")
-    out = subprocess.run(
-        [sys.executable, str(profile), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    out = launch(profile, *args, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
     for stage in ("decode_jpeg on the list", "augment (pad", "the whole decoder call"):
         assert f"{stage}" in out.stdout, out.stdout
