@@ -49,8 +49,9 @@ class BatchImageDecoder:
     points per output pixel in each direction), close to ``Image``'s
     antialiased resampling but not equal to it; boxes and flips are equal.
     Images are padded into one tensor per chunk of at most
-    ``max_padded_bytes`` (float32, each image's last row and column
-    repeated once so that sampling at its edge never reads the padding).
+    ``max_padded_bytes`` (in ``uint8`` and then float32, 5 bytes a value;
+    each image's last row and column repeated once so that sampling at its
+    edge never reads the padding).
     """
 
     def __init__(
@@ -123,12 +124,13 @@ class BatchImageDecoder:
         return out
 
     def _chunks(self, shapes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-        """Runs of images whose padded float32 tensor fits ``max_padded_bytes``
+        """Runs of images whose padded tensor, in ``uint8`` and in float32
+        (5 bytes a value while both are held), fits ``max_padded_bytes``
         (an image alone is always a run)."""
         chunks, start, tall, wide = [], 0, 0, 0
         for i, (h, w) in enumerate(shapes):
             grown_h, grown_w = max(tall, h + 1), max(wide, w + 1)
-            if i > start and (i - start + 1) * 3 * grown_h * grown_w * 4 > self.max_padded_bytes:
+            if i > start and (i - start + 1) * 3 * grown_h * grown_w * 5 > self.max_padded_bytes:
                 chunks.append((start, i))
                 start, grown_h, grown_w = i, h + 1, w + 1
             tall, wide = grown_h, grown_w
@@ -219,26 +221,37 @@ class DecodeAhead:
     def __init__(
         self, decoder: BatchImageDecoder, batches: Iterable[Any], field: str, depth: int
     ) -> None:
-        self._feeder = _Feeder(decoder, batches, field, depth)
         self._state: dict[str, Any] | None = None
         self._started = False
         self._ended = False
+        self._feeder = _Feeder(decoder, batches, field, depth)
 
     def __iter__(self) -> DecodeAhead:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        if self._ended:
-            raise StopIteration
-        if not self._started:
+        feeder = self._feeder
+        if not self._started and not self._ended:
+            feeder.thread.start()
             self._started = True
-            self._feeder.thread.start()
-        kind, value = self._feeder.queue.get()
+        while True:
+            if self._ended:
+                raise StopIteration
+            try:
+                kind, value = feeder.queue.get(timeout=_POLL_SECONDS)
+                break
+            except queue.Empty:
+                # Closed from elsewhere, or the thread gone: nothing more comes.
+                if self._ended or (not feeder.thread.is_alive() and feeder.queue.empty()):
+                    self._ended = True
         if kind == "batch":
             out, ready, self._state = value
-            return self._feeder.handed(out, ready)
+            return feeder.handed(out, ready)
         self.close()
         if kind == "error":
+            if isinstance(value, StopIteration):
+                # Raised as it is, it would end the caller's loop quietly.
+                raise RuntimeError(f"decode_ahead's thread raised {value!r}") from value
             raise value
         raise StopIteration
 
@@ -246,12 +259,20 @@ class DecodeAhead:
         """Stops the thread after the batch it is on (waiting for it at
         most a minute); later ``next()`` calls raise ``StopIteration``."""
         self._ended = True
-        self._feeder.stop.set()
-        if self._started:
-            self._feeder.thread.join(timeout=_CLOSE_SECONDS)
+        feeder = getattr(self, "_feeder", None)
+        if feeder is None:
+            return
+        feeder.stop.set()
+        if self._started and threading.current_thread() is not feeder.thread:
+            feeder.thread.join(timeout=_CLOSE_SECONDS)
 
     def __del__(self) -> None:
-        self.close()
+        # Only tells the thread to stop: a join here could run in any thread
+        # the garbage collector runs in (the thread's own, or one it waits
+        # for), or at the interpreter's exit.
+        feeder = getattr(self, "_feeder", None)
+        if feeder is not None:
+            feeder.stop.set()
 
     def state_dict(self) -> dict[str, Any] | None:
         """The loader's ``state_dict()`` as of the last batch this iterator

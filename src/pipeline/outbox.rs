@@ -1,5 +1,6 @@
 //! The pipeline's end of the channel to the consumer.
 
+use std::mem::ManuallyDrop;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -101,7 +102,8 @@ impl QueueRoom {
 /// The consumer's end of the channel: receiving a group gives its room
 /// back, and dropping it tells the pipeline thread the consumer is gone.
 pub(super) struct Inbox {
-    rx: Receiver<Message>,
+    /// Dropped by hand: not in a forked child (see the `Drop`).
+    rx: ManuallyDrop<Receiver<Message>>,
     room: Arc<QueueRoom>,
     /// The process the pipeline thread runs in.
     process: u32,
@@ -129,10 +131,14 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
-        // A forked child has no pipeline thread to tell, and its copy of
-        // the room's lock may have been held by that thread at the fork.
+        // A forked child has no pipeline thread: its copies of the room's
+        // lock and of the channel may have been in that thread's hands at
+        // the fork (the channel's drop would wait for a send that never
+        // ends there). It leaves them as they are.
         if std::process::id() == self.process {
             self.room.close();
+            // SAFETY: `rx` is not used after this, the struct being dropped.
+            unsafe { ManuallyDrop::drop(&mut self.rx) };
         }
     }
 }
@@ -209,7 +215,7 @@ impl Outbox {
             asked,
         };
         let inbox = Inbox {
-            rx,
+            rx: ManuallyDrop::new(rx),
             room,
             process: std::process::id(),
         };

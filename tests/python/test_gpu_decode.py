@@ -5,8 +5,10 @@ images ``Image`` gives, up to resampling."""
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
+import sys
 import threading
 from pathlib import Path
 
@@ -258,3 +260,45 @@ def test_decode_ahead_checkpoints_the_batch_it_handed_out(shards, workers):
     assert sorted(k for keys in whole for k in keys) == sorted(
         f"s{s}-{i:02d}" for s in range(2) for i in range(12)
     )
+
+
+def test_decode_ahead_ends_when_closed_from_elsewhere_and_names_a_stray_stopiteration():
+    decoder = BatchImageDecoder(Image(16), device="cpu")
+    gate = threading.Event()
+
+    def slow():
+        # Holds the thread in `next(loader)` until the test ends (bounded).
+        gate.wait(timeout=30)
+        yield from ()
+
+    ahead = decoder.decode_ahead(slow())
+    closer = threading.Timer(0.3, ahead.close)
+    closer.start()
+    try:
+        with pytest.raises(StopIteration):
+            next(ahead)
+    finally:
+        gate.set()
+        closer.join(timeout=30)
+
+    class Odd(dict):
+        """A batch whose field access raises StopIteration."""
+
+        def __getitem__(self, key):
+            raise StopIteration
+
+    odd = Odd(jpg=b"", jpg_box=None)
+    with pytest.raises(RuntimeError, match="decode_ahead's thread raised StopIteration"):
+        next(decoder.decode_ahead([odd]))
+
+
+def test_decode_ahead_of_no_iterable_raises_and_reports_nothing_later():
+    reported = []
+    hook, sys.unraisablehook = sys.unraisablehook, reported.append
+    try:
+        with pytest.raises(TypeError):
+            BatchImageDecoder(Image(16), device="cpu").decode_ahead(5)  # type: ignore[arg-type]
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert reported == []
