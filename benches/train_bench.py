@@ -240,8 +240,12 @@ def batches(pipeline: str, loader: Any, device: Any) -> Iterator[tuple[Any, Any]
     """`(images, labels)` from the loader, epoch after epoch (packed JPEGs
     decoded and augmented on `device` by a thread, a batch or two ahead)."""
     if pipeline == "shardstream GPU decode":
-        for batch in gpu_decoder(device).decode_ahead(epochs(loader)):
-            yield batch["jpg"], batch["cls"]
+        ahead = gpu_decoder(device).decode_ahead(epochs(loader))
+        try:
+            for batch in ahead:
+                yield batch["jpg"], batch["cls"]
+        finally:
+            ahead.close()
         return
     for batch in epochs(loader):
         if isinstance(batch, dict):
@@ -313,6 +317,10 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
     sync()
     seconds, end_cpu = time.perf_counter() - start, tree_cpu_seconds()
     busy = machine_busy_seconds() - start_busy
+    # The loader's threads (decode_ahead's) stop before the process ends.
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()
     own, workers_cpu = (end - begin for end, begin in zip(end_cpu, start_cpu, strict=True))
     return {
         "images": seen,

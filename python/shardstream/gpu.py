@@ -13,12 +13,14 @@ this module; see ``docs/augment.md``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -286,6 +288,11 @@ class _Feeder:
     """The thread behind ``DecodeAhead`` and its queue (kept apart, so that
     the thread does not keep the iterator alive)."""
 
+    #: The feeders whose thread may run: stopped and waited for at the
+    #: interpreter's exit, so that no thread is inside a torch call while
+    #: the process tears down what it uses.
+    live: ClassVar[weakref.WeakSet[_Feeder]] = weakref.WeakSet()
+
     def __init__(
         self, decoder: BatchImageDecoder, batches: Iterable[Any], field: str, depth: int
     ) -> None:
@@ -302,6 +309,7 @@ class _Feeder:
         self.thread = threading.Thread(
             target=self._run, name="shardstream-decode-ahead", daemon=True
         )
+        _Feeder.live.add(self)
 
     def _on_stream(self) -> contextlib.AbstractContextManager[Any]:
         """The thread's CUDA stream made current (nothing on another device)."""
@@ -359,6 +367,19 @@ class _Feeder:
             # stream is done with them.
             out[self.field].record_stream(current)
         return out
+
+
+@atexit.register
+def _stop_feeders() -> None:
+    """Stops every ``decode_ahead`` thread still running and waits for it
+    (a minute at most each): a daemon thread still inside a torch call when
+    the interpreter finalises can abort the process."""
+    feeders = list(_Feeder.live)
+    for feeder in feeders:
+        feeder.stop.set()
+    for feeder in feeders:
+        if feeder.thread.is_alive() and threading.current_thread() is not feeder.thread:
+            feeder.thread.join(timeout=_CLOSE_SECONDS)
 
 
 def _padded(

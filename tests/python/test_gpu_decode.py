@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import io
 import pickle
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -302,3 +303,24 @@ def test_decode_ahead_of_no_iterable_raises_and_reports_nothing_later():
     finally:
         sys.unraisablehook = hook
     assert reported == []
+
+
+def test_a_process_leaving_decode_ahead_running_exits_cleanly(shards):
+    """The thread is stopped and waited for at the interpreter's exit: one
+    still inside a torch call while the process tears down can abort it."""
+    script = f"""
+import itertools, torch
+from shardstream import Image, StreamingDataset
+from shardstream.gpu import BatchImageDecoder
+decoder = BatchImageDecoder(Image(64, flip=0.5), device="cpu")
+ds = StreamingDataset({shards!r}, decode={{"jpg": decoder.boxes}}, batch_size=4, pack_bytes=True)
+batch = next(iter(ds))
+ahead = decoder.decode_ahead(itertools.repeat(batch, 10_000))
+next(ahead)
+print("left running")
+"""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and "left running" in done.stdout, done.stderr[-2000:]
