@@ -194,6 +194,7 @@ impl PartQueue {
             .unwrap_or(0..unit.size.unwrap_or(u64::MAX));
         // Of unknown size, the object may end within the first part.
         let clamp = range.end == u64::MAX;
+        let unit_end = range.end;
         let mut plan = PartPlan::new(range, self.sizes.clone());
         let first = plan.next();
         let first_bytes = first.as_ref().map_or(0, |p| p.end - p.start);
@@ -234,6 +235,11 @@ impl PartQueue {
             pinned: expected(unit),
             clamp,
             answer: answer_tx,
+            rest: if clamp {
+                0
+            } else {
+                unit_end.saturating_sub(first.end)
+            },
         };
         let (permit, slot) = self.reserve(fetcher, first_bytes).await?;
         // The first part asks for its own bytes only, so that the answer
@@ -387,6 +393,8 @@ enum Role {
         pinned: Pinned,
         clamp: bool,
         answer: watch::Sender<FirstAnswer>,
+        /// The unit's bytes after the part (0: not known).
+        rest: u64,
     },
     /// A later part, pinned to what the first one learnt (`first`), whose
     /// GET asks for the bytes up to `reach` (the end of the part, or of
@@ -442,12 +450,18 @@ async fn fetch_part<O: RangedObject>(
     _slot: OwnedSemaphorePermit,
     shared: Arc<Shared>,
 ) -> PartResult {
+    // A first part's GET: the unit's bytes after it.
+    let mut first_of = None;
     let (mut pinned, clamp, answer, follows, reach) = match role {
         Role::First {
             pinned,
             clamp,
             answer,
-        } => (pinned, clamp, Some(answer), false, range.end),
+            rest,
+        } => {
+            first_of = Some(rest);
+            (pinned, clamp, Some(answer), false, range.end)
+        }
         Role::Later {
             first,
             link,
@@ -494,7 +508,12 @@ async fn fetch_part<O: RangedObject>(
         clamp,
         &mut pinned,
         &mut buffer,
-        (Some(&shared.tap), &|sample| sizes.record(sample)),
+        (Some(&shared.tap), &|sample| {
+            sizes.record(sample);
+            if let Some(rest) = first_of {
+                flight.first_get(sample, rest);
+            }
+        }),
     )
     .await;
     shared.ended.send_modify(|at| {

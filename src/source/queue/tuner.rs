@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::super::remote_reads::Sample;
 use super::sizes::PartSizes;
 
 /// The bytes of a unit after its first part from which its later parts
@@ -86,7 +87,9 @@ impl Mode {
 /// the parts' rate to the parts the queue keeps in flight (the budget and
 /// `max_concurrency` allow, at most [`PROJECTION_REACH`] times the probe's).
 /// A probe of parts that could no longer win even if its parts ended now
-/// is cut short. The first round probes a stream, then parts; parts are
+/// is cut short. The first round takes an object's first part's GET as
+/// its stream probe where it can ([`Tuner::first_get`]), else probes a
+/// stream; then it probes parts. Parts are
 /// taken if they are at least [`MARGIN`] times faster, else the stream,
 /// for a hold of [`FIRST_HOLD`] parts, after which both ways are probed
 /// again (the way not chosen first); the hold doubles each time the choice
@@ -286,6 +289,14 @@ pub(super) struct Flight {
     pub(super) ok: bool,
 }
 
+impl Flight {
+    /// The GET of an object's first part (this flight) took `sample`; its
+    /// unit holds `rest` bytes after the part: see [`Tuner::first_get`].
+    pub(super) fn first_get(&self, sample: Sample, rest: u64) {
+        self.tuner.first_get(sample, rest);
+    }
+}
+
 impl Drop for Flight {
     fn drop(&mut self) {
         self.tuner.ended(self.probe, self.ok, Instant::now());
@@ -315,6 +326,35 @@ impl Tuner {
             budget,
             max_concurrency: u32::try_from(max_concurrency).unwrap_or(u32::MAX),
         }
+    }
+
+    /// An object's first part's GET took `sample`, its unit holding `rest`
+    /// bytes after the part. Before the first probe starts, a first part
+    /// of a unit long enough to stream (`rest` at least
+    /// [`STREAM_MIN_BYTES`]) whose body was timed stands in for the first
+    /// round's stream probe: its time to the answer and body rate are one
+    /// GET at a time ([`OneGet`]), and a stream's rate is that of one GET
+    /// over `rest`. The round then probes parts only, and starts as soon
+    /// as the first parts end: behind a first-byte latency the stream
+    /// probe cost a latency and four parts' bodies at one connection's
+    /// rate before anything else was read. Later rounds probe both ways.
+    fn first_get(&self, sample: Sample, rest: u64) {
+        let transfer = sample.transfer.as_secs_f64();
+        if rest < STREAM_MIN_BYTES || sample.bytes == 0 || transfer <= 0.0 {
+            return;
+        }
+        let mut tuning = self.lock();
+        let first_round = tuning.probes == 0 && tuning.one_get.is_none();
+        if !first_round || tuning.queued.front() != Some(&Mode::Stream) {
+            return;
+        }
+        let one_get = OneGet {
+            latency: sample.first_byte.as_secs_f64(),
+            bandwidth: sample.bytes as f64 / transfer,
+        };
+        tuning.queued.pop_front();
+        tuning.one_get = Some(one_get);
+        tuning.rates[Mode::Stream.index()] = Some(rest as f64 / one_get.serial_seconds(1, rest));
     }
 
     /// How a probe of parts with `bytes` in `parts` parts is projected:
@@ -716,6 +756,87 @@ mod tests {
             Step::Issue(Mode::Stream, None)
         );
         assert_eq!(flat.lock().chosen, Mode::Stream);
+    }
+
+    #[test]
+    fn a_first_part_stands_in_for_the_first_stream_probe_and_each_server_kind_gets_its_way() {
+        let mib = 1 << 20;
+        let ms = Duration::from_millis;
+        // Behind 20 ms and 100 MB/s per connection, the first part's GET:
+        // 256 KiB in 2.6 ms. It is one GET at a time, and the stream's rate
+        // over the 20 MiB after it; the round probes parts at once.
+        let capped = tuner(64 << 20, 64);
+        let first = Sample {
+            first_byte: ms(20),
+            bytes: 256 << 10,
+            transfer: Duration::from_micros(2_621),
+        };
+        capped.first_get(first, 20 * mib);
+        {
+            let tuning = capped.lock();
+            let one_get = tuning.one_get.expect("one GET measured");
+            assert!((one_get.latency - 0.02).abs() < 1e-9, "{one_get:?}");
+            assert!(
+                (one_get.bandwidth / 100e6 - 1.0).abs() < 1e-3,
+                "{one_get:?}"
+            );
+            let stream = tuning.rates[Mode::Stream.index()].expect("a stream's rate");
+            let expected = (20 * mib) as f64 / (0.02 + (20 * mib) as f64 / 100e6);
+            assert!(
+                (stream / expected - 1.0).abs() < 1e-3,
+                "{stream} {expected}"
+            );
+            assert_eq!(tuning.queued, VecDeque::from([Mode::Parts]));
+        }
+        // Four parts at once each keep their connection's rate: parts.
+        let t0 = Instant::now();
+        let t1 = probe(&capped, Mode::Parts, t0, [31, 32, 33, 34]);
+        assert_eq!(
+            capped.step(mib, 64 * mib, t1),
+            Step::Issue(Mode::Parts, None)
+        );
+        // Later rounds probe both ways again: a later first part changes
+        // nothing.
+        capped.first_get(first, 20 * mib);
+        assert_eq!(capped.lock().queued, VecDeque::new());
+        assert_eq!(capped.lock().probes, 1);
+
+        // A server that answers one GET at a time, each after 20 ms, bodies
+        // at 200 MiB/s: four parts at once end 25 ms apart; once they can
+        // no longer win, the probe is cut short and the stream taken.
+        let flat = tuner(64 << 20, 64);
+        let first = Sample {
+            first_byte: ms(20),
+            bytes: 256 << 10,
+            transfer: Duration::from_micros(1_250),
+        };
+        flat.first_get(first, 20 * mib);
+        let mut id = None;
+        for _ in 0..4 {
+            match flat.step(mib, 64 * mib, t0) {
+                Step::Issue(Mode::Parts, Some(probe)) => id = Some(probe),
+                other => panic!("{other:?}"),
+            }
+        }
+        flat.ended(id, true, t0 + ms(25));
+        assert_eq!(flat.step(mib, 64 * mib, t0 + ms(30)), Step::Wait);
+        assert_eq!(
+            flat.step(mib, 64 * mib, t0 + ms(60)),
+            Step::Issue(Mode::Stream, None)
+        );
+        assert_eq!(flat.lock().chosen, Mode::Stream);
+    }
+
+    #[test]
+    fn a_first_part_too_short_to_stream_or_untimed_leaves_the_stream_probe_queued() {
+        let tuner = tuner(64 << 20, 64);
+        let timed = sample(20, 256 << 10, 3);
+        tuner.first_get(timed, STREAM_MIN_BYTES - 1);
+        tuner.first_get(sample(20, 256 << 10, 0), 64 << 20);
+        tuner.first_get(sample(20, 0, 3), 64 << 20);
+        let tuning = tuner.lock();
+        assert!(tuning.one_get.is_none() && tuning.rates == [None, None]);
+        assert_eq!(tuning.queued, VecDeque::from([Mode::Stream, Mode::Parts]));
     }
 
     #[test]
