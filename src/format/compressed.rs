@@ -178,7 +178,7 @@ impl<R: Read> Read for GzipMembers<R> {
                     // The decoder returns the end of a member only once its
                     // CRC-32 and length matched the bytes it decoded.
                     self.verified = self.out;
-                    match decoder.get_mut().fill_buf().map(|rest| rest.is_empty()) {
+                    match skip_zeros(decoder.get_mut()) {
                         Ok(true) => self.ended = true,
                         Ok(false) => {
                             let input = self.decoder.take().expect("a member decoder");
@@ -194,6 +194,25 @@ impl<R: Read> Read for GzipMembers<R> {
                 }
                 Err(e) => return Err(self.fail(e)),
             }
+        }
+    }
+}
+
+/// Consumes the zero bytes at the start of `input`, as `gzip` and Python's
+/// `gzip` module do after a member (the zero padding tape blocking leaves
+/// after a `.tar.gz`, which carries no data); `true` if `input` ends there,
+/// `false` if another member's bytes follow.
+fn skip_zeros(input: &mut impl BufRead) -> io::Result<bool> {
+    loop {
+        let rest = input.fill_buf()?;
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let zeros = rest.iter().take_while(|&&b| b == 0).count();
+        let more = zeros < rest.len();
+        input.consume(zeros);
+        if more {
+            return Ok(false);
         }
     }
 }
@@ -680,6 +699,34 @@ mod tests {
         assert!(decode(&gz).1.unwrap() == whole);
         let zst = [zstd(&a), zstd(&b)].concat();
         assert!(decode(&zst).1.unwrap() == whole);
+    }
+
+    #[test]
+    fn zero_padding_after_gzip_members_is_skipped_and_garbage_is_not() {
+        let (a, b) = (noise(1000), vec![7u8; 5000]);
+        let whole: Vec<u8> = [a.clone(), b.clone()].concat();
+        // After the last member (a tape block's padding), between members,
+        // and more zeros than one buffer holds.
+        for zeros in [1, 512, 10_240, 200_000] {
+            let padded = [gzip(&a), vec![0; zeros]].concat();
+            assert!(decode(&padded).1.unwrap() == a, "{zeros}");
+            let between = [gzip(&a), vec![0; zeros], gzip(&b), vec![0; zeros]].concat();
+            assert!(decode(&between).1.unwrap() == whole, "{zeros}");
+        }
+        // Zeros then something that is not a member: the error names where.
+        let garbage = [gzip(&a), vec![0; 512], b"not gzip".to_vec()].concat();
+        match decode(&garbage).1.unwrap_err() {
+            Error::Decompress {
+                compressed_offset, ..
+            } => assert!(
+                compressed_offset >= gzip(&a).len() as u64,
+                "{compressed_offset}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // zstd gives no such leave: zeros after a frame are an error.
+        let zst = [zstd(&a), vec![0; 512]].concat();
+        assert!(decode(&zst).1.is_err());
     }
 
     #[test]

@@ -375,6 +375,28 @@ def test_truncated_tar_inside_a_complete_gzip_stream(dataset, tmp_path):
     assert f"byte offset {cut} of the decompressed gzip stream" in message, message
 
 
+def test_zero_padding_after_a_gzip_stream_is_skipped_as_gzip_does(dataset, tmp_path):
+    """A ``.tar.gz`` followed by zeros (a tape block's padding, which
+    Python's ``gzip`` and the ``gzip`` command skip): every sample, once,
+    with its bytes; ``index`` and a manifest read it too. Zeros then bytes
+    that are no gzip member still raise."""
+    padded = tmp_path / "padded"
+    info = copy_dataset(dataset, padded, [".tar.gz"])
+    for path in info.paths:
+        path.write_bytes(path.read_bytes() + bytes(10240 - path.stat().st_size % 10240))
+        assert gzip.decompress(path.read_bytes()) == (
+            dataset.paths[info.paths.index(path)].read_bytes()
+        )
+    assert_same_samples(collect(shardstream.StreamingDataset(padded, shuffle_buffer=0)), info)
+    index_manifest([str(padded)], tmp_path / "manifest.json")
+    ds = shardstream.StreamingDataset(padded, shuffle_buffer=0, manifest=tmp_path / "manifest.json")
+    assert_same_samples(collect(ds), info)
+    bad = info.paths[0]
+    bad.write_bytes(bad.read_bytes() + b"not a gzip member")
+    with pytest.raises(ShardFormatError, match=bad.name):
+        collect(shardstream.StreamingDataset(bad, shuffle_buffer=0))
+
+
 # --------------------------------------------------------------------------
 # inspect
 # --------------------------------------------------------------------------
