@@ -371,6 +371,48 @@ mod tests {
         }
     }
 
+    /// A forked child drops its copy of the consumer's end without
+    /// touching the room's lock or the channel, which the pipeline thread
+    /// (not in the child) may have held at the fork: here the lock is held
+    /// by the parent across the fork, so a child that took it would hang.
+    #[test]
+    fn a_forked_child_drops_its_inbox_without_taking_what_the_fork_left_held() {
+        let (outbox, rx) = Outbox::new(16, 3, 0, Arc::default(), Arc::default(), Arc::default());
+        let room = rx.room.clone();
+        let held = room.queued.lock().unwrap();
+        // SAFETY: the child drops a value and exits at once.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            drop(rx);
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(7) }
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        let mut waited = 0;
+        // SAFETY: polls the child just forked, without blocking.
+        while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 && waited < 500 {
+            std::thread::sleep(Duration::from_millis(10));
+            waited += 1;
+        }
+        if waited == 500 {
+            // SAFETY: the child is ours and hung; it is ended and reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the child hung dropping its inbox");
+        }
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7);
+        drop(held);
+        // The parent's end still works.
+        let mut ops = Vec::new();
+        for i in 0..3 {
+            assert!(outbox.send(&mut ops, event(i)).is_continue());
+        }
+        assert_eq!(indices(rx.try_recv().unwrap()), [0, 1, 2]);
+    }
+
     /// Events go out in order, in full groups, the rest on a flush, with
     /// the ops gathered before each.
     #[test]
