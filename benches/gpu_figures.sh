@@ -13,7 +13,8 @@
 #     workers, shardstream against webdataset and LitData;
 #   - "decode" (not run unless named): where the batched GPU decode spends
 #     its time (`gpu_decode_profile.py`), and the GPU decode pipeline with
-#     no model (`--models none`: what it delivers alone), about 1 minute.
+#     no model (`--models none`: what it delivers alone), then with
+#     `--no-pin-memory` (no model, and ResNet-18), about 2 minutes.
 #
 #   benches/gpu_figures.sh [OUT]
 #
@@ -53,6 +54,9 @@ for part in $parts; do
         "$py" "$here/train_bench.py" --out "$out/decode" --data "$out/train-data" \
             --steps 30 --warmup 8 --shards 64 --per-shard 250 --models none --workers 4 \
             --pipelines "shardstream GPU decode" "shardstream Image" 2>&1 | tee -a "$out/decode.log"
+        "$py" "$here/train_bench.py" --out "$out/decode-unpinned" --data "$out/train-data" \
+            --steps 30 --warmup 8 --shards 64 --per-shard 250 --models none resnet18 --workers 4 \
+            --no-pin-memory --pipelines "shardstream GPU decode" 2>&1 | tee -a "$out/decode.log"
         ;;
     *)
         echo "gpu_figures.sh: unknown part $part (train, boundary, s3, decode)" >&2

@@ -295,7 +295,7 @@ def run(pipeline: str, data: Path, model_name: str, batch: int, workers: int, ar
         labels = torch.randint(0, 1000, (batch,), device=device)
         source: Iterator[tuple[Any, Any]] = iter(lambda: (images, labels), None)
     else:
-        pin = device.type == "cuda"
+        pin = device.type == "cuda" and not args.no_pin_memory
         loader = loader_for(pipeline, data, batch, workers, pin, args.persistent_workers)
         source = batches(pipeline, loader, device)
     for _ in range(args.warmup):
@@ -371,6 +371,7 @@ def child_args(args: Any) -> list[str]:
         "--warmup",
         str(args.warmup),
         *(["--persistent-workers"] if args.persistent_workers else []),
+        *(["--no-pin-memory"] if args.no_pin_memory else []),
     ]
 
 
@@ -397,6 +398,11 @@ def main() -> None:
         "--persistent-workers",
         action="store_true",
         help="DataLoader workers that stay between epochs (with --steps past an epoch)",
+    )
+    parser.add_argument(
+        "--no-pin-memory",
+        action="store_true",
+        help="DataLoader(pin_memory=False) on CUDA too (nvJPEG reads pageable memory itself)",
     )
     parser.add_argument("--shards", type=int, default=80)
     parser.add_argument("--per-shard", type=int, default=500)
