@@ -662,6 +662,11 @@ def mix_order(
 def default_options() -> dict[str, Any]:
     """The default of every dataset option, by its keyword name."""
 
+def read_ahead_budget(read_ahead_bytes: int | None, num_workers: int) -> int:
+    """The read-ahead budget of each stream of a process among ``num_workers`` DataLoader
+    workers (0: the main process): ``read_ahead_bytes`` when given, else what ``None``
+    gives there."""
+
 def option_table() -> list[dict[str, Any]]:
     """Every dataset option, in documentation order: a dict per option with its ``name``,
     Python ``type``, ``default``, ``doc`` (README's text), whether it ``affects_order``

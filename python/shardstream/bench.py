@@ -262,6 +262,7 @@ def run_bench(
     text stream) at the first batch and then about twice a second."""
     from torch.utils.data import DataLoader
 
+    from ._core import read_ahead_budget
     from .dataset import StreamingDataset
 
     for name, value in (("workers", workers), ("batch_size", batch_size)):
@@ -338,7 +339,7 @@ def run_bench(
         lanes=max(workers, 1),
         cpu_seconds=cpu,
         cores=cores,
-        read_ahead_bytes=dataset.options["read_ahead_bytes"],
+        read_ahead_bytes=read_ahead_budget(dataset.options["read_ahead_bytes"], workers),
         loader_seconds=elapsed - outside if workers == 0 else None,
         startup_seconds=first_batch or 0.0,
         rust_batches=rust_batches,

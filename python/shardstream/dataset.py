@@ -87,7 +87,9 @@ class StreamingDataset(IterableDataset[Any]):
             leaves; it then grows by one sample per sample out until it holds
             ``shuffle_buffer``, so an epoch starts without waiting for a full
             buffer. Set it to ``shuffle_buffer`` to fill the buffer first.
-        read_ahead_bytes: bytes each worker reads ahead of its parser.
+        read_ahead_bytes: bytes each worker reads ahead of its parser; ``None``
+            (the default): 64 MiB where one process reads (``num_workers`` 0 or
+            1), else 32 MiB each.
         rank, world_size: this process's place in the job; ``None`` takes them
             from ``torch.distributed`` when initialised, else from the
             ``RANK``/``WORLD_SIZE`` environment variables, else 0 and 1.

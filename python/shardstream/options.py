@@ -41,7 +41,7 @@ class DatasetOptions(TypedDict, total=False):
     shuffle_buffer: int
     shuffle_buffer_bytes: int
     shuffle_initial: int
-    read_ahead_bytes: int
+    read_ahead_bytes: int | None
     on_error: OnError
     io_timeout: float
     manifest: str | os.PathLike[str] | bool | None

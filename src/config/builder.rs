@@ -57,8 +57,9 @@ impl StreamOptionsBuilder {
         self
     }
 
-    /// Sets the read-ahead byte budget.
-    pub fn with_read_ahead_bytes(mut self, bytes: usize) -> Self {
+    /// Sets the read-ahead byte budget (`None`: set by the number of
+    /// processes that read).
+    pub fn with_read_ahead_bytes(mut self, bytes: Option<usize>) -> Self {
         self.options.read_ahead_bytes = bytes;
         self
     }
@@ -187,7 +188,9 @@ impl StreamOptionsBuilder {
         };
         positive("shuffle_buffer_bytes", o.shuffle_buffer_bytes)?;
         positive("shuffle_initial", o.shuffle_initial)?;
-        positive("read_ahead_bytes", o.read_ahead_bytes)?;
+        if let Some(bytes) = o.read_ahead_bytes {
+            positive("read_ahead_bytes", bytes)?;
+        }
         positive("chunk_bytes", o.chunk_bytes)?;
         positive("output_queue", o.output_queue)?;
         positive("batch_rows", o.batch_rows)?;
@@ -227,7 +230,7 @@ impl StreamOptionsBuilder {
         o.store.validate()?;
         let o = check_pack(o)?;
         for (name, value) in [
-            ("read_ahead_bytes", o.read_ahead_bytes),
+            ("read_ahead_bytes", o.read_ahead_bytes.unwrap_or(0)),
             ("shuffle_buffer_bytes", o.shuffle_buffer_bytes),
         ] {
             if value as u64 > MAX_BUDGET_BYTES {
@@ -345,6 +348,42 @@ mod tests {
             }
             Err(other) => panic!("not a config error: {other}"),
             Ok(_) => panic!("accepted: {s3:?}"),
+        }
+    }
+
+    #[test]
+    fn the_read_ahead_budget_is_the_option_or_set_by_the_processes_that_read() {
+        use super::super::stream::{READ_AHEAD_BYTES, READ_AHEAD_BYTES_ALONE};
+        let auto = StreamOptions::builder().build().unwrap();
+        assert_eq!(auto.read_ahead_bytes, None);
+        for (workers, budget) in [
+            (0, READ_AHEAD_BYTES_ALONE),
+            (1, READ_AHEAD_BYTES_ALONE),
+            (2, READ_AHEAD_BYTES),
+            (16, READ_AHEAD_BYTES),
+        ] {
+            assert_eq!(auto.read_ahead_budget(workers), budget, "{workers}");
+        }
+        let given = StreamOptions::builder()
+            .with_read_ahead_bytes(Some(5 << 20))
+            .build()
+            .unwrap();
+        assert_eq!(given.read_ahead_budget(0), 5 << 20);
+        assert_eq!(given.read_ahead_budget(8), 5 << 20);
+        for refused in [0, (1 << 40) + 1] {
+            let built = StreamOptions::builder()
+                .with_read_ahead_bytes(Some(refused))
+                .build();
+            assert!(
+                matches!(
+                    built,
+                    Err(Error::Config {
+                        name: "read_ahead_bytes",
+                        ..
+                    })
+                ),
+                "{refused}"
+            );
         }
     }
 

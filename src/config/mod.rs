@@ -12,6 +12,9 @@ mod values;
 
 pub use builder::StreamOptionsBuilder;
 pub use store::{StoreOptions, Transport};
-pub use stream::{CacheOptions, StreamOptions, MAX_BUDGET_BYTES, MAX_ITEMS};
+pub use stream::{
+    CacheOptions, StreamOptions, MAX_BUDGET_BYTES, MAX_ITEMS, READ_AHEAD_BYTES,
+    READ_AHEAD_BYTES_ALONE,
+};
 pub use table::{DefaultValue, OptionDef, OrderBytes, SampleOrder, DATASET_OPTIONS, S3_OPTIONS};
 pub use values::{FieldDecoders, HttpHeaders, OnError, TableOutput};

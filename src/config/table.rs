@@ -144,9 +144,10 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
     },
     OptionDef {
         name: "read_ahead_bytes",
-        python_type: "int",
-        default: || DefaultValue::Int(core().read_ahead_bytes as u64),
-        doc: "bytes each worker reads ahead of its parser, across shard boundaries",
+        python_type: "int | None",
+        default: || DefaultValue::None,
+        doc: "bytes each worker reads ahead of its parser, across shard boundaries; `None`: \
+              64 MiB where one process reads (`num_workers` 0 or 1), else 32 MiB each",
         order: SampleOrder::No,
     },
     OptionDef {
@@ -627,7 +628,7 @@ mod tests {
                 "read_ahead_bytes",
                 &["read_ahead_bytes"],
                 StreamOptions {
-                    read_ahead_bytes: 7,
+                    read_ahead_bytes: Some(7),
                     ..d()
                 },
             ),

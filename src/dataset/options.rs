@@ -286,7 +286,7 @@ mod tests {
             assert!(!reason.is_empty());
         }
         // The stream's own checks come through the same call.
-        let stream = StreamOptions::builder().with_read_ahead_bytes(0);
+        let stream = StreamOptions::builder().with_read_ahead_bytes(Some(0));
         assert_eq!(
             refused(DatasetOptions::builder(stream)).0,
             "read_ahead_bytes"

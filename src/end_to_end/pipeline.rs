@@ -117,7 +117,7 @@ fn read_ahead_stays_within_its_budget() {
     let options = options()
         .with_shuffle_buffer(0)
         .with_output_queue(1)
-        .with_read_ahead_bytes(budget)
+        .with_read_ahead_bytes(Some(budget))
         .with_chunk_bytes(chunk)
         .build()
         .unwrap();
@@ -383,7 +383,7 @@ fn members_arrive_as_the_shard_holds_them_shared_or_copied() {
     let options = options()
         .with_shuffle_buffer(8)
         .with_chunk_bytes(64 << 10)
-        .with_read_ahead_bytes(256 << 10)
+        .with_read_ahead_bytes(Some(256 << 10))
         .build()
         .unwrap();
     let slot = SlotSpec::new(1, 0, 1, 0).unwrap();

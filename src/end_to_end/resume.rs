@@ -94,7 +94,7 @@ fn options(buffer: usize, remainder: Remainder) -> StreamOptions {
     StreamOptions::builder()
         .with_seed(7)
         .with_shuffle_buffer(buffer)
-        .with_read_ahead_bytes(64 << 10)
+        .with_read_ahead_bytes(Some(64 << 10))
         .with_chunk_bytes(16 << 10)
         .with_output_queue(4)
         .with_remainder(remainder)

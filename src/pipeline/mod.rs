@@ -236,10 +236,11 @@ impl SampleStream {
             counters,
         } = launch;
         let fetches = reads.iter().filter_map(|r| r.fetch.clone()).collect();
+        let budget = options.read_ahead_budget(self.identity.slot.num_workers);
         let mut read_ahead = ReadAhead::start(
             fetches,
             ReadAheadOptions {
-                budget_bytes: options.read_ahead_bytes,
+                budget_bytes: budget,
                 chunk_bytes: options.chunk_bytes,
                 map_chunk_bytes: crate::store::local::MAP_CHUNK_BYTES,
                 io_timeout: options.io_timeout,
@@ -270,7 +271,7 @@ impl SampleStream {
                 .shuffle_bounds()
                 .map(|bounds| ShuffleBuffer::new(bounds, rng, self.mirror.produced)),
             on_error: options.on_error,
-            verify_bytes: options.read_ahead_bytes as u64,
+            verify_bytes: budget as u64,
             counters: counters.clone(),
             outbox,
             cancelled: self.cancelled.clone(),

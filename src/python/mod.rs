@@ -84,8 +84,8 @@ mod _core {
     use super::mix::{check_mix, check_mix_state, mix_counts, mix_order, MixSlot};
     #[pymodule_export]
     use super::options::{
-        default_options, default_s3_options, default_writer_options, option_table, s3_option_table,
-        Options,
+        default_options, default_s3_options, default_writer_options, option_table,
+        read_ahead_budget, s3_option_table, Options,
     };
     #[pymodule_export]
     use super::pack::Pack;

@@ -432,7 +432,14 @@ impl Options {
                     builder.with_shuffle_buffer_bytes(integer(&name, &value)?)
                 }
                 "shuffle_initial" => builder.with_shuffle_initial(integer(&name, &value)?),
-                "read_ahead_bytes" => builder.with_read_ahead_bytes(integer(&name, &value)?),
+                "read_ahead_bytes" => {
+                    let bytes = if value.is_none() {
+                        None
+                    } else {
+                        Some(integer::<usize>(&name, &value)?)
+                    };
+                    builder.with_read_ahead_bytes(bytes)
+                }
                 "on_error" => builder.with_on_error(choice::<OnError>(&name, &value)?),
                 "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
                 "remainder" => builder.with_remainder(choice::<Remainder>(&name, &value)?),
@@ -635,6 +642,19 @@ pub fn s3_option_table(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 #[pyfunction]
 pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     defaults_dict(py, &DATASET_OPTIONS)
+}
+
+/// The read-ahead budget of each stream of a process among `num_workers`
+/// DataLoader workers (0: the main process): `read_ahead_bytes` when given,
+/// else what `None` gives there.
+#[pyfunction]
+#[pyo3(signature = (read_ahead_bytes, num_workers))]
+pub fn read_ahead_budget(read_ahead_bytes: Option<usize>, num_workers: usize) -> usize {
+    StreamOptions {
+        read_ahead_bytes,
+        ..StreamOptions::default()
+    }
+    .read_ahead_budget(num_workers)
 }
 
 /// The defaults of the `s3=` options (`shardstream.S3Config` fields).

@@ -691,7 +691,7 @@ fn read_tails(
     let read_ahead = ReadAhead::start(
         units,
         ReadAheadOptions {
-            budget_bytes: defaults.read_ahead_bytes,
+            budget_bytes: crate::config::READ_AHEAD_BYTES,
             chunk_bytes: defaults.chunk_bytes,
             map_chunk_bytes: store::local::MAP_CHUNK_BYTES,
             io_timeout: defaults.io_timeout,

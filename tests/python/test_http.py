@@ -469,3 +469,39 @@ def test_raw_objects_over_http_are_keyed_by_their_path(http, dataset, tmp_path: 
     (sample,) = collect(ds)
     assert sample["__key__"] == "/" + dataset.paths[0].stem
     assert sample["tar"] == dataset.paths[0].read_bytes()
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("options", "low", "high"),
+    [
+        ({}, 40 * MIB, 64 * MIB),
+        ({"num_workers": 2, "worker_id": 0}, 16 * MIB, 32 * MIB),
+        ({"read_ahead_bytes": 32 * MIB}, 16 * MIB, 32 * MIB),
+    ],
+    ids=["alone", "one-of-two-workers", "explicit"],
+)
+def test_the_read_ahead_budget_is_64_mib_where_one_process_reads_else_32_each(
+    tmp_path, options, low, high
+):
+    """``read_ahead_bytes=None``: a process that reads alone (no DataLoader
+    workers) reads up to 64 MiB ahead of a consumer that waits; one of two
+    workers, and an explicit 32 MiB, up to 32 MiB."""
+    payload = bytes(range(256)) * 400  # 100 KiB
+    for shard in range(8):
+        members = [(f"s{shard}_{i:03d}.bin", payload) for i in range(100)]
+        write_tar(tmp_path / f"shard-{shard}.tar", members)
+    with running_http_server(tmp_path) as server:
+        ds = StreamingDataset(f"{server.base_url}/shard-{{0..7}}.tar", shuffle_buffer=0, **options)
+        samples = iter(ds)
+        next(samples)
+        deadline = time.monotonic() + 30
+        while ds.stats()["read_ahead_peak_bytes"] < low and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Time to go past the bound, were the budget larger.
+        time.sleep(1.0)
+        peak = ds.stats()["read_ahead_peak_bytes"]
+        del samples
+    assert low <= peak <= high, peak
