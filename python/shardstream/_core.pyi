@@ -63,6 +63,7 @@ __all__ = [
     "plan_epoch",
     "plan_samples",
     "raise_malloc_thresholds",
+    "read_ahead_budget",
     "resolve_shards",
     "run_cli",
     "s3_option_table",
