@@ -666,7 +666,7 @@ def default_options() -> dict[str, Any]:
 def read_ahead_budget(read_ahead_bytes: int | None, num_workers: int) -> int:
     """The read-ahead budget of each stream of a process among ``num_workers`` DataLoader
     workers (0: the main process): ``read_ahead_bytes`` when given, else what ``None``
-    gives there."""
+    gives there; an invalid ``read_ahead_bytes`` raises ``ValueError`` naming the option."""
 
 def option_table() -> list[dict[str, Any]]:
     """Every dataset option, in documentation order: a dict per option with its ``name``,

@@ -128,6 +128,8 @@ struct GzipMembers<R> {
     out: u64,
     /// Decoded bytes of the members whose CRC-32 and length matched.
     verified: u64,
+    /// The zero bytes the decoded bytes so far end with.
+    zeros_at_end: u64,
     /// The last member was verified and no bytes follow it.
     ended: bool,
     failed: Option<Sticky>,
@@ -139,6 +141,7 @@ impl<R: Read> GzipMembers<R> {
             decoder: Some(flate2::bufread::GzDecoder::new(input)),
             out: 0,
             verified: 0,
+            zeros_at_end: 0,
             ended: false,
             failed: None,
         }
@@ -178,7 +181,16 @@ impl<R: Read> Read for GzipMembers<R> {
                     // The decoder returns the end of a member only once its
                     // CRC-32 and length matched the bytes it decoded.
                     self.verified = self.out;
-                    match skip_zeros(decoder.get_mut()) {
+                    // Zeros after a member are padding only once the tar
+                    // it holds has ended (its end-of-archive blocks):
+                    // after anything else they may be a zeroed tail.
+                    let input = decoder.get_mut();
+                    let at_end = if self.zeros_at_end >= TAR_END_BYTES {
+                        skip_zeros(input)
+                    } else {
+                        input.fill_buf().map(|rest| rest.is_empty())
+                    };
+                    match at_end {
                         Ok(true) => self.ended = true,
                         Ok(false) => {
                             let input = self.decoder.take().expect("a member decoder");
@@ -190,6 +202,12 @@ impl<R: Read> Read for GzipMembers<R> {
                 }
                 Ok(n) => {
                     self.out += n as u64;
+                    let zeros = buf[..n].iter().rev().take_while(|&&b| b == 0).count();
+                    self.zeros_at_end = if zeros == n {
+                        self.zeros_at_end + n as u64
+                    } else {
+                        zeros as u64
+                    };
                     return Ok(n);
                 }
                 Err(e) => return Err(self.fail(e)),
@@ -197,6 +215,10 @@ impl<R: Read> Read for GzipMembers<R> {
         }
     }
 }
+
+/// The zero bytes a tar archive ends with, at least: its two end-of-archive
+/// blocks.
+const TAR_END_BYTES: u64 = 1024;
 
 /// Consumes the zero bytes at the start of `input`, as `gzip` and Python's
 /// `gzip` module do after a member (the zero padding tape blocking leaves
@@ -703,7 +725,12 @@ mod tests {
 
     #[test]
     fn zero_padding_after_gzip_members_is_skipped_and_garbage_is_not() {
-        let (a, b) = (noise(1000), vec![7u8; 5000]);
+        // Each ends as a tar does, with its end-of-archive blocks.
+        let ended = |mut bytes: Vec<u8>| {
+            bytes.extend([0; TAR_END_BYTES as usize]);
+            bytes
+        };
+        let (a, b) = (ended(noise(1000)), ended(vec![7u8; 5000]));
         let whole: Vec<u8> = [a.clone(), b.clone()].concat();
         // After the last member (a tape block's padding), between members,
         // and more zeros than one buffer holds.
@@ -715,12 +742,28 @@ mod tests {
         }
         // Zeros then something that is not a member: the error names where.
         let garbage = [gzip(&a), vec![0; 512], b"not gzip".to_vec()].concat();
+        let after_zeros = gzip(&a).len() as u64 + 512;
         match decode(&garbage).1.unwrap_err() {
             Error::Decompress {
                 compressed_offset, ..
             } => assert!(
-                compressed_offset >= gzip(&a).len() as u64,
-                "{compressed_offset}"
+                (after_zeros..=after_zeros + 10).contains(&compressed_offset),
+                "{compressed_offset}, zeros end at {after_zeros}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Zeros after data that does not end as a tar does (a member cut
+        // where a tar header starts, the file's tail zeroed): an error
+        // where the zeros start, not a shorter stream.
+        let cut = gzip(&noise(1000));
+        let zeroed = [cut.clone(), vec![0; 512]].concat();
+        let start = cut.len() as u64;
+        match decode(&zeroed).1.unwrap_err() {
+            Error::Decompress {
+                compressed_offset, ..
+            } => assert!(
+                (start..=start + 10).contains(&compressed_offset),
+                "{compressed_offset}, zeros start at {start}"
             ),
             other => panic!("{other:?}"),
         }

@@ -646,15 +646,16 @@ pub fn default_options(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 
 /// The read-ahead budget of each stream of a process among `num_workers`
 /// DataLoader workers (0: the main process): `read_ahead_bytes` when given,
-/// else what `None` gives there.
+/// else what `None` gives there; an invalid `read_ahead_bytes` raises
+/// `ValueError` naming the option.
 #[pyfunction]
 #[pyo3(signature = (read_ahead_bytes, num_workers))]
-pub fn read_ahead_budget(read_ahead_bytes: Option<usize>, num_workers: usize) -> usize {
-    StreamOptions {
-        read_ahead_bytes,
-        ..StreamOptions::default()
-    }
-    .read_ahead_budget(num_workers)
+pub fn read_ahead_budget(read_ahead_bytes: Option<usize>, num_workers: usize) -> PyResult<usize> {
+    let options = StreamOptions::builder()
+        .with_read_ahead_bytes(read_ahead_bytes)
+        .build()
+        .map_err(to_py)?;
+    Ok(options.read_ahead_budget(num_workers))
 }
 
 /// The defaults of the `s3=` options (`shardstream.S3Config` fields).

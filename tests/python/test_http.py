@@ -505,3 +505,17 @@ def test_the_read_ahead_budget_is_64_mib_where_one_process_reads_else_32_each(
         peak = ds.stats()["read_ahead_peak_bytes"]
         del samples
     assert low <= peak <= high, peak
+
+
+def test_read_ahead_budget_gives_the_budget_in_force_and_refuses_a_bad_one():
+    from shardstream._core import read_ahead_budget
+
+    assert [read_ahead_budget(None, workers) for workers in (0, 1, 2, 16)] == [
+        64 * MIB,
+        64 * MIB,
+        32 * MIB,
+        32 * MIB,
+    ]
+    assert read_ahead_budget(5 * MIB, 0) == read_ahead_budget(5 * MIB, 8) == 5 * MIB
+    with pytest.raises(ValueError, match="read_ahead_bytes"):
+        read_ahead_budget(0, 0)

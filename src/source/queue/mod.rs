@@ -235,11 +235,7 @@ impl PartQueue {
             pinned: expected(unit),
             clamp,
             answer: answer_tx,
-            rest: if clamp {
-                0
-            } else {
-                unit_end.saturating_sub(first.end)
-            },
+            rest: (!clamp).then(|| unit_end.saturating_sub(first.end)),
         };
         let (permit, slot) = self.reserve(fetcher, first_bytes).await?;
         // The first part asks for its own bytes only, so that the answer
@@ -393,8 +389,9 @@ enum Role {
         pinned: Pinned,
         clamp: bool,
         answer: watch::Sender<FirstAnswer>,
-        /// The unit's bytes after the part (0: not known).
-        rest: u64,
+        /// The unit's bytes after the part (`None`: the object's, once its
+        /// size is known).
+        rest: Option<u64>,
     },
     /// A later part, pinned to what the first one learnt (`first`), whose
     /// GET asks for the bytes up to `reach` (the end of the part, or of
@@ -450,7 +447,7 @@ async fn fetch_part<O: RangedObject>(
     _slot: OwnedSemaphorePermit,
     shared: Arc<Shared>,
 ) -> PartResult {
-    // A first part's GET: the unit's bytes after it.
+    // Of a first part: the unit's bytes after it, if known yet.
     let mut first_of = None;
     let (mut pinned, clamp, answer, follows, reach) = match role {
         Role::First {
@@ -502,6 +499,7 @@ async fn fetch_part<O: RangedObject>(
     }
     let mut buffer = Target::Buffer(Vec::with_capacity((range.end - range.start) as usize));
     let sizes = &shared.sizes;
+    let timed = std::sync::Mutex::new(Vec::new());
     let result = stream_range(
         &*object,
         (range.clone(), reach),
@@ -510,12 +508,21 @@ async fn fetch_part<O: RangedObject>(
         &mut buffer,
         (Some(&shared.tap), &|sample| {
             sizes.record(sample);
-            if let Some(rest) = first_of {
-                flight.first_get(sample, rest);
+            if first_of.is_some() {
+                timed.lock().unwrap_or_else(|e| e.into_inner()).push(sample);
             }
         }),
     )
     .await;
+    // A first part read by one GET: the tuner's first measure of one GET
+    // (the flight is still in the air, so no probe has started on it).
+    let timed = timed.into_inner().unwrap_or_else(|e| e.into_inner());
+    if let (Some(rest), [sample]) = (first_of, timed.as_slice()) {
+        let rest = rest.or_else(|| pinned.size.map(|size| size.saturating_sub(range.end)));
+        if let Some(rest) = rest {
+            flight.first_get(*sample, rest);
+        }
+    }
     shared.ended.send_modify(|at| {
         at.insert(range.end);
     });
@@ -629,7 +636,8 @@ mod tests {
     /// request, answers after a few scheduler turns, and fails the request of the part at `fail_at`.
     /// With `ignore_range`, it answers every GET with the whole object
     /// (as a web server that ignores `Range` does), its body breaking once
-    /// at `break_at`.
+    /// at `break_at`. With `serial`, GETs are answered one at a time, each
+    /// after 2 ms (a server that copies the object for each, as moto does).
     struct MemoryObject {
         url: String,
         bytes: Arc<Vec<u8>>,
@@ -637,6 +645,7 @@ mod tests {
         log: PartLog,
         fail_at: Option<u64>,
         ignore_range: bool,
+        serial: Option<Arc<tokio::sync::Mutex<()>>>,
         break_at: Mutex<Option<u64>>,
         transport: Transport,
         counters: Counters,
@@ -708,6 +717,10 @@ mod tests {
                 .unwrap()
                 .push((self.url.clone(), range.clone()));
             let size = self.bytes.len() as u64;
+            if let Some(serial) = &self.serial {
+                let _one_at_a_time = serial.lock().await;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             let turns = (range.start / 997 + size) % 7;
             for _ in 0..turns {
                 tokio::task::yield_now().await;
@@ -792,12 +805,14 @@ mod tests {
 
     /// What the server of the objects does wrong: fails the request of
     /// object `fail.0`'s part at `fail.1`; ignores `Range`, each object's
-    /// first body breaking at `break_at`.
+    /// first body breaking at `break_at`; answers one GET at a time
+    /// (`serial`).
     #[derive(Default, Clone, Copy)]
     struct Faults {
         fail: Option<(usize, u64)>,
         ignore_range: bool,
         break_at: Option<u64>,
+        serial: bool,
     }
 
     /// Reads objects of `sizes` (`listed`: with their sizes known) through
@@ -819,6 +834,7 @@ mod tests {
         let counters = fetcher.counters.clone();
         let log = Arc::new(Mutex::new(Vec::new()));
         let issued = Arc::new(Mutex::new(Vec::new()));
+        let serial = Arc::new(tokio::sync::Mutex::new(()));
         let objects: Vec<_> = sizes
             .iter()
             .enumerate()
@@ -830,6 +846,7 @@ mod tests {
                     log: log.clone(),
                     fail_at: faults.fail.filter(|f| f.0 == i).map(|f| f.1),
                     ignore_range: faults.ignore_range,
+                    serial: faults.serial.then(|| serial.clone()),
                     break_at: Mutex::new(faults.break_at),
                     transport: Transport {
                         backoff_base: Duration::from_millis(1),
@@ -940,16 +957,23 @@ mod tests {
     fn large_objects_arrive_whole_whichever_way_their_parts_go() {
         let sizes = [9_000_000, 10_500_000, 8_800_000];
         let budget = 2 << 20;
-        for listed in [true, false] {
-            let faults = Faults::default();
+        for (listed, serial) in [(true, false), (false, false), (true, true), (false, true)] {
+            let faults = Faults {
+                serial,
+                ..Faults::default()
+            };
             let run = read_through_queue(&sizes, listed, (budget, 256 << 10, 8), faults, 65_536);
             for (i, read) in run.read.iter().enumerate() {
                 assert_eq!(read.as_ref().unwrap(), &content(i, sizes[i]), "object {i}");
             }
             assert!(run.peak <= budget as u64, "{}", run.peak);
             check_order(&run.log);
-            // The first probe is a stream: a GET past its first part,
-            // whatever size the parts were.
+            if !serial {
+                continue;
+            }
+            // Parts gain nothing over a stream from a server that answers
+            // one GET at a time: a stream is taken, a GET past its first
+            // part, whatever size the parts were.
             let parts_in = |url: &String, get: &Range<u64>| {
                 let within = |(u, p): &&(String, Range<u64>)| {
                     u == url && get.start <= p.start && p.end <= get.end
@@ -957,6 +981,25 @@ mod tests {
                 run.log.iter().filter(within).count()
             };
             assert!(run.requests.iter().any(|(u, r)| parts_in(u, r) > 1));
+        }
+    }
+
+    #[test]
+    fn the_first_part_stands_in_for_the_first_stream_probe_whether_or_not_the_size_is_listed() {
+        let sizes = [9_000_000];
+        for listed in [true, false] {
+            let faults = Faults::default();
+            let run = read_through_queue(&sizes, listed, (8 << 20, 1 << 20, 8), faults, 65_536);
+            assert_eq!(run.read[0].as_ref().unwrap(), &content(0, sizes[0]));
+            // The first GET after the first part is a probe of parts: it
+            // asks for one part's bytes, not a stream's over four.
+            let first_later = run.requests.iter().find(|(_, r)| r.start > 0).unwrap();
+            let part = run.log.iter().find(|(_, p)| p.start == first_later.1.start);
+            assert_eq!(
+                part.map(|(_, p)| p.end),
+                Some(first_later.1.end),
+                "listed {listed}: {first_later:?}"
+            );
         }
     }
 
