@@ -128,7 +128,8 @@ struct GzipMembers<R> {
     out: u64,
     /// Decoded bytes of the members whose CRC-32 and length matched.
     verified: u64,
-    /// The zero bytes the decoded bytes so far end with.
+    /// The zero bytes the decoded bytes so far end with, up to
+    /// [`TAR_END_BYTES`].
     zeros_at_end: u64,
     /// The last member was verified and no bytes follow it.
     ended: bool,
@@ -202,11 +203,11 @@ impl<R: Read> Read for GzipMembers<R> {
                 }
                 Ok(n) => {
                     self.out += n as u64;
-                    let zeros = buf[..n].iter().rev().take_while(|&&b| b == 0).count();
-                    self.zeros_at_end = if zeros == n {
-                        self.zeros_at_end + n as u64
-                    } else {
-                        zeros as u64
+                    // Counted up to TAR_END_BYTES: the last of them only.
+                    let tail = &buf[n.saturating_sub(TAR_END_BYTES as usize)..n];
+                    self.zeros_at_end = match tail.iter().rposition(|&b| b != 0) {
+                        Some(last) => (tail.len() - 1 - last) as u64,
+                        None => (self.zeros_at_end + n as u64).min(TAR_END_BYTES),
                     };
                     return Ok(n);
                 }
