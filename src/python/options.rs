@@ -54,16 +54,9 @@ pub(super) fn writer_options(given: Option<&Bound<'_, PyDict>>) -> PyResult<Writ
     };
     for (key, value) in given.iter() {
         let name: String = key.extract()?;
-        let limit = |value: &Bound<'_, PyAny>| -> PyResult<Option<u64>> {
-            if value.is_none() {
-                Ok(None)
-            } else {
-                integer(&name, value).map(Some)
-            }
-        };
         match name.as_str() {
-            "max_count" => o.max_count = limit(&value)?,
-            "max_bytes" => o.max_bytes = limit(&value)?,
+            "max_count" => o.max_count = optional_integer(&name, &value)?,
+            "max_bytes" => o.max_bytes = optional_integer(&name, &value)?,
             "compression" => {
                 o.compression = if value.is_none() {
                     None
@@ -106,6 +99,17 @@ fn integer<T: for<'a> FromPyObject<'a, 'a>>(name: &str, value: &Bound<'_, PyAny>
             "invalid option {name}: expected a non-negative int in range, got {value}"
         ))
     })
+}
+
+/// `None`, or an int as [`integer`] takes it.
+fn optional_integer<T: for<'a> FromPyObject<'a, 'a>>(
+    name: &str,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<Option<T>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    integer(name, value).map(Some)
 }
 
 /// A bool (not an int).
@@ -433,12 +437,7 @@ impl Options {
                 }
                 "shuffle_initial" => builder.with_shuffle_initial(integer(&name, &value)?),
                 "read_ahead_bytes" => {
-                    let bytes = if value.is_none() {
-                        None
-                    } else {
-                        Some(integer::<usize>(&name, &value)?)
-                    };
-                    builder.with_read_ahead_bytes(bytes)
+                    builder.with_read_ahead_bytes(optional_integer(&name, &value)?)
                 }
                 "on_error" => builder.with_on_error(choice::<OnError>(&name, &value)?),
                 "io_timeout" => builder.with_io_timeout(seconds(&name, &value)?),
@@ -449,14 +448,7 @@ impl Options {
                     builder
                 }
                 "decode" => builder.with_decode(field_decoders(&value)?),
-                "decode_threads" => {
-                    let threads = if value.is_none() {
-                        None
-                    } else {
-                        Some(integer::<usize>(&name, &value)?)
-                    };
-                    builder.with_decode_threads(threads)
-                }
+                "decode_threads" => builder.with_decode_threads(optional_integer(&name, &value)?),
                 "columns" => {
                     let columns = if value.is_none() {
                         None

@@ -741,18 +741,27 @@ mod tests {
         // they ended at once, the probe is cut short and the stream taken.
         let flat = tuner(64 << 20, 64);
         let t1 = probe(&flat, Mode::Stream, t0, [25, 30, 35, 40]);
-        let t2 = t1 + ms(1);
+        parts_lose_on_a_flat_server(&flat, t1 + ms(1), ms(50));
+    }
+
+    /// Drives `flat` through a probe of four parts of 1 MiB from `start`
+    /// on a server that answers one GET at a time, 25 ms each: the first
+    /// ends after 25 ms, and by `late` the probe is cut short and the
+    /// stream taken.
+    fn parts_lose_on_a_flat_server(flat: &Tuner, start: Instant, late: Duration) {
+        let mib = 1 << 20;
+        let ms = Duration::from_millis;
         let mut id = None;
         for _ in 0..4 {
-            match flat.step(mib, 64 * mib, t2) {
+            match flat.step(mib, 64 * mib, start) {
                 Step::Issue(Mode::Parts, Some(probe)) => id = Some(probe),
                 other => panic!("{other:?}"),
             }
         }
-        flat.ended(id, true, t2 + ms(25));
-        assert_eq!(flat.step(mib, 64 * mib, t2 + ms(30)), Step::Wait);
+        flat.ended(id, true, start + ms(25));
+        assert_eq!(flat.step(mib, 64 * mib, start + ms(30)), Step::Wait);
         assert_eq!(
-            flat.step(mib, 64 * mib, t2 + ms(50)),
+            flat.step(mib, 64 * mib, start + late),
             Step::Issue(Mode::Stream, None)
         );
         assert_eq!(flat.lock().chosen, Mode::Stream);
@@ -766,11 +775,13 @@ mod tests {
         // 256 KiB in 2.6 ms. It is one GET at a time, and the stream's rate
         // over the 20 MiB after it; the round probes parts at once.
         let capped = tuner(64 << 20, 64);
-        let first = Sample {
+        // A first part's GET: 20 ms to its answer, its 256 KiB in `us`.
+        let first_part = |us| Sample {
             first_byte: ms(20),
             bytes: 256 << 10,
-            transfer: Duration::from_micros(2_621),
+            transfer: Duration::from_micros(us),
         };
+        let first = first_part(2_621);
         capped.first_get(first, 20 * mib);
         {
             let tuning = capped.lock();
@@ -805,26 +816,8 @@ mod tests {
         // at 200 MiB/s: four parts at once end 25 ms apart; once they can
         // no longer win, the probe is cut short and the stream taken.
         let flat = tuner(64 << 20, 64);
-        let first = Sample {
-            first_byte: ms(20),
-            bytes: 256 << 10,
-            transfer: Duration::from_micros(1_250),
-        };
-        flat.first_get(first, 20 * mib);
-        let mut id = None;
-        for _ in 0..4 {
-            match flat.step(mib, 64 * mib, t0) {
-                Step::Issue(Mode::Parts, Some(probe)) => id = Some(probe),
-                other => panic!("{other:?}"),
-            }
-        }
-        flat.ended(id, true, t0 + ms(25));
-        assert_eq!(flat.step(mib, 64 * mib, t0 + ms(30)), Step::Wait);
-        assert_eq!(
-            flat.step(mib, 64 * mib, t0 + ms(60)),
-            Step::Issue(Mode::Stream, None)
-        );
-        assert_eq!(flat.lock().chosen, Mode::Stream);
+        flat.first_get(first_part(1_250), 20 * mib);
+        parts_lose_on_a_flat_server(&flat, t0, ms(60));
     }
 
     #[test]
