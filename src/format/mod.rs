@@ -99,6 +99,10 @@ pub struct ShardRef {
     pub first_index: u64,
     /// The shard's compression: offsets are then in the decompressed tar.
     pub compression: Option<Compression>,
+    /// Whether the bytes handed over run to the shard's end, so that a tar
+    /// archive's end-of-archive blocks are among them (not a byte range an
+    /// index gave).
+    pub to_end: bool,
 }
 
 impl ShardRef {
@@ -110,6 +114,7 @@ impl ShardRef {
             base_offset: 0,
             first_index: 0,
             compression: None,
+            to_end: true,
         }
     }
 

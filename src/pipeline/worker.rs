@@ -189,6 +189,7 @@ impl Worker {
             base_offset: fetch.range.as_ref().map_or(0, |r| r.start),
             first_index: read.first_index,
             compression: None,
+            to_end: fetch.range.is_none(),
         };
         let mut stop = None;
         self.read_past_end = false;

@@ -524,6 +524,23 @@ def test_samples_of_verified_gzip_members_are_kept(tmp_path):
     assert [s["bin"] for s in got] == [data for _, data in members[:3]]
 
 
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tar.zst"])
+def test_a_stream_cut_at_a_member_boundary_is_reported_as_truncated(suffix, tmp_path):
+    """A shard of several gzip members (or zstd frames) cut where one ends:
+    every member that is left passes its checksum, but the tar they decode
+    to ends without its end-of-archive blocks. Before, it read as a shorter
+    archive, the samples of the members cut off lost without a word."""
+    plain = tar_bytes(noise_members())
+    split = member_offsets(plain)["n004.bin"][0] - 512  # n004's header
+    path = tmp_path / f"cut{suffix}"
+    path.write_bytes(compress(plain[:split], suffix))
+    with pytest.raises(ShardFormatError) as info:
+        collect(shardstream.StreamingDataset(path, shuffle_buffer=0))
+    message = str(info.value)
+    assert "truncated tar archive" in message and "end-of-archive" in message, message
+    assert f"byte offset {split} of the decompressed" in message, message
+
+
 def test_a_member_larger_than_the_verify_budget_says_what_was_handed_out(tmp_path):
     """Samples wait for the checksum within ``read_ahead_bytes`` of decoded
     tar; past that they are yielded unverified, and the checksum's failure

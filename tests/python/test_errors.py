@@ -260,6 +260,36 @@ def test_truncated_padding_is_reported_as_truncated(tmp_path, into_padding):
     assert "truncated" in message, message
 
 
+@pytest.mark.parametrize(
+    ("after", "complete"),
+    [("first.wav", []), ("second.json", ["first"]), ("third.json", ["first", "second"])],
+)
+def test_a_shard_cut_between_members_is_reported_as_truncated(tmp_path, after, complete):
+    """Cut at the block where the member after ``after`` (or the
+    end-of-archive blocks) would start, as a copy cut at a block boundary
+    leaves it: nothing in the bytes is bad, but a tar archive ends with zero
+    blocks, so the shard was cut short. Before, it read as a shorter
+    archive: ``first`` without its ``json``, or the samples after the cut
+    silently lost."""
+    data = tar_bytes(INTACT)
+    start, size = member_offsets(data)[after]
+    cut = start + size + (-size % 512)
+    path = tmp_path / "cut-between.tar"
+    path.write_bytes(data[:cut])
+    with pytest.raises(ShardFormatError) as info:
+        list(shardstream.StreamingDataset(path))
+    message = without_path(str(info.value), path)
+    assert "truncated tar archive" in message and "end-of-archive" in message, message
+    assert f"byte offset {cut}" in message, message
+    # The sample being read when the data ended is not handed out.
+    with pytest.warns(ShardSkippedWarning):
+        got = keys_of(shardstream.StreamingDataset(path, shuffle_buffer=0, on_error="warn"))
+    assert got == complete
+    # Counting the shard's samples from its headers says the same.
+    with pytest.raises(ShardFormatError, match="end-of-archive"):
+        shardstream.StreamingDataset(path, count_samples=True, on_error="raise").samples_per_epoch
+
+
 def test_non_utf8_member_name(tmp_path):
     data = tar_bytes([("ok.wav", b"1"), ("caf\xe9.wav", b"2")], encoding="latin-1")
     assert b"caf\xe9.wav" in data

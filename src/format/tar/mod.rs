@@ -185,12 +185,7 @@ pub fn sample_spans<R: ByteSource>(
                 }
             }
         }
-        if let Some(marker) = members.end_marker() {
-            if let Some(at) = members.data_after_end().map_err(Failure::Tar)? {
-                return Err(Failure::Member(data_after_end_error(shard, marker, at)));
-            }
-        }
-        Ok(())
+        check_archive_end(&mut members, shard)
     })();
     if let Err(failure) = walked {
         let (consumed, hit_eof) = (members.position(), members.hit_eof());
@@ -315,16 +310,37 @@ fn walk_members<M: ByteSource, F: FnMut(Sample) -> ControlFlow<()>>(
             return Ok(Outcome::Stopped);
         }
     }
-    // A zero block where a header should be: the end of the archive, if
-    // only zeros follow it.
-    if let Some(marker) = members.end_marker() {
-        if let Some(at) = members.data_after_end().map_err(Failure::Tar)? {
-            return Err(Failure::Member(data_after_end_error(shard, marker, at)));
-        }
-    }
+    check_archive_end(members, shard)?;
     Ok(Outcome::Completed {
         samples: grouper.produced(),
     })
+}
+
+/// Checks how the archive `members` walked to its end ended. A zero block
+/// where a header should be ends it only if nothing but zeros follows. A
+/// read that runs to the shard's end ([`ShardRef::to_end`]) and met no zero
+/// block was cut short: every tar writer ends an archive with zero blocks,
+/// and a shard truncated between members (a copy cut at a block boundary)
+/// would otherwise read as a shorter archive, its last samples lost.
+fn check_archive_end<M: ByteSource>(
+    members: &mut Members<M>,
+    shard: &ShardRef,
+) -> Result<(), Failure> {
+    match members.end_marker() {
+        Some(marker) => match members.data_after_end().map_err(Failure::Tar)? {
+            Some(at) => Err(Failure::Member(data_after_end_error(shard, marker, at))),
+            None => Ok(()),
+        },
+        None if shard.to_end && members.position() > 0 => Err(Failure::Member(
+            shard.format_error(
+                shard.base_offset + members.position(),
+                None,
+                "truncated tar archive: the data ends here without the end-of-archive blocks \
+                 (zero blocks) that a tar archive ends with",
+            ),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The error for non-zero data at `at` after the zero block at `marker`
@@ -520,6 +536,7 @@ mod tests {
             let shard = ShardRef {
                 base_offset: sample.offset,
                 first_index: i as u64,
+                to_end: false,
                 ..shard()
             };
             let mut got = Vec::new();
@@ -911,8 +928,49 @@ mod tests {
         }
         // One zero block, then the end of the file.
         assert_eq!(samples(&tar[..tar.len() - 512]).unwrap().len(), 2);
-        // No end-of-archive blocks at all.
-        assert_eq!(samples(&tar[..tar.len() - 1024]).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_shard_cut_short_between_members_is_an_error_and_a_ranged_read_is_not() {
+        let tar = build(&[("a.x", b"1"), ("a.y", b"2"), ("b.x", b"3"), ("c.x", b"4")]);
+        let ends = |tar: &[u8]| {
+            let mut members = Members::new(tar);
+            let mut ends = Vec::new();
+            while let Some(member) = members.next_member(&mut Vec::new()).unwrap() {
+                ends.push(member.end);
+            }
+            ends
+        };
+        // Cut after each member: at a header block, as a copy cut at a block
+        // boundary leaves it. (A cut inside a member's data or padding was
+        // always an error.)
+        for cut in ends(&tar) {
+            let mut handed_out = Vec::new();
+            let error = read_samples(&mut &tar[..cut as usize], &shard(), |s| {
+                handed_out.push(s.key);
+                ControlFlow::Continue(())
+            })
+            .unwrap_err();
+            let message = error.to_string();
+            assert!(
+                message.contains("truncated tar archive") && message.contains("end-of-archive"),
+                "{cut}: {message}"
+            );
+            assert!(message.contains(&format!("offset {cut}")), "{message}");
+            // The sample being grouped when the data ended is not handed out
+            // (its other fields may be what was cut).
+            assert!(handed_out.len() < 3, "{cut}: {handed_out:?}");
+            let spans = sample_spans(&mut &tar[..cut as usize], &shard(), cut).unwrap_err();
+            assert_eq!(spans.to_string(), message);
+        }
+        // A byte range an index gave ends at a sample's end, not the shard's.
+        let ranged = ShardRef {
+            to_end: false,
+            ..shard()
+        };
+        let cut = ends(&tar)[2] as usize;
+        let got = read_samples(&mut &tar[..cut], &ranged, |_| ControlFlow::Continue(())).unwrap();
+        assert_eq!(got, Outcome::Completed { samples: 2 });
     }
 
     /// Writes `field` into the size field of the header at `at`, and the
