@@ -6,6 +6,7 @@
 //! file across ranks and workers) and attaches the manifest's sample
 //! indexes. The only stage before the plan that does I/O.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -212,7 +213,7 @@ pub fn resolve_dataset(
             reason: "no shards".into(),
         });
     }
-    let mut seen = std::collections::HashMap::new();
+    let mut seen = HashMap::new();
     for shard in &shards {
         let id = identity(&shard.url, Path::new(""));
         if let Some(first) = seen.insert(id, shard.url.clone()) {
@@ -387,24 +388,59 @@ fn list_directory(
     keep: fn(&str) -> bool,
     format: DatasetFormat,
 ) -> Result<Vec<Shard>> {
+    use std::os::unix::fs::MetadataExt;
     let mut shards = Vec::new();
-    let mut pending = vec![(url.trim_end_matches('/').to_owned(), path.to_owned())];
+    let top = std::fs::metadata(path).map_err(|e| Error::from_open(url, e))?;
+    let url = url.trim_end_matches('/').to_owned();
+    // Directories listed, by identity: a link to one already listed (a
+    // cycle, or the same files twice) is refused, never walked again.
+    let mut listed = HashMap::from([((top.dev(), top.ino()), url.clone())]);
+    let mut pending = vec![(url, path.to_owned())];
     while let Some((dir_url, dir)) = pending.pop() {
         let entries = std::fs::read_dir(&dir).map_err(|e| Error::from_open(&dir_url, e))?;
         for entry in entries {
             let entry = entry.map_err(|e| Error::from_open(&dir_url, e))?;
             let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
+            let Some(name) = name.to_str() else {
+                let lossy = name.to_string_lossy();
+                if keep(&lossy) || format == DatasetFormat::Raw {
+                    return Err(Error::Spec {
+                        spec: dir_url,
+                        reason: format!(
+                            "the name of {lossy:?} in it is not UTF-8: a shard's URL is text; \
+                             rename the file"
+                        ),
+                    });
+                }
+                continue;
+            };
             if !keep(name) {
                 continue;
             }
-            let meta = entry
-                .metadata()
-                .map_err(|e| Error::from_open(&dir_url, e))?;
             let joined = format!("{dir_url}/{name}");
+            // Links are followed (a Hugging Face cache's snapshot holds
+            // links to its blobs); a dangling one is a missing shard, which
+            // its read reports (as a shard given by name that is missing).
+            let meta = match std::fs::metadata(entry.path()) {
+                Ok(meta) => meta,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    shards.push(Shard::new(joined, None));
+                    continue;
+                }
+                Err(e) => return Err(Error::from_open(&joined, e)),
+            };
             if meta.is_file() {
                 shards.push(Shard::new(joined, Some(meta.len())));
             } else if meta.is_dir() && format == DatasetFormat::Raw {
+                if let Some(first) = listed.insert((meta.dev(), meta.ino()), joined.clone()) {
+                    return Err(Error::Spec {
+                        spec: joined,
+                        reason: format!(
+                            "it is the directory {first:?} again (a link): its files would be \
+                             listed twice"
+                        ),
+                    });
+                }
                 pending.push((joined, entry.path()));
             }
         }
@@ -497,6 +533,81 @@ mod tests {
             .collect();
         assert_eq!(urls, expected);
         assert_eq!(shards[0].size, Some(1));
+    }
+
+    #[test]
+    fn a_directory_lists_the_shards_its_links_point_to() {
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::fs::symlink;
+        let blobs = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.tar"), b"x").unwrap();
+        std::fs::write(blobs.path().join("blob"), b"xyz").unwrap();
+        symlink(blobs.path().join("blob"), dir.path().join("b.tar")).unwrap();
+        symlink(blobs.path().join("gone"), dir.path().join("c.tar")).unwrap();
+        // A name that is not UTF-8 but no shard's is not listed.
+        std::fs::write(
+            dir.path().join(std::ffi::OsStr::from_bytes(b"\xff.txt")),
+            b"",
+        )
+        .unwrap();
+        let url = dir.path().to_str().unwrap().to_owned();
+        let shards = resolve(std::slice::from_ref(&url)).unwrap();
+        let listed: Vec<_> = shards.iter().map(|s| (s.url.clone(), s.size)).collect();
+        assert_eq!(
+            listed,
+            [
+                (format!("{url}/a.tar"), Some(1)),
+                (format!("{url}/b.tar"), Some(3)),
+                // A dangling link is a missing shard, which its read reports.
+                (format!("{url}/c.tar"), None),
+            ]
+        );
+        // A shard's name that is not UTF-8 is refused, not left out.
+        std::fs::write(
+            dir.path().join(std::ffi::OsStr::from_bytes(b"d\xff.tar")),
+            b"",
+        )
+        .unwrap();
+        let error = resolve(std::slice::from_ref(&url)).unwrap_err().to_string();
+        assert!(
+            error.contains("\"d\u{fffd}.tar\"") && error.contains("not UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_raw_listing_follows_directory_links_but_never_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/a.bin"), b"a").unwrap();
+        std::fs::write(other.path().join("b.bin"), b"bb").unwrap();
+        std::os::unix::fs::symlink(other.path(), dir.path().join("linked")).unwrap();
+        let url = dir.path().to_str().unwrap().to_owned();
+        let raw = |url: &str| {
+            resolve_dataset(
+                &[url.to_owned()],
+                &StoreOptions::default(),
+                DatasetFormat::Raw,
+            )
+        };
+        let urls: Vec<_> = raw(&url).unwrap().into_iter().map(|s| s.url).collect();
+        assert_eq!(
+            urls,
+            [format!("{url}/linked/b.bin"), format!("{url}/sub/a.bin")]
+        );
+        // A link back up (a cycle) or to a directory listed already.
+        for target in [dir.path(), &dir.path().join("sub")] {
+            let link = dir.path().join("sub/again");
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            let error = raw(&url).unwrap_err().to_string();
+            assert!(
+                error.contains("listed twice") && error.contains("again"),
+                "{error}"
+            );
+            std::fs::remove_file(link).unwrap();
+        }
     }
 
     #[test]

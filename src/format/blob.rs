@@ -1,6 +1,6 @@
 //! Raw objects: the whole body of one file or object is one sample.
 
-use super::{reserve_room, ByteSource, Sample, SampleId, ShardRef, Value};
+use super::{reserve_room, ByteSource, Sample, SampleId, ShardRef, Value, GIVEN_NAMES};
 use crate::error::{Error, Result};
 use crate::location::Location;
 
@@ -30,7 +30,17 @@ const FIRST_RESERVE: u64 = 64 << 10;
 /// Reads the whole object from `reader` as the one sample of `shard`. The
 /// body grows fallibly: an object larger than the memory the process can
 /// get is an [`Error::Read`] saying so, not an abort.
+/// A name's field that is one shardstream gives each sample (`x.__url__`)
+/// is a [`Error::Format`]: the body would replace that name, or be replaced.
 pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sample> {
+    let (key, field) = split_object_url(&shard.url);
+    if GIVEN_NAMES.contains(&field.as_str()) {
+        return Err(shard.format_error(
+            0,
+            None,
+            format!("field {field:?} is a name shardstream gives each sample: rename the object"),
+        ));
+    }
     let mut body = Vec::new();
     if let Err(source) = read_body(reader, &mut body) {
         let failure = (source.kind() != std::io::ErrorKind::OutOfMemory)
@@ -42,7 +52,6 @@ pub fn read_object<R: ByteSource>(reader: &mut R, shard: &ShardRef) -> Result<Sa
             source,
         }));
     }
-    let (key, field) = split_object_url(&shard.url);
     let length = body.len() as u64;
     Ok(Sample {
         id: SampleId {
@@ -109,5 +118,18 @@ mod tests {
             vec![("json".to_owned(), b"{\"a\": 1}".to_vec().into())]
         );
         assert_eq!(sample.length, 8);
+    }
+
+    #[test]
+    fn a_field_named_as_a_given_name_is_an_error() {
+        for name in ["x.__url__", "x.__KEY__", "x.__id__", "x.__seed__"] {
+            let shard = ShardRef::whole(0, Arc::from(format!("/data/{name}")));
+            let error = read_object(&mut &b"body"[..], &shard).unwrap_err();
+            assert!(matches!(error, Error::Format { .. }), "{name}: {error}");
+            assert!(error.to_string().contains("rename the object"), "{error}");
+        }
+        // A name merely like one is a field as any other.
+        let shard = ShardRef::whole(0, Arc::from("/data/x.__url__.json"));
+        assert!(read_object(&mut &b"{}"[..], &shard).is_ok());
     }
 }

@@ -188,6 +188,21 @@ def test_directory_spec_sorted_tar_only(tmp_path, dataset):
     assert [s["__url__"] for s in got_slash] == [s["__url__"] for s in got]
 
 
+def test_a_directory_of_links_gives_the_shards_they_point_to(tmp_path, dataset):
+    """A Hugging Face cache snapshot holds links to its blobs. Before, a
+    directory's links were not listed: their samples were left out, no
+    error. A dangling link is a missing shard, which its read reports."""
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    (snapshot / "shard-000000.tar").write_bytes(dataset.paths[0].read_bytes())
+    for i in (1, 2):
+        (snapshot / f"shard-{i:06d}.tar").symlink_to(dataset.paths[i])
+    assert keys_of(ordered(snapshot)) == dataset.keys_of(dataset.urls[:3])
+    (snapshot / "shard-000003.tar").symlink_to(tmp_path / "gone.tar")
+    with pytest.raises(shardstream.ShardNotFoundError, match="shard-000003.tar"):
+        ordered(snapshot)
+
+
 # --------------------------------------------------------------------------
 # Rank and worker resolution.
 # --------------------------------------------------------------------------

@@ -323,6 +323,20 @@ def test_raw_objects_from_a_directory(tmp_path, num_workers):
     assert ds.stats()["bytes_read"] == sum(len(d) for d in written.values())
 
 
+@pytest.mark.parametrize("name", ["x.__url__", "y.__KEY__", "z.__id__"])
+def test_a_raw_object_named_as_a_given_name_is_refused(tmp_path, name):
+    """Its body would replace the sample's ``__url__`` or ``__key__`` (or be
+    replaced): a ``ShardFormatError``, as a tar member of that name is; under
+    ``on_error="warn"`` the object is skipped and the others stay."""
+    (tmp_path / name).write_bytes(b"body")
+    (tmp_path / "ok.bin").write_bytes(b"fine")
+    with pytest.raises(shardstream.ShardFormatError, match="rename the object"):
+        list(StreamingDataset(str(tmp_path / name), format="raw"))
+    with pytest.warns(shardstream.ShardSkippedWarning, match=name.replace(".", r"\.")):
+        got = list(StreamingDataset(str(tmp_path), format="raw", on_error="warn"))
+    assert [(s["__key__"], s["bin"]) for s in got] == [(str(tmp_path / "ok"), b"fine")]
+
+
 def test_raw_objects_on_s3_decoded(s3, s3_credentials, tmp_path):
     written = write_raw_objects(tmp_path)
     client = s3.client()

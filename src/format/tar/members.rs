@@ -3,7 +3,8 @@
 //! with its name prefix, GNU with `L` long names, POSIX pax with `path` and
 //! `size` records; octal or base-256 numbers), and leaves the member's data
 //! for the caller to read. Its padding and anything the caller did not read
-//! are skipped before the next header.
+//! are skipped before the next header. A malformed pax record and a GNU
+//! sparse member (whose bytes are not the file's) are errors.
 //!
 //! It keeps the stream position itself, so offsets in errors are exact, and
 //! allocates nothing per member but what the caller keeps.
@@ -162,7 +163,12 @@ impl<R: ByteSource> Members<R> {
                     size = std::str::from_utf8(pax_size)
                         .ok()
                         .and_then(|s| s.parse().ok())
-                        .unwrap_or(size);
+                        .ok_or_else(|| {
+                            io::Error::other(format!(
+                                "pax size record {:?} is not a number",
+                                String::from_utf8_lossy(pax_size)
+                            ))
+                        })?;
                 }
             }
             let data_start = header_position + BLOCK;
@@ -183,27 +189,25 @@ impl<R: ByteSource> Members<R> {
                         continue;
                     }
                     b'x' => {
-                        let records = self.read_extension(size, self.pax.is_some())?;
+                        let mut records = self.read_extension(size, self.pax.is_some())?;
+                        records.truncate(check_pax_records(&records)?);
                         self.pax = Some(records);
                         continue;
                     }
                     _ => {}
                 }
             }
-            let mut data_position = data_start;
-            if type_flag == b'S' && layout == Layout::Gnu && header[482] != 0 {
-                // GNU sparse: extension blocks of the sparse map come first.
-                let mut block = [0u8; BLOCK as usize];
-                loop {
-                    if !self.read_block(&mut block)? {
-                        return Err(io::ErrorKind::UnexpectedEof.into());
-                    }
-                    data_position += BLOCK;
-                    if block[504] == 0 {
-                        break;
-                    }
-                }
-                self.next_header = padded_end(data_position, size)?;
+            let sparse_pax = self
+                .pax
+                .as_deref()
+                .is_some_and(|p| pax_keys(p).any(|key| key.starts_with(b"GNU.sparse.")));
+            if type_flag == b'S' || sparse_pax {
+                // Its bytes are a sparse map and the data runs it places:
+                // read as they are, they are not the file's.
+                return Err(io::Error::other(
+                    "a GNU sparse member, which shardstream does not read: write the shard \
+                     without sparse files (tar without --sparse)",
+                ));
             }
             path.clear();
             let (long_name, pax) = (self.long_name.take(), self.pax.take());
@@ -221,7 +225,7 @@ impl<R: ByteSource> Members<R> {
                 is_file: matches!(type_flag, b'0' | 0 | b'7'),
                 size,
                 header_position,
-                data_position,
+                data_position: data_start,
                 end: self.next_header,
             }));
         }
@@ -470,25 +474,62 @@ fn until_nul(field: &[u8]) -> &[u8] {
         .map_or(field, |end| &field[..end])
 }
 
-/// The value of the pax record `key` in `records` (`"<length> key=value\n"`
-/// each; the last one when several name `key`, as tarfile reads them), or
-/// `None` when it is absent or a record is malformed.
-fn pax_value<'a>(mut records: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
-    let mut found = None;
-    while !records.is_empty() {
-        let space = records.iter().position(|&b| b == b' ')?;
-        let length: usize = std::str::from_utf8(&records[..space]).ok()?.parse().ok()?;
-        if length <= space + 1 || length > records.len() || records[length - 1] != b'\n' {
-            return None;
+/// Checks a pax header's records (`"<length> key=value\n"` each) and gives
+/// the length they take: NUL bytes may follow the last one (Python's
+/// `tarfile` stops there too); anything else malformed is an error, not a
+/// header read as if it had no records.
+fn check_pax_records(records: &[u8]) -> io::Result<usize> {
+    let mut at = 0;
+    while at < records.len() {
+        let rest = &records[at..];
+        if rest.iter().all(|&b| b == 0) {
+            break;
         }
-        let record = &records[space + 1..length - 1];
-        let equals = record.iter().position(|&b| b == b'=')?;
-        if &record[..equals] == key {
-            found = Some(&record[equals + 1..]);
-        }
-        records = &records[length..];
+        let record = pax_record(rest).ok_or_else(|| {
+            io::Error::other(format!("pax header: the record at byte {at} is malformed"))
+        })?;
+        at += record;
     }
-    found
+    Ok(at)
+}
+
+/// The length of the pax record `records` starts with, if it is well formed.
+fn pax_record(records: &[u8]) -> Option<usize> {
+    let space = records.iter().position(|&b| b == b' ')?;
+    let length: usize = std::str::from_utf8(&records[..space]).ok()?.parse().ok()?;
+    if length <= space + 1 || length > records.len() || records[length - 1] != b'\n' {
+        return None;
+    }
+    records[space + 1..length - 1]
+        .contains(&b'=')
+        .then_some(length)
+}
+
+/// The `(key, value)` of each of `records` (checked by [`check_pax_records`]).
+fn pax_pairs(mut records: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    std::iter::from_fn(move || {
+        let length = pax_record(records)?;
+        let space = records.iter().position(|&b| b == b' ')?;
+        let record = &records[space + 1..length - 1];
+        records = &records[length..];
+        let equals = record.iter().position(|&b| b == b'=')?;
+        Some((&record[..equals], &record[equals + 1..]))
+    })
+}
+
+/// The keys of `records`.
+fn pax_keys(records: &[u8]) -> impl Iterator<Item = &[u8]> {
+    pax_pairs(records).map(|(key, _)| key)
+}
+
+/// The value of the pax record `key` in `records` (checked by
+/// [`check_pax_records`]; the last one when several name `key`, as tarfile
+/// reads them), or `None` when it is absent.
+fn pax_value<'a>(records: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    pax_pairs(records)
+        .filter(|(k, _)| *k == key)
+        .map(|(_, value)| value)
+        .last()
 }
 
 #[cfg(test)]
@@ -699,29 +740,65 @@ mod tests {
     }
 
     #[test]
-    fn gnu_sparse_extension_blocks_are_skipped() {
-        let mut sparse = header_block("s.bin", b'S', b"00000000004\0");
-        sparse[482] = 1;
-        let mut header = ::tar::Header::from_byte_slice(&sparse).clone();
-        header.set_cksum();
-        let mut bytes = header.as_bytes().to_vec();
-        bytes.extend_from_slice(&[0u8; 512]); // the one extension block
-        let mut data = b"data".to_vec();
-        data.resize(512, 0);
-        bytes.extend_from_slice(&data);
-        bytes.extend_from_slice(&header_block("b.txt", b'0', b"00000000002\0"));
-        let mut two = b"ok".to_vec();
-        two.resize(512, 0);
-        bytes.extend_from_slice(&two);
-        bytes.resize(bytes.len() + 1024, 0);
-        let seen = read_all(&bytes).unwrap();
-        assert_eq!(seen.len(), 2);
-        assert!(!seen[0].1);
-        assert_eq!(seen[0].5, 1024, "data after the extension block");
-        assert_eq!(
-            (&seen[1].0[..], &seen[1].3[..]),
-            (&b"b.txt"[..], &b"ok"[..])
-        );
+    fn sparse_members_and_malformed_pax_records_are_errors() {
+        let ok = header_block("b.txt", b'0', b"00000000002\0");
+        let with_data = |header: &[u8], data: &[u8]| {
+            let mut bytes = header.to_vec();
+            let mut data = data.to_vec();
+            data.resize(data.len().div_ceil(512) * 512, 0);
+            bytes.extend_from_slice(&data);
+            bytes
+        };
+        let tail = |mut bytes: Vec<u8>| {
+            bytes.extend_from_slice(&with_data(&ok, b"ok"));
+            bytes.resize(bytes.len() + 1024, 0);
+            bytes
+        };
+        // A GNU sparse member (type S), and a pax one (GNU.sparse records).
+        let gnu = tail(with_data(
+            &header_block("s.bin", b'S', b"00000000004\0"),
+            b"data",
+        ));
+        let records = b"22 GNU.sparse.major=1\n22 GNU.sparse.minor=0\n";
+        let mut pax = with_data(&header_block("PaxHeader", b'x', b"00000000054\0"), records);
+        pax.extend_from_slice(&with_data(
+            &header_block("s.bin", b'0', b"00000000004\0"),
+            b"data",
+        ));
+        for bytes in [gnu, tail(pax)] {
+            let error = read_all(&bytes).unwrap_err().to_string();
+            assert!(error.contains("sparse"), "{error}");
+        }
+        // Pax records: NUL padding after them is allowed; a record that is
+        // malformed, or a size that is not a number, is an error.
+        for (records, fails) in [
+            (&b"14 path=b.jpg\n\0\0\0\0"[..], None),
+            (
+                &b"14 path=b.jpg\n5 x=y\n"[..],
+                Some("the record at byte 14 is malformed"),
+            ),
+            (
+                &b"14 path=b.jpg\nxx"[..],
+                Some("the record at byte 14 is malformed"),
+            ),
+            (&b"12 size=abc\n"[..], Some("is not a number")),
+        ] {
+            let size = format!("{:011o}\0", records.len());
+            let header = header_block("PaxHeader", b'x', size.as_bytes().try_into().unwrap());
+            let mut bytes = with_data(&header, records);
+            bytes.extend_from_slice(&with_data(
+                &header_block("a.jpg", b'0', b"00000000001\0"),
+                b"1",
+            ));
+            let got = read_all(&tail(bytes));
+            match fails {
+                None => assert_eq!(got.unwrap()[0].0, b"b.jpg"),
+                Some(text) => {
+                    let error = got.unwrap_err().to_string();
+                    assert!(error.contains(text), "{error}");
+                }
+            }
+        }
     }
 
     #[test]

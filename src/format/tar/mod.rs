@@ -331,14 +331,12 @@ fn check_archive_end<M: ByteSource>(
             Some(at) => Err(Failure::Member(data_after_end_error(shard, marker, at))),
             None => Ok(()),
         },
-        None if shard.to_end && members.position() > 0 => Err(Failure::Member(
-            shard.format_error(
-                shard.base_offset + members.position(),
-                None,
-                "truncated tar archive: the data ends here without the end-of-archive blocks \
+        None if shard.to_end && members.position() > 0 => Err(Failure::Member(shard.format_error(
+            shard.base_offset + members.position(),
+            None,
+            "truncated tar archive: the data ends here without the end-of-archive blocks \
                  (zero blocks) that a tar archive ends with",
-            ),
-        )),
+        ))),
         None => Ok(()),
     }
 }
