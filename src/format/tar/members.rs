@@ -156,7 +156,7 @@ impl<R: ByteSource> Members<R> {
                 _ => Layout::Old,
             };
             let type_flag = header[156];
-            let is_extension = matches!(type_flag, b'L' | b'K' | b'x' | b'g');
+            let is_extension = matches!(type_flag, b'L' | b'K' | b'x' | b'X' | b'g');
             let mut size = number(&header[124..136], "size")?;
             if !is_extension {
                 if let Some(pax_size) = self.pax.as_deref().and_then(|p| pax_value(p, b"size")) {
@@ -176,26 +176,26 @@ impl<R: ByteSource> Members<R> {
             if let Ok(ahead) = usize::try_from(self.next_header - self.position) {
                 self.inner.prefetch(ahead, BLOCK as usize);
             }
-            if layout != Layout::Old {
-                match type_flag {
-                    b'L' => {
-                        let name = self.read_extension(size, self.long_name.is_some())?;
-                        self.long_name = Some(name);
-                        continue;
-                    }
-                    b'K' => {
-                        self.read_extension(size, self.long_link)?;
-                        self.long_link = true;
-                        continue;
-                    }
-                    b'x' => {
-                        let mut records = self.read_extension(size, self.pax.is_some())?;
-                        records.truncate(check_pax_records(&records)?);
-                        self.pax = Some(records);
-                        continue;
-                    }
-                    _ => {}
+            // Told by the type flag alone, whatever the magic, as `tarfile`
+            // tells them (Solaris writes `X` for a pax header).
+            match type_flag {
+                b'L' => {
+                    let name = self.read_extension(size, self.long_name.is_some())?;
+                    self.long_name = Some(name);
+                    continue;
                 }
+                b'K' => {
+                    self.read_extension(size, self.long_link)?;
+                    self.long_link = true;
+                    continue;
+                }
+                b'x' | b'X' => {
+                    let mut records = self.read_extension(size, self.pax.is_some())?;
+                    records.truncate(check_pax_records(&records)?);
+                    self.pax = Some(records);
+                    continue;
+                }
+                _ => {}
             }
             let sparse_pax = self
                 .pax
@@ -817,19 +817,24 @@ mod tests {
         );
     }
 
-    /// Three members `tarfile` (and so webdataset) reads otherwise than the
-    /// `tar` crate: a contiguous file (type `7`) is a file, a GNU long name
-    /// ends at its first NUL, and of two pax `path` records the last wins.
+    /// Members `tarfile` (and so webdataset) reads otherwise than the `tar`
+    /// crate: a contiguous file (type `7`) is a file, a GNU long name ends at
+    /// its first NUL, of two pax `path` records the last wins, and an
+    /// extension header is told by its type flag whatever its magic (a pax
+    /// header without one, Solaris's `X`).
     #[test]
     fn members_read_as_tarfile_reads_them() {
         let mut bytes = Vec::new();
         let mut member = |name: &str, type_flag: u8, data: &[u8]| {
             let size = format!("{:011o}\0", data.len());
-            bytes.extend(header_block(
-                name,
-                type_flag,
-                size.as_bytes().try_into().unwrap(),
-            ));
+            let mut header = header_block(name, type_flag, size.as_bytes().try_into().unwrap());
+            if name == "no-magic" {
+                header[257..265].fill(0);
+                let mut fixed = ::tar::Header::from_byte_slice(&header).clone();
+                fixed.set_cksum();
+                header = *fixed.as_bytes();
+            }
+            bytes.extend(header);
             let mut padded = data.to_vec();
             padded.resize(data.len().div_ceil(512) * 512, 0);
             bytes.extend(padded);
@@ -839,6 +844,10 @@ mod tests {
         member("short", b'0', b"2");
         member("pax", b'x', b"18 path=first.jpg\n19 path=second.jpg\n");
         member("plain.jpg", b'0', b"3");
+        member("no-magic", b'x', b"16 path=old.jpg\n");
+        member("a.jpg", b'0', b"4");
+        member("pax", b'X', b"20 path=solaris.jpg\n");
+        member("a.jpg", b'0', b"5");
         bytes.resize(bytes.len() + 1024, 0);
         let seen: Vec<(Vec<u8>, bool, Vec<u8>)> = read_all(&bytes)
             .unwrap()
@@ -851,6 +860,8 @@ mod tests {
                 (b"a.jpg".to_vec(), true, b"1".to_vec()),
                 (b"long.jpg".to_vec(), true, b"2".to_vec()),
                 (b"second.jpg".to_vec(), true, b"3".to_vec()),
+                (b"old.jpg".to_vec(), true, b"4".to_vec()),
+                (b"solaris.jpg".to_vec(), true, b"5".to_vec()),
             ]
         );
     }
