@@ -193,7 +193,16 @@ pub fn resolve_dataset(
                 Location::S3 { .. } | Location::Http(_) => shards.push(Shard::new(url, None)),
                 Location::Local(path) => match std::fs::metadata(&path) {
                     Ok(meta) if meta.is_dir() => {
-                        shards.extend(list_directory(&url, &path, keep, format)?)
+                        let listed = list_directory(&url, &path, keep, format)?;
+                        if listed.is_empty() {
+                            // Among other specs, it would be left out
+                            // without a word.
+                            return Err(Error::Spec {
+                                spec: url,
+                                reason: "no shard in the directory".into(),
+                            });
+                        }
+                        shards.extend(listed)
                     }
                     Ok(meta) => shards.push(Shard::new(url, Some(meta.len()))),
                     Err(_) => shards.push(Shard::new(url, None)),
@@ -572,6 +581,20 @@ mod tests {
         let error = resolve(std::slice::from_ref(&url)).unwrap_err().to_string();
         assert!(
             error.contains("\"d\u{fffd}.tar\"") && error.contains("not UTF-8"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_directory_without_shards_among_other_specs_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("empty")).unwrap();
+        std::fs::write(dir.path().join("a.tar"), b"x").unwrap();
+        let d = dir.path().to_str().unwrap();
+        let error = resolve(&[format!("{d}/a.tar"), format!("{d}/empty")]).unwrap_err();
+        assert!(
+            error.to_string().contains("no shard in the directory")
+                && error.to_string().contains("empty"),
             "{error}"
         );
     }

@@ -157,6 +157,14 @@ pub fn list_s3_prefixes(
         let mut all = Vec::with_capacity(listings.len());
         for (_, url, bucket, prefix) in listings {
             let objects = client.list(url, bucket, prefix, keep).await?;
+            if objects.is_empty() {
+                // Among other specs, an empty prefix (a typo) would be left
+                // out without a word.
+                return Err(Error::Spec {
+                    spec: url.clone(),
+                    reason: format!("no shard under the prefix {prefix:?} of bucket {bucket}"),
+                });
+            }
             all.push(
                 objects
                     .into_iter()

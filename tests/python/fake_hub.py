@@ -44,6 +44,11 @@ class FakeHub:
     # Where the listing's next pages are linked to (another server, for the
     # test that none is followed there); ``None``: this Hub.
     next_origin: str | None = None
+    # The cursor every next-page link gives (``None``: the page after), as
+    # a server whose links lose their cursor; and paths listed without a
+    # size.
+    next_cursor: int | None = None
+    no_size: set[str] = field(default_factory=set)
     requests: Counter[str] = field(default_factory=Counter)
     authorizations: list[str | None] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -62,6 +67,8 @@ class FakeHub:
             else:
                 size = item.stat().st_size
                 out.append({"type": "file", "oid": "1" * 40, "size": size, "path": relative})
+                if relative in self.no_size:
+                    del out[-1]["size"]
         return out
 
 
@@ -121,10 +128,12 @@ def make_handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 headers = {}
                 if cursor + hub.page_size < len(entries):
                     origin = hub.next_origin or hub.base_url
+                    following = cursor + hub.page_size
+                    following = following if hub.next_cursor is None else hub.next_cursor
                     nxt = (
                         f"{origin}/api/datasets/{repo}/tree/{quote(rest[0], safe='')}/"
                         f"{quote(path)}?recursive={str(recursive).lower()}&expand=false"
-                        f"&cursor={cursor + hub.page_size}"
+                        f"&cursor={following}"
                     )
                     headers["Link"] = f'<{nxt}>; rel="next"'
                 self.send(200, page, headers)

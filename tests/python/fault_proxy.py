@@ -90,6 +90,9 @@ class Faults:
         gzip: send every GET's body gzip-compressed with
             ``Content-Encoding: gzip``, as a misconfigured proxy or CDN
             might, whatever the request accepts.
+        listing: rewrites the body of every answer to a ListObjectsV2 GET
+            (``list-type`` in its query), which is then sent as ``200``:
+            a server whose pages cannot be followed.
     """
 
     slowdown_every: int = 0
@@ -116,6 +119,7 @@ class Faults:
     status: int = 404
     gzip: bool = False
     cut_bodies: int = 0
+    listing: Callable[[bytes], bytes] | None = None
 
 
 @dataclass
@@ -411,6 +415,9 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             answer: tuple[int, str, list[tuple[str, str]], bytes],
         ) -> None:
             status, reason, headers, data = answer
+            query = parse_qs(urlsplit(self.path).query)
+            if faults.listing is not None and self.command == "GET" and "list-type" in query:
+                status, reason, data = 200, "OK", faults.listing(data)
             if faults.gzip and self.command == "GET" and status in (200, 206):
                 data = gzip.compress(data, mtime=0)
                 headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]

@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from _shardtest import (
@@ -141,6 +142,45 @@ def test_a_private_repository_takes_the_token_which_goes_to_the_hub_only(
     with pytest.raises(shardstream.StorageAuthError) as raised:
         StreamingDataset(spec)
     assert "hf_wrong_value" not in str(raised.value)
+
+
+def test_a_listing_that_cannot_be_followed_to_its_end_is_an_error(hub):
+    """Before, a next page already read ended the listing (its first pages
+    only, the rest left out without a word), and a file listed without its
+    size was a shard of 0 bytes."""
+    spec = f"hf://datasets/{REPO}/train/*.tar"
+    hub.next_cursor = 0
+    with pytest.raises(shardstream.ShardReadError, match="was read already") as raised:
+        StreamingDataset(spec)
+    assert spec in str(raised.value)
+    hub.next_cursor = None
+    hub.no_size.add("train/shard-000001.tar")
+    with pytest.raises(shardstream.ShardReadError, match=r'no size for "train/shard-000001\.tar"'):
+        StreamingDataset(spec)
+
+
+def test_a_double_star_takes_no_folder_too_and_a_files_own_name_is_that_file(
+    hub, hub_root, dataset
+):
+    """``train/**/*.tar`` takes ``train/a.tar`` (fsspec's and git's globs
+    do), and ``a[1].tar`` names that file, not ``a1.tar``. Before, the first
+    left out the files directly in ``train/``, the second read another file."""
+    repo = "org/globs"
+    train = hub_root / repo / "train"
+    (train / "sub").mkdir(parents=True, exist_ok=True)
+    for path, name in zip(dataset.paths, ["a[1].tar", "a1.tar", "sub/b.tar"], strict=False):
+        shutil.copy(path, train / name)
+
+    def names(ds: StreamingDataset) -> list[str]:
+        return [unquote(url.split(f"/{COMMIT}/", 1)[1]) for url, _ in ds.shards]
+
+    every = StreamingDataset(f"hf://datasets/{repo}/train/**/*.tar")
+    assert names(every) == ["train/a1.tar", "train/a[1].tar", "train/sub/b.tar"]
+    literal = StreamingDataset(f"hf://datasets/{repo}/train/a[1].tar", shuffle_buffer=0)
+    assert names(literal) == ["train/a[1].tar"]
+    assert sorted(s["__key__"] for s in literal) == sorted(dataset.keys_of(dataset.urls[:1]))
+    # Where no file has the name, it is a glob, as before.
+    assert names(StreamingDataset(f"hf://datasets/{repo}/train/a[0-9].tar")) == ["train/a1.tar"]
 
 
 def test_a_next_page_on_another_origin_is_refused_and_gets_no_headers(hub, hub_root, monkeypatch):

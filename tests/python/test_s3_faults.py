@@ -6,8 +6,10 @@ mid-read raises, and every test ends within its bound."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -130,6 +132,63 @@ def test_listing_is_retried_under_throttling(proxy, s3_dataset):
     ds = StreamingDataset(f"s3://{BUCKET}/audio/", s3=s3_config(proxy.endpoint_url))
     assert proxy.injected.slowdowns == 2
     assert [url for url, _ in ds.shards] == sorted(s3_dataset["urls"])
+
+
+def page_of(
+    first: list[bytes], answer: bytes, *, truncated: str | None, token: str | None
+) -> bytes:
+    """The first listing page (kept in ``first``), whatever ``answer`` is,
+    with its ``IsTruncated`` and ``NextContinuationToken`` set as given
+    (``None``: left out)."""
+    first[:] = first or [answer]
+    page = re.sub(
+        rb"<IsTruncated>[^<]*</IsTruncated>|<NextContinuationToken>[^<]*"
+        rb"</NextContinuationToken>",
+        b"",
+        first[0],
+    )
+    extra = b"" if truncated is None else f"<IsTruncated>{truncated}</IsTruncated>".encode()
+    extra += (
+        b"" if token is None else f"<NextContinuationToken>{token}</NextContinuationToken>".encode()
+    )
+    return page.replace(b"</ListBucketResult>", extra + b"</ListBucketResult>")
+
+
+@pytest.mark.parametrize(
+    ("truncated", "token", "says"),
+    [
+        ("true", None, "a page marked truncated gives no continuation token"),
+        (None, "more", "a page not marked truncated gives a continuation token"),
+        ("false", "more", "a page not marked truncated gives a continuation token"),
+        ("true", "again", "the same continuation token was handed out twice"),
+    ],
+)
+def test_a_listing_that_cannot_be_followed_to_its_end_is_an_error(
+    proxy, s3_dataset, truncated, token, says
+):
+    """Before, the first two ended the listing (its first page only, the
+    rest of the prefix left out without a word), and a token handed out
+    again and again listed without end."""
+    first: list[bytes] = []
+    rewrite = functools.partial(page_of, first, truncated=truncated, token=token)
+    proxy.reset(Faults(listing=rewrite))
+    started = time.monotonic()
+    with pytest.raises(shardstream.ShardReadError, match=says) as info:
+        StreamingDataset(f"s3://{BUCKET}/audio/", s3=s3_config(proxy.endpoint_url))
+    assert f"s3://{BUCKET}/audio/" in str(info.value)
+    assert time.monotonic() - started < 30
+    # An object listed without its size is an error naming it, not 0 bytes.
+    proxy.reset(Faults(listing=lambda page: re.sub(rb"<Size>\d+</Size>", b"", page, count=1)))
+    with pytest.raises(shardstream.ShardReadError, match="gives no size for the object"):
+        StreamingDataset(f"s3://{BUCKET}/audio/", s3=s3_config(proxy.endpoint_url))
+
+
+def test_an_empty_prefix_among_others_is_an_error(s3, s3_dataset):
+    """Before, a prefix with no shard (a typo) among others was left out."""
+    good = f"s3://{BUCKET}/audio/"
+    with pytest.raises(shardstream.DatasetSpecError, match="no shard under the prefix"):
+        StreamingDataset([good, f"s3://{BUCKET}/typo/"], s3=s3_config(s3))
+    assert len(StreamingDataset([good], s3=s3_config(s3)).shards) == len(s3_dataset["urls"])
 
 
 def test_head_requests_are_retried_under_throttling(proxy, s3_dataset, tmp_path):

@@ -303,6 +303,7 @@ impl<'a> Resolver<'a> {
         let what = format!("listing {prefix:?} of bucket {bucket}");
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
+        let mut tokens = std::collections::HashSet::new();
         for _ in 0..MAX_PAGES {
             let mut api = format!(
                 "{}/storage/v1/b/{bucket}/o?prefix={}&fields=items(name,size,generation),\
@@ -320,7 +321,7 @@ impl<'a> Resolver<'a> {
             objects.extend(page.items.into_iter().map(Object::from));
             match page.next_page_token {
                 Some(next) if !next.is_empty() => {
-                    if token.as_deref() == Some(next.as_str()) {
+                    if !tokens.insert(next.clone()) {
                         return Err(Error::Read {
                             url: url.to_owned(),
                             offset: 0,

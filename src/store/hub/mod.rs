@@ -104,7 +104,10 @@ fn glob_match(pattern: &[char], path: &[char]) -> bool {
         None => path.is_empty(),
         Some('*') if pattern.get(1) == Some(&'*') => {
             let rest = &pattern[2..];
-            (0..=path.len()).any(|i| glob_match(rest, &path[i..]))
+            // `**/` matches no folder too (`a/**/b` takes `a/b`), as fsspec's
+            // and git's globs do.
+            (rest.first() == Some(&'/') && glob_match(&rest[1..], path))
+                || (0..=path.len()).any(|i| glob_match(rest, &path[i..]))
         }
         Some('*') => {
             let rest = &pattern[1..];
@@ -340,14 +343,19 @@ impl<'a> Resolver<'a> {
                     let fixed = &path[..path.find(['*', '?', '[']).unwrap_or(0)];
                     let folder = &fixed[..fixed.rfind('/').map_or(0, |i| i + 1)];
                     let pattern: Vec<char> = path.chars().collect();
-                    self.list(client, url, &hub, &commit, folder, true)
-                        .await?
-                        .into_iter()
-                        .filter(|(p, _, dir)| {
-                            !dir && keep(p) && glob_match(&pattern, &p.chars().collect::<Vec<_>>())
-                        })
-                        .map(|(p, size, _)| (p, size))
-                        .collect()
+                    let listed = self.list(client, url, &hub, &commit, folder, true).await?;
+                    // A file whose own name it is (`a[1].tar`) is that file.
+                    match listed.iter().find(|(p, _, dir)| !dir && p == path) {
+                        Some((p, size, _)) => vec![(p.clone(), *size)],
+                        None => listed
+                            .into_iter()
+                            .filter(|(p, _, dir)| {
+                                !dir && keep(p)
+                                    && glob_match(&pattern, &p.chars().collect::<Vec<_>>())
+                            })
+                            .map(|(p, size, _)| (p, size))
+                            .collect(),
+                    }
                 } else if path.is_empty() || path.ends_with('/') {
                     self.folder(client, url, &hub, &commit, path, keep).await?
                 } else {
@@ -462,23 +470,38 @@ impl<'a> Resolver<'a> {
         let what = format!("listing {folder:?} of {} at commit {commit}", hub.repo);
         let mut entries = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let failed = |reason: String| Error::Read {
+            url: url.to_owned(),
+            offset: 0,
+            source: std::io::Error::other(format!("{what}: {reason}")),
+        };
         for _ in 0..MAX_PAGES {
             let Some(page) = next.take() else { break };
             if !seen.insert(page.clone()) {
-                break;
+                return Err(failed(format!("the next page {page} was read already")));
             }
             let not_a_list = "the Hub's answer is not a list of files and folders";
             let (items, link): (Vec<TreeEntry>, _) =
                 get_json(client, url, &page, &what, not_a_list).await?;
             for item in items {
-                if let (Some(path), Some(kind)) = (item.path, item.kind) {
-                    entries.push((path, item.size.unwrap_or(0), kind == "directory"));
-                }
+                let (Some(path), Some(kind)) = (item.path, item.kind) else {
+                    return Err(failed("an entry of the answer has no path or type".into()));
+                };
+                let directory = kind == "directory";
+                let size = match item.size {
+                    Some(size) => size,
+                    None if directory => 0,
+                    None => return Err(failed(format!("the answer gives no size for {path:?}"))),
+                };
+                entries.push((path, size, directory));
             }
             next = match link {
                 Some(link) => Some(same_origin(url, &self.endpoint, &page, &link, &what)?),
                 None => None,
             };
+        }
+        if next.is_some() {
+            return Err(failed(format!("more than {MAX_PAGES} pages")));
         }
         let files = entries
             .iter()
@@ -531,6 +554,11 @@ mod tests {
         assert!(matches("train/*.tar", "train/shard-0.tar"));
         assert!(!matches("train/*.tar", "train/sub/shard-0.tar"));
         assert!(matches("train/**.tar", "train/sub/shard-0.tar"));
+        // `**/` takes no folder too.
+        assert!(matches("train/**/*.tar", "train/shard-0.tar"));
+        assert!(matches("train/**/*.tar", "train/a/b/shard-0.tar"));
+        assert!(matches("**/*.tar", "shard-0.tar"));
+        assert!(!matches("train/**/*.tar", "trainx.tar"));
         assert!(matches("train/shard-?.tar", "train/shard-7.tar"));
         assert!(matches("train/shard-[0-4].tar", "train/shard-3.tar"));
         assert!(!matches("train/shard-[!0-4].tar", "train/shard-3.tar"));

@@ -22,6 +22,9 @@ use crate::config::StoreOptions;
 use crate::error::Error;
 use auth::{credentials_problem, CREDENTIALS_HINT, REJECTED_CREDENTIALS};
 
+/// The most pages one listing reads (1,000 keys each): past it, an error.
+const MAX_LIST_PAGES: usize = 100_000;
+
 /// A client for one stream, made in the process that reads (after fork).
 pub struct S3Client {
     client: aws_sdk_s3::Client,
@@ -71,6 +74,11 @@ impl S3Client {
 
     /// Lists the objects under `prefix` whose keys `keep` accepts, sorted
     /// by key, with their sizes and ETags (every page of ListObjectsV2).
+    /// An answer that cannot be followed to its end (a page marked
+    /// truncated without a token to go on, or the other way round; a token
+    /// handed out twice; an object without its size; more than
+    /// [`MAX_LIST_PAGES`] pages) is an error naming the listing, never a
+    /// shorter list.
     pub async fn list(
         &self,
         url: &str,
@@ -78,9 +86,16 @@ impl S3Client {
         prefix: &str,
         keep: fn(&str) -> bool,
     ) -> Result<Vec<(String, u64, Option<String>)>, Error> {
+        let what = format!("listing {prefix:?} of bucket {bucket}");
+        let failed = |reason: String| Error::Read {
+            url: url.to_owned(),
+            offset: 0,
+            source: std::io::Error::other(format!("{what}: {reason}")),
+        };
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
-        loop {
+        let mut tokens = std::collections::HashSet::new();
+        for _ in 0..MAX_LIST_PAGES {
             let request = self
                 .client
                 .list_objects_v2()
@@ -92,17 +107,42 @@ impl S3Client {
                 .await?;
             for object in page.contents() {
                 if let Some(key) = object.key().filter(|k| keep(k)) {
-                    let size = object.size().unwrap_or(0).max(0) as u64;
+                    let size = object
+                        .size()
+                        .and_then(|size| u64::try_from(size).ok())
+                        .ok_or_else(|| {
+                            failed(format!("the answer gives no size for the object {key:?}"))
+                        })?;
                     objects.push((key.to_owned(), size, object.e_tag().map(str::to_owned)));
                 }
             }
-            match page.next_continuation_token() {
-                Some(next) if page.is_truncated().unwrap_or(false) => token = Some(next.to_owned()),
-                _ => break,
+            let truncated = page.is_truncated().unwrap_or(false);
+            match page.next_continuation_token().filter(|t| !t.is_empty()) {
+                None if !truncated => {
+                    objects.sort();
+                    return Ok(objects);
+                }
+                Some(next) if truncated => {
+                    if !tokens.insert(next.to_owned()) {
+                        return Err(failed(
+                            "the same continuation token was handed out twice".into(),
+                        ));
+                    }
+                    token = Some(next.to_owned());
+                }
+                Some(_) => {
+                    return Err(failed(
+                        "a page not marked truncated gives a continuation token".into(),
+                    ))
+                }
+                None => {
+                    return Err(failed(
+                        "a page marked truncated gives no continuation token".into(),
+                    ))
+                }
             }
         }
-        objects.sort();
-        Ok(objects)
+        Err(failed(format!("more than {MAX_LIST_PAGES} pages")))
     }
 
     /// The size and ETag of one object (HEAD).
@@ -116,7 +156,14 @@ impl S3Client {
         let output = self
             .send_with_retries(url, "HEAD", || request.clone().send())
             .await?;
-        let size = output.content_length().unwrap_or(0).max(0) as u64;
+        let size = output
+            .content_length()
+            .and_then(|size| u64::try_from(size).ok())
+            .ok_or_else(|| Error::Read {
+                url: url.to_owned(),
+                offset: 0,
+                source: std::io::Error::other("the HEAD answer gives no Content-Length"),
+            })?;
         Ok((size, output.e_tag().map(str::to_owned)))
     }
 
