@@ -40,6 +40,7 @@ from .local_bytes import LocalBytes
 from .resplit import check_not_resplit, find_splitter
 from .shared_bytes import SHARED_MEMORY_AVAILABLE, SharedBytes
 from .shared_bytes import configure as configure_shared_bytes
+from .state import elastic_slots
 from .telemetry import exposition, window
 from .worker_sharing import check_worker_start
 
@@ -550,9 +551,10 @@ class StreamingDataset(IterableDataset[Any]):
                 "not a shardstream.StreamingDataset state: expected a dict, got "
                 f"{type(state_dict).__name__}"
             )
-        elastic = state_dict.get("format") == "shardstream.elastic"
+        slots = elastic_slots(state_dict)
+        elastic = slots is not None
         try:
-            resume = json.dumps(state_dict.get("slots") if elastic else dict(state_dict))
+            resume = json.dumps(slots if elastic else dict(state_dict))
         except (TypeError, ValueError) as error:
             raise StateMismatchError(
                 f"not a shardstream.StreamingDataset state: not JSON data ({error})"

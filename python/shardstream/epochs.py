@@ -116,8 +116,9 @@ class EpochAdvance(Generic[Resume]):
         if epoch < 0 or (self._limit is not None and epoch >= self._limit):
             bound = "non-negative" if self._limit is None else f"in 0..{self._limit}"
             raise ValueError(f"epoch must be {bound}, got {epoch}")
-        if epoch >= PENDING:
-            raise ValueError(f"epoch must be below 2**63, got {epoch}")
+        # The epoch after it must fit below the pending bit too.
+        if epoch >= PENDING - 1:
+            raise ValueError(f"epoch must be below 2**63 - 1, got {epoch}")
         changed = epoch != self.next
         if self._resume_epoch is not None and epoch != self._resume_epoch:
             self.resume = self._resume_epoch = None
@@ -127,7 +128,14 @@ class EpochAdvance(Generic[Resume]):
 
     def started(self, epoch: int) -> None:
         """An iteration opened ``epoch`` (a resumed one, its state's): the
-        next streams the epoch after it, and the pending resume is used up."""
+        next streams the epoch after it, and the pending resume is used up.
+        Raises ``ValueError`` for an epoch past the last (reached by going
+        on from the last): it would wrap round to an earlier one."""
+        last = min(PENDING - 2, self._limit - 1 if self._limit is not None else PENDING)
+        if epoch > last:
+            raise ValueError(
+                f"epoch {epoch} is past the last one, {last}: set_epoch to an earlier epoch"
+            )
         self._set_next(epoch + 1)
         self.resume = self._resume_epoch = None
         self._began_in = os.getpid()

@@ -35,6 +35,7 @@ from .dataset import (
 )
 from .epochs import EpochAdvance
 from .resplit import check_not_resplit, find_splitter
+from .state import elastic_slots
 from .telemetry import exposition
 from .worker_sharing import check_worker_start
 
@@ -448,8 +449,8 @@ class Mix(IterableDataset[Any]):
             raise StateMismatchError(
                 f"not a shardstream.Mix state: expected a dict, got {type(state_dict).__name__}"
             )
-        if state_dict.get("format") == "shardstream.elastic":
-            slots = state_dict.get("slots")
+        slots = elastic_slots(state_dict)
+        if slots is not None:
             if not isinstance(slots, list) or not slots:
                 raise StateMismatchError("state field slots: expected every slot's state")
             states = [self._check_form(s, f"slots[{i}].") for i, s in enumerate(slots)]

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ._core import StateMismatchError
+
 __all__ = ["elastic_state"]
+
+ELASTIC_FORMAT = "shardstream.elastic"
+"""The ``format`` of what ``elastic_state`` returns."""
+ELASTIC_VERSION = 1
+"""Its ``version``: the one this build reads and writes."""
 
 
 def _slot_states(obj: Any, found: list[dict[str, Any]]) -> None:
@@ -36,4 +43,23 @@ def elastic_state(*states: Any) -> dict[str, Any]:
         _slot_states(state, found)
     if not found:
         raise ValueError("no shardstream slot state found in the given states")
-    return {"format": "shardstream.elastic", "version": 1, "slots": found}
+    return {"format": ELASTIC_FORMAT, "version": ELASTIC_VERSION, "slots": found}
+
+
+def elastic_slots(state: Mapping[str, Any]) -> Any:
+    """The ``slots`` of ``state`` when it is what ``elastic_state`` returns
+    (their form is checked by the dataset that loads them), ``None`` when it
+    is not. An elastic state of another version, or with fields of another
+    version, is a ``StateMismatchError``."""
+    if state.get("format") != ELASTIC_FORMAT:
+        return None
+    version = state.get("version")
+    if type(version) is not int or version != ELASTIC_VERSION:
+        raise StateMismatchError(
+            f"state field version: this build reads version {ELASTIC_VERSION} elastic states, "
+            f"got {version!r} (saved by another shardstream version?)"
+        )
+    unknown = sorted(map(str, set(state) - {"format", "version", "slots"}))
+    if unknown:
+        raise StateMismatchError(f"state field {unknown[0]}: not a field of an elastic state")
+    return state.get("slots")

@@ -274,11 +274,22 @@ impl StreamOptionsBuilder {
 /// one `Tokenizer` among the decoders, or a `Config` error saying what to
 /// name. `pack` with Arrow batches is refused (it packs documents), and so
 /// is `sample_seed` (a sequence holds pieces of several documents; with
-/// `sample_ids` each sequence names the documents it ends).
+/// `sample_ids` each sequence names the documents it ends), and so is
+/// `remainder="pad"`, which would do nothing: packed ranks take equal
+/// sequences planned from the token counts, not equal documents.
 fn check_pack(mut o: StreamOptions) -> Result<StreamOptions> {
     let Some(spec) = &o.pack else {
         return Ok(o);
     };
+    if o.remainder == Remainder::Pad {
+        return Err(Error::Config {
+            name: "remainder",
+            reason: "\"pad\" fills the last rank with documents again, and with pack the ranks \
+                     take equal numbers of sequences planned from the token counts, the rest \
+                     left out: nothing to pad; leave remainder=\"drop\""
+                .into(),
+        });
+    }
     if o.sample_seed {
         return Err(Error::Config {
             name: "sample_seed",

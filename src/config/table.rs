@@ -178,7 +178,8 @@ pub static DATASET_OPTIONS: [OptionDef; 31] = [
         python_type: "Literal[\"drop\", \"pad\"]",
         default: || DefaultValue::Str(core().remainder.name()),
         doc: "`\"drop\"` leaves out the last `total % world_size` samples, `\"pad\"` wraps \
-              around to fill the last rank",
+              around to fill the last rank (refused with `pack`, whose ranks take equal \
+              sequences)",
         order: SampleOrder::Decides(|o, b| push_u64(b, o.remainder as u64)),
     },
     OptionDef {

@@ -412,7 +412,7 @@ fn list_directory(
             let name = entry.file_name();
             let Some(name) = name.to_str() else {
                 let lossy = name.to_string_lossy();
-                if keep(&lossy) || format == DatasetFormat::Raw {
+                if keep(&lossy) {
                     return Err(Error::Spec {
                         spec: dir_url,
                         reason: format!(
@@ -428,11 +428,12 @@ fn list_directory(
             }
             let joined = format!("{dir_url}/{name}");
             // Links are followed (a Hugging Face cache's snapshot holds
-            // links to its blobs); a dangling one is a missing shard, which
-            // its read reports (as a shard given by name that is missing).
+            // links to its blobs); one that cannot be followed (dangling, a
+            // loop, no permission) is a shard its read reports (as a shard
+            // given by name that cannot be opened), not the whole listing.
             let meta = match std::fs::metadata(entry.path()) {
                 Ok(meta) => meta,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Err(_) if entry.file_type().is_ok_and(|t| t.is_symlink()) => {
                     shards.push(Shard::new(joined, None));
                     continue;
                 }
@@ -554,6 +555,8 @@ mod tests {
         std::fs::write(blobs.path().join("blob"), b"xyz").unwrap();
         symlink(blobs.path().join("blob"), dir.path().join("b.tar")).unwrap();
         symlink(blobs.path().join("gone"), dir.path().join("c.tar")).unwrap();
+        // A link to itself cannot be followed: its read says why.
+        symlink(dir.path().join("e.tar"), dir.path().join("e.tar")).unwrap();
         // A name that is not UTF-8 but no shard's is not listed.
         std::fs::write(
             dir.path().join(std::ffi::OsStr::from_bytes(b"\xff.txt")),
@@ -570,6 +573,7 @@ mod tests {
                 (format!("{url}/b.tar"), Some(3)),
                 // A dangling link is a missing shard, which its read reports.
                 (format!("{url}/c.tar"), None),
+                (format!("{url}/e.tar"), None),
             ]
         );
         // A shard's name that is not UTF-8 is refused, not left out.
@@ -607,6 +611,13 @@ mod tests {
         std::fs::write(dir.path().join("sub/a.bin"), b"a").unwrap();
         std::fs::write(other.path().join("b.bin"), b"bb").unwrap();
         std::os::unix::fs::symlink(other.path(), dir.path().join("linked")).unwrap();
+        // A hidden file is passed over, its name UTF-8 or not.
+        std::fs::write(
+            dir.path()
+                .join(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b".\xe9.swp")),
+            b"",
+        )
+        .unwrap();
         let url = dir.path().to_str().unwrap().to_owned();
         let raw = |url: &str| {
             resolve_dataset(

@@ -381,8 +381,10 @@ impl SlotPlan {
     /// `s` gives it `first[s]` samples. Under [`Policy::Restart`] a stream
     /// that runs out is read again: `more(s, pass)` gives the samples of
     /// pass `pass` over stream `s`, asked for until the stream's count is
-    /// met (a pass of none ends the stream there), at most [`MAX_PASSES`]
-    /// passes.
+    /// met, at most [`MAX_PASSES`] passes. A pass that gives the slot no
+    /// sample is an error naming `weights`: the stream could not come in
+    /// its weight (its samples fewer than the slots of the job), and other
+    /// streams would take its place without a word.
     pub fn new(
         mixture: SlotMixture<'_>,
         base: Vec<u64>,
@@ -392,7 +394,7 @@ impl SlotPlan {
         let SlotMixture {
             policy, weights, ..
         } = mixture;
-        let mut counts = slot_counts(policy, weights, first)?;
+        let counts = slot_counts(policy, weights, first)?;
         let mut passes: Vec<Vec<u64>> = first.iter().map(|&n| vec![n]).collect();
         for (s, stream_passes) in passes.iter_mut().enumerate() {
             let mut read: u64 = stream_passes.iter().sum();
@@ -408,8 +410,16 @@ impl SlotPlan {
                 }
                 let n = more(s, base[s] + stream_passes.len() as u64)?;
                 if n == 0 {
-                    counts[s] = read;
-                    break;
+                    return Err(Error::Config {
+                        name: "weights",
+                        reason: format!(
+                            "stream {s} has no sample for slot {} (rank x num_workers + \
+                             worker) in a pass, so under policy='restart' it cannot come in \
+                             its weight: give it at least one sample per worker of every \
+                             rank, use fewer workers, or policy='continue'",
+                            mixture.slot
+                        ),
+                    });
                 }
                 stream_passes.push(n);
                 read += n;

@@ -187,6 +187,31 @@ impl MixState {
                 ))
             }
         }
+        // The generation counts the elastic resumes within the epoch, and
+        // keys the order: one edited would order the rest of the epoch
+        // anew.
+        let resumes = state.get("resumed_from").and_then(Value::as_array);
+        let expected = resumes.map_or(0, |inner| {
+            let each = |s: &Value| count(s.get("generation")).unwrap_or(0);
+            inner.iter().map(each).max().unwrap_or(0) + 1
+        });
+        if field("generation") != expected
+            || resumes.is_some_and(|inner| {
+                inner
+                    .iter()
+                    .any(|s| count(s.get("generation")) != Some(expected - 1))
+            })
+        {
+            return Err(bad(
+                prefix,
+                "generation",
+                format!(
+                    "{}, but the state was resumed elastically {} times in its epoch                      (one more than its resumed_from states' generation, 0 without)",
+                    field("generation"),
+                    expected
+                ),
+            ));
+        }
         serde_json::from_value(value.clone()).map_err(|e| bad(prefix, "", e))
     }
 
@@ -576,6 +601,9 @@ mod tests {
             ("epoch", json!(-1)),
             ("epoch", json!(PASS_STRIDE)),
             ("generation", json!("1")),
+            // Not resumed elastically: an edited generation would order
+            // the rest of the epoch anew.
+            ("generation", json!(2)),
             ("position", json!(null)),
             ("rank", json!(true)),
             ("policy", json!("restart")),
@@ -606,6 +634,17 @@ mod tests {
             message.starts_with("state field streams[1].pass"),
             "{message}"
         );
+        // Resumed elastically once: generation 1, its states' 0.
+        let mut resumed = state(0, 0);
+        resumed["resumed_from"] = json!([state(0, 0), state(1, 0)]);
+        resumed["generation"] = json!(1);
+        MixState::parse(&resumed, SHAPE, "").unwrap();
+        for (outer, inner) in [(0, 0), (2, 0), (2, 1)] {
+            resumed["generation"] = json!(outer);
+            resumed["resumed_from"][1]["generation"] = json!(inner);
+            let message = refused(MixState::parse(&resumed, SHAPE, ""));
+            assert!(message.contains("generation"), "{outer} {inner}: {message}");
+        }
     }
 
     fn slots(keys: &[(u64, u64)]) -> Vec<MixState> {
@@ -718,7 +757,7 @@ mod tests {
     }
 
     #[test]
-    fn too_many_passes_and_empty_restarts_end_a_stream() {
+    fn too_many_passes_and_empty_restarts_are_errors() {
         let mixture = SlotMixture {
             policy: Policy::Restart,
             weights: &[1e6, 1.0],
@@ -731,8 +770,17 @@ mod tests {
             error.to_string().contains("more than 1024 times"),
             "{error}"
         );
-        let ended = SlotPlan::new(mixture, vec![0, 0], &[1, 100], |_, _| Ok(0)).unwrap();
-        assert_eq!(ended.counts, vec![1, 100]);
+        // A pass of none: the stream cannot come in its weight (before, it
+        // ended there, and the other stream took its place).
+        let error = SlotPlan::new(mixture, vec![0, 0], &[1, 100], |_, _| Ok(0)).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("stream 0 has no sample for slot 0"),
+            "{error}"
+        );
+        let error = SlotPlan::new(mixture, vec![0, 0], &[0, 100], |_, _| Ok(0)).unwrap_err();
+        assert!(error.to_string().contains("policy='continue'"), "{error}");
     }
 
     /// The state a cursor stands at, its streams' `produced` counted as

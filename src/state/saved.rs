@@ -17,8 +17,9 @@ pub const STATE_FORMAT: &str = "shardstream.state";
 /// The state version this build reads and writes.
 pub const STATE_VERSION: u32 = 2;
 /// A state's epoch is below this, as `set_epoch`'s is: the top bit of an
-/// epoch table entry says that its process has a loaded state pending.
-pub const EPOCH_LIMIT: u64 = 1 << 63;
+/// epoch table entry says that its process has a loaded state pending, and
+/// the epoch after the last one must fit below it too.
+pub const EPOCH_LIMIT: u64 = (1 << 63) - 1;
 
 /// Where a slot's reading stands: the next sample to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -127,7 +128,7 @@ impl SlotState {
             return Err(field_error(
                 "",
                 "epoch",
-                format!("{} is not below 2^63", self.epoch),
+                format!("{} is not below 2^63 - 1", self.epoch),
             ));
         }
         if let Some(from) = &self.resumed_from {

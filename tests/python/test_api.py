@@ -278,8 +278,11 @@ def test_set_epoch_rejects_negative(dataset):
     ds = shardstream.StreamingDataset(dataset.spec)
     with pytest.raises(ValueError):
         ds.set_epoch(-1)
-    with pytest.raises(ValueError, match="below 2\\*\\*63"):
-        ds.set_epoch(2**63)
+    # The epoch after the last must fit too: 2**63 - 1 went on to epoch 0.
+    for epoch in (2**63, 2**63 - 1):
+        with pytest.raises(ValueError, match="below 2\\*\\*63 - 1"):
+            ds.set_epoch(epoch)
+    ds.set_epoch(2**63 - 2)
     # Named, not an operator's error.
     for value in (1.0, "1", None, True):
         with pytest.raises(TypeError, match="epoch must be an int"):
@@ -292,6 +295,32 @@ def test_set_epoch_rejects_negative(dataset):
 
     ds.set_epoch(np.int64(3))
     assert ds.epoch == 3
+
+
+def test_going_on_past_the_last_epoch_raises(dataset):
+    """The epoch after the last is refused, not wrapped round: from
+    2**63 - 1 the next iteration streamed epoch 0 again, without a word."""
+    ds = shardstream.StreamingDataset(dataset.spec)
+    ds.set_epoch(2**63 - 2)
+    assert len(list(ds)) == len(dataset.samples)
+    with pytest.raises(ValueError, match="epoch 9223372036854775807 is past the last one"):
+        iter(ds)
+    # A state that finished the last epoch leaves nothing; the next
+    # iteration would be past it.
+    other = shardstream.StreamingDataset(dataset.spec)
+    other.set_epoch(2**63 - 2)
+    list(other)
+    again = shardstream.StreamingDataset(dataset.spec)
+    again.load_state_dict(other.state_dict())
+    assert list(again) == []
+    with pytest.raises(ValueError, match="past the last one"):
+        iter(again)
+    # A Mix's epochs are below 2**32.
+    mix = shardstream.Mix([shardstream.StreamingDataset(dataset.spec)], [1.0])
+    mix.set_epoch(2**32 - 1)
+    assert len(list(mix)) == len(dataset.samples)
+    with pytest.raises(ValueError, match="epoch 4294967296 is past the last one, 4294967295"):
+        iter(mix)
 
 
 def test_stats_in_process(dataset):

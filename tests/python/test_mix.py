@@ -16,12 +16,14 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 from _shardtest import (
     DatasetInfo,
     collect,
     index_manifest,
     load_schema,
     member_offsets,
+    write_tar,
     write_uneven_dataset,
 )
 from hypothesis import HealthCheck, given, settings
@@ -856,6 +858,30 @@ def test_weights_needing_too_many_restarts_are_refused_when_the_epoch_starts(str
     mix = make_mix(streams, weights=(1.0, 1e5), policy="restart")
     with pytest.raises(ValueError, match="more than 1024 times"):
         iter(mix)
+
+
+def test_a_stream_with_no_sample_for_a_worker_is_refused_under_restart(tmp_path):
+    """Under ``"restart"`` a stream of fewer samples than the workers left
+    some worker without it: before, that worker mixed the other stream
+    alone, and 1:1 weights came out 60:40 at 3 workers (90 samples, not
+    120), without a word. Now the epoch raises, naming ``weights``."""
+    big = write_tar(tmp_path / "big.tar", [(f"b{i:03d}.txt", b"big") for i in range(60)])
+    small = write_tar(tmp_path / "small.tar", [(f"s{i}.txt", b"small") for i in range(2)])
+
+    def mix() -> Mix:
+        datasets = [StreamingDataset(big, seed=1), StreamingDataset(small, seed=2)]
+        return Mix(datasets, [1, 1], policy="restart")
+
+    for workers in (0, 2):
+        loader = torch.utils.data.DataLoader(mix(), batch_size=None, num_workers=workers)
+        got = Counter(s["txt"] for s in loader)
+        assert got == {b"big": 60, b"small": 60}
+        assert mix().num_samples(workers) == 120
+    with pytest.raises(ValueError, match="stream 1 has no sample for slot 2"):
+        mix().num_samples(3)
+    loader = torch.utils.data.DataLoader(mix(), batch_size=None, num_workers=3)
+    with pytest.raises(ValueError, match="policy='continue'"):
+        list(loader)
 
 
 # --------------------------------------------------------------------------

@@ -227,6 +227,9 @@ def test_what_pack_cannot_do_is_refused_by_name(tmp_path: Path) -> None:
         StreamingDataset(urls, pack=pack, rank=0, world_size=2, count_samples=True)
     with pytest.raises(ValueError, match="option sample_seed"):
         StreamingDataset(urls, pack=pack, sample_seed=True)
+    # It did nothing: packed ranks take equal sequences, not equal documents.
+    with pytest.raises(ValueError, match=r"option remainder: .*nothing to pad"):
+        StreamingDataset(urls, pack=pack, remainder="pad")
     with pytest.raises(TypeError, match=r"len\(\) is not defined with pack"):
         len(StreamingDataset(urls, pack=pack, count_samples=True))
     with pytest.raises(ValueError, match="mixes packed sequences or samples, not both"):

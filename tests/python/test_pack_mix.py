@@ -336,14 +336,14 @@ def test_verify_replays_a_packed_mixture_resumed_within_its_epoch(
     assert same or resume == "elastic"
 
 
-def test_verify_names_a_repeated_document_of_a_padded_packed_stream(tmp_path, capfd) -> None:
-    """A packed stream is cut by tokens, never padded: a document recorded
-    twice is a violation even with ``remainder="pad"`` and a document
-    count that does not divide among the ranks."""
+def test_verify_names_a_repeated_document_of_a_packed_stream(tmp_path, capfd) -> None:
+    """A packed stream is cut by tokens, never padded (``remainder="pad"``
+    is refused with ``pack``): a document recorded twice is a violation,
+    with a document count that does not divide among the ranks too."""
     corpora = indexed(tmp_path / "a", 4, 0), indexed(tmp_path / "b", 3, OFFSET, docs=21)
     ledger_dir = tmp_path / "ledger"
     for rank in (0, 1):
-        mix = mixture(corpora, (CONCAT, CONCAT), [1, 1], rank=rank, world_size=2, remainder="pad")
+        mix = mixture(corpora, (CONCAT, CONCAT), [1, 1], rank=rank, world_size=2)
         seqs = list(DataLoader(mix, batch_size=None))
         # Stream 1's last document handed out, recorded a second time.
         again = next(s for s in reversed(seqs) if stream_of(s) == 1 and len(s["__id__"]))

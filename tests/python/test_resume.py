@@ -410,9 +410,10 @@ def damage_exact(case: str, good: dict, handed_out: list, units: list) -> dict:
     elif case == "rank-past-world-size":
         state["rank"] = 3
     elif case == "epoch-past-2-63":
-        # set_epoch's bound: before, the state loaded and its next epochs
-        # repeated earlier ones (or iterating raised OverflowError).
-        state["epoch"] = 2**63 + 5
+        # set_epoch's bound (the epoch after it must fit too): before, the
+        # state loaded and its next epochs repeated earlier ones (or
+        # iterating raised OverflowError).
+        state["epoch"] = 2**63 - 1
     else:
         raise AssertionError(case)
     return state
@@ -434,7 +435,7 @@ EXACT_DAMAGE = {
     "resumed-from-empty": r"field resumed_from",
     "digest-edited": r"field digest",
     "rank-past-world-size": r"field rank",
-    "epoch-past-2-63": r"field epoch: 9223372036854775813 is not below 2\^63",
+    "epoch-past-2-63": r"field epoch: 9223372036854775807 is not below 2\^63 - 1",
 }
 
 
@@ -498,6 +499,32 @@ ELASTIC_DAMAGE = {
     "world-size-absurd": r"slots\[\d\]\.world_size: \d+ is above 1048576",
     "epoch-past-2-63": r"field epoch: 18446744073709551615 is not below 2\^63",
 }
+# The wrapper elastic_state makes: a version or field of another version
+# (before, any version was read as this build's).
+WRAPPER_DAMAGE = {
+    "version": (99, r"field version: this build reads version 1 elastic states, got 99"),
+    "version-missing": (None, r"field version: .* got None"),
+    "unknown-field": ("extra", r"field extra: not a field of an elastic state"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRAPPER_DAMAGE))
+def test_an_elastic_state_of_another_version_is_refused(uneven_dataset, old_job, case):
+    _, _, states = old_job("drop")
+    elastic = shardstream.elastic_state(states)
+    value, message = WRAPPER_DAMAGE[case]
+    if case == "unknown-field":
+        elastic["extra"] = 1
+    elif value is None:
+        del elastic["version"]
+    else:
+        elastic["version"] = value
+    ds = slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop")
+    with pytest.raises(StateMismatchError, match=message):
+        ds.load_state_dict(elastic)
+    mix = shardstream.Mix([slot_dataset(uneven_dataset, 0, 1, 1, 0, "drop")], [1.0])
+    with pytest.raises(StateMismatchError, match=message):
+        mix.load_state_dict(elastic)
 
 
 @pytest.mark.parametrize("case", list(ELASTIC_DAMAGE))

@@ -206,7 +206,8 @@ impl<R: ByteSource> Members<R> {
                 // read as they are, they are not the file's.
                 return Err(io::Error::other(
                     "a GNU sparse member, which shardstream does not read: write the shard \
-                     without sparse files (tar without --sparse)",
+                     without sparse files (GNU tar without --sparse, bsdtar with \
+                     --no-read-sparse)",
                 ));
             }
             path.clear();
