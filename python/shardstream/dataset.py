@@ -569,13 +569,25 @@ class StreamingDataset(IterableDataset[Any]):
         epoch = int(slots[0]["epoch"])
         # Saved by several ranks (or in an epoch resumed from such states),
         # so planned over counted shards: the resumed epoch is planned over
-        # a counted copy here too, whatever this job's world size. Later
-        # epochs are this dataset's own, as a fresh one plans them.
+        # a counted copy here too, whatever this job's world size. Saved by
+        # one rank, the state's epoch is planned as it was (counted or not),
+        # and a counted copy lets every field be checked against the
+        # samples its cursor passed (and an elastic resume cut them): local
+        # tar shards are counted, under on_error="raise" (under "warn" a
+        # shard skipped uncounted left out samples the state did not
+        # count). Later epochs are this dataset's own, as a fresh one plans
+        # them.
         self._resume_shards = None
         saved_world = saved_world_size(slots)
-        if saved_world > 1 and not self.shard_list.counted:
+        if not self.shard_list.counted and (
+            saved_world > 1
+            or (self.options["on_error"] == "raise" and self.options["pack"] is None)
+        ):
             self._resume_shards = copy.copy(self.shard_list)
-            count_for_ranks(self._resume_shards, saved_world)
+            if saved_world > 1:
+                count_for_ranks(self._resume_shards, saved_world)
+            else:
+                self._resume_shards.count_samples()
         self._stream = self._again = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 

@@ -169,7 +169,9 @@ impl SampleStream {
             mirror,
             finished,
             peers,
+            saved_under,
         } = state::resolve(shards, options, &fingerprint, epoch, &slot, resume)?;
+        let fingerprint = saved_under.unwrap_or(fingerprint);
         let pack = pack_stage(
             shards,
             options,

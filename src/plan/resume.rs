@@ -90,6 +90,32 @@ impl Replanner {
         }
     }
 
+    /// Every slot's units of `epoch` as they were planned before the
+    /// shards' samples were counted (whole shards dealt by bytes,
+    /// [`plan_epoch`] without counts), each unit given its shard's count
+    /// known now: the plan of a state saved then.
+    pub fn plan_without_counts(
+        &self,
+        epoch: u64,
+        world_size: usize,
+        num_workers: usize,
+    ) -> Vec<Vec<WorkUnit>> {
+        let uncounted: Vec<ShardInfo> = self
+            .shards
+            .iter()
+            .map(|s| ShardInfo {
+                samples: None,
+                ..*s
+            })
+            .collect();
+        let params = self.params(epoch, world_size, num_workers);
+        let mut slots = plan_epoch(&uncounted, &params).slots;
+        for unit in slots.iter_mut().flatten() {
+            unit.samples = self.shards[unit.shard].samples.map(|n| 0..n);
+        }
+        slots
+    }
+
     /// `slot`'s units of `epoch`, planned without the other slots' (but
     /// for a cut by weight, which weighs every slot's samples).
     pub fn slot_plan(&self, epoch: u64, slot: &SlotSpec) -> Vec<WorkUnit> {
@@ -273,6 +299,37 @@ mod tests {
             }
             for (i, slot) in slots(world_size, num_workers).enumerate() {
                 prop_assert_eq!(&replanner.slot_plan(epoch, &slot), &plan[i]);
+            }
+        }
+
+        /// The plan of a state saved before the samples were counted: the
+        /// whole shards each slot was dealt then, each with all its
+        /// samples counted now.
+        #[test]
+        fn a_plan_without_counts_deals_whole_shards_as_before_they_were_counted(
+            counts in prop::collection::vec(0u64..40, 1..24),
+            sizes in prop::collection::vec(1u64..10_000, 24),
+            (world_size, num_workers) in (1usize..4, 1usize..5),
+            seed in any::<u64>(),
+            epoch in 0u64..4,
+        ) {
+            let info = |n: &u64, size: &u64, counted: bool| ShardInfo {
+                size: Some(*size),
+                samples: counted.then_some(*n),
+            };
+            let shards = |counted| counts.iter().zip(&sizes).map(|(n, s)| info(n, s, counted)).collect();
+            let before = Replanner::new(shards(false), seed, true, Remainder::Drop)
+                .plan(epoch, world_size, num_workers);
+            let now = Replanner::new(shards(true), seed, true, Remainder::Drop)
+                .plan_without_counts(epoch, world_size, num_workers);
+            prop_assert_eq!(before.len(), now.len());
+            for (then, now) in before.iter().zip(&now) {
+                prop_assert_eq!(then.len(), now.len());
+                for (then, now) in then.iter().zip(now) {
+                    prop_assert_eq!(then.shard, now.shard);
+                    prop_assert_eq!(then.samples.clone(), None);
+                    prop_assert_eq!(now.samples.clone(), Some(0..counts[now.shard]));
+                }
             }
         }
     }

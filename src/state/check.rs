@@ -9,7 +9,7 @@ use std::ops::Range;
 use super::digest::{add_mod, id_hash, range_hash, sub_mod};
 use super::mirror::Mirror;
 use super::saved::{field_error, parse_decimal, parse_digest, Cursor, SlotState};
-use crate::config::StreamOptions;
+use crate::config::{OnError, StreamOptions};
 use crate::error::{Error, Result};
 use crate::hash::Fnv1a;
 use crate::plan::cut::Piece;
@@ -61,13 +61,14 @@ fn hash_token_counts(h: &mut Fnv1a, shards: &[Shard]) {
     }
 }
 
-/// Feeds the shard list (URLs, sizes, sample spans, kinds) to `h`.
-fn hash_shards(h: &mut Fnv1a, shards: &[Shard]) {
+/// Feeds the shard list (URLs, sizes, sample spans, kinds) to `h`; with
+/// `counted` false, as it was before any sample span was known.
+fn hash_shards(h: &mut Fnv1a, shards: &[Shard], counted: bool) {
     h.u64(shards.len() as u64);
     for shard in shards {
         h.u64(shard.url.len() as u64).bytes(shard.url.as_bytes());
         h.u64(shard.size.map_or(u64::MAX, |s| s));
-        match &shard.index {
+        match shard.index.as_ref().filter(|_| counted) {
             None => {
                 h.u64(u64::MAX);
             }
@@ -118,6 +119,10 @@ pub struct Start {
     /// resume): every slot's units, by slot index, to plan how many
     /// sequences each hands out.
     pub peers: Option<Vec<Vec<WorkUnit>>>,
+    /// The fingerprint this stream's states are saved under when not the
+    /// dataset's: a state saved before the shards' samples were counted
+    /// resumes its epoch as planned then, and so must its later states.
+    pub saved_under: Option<Fingerprint>,
 }
 
 /// Plans `slot`'s stream for `epoch`, or for the epoch of `resume` after
@@ -143,6 +148,7 @@ pub fn resolve(
                 mirror: Mirror::start(),
                 finished: false,
                 peers: Some(peers),
+                saved_under: None,
             })
         }
         None => Ok(Start {
@@ -152,14 +158,15 @@ pub fn resolve(
             mirror: Mirror::start(),
             finished: false,
             peers: None,
+            saved_under: None,
         }),
         Some(Resume::Exact(state)) => {
-            check_exact(&state, fingerprint, slot)?;
+            let planned = check_exact(&state, fingerprint, slot)?;
             // A packed slot that plans its sequences is checked against
             // every slot's plan (`sequences_left` is bounded by it).
             let layout = (slot.world_size, slot.num_workers);
             let (units, peers) = match (&state.resumed_from, plans_sequences) {
-                (None, false) => (dataset.plans.slot_plan(state.epoch, slot), None),
+                (None, false) => (dataset.slot_plan(state.epoch, slot, planned), None),
                 (None, true) => {
                     let peers = dataset.plans.plan(state.epoch, layout.0, layout.1);
                     (peers[slot.slot()].clone(), Some(peers))
@@ -174,7 +181,7 @@ pub fn resolve(
                     }
                 }
             };
-            dataset.check_slot(&state, &units, "")?;
+            dataset.check_slot(&state, &units, "", planned)?;
             Ok(Start {
                 epoch: state.epoch,
                 mirror: Mirror::from_state(&state)?,
@@ -182,6 +189,10 @@ pub fn resolve(
                 resumed_from: state.resumed_from,
                 units,
                 peers,
+                saved_under: match planned {
+                    Planned::AsNow => None,
+                    Planned::WithoutCounts => fingerprint.uncounted().cloned(),
+                },
             })
         }
         Some(Resume::Elastic(states)) => {
@@ -204,14 +215,17 @@ pub fn resolve(
                 mirror: Mirror::start(),
                 finished: false,
                 peers,
+                saved_under: None,
             })
         }
     }
 }
 
-/// Checks that `state` was saved by this dataset and options, for this slot.
-pub fn check_exact(state: &SlotState, fingerprint: &Fingerprint, slot: &SlotSpec) -> Result<()> {
-    check_fingerprint(state, fingerprint, "")?;
+/// Checks that `state` was saved by this dataset and options, for this
+/// slot, and says whether its epoch was planned before the shards' samples
+/// were counted.
+fn check_exact(state: &SlotState, fingerprint: &Fingerprint, slot: &SlotSpec) -> Result<Planned> {
+    let planned = check_fingerprint(state, fingerprint, "")?;
     let saved = (
         state.world_size,
         state.rank,
@@ -245,12 +259,35 @@ pub fn check_exact(state: &SlotState, fingerprint: &Fingerprint, slot: &SlotSpec
             ),
         ));
     }
-    Ok(())
+    Ok(planned)
 }
 
-fn check_fingerprint(state: &SlotState, fingerprint: &Fingerprint, prefix: &str) -> Result<()> {
+/// How the epoch of a checked state was planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planned {
+    /// As this dataset plans it.
+    AsNow,
+    /// Before the shards' samples were counted (whole shards dealt by
+    /// bytes, [`Replanner::plan_without_counts`]): the state was saved
+    /// before a manifest or `count_samples` counted them.
+    WithoutCounts,
+}
+
+/// Checks that `state` was saved for this dataset and options (counted
+/// or not yet), and says how its epoch was planned.
+fn check_fingerprint(
+    state: &SlotState,
+    fingerprint: &Fingerprint,
+    prefix: &str,
+) -> Result<Planned> {
     if state.fingerprint == fingerprint.whole {
-        return Ok(());
+        return Ok(Planned::AsNow);
+    }
+    if fingerprint
+        .uncounted()
+        .is_some_and(|uncounted| uncounted.whole == state.fingerprint)
+    {
+        return Ok(Planned::WithoutCounts);
     }
     // What differs, when the state says what its fingerprint covered.
     let saved: HashMap<&str, &str> = parts_of(&state.fingerprint_parts).collect();
@@ -297,15 +334,31 @@ pub struct Fingerprint {
     /// once per stream, so that a state (taken as often as every batch)
     /// carries it at the cost of one string.
     pub parts: String,
+    /// The fingerprint the shards had before their samples were counted
+    /// (a state saved then planned its epoch without counts); `None` when
+    /// none is counted, or with `pack`.
+    uncounted: Option<Box<Fingerprint>>,
 }
 
 impl Fingerprint {
     /// The fingerprint of `shards` read with `options`, and its parts, in
-    /// one pass over the shard list.
+    /// one pass over the shard list; and, when some shard's samples are
+    /// counted (a manifest, `count_samples`) and the epoch is not packed,
+    /// the fingerprint the same shards had uncounted.
     pub fn of(shards: &[Shard], options: &StreamOptions) -> Self {
+        let counted = options.pack.is_none() && shards.iter().any(|s| s.index.is_some());
+        Fingerprint {
+            uncounted: counted.then(|| Box::new(Self::hashed(shards, options, false))),
+            ..Self::hashed(shards, options, true)
+        }
+    }
+
+    /// The fingerprint of `shards` (their sample spans, if `counted`)
+    /// read with `options`, without its uncounted form.
+    fn hashed(shards: &[Shard], options: &StreamOptions, counted: bool) -> Self {
         let short = |h: &Fnv1a| format!("{:08x}", h.finish() as u32);
         let mut whole = Fnv1a::new();
-        hash_shards(&mut whole, shards);
+        hash_shards(&mut whole, shards, counted);
         let mut parts = vec![format!("{SHARDS_PART}={}", short(&whole))];
         if options.pack.is_some() {
             // Packing plans by the manifest's token counts: a state is of
@@ -322,7 +375,14 @@ impl Fingerprint {
         Fingerprint {
             whole: format!("{:016x}", whole.finish()),
             parts: parts.join(","),
+            uncounted: None,
         }
+    }
+
+    /// The fingerprint of a state saved while the shards' samples were not
+    /// counted: this one's uncounted form, if the shards are counted now.
+    pub fn uncounted(&self) -> Option<&Fingerprint> {
+        self.uncounted.as_deref()
     }
 }
 
@@ -363,6 +423,25 @@ impl<'a> Dataset<'a> {
         }
     }
 
+    /// Every slot's units of `epoch` for `layout` (`world_size`,
+    /// `num_workers`), planned as a state's epoch was.
+    fn plan(&self, epoch: u64, layout: (usize, usize), planned: Planned) -> Vec<Vec<WorkUnit>> {
+        match planned {
+            Planned::AsNow => self.plans.plan(epoch, layout.0, layout.1),
+            Planned::WithoutCounts => self.plans.plan_without_counts(epoch, layout.0, layout.1),
+        }
+    }
+
+    /// `slot`'s units of `epoch`, planned as a state's epoch was.
+    fn slot_plan(&self, epoch: u64, slot: &SlotSpec, planned: Planned) -> Vec<WorkUnit> {
+        match planned {
+            Planned::AsNow => self.plans.slot_plan(epoch, slot),
+            Planned::WithoutCounts => self
+                .plan(epoch, (slot.world_size, slot.num_workers), planned)
+                .swap_remove(slot.slot()),
+        }
+    }
+
     /// Checks that `states` (named `path` in errors) are every slot of one
     /// layout, for this dataset and one epoch (`epoch`, when given), each
     /// state fitting its slot's plan, and returns what they had not handed out.
@@ -373,9 +452,19 @@ impl<'a> Dataset<'a> {
             )));
         };
         let layout = (first.epoch, first.world_size, first.num_workers);
+        let planned = check_fingerprint(first, self.fingerprint, &format!("{path}[0]."))?;
         for (i, state) in states.iter().enumerate() {
             let prefix = format!("{path}[{i}].");
-            check_fingerprint(state, self.fingerprint, &prefix)?;
+            if check_fingerprint(state, self.fingerprint, &prefix)? != planned {
+                return Err(field_error(
+                    &prefix,
+                    "fingerprint",
+                    format!(
+                        "differs from {path}[0]'s: one state was saved before the shards' \
+                         samples were counted, the other after"
+                    ),
+                ));
+            }
             for (field, value, expected) in [
                 ("epoch", state.epoch, layout.0),
                 ("world_size", state.world_size as u64, layout.1 as u64),
@@ -416,12 +505,13 @@ impl<'a> Dataset<'a> {
         let by_slot = self.every_slot(states, path, world_size, num_workers)?;
         if !self.plans.counts_known() {
             return Err(Error::StateMismatch(
-                "elastic resume needs sample counts: build a manifest with `shardstream index`"
+                "elastic resume needs sample counts: give the dataset a manifest \
+                 (`shardstream index`) or count_samples=True"
                     .into(),
             ));
         }
         let mut slot_units = match &first.resumed_from {
-            None => self.plans.plan(epoch, world_size, num_workers),
+            None => self.plan(epoch, (world_size, num_workers), planned),
             Some(from) => {
                 let inner = self.split(from, &format!("{path}[0].resumed_from"), Some(epoch))?;
                 self.plans.recut(&inner.remaining, world_size, num_workers)
@@ -431,7 +521,7 @@ impl<'a> Dataset<'a> {
         for (slot, &i) in by_slot.iter().enumerate() {
             let state = &states[i];
             let units = std::mem::take(&mut slot_units[slot]);
-            self.check_slot(state, &units, &format!("{path}[{i}]."))?;
+            self.check_slot(state, &units, &format!("{path}[{i}]."), planned)?;
             if !state.finished {
                 remaining.extend(remaining_of(state, &units));
             }
@@ -496,7 +586,13 @@ impl<'a> Dataset<'a> {
     /// distinct samples the cursor has passed, no more than the shuffle
     /// buffer holds, and what the cursor has passed is exactly what was
     /// handed out, held or skipped (by count and by checksum).
-    fn check_slot(&self, state: &SlotState, units: &[WorkUnit], prefix: &str) -> Result<()> {
+    fn check_slot(
+        &self,
+        state: &SlotState,
+        units: &[WorkUnit],
+        prefix: &str,
+        planned: Planned,
+    ) -> Result<()> {
         let error = |field: &str, reason: String| field_error(prefix, field, reason);
         let word_pos = parse_decimal(&state.rng_word_pos).ok_or_else(|| {
             error(
@@ -551,7 +647,11 @@ impl<'a> Dataset<'a> {
             }
             None => {}
         }
-        match passed(units, cursor) {
+        // Saved uncounted under on_error="warn", the state did not count
+        // the samples a skipped shard left out: its count and digest are
+        // of no plan with counts.
+        let countable = planned == Planned::AsNow || self.options.on_error == OnError::Raise;
+        match passed(units, cursor).filter(|_| countable) {
             Some((count, passed_digest)) => {
                 let accounted =
                     u128::from(state.produced) + held as u128 + u128::from(state.skipped);
@@ -947,5 +1047,44 @@ mod tests {
         assert_eq!(parts.len(), 1 + defaults.order_bytes_by_option().len());
         assert_eq!(parts[0].0, "shards");
         assert!(parts.iter().all(|(_, part)| part.len() == 8), "{parts:?}");
+    }
+
+    #[test]
+    fn a_state_saved_before_the_shards_were_counted_is_of_the_uncounted_plan() {
+        let (shards, options) = pinned_cases().swap_remove(0);
+        let uncounted: Vec<Shard> = shards
+            .iter()
+            .map(|s| Shard {
+                index: None,
+                ..s.clone()
+            })
+            .collect();
+        let counted = Fingerprint::of(&shards, &options);
+        let before = Fingerprint::of(&uncounted, &options);
+        assert!(before.uncounted().is_none());
+        assert_eq!(counted.uncounted(), Some(&before));
+        assert_ne!(counted.whole, before.whole);
+        let state = |fingerprint: &Fingerprint| SlotState {
+            fingerprint: fingerprint.whole.clone(),
+            ..SlotState::from_json(&format!(
+                r#"{{"format":"shardstream.state","version":2,"fingerprint":"","epoch":0,
+                "world_size":1,"rank":0,"num_workers":1,"worker_id":0,"produced":0,"skipped":0,
+                "cursor":{{"unit":0,"next_sample":null}},"buffer":[],"rng_word_pos":"0",
+                "digest":"{:016x}","finished":false}}"#,
+                0
+            ))
+            .unwrap()
+        };
+        assert_eq!(
+            check_fingerprint(&state(&before), &counted, "").unwrap(),
+            Planned::WithoutCounts
+        );
+        assert_eq!(
+            check_fingerprint(&state(&counted), &counted, "").unwrap(),
+            Planned::AsNow
+        );
+        // Not the other way round: a state saved with counts is of a plan
+        // the uncounted dataset cannot make.
+        assert!(check_fingerprint(&state(&counted), &before, "").is_err());
     }
 }

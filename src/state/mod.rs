@@ -17,7 +17,7 @@ mod mirror;
 mod saved;
 
 pub(crate) use check::TOKENS_PART;
-pub use check::{check_exact, fingerprint, resolve, Fingerprint, Resume, Start};
+pub use check::{fingerprint, resolve, Fingerprint, Resume, Start};
 pub use digest::runs_digest;
 pub use mirror::{Mirror, Op, SkippedSamples};
 pub(crate) use saved::format_digest;

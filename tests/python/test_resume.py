@@ -537,6 +537,74 @@ def test_damaged_elastic_state_is_refused_naming_the_field(uneven_dataset, old_j
         collect(ds)
 
 
+def uncounted(info: DatasetInfo, **options) -> shardstream.StreamingDataset:
+    """A dataset over ``info`` without sample counts (no manifest: local tar
+    shards' defaults), whole shards dealt by bytes."""
+    return shardstream.StreamingDataset(
+        info.spec, manifest=False, seed=SEED, shuffle_buffer=SHUFFLE, **options
+    )
+
+
+def head_and_state(dataset: shardstream.StreamingDataset, n: int) -> tuple[list[str], dict]:
+    """The keys of the first ``n`` samples of ``dataset`` and its state then."""
+    it = iter(dataset)
+    head = [next(it)["__key__"] for _ in range(n)]
+    return head, json_round_trip(dataset.state_dict())
+
+
+UNCOUNTED_EDITS = {
+    "a-held-sample-dropped": (lambda s: s["buffer"].pop(), "produced"),
+    "one-fewer-handed-out": (lambda s: s.update(produced=s["produced"] - 1), "produced"),
+    "digest-edited": (lambda s: s.update(digest="0123456789abcdef"), "digest"),
+}
+
+
+@pytest.mark.parametrize("edit", list(UNCOUNTED_EDITS))
+def test_an_edited_state_of_an_uncounted_dataset_is_refused(uneven_dataset, edit):
+    """Without sample counts, a state's counts and digest were not checked:
+    an edited state loaded and its epoch came out short, without a word.
+    The local shards are counted when the state is loaded."""
+    change, field = UNCOUNTED_EDITS[edit]
+    _, state = head_and_state(uncounted(uneven_dataset), 30)
+    assert state["buffer"], "the edits need held samples"
+    change(state)
+    ds = uncounted(uneven_dataset)
+    with pytest.raises(StateMismatchError, match=f"state field {field}: "):
+        ds.load_state_dict(state)
+        collect(ds)
+
+
+def test_a_state_saved_uncounted_resumes_exactly_counted_or_not_and_elastically(uneven_dataset):
+    """A state saved before the shards were counted resumes its epoch as
+    planned then: into the same dataset (and the states of that resumed
+    epoch again), into one that has counts now (the manifest beside the
+    shards), and elastically onto two ranks. Before, the dataset with
+    counts refused it as another shard list, and an elastic resume asked
+    for a manifest, which then refused it too."""
+    full = keys_of(uncounted(uneven_dataset))
+    head, state = head_and_state(uncounted(uneven_dataset), 30)
+    ds = uncounted(uneven_dataset)
+    ds.load_state_dict(state)
+    assert head + keys_of(ds) == full
+    # Resumed, then saved again mid-epoch.
+    ds = uncounted(uneven_dataset)
+    ds.load_state_dict(state)
+    middle, again = head_and_state(ds, 20)
+    ds = uncounted(uneven_dataset)
+    ds.load_state_dict(again)
+    assert head + middle + keys_of(ds) == full
+    counted = shardstream.StreamingDataset(uneven_dataset.spec, seed=SEED, shuffle_buffer=SHUFFLE)
+    counted.load_state_dict(state)
+    assert head + keys_of(counted) == full
+    rests = []
+    for rank in (0, 1):
+        ds = uncounted(uneven_dataset, rank=rank, world_size=2)
+        ds.load_state_dict(shardstream.elastic_state(state))
+        rests.append(keys_of(ds))
+    assert len(rests[0]) == len(rests[1]) == (len(full) - len(head)) // 2
+    assert_exactly_once(head + rests[0] + rests[1], full)
+
+
 def test_a_slot_state_given_twice_counts_once(uneven_dataset, old_job):
     old_full, consumed, states = old_job("drop")
     elastic = shardstream.elastic_state(states, states[3])
