@@ -455,6 +455,10 @@ class ShardList:
     def count_samples(self) -> None:
         """Counts the samples of the local tar shards without counts, from their headers
         (unless ``count_samples=False``)."""
+    def counted_locally(self) -> ShardList | None:
+        """A copy with the local tar and JSON-lines shards counted from their headers, or
+        ``None`` when none is left to count (or ``count_samples=False``); nothing remote
+        is read."""
     def uncounted_remote(self) -> list[int]:
         """Positions of the tar shards without a sample count (remote shards no manifest
         describes), when ``count_samples=True`` asks for them to be read; else none."""

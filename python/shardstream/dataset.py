@@ -573,21 +573,19 @@ class StreamingDataset(IterableDataset[Any]):
         # one rank, the state's epoch is planned as it was (counted or not),
         # and a counted copy lets every field be checked against the
         # samples its cursor passed (and an elastic resume cut them): local
-        # tar shards are counted, under on_error="raise" (under "warn" a
+        # tar shards are counted (nothing remote is read: a manifest beside
+        # remote shards would give them sizes the state's fingerprint did
+        # not have), under on_error="raise" (under "warn" a
         # shard skipped uncounted left out samples the state did not
         # count). Later epochs are this dataset's own, as a fresh one plans
         # them.
         self._resume_shards = None
         saved_world = saved_world_size(slots)
-        if not self.shard_list.counted and (
-            saved_world > 1
-            or (self.options["on_error"] == "raise" and self.options["pack"] is None)
-        ):
+        if saved_world > 1 and not self.shard_list.counted:
             self._resume_shards = copy.copy(self.shard_list)
-            if saved_world > 1:
-                count_for_ranks(self._resume_shards, saved_world)
-            else:
-                self._resume_shards.count_samples()
+            count_for_ranks(self._resume_shards, saved_world)
+        elif self.options["on_error"] == "raise" and self.options["pack"] is None:
+            self._resume_shards = self.shard_list.counted_locally()
         self._stream = self._again = None
         self._epochs.load(resume, epoch, all(slot["finished"] for slot in slots))
 

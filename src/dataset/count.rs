@@ -42,7 +42,7 @@ impl ByteSource for SeekingFile {
 /// Whether `shard` can be counted here: a local tar or JSON-lines shard
 /// without a sample index (compression is told by its first bytes, when it
 /// is counted).
-fn countable(shard: &Shard) -> bool {
+pub fn countable(shard: &Shard) -> bool {
     shard.kind.has_manifest_spans()
         && shard.index.is_none()
         && matches!(shard.location(), Location::Local(_))

@@ -136,6 +136,30 @@ impl ShardList {
         Ok(())
     }
 
+    /// A copy of the list with its local tar and JSON-lines shards counted
+    /// from their headers (one that cannot be counted is an error), or
+    /// `None` when none is left to count (or `count_samples=False`):
+    /// what a state saved before the shards were counted is checked
+    /// against. Unlike `count_samples()`, nothing remote is read.
+    fn counted_locally(&self, py: Python<'_>) -> PyResult<Option<ShardList>> {
+        let todo = self.shards.iter().any(dataset::count::countable);
+        if !todo || self.options.get().dataset.count_samples() == Some(false) {
+            return Ok(None);
+        }
+        let mut shards = (*self.shards).clone();
+        let shards = interruptible(py, move || {
+            dataset::count::count_local_tar(&mut shards, true)?;
+            Ok(shards)
+        })?;
+        Ok(Some(ShardList {
+            shards: Arc::new(shards),
+            specs: self.specs.clone(),
+            manifest: self.manifest.clone(),
+            options: self.options.clone_ref(py),
+            counted: true,
+        }))
+    }
+
     /// Positions of the shards that have no sample count after
     /// `count_samples()` (remote shards no manifest describes), when
     /// `count_samples=True` asks for them to be read; else none.

@@ -651,7 +651,8 @@ impl<'a> Dataset<'a> {
         // the samples a skipped shard left out: its count and digest are
         // of no plan with counts.
         let countable = planned == Planned::AsNow || self.options.on_error == OnError::Raise;
-        match passed(units, cursor).filter(|_| countable) {
+        match passed(units, cursor) {
+            _ if !countable => {}
             Some((count, passed_digest)) => {
                 let accounted =
                     u128::from(state.produced) + held as u128 + u128::from(state.skipped);

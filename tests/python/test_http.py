@@ -23,6 +23,7 @@ from _shardtest import (
     sample_digest,
     shardstream_cli,
     write_tar,
+    write_uneven_dataset,
 )
 from fault_proxy import Faults as ProxyFaults
 from fault_proxy import running_fault_proxy
@@ -438,6 +439,32 @@ def test_exact_resume_mid_epoch(http, dataset):
     resumed = resumable(spec)
     resumed.load_state_dict(state)
     assert prefix + collect(resumed) == full
+
+
+def test_a_resume_on_one_rank_reads_no_manifest_the_run_did_not(tmp_path):
+    """One rank over shards named by URL plans by what it listed; the
+    manifest beside them is read only where counts are needed. Loading a
+    state must not read it either: its sizes made the state "another
+    dataset (the shard list differs)" (and its request could fail)."""
+    root = tmp_path / "served"
+    write_uneven_dataset(root, (5, 9, 4), prefix="shard")
+    with running_http_server(root) as server:
+        spec = server.shard_spec(3)
+        proc = shardstream_cli("index", spec, "-o", root / "manifest.json")
+        assert proc.returncode == 0, proc.stderr
+        full = [s["__key__"] for s in StreamingDataset(spec, seed=5, shuffle_buffer=4)]
+        first = StreamingDataset(spec, seed=5, shuffle_buffer=4)
+        iterator = iter(first)
+        prefix = [next(iterator)["__key__"] for _ in range(7)]
+        state = json.loads(json.dumps(first.state_dict()))
+        del iterator, first
+        server.reset()
+        resumed = StreamingDataset(spec, seed=5, shuffle_buffer=4)
+        resumed.load_state_dict(state)
+        assert "/manifest.json" not in server.served.gets_by_path
+        rest = [s["__key__"] for s in resumed]
+    assert len(full) == 18
+    assert prefix + rest == full
 
 
 def test_exact_resume_mid_shard_from_a_server_that_ignores_range(tmp_path):
