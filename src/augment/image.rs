@@ -39,6 +39,12 @@ pub const MAX_SIZE: u32 = 16384;
 /// outputs when the transform is built.
 const MAX_DECODED_BYTES: u64 = 512 << 20;
 
+/// The most bytes a resize's intermediate may take (one pass over the
+/// box's columns at the output's height, or over its rows at the output's
+/// width): it grows with the box's long side, so an image of absurd
+/// proportions (20,000,000 x 1 pixels, a 100 KB PNG) would need gigabytes.
+const MAX_RESIZE_PASS_BYTES: u64 = 2 * MAX_DECODED_BYTES;
+
 const JPEG_MAGIC: &[u8] = b"\xff\xd8\xff";
 const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
@@ -513,6 +519,17 @@ impl Plan {
         if whole && (iw, ih) == (source.width(), source.height()) {
             inner.buffer_mut().copy_from_slice(source.buffer());
         } else {
+            let pass =
+                (rect.w.ceil() as u64 * u64::from(ih)).max(rect.h.ceil() as u64 * u64::from(iw));
+            if pass.saturating_mul(3) > MAX_RESIZE_PASS_BYTES {
+                return Err(format!(
+                    "image too large to resize: a {}x{} pixel box into {iw}x{ih} pixels would \
+                     take over {} MiB (an image of extreme proportions)",
+                    rect.w.ceil(),
+                    rect.h.ceil(),
+                    MAX_RESIZE_PASS_BYTES >> 20
+                ));
+            }
             let options = ResizeOptions::new()
                 .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
                 .crop(rect.x, rect.y, rect.w, rect.h);
@@ -1127,6 +1144,30 @@ mod tests {
         // One-pixel images and outputs larger than the image work.
         let tiny = spec.apply(&png(1, 1), &mut rng(0)).unwrap();
         assert_eq!(tiny.shape, vec![3, 16, 16]);
+        // A 2,000,000 x 1 gray PNG (6 MB of RGB) resized to 224 x 224: the
+        // resize's pass over its columns would take 1.3 GB (20,000,000
+        // pixels wide, 13 GB). Refused; 100,000 x 1 is resized.
+        let line = |width: u32| {
+            let mut out = Vec::new();
+            PngEncoder::new(&mut out)
+                .write_image(&vec![128; width as usize], width, 1, ExtendedColorType::L8)
+                .unwrap();
+            out
+        };
+        let resize = ImageSpec::new(
+            Some((224, 224)),
+            Some("resize"),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+        .unwrap();
+        let error = resize.apply(&line(2_000_000), &mut rng(0)).unwrap_err();
+        assert!(error.contains("too large to resize"), "{error}");
+        let fine = resize.apply(&line(100_000), &mut rng(0)).unwrap();
+        assert_eq!(fine.shape, vec![3, 224, 224]);
     }
 
     proptest! {

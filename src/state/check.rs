@@ -289,10 +289,19 @@ fn check_fingerprint(
     {
         return Ok(Planned::WithoutCounts);
     }
-    // What differs, when the state says what its fingerprint covered.
+    // What differs, when the state says what its fingerprint covered (the
+    // shard list as it is, or as it was before its samples were counted).
     let saved: HashMap<&str, &str> = parts_of(&state.fingerprint_parts).collect();
+    let uncounted = fingerprint.uncounted().map_or("", |u| u.parts.as_str());
+    let same_uncounted = |name: &str, saved: &str| {
+        name == SHARDS_PART && parts_of(uncounted).any(|part| part == (name, saved))
+    };
     let differing: Vec<&str> = parts_of(&fingerprint.parts)
-        .filter(|(name, here)| saved.get(name).is_some_and(|saved| saved != here))
+        .filter(|(name, here)| {
+            saved
+                .get(name)
+                .is_some_and(|saved| saved != here && !same_uncounted(name, saved))
+        })
         .map(|(name, _)| match name {
             SHARDS_PART => "the shard list",
             option => option,
@@ -1087,5 +1096,19 @@ mod tests {
         // Not the other way round: a state saved with counts is of a plan
         // the uncounted dataset cannot make.
         assert!(check_fingerprint(&state(&counted), &before, "").is_err());
+        // Saved uncounted with another seed: the seed is what differs.
+        let seeded = StreamOptions::builder().with_seed(9).build().unwrap();
+        let other = Fingerprint::of(&uncounted, &seeded);
+        let error = check_fingerprint(
+            &SlotState {
+                fingerprint_parts: other.parts.clone(),
+                ..state(&other)
+            },
+            &counted,
+            "",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("other options (seed differs)"), "{error}");
     }
 }
