@@ -441,6 +441,17 @@ def test_exact_resume_mid_epoch(http, dataset):
     assert prefix + collect(resumed) == full
 
 
+def epoch_head_and_state(spec: str, shuffle: int, n: int) -> tuple[list[str], list[str], dict]:
+    """The keys of a whole epoch of ``spec`` (seed 5, a shuffle buffer of
+    ``shuffle``), those of the first ``n`` samples of another reading, and
+    that reading's state after them (through JSON)."""
+    full = [s["__key__"] for s in StreamingDataset(spec, seed=5, shuffle_buffer=shuffle)]
+    first = StreamingDataset(spec, seed=5, shuffle_buffer=shuffle)
+    iterator = iter(first)
+    prefix = [next(iterator)["__key__"] for _ in range(n)]
+    return full, prefix, json.loads(json.dumps(first.state_dict()))
+
+
 def test_a_resume_on_one_rank_reads_no_manifest_the_run_did_not(tmp_path):
     """One rank over shards named by URL plans by what it listed; the
     manifest beside them is read only where counts are needed. Loading a
@@ -452,12 +463,7 @@ def test_a_resume_on_one_rank_reads_no_manifest_the_run_did_not(tmp_path):
         spec = server.shard_spec(3)
         proc = shardstream_cli("index", spec, "-o", root / "manifest.json")
         assert proc.returncode == 0, proc.stderr
-        full = [s["__key__"] for s in StreamingDataset(spec, seed=5, shuffle_buffer=4)]
-        first = StreamingDataset(spec, seed=5, shuffle_buffer=4)
-        iterator = iter(first)
-        prefix = [next(iterator)["__key__"] for _ in range(7)]
-        state = json.loads(json.dumps(first.state_dict()))
-        del iterator, first
+        full, prefix, state = epoch_head_and_state(spec, 4, 7)
         server.reset()
         resumed = StreamingDataset(spec, seed=5, shuffle_buffer=4)
         resumed.load_state_dict(state)
@@ -474,12 +480,7 @@ def test_exact_resume_mid_shard_from_a_server_that_ignores_range(tmp_path):
     with running_http_server(root) as server:
         server.reset(Faults(ignore_range=True))
         url = server.url("shard.tar")
-        full = [s["__key__"] for s in StreamingDataset(url, seed=5, shuffle_buffer=7)]
-        first = StreamingDataset(url, seed=5, shuffle_buffer=7)
-        iterator = iter(first)
-        prefix = [next(iterator)["__key__"] for _ in range(80)]
-        state = json.loads(json.dumps(first.state_dict()))
-        del iterator, first
+        full, prefix, state = epoch_head_and_state(url, 7, 80)
         resumed = StreamingDataset(url, seed=5, shuffle_buffer=7)
         resumed.load_state_dict(state)
         rest = [s["__key__"] for s in resumed]
