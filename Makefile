@@ -10,7 +10,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # One build profile for `cargo test` and maturin, so dependencies compile once.
 CARGO_PROFILE := --release
 
-.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-fast test-rust test-python fuzz lint fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train bench-gpu clean
+.PHONY: help venv develop wheel wheel-aarch64 test-aarch64 sdist demo test test-fast test-rust test-python fuzz lint lint-rust lint-python lint-stubtest fmt bench bench-micro bench-peers peers-wheel bench-peers-s3 bench-train bench-gpu clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -109,14 +109,24 @@ fuzz: develop ## Mutation-fuzz the tar, gzip, zstd and Parquet readers (FUZZ_CAS
 	SHARDSTREAM_FUZZ_CASES=$(FUZZ_CASES) SHARDSTREAM_FUZZ_SEED=$(FUZZ_SEED) \
 		$(PY) -m pytest -q tests/python/test_fuzz.py
 
-lint: $(STAMP) ## rustfmt, clippy, rustdoc's links, ruff, mypy and stubtest
+# `make -j3 lint` (as .ci/run runs it) runs the Rust linters, mypy and
+# stubtest side by side: mypy and stubtest each keep one core busy for half
+# a minute while clippy's crate check leaves one idle (stubtest writes no
+# mypy cache, so the two do not share one).
+lint: lint-rust lint-python lint-stubtest ## rustfmt, clippy, rustdoc's links, ruff, mypy and stubtest
+
+lint-rust: $(STAMP)
 	cargo fmt --check
 	cargo clippy $(CARGO_PROFILE) --all-targets --features python -- -D warnings
 	RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
 		cargo doc $(CARGO_PROFILE) --features python --no-deps --document-private-items --quiet
+
+lint-python: $(STAMP)
 	ruff check python tests examples benches build-support
 	ruff format --check python tests examples benches build-support
 	$(PY) -m mypy python/shardstream
+
+lint-stubtest: $(STAMP)
 	$(PY) -m mypy.stubtest shardstream._core
 
 fmt: $(STAMP) ## Format Rust and Python code

@@ -15,8 +15,9 @@
 //! data the decoder recovered from, such as extraneous bytes before a
 //! marker) does not fail the decode; a JPEG cut short is refused before it
 //! gets here (`image::sniff`). Progressive JPEGs with more than
-//! [`SCAN_LIMIT`] scans are refused, as libjpeg-turbo advises for
-//! untrusted input.
+//! [`SCAN_LIMIT`] scans are refused, and so are JPEGs whose decode would
+//! take more than [`BUFFER_LIMIT_MIB`] of intermediate buffers, as
+//! libjpeg-turbo advises for untrusted input.
 
 use std::ffi::CStr;
 
@@ -25,6 +26,15 @@ use turbojpeg_sys as tj;
 /// The most scans a progressive JPEG may have. Encoders write about ten;
 /// a crafted file with thousands makes each decode take seconds.
 pub const SCAN_LIMIT: i32 = 500;
+
+/// The most MiB of intermediate buffers a decode may take. A progressive
+/// (or arithmetic-coded) JPEG keeps every coefficient of the image, two
+/// bytes per component and pixel: twice the RGB output of the largest
+/// image `Image` decodes (512 MiB), plus 64 MiB for the decoder's other
+/// buffers and the blocks' padding, holds any YCbCr or gray image of that
+/// size; a CMYK one over about 142 million pixels is refused (it would take
+/// 1.1 GB of coefficients before its 4-channel output).
+pub const BUFFER_LIMIT_MIB: i32 = 1088;
 
 /// turbojpeg.h's `TJUNSCALED` (a static constant of the header, not a
 /// symbol of the library): decode at full size.
@@ -106,7 +116,7 @@ fn with_decompressor<T>(
 }
 
 impl Decompressor {
-    /// A new handle, with the scan limit set.
+    /// A new handle, with the scan and buffer limits set.
     fn new() -> Result<Decompressor, String> {
         // SAFETY: `tj3Init` takes no pointers; a null result is checked.
         let handle = unsafe { tj::tj3Init(tj::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
@@ -115,11 +125,13 @@ impl Decompressor {
         }
         let mut decompressor = Decompressor { handle };
         decompressor.set(tj::TJPARAM_TJPARAM_SCANLIMIT, SCAN_LIMIT)?;
+        decompressor.set(tj::TJPARAM_TJPARAM_MAXMEMORY, BUFFER_LIMIT_MIB)?;
         Ok(decompressor)
     }
 
     /// The handle's last error, worded for users: TurboJPEG's message
-    /// without the name of the function that raised it.
+    /// without the name of the function that raised it (libjpeg-turbo's
+    /// "Memory limit exceeded" said as what it means here).
     fn error(&self) -> String {
         // SAFETY: `tj3GetErrorStr` returns a NUL-terminated string owned
         // by the handle (or a thread-local one), valid until the next call
@@ -127,6 +139,12 @@ impl Decompressor {
         let message = unsafe { CStr::from_ptr(tj::tj3GetErrorStr(self.handle)) };
         let message = message.to_string_lossy();
         let message = message.split_once("(): ").map_or(&*message, |(_, m)| m);
+        if message.starts_with("Memory limit exceeded") {
+            return format!(
+                "JPEG image too large to decode: its decode would take over \
+                 {BUFFER_LIMIT_MIB} MiB of buffers (a progressive image this large)"
+            );
+        }
         format!("corrupt JPEG image: {}", message.replace('\n', " "))
     }
 
@@ -533,6 +551,57 @@ mod tests {
             };
             assert!(decode_region(&garbage, 8, region).is_err());
         }
+    }
+
+    /// A progressive CMYK JPEG of `side` x `side` pixels: its markers
+    /// (Adobe's, for CMYK; quantization and DC Huffman tables; the frame;
+    /// a first DC scan) and a few bytes of that scan, the rest of the data
+    /// missing (which libjpeg-turbo recovers from with a warning).
+    fn progressive_cmyk(side: u16) -> Vec<u8> {
+        let mut bytes = vec![0xff, 0xd8];
+        let mut segment = |marker: u8, body: &[u8]| {
+            bytes.extend([0xff, marker]);
+            bytes.extend(u16::try_from(body.len() + 2).unwrap().to_be_bytes());
+            bytes.extend(body);
+        };
+        segment(0xee, b"Adobe\x00\x64\x00\x00\x00\x00\x00");
+        segment(0xdb, &[&[0u8][..], &[1; 64]].concat());
+        let [hi, lo] = side.to_be_bytes();
+        let components = (1..=4u8).flat_map(|id| [id, 0x11, 0]);
+        segment(
+            0xc2,
+            &[8, hi, lo, hi, lo, 4]
+                .into_iter()
+                .chain(components)
+                .collect::<Vec<_>>(),
+        );
+        segment(0xc4, &[&[0x00, 1][..], &[0; 15], &[0]].concat());
+        let scan = (1..=4u8).flat_map(|id| [id, 0x00]);
+        segment(
+            0xda,
+            &[4].into_iter()
+                .chain(scan)
+                .chain([0, 0, 0])
+                .collect::<Vec<_>>(),
+        );
+        bytes.extend([0; 16]);
+        bytes.extend([0xff, 0xd9]);
+        bytes
+    }
+
+    /// A progressive CMYK JPEG of 12,500 x 12,500 pixels (469 MB of RGB,
+    /// within `Image`'s limit) would take 1.25 GB of coefficients: it is
+    /// refused before they are allocated. The same file at 64 x 64 decodes.
+    #[test]
+    fn a_progressive_jpeg_whose_buffers_exceed_the_limit_is_refused() {
+        let (w, h, pixels) = decode_whole(&progressive_cmyk(64)).unwrap();
+        assert_eq!((w, h, pixels.len()), (64, 64, 64 * 64 * 3));
+        // Not `unwrap_err`: a decode that passed would print its 469 MB.
+        let Err(err) = decode_whole(&progressive_cmyk(12_500)) else {
+            panic!("the decode was not refused");
+        };
+        assert!(err.starts_with("JPEG image too large to decode"), "{err}");
+        assert!(err.contains("1088 MiB"), "{err}");
     }
 
     proptest! {
