@@ -8,9 +8,17 @@ use crate::error::{Error, Result};
 pub const SHARD_SUFFIXES: [&str; 4] = [".tar", ".tar.gz", ".tgz", ".tar.zst"];
 
 /// Whether a directory or prefix listing takes the file or object `name`
-/// as a shard (by its suffix; compression itself is told by the bytes).
+/// as a shard (by its suffix, in any case: `SHARD-0.TAR` too; compression
+/// itself is told by the bytes).
 pub fn is_shard_name(name: &str) -> bool {
-    SHARD_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
+    SHARD_SUFFIXES.iter().any(|suffix| has_suffix(name, suffix))
+}
+
+/// Whether `name` ends in `suffix`, ASCII letters in any case (names made
+/// on case-insensitive file systems: `.TAR`, `.Parquet`).
+fn has_suffix(name: &str, suffix: &str) -> bool {
+    let (name, suffix) = (name.as_bytes(), suffix.as_bytes());
+    name.len() >= suffix.len() && name[name.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
 }
 
 /// Name suffixes of JSON-lines shards (one sample per line; compression
@@ -19,12 +27,12 @@ pub const LINES_SUFFIXES: [&str; 3] = [".jsonl", ".jsonl.gz", ".jsonl.zst"];
 
 /// Whether `name` is a JSON-lines shard's.
 pub fn is_lines_name(name: &str) -> bool {
-    LINES_SUFFIXES.iter().any(|suffix| name.ends_with(suffix))
+    LINES_SUFFIXES.iter().any(|suffix| has_suffix(name, suffix))
 }
 
-/// Whether `name` is a Parquet file's.
+/// Whether `name` is a Parquet file's (`.parquet`, in any case).
 pub fn is_parquet_name(name: &str) -> bool {
-    name.ends_with(".parquet")
+    has_suffix(name, ".parquet")
 }
 
 /// Whether `name` is a raw object's: anything but folder markers and
@@ -286,6 +294,18 @@ pub fn check_scheme(url: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_are_taken_by_their_suffix_in_any_case() {
+        for name in ["a.tar", "A.TAR", "b.Tar.Gz", "c.TGZ", "d.tar.ZST", "é.tar"] {
+            assert!(is_shard_name(name), "{name}");
+        }
+        for name in ["a.tar.bak", "tar", "a.TA", "é", "a.targz", ""] {
+            assert!(!is_shard_name(name), "{name}");
+        }
+        assert!(is_parquet_name("t.PARQUET") && !is_parquet_name("t.parquet.tmp"));
+        assert!(is_lines_name("l.JSONL.GZ") && !is_lines_name("l.json"));
+    }
 
     #[test]
     fn expands_zero_padded_range() {

@@ -4,11 +4,13 @@ elastic resume (see ``docs/mixing.md``)."""
 from __future__ import annotations
 
 import json
+import numbers
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset
 
 from ._core import (
@@ -45,6 +47,9 @@ __all__ = ["MIX_FORMAT", "Mix"]
 # resumed one) is ``MixSlot``, in Rust (src/state/mix.rs, src/plan/mix.rs):
 # pass ``p`` (a restart) of a stream in mixture epoch ``e`` reads the
 # stream's epoch ``e + p * MIX_PASS_STRIDE``.
+
+# Mixture weights: a list of numbers, or a one-dimensional array or tensor.
+Weights = Sequence[float] | np.ndarray | torch.Tensor
 
 _Slot = tuple[int, int, int, int]  # (rank, world_size, worker_id, num_workers)
 _Opener = Callable[[int, int, str | None], SampleStream]
@@ -101,7 +106,8 @@ class Mix(IterableDataset[Any]):
             Packed streams (``pack``, one sequence shape, token counts in
             the manifest) mix their sequences: by token weight.
         weights: one finite, non-negative weight per stream, at least one
-            above 0; only their ratios count (``[1e308, 1e308]`` mixes as
+            above 0 (a list, or a one-dimensional numpy array or tensor);
+            only their ratios count (``[1e308, 1e308]`` mixes as
             ``[1, 1]``); equal by default.
         policy: when a stream runs out, ``"stop"`` ends the epoch (the
             other streams' rest is left unread), ``"restart"`` starts it again
@@ -115,7 +121,7 @@ class Mix(IterableDataset[Any]):
     def __init__(
         self,
         datasets: Sequence[StreamingDataset],
-        weights: Sequence[float] | None = None,
+        weights: Weights | None = None,
         *,
         policy: str = "stop",
         seed: int | None = None,
@@ -184,9 +190,16 @@ class Mix(IterableDataset[Any]):
 
     @staticmethod
     def _check_weights(weights: Any, streams: int, policy: str) -> list[float]:
+        # A one-dimensional numpy array or tensor (a schedule's output):
+        # its numbers, as Python's.
+        if isinstance(weights, (np.ndarray, torch.Tensor)) and weights.ndim == 1:
+            weights = weights.tolist()
         if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
             raise TypeError(f"invalid option weights: expected a list of numbers, got {weights!r}")
-        if not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights):
+        # numbers.Real takes numpy's scalars (np.float32, np.int64) too.
+        if not all(
+            isinstance(w, numbers.Real) and not isinstance(w, (bool, np.bool_)) for w in weights
+        ):
             raise TypeError(f"invalid option weights: expected a list of numbers, got {weights!r}")
         if len(weights) != streams:
             raise ValueError(
@@ -211,7 +224,7 @@ class Mix(IterableDataset[Any]):
         the first epoch no iteration had begun when it was called)."""
         return self._weights.get(epoch)
 
-    def set_weights(self, weights: Sequence[float]) -> None:
+    def set_weights(self, weights: Weights) -> None:
         """Sets the weights of the next iteration's epoch and the ones after
         it, in this process and in its DataLoader workers (persistent ones
         too): from the first epoch no iteration has begun (an iteration under
@@ -425,7 +438,7 @@ class Mix(IterableDataset[Any]):
         return iterator.state()
 
     def load_state_dict(
-        self, state_dict: Mapping[str, Any], *, weights: Sequence[float] | None = None
+        self, state_dict: Mapping[str, Any], *, weights: Weights | None = None
     ) -> None:
         """Resumes from a state at the next ``__iter__``.
 

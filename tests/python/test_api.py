@@ -188,6 +188,22 @@ def test_directory_spec_sorted_tar_only(tmp_path, dataset):
     assert [s["__url__"] for s in got_slash] == [s["__url__"] for s in got]
 
 
+def test_a_directory_lists_shard_suffixes_in_any_case(tmp_path, dataset):
+    """Names made on a case-insensitive file system. Before, ``.TAR`` was
+    passed over: its samples left out, no error."""
+    names = ["a.TAR", "b.Tar", "c.tar"]
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(dataset.paths[i].read_bytes())
+    (tmp_path / "d.TAR.bak").write_text("not a shard")
+    got = ordered(tmp_path)
+    assert [s["__url__"] for s in got] == [
+        f"{tmp_path}/{name}"
+        for i, name in enumerate(names)
+        for _ in dataset.keys_of([dataset.urls[i]])
+    ]
+    assert keys_of(got) == dataset.keys_of(dataset.urls[:3])
+
+
 def test_a_directory_of_links_gives_the_shards_they_point_to(tmp_path, dataset):
     """A Hugging Face cache snapshot holds links to its blobs. Before, a
     directory's links were not listed: their samples were left out, no

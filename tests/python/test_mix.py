@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from _shardtest import (
@@ -488,6 +489,24 @@ def test_bad_mixtures_are_refused_at_construction(streams):
         Mix([StreamingDataset(a.spec, batch_size=4), ds[1]])
     with pytest.raises(shardstream.DatasetSpecError, match="shardstream index"):
         Mix([StreamingDataset(a.spec, count_samples=False), ds[1]])
+
+
+def test_weights_may_be_a_numpy_array_or_a_tensor(streams):
+    a, b = streams
+    ds = [StreamingDataset(a.spec), StreamingDataset(b.spec)]
+    by_list = [ident(s) for s in Mix(ds, [3.0, 1.0])]
+    for weights in (np.array([3.0, 1.0]), torch.tensor([3, 1]), [np.float32(3), np.int64(1)]):
+        mix = Mix(ds, weights)
+        assert mix.weights == [3.0, 1.0]
+        assert all(type(w) is float for w in mix.weights)
+        assert [ident(s) for s in mix] == by_list
+    mix.set_weights(np.array([1.0, 2.0]))
+    assert mix.weights == [1.0, 2.0]
+    for bad in (np.ones((2, 1)), np.float64(1.0), [np.bool_(True), 1.0], ["1", "1"]):
+        with pytest.raises(TypeError, match="invalid option weights: expected a list of numbers"):
+            Mix(ds, bad)
+    with pytest.raises(ValueError, match="invalid option weights"):
+        Mix(ds, np.array([1.0, np.inf]))
 
 
 # --------------------------------------------------------------------------
