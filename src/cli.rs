@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -326,12 +326,33 @@ enum Command {
     },
 }
 
+/// Set by [`interrupt`]: `write` stops before its next sample.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Asks the command [`run`] is running to stop (its caller was
+/// interrupted: Ctrl-C in the Python entry point). `write` stops before its
+/// next sample with an error, its open shard aborted (no `.partial` file
+/// left) and the manifest of its completed shards written; the other
+/// commands do not look at it.
+pub fn interrupt() {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// An error once [`interrupt`] was called.
+fn check_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        return Err(Error::Stopped("interrupted".into()));
+    }
+    Ok(())
+}
+
 /// Runs the CLI on `args` (program name first); returns the exit code.
 pub fn run<I, T>(args: I) -> i32
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    INTERRUPTED.store(false, Ordering::SeqCst);
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -524,6 +545,8 @@ where
     };
     match result {
         Ok(()) => 0,
+        // The caller says so (`shardstream: interrupted`); 128 + SIGINT.
+        Err(_) if INTERRUPTED.load(Ordering::SeqCst) => 130,
         Err(e) => {
             eprintln!("error: {e}");
             1
@@ -1582,6 +1605,7 @@ fn write_shards(
                         None => unlabelled += 1,
                     }
                 }
+                check_interrupted()?;
                 writer.write(key, fields)?;
                 progress.inc(1);
             }
@@ -1631,6 +1655,7 @@ fn write_shards(
             });
             let progress = sample_progress(inputs::parquet_row_count(&files)?);
             inputs::parquet_rows(&files, &key_column, columns.as_deref(), |key, fields| {
+                check_interrupted()?;
                 writer.write(&key, fields)?;
                 progress.inc(1);
                 Ok(())

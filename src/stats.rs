@@ -413,7 +413,10 @@ pub const EPOCH_TABLE_LEN: usize = 1024;
 
 /// The epoch of each DataLoader worker's next iteration, by worker id, in
 /// memory shared with the processes the table is forked or handed to
-/// (through its descriptor, [`Epochs::fd`] and [`Epochs::attach`]).
+/// (through its descriptor, [`Epochs::fd`] and [`Epochs::attach`]); and,
+/// in one more cell, whether a worker has begun an iteration since the
+/// process that made the table last set every entry
+/// ([`Epochs::worker_began`]).
 pub struct Epochs {
     cells: SharedCells,
 }
@@ -422,7 +425,7 @@ impl Epochs {
     /// A new table, every entry 0.
     pub fn new() -> Self {
         Epochs {
-            cells: SharedCells::new(EPOCH_TABLE_LEN, c"shardstream-epochs"),
+            cells: SharedCells::new(EPOCH_TABLE_LEN + 1, c"shardstream-epochs"),
         }
     }
 
@@ -445,7 +448,7 @@ impl Epochs {
     /// table in another process): both see and advance the same entries.
     pub fn attach(file: OwnedFd) -> std::io::Result<Self> {
         Ok(Epochs {
-            cells: SharedCells::attach(file, EPOCH_TABLE_LEN, "an epoch table")?,
+            cells: SharedCells::attach(file, EPOCH_TABLE_LEN + 1, "an epoch table")?,
         })
     }
 
@@ -464,11 +467,23 @@ impl Epochs {
         self.cell(worker).load(Ordering::SeqCst)
     }
 
-    /// Sets every entry to `epoch`.
+    /// Sets every entry to `epoch`, and clears [`Epochs::worker_began`].
     pub fn set_all(&self, epoch: u64) {
         for i in 0..EPOCH_TABLE_LEN {
             self.cell(i).store(epoch, Ordering::SeqCst);
         }
+        self.cell(EPOCH_TABLE_LEN).store(0, Ordering::SeqCst);
+    }
+
+    /// Records that a worker began an iteration ([`Epochs::worker_began`]).
+    pub fn mark_worker_began(&self) {
+        self.cell(EPOCH_TABLE_LEN).store(1, Ordering::SeqCst);
+    }
+
+    /// Whether a worker began an iteration since [`Epochs::set_all`] last
+    /// ran (or since the table was made).
+    pub fn worker_began(&self) -> bool {
+        self.cell(EPOCH_TABLE_LEN).load(Ordering::SeqCst) != 0
     }
 
     /// Sets entry `worker` of a DataLoader with `num_workers` workers, and
@@ -816,6 +831,16 @@ mod tests {
         let other = Epochs::attach(fd).unwrap();
         other.set_worker(0, 2, 7);
         assert_eq!((e.get(0), e.get(1), e.get(2)), (7, 0, 7));
+        assert!(!e.worker_began());
+        other.mark_worker_began();
+        assert!(
+            e.worker_began(),
+            "a worker's iteration is seen where the table was made"
+        );
+        other.set_worker(1, 2, 8);
+        assert!(e.worker_began(), "a worker's entry leaves the mark");
+        e.set_all(8);
+        assert!(!other.worker_began(), "setting every entry clears the mark");
         let wrong = tempfile::tempfile().unwrap();
         assert!(Epochs::attach(wrong.into()).is_err());
     }

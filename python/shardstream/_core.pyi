@@ -191,10 +191,14 @@ class EpochTable:
     def get(self, worker: int) -> int:
         """The epoch of worker ``worker``'s next iteration."""
     def set_all(self, epoch: int) -> None:
-        """Sets every entry to ``epoch``."""
+        """Sets every entry to ``epoch``, and clears ``worker_began``."""
     def set_worker(self, worker: int, num_workers: int, epoch: int) -> None:
         """Sets entry ``worker`` of a DataLoader of ``num_workers`` workers, and every entry
         from ``num_workers`` on, to ``epoch``."""
+    def mark_worker_began(self) -> None:
+        """Records that a worker began an iteration."""
+    def worker_began(self) -> bool:
+        """Whether a worker began an iteration since ``set_all`` last ran."""
     def values(self) -> list[int]:
         """Every entry, in worker id order."""
     def fd(self) -> int | None:

@@ -95,7 +95,10 @@ class StreamingDataset(IterableDataset[Any]):
             from ``torch.distributed`` when initialised, else from the
             ``RANK``/``WORLD_SIZE`` environment variables, else 0 and 1.
         num_workers, worker_id: override the DataLoader worker info (mostly
-            for tests and custom launchers).
+            for tests and custom launchers). ``num_workers`` without
+            ``worker_id`` must be the count of the DataLoader that iterates
+            the dataset (a ``ValueError`` as the iteration begins otherwise:
+            it would read one worker's share only).
         on_error: ``"raise"`` ends the epoch with the error; ``"warn"`` skips
             the rest of a bad shard with a ``ShardSkippedWarning`` and counts it.
         io_timeout: seconds to wait for the next bytes of a shard.
@@ -403,6 +406,28 @@ class StreamingDataset(IterableDataset[Any]):
         )
         return worker_id, num_workers
 
+    def check_worker_count(self) -> None:
+        """Raises ``ValueError`` as an iteration begins when ``num_workers``
+        was given without ``worker_id`` and the process iterating is not
+        one of that many DataLoader workers: it would read one worker's
+        share of the rank's samples, the rest left out without a word."""
+        if self.num_workers is None or self.worker_id is not None:
+            return
+        info = get_worker_info()
+        actual = info.num_workers if info is not None else 1
+        if actual != self.num_workers:
+            where = (
+                f"a DataLoader of {actual} workers"
+                if info is not None
+                else "a process that is no DataLoader worker"
+            )
+            raise ValueError(
+                f"invalid option num_workers: {self.num_workers} was given, but {where} "
+                f"iterates the dataset, which would read worker {info.id if info else 0}'s "
+                f"share of {self.num_workers} only: leave num_workers out (a DataLoader's "
+                "own count is found), or give worker_id too"
+            )
+
     def num_samples(self) -> int:
         """Samples per rank per epoch; needs sample counts: a manifest for
         tar shards (Parquet footers and raw objects give them). With ``pack``
@@ -459,6 +484,7 @@ class StreamingDataset(IterableDataset[Any]):
         """``__iter__``'s iterator, what stops it raised here."""
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.distributed_slot()[1])
+        self.check_worker_count()
         # The pending resume is used up here, not lazily: StatefulDataLoader
         # may create and discard an iterator.
         if self.options["raise_malloc_thresholds"]:
@@ -526,7 +552,11 @@ class StreamingDataset(IterableDataset[Any]):
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's stream as of the last sample it handed
         out (a new dict each call). With ``StatefulDataLoader`` each worker
-        reports its own; see ``load_state_dict``."""
+        reports its own; see ``load_state_dict``. In a DataLoader's main
+        process once its workers began iterating (and no ``set_epoch`` or
+        ``load_state_dict`` came since), a ``StateMismatchError``: the
+        workers' progress is not known there."""
+        self._epochs.check_state_known("StreamingDataset")
         stream = self._stream if self._stream is not None else self._open_stream(self.epoch)
         state: dict[str, Any] = json.loads(stream.state())
         return state

@@ -137,8 +137,29 @@ class EpochAdvance(Generic[Resume]):
                 f"epoch {epoch} is past the last one, {last}: set_epoch to an earlier epoch"
             )
         self._set_next(epoch + 1)
+        if self.worker_entry() is not None:
+            self._table.mark_worker_began()
         self.resume = self._resume_epoch = None
         self._began_in = os.getpid()
+
+    def check_state_known(self, what: str) -> None:
+        """Raises ``StateMismatchError`` in a process that is no worker
+        (a DataLoader's main process) once workers began an iteration that
+        this process did not set up since (``set_epoch``, ``load_state_dict``
+        or an iteration of its own): it does not see how far they got, so
+        a state taken here would describe a stream the consumer did not
+        read, and a resume from it would leave out what they had yet to
+        hand out. ``what``: the class whose ``state_dict`` was called."""
+        if self.worker_entry() is not None or not self._table.worker_began():
+            return
+        raise StateMismatchError(
+            f"{what}.state_dict() in a process whose DataLoader workers iterate the dataset: "
+            "this process does not see how far they got, and a state taken here would leave "
+            "out what they had yet to hand out. Save the loader's state instead (torchdata's "
+            "StatefulDataLoader: loader.state_dict()), or iterate with num_workers=0; between "
+            f"epochs, save the epoch and resume with set_epoch (then {what}.state_dict() "
+            "gives that epoch's start)"
+        )
 
     def began_here(self) -> bool:
         """Whether an iteration began in this process before (a copy made

@@ -301,6 +301,8 @@ class Mix(IterableDataset[Any]):
         """``__iter__``'s iterator, what stops it raised here."""
         # Accelerate's wrappers would split this rank's part between ranks again.
         check_not_resplit(self, self.datasets[0].distributed_slot()[1])
+        for ds in self.datasets:
+            ds.check_worker_count()
         if any(ds.options["raise_malloc_thresholds"] for ds in self.datasets):
             # The process that iterates makes each sample's ``bytes``.
             raise_malloc_thresholds()
@@ -431,7 +433,11 @@ class Mix(IterableDataset[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """The state of this process's mixture as of the last sample it
-        handed out: the mixture's position and each stream's state."""
+        handed out: the mixture's position and each stream's state. In a
+        DataLoader's main process once its workers began iterating (and no
+        ``set_epoch`` or ``load_state_dict`` came since), a
+        ``StateMismatchError``: the workers' progress is not known there."""
+        self._epochs.check_state_known("Mix")
         iterator = self._iterator
         if iterator is None:
             iterator = _MixIterator(self.datasets, self._mix_slot(self.epoch, self._slot()))

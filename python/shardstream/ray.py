@@ -191,7 +191,7 @@ class ShardDatasink(Datasink):  # type: ignore[misc]
             for url in strays:
                 os.remove(os.path.join(directory, os.path.basename(url)))
             for name in os.listdir(directory):
-                # What a killed attempt's writer left: `.{shard name}.{pid}.partial`.
+                # What a killed attempt's writer left: `.{shard name}.{pid}.{n}.partial`.
                 if name.startswith(f".{self.prefix}-") and name.endswith(".partial"):
                     os.remove(os.path.join(directory, name))
         write_manifest(self.manifest_url, entries, s3=self.s3)

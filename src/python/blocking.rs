@@ -28,6 +28,10 @@ pub fn blocking<T: Send>(
     }
 }
 
+/// How long a call interrupted by Ctrl-C waits for the work it asked to
+/// stop ([`interruptible_stopping`]) before it raises all the same.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
 /// Runs `f` on a thread of its own and waits for it with the GIL
 /// released, checking for Python signals every [`SIGNAL_INTERVAL`]: on
 /// Ctrl-C the call raises `KeyboardInterrupt` at once (the thread finishes
@@ -35,6 +39,26 @@ pub fn blocking<T: Send>(
 pub fn interruptible<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+) -> PyResult<T> {
+    run_interruptibly(py, f, None)
+}
+
+/// As [`interruptible`], but on Ctrl-C it calls `stop` (which asks `f` to
+/// stop) and waits up to [`STOP_GRACE`] for `f` to return before it raises
+/// `KeyboardInterrupt`: what `f` cleans up on its way out (a writer's open
+/// shard) is done before the interpreter can exit.
+pub fn interruptible_stopping<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+    stop: fn(),
+) -> PyResult<T> {
+    run_interruptibly(py, f, Some(stop))
+}
+
+fn run_interruptibly<T: Send + 'static>(
+    py: Python<'_>,
+    f: impl FnOnce() -> crate::Result<T> + Send + 'static,
+    stop: Option<fn()>,
 ) -> PyResult<T> {
     let (tx, rx) = mpsc::sync_channel(1);
     // Waited on with the GIL released, from this thread only.
@@ -57,16 +81,33 @@ pub fn interruptible<T: Send + 'static>(
                 .unwrap_or_else(|e| e.into_inner())
                 .recv_timeout(SIGNAL_INTERVAL)
         });
-        if let (Ok(_), Some(thread)) = (&received, thread.take()) {
-            // It has sent its result and is ending: no thread outlives the
-            // call (DataLoader workers fork from this process).
-            let _ = py.detach(|| thread.join());
+        if received.is_ok() {
+            if let Some(thread) = thread.take() {
+                // It has sent its result and is ending: no thread outlives
+                // the call (DataLoader workers fork from this process).
+                let _ = py.detach(|| thread.join());
+            }
         }
         match received {
             Ok(Ok(Ok(value))) => return Ok(value),
             Ok(Ok(Err(error))) => return Err(to_py(error)),
             Ok(Err(panic)) => return Err(panic_to_py(panic.as_ref())),
-            Err(mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(interrupt) = py.check_signals() {
+                    if let (Some(stop), Some(thread)) = (stop, thread.take()) {
+                        stop();
+                        let ended = py.detach(|| {
+                            rx.lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .recv_timeout(STOP_GRACE)
+                        });
+                        if ended.is_ok() {
+                            let _ = py.detach(|| thread.join());
+                        }
+                    }
+                    return Err(interrupt);
+                }
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(to_py(crate::Error::Stopped(
                     "the thread resolving the dataset ended without a result".into(),

@@ -48,7 +48,7 @@ impl EpochTable {
         Ok(self.inner.get(worker))
     }
 
-    /// Sets every entry to `epoch`.
+    /// Sets every entry to `epoch`, and clears `worker_began`.
     fn set_all(&self, epoch: u64) {
         self.inner.set_all(epoch);
     }
@@ -64,6 +64,18 @@ impl EpochTable {
         }
         self.inner.set_worker(worker, num_workers, epoch);
         Ok(())
+    }
+
+    /// Records that a DataLoader (or DataLoader2, Grain) worker began an
+    /// iteration: until `set_all`, the process that made the table does
+    /// not know how far the workers got.
+    fn mark_worker_began(&self) {
+        self.inner.mark_worker_began();
+    }
+
+    /// Whether a worker began an iteration since `set_all` last ran.
+    fn worker_began(&self) -> bool {
+        self.inner.worker_began()
     }
 
     /// Every entry, in worker id order.

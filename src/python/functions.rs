@@ -7,7 +7,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt};
 
-use super::blocking::interruptible;
+use super::blocking::{interruptible, interruptible_stopping};
 use super::errors::to_py;
 use super::sample_stream::parse_resume;
 use crate::dataset::resolve;
@@ -204,9 +204,9 @@ pub fn plan_samples(
 }
 
 /// Runs the `shardstream` command line with `argv` (program name first):
-/// its exit code; Ctrl-C raises `KeyboardInterrupt`, a panic a
-/// `ShardStreamError`.
+/// its exit code; Ctrl-C raises `KeyboardInterrupt` (once `write` has
+/// stopped, its open shard aborted), a panic a `ShardStreamError`.
 #[pyfunction]
 pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> PyResult<i32> {
-    interruptible(py, move || Ok(crate::cli::run(argv)))
+    interruptible_stopping(py, move || Ok(crate::cli::run(argv)), crate::cli::interrupt)
 }

@@ -87,6 +87,33 @@ impl ShardWriter {
     }
 }
 
+/// `text` as UTF-8; a str holding a lone surrogate (what `os.listdir`
+/// gives for a file name that is not UTF-8) has none: a `ValueError`
+/// naming `what` (with its repr), and the sample and field where known.
+fn utf8<'a>(
+    text: &'a Bound<'_, PyString>,
+    key: Option<&str>,
+    field: Option<&str>,
+    what: &str,
+) -> PyResult<&'a str> {
+    text.to_str().map_err(|_| {
+        let shown = text
+            .repr()
+            .map(|r| r.to_string())
+            .unwrap_or_else(|_| "?".into());
+        to_py(Error::InvalidSample {
+            key: key.map(str::to_owned),
+            field: field.map(str::to_owned),
+            reason: format!(
+                "{what} {shown} is not valid Unicode: it holds a lone surrogate, as os.listdir \
+                 gives for a name that is not UTF-8 (write bytes, os.fsencode(name), or \
+                 decode the name as it is meant)"
+            ),
+            wrong_type: false,
+        })
+    })
+}
+
 /// A refused value of field `field` of sample `key`.
 fn wrong_type(key: &str, field: &str, reason: String) -> PyErr {
     to_py(Error::InvalidSample {
@@ -125,7 +152,9 @@ fn field_value(key: &str, field: &str, value: &Bound<'_, PyAny>) -> PyResult<Fie
         return Ok(FieldValue::Bytes(bytes.as_bytes().to_vec()));
     }
     if let Ok(text) = value.cast::<PyString>() {
-        return Ok(FieldValue::Text(text.to_str()?.to_owned()));
+        return Ok(FieldValue::Text(
+            utf8(text, Some(key), Some(field), "the str value")?.to_owned(),
+        ));
     }
     let is_number = value.is_instance_of::<PyBool>()
         || value.is_instance_of::<PyInt>()
@@ -186,7 +215,7 @@ impl ShardWriter {
                 ))
             }
             Some(key) => match key.cast::<PyString>() {
-                Ok(key) => key.to_str()?.to_owned(),
+                Ok(key) => utf8(key, None, None, "__key__")?.to_owned(),
                 Err(_) => {
                     return Err(PyTypeError::new_err(format!(
                         "__key__ must be a str, got {} ({})",
@@ -206,7 +235,7 @@ impl ShardWriter {
                     wrong_type: true,
                 }));
             };
-            let name = name.to_str()?;
+            let name = utf8(name, Some(&key), None, "the field name")?;
             // `__url__` is what the reader adds; it is not data.
             if name == "__key__" || name == "__url__" {
                 continue;

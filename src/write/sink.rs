@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use aws_sdk_s3::primitives::ByteStream;
@@ -127,16 +128,46 @@ pub struct Upload {
     failed: bool,
 }
 
-/// The temporary name of `path`: hidden, in the same directory (so the
-/// rename stays on one file system), and with no shard suffix (so datasets
-/// never list it).
-fn temporary_name(path: &Path) -> PathBuf {
+/// Creates the temporary file of `path`: hidden, in the same directory (so
+/// the rename stays on one file system), with no shard suffix (so datasets
+/// never list it), and a name of its own (`.NAME.PID.N.partial`, `N`
+/// counting the files this process made), created only where nothing is:
+/// two writers of one process (a manifest each, in one directory) never
+/// share one, and a file or link already at the name (left by a process
+/// of the same id, or planted) is passed over, never written through.
+fn create_temporary(path: &Path) -> io::Result<(File, PathBuf)> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!(".{name}.{}.partial", std::process::id()))
+    let mut taken = None;
+    for _ in 0..TEMPORARY_TRIES {
+        let n = TEMPORARIES_MADE.fetch_add(1, Ordering::Relaxed);
+        let temporary = path.with_file_name(format!(".{name}.{}.{n}.partial", std::process::id()));
+        match File::options()
+            .write(true)
+            .create_new(true)
+            .open(&temporary)
+        {
+            Ok(file) => return Ok((file, temporary)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => taken = Some(temporary),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!(
+            "{TEMPORARY_TRIES} temporary names in a row were taken, the last {}",
+            taken.map(|t| t.display().to_string()).unwrap_or_default()
+        ),
+    ))
 }
+
+/// Temporary names [`create_temporary`] tries before it gives up.
+const TEMPORARY_TRIES: usize = 64;
+
+/// Temporary names this process has tried (the `N` of the next one).
+static TEMPORARIES_MADE: AtomicU64 = AtomicU64::new(0);
 
 /// Flushes the directory `dir` itself, so that a rename in it is durable.
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -151,11 +182,10 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 impl Sink {
     /// Starts the local shard `path` (under its temporary name).
     pub fn local(path: &Path) -> Result<Self> {
-        let temporary = temporary_name(path);
-        let file = File::create(&temporary).map_err(|e| Error::Write {
+        let (file, temporary) = create_temporary(path).map_err(|e| Error::Write {
             url: path.display().to_string(),
             offset: 0,
-            reason: format!("cannot create {}: {e}", temporary.display()),
+            reason: format!("cannot create its temporary file: {e}"),
         })?;
         Ok(Sink::Local(LocalFile {
             file: Some(BufWriter::with_capacity(1 << 20, file)),
@@ -563,13 +593,12 @@ pub fn put_whole(
     match target {
         None => {
             let path = Path::new(name);
-            let temporary = temporary_name(path);
             let fail = |e: io::Error| Error::Write {
                 url: name.to_owned(),
                 offset: 0,
                 reason: e.to_string(),
             };
-            let mut file = File::create(&temporary).map_err(fail)?;
+            let (mut file, temporary) = create_temporary(path).map_err(fail)?;
             let written = file.write_all(&bytes).and_then(|()| file.sync_all());
             drop(file);
             if let Err(e) = written.and_then(|()| std::fs::rename(&temporary, path)) {
@@ -607,4 +636,49 @@ pub fn forked_reason(pid: u32) -> String {
         "the writer was made in process {pid}, and this process was forked from it: \
          a forked process cannot write with it (make a writer in this process)"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two writers of one process with a manifest each in one directory
+    /// took one temporary name: one's rename took the other's file away.
+    #[test]
+    fn each_temporary_file_has_a_name_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("manifest.json");
+        let (_, first) = create_temporary(&path).unwrap();
+        let (_, second) = create_temporary(&path).unwrap();
+        assert_ne!(first, second);
+        assert!(first.exists() && second.exists());
+        put_whole(None, "", path.to_str().unwrap(), b"{}".to_vec()).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        assert!(
+            second.exists(),
+            "another writer's temporary file is left alone"
+        );
+    }
+
+    /// A link planted at the names the next temporary files would take is
+    /// never written through: the file it points to outside the directory
+    /// keeps its bytes, and the shard is a file of its own.
+    #[test]
+    fn a_link_at_a_temporary_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(outside.path(), b"precious").unwrap();
+        let path = dir.path().join("s-0.tar");
+        let next = TEMPORARIES_MADE.load(Ordering::Relaxed);
+        for n in next..next + 4 {
+            let name = format!(".s-0.tar.{}.{n}.partial", std::process::id());
+            std::os::unix::fs::symlink(outside.path(), dir.path().join(name)).unwrap();
+        }
+        let mut sink = Sink::local(&path).unwrap();
+        sink.write_all(b"shard bytes").unwrap();
+        sink.commit().unwrap();
+        assert_eq!(std::fs::read(outside.path()).unwrap(), b"precious");
+        assert!(!path.symlink_metadata().unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read(&path).unwrap(), b"shard bytes");
+    }
 }

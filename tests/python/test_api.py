@@ -273,6 +273,21 @@ def test_explicit_worker_slots_partition(dataset):
     assert_exactly_once(got, dataset.keys)
 
 
+@pytest.mark.parametrize("loader_workers", [0, 1, 3])
+def test_num_workers_without_worker_id_must_match_the_loader(dataset, loader_workers):
+    """Before, ``num_workers=2`` iterated by another count of workers read
+    worker 0's share (or each worker's of 2) only, while ``len()`` said the
+    whole rank: the rest was left out without a word."""
+    from torch.utils.data import DataLoader
+
+    ds = shardstream.StreamingDataset(dataset.spec, num_workers=2)
+    loader = DataLoader(ds, batch_size=None, num_workers=loader_workers)
+    with pytest.raises(ValueError, match="invalid option num_workers: 2 was given"):
+        list(loader)
+    matching = shardstream.StreamingDataset(dataset.spec, num_workers=2)
+    assert_exactly_once(keys_of(DataLoader(matching, batch_size=None, num_workers=2)), dataset.keys)
+
+
 def test_invalid_slot_raises_value_error(dataset, monkeypatch):
     # Explicit arguments are checked when the dataset is created.
     with pytest.raises(ValueError, match="rank"):

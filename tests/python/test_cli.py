@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -434,6 +436,43 @@ def test_an_interrupted_index_resumes_without_reading_its_indexed_shards(dataset
     for rewritten in (1, 5):
         expected[rewritten]["mtime_ns"] = resumed["shards"][rewritten]["mtime_ns"]
     assert resumed["shards"] == expected
+
+
+def test_an_interrupted_write_stops_and_leaves_no_partial_shard(tmp_path):
+    """Before, Ctrl-C made the command exit while its writing thread was
+    killed mid-shard, its ``.partial`` file left behind (and, called in a
+    process that goes on, the write went on to its end)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(20_000):
+        (src / f"{i:05d}.bin").write_bytes(i.to_bytes(4, "little") * 256)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*LAUNCHERS["module"], "write", str(src), f"{out}/s-%03d.tar", "--max-count", "5000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (out.is_dir() and any(n.endswith(".partial") for n in os.listdir(out))):
+            assert proc.poll() is None and time.monotonic() < deadline, "no shard was begun"
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "shardstream: interrupted", stderr
+    names = sorted(os.listdir(out))
+    assert not [n for n in names if n.endswith(".partial")], names
+    shards = [n for n in names if n.endswith(".tar")]
+    assert len(shards) < 4, "the write stopped before its end"
+    # What is left is whole: the completed shards, each in the manifest.
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [e["url"] for e in manifest["shards"]] == shards
+    for name in shards:
+        assert len(read_tar_samples(out / name)) == 5000
 
 
 def original_bytes(dataset, index: int) -> bytes:

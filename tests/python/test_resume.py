@@ -15,6 +15,8 @@ from collections import Counter
 
 import jsonschema
 import pytest
+import torch
+import torch.utils.data
 from _shardtest import (
     EXAMPLES_DIR,
     UNEVEN_COUNTS,
@@ -207,6 +209,44 @@ def test_dataset_state_dict_is_a_fresh_json_dict(uneven_dataset):
     assert first["produced"] == 10
     first["produced"] = 999
     assert ds.state_dict()["produced"] == 10
+
+
+@pytest.mark.parametrize("kind", ["dataset", "mix"])
+def test_a_main_process_state_while_workers_iterate_is_refused(uneven_dataset, kind):
+    """A plain DataLoader's workers iterate the dataset; its main process
+    does not see how far they got. Before, its state_dict() gave the next
+    epoch's start, and a resume from it left out the rest of the epoch
+    without a word."""
+
+    def make() -> shardstream.StreamingDataset | shardstream.Mix:
+        spec = uneven_dataset.spec
+        ds = shardstream.StreamingDataset(spec, seed=SEED, shuffle_buffer=SHUFFLE)
+        if kind == "mix":
+            return shardstream.Mix([ds, shardstream.StreamingDataset(spec, seed=SEED)])
+        return ds
+
+    ds = make()
+    name = type(ds).__name__
+    assert ds.state_dict()["epoch"] == 0, "before any iteration the state is epoch 0's start"
+    dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=2, collate_fn=list)
+    batches = iter(dl)
+    next(batches)
+    with pytest.raises(StateMismatchError, match=rf"{name}.state_dict\(\) in a process whose"):
+        ds.state_dict()
+    rest = list(batches)
+    assert rest, "the epoch went on"
+    with pytest.raises(StateMismatchError, match=r"loader\.state_dict"):
+        ds.state_dict()
+    # set_epoch tells the main process where the next iteration starts.
+    ds.set_epoch(1)
+    state = json_round_trip(ds.state_dict())
+    fresh = make()
+    fresh.set_epoch(1)
+    assert state == json_round_trip(fresh.state_dict())
+    # An iteration in the main process knows its own progress.
+    main = iter(ds)
+    next(main)
+    assert ds.state_dict()["epoch"] == 1
 
 
 # --------------------------------------------------------------------------

@@ -181,6 +181,11 @@ def test_bad_samples_are_refused_naming_key_and_field_and_write_nothing(tmp_path
         ({"__key__": "k", "json": {"a": object()}}, TypeError, "JSON"),
         ({"__key__": "k", "txt.gz": "text"}, TypeError, "gzip"),
         ({"__key__": "k", 5: b""}, TypeError, "str"),
+        # A lone surrogate, as os.listdir gives for a name that is not
+        # UTF-8: before, a bare UnicodeEncodeError naming neither.
+        ({"__key__": "a\udc80", "txt": "a"}, ValueError, "__key__ 'a\\udc80' is not valid"),
+        ({"__key__": "k", "t\udc80": "a"}, ValueError, "field name 't\\udc80'"),
+        ({"__key__": "k", "txt": "\udc80"}, ValueError, 'sample "k", field "txt": the str'),
     ]
     for bad, error, says in cases:
         with pytest.raises(error, match=None) as info:
@@ -189,7 +194,8 @@ def test_bad_samples_are_refused_naming_key_and_field_and_write_nothing(tmp_path
         assert says in message, (bad, message)
         fields = [f for f in bad if isinstance(f, str) and f not in ("__key__", "txt")]
         if isinstance(bad.get("__key__"), str) and fields:
-            assert repr(bad["__key__"]).strip("'") in message and fields[0] in message, message
+            shown = [repr(name).strip("'") for name in (bad["__key__"], fields[0])]
+            assert all(name in message for name in shown), message
     with pytest.raises(TypeError, match="dict"):
         w.write([("__key__", "k")])  # type: ignore[arg-type]
     w.write({"__key__": "k2", "txt": "still fine"})
