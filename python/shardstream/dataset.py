@@ -592,8 +592,6 @@ class StreamingDataset(IterableDataset[Any]):
         check_state(resume)
         parsed = json.loads(resume)
         slots = parsed if isinstance(parsed, list) else [parsed]
-        if not slots:
-            raise StateMismatchError("an elastic state needs the state of every slot, got none")
         if not elastic:
             check_worker_count(parsed, self.num_workers)
         epoch = int(slots[0]["epoch"])

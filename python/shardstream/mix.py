@@ -470,8 +470,6 @@ class Mix(IterableDataset[Any]):
             )
         slots = elastic_slots(state_dict)
         if slots is not None:
-            if not isinstance(slots, list) or not slots:
-                raise StateMismatchError("state field slots: expected every slot's state")
             states = [self._check_form(s, f"slots[{i}].") for i, s in enumerate(slots)]
             kind = "elastic"
             epoch = int(states[0]["epoch"])

@@ -49,8 +49,9 @@ def elastic_state(*states: Any) -> dict[str, Any]:
 def elastic_slots(state: Mapping[str, Any]) -> Any:
     """The ``slots`` of ``state`` when it is what ``elastic_state`` returns
     (their form is checked by the dataset that loads them), ``None`` when it
-    is not. An elastic state of another version, or with fields of another
-    version, is a ``StateMismatchError``."""
+    is not. An elastic state of another version, with fields of another
+    version, or whose ``slots`` is not a non-empty list, is a
+    ``StateMismatchError``."""
     if state.get("format") != ELASTIC_FORMAT:
         return None
     version = state.get("version")
@@ -62,4 +63,9 @@ def elastic_slots(state: Mapping[str, Any]) -> Any:
     unknown = sorted(map(str, set(state) - {"format", "version", "slots"}))
     if unknown:
         raise StateMismatchError(f"state field {unknown[0]}: not a field of an elastic state")
-    return state.get("slots")
+    slots = state.get("slots")
+    if not isinstance(slots, list) or not slots:
+        raise StateMismatchError(
+            f"state field slots: expected a list of every slot's state, got {slots!r:.80}"
+        )
+    return slots

@@ -500,6 +500,19 @@ impl MixCursor {
                     ),
                 ));
             }
+            // The order takes a sample a stream does not give only once
+            // the stream's pass has ended (early: a shard skipped).
+            if entry.short > 0 && entry.state.get("finished") != Some(&Value::Bool(true)) {
+                return Err(bad(
+                    "",
+                    &format!("streams[{s}].short"),
+                    format!(
+                        "{}, but the stream's own state has not ended its pass (a stream falls \
+                         short only once its pass ended early)",
+                        entry.short
+                    ),
+                ));
+            }
             cursor.pass[s] = k;
             cursor.taken[s] = in_pass.unwrap_or_default();
             cursor.short[s] = entry.short;
@@ -794,7 +807,7 @@ mod tests {
             .map(|s| {
                 let (pass, short) = cursor.entry(s);
                 json!({"pass": pass, "short": short,
-                       "state": {"produced": cursor.taken[s] - short}})
+                       "state": {"produced": cursor.taken[s] - short, "finished": short > 0}})
             })
             .collect::<Vec<_>>();
         value["streams"] = json!(streams);
@@ -898,6 +911,15 @@ mod tests {
         assert!(damaged(&|s| s.position = 13).contains("field position: 13 is past"));
         assert!(damaged(&|s| s.finished = true).contains("field finished"));
         assert!(damaged(&|s| s.streams[1].pass = 1).contains("streams[1].pass"));
+        // One sample more taken, counted short by a stream not at its end.
+        let next = usize::from(plan.order[5]);
+        assert!(damaged(&|s| {
+            s.position += 1;
+            s.streams[next].short = 1;
+        })
+        .contains(&format!(
+            "streams[{next}].short: 1, but the stream's own state has not ended its pass"
+        )));
         assert!(damaged(&|s| {
             s.streams[0].state.insert("produced".into(), json!(99));
         })

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
+from typing import Any
 
 import jsonschema
 import pytest
@@ -364,6 +365,21 @@ def test_garbage_state_fails_at_load(uneven_dataset, case):
         ds.load_state_dict(state)
     # The dataset is still usable.
     assert_exactly_once(keys_of(collect(ds)), uneven_dataset.keys)
+
+
+@pytest.mark.parametrize("slots", ["missing", None, {"0": {}}, []])
+def test_an_elastic_state_without_a_list_of_slots_is_refused_naming_slots(uneven_dataset, slots):
+    """Before, a missing or null ``slots`` was read as one slot's state, and
+    the error named a field of that (``fingerprint``)."""
+    state: dict[str, Any] = {"format": "shardstream.elastic", "version": 1}
+    if slots != "missing":
+        state["slots"] = slots
+    for ds in (
+        shardstream.StreamingDataset(uneven_dataset.spec),
+        shardstream.Mix([shardstream.StreamingDataset(uneven_dataset.spec)]),
+    ):
+        with pytest.raises(StateMismatchError, match="state field slots: expected a list"):
+            ds.load_state_dict(state)
 
 
 @pytest.mark.parametrize("case", ["bad-rng", "empty-elastic"])
