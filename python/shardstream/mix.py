@@ -473,7 +473,8 @@ class Mix(IterableDataset[Any]):
             states = [self._check_form(s, f"slots[{i}].") for i, s in enumerate(slots)]
             kind = "elastic"
             epoch = int(states[0]["epoch"])
-            finished = False
+            # As a dataset's: every slot at its end leaves nothing to resume.
+            finished = all(bool(s["finished"]) for s in states)
             resume: Any = states
         else:
             state = self._check_form(state_dict, "")
