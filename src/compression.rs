@@ -19,11 +19,14 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
 impl Compression {
-    /// The compression whose magic bytes start `head`, if any.
+    /// The compression whose magic bytes start `head`, if any: a zstd
+    /// stream may start with a skippable frame (magic `0x184D2A50` to
+    /// `0x184D2A5F`, little-endian), as every file `pzstd` writes does.
     pub fn detect(head: &[u8]) -> Option<Self> {
+        let skippable = matches!(head, [first, 0x2a, 0x4d, 0x18, ..] if first & 0xf0 == 0x50);
         if head.starts_with(&GZIP_MAGIC) {
             Some(Compression::Gzip)
-        } else if head.starts_with(&ZSTD_MAGIC) {
+        } else if head.starts_with(&ZSTD_MAGIC) || skippable {
             Some(Compression::Zstd)
         } else {
             None

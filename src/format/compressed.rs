@@ -714,6 +714,23 @@ mod tests {
         assert_eq!((compression, out.unwrap()), (None, b"ab".to_vec()));
     }
 
+    /// `pzstd` starts every file with a skippable frame (its frame sizes):
+    /// such a stream was read as plain bytes, not a tar.
+    #[test]
+    fn a_zstd_stream_starting_with_a_skippable_frame_decodes() {
+        let data = noise(20_000);
+        for magic in [0x184d_2a50u32, 0x184d_2a5f] {
+            let mut bytes = magic.to_le_bytes().to_vec();
+            bytes.extend(4u32.to_le_bytes());
+            bytes.extend(b"meta");
+            bytes.extend(zstd(&data));
+            let (compression, out) = decode(&bytes);
+            assert_eq!(compression, Some(Compression::Zstd));
+            assert!(out.unwrap() == data);
+        }
+        assert_eq!(Compression::detect(&[0x60, 0x2a, 0x4d, 0x18]), None);
+    }
+
     #[test]
     fn concatenated_members_and_frames_decode_whole() {
         let (a, b) = (noise(1000), vec![7u8; 5000]);

@@ -275,7 +275,7 @@ impl Worker {
         stop: &mut Option<Stop>,
     ) -> Result<Option<u64>> {
         let mut rows = 0;
-        for batch in self.decode_row_group(group, reader, shard)? {
+        for batch in self.decode_row_group(group, reader, shard, true)? {
             let batch = batch?;
             let samples = parquet::batch_to_samples(shard, "", &batch, group.first_row, rows)?;
             rows += batch.num_rows() as u64;
@@ -304,7 +304,7 @@ impl Worker {
             ));
         };
         let mut rows = 0;
-        for batch in self.decode_row_group(group, reader, shard)? {
+        for batch in self.decode_row_group(group, reader, shard, false)? {
             let batch = batch?;
             let first = rows;
             rows += batch.num_rows() as u64;
@@ -344,12 +344,15 @@ impl Worker {
         Ok(Some(rows))
     }
 
-    /// The record batches of one row group, read whole from `reader`.
+    /// The record batches of one row group, read whole from `reader`;
+    /// `keyed`: rows become samples, keyed by the file's `__key__` column
+    /// when it has one, whatever `columns` selects.
     fn decode_row_group(
         &self,
         group: &RowGroup,
         mut reader: ShardReader,
         shard: &ShardRef,
+        keyed: bool,
     ) -> Result<parquet::RowGroupBatches> {
         let mut bytes = Vec::with_capacity((group.span.end - group.span.start) as usize);
         if let Err(source) = read_append_to_end(&mut reader, &mut bytes) {
@@ -359,11 +362,15 @@ impl Worker {
                 source,
             }));
         }
+        let with_key = match self.columns.as_deref() {
+            Some(columns) if keyed => parquet::columns_with_key(&group.metadata, columns),
+            _ => None,
+        };
         parquet::read_row_group(
             shard,
             &group.metadata,
             group.index,
-            self.columns.as_deref(),
+            with_key.as_deref().or(self.columns.as_deref()),
             group.span.start,
             bytes.into(),
             self.batch_rows,

@@ -796,6 +796,22 @@ fn evict_lock(dir: &Dir) -> Option<File> {
     }
 }
 
+/// Whether `name` is a copy's ([`Cache::name_of`]): 32 lowercase hex
+/// digits and [`SUFFIX`].
+fn is_copy_name(name: &str) -> bool {
+    name.strip_suffix(SUFFIX).is_some_and(|hex| {
+        hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// The process id in `name` when it is a temporary file's
+/// ([`tmp_name`]: `.tmp-PID-` and 32 lowercase hex digits).
+fn temporary_pid(name: &str) -> Option<i32> {
+    let (pid, hex) = name.strip_prefix(TMP_PREFIX)?.split_once('-')?;
+    let ours = hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    ours.then(|| pid.parse().ok()).flatten()
+}
+
 /// Removes cached files, least recently used first, until those left
 /// take at most `limit` bytes; files being read (locked) are skipped.
 /// Temporary files of processes that no longer run are removed too.
@@ -816,17 +832,19 @@ fn evict(dir: &Dir, limit: u64) {
         let name = entry.file_name().to_string_lossy().into_owned();
         // The entry's own metadata: a link is not followed.
         let Ok(meta) = entry.metadata() else { continue };
-        if name.ends_with(SUFFIX) && meta.is_file() {
+        // Only files of the cache's own names: a directory that holds
+        // other files (a scratch folder given as `cache_dir`) keeps them.
+        if is_copy_name(&name) && meta.is_file() {
             total += meta.len();
             let used = meta.accessed().unwrap_or(SystemTime::UNIX_EPOCH);
             files.push((used, meta.len(), name));
-        } else if let Some(rest) = name.strip_prefix(TMP_PREFIX) {
-            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-            let gone = pid.is_some_and(|p| {
+        } else if let Some(pid) = temporary_pid(&name) {
+            let gone = {
+                let p = pid;
                 // SAFETY: signal 0 only checks that the process exists.
                 let sent = unsafe { libc::kill(p, 0) };
                 sent != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-            });
+            };
             if gone {
                 let _ = dir.remove(&name);
             }
@@ -1049,6 +1067,46 @@ mod tests {
             .sum();
         assert!(total <= 300, "{total}");
         assert!(cache.lookup(&units[3], &e1).is_some(), "the newest stays");
+    }
+
+    /// A `cache_dir` that holds other files (a scratch folder): eviction
+    /// took every `*.shard` and `.tmp-*` file for the cache's, deleted
+    /// them and counted them against the limit.
+    #[test]
+    fn eviction_removes_and_counts_the_cache_s_own_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = [
+            "results.shard",
+            ".tmp-2000000000-draft.txt",
+            ".tmp-2000000000-0123456789abcdef0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdef.shard.bak",
+        ];
+        for name in theirs {
+            std::fs::write(dir.path().join(name), [9; 1000]).unwrap();
+        }
+        let stale = ".tmp-2000000000-0123456789abcdef0123456789abcdef";
+        std::fs::write(dir.path().join(stale), [9; 10]).unwrap();
+        let cache = cache(dir.path(), Some(300));
+        let e1 = identity(100, "\"e1\"");
+        let units: Vec<_> = (0..2)
+            .map(|i| unit(&format!("http://h/{i}.tar"), 100))
+            .collect();
+        for u in &units {
+            fill(&cache, u, &[1; 100]);
+        }
+        for name in theirs {
+            assert!(dir.path().join(name).exists(), "{name} is left alone");
+        }
+        assert!(
+            !dir.path().join(stale).exists(),
+            "a dead process's temporary file goes"
+        );
+        assert!(
+            units.iter().all(|u| cache.lookup(u, &e1).is_some()),
+            "theirs do not count"
+        );
+        assert!(is_copy_name("0123456789abcdef0123456789abcdef.shard"));
+        assert_eq!(temporary_pid(stale), Some(2_000_000_000));
     }
 
     #[test]

@@ -5,6 +5,7 @@ projection, Arrow record batches, and clear errors for corrupt files."""
 
 from __future__ import annotations
 
+import base64
 import re
 from collections import Counter
 from pathlib import Path
@@ -368,6 +369,53 @@ def test_a_dictionary_page_offset_of_zero_means_none(tmp_path):
     samples = collect(StreamingDataset(str(path), shuffle_buffer=0))
     assert [row_of(s) for s in samples] == expected
     assert [s["__key__"] for s in samples] == [str(i) for i in range(len(expected))]
+
+
+def test_columns_that_leave_out_the_key_column_keep_the_keys(tmp_path):
+    """Before, ``columns=`` without ``__key__`` keyed the rows by their
+    numbers instead of the file's keys, without a word. Arrow batches hold
+    the columns asked for, nothing more."""
+    keyed = tmp_path / "keyed.parquet"
+    table = pa.table({"v": [1, 2, 3], "__key__": ["img/a", "img/b", "img/c"], "t": ["x", "y", "z"]})
+    pq.write_table(table, keyed, row_group_size=2)
+    for columns in (None, ["t"], ["t", "v"], ["__key__", "t"]):
+        rows = collect(
+            StreamingDataset(str(keyed), shuffle_buffer=0, shuffle_shards=False, columns=columns)
+        )
+        assert [r["__key__"] for r in rows] == ["img/a", "img/b", "img/c"], columns
+        assert [r["t"] for r in rows] == ["x", "y", "z"]
+        assert all("__key__" not in {k for k in r if not k.startswith("__")} for r in rows)
+    rows = collect(
+        StreamingDataset(str(keyed), shuffle_buffer=0, shuffle_shards=False, columns=["t"])
+    )
+    assert list(rows[0]) == ["__key__", "__url__", "t"]
+    batches = collect(
+        StreamingDataset(
+            str(keyed), batch_format="arrow", shuffle_buffer=0, shuffle_shards=False, columns=["t"]
+        )
+    )
+    assert [b.schema.names for b in batches] == [["t"], ["t"]]
+
+
+def test_a_damaged_arrow_schema_in_the_footer_is_named_without_a_debug_dump(tmp_path):
+    """The footer stays valid; its ``ARROW:schema`` metadata does not: the
+    error said what the flatbuffers reader's Debug form says."""
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    data = bytearray(path.read_bytes())
+    schema = pq.ParquetFile(path).metadata.metadata[b"ARROW:schema"]
+    at = bytes(data).rindex(schema)
+    raw = bytearray(base64.b64decode(schema))
+    raw[0:4] = (0x7FFFFF00).to_bytes(4, "little")  # the root offset, far out of range
+    damaged = base64.b64encode(bytes(raw))
+    assert len(damaged) == len(schema)
+    data[at : at + len(schema)] = damaged
+    path.write_bytes(bytes(data))
+    with pytest.raises(shardstream.ShardFormatError) as raised:
+        collect(StreamingDataset(str(path), shuffle_buffer=0))
+    message = str(raised.value)
+    assert str(path) in message and "ARROW:schema metadata is damaged" in message, message
+    assert not re.search(r"[A-Z][a-zA-Z]+ \{|\(\[\]\)", message), message
 
 
 def test_columns_named_like_a_sample_s_own_names(tmp_path):

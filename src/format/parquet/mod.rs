@@ -24,4 +24,4 @@ mod tests;
 
 pub use footer::{decode_footer, row_group_rows, row_group_span, FooterDecode, FOOTER_PROBE};
 pub use row_group::{read_row_group, RowGroupBatches};
-pub use rows::batch_to_samples;
+pub use rows::{batch_to_samples, columns_with_key};

@@ -152,6 +152,13 @@ pub fn read_row_group(
 
     let arrow_metadata = guard(|| ArrowReaderMetadata::try_new(meta.clone(), Default::default()))
         .map_err(|reason| {
+        // The parquet crate's message for a damaged embedded Arrow schema
+        // ends in a flatbuffers error's Debug form: say what is wrong.
+        let reason = if reason.contains("ARROW:schema") {
+            "the footer's ARROW:schema metadata is damaged (it is not an Arrow schema)".into()
+        } else {
+            reason
+        };
         shard.format_error(
             0,
             None,

@@ -17,6 +17,7 @@ use arrow_array::{
 };
 use arrow_schema::DataType;
 use bytes::Bytes;
+use parquet::file::metadata::ParquetMetaData;
 
 use crate::error::Result;
 use crate::format::{Sample, SampleId, ShardRef, GIVEN_NAMES};
@@ -128,6 +129,27 @@ pub fn batch_to_samples(
 
 /// The column whose strings are the rows' keys, when a file has one.
 const KEY_COLUMN: &str = "__key__";
+
+/// The columns to read for rows keyed as [`batch_to_samples`] keys them:
+/// `columns` with the file's `__key__` column added, when the file has one
+/// and `columns` leaves it out (its rows would be keyed by their numbers);
+/// `None` when `columns` needs nothing added.
+pub fn columns_with_key(meta: &ParquetMetaData, columns: &[String]) -> Option<Vec<String>> {
+    let has_key = meta
+        .file_metadata()
+        .schema_descr()
+        .root_schema()
+        .get_fields()
+        .iter()
+        .any(|field| field.name() == KEY_COLUMN);
+    (has_key && !columns.iter().any(|name| name == KEY_COLUMN)).then(|| {
+        columns
+            .iter()
+            .cloned()
+            .chain([KEY_COLUMN.to_owned()])
+            .collect()
+    })
+}
 
 /// An Arrow array downcast once, with its children, for reading values
 /// row by row.
