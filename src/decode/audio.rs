@@ -144,7 +144,9 @@ fn read_wav(bytes: &[u8]) -> Result<Pcm, String> {
     if bytes.get(8..12) != Some(b"WAVE") {
         return Err("not a WAV file (RIFF but no WAVE tag)".to_owned());
     }
-    let mut reader = WavReader::new(Cursor::new(bytes)).map_err(describe)?;
+    let unpadded = without_pad_bytes(bytes);
+    let riff = unpadded.as_deref().unwrap_or(bytes);
+    let mut reader = WavReader::new(Cursor::new(riff)).map_err(describe)?;
     let spec = reader.spec();
     let channels = usize::from(spec.channels);
     let declared = reader.len() as usize;
@@ -155,7 +157,7 @@ fn read_wav(bytes: &[u8]) -> Result<Pcm, String> {
         // The common case, converted straight from the data chunk (hound's
         // reader stops at its first byte) rather than sample by sample.
         let start = reader.into_inner().position() as usize;
-        let data = &bytes[start.min(bytes.len())..];
+        let data = &riff[start.min(riff.len())..];
         let present = data.len() / 2;
         if present < declared {
             return Err(format!(
@@ -221,6 +223,38 @@ fn pcm_value(samples: Vec<f32>, channels: usize, sample_rate: u32) -> Result<Val
         Value::Array(array),
         Value::Int(i64::from(sample_rate)),
     ]))
+}
+
+/// `bytes` without the pad byte that follows each odd-sized chunk before
+/// the `data` chunk, when there is such a chunk: RIFF pads a chunk to an
+/// even size, and hound's reader does not skip the pad (it read the next
+/// chunk one byte early, and refused a valid file). `None` when nothing
+/// needs leaving out.
+fn without_pad_bytes(bytes: &[u8]) -> Option<Vec<u8>> {
+    let mut at = 12usize;
+    let mut pads = Vec::new();
+    while let Some(header) = bytes.get(at..at.checked_add(8)?) {
+        if &header[..4] == b"data" {
+            break;
+        }
+        let size = u32::from_le_bytes(header[4..8].try_into().ok()?) as usize;
+        let end = at.checked_add(8)?.checked_add(size)?;
+        if size % 2 == 1 && end < bytes.len() {
+            pads.push(end);
+        }
+        at = end.checked_add(size % 2)?;
+    }
+    if pads.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut from = 0;
+    for pad in pads {
+        out.extend_from_slice(&bytes[from..pad]);
+        from = pad + 1;
+    }
+    out.extend_from_slice(&bytes[from..]);
+    Some(out)
 }
 
 /// The block align (bytes per frame) of the `fmt ` chunk, found by walking
@@ -391,6 +425,37 @@ mod tests {
         let (samples, shape, _) = audio(bytes);
         assert_eq!(shape, vec![2, 1]);
         assert_eq!(samples, vec![100.0 / 32768.0, -200.0 / 32768.0]);
+    }
+
+    /// RIFF pads an odd-sized chunk with a byte; hound does not skip it,
+    /// and the file was refused as "truncated WAV header". Before the `fmt `
+    /// chunk too, and for the sample-by-sample path (24-bit).
+    #[test]
+    fn odd_sized_chunks_before_the_data_are_skipped_with_their_pad_byte() {
+        for (bits, values) in [(16u16, vec![100i32, -200]), (24, vec![1 << 20, -(1 << 21)])] {
+            let plain = match bits {
+                16 => wav(1, 8000, 16, SampleFormat::Int, &[100i16, -200]),
+                _ => wav(1, 8000, 24, SampleFormat::Int, &values),
+            };
+            let odd = b"LIST\x07\0\0\0INFOabc\0";
+            let fmt_end = 20 + u32::from_le_bytes(plain[16..20].try_into().unwrap()) as usize;
+            for at in [12, fmt_end] {
+                let mut bytes = plain[..at].to_vec();
+                bytes.extend_from_slice(odd);
+                bytes.extend_from_slice(&plain[at..]);
+                let riff_len = (bytes.len() - 8) as u32;
+                bytes[4..8].copy_from_slice(&riff_len.to_le_bytes());
+                let (samples, shape, rate) = audio(bytes);
+                assert_eq!(
+                    (shape, rate),
+                    (vec![2, 1], 8000),
+                    "{bits}-bit, chunk at {at}"
+                );
+                let scale = (1u64 << (bits - 1)) as f32;
+                let expected: Vec<f32> = values.iter().map(|&v| v as f32 / scale).collect();
+                assert_eq!(samples, expected, "{bits}-bit, chunk at {at}");
+            }
+        }
     }
 
     #[test]
