@@ -329,13 +329,18 @@ enum Command {
 /// Set by [`interrupt`]: `write` stops before its next sample.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// Whether the running command looks at [`INTERRUPTED`] (`write`, once it
+/// writes).
+static STOPS_WHEN_INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
 /// Asks the command [`run`] is running to stop (its caller was
-/// interrupted: Ctrl-C in the Python entry point). `write` stops before its
-/// next sample with an error, its open shard aborted (no `.partial` file
-/// left) and the manifest of its completed shards written; the other
-/// commands do not look at it.
-pub fn interrupt() {
+/// interrupted: Ctrl-C in the Python entry point); true if it will.
+/// `write` stops before its next sample with an error, its open shard
+/// aborted (no `.partial` file left) and the manifest of its completed
+/// shards written; the other commands do not look at it.
+pub fn interrupt() -> bool {
     INTERRUPTED.store(true, Ordering::SeqCst);
+    STOPS_WHEN_INTERRUPTED.load(Ordering::SeqCst)
 }
 
 /// An error once [`interrupt`] was called.
@@ -353,6 +358,7 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     INTERRUPTED.store(false, Ordering::SeqCst);
+    STOPS_WHEN_INTERRUPTED.store(false, Ordering::SeqCst);
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -1547,6 +1553,7 @@ fn write_shards(
     out: &mut dyn Write,
 ) -> Result<()> {
     let mut writer = ShardWriter::new(dest, options)?;
+    STOPS_WHEN_INTERRUPTED.store(true, Ordering::SeqCst);
     let mut notes = Vec::new();
     match source {
         WriteSource::Folder { labels } => {

@@ -194,6 +194,17 @@ impl<R: Read> Read for GzipMembers<R> {
                     match at_end {
                         Ok(true) => self.ended = true,
                         Ok(false) => {
+                            // What follows must start another member: else
+                            // the stream has ended and other bytes follow.
+                            let another = match decoder.get_mut().fill_buf() {
+                                Ok(head) => head.starts_with(&GZIP_MAGIC[..head.len().min(2)]),
+                                Err(e) => return Err(self.fail(e)),
+                            };
+                            if !another {
+                                let error =
+                                    io::Error::new(io::ErrorKind::InvalidData, TrailingData);
+                                return Err(self.fail(error));
+                            }
                             let input = self.decoder.take().expect("a member decoder");
                             let next = flate2::bufread::GzDecoder::new(input.into_inner());
                             self.decoder = Some(next);
@@ -216,6 +227,21 @@ impl<R: Read> Read for GzipMembers<R> {
         }
     }
 }
+
+/// The first bytes of a gzip member.
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// Bytes after a gzip stream's last member that do not start another one.
+#[derive(Debug)]
+struct TrailingData;
+
+impl std::fmt::Display for TrailingData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("bytes after the end of the gzip stream are not another gzip member")
+    }
+}
+
+impl std::error::Error for TrailingData {}
 
 /// The zero bytes a tar archive ends with, at least: its two end-of-archive
 /// blocks.
@@ -477,12 +503,17 @@ impl<R: Read> TarStream<R> {
         } else {
             "corrupt"
         };
+        let reason = if error.get_ref().is_some_and(|e| e.is::<TrailingData>()) {
+            error.to_string()
+        } else {
+            format!("{what} {compression} stream ({error})")
+        };
         Error::Decompress {
             url: self.url.clone(),
             compression,
             compressed_offset: counted.count - buffered as u64,
             tar_offset: self.produced,
-            reason: format!("{what} {compression} stream ({error})"),
+            reason,
         }
     }
 }
@@ -779,6 +810,20 @@ mod tests {
         // zstd gives no such leave: zeros after a frame are an error.
         let zst = [zstd(&a), vec![0; 512]].concat();
         assert!(decode(&zst).1.is_err());
+        // Not "truncated": the stream is whole, other bytes follow it.
+        for bytes in [
+            garbage,
+            [cut, vec![0; 512]].concat(),
+            [gzip(&a), b"x".to_vec()].concat(),
+        ] {
+            let Err(Error::Decompress { reason, .. }) = decode(&bytes).1 else {
+                panic!("not a decompression error")
+            };
+            assert_eq!(
+                reason,
+                "bytes after the end of the gzip stream are not another gzip member"
+            );
+        }
     }
 
     #[test]

@@ -44,13 +44,14 @@ pub fn interruptible<T: Send + 'static>(
 }
 
 /// As [`interruptible`], but on Ctrl-C it calls `stop` (which asks `f` to
-/// stop) and waits up to [`STOP_GRACE`] for `f` to return before it raises
-/// `KeyboardInterrupt`: what `f` cleans up on its way out (a writer's open
-/// shard) is done before the interpreter can exit.
+/// stop, and says whether `f` will) and, if `f` will, waits up to
+/// [`STOP_GRACE`] for it to return before it raises `KeyboardInterrupt`:
+/// what `f` cleans up on its way out (a writer's open shard) is done before
+/// the interpreter can exit.
 pub fn interruptible_stopping<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
-    stop: fn(),
+    stop: fn() -> bool,
 ) -> PyResult<T> {
     run_interruptibly(py, f, Some(stop))
 }
@@ -58,7 +59,7 @@ pub fn interruptible_stopping<T: Send + 'static>(
 fn run_interruptibly<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce() -> crate::Result<T> + Send + 'static,
-    stop: Option<fn()>,
+    stop: Option<fn() -> bool>,
 ) -> PyResult<T> {
     let (tx, rx) = mpsc::sync_channel(1);
     // Waited on with the GIL released, from this thread only.
@@ -94,8 +95,8 @@ fn run_interruptibly<T: Send + 'static>(
             Ok(Err(panic)) => return Err(panic_to_py(panic.as_ref())),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if let Err(interrupt) = py.check_signals() {
-                    if let (Some(stop), Some(thread)) = (stop, thread.take()) {
-                        stop();
+                    let stopping = stop.is_some_and(|stop| stop());
+                    if let (true, Some(thread)) = (stopping, thread.take()) {
                         let ended = py.detach(|| {
                             rx.lock()
                                 .unwrap_or_else(|e| e.into_inner())
