@@ -199,7 +199,10 @@ loader = DataLoader(shardstream.StreamingDataset(sys.argv[1]), batch_size=4)
 try:
     prepare_loader(accelerator, loader)
 except shardstream.FrameworkWrapperError as error:
-    print(f"refused: {error}", flush=True)
+    # One write per line: print() writes the text and its newline apart,
+    # so the two ranks' lines could interleave into one on the shared pipe.
+    sys.stdout.write(f"refused: {error}\\n")
+    sys.stdout.flush()
     sys.exit(3)
 print("prepared", flush=True)
 """
