@@ -334,10 +334,10 @@ class Ledger:
     Each run opens a new generation, numbered after the folder's last.
     Under an initialised ``torch.distributed`` process group rank 0 picks
     the number and broadcasts it: the constructor is then a collective,
-    to be called on every rank. Without it, rank 0 makes the generation
-    and the other ranks join the newest one, so rank 0's ``Ledger`` must
-    be made first (in-process simulations, or ranks started without a
-    process group).
+    to be called on every rank. Without it, the job's first process (rank
+    0, the first of its model-parallel group) makes the generation and the
+    others join the newest one, so its ``Ledger`` must be made first
+    (in-process simulations, or ranks started without a process group).
     """
 
     def __init__(
@@ -403,7 +403,11 @@ class Ledger:
             "num_workers_known": num_workers is not None,
             "dataset": mixture_meta(dataset) if mixture else dataset_meta(dataset),  # type: ignore[arg-type]
         }
-        self.generation = self._open_generation(meta)
+        # Without a process group the job's first process makes the
+        # generation (the first of data rank 0's model-parallel group, not
+        # any process of that data rank), the others join it.
+        creates = process_rank == 0 if rank is None else self.rank == 0
+        self.generation = self._open_generation(meta, creates)
         self._file: BinaryIO | None = None
         self._queued: list[_Queued] = []
         self._queued_samples = 0
@@ -436,8 +440,9 @@ class Ledger:
         """This generation's folder."""
         return self.directory / _generation_dir(self.generation)
 
-    def _open_generation(self, meta: dict[str, Any]) -> int:
-        """The number of this run's generation, its folder made (by rank 0)."""
+    def _open_generation(self, meta: dict[str, Any], creates: bool) -> int:
+        """The number of this run's generation, its folder made by rank 0
+        of the process group, else by the process that ``creates`` it."""
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -451,7 +456,7 @@ class Ledger:
             if isinstance(chosen[0], str):
                 raise OSError(chosen[0])
             return int(chosen[0])
-        if self.rank == 0:
+        if creates:
             return self._create_generation(meta)
         return self._join_generation(meta)
 
@@ -477,15 +482,18 @@ class Ledger:
         if not existing:
             raise ValueError(
                 f"ledger {self.directory} has no generation for rank {self.rank} to join: "
-                "make rank 0's Ledger first (or initialise torch.distributed)"
+                "make the Ledger of the job's first process (rank 0) first, or initialise "
+                "torch.distributed"
             )
         generation = existing[-1]
         folder = self.directory / _generation_dir(generation)
         theirs = json.loads((folder / "meta.json").read_text())
         mine = (self.start_step, self.world_size)
+        # A process that does not write shares its rank's file with the
+        # one of its model-parallel group that does.
         if (theirs["start_step"], theirs["world_size"]) != mine or (
-            folder / _rank_file(self.rank)
-        ).exists():
+            self._writes and (folder / _rank_file(self.rank)).exists()
+        ):
             raise ValueError(
                 f"ledger {self.directory}: the newest generation ({folder.name}, from step "
                 f"{theirs['start_step']}, world_size {theirs['world_size']}) is not this "

@@ -80,6 +80,28 @@ def test_a_dataloader_run_verifies(
     assert report["ok"] and [e["complete"] for e in report["epochs"]] == [True, True]
 
 
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (0, 2, 1, 3), (0, 3, 2, 1)])
+def test_model_parallel_processes_without_a_process_group_share_one_generation(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], order: tuple[int, ...]
+) -> None:
+    """Four processes in model-parallel groups of two, started without
+    torch.distributed, the job's first process first: one generation holds
+    both data ranks' records. Before, the other process of data rank 0 made
+    a second, empty generation that superseded the first, and verify said
+    "no step yet"; in rank order, the last process was refused."""
+    ledgers, loaders = [], []
+    for process in order:
+        ds = make(dataset.spec, rank=process, world_size=4, model_parallel_size=2)
+        ledgers.append(shardstream.Ledger(tmp_path, ds))
+        loaders.append(DataLoader(ds, batch_size=4))
+    for ledger, loader in zip(ledgers, loaders, strict=True):
+        with ledger:
+            assert sum(1 for _ in ledger.track(loader)) == 12
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen-000000"]
+    code, out = verify(capfd, tmp_path)
+    assert code == 0 and "96 of 96 samples" in out and "exactly once" in out, out
+
+
 def test_a_batch_without_ids_is_refused_naming_the_option(
     dataset: DatasetInfo, tmp_path: Path
 ) -> None:
