@@ -477,7 +477,8 @@ where
                     rank,
                     step,
                     batch_size,
-                    saved: saved.map(|(_, position)| position),
+                    resumed: saved.is_some(),
+                    saved: saved.and_then(|(_, position)| position),
                     pack: pack.map(|seq_len| (seq_len, pack_field, mode)),
                 };
                 explain(&spec, &options, &params, &step, &mut out)
@@ -1200,11 +1201,13 @@ fn resolved_dataset(
             meta.samples.map_or("?".into(), |n| n.to_string()),
         ));
     }
-    let packing = Packing::from_option(meta.option("pack"), &shards).map(|mut packing| {
-        let tokenizer = packing.tokenizer.as_deref();
-        packing.arrival = Arrival::recorded(meta, packing.spec.field_name(), tokenizer);
-        packing
-    });
+    let packing = Packing::from_option(meta.option("pack"), &shards)
+        .map_err(|reason| format!("the ledger's meta.json: {reason}"))?
+        .map(|mut packing| {
+            let tokenizer = packing.tokenizer.as_deref();
+            packing.arrival = Arrival::recorded(meta, packing.spec.field_name(), tokenizer);
+            packing
+        });
     Ok(ledger::verify::Dataset {
         urls: shards.into_iter().map(|s| s.url).collect(),
         counts,
@@ -1281,7 +1284,10 @@ struct ExplainStep {
     rank: usize,
     step: u64,
     batch_size: u64,
-    /// Where the rank's workers stood in a saved state (`--state`).
+    /// Whether the step is of a run resumed from a saved state (`--state`).
+    resumed: bool,
+    /// Where the rank's workers stood in that state; `None` too when it
+    /// had finished its epoch (the resumed run starts the next one).
     saved: Option<SavedPosition>,
     /// The packing (`--pack`): sequence length, field and mode.
     pack: Option<(usize, Option<String>, PackMode)>,
@@ -1290,11 +1296,7 @@ struct ExplainStep {
 /// `(epoch, world_size, num_workers)` and the workers' position of rank
 /// `rank` in the loader state saved at `path` (`--state`), of a packed
 /// stream when `packed` (`--pack`).
-fn saved_state(
-    path: &Path,
-    rank: usize,
-    packed: bool,
-) -> Result<((u64, usize, usize), SavedPosition)> {
+fn saved_state(path: &Path, rank: usize, packed: bool) -> Result<ledger::explain::SavedAt> {
     let config = |reason: String| Error::Config {
         name: "--state",
         reason,
@@ -1353,11 +1355,7 @@ fn explain(
         start,
     )
     .map_err(|error| explain_error(error, options, params, ask))?;
-    let after = if ask.saved.is_some() {
-        " after the resume"
-    } else {
-        ""
-    };
+    let after = if ask.resumed { " after the resume" } else { "" };
     writeln!(
         out,
         "epoch {} rank {} step {}{after}: worker {} (its batch {}), {} samples",
@@ -1406,11 +1404,7 @@ fn explain_packed(
         ask.saved.as_ref(),
     )
     .map_err(|error| explain_error(error, options, params, ask))?;
-    let after = if ask.saved.is_some() {
-        " after the resume"
-    } else {
-        ""
-    };
+    let after = if ask.resumed { " after the resume" } else { "" };
     writeln!(
         out,
         "epoch {} rank {} step {}{after}: worker {} (its batch {}), {} sequences of {} + 1 tokens",
@@ -1486,11 +1480,7 @@ fn explain_error(
                 "rank {} takes {steps} steps in epoch {}{} (steps 0 to {}), not {}",
                 ask.rank,
                 params.epoch,
-                if ask.saved.is_some() {
-                    " after the resume"
-                } else {
-                    ""
-                },
+                if ask.resumed { " after the resume" } else { "" },
                 steps.saturating_sub(1),
                 ask.step
             ),

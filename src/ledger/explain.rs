@@ -99,18 +99,24 @@ pub struct StepSamples {
     pub buffer: BufferCheck,
 }
 
+/// A saved state's `(epoch, world_size, num_workers)`, and where its
+/// workers stood (`None`: at the epoch's start, the one before it finished).
+pub type SavedAt = ((u64, usize, usize), Option<SavedPosition>);
+
 /// `(epoch, world_size, num_workers)` and where the workers of rank `rank`
 /// stood in a saved loader state: a `StatefulDataLoader`'s `state_dict()`
 /// (its workers' dataset states, and the worker whose batch came last), a
 /// dataset's own state, or every rank's loader state gathered
 /// (`shardstream.rank_states`). `packed`: the state must be of a packed
 /// stream (`explain --pack`), else must not be. The error says why the
-/// state cannot be explained.
+/// state cannot be explained. A state whose every worker had finished its
+/// epoch resumes into the next epoch from its start: that epoch, and no
+/// position (`None`).
 pub fn saved_position(
     value: &serde_json::Value,
     rank: usize,
     packed: bool,
-) -> Result<((u64, usize, usize), SavedPosition), String> {
+) -> Result<SavedAt, String> {
     let value = match value.get("format").and_then(|f| f.as_str()) {
         Some(RANK_STATES) => value
             .get("ranks")
@@ -128,6 +134,7 @@ pub fn saved_position(
         ));
     };
     let (epoch, world_size, workers) = (first.epoch, first.world_size, first.num_workers);
+    let finished = states.iter().all(|state| state.finished);
     let mut produced = vec![None; workers];
     let mut digests = vec![0; workers];
     let mut held = vec![SavedPacker::default(); if packed { workers } else { 0 }];
@@ -167,8 +174,9 @@ pub fn saved_position(
             _ => {}
         }
         // A packed explain replays each worker's shuffle buffer from the
-        // epoch's start; the state only says how far it had gone.
-        if !packed && (!state.buffer.is_empty() || state.rng_word_pos != "0") {
+        // epoch's start; the state only says how far it had gone. A
+        // finished epoch's buffer is behind it.
+        if !packed && !finished && (!state.buffer.is_empty() || state.rng_word_pos != "0") {
             return Err(
                 "the state was saved with a shuffle buffer: which sample leaves it \
                         depends on the samples' bytes, not on the plan: explain answers for \
@@ -176,7 +184,7 @@ pub fn saved_position(
                     .into(),
             );
         }
-        if state.skipped > 0 {
+        if state.skipped > 0 && !finished {
             return Err(format!(
                 "worker {} skipped {} samples (on_error=\"warn\"): the plan alone does not \
                  say which",
@@ -203,6 +211,12 @@ pub fn saved_position(
             n.ok_or_else(|| format!("the file holds no state of worker {worker} of {workers}"))
         })
         .collect::<Result<Vec<u64>, String>>()?;
+    if finished {
+        let next = epoch
+            .checked_add(1)
+            .ok_or("the state finished the last epoch there is")?;
+        return Ok(((next, world_size, workers), None));
+    }
     let next_worker = last_worker.map_or(0, |w| (w + 1) % workers);
     let position = SavedPosition {
         produced,
@@ -210,7 +224,7 @@ pub fn saved_position(
         next_worker,
         packed: held,
     };
-    Ok(((epoch, world_size, workers), position))
+    Ok(((epoch, world_size, workers), Some(position)))
 }
 
 /// The shardstream states in `value` (at any depth), and the first
@@ -224,6 +238,8 @@ fn collect_states(
         serde_json::Value::Object(map) => {
             if map.get("format").and_then(|f| f.as_str()) == Some(STATE_FORMAT) {
                 let state = SlotState::from_json(&value.to_string()).map_err(|e| e.to_string())?;
+                // Its layout checked before its numbers size anything.
+                state.slot().map_err(|e| e.to_string())?;
                 states.push(state);
                 return Ok(());
             }

@@ -295,7 +295,7 @@ mod tests {
             "window": window.unwrap_or(0),
             "field": "ids",
         });
-        let packing = Packing::from_option(&option, &shards).unwrap();
+        let packing = Packing::from_option(&option, &shards).unwrap().unwrap();
         assert_eq!(
             packing.spec,
             PackSpec::new(Some("ids".into()), 6, mode, false, 0).unwrap()

@@ -478,7 +478,28 @@ impl fmt::Display for Report {
                 .iter()
                 .all(|e| e.coverage_checked || !e.complete) =>
             {
-                writeln!(f, "ok: every sample exactly once")
+                // An epoch in progress is checked for repeats only: the
+                // verdict says so rather than claim it whole.
+                let open: Vec<String> = self
+                    .epochs
+                    .iter()
+                    .filter(|e| !e.complete)
+                    .map(|e| e.epoch.to_string())
+                    .collect();
+                match (open.as_slice(), open.len() == self.epochs.len()) {
+                    ([], _) => writeln!(f, "ok: every sample exactly once"),
+                    (_, true) => writeln!(
+                        f,
+                        "ok: no sample twice so far (epoch {} in progress)",
+                        open.join(", ")
+                    ),
+                    (_, false) => writeln!(
+                        f,
+                        "ok: every sample exactly once in the epochs that ended; epoch {} in \
+                         progress (no sample twice so far)",
+                        open.join(", ")
+                    ),
+                }
             }
             None => writeln!(
                 f,

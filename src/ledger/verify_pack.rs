@@ -216,24 +216,61 @@ pub struct PlanOptions {
 impl Packing {
     /// The packing a ledger's `pack` option describes (`{"seq_len": ...,
     /// "mode": ..., "window": ..., "field": ...}`), over `shards` with
-    /// their manifest's token counts of the packed field; `None` for a
-    /// ledger that recorded the option as text (or best fit without its
-    /// window), or shards without those counts.
-    pub fn from_option(pack: &serde_json::Value, shards: &[Shard]) -> Option<Packing> {
-        let pack = pack.as_object()?;
-        let mode = match pack.get("mode")?.as_str()? {
-            "concat" => PackMode::Concat,
-            "best_fit" => PackMode::BestFit {
-                window: usize::try_from(pack.get("window")?.as_u64()?).ok()?,
-            },
-            _ => return None,
+    /// their manifest's token counts of the packed field. `Ok(None)` where
+    /// nothing is packed (`null`) or nothing can be replayed: a ledger of an
+    /// earlier version that recorded
+    /// the option as text (`Pack(...)`), best fit recorded without its
+    /// window, or shards without those counts. An option of another form is
+    /// an error naming its field: read as "nothing to replay", it would
+    /// weaken the verdict to "at most once" without a word.
+    pub fn from_option(
+        pack: &serde_json::Value,
+        shards: &[Shard],
+    ) -> std::result::Result<Option<Packing>, String> {
+        use serde_json::Value;
+        if pack.is_null() || pack.as_str().is_some_and(|text| text.starts_with("Pack(")) {
+            return Ok(None);
+        }
+        let Some(object) = pack.as_object() else {
+            return Err(format!(
+                "dataset option pack is {pack}, not an object of seq_len and mode"
+            ));
         };
-        let seq_len = usize::try_from(pack.get("seq_len")?.as_u64()?).ok()?;
-        let field = pack
-            .get("field")
-            .and_then(|f| f.as_str())
-            .map(str::to_owned);
-        Packing::new(shards, (seq_len, field, mode)).ok()?
+        let given = |name: &str| object.get(name).filter(|v| !v.is_null());
+        let wrong = |name: &str, expected: &str| {
+            let value = object.get(name).unwrap_or(&Value::Null);
+            format!("dataset option pack.{name} is {value}, not {expected}")
+        };
+        let size = |name: &str| {
+            given(name)
+                .and_then(Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        let seq_len = size("seq_len")
+            .filter(|&n| n > 0)
+            .ok_or_else(|| wrong("seq_len", "an int of at least 1"))?;
+        let window = match given("window") {
+            None => None,
+            Some(_) => Some(size("window").ok_or_else(|| wrong("window", "an int"))?),
+        };
+        let mode = match (given("mode").and_then(Value::as_str), window) {
+            (Some("concat"), _) => PackMode::Concat,
+            (Some("best_fit"), Some(window)) => PackMode::BestFit { window },
+            (Some("best_fit"), None) => return Ok(None),
+            _ => return Err(wrong("mode", "concat or best_fit")),
+        };
+        let field = match given("field") {
+            None => None,
+            Some(name) => Some(
+                name.as_str()
+                    .ok_or_else(|| wrong("field", "a field name"))?
+                    .to_owned(),
+            ),
+        };
+        Packing::new(shards, (seq_len, field, mode)).map_err(|(name, reason)| match name {
+            "pack" => format!("dataset option pack: {reason}"),
+            name => format!("dataset option pack.{name}: {reason}"),
+        })
     }
 
     /// The packing `(seq_len, field, mode)` of `shards` by their manifest's
@@ -655,7 +692,9 @@ pub(super) mod tests {
             .collect();
         let spec = PackSpec::new(Some("ids".into()), 7, PackMode::Concat, false, 0).unwrap();
         let option = serde_json::json!({"seq_len": 7, "mode": "concat", "field": "ids"});
-        let packing = Packing::from_option(&option, &shards).expect("counted, concat");
+        let packing = Packing::from_option(&option, &shards)
+            .unwrap()
+            .expect("counted, concat");
         assert_eq!(packing.spec, spec);
         let (handed, left) = concat_handed(&packing);
         let count = left.iter().map(Vec::len).sum::<usize>() as u64;
@@ -700,8 +739,37 @@ pub(super) mod tests {
         // Best fit without its window, or an option recorded as text,
         // replays nothing.
         let best_fit = serde_json::json!({"seq_len": 7, "mode": "best_fit", "field": "ids"});
-        assert!(Packing::from_option(&best_fit, &shards).is_none());
-        assert!(Packing::from_option(&serde_json::json!("Pack(seq_len=7)"), &shards).is_none());
+        assert!(Packing::from_option(&best_fit, &shards).unwrap().is_none());
+        let text = serde_json::json!("Pack(seq_len=7)");
+        assert!(Packing::from_option(&text, &shards).unwrap().is_none());
+        // Any other form is an error naming its field, not "nothing to
+        // replay" (which would weaken the verdict).
+        for (option, named) in [
+            (serde_json::json!(1), "pack is 1"),
+            (serde_json::json!("yes"), "pack is \"yes\""),
+            (serde_json::json!({}), "pack.seq_len is null"),
+            (
+                serde_json::json!({"seq_len": 0, "mode": "concat"}),
+                "pack.seq_len is 0",
+            ),
+            (
+                serde_json::json!({"seq_len": 7, "mode": "zip"}),
+                "pack.mode is \"zip\"",
+            ),
+            (
+                serde_json::json!({"seq_len": 7, "mode": "best_fit", "window": "4"}),
+                "pack.window",
+            ),
+            (
+                serde_json::json!({"seq_len": 7, "mode": "concat", "field": 3}),
+                "pack.field is 3",
+            ),
+        ] {
+            let error = Packing::from_option(&option, &shards)
+                .map(|_| ())
+                .unwrap_err();
+            assert!(error.contains(named), "{option}: {error}");
+        }
     }
 
     /// Document `(shard, index)` with `n` tokens of `ids`.
@@ -836,7 +904,9 @@ pub(super) mod tests {
                 serde_json::json!({"seq_len": 7, "mode": "best_fit", "window": w, "field": "ids"})
             }
         };
-        let packing = Packing::from_option(&option, &counted_shards()).unwrap();
+        let packing = Packing::from_option(&option, &counted_shards())
+            .unwrap()
+            .unwrap();
         assert_eq!(packing.spec, pack_spec(7, window));
         packing
     }

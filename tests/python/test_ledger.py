@@ -6,6 +6,7 @@ the verifier replaying the plan."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,32 @@ def test_a_killed_run_resumed_from_its_checkpoint_verifies(
     assert report["epochs"][0]["generations"] == [0, 1]
 
 
+def test_an_epoch_in_progress_is_not_called_exactly_once(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Verify's last line names an epoch whose end no rank recorded as in
+    progress, checked for repeats only; it said "every sample exactly
+    once" of a ledger whose last steps were lost."""
+    ds = make(dataset.spec)
+    run_until(ds, shardstream.Ledger(tmp_path, ds), 9, set())
+    code, out = verify(capfd, tmp_path)
+    assert code == 0 and "ok: no sample twice so far (epoch 0 in progress)" in out, out
+    assert "exactly once" not in out, out
+    ds = make(dataset.spec)
+    loader = DataLoader(ds, batch_size=4)
+    with shardstream.Ledger(tmp_path / "two", ds) as ledger:
+        for epoch in range(2):
+            for step, _ in enumerate(ledger.track(loader)):
+                if epoch == 1 and step == 5:
+                    break
+    code, out = verify(capfd, tmp_path / "two")
+    last = out.strip().splitlines()[-1]
+    assert code == 0 and last == (
+        "ok: every sample exactly once in the epochs that ended; epoch 1 in progress "
+        "(no sample twice so far)"
+    ), out
+
+
 def test_a_resume_from_an_earlier_state_is_named(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -335,6 +362,10 @@ def test_a_layout_no_job_could_have_is_refused_naming_it(
         ("remainder", 3),
         ("manifest", 5),
         ("format", ["tar"]),
+        ("pack", 1),
+        ("pack", "yes"),
+        ("pack", {}),
+        ("pack", {"seq_len": 8, "mode": "zip"}),
     ],
 )
 def test_a_meta_option_of_another_type_is_refused_naming_it(
@@ -347,7 +378,8 @@ def test_a_meta_option_of_another_type_is_refused_naming_it(
     """An order option of ``meta.json`` that verify cannot read is a read
     error naming it (exit 2); before, it became the default, and the
     verdict was about another plan (a seed of ``7.0`` reported samples
-    that never came)."""
+    that never came; a malformed ``pack`` let verify count lost samples
+    as left out past the planned sequences, and pass)."""
     ds = make(dataset.spec, batch_size=8)
     with shardstream.Ledger(tmp_path, ds) as ledger:
         for _ in ledger.track(ds):
@@ -359,7 +391,8 @@ def test_a_meta_option_of_another_type_is_refused_naming_it(
     meta["dataset"]["options"][option] = value
     meta_path.write_text(json.dumps(meta))
     code, out = verify(capfd, tmp_path)
-    assert code == 2 and "meta.json" in out and f"option {option} is " in out, out
+    assert code == 2 and "meta.json" in out, out
+    assert re.search(rf"option {option}(\.\w+)? is ", out), out
 
 
 def test_explain_names_the_samples_of_a_step(
@@ -505,12 +538,41 @@ def test_explain_from_a_saved_state_names_the_steps_of_the_resumed_run(
         assert code == 1 and "not the first ones of its slot" in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("buffer", [{"shuffle_buffer": 0}, {}], ids=["no-buffer", "buffer"])
+def test_explain_from_a_state_saved_at_an_epochs_end_names_the_next_epoch(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str], buffer: dict[str, int]
+) -> None:
+    """A state saved once its epoch ended resumes into the next epoch from
+    its start: explain names that epoch's steps, through the shuffle
+    buffer if there is one. Before, it explained the finished epoch (no
+    step left) or refused the buffer the epoch had left behind."""
+    loader = StatefulDataLoader(make(dataset.spec, **buffer), batch_size=5, num_workers=3)
+    assert sum(1 for _ in loader) > 0
+    state = loader.state_dict()
+    saved = tmp_path / "state.json"
+    saved.write_text(json.dumps(state))
+    resumed = StatefulDataLoader(make(dataset.spec, **buffer), batch_size=5, num_workers=3)
+    resumed.load_state_dict(state)
+    rest = [batch["__id__"] for batch in resumed]
+    assert {int(ids[0][0]) for ids in rest} == {1}
+    urls = make(dataset.spec).shard_list.urls
+    ask = ["--state", str(saved), "--batch-size", "5"]
+    ask += [] if buffer == {} else ["--shuffle-buffer", "0"]
+    for step in (0, len(rest) // 2, len(rest) - 1):
+        code, got, out = explain_ids(capfd, urls, dataset.spec, *ask, "--step", str(step))
+        assert code == 0 and out.startswith(f"epoch 1 rank 0 step {step} after the resume"), out
+        ids = rest[step]
+        assert got == list(zip(ids[1].tolist(), ids[2].tolist(), strict=True)), (step, out)
+    code, _, out = explain_ids(capfd, urls, dataset.spec, *ask, "--step", str(len(rest)))
+    assert code == 1 and f"takes {len(rest)} steps in epoch 1 after the resume" in out, out
+
+
 def test_explain_refuses_a_state_it_cannot_follow(
     dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """A state saved with a shuffle buffer, of a packed stream without
-    ``--pack`` (its steps are sequences), or none at all, is refused,
-    naming why; ``--state`` and
+    ``--pack`` (its steps are sequences), with a layout no job has, or none
+    at all, is refused, naming why; ``--state`` and
     ``--num-workers`` together are an error."""
     loader = stateful(make(dataset.spec, shuffle_buffer=10))
     iterator = iter(loader)
@@ -526,10 +588,16 @@ def test_explain_refuses_a_state_it_cannot_follow(
     packing.write_text(json.dumps(packed.state_dict()))
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"steps": 3}))
+    # An edited layout is named before anything is sized by it (it was a
+    # Rust panic, "capacity overflow").
+    edited = tmp_path / "edited.json"
+    state = make(dataset.spec, shuffle_buffer=0).state_dict()
+    edited.write_text(json.dumps(dict(state, num_workers=2**62)))
     for specs, path, reason in (
         ([dataset.spec], buffered, "shuffle_buffer=0"),
         (docs, packing, "a packed stream"),
         ([dataset.spec], empty, "no shardstream state"),
+        ([dataset.spec], edited, f"state field num_workers: {2**62} x world_size 1 is above"),
     ):
         capfd.readouterr()
         args = ["shardstream", "explain", *specs, "--state", str(path), "--step", "0"]
