@@ -74,7 +74,8 @@ def _existing_generations(directory: Path) -> list[int]:
     found = []
     for entry in directory.iterdir():
         number = entry.name.removeprefix("gen-")
-        if entry.name.startswith("gen-") and number.isdigit() and entry.is_dir():
+        digits = number.isascii() and number.isdigit()
+        if entry.name.startswith("gen-") and digits and entry.is_dir():
             found.append(int(number))
     return sorted(found)
 

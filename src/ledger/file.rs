@@ -474,13 +474,23 @@ pub fn read_ledger(dir: &Path) -> Result<Vec<Generation>, ReadError> {
     for entry in entries {
         let entry = entry.map_err(|e| read_error(dir, format!("cannot list: {e}")))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        // Folders `gen-` and decimal digits only, as `Ledger` names them
+        // and looks for them (`gen-+1` or a file of such a name is not one).
         let Some(number) = name.strip_prefix("gen-") else {
             continue;
         };
-        if number.parse::<u64>().is_err() {
+        let digits = !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit());
+        if !digits || number.parse::<u64>().is_err() || !entry.path().is_dir() {
             continue;
         }
-        generations.push(read_generation(&entry.path())?);
+        // A folder left empty by a run stopped between making it and
+        // writing its meta.json holds no record: nothing to verify.
+        let path = entry.path();
+        let empty = std::fs::read_dir(&path).is_ok_and(|mut inside| inside.next().is_none());
+        if empty {
+            continue;
+        }
+        generations.push(read_generation(&path)?);
     }
     if generations.is_empty() {
         return Err(read_error(

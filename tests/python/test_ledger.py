@@ -103,6 +103,27 @@ def test_model_parallel_processes_without_a_process_group_share_one_generation(
     assert code == 0 and "96 of 96 samples" in out and "exactly once" in out, out
 
 
+def test_what_is_not_a_generation_is_passed_over(
+    dataset: DatasetInfo, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Only folders ``gen-`` and digits are generations, for verify as for
+    ``Ledger``; an empty one (a run stopped between making it and writing
+    its meta.json) holds nothing. Verify refused the whole ledger for a
+    folder ``gen-+1`` (Rust's number parser takes a sign) or an empty
+    generation."""
+    ds = make(dataset.spec)
+    with shardstream.Ledger(tmp_path, ds) as ledger:
+        assert sum(1 for _ in ledger.track(DataLoader(ds, batch_size=4))) == 24
+    (tmp_path / "gen-+1").mkdir()
+    (tmp_path / "gen-+1" / "meta.json").write_text("{}")
+    (tmp_path / "gen-000007").write_text("a file")
+    (tmp_path / "gen-000005").mkdir()
+    code, out = verify(capfd, tmp_path)
+    assert code == 0 and "generations: 0 (from step 0" in out and "exactly once" in out, out
+    # The next run's generation comes after the empty one.
+    assert shardstream.Ledger(tmp_path, make(dataset.spec)).generation == 6
+
+
 def test_a_batch_without_ids_is_refused_naming_the_option(
     dataset: DatasetInfo, tmp_path: Path
 ) -> None:
