@@ -122,7 +122,8 @@ class ShardSkippedWarning(UserWarning):
     """A bad shard was skipped under on_error="warn"."""
 
 class SampleSkippedWarning(ShardSkippedWarning):
-    """A sample whose transform raised was skipped under on_error="warn"."""
+    """A sample was left out: its transform raised under on_error="warn", or (with
+    pack) it is a document with no tokens that no sequence carries."""
 
 class DecodeFieldWarning(UserWarning):
     """A decode= key names no field of the samples (warned once per dataset and process)."""
@@ -575,7 +576,7 @@ class SampleStream(Iterator[Any]):
         counters: Counters | None = None,
         local_bytes: Callable[..., bytes] | None = None,
         shared_bytes: Callable[..., bytes] | None = None,
-        on_skip: Callable[[int, int, int, int | None, str], object] | None = None,
+        on_skip: Callable[[int, int, int, int | None, str, str], object] | None = None,
         plan_sequences: bool = False,
         on_end: Callable[[], object] | None = None,
     ) -> SampleStream: ...

@@ -53,12 +53,16 @@ __all__ = ["Batch", "StreamingDataset"]
 
 
 class SkipLog(Protocol):
-    """Where a dataset's streams record what ``on_error="warn"`` leaves out
+    """Where a dataset's streams record what ``on_error="warn"`` leaves out,
+    and with ``pack`` the documents with no tokens no sequence carries
     (``shardstream.ledger.SkipLog`` is one)."""
 
-    def __call__(self, epoch: int, shard: int, first: int, end: int | None, reason: str) -> None:
+    def __call__(
+        self, epoch: int, shard: int, first: int, end: int | None, reason: str, cause: str
+    ) -> None:
         """Samples ``first..end`` of ``shard`` in ``epoch`` (``end``
-        ``None``: to the shard's end) were left out, for ``reason``."""
+        ``None``: to the shard's end) were left out, for ``reason``;
+        ``cause`` is ``"error"`` or ``"no_tokens"``."""
 
     def samples(self, ids: Any, reason: str) -> None:
         """The samples ``ids`` (an item's ``__id__``) were left out."""

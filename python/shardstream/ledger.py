@@ -729,7 +729,8 @@ def _skips_file(rank: int) -> str:
 
 class SkipLog:
     """Where a rank's streams record the samples they leave out under
-    ``on_error="warn"`` (``gen-NNNNNN/rank-RRRRR.skips.jsonl``), so that
+    ``on_error="warn"`` (``gen-NNNNNN/rank-RRRRR.skips.jsonl``), and with
+    ``pack`` the documents with no tokens that no sequence carries, so that
     ``shardstream verify`` accounts for them. The ``Ledger`` gives one to
     its dataset (to each stream of a ``Mix``); DataLoader workers get it
     with their copy of the dataset and append to the same file, one line
@@ -748,16 +749,26 @@ class SkipLog:
         self.path = os.fspath(path)
         self.stream = stream
 
-    def __call__(self, epoch: int, shard: int, first: int, end: int | None, reason: str) -> None:
+    def __call__(
+        self,
+        epoch: int,
+        shard: int,
+        first: int,
+        end: int | None,
+        reason: str,
+        cause: str = "error",
+    ) -> None:
         """Records that a stream of ``epoch`` left out samples ``first..end``
-        of ``shard`` (``end`` ``None``: to the shard's end); the stream's
+        of ``shard`` (``end`` ``None``: to the shard's end), at an error
+        (``cause`` ``"error"``) or as documents with no tokens that its
+        packer had no sequence to carry (``"no_tokens"``); the stream's
         ``on_skip``."""
         if self.stream is not None:
             from .mix import mixture_id
 
             s, offsets, total = self.stream
             epoch, shard = mixture_id((offsets, total), s, epoch, shard)
-        self._append([(epoch, shard, first, end)], reason)
+        self._append([(epoch, shard, first, end)], reason, cause)
 
     def samples(self, ids: Any, reason: str) -> None:
         """Records that the samples ``ids`` (an item's ``__id__``: one
@@ -773,16 +784,16 @@ class SkipLog:
             reason,
         )
 
-    def _append(self, ranges: list[tuple[int, int, int, int | None]], reason: str) -> None:
+    def _append(
+        self, ranges: list[tuple[int, int, int, int | None]], reason: str, cause: str = "error"
+    ) -> None:
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         worker = None if info is None else info.id
+        fields = {"worker": worker, "reason": reason, "cause": cause}
         lines = "".join(
-            json.dumps(
-                {"epoch": e, "shard": s, "first": f, "end": n, "worker": worker, "reason": reason}
-            )
-            + "\n"
+            json.dumps({"epoch": e, "shard": s, "first": f, "end": n, **fields}) + "\n"
             for e, s, f, n in ranges
         )
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -350,7 +350,9 @@ mod tests {
                                 taken += 1;
                             }
                             None if packer.is_empty() => break,
-                            None => packer.finish(),
+                            None => {
+                                packer.finish();
+                            }
                         }
                     }
                     assert_eq!(out, handed);

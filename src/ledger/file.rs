@@ -340,6 +340,21 @@ pub struct ErrorSkip {
     pub worker: Option<usize>,
     /// The error, as it was warned of.
     pub reason: String,
+    /// Why the samples were left out (an error when not recorded).
+    #[serde(default)]
+    pub cause: SkipCause,
+}
+
+/// Why a stream left samples out ([`ErrorSkip::cause`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SkipCause {
+    /// An error, under `on_error="warn"`.
+    #[default]
+    Error,
+    /// Documents with no tokens that a packer had no sequence to carry:
+    /// its stream held no other tokens.
+    NoTokens,
 }
 
 impl ErrorSkip {
@@ -731,6 +746,11 @@ mod tests {
         assert_eq!(skips.len(), 2);
         assert!(skips[0].covers(1, (2, 3)) && skips[0].covers(1, (2, u64::MAX)));
         assert!(!skips[0].covers(1, (2, 2)) && !skips[0].covers(0, (2, 3)));
+        // A line without its cause (an earlier version's) is an error's.
+        assert_eq!(skips[0].cause, SkipCause::Error);
+        let empty = line.replace('}', r#", "cause": "no_tokens"}"#);
+        let skips = parse_error_skips(&format!("{empty}\n"), path).unwrap();
+        assert_eq!(skips[0].cause, SkipCause::NoTokens);
         let error = parse_error_skips(&format!("{line}\nnot json\n{line}\n"), path).unwrap_err();
         assert!(
             error.reason.starts_with("line 2: not a skip record"),

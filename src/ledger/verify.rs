@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::file::{ErrorSkip, Generation, Record, RecordKind, TornTail};
+use super::file::{ErrorSkip, Generation, Record, RecordKind, SkipCause, TornTail};
 use super::verify_pack::{Packing, PlanOptions, Proof, Unreplayed};
 use crate::plan::{self, PlanParams, Remainder, ShardInfo};
 
@@ -305,6 +305,10 @@ pub struct EpochReport {
     /// `on_error="warn"`, as its rank's skips file records (complete
     /// epochs).
     pub left_out_on_error: u64,
+    /// Documents with no tokens never taken that a packed stream left out,
+    /// having no sequence to carry them, as its rank's skips file records
+    /// (complete epochs).
+    pub left_out_no_tokens: u64,
     /// Steps (distinct step numbers) with samples.
     pub steps: u64,
     /// The generations with records in the epoch, in order.
@@ -411,10 +415,14 @@ impl fmt::Display for Report {
                 .end
                 .map_or_else(|| "its end".to_owned(), |end| end.to_string());
             let worker = s.worker.map(|w| format!(" worker {w}")).unwrap_or_default();
+            let why = match s.cause {
+                SkipCause::Error => "under on_error=\"warn\"",
+                SkipCause::NoTokens => "(documents with no tokens)",
+            };
             writeln!(
                 f,
                 "note: epoch {}: rank {}{worker} (generation {}) left out samples {} to {end} \
-                 of shard index {} under on_error=\"warn\": {}",
+                 of shard index {} {why}: {}",
                 s.epoch, recorded.rank, recorded.generation, s.first, s.shard, s.reason
             )?;
         }
@@ -432,6 +440,12 @@ impl fmt::Display for Report {
             };
             if e.left_out_on_error > 0 {
                 extra += &format!(", {} left out by on_error=\"warn\"", e.left_out_on_error);
+            }
+            if e.left_out_no_tokens > 0 {
+                extra += &format!(
+                    ", {} with no tokens left out (no sequence to carry them)",
+                    e.left_out_no_tokens
+                );
             }
             if e.packed_left_out > 0 {
                 extra += &format!(
@@ -841,6 +855,7 @@ fn check_epoch(
         padded: 0,
         dropped: 0,
         left_out_on_error: 0,
+        left_out_no_tokens: 0,
         steps: 0,
         generations: order
             .iter()
@@ -977,13 +992,19 @@ fn check_epoch(
             report.coverage_checked = false;
         } else if position >= dropped_from {
             report.dropped += 1;
-        } else if !skips.is_empty() && {
-            let (shard, index) = sequence.sample_at(position);
-            skips
-                .iter()
-                .any(|skip| skip.covers(epoch, (shard as u64, index)))
-        } {
-            report.left_out_on_error += 1;
+        } else if let Some(skip) = (!skips.is_empty())
+            .then(|| {
+                let (shard, index) = sequence.sample_at(position);
+                skips
+                    .iter()
+                    .find(|skip| skip.covers(epoch, (shard as u64, index)))
+            })
+            .flatten()
+        {
+            match skip.cause {
+                SkipCause::Error => report.left_out_on_error += 1,
+                SkipCause::NoTokens => report.left_out_no_tokens += 1,
+            }
         } else if spare_drop > 0 {
             spare_drop -= 1;
             report.dropped += 1;
@@ -1501,6 +1522,7 @@ mod tests {
             end,
             worker: Some(0),
             reason: "bad".into(),
+            cause: SkipCause::Error,
         };
         let check = |skips: Vec<ErrorSkip>| {
             let mut g = generation(0, 0, 1);
@@ -1527,5 +1549,27 @@ mod tests {
                 "{report}"
             );
         }
+        // Documents with no tokens a packer had no sequence for are counted
+        // apart from errors, and named as such.
+        let empty = ErrorSkip {
+            cause: SkipCause::NoTokens,
+            ..skip(0, 2, 2, Some(3))
+        };
+        let report = check(vec![skip(0, 1, 1, None), empty]);
+        assert!(report.ok, "{report}");
+        assert_eq!(
+            (
+                report.epochs[0].left_out_on_error,
+                report.epochs[0].left_out_no_tokens
+            ),
+            (2, 1)
+        );
+        let text = report.to_string();
+        assert!(
+            text.contains("2 left out by on_error")
+                && text.contains("1 with no tokens left out")
+                && text.contains("of shard index 2 (documents with no tokens)"),
+            "{text}"
+        );
     }
 }

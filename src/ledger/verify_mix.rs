@@ -146,6 +146,7 @@ fn check_mix_epoch(
         padded: 0,
         dropped: 0,
         left_out_on_error: 0,
+        left_out_no_tokens: 0,
         steps: 0,
         generations: order
             .iter()

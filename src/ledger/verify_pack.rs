@@ -809,7 +809,9 @@ pub(super) mod tests {
                     packer.push(&doc(d, tokens(d))).unwrap();
                 }
                 None if packer.is_empty() => break,
-                None => packer.finish(),
+                None => {
+                    packer.finish();
+                }
             }
         }
         let ids = |sequence: &Sample| -> Vec<Document> {

@@ -120,6 +120,10 @@ pub struct SampleStream {
     /// With `pack`: the documents are packed into sequences, handed out
     /// instead of them.
     pack: Option<PackStage>,
+    /// Documents with no tokens the packer left out at the end (no
+    /// sequence to carry them), not yet taken
+    /// ([`SampleStream::take_empty_left_out`]).
+    empty_left_out: Vec<SampleId>,
 }
 
 /// What the pipeline thread needs, kept until the stream starts.
@@ -225,6 +229,7 @@ impl SampleStream {
             handed_uncounted: 0,
             skipped: Vec::new(),
             pack,
+            empty_left_out: Vec::new(),
         })
     }
 
@@ -338,6 +343,14 @@ impl SampleStream {
         std::mem::take(&mut self.skipped)
     }
 
+    /// The documents with no tokens a packed stream left out when its
+    /// documents ended, since the last call: its packer held no tokens to
+    /// make a sequence that carries them (one of padding only would give a
+    /// loss of no tokens). Taken once the stream has ended.
+    pub fn take_empty_left_out(&mut self) -> Vec<SampleId> {
+        std::mem::take(&mut self.empty_left_out)
+    }
+
     /// The epoch being streamed.
     pub fn epoch(&self) -> u64 {
         self.identity.epoch
@@ -444,7 +457,10 @@ impl SampleStream {
                 Delivered::Pending => return Ok(Poll::Pending),
                 // After a failure the stream ends without its open sequences.
                 Delivered::End if !finished => stage.fail(),
-                Delivered::End => stage.end()?,
+                Delivered::End => {
+                    let left_out = stage.end()?;
+                    self.empty_left_out.extend(left_out);
+                }
             }
         }
     }

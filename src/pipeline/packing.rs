@@ -188,7 +188,10 @@ impl PackStage {
     }
 
     /// The documents ended: the open sequences are handed out, padded.
-    pub(super) fn end(&mut self) -> Result<()> {
+    /// Returns the documents with no tokens that no sequence carries (the
+    /// packer held nothing else), for the stream to report as left out;
+    /// none across ranks, where the plan's proof accounts for them.
+    pub(super) fn end(&mut self) -> Result<Vec<SampleId>> {
         self.ended = true;
         if let Some(rebuild) = &self.rebuild {
             self.failed = true;
@@ -197,8 +200,11 @@ impl PackStage {
                 rebuild.left
             )));
         }
-        self.packer.finish();
-        Ok(())
+        let carried_by_none = self.packer.finish();
+        if self.planned.is_some() {
+            return Ok(Vec::new());
+        }
+        Ok(carried_by_none)
     }
 
     /// What a state saves of the stage: the saved packer until it is

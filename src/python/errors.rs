@@ -101,7 +101,7 @@ create_exception!(
     shardstream._core,
     SampleSkippedWarning,
     ShardSkippedWarning,
-    "A sample whose transform raised was skipped under on_error=\"warn\"."
+    "A sample was left out: its transform raised under on_error=\"warn\", or (with pack) it is a document with no tokens that no sequence carries."
 );
 
 /// The `ShardStreamError` for a panic caught at the binding boundary: a

@@ -11,13 +11,14 @@ use super::blocking::blocking;
 use super::convert::{batch_to_dict, record_batch_to_py, sample_to_dict, BytesOut, NameCache};
 use super::counters::Counters;
 use super::errors::{
-    panic_to_py, to_py, ShardSkippedWarning, ShardStreamError, StreamProcessError,
+    panic_to_py, to_py, SampleSkippedWarning, ShardSkippedWarning, ShardStreamError,
+    StreamProcessError,
 };
 use super::shard_list::{check_counts, ShardList};
 use crate::collate::{collate, flatten_bounds, join_rows};
 use crate::config::StreamOptions;
 use crate::fork::{self, ForkHandlers};
-use crate::format::Sample;
+use crate::format::{Sample, SampleId};
 use crate::pipeline::{Event, Poll, SampleStream as Stream};
 use crate::plan::SlotSpec;
 use crate::state::{Resume, SkippedSamples, SlotState};
@@ -54,8 +55,13 @@ pub struct SampleStream {
     /// Shards skipped while samples were collected, with what each left
     /// out: warned of (and told to `on_skip`) after the wait.
     skipped: Mutex<Vec<(crate::Error, Vec<SkippedSamples>)>>,
-    /// Called with `(epoch, shard, first, end, reason)` for each skip
-    /// (`end` `None`: to the shard's end), before its warning.
+    /// Documents with no tokens the packer left out at the end: warned of
+    /// (and told to `on_skip`) after the wait.
+    empty_left_out: Mutex<Vec<SampleId>>,
+    /// Called with `(epoch, shard, first, end, reason, cause)` for each
+    /// skip (`end` `None`: to the shard's end; `cause` `"error"`, or
+    /// `"no_tokens"` for documents with no tokens a packer left out),
+    /// before its warning.
     on_skip: Option<Py<PyAny>>,
     /// Called with no argument once, when the stream ends, before `next()`
     /// says so (never after the stream failed); an `Exception` it raises
@@ -119,9 +125,12 @@ impl SampleStream {
     /// of `world_size` ranks of `num_workers` workers. `local_bytes` makes
     /// the `bytes` of local shards' long members (see `LocalBytes`),
     /// `shared_bytes` those of the other long members (see `SharedBytes`).
-    /// `on_skip(epoch, shard, first, end, reason)` is called for each bad
-    /// shard skipped under `on_error="warn"` with the samples it left out
-    /// (`first..end` of the shard; `end` `None` when its count is unknown).
+    /// `on_skip(epoch, shard, first, end, reason, cause)` is called for
+    /// each bad shard skipped under `on_error="warn"` with the samples it
+    /// left out (`first..end` of the shard; `end` `None` when its count is
+    /// unknown; `cause` `"error"`), and with `pack` for the documents with
+    /// no tokens left out at the end because the packer held no tokens to
+    /// carry them (`cause` `"no_tokens"`, before a `SampleSkippedWarning`).
     /// `plan_sequences`: with `pack`, the stream hands out the sequences
     /// planned from the token counts on one rank too (a mixture's stream).
     /// `on_end()` is called once when the stream ends, by the `next()`
@@ -187,6 +196,7 @@ impl SampleStream {
             pending_error: Mutex::new(None),
             held: Mutex::new(Vec::new()),
             skipped: Mutex::new(Vec::new()),
+            empty_left_out: Mutex::new(Vec::new()),
             on_skip,
             on_end: Mutex::new(on_end),
             local_bytes,
@@ -336,10 +346,20 @@ impl SampleStream {
                 if let Some(on_skip) = &self.on_skip {
                     let reason = error.to_string();
                     for s in left_out {
-                        on_skip.call1(py, (self.epoch, s.shard, s.first, s.end, &reason))?;
+                        on_skip
+                            .call1(py, (self.epoch, s.shard, s.first, s.end, &reason, "error"))?;
                     }
                 }
                 warn_skipped(py, &error)?;
+            }
+            let empty = std::mem::take(
+                &mut *self
+                    .empty_left_out
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            if !empty.is_empty() {
+                self.report_empty_left_out(py, &empty)?;
             }
             let held = || std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()));
             match collected {
@@ -440,10 +460,53 @@ impl SampleStream {
                     }
                 }
                 Ok(Poll::Pending) => return Collected::Pending,
-                Ok(Poll::End) => return Collected::End,
+                Ok(Poll::End) => {
+                    let empty = stream.take_empty_left_out();
+                    self.empty_left_out
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(empty);
+                    return Collected::End;
+                }
                 Err(error) => return Collected::Failed(error),
             }
         }
+    }
+
+    /// Tells `on_skip` of the documents with no tokens the packer left out
+    /// (`ids`), then warns of them with a `SampleSkippedWarning`.
+    fn report_empty_left_out(&self, py: Python<'_>, ids: &[SampleId]) -> PyResult<()> {
+        let reason = "a document with no tokens: the stream's packer held no tokens to make a \
+                      sequence that carries it";
+        let runs = id_runs(ids);
+        if let Some(on_skip) = &self.on_skip {
+            for &(shard, first, end) in &runs {
+                on_skip.call1(
+                    py,
+                    (self.epoch, shard, first, Some(end), reason, "no_tokens"),
+                )?;
+            }
+        }
+        let named: Vec<String> = runs
+            .iter()
+            .take(3)
+            .map(|(shard, first, end)| format!("samples {first} to {end} of shard index {shard}"))
+            .collect();
+        let more = if runs.len() > 3 { ", ..." } else { "" };
+        let message = format!(
+            "left out {} document(s) with no tokens ({}{more}): this stream's packer held no \
+             tokens to make a sequence that carries them",
+            ids.len(),
+            named.join(", ")
+        );
+        let message = CString::new(message)
+            .unwrap_or_else(|_| c"left out documents with no tokens".to_owned());
+        PyErr::warn(
+            py,
+            py.get_type::<SampleSkippedWarning>().as_any(),
+            &message,
+            1,
+        )
     }
 
     /// One sample as a dict, or a batch collated (GIL released) as
@@ -552,6 +615,21 @@ fn warn_skipped(py: Python<'_>, error: &crate::Error) -> PyResult<()> {
         &message,
         1,
     )
+}
+
+/// The runs of consecutive samples of one shard that `ids` (in any
+/// order) make, by shard and sample: `(shard, first, end)`.
+fn id_runs(ids: &[SampleId]) -> Vec<(usize, u64, u64)> {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable_by_key(|id| (id.shard, id.index));
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    for id in &sorted {
+        match runs.last_mut() {
+            Some((shard, _, end)) if *shard == id.shard && *end == id.index => *end += 1,
+            _ => runs.push((id.shard, id.index, id.index + 1)),
+        }
+    }
+    runs
 }
 
 /// A state JSON: one slot's state (exact resume) or a list of every slot's

@@ -419,13 +419,16 @@ impl Packer {
     }
 
     /// The stream ended: every open sequence is handed out, padded, in the
-    /// order they were opened.
-    pub fn finish(&mut self) {
+    /// order they were opened. Returns the documents no sequence carries:
+    /// those with no tokens, when the packer held nothing else (a sequence
+    /// of padding only would give a loss of no tokens), in the order taken.
+    pub fn finish(&mut self) -> Vec<SampleId> {
         self.finished = true;
         self.ready.extend(self.open.drain(..));
         // A sequence of documents with no tokens only: they join the one
         // before (or after) it; a packer that held nothing else has no
         // sequence to give them.
+        let mut carried_by_none = Vec::new();
         while let Some(at) = self.ready.iter().position(|b| b.used == 0) {
             let Some(bin) = self.ready.remove(at) else {
                 break;
@@ -433,9 +436,10 @@ impl Packer {
             let next = if at > 0 { at - 1 } else { 0 };
             match self.ready.get_mut(next) {
                 Some(other) => other.pieces.extend(bin.pieces),
-                None => break,
+                None => carried_by_none.extend(bin.pieces.iter().map(|p| p.doc)),
             }
         }
+        carried_by_none
     }
 
     /// The next sequence, if one is filled (or closed).
@@ -779,7 +783,9 @@ pub fn lay_out(
                 packer.push_tokens(doc, key.clone(), url.clone(), zeros, 0);
             }
             None if packer.is_empty() => break,
-            None => packer.finish(),
+            None => {
+                packer.finish();
+            }
         }
     }
     Some(out)
@@ -845,13 +851,14 @@ mod tests {
 
     /// Every sequence of `lens` by packers `make` makes: the first takes
     /// `cut` documents (with `hold`, the sequences the last one filled stay
-    /// held), a second is restored from its state and takes the rest.
+    /// held), a second is restored from its state and takes the rest; and
+    /// the documents no sequence carries ([`Packer::finish`]).
     fn pack_across_restore(
         make: impl Fn() -> Packer,
         lens: &[usize],
         cut: usize,
         hold: bool,
-    ) -> Vec<Sample> {
+    ) -> (Vec<Sample>, Vec<SampleId>) {
         let cut = cut.min(lens.len());
         let mut packer = make();
         let mut out = Vec::new();
@@ -873,9 +880,9 @@ mod tests {
             packer.push(&doc(i as u64, len)).unwrap();
             out.extend(std::iter::from_fn(|| packer.pop()));
         }
-        packer.finish();
+        let carried_by_none = packer.finish();
         out.extend(std::iter::from_fn(|| packer.pop()));
-        out
+        (out, carried_by_none)
     }
 
     /// The tokens of each sequence (inputs and, with labels, the last label).
@@ -1018,7 +1025,9 @@ mod tests {
                         packer.push(&doc(i as u64, len)).unwrap();
                     }
                     None if packer.is_empty() => break,
-                    None => packer.finish(),
+                    None => {
+                        packer.finish();
+                    }
                 }
             }
             let documents = lens
@@ -1133,7 +1142,9 @@ mod tests {
 
         /// With ids, each document (those with no tokens too) is in exactly
         /// one sequence's `__id__`, the one with its last token, also across
-        /// a restore at any point; the tokens are those without ids.
+        /// a restore at any point; the tokens are those without ids. Only
+        /// when no document has a token is none carried: `finish` returns
+        /// them all.
         #[test]
         fn each_document_is_in_one_sequences_ids(
             lens in prop::collection::vec(0usize..40, 1..25),
@@ -1143,7 +1154,8 @@ mod tests {
         ) {
             let spec = spec(seq_len, mode, false);
             let plain = pack_all(&spec, &lens);
-            let out = pack_across_restore(|| Packer::new(spec.clone()).with_ids(3), &lens, cut, false);
+            let (out, carried_by_none) =
+                pack_across_restore(|| Packer::new(spec.clone()).with_ids(3), &lens, cut, false);
             let tokens = |seqs: &[Sample]| -> Vec<Vec<i32>> {
                 seqs.iter().map(|s| field(s, "input_ids").to_vec()).collect()
             };
@@ -1162,12 +1174,15 @@ mod tests {
                 }
             }
             ids.sort_unstable();
-            let want: Vec<usize> = if lens.iter().all(|&l| l == 0) {
-                Vec::new()
+            let every: Vec<usize> = (0..lens.len()).collect();
+            let none_carried: Vec<usize> = carried_by_none.iter().map(|d| d.index as usize).collect();
+            if lens.iter().all(|&l| l == 0) {
+                prop_assert!(out.is_empty());
+                prop_assert_eq!(none_carried, every);
             } else {
-                (0..lens.len()).collect()
-            };
-            prop_assert_eq!(ids, want);
+                prop_assert_eq!(ids, every);
+                prop_assert!(none_carried.is_empty());
+            }
         }
 
         /// The packers of several slots, merged (an elastic resume) and
@@ -1227,7 +1242,7 @@ mod tests {
         ) {
             let spec = spec(seq_len, mode, true);
             let whole = pack_all(&spec, &lens);
-            let out = pack_across_restore(|| Packer::new(spec.clone()), &lens, cut, true);
+            let (out, _) = pack_across_restore(|| Packer::new(spec.clone()), &lens, cut, true);
             prop_assert_eq!(out, whole);
         }
     }

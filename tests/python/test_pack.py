@@ -25,6 +25,7 @@ from shardstream import (
     Ledger,
     Mix,
     Pack,
+    SampleSkippedWarning,
     StateMismatchError,
     StreamingDataset,
     Tokenizer,
@@ -386,6 +387,48 @@ def test_a_packed_run_killed_and_resumed_verifies_each_document_once(
     out, err = capfd.readouterr()
     assert code == 0, out + err
     assert "60 of 60 samples" in out and "exactly once" in out, out
+
+
+def test_a_worker_whose_documents_have_no_tokens_is_accounted_by_verify(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A DataLoader worker whose documents all have no tokens has no
+    sequence to carry them (one of padding only would give a loss of no
+    tokens): it records them in the ledger's skips file, and verify counts
+    them apart, where it reported them as never come."""
+    urls = write_docs(tmp_path / "d", shards=3)
+    empty = [json.dumps({"n": 1000 + d, "ids": []}) for d in range(20)]
+    Path(urls[1]).write_text("\n".join(empty) + "\n")
+    options = {**OPTIONS, "sample_ids": True, "count_samples": True}
+    pack = Pack(SEQ, field="ids", labels=True)
+    ds = StreamingDataset(urls, pack=pack, **options)
+    # Each of the three workers streams one shard.
+    loader = DataLoader(ds, batch_size=None, num_workers=3)
+    ledger_dir = tmp_path / "ledger"
+    with Ledger(ledger_dir, ds) as ledger:
+        batches = list(ledger.track(loader))
+    carried = {(int(s), int(i)) for b in batches for _, s, i in b["__id__"].tolist()}
+    assert len(carried) == 40 and all(s != 1 for s, _ in carried), sorted(carried)
+    skips = [
+        json.loads(line)
+        for line in (ledger_dir / "gen-000000" / "rank-00000.skips.jsonl").read_text().splitlines()
+    ]
+    assert [(s["shard"], s["first"], s["end"], s["cause"]) for s in skips] == [
+        (1, 0, 20, "no_tokens")
+    ], skips
+    capfd.readouterr()
+    code = run_cli(["shardstream", "verify", str(ledger_dir)])
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
+    assert "20 with no tokens left out" in out and "exactly once" in out, out
+    assert "(documents with no tokens)" in out, out
+    # In the process itself, the warning names them.
+    alone = StreamingDataset([urls[1]], pack=pack, **options)
+    with pytest.warns(
+        SampleSkippedWarning,
+        match=r"left out 20 document\(s\) with no tokens \(samples 0 to 20 of shard index 0\)",
+    ):
+        assert list(alone) == []
 
 
 def test_the_dataloader_s_own_batches_are_rust_batches_and_verify(
