@@ -316,14 +316,16 @@ pub struct RankLog {
     pub records: Vec<Record>,
     /// A record cut short at the end, left out.
     pub torn: Option<TornTail>,
-    /// The samples the rank's streams left out under `on_error="warn"`
-    /// (its skips file), in file order.
+    /// The samples the rank's streams left out under `on_error="warn"`, and
+    /// documents with no tokens no sequence carried (its skips file), in
+    /// file order.
     pub error_skips: Vec<ErrorSkip>,
 }
 
-/// Samples a stream left out under `on_error="warn"`: a line of a rank's
-/// skips file (`rank-RRRRR.skips.jsonl`), appended by the process that met
-/// the error (a DataLoader worker, or the rank's own).
+/// Samples a stream left out under `on_error="warn"`, or documents with no
+/// tokens its packer had no sequence to carry ([`ErrorSkip::cause`]): a
+/// line of a rank's skips file (`rank-RRRRR.skips.jsonl`), appended by the
+/// process that left them out (a DataLoader worker, or the rank's own).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorSkip {
     /// The epoch (the ledger's: a mixture's for a `Mix`).
