@@ -282,8 +282,12 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             long_body = 0
             if self.command == "GET" and faults.cut_after < len(data):
                 with proxy_ref[0].lock:
-                    proxy_ref[0].injected.long_bodies += 1
-                    long_body = proxy_ref[0].injected.long_bodies
+                    # Only a GET that came after the last reset counts: one
+                    # still answering an earlier test's request (a read-ahead
+                    # its client dropped) must not take the first cut.
+                    if faults is proxy_ref[0].faults:
+                        proxy_ref[0].injected.long_bodies += 1
+                        long_body = proxy_ref[0].injected.long_bodies
             cut = (
                 _every(faults.cut_every, n)
                 or n <= faults.cut_first
@@ -439,10 +443,12 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             proxy = proxy_ref[0]
             write = self.command in ("PUT", "POST")
             with proxy.lock:
-                proxy.injected.active += 1
-                proxy.injected.max_active = max(proxy.injected.max_active, proxy.injected.active)
+                # The counts in force when the request came: a reset while it
+                # is answered leaves the new counts' ``active`` alone.
+                injected = proxy.injected
+                injected.active += 1
+                injected.max_active = max(injected.max_active, injected.active)
                 if write:
-                    injected = proxy.injected
                     injected.writes_active += 1
                     injected.max_writes_active = max(
                         injected.max_writes_active, injected.writes_active
@@ -453,9 +459,9 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
                 self.close_connection = True
             finally:
                 with proxy.lock:
-                    proxy.injected.active -= 1
+                    injected.active -= 1
                     if write:
-                        proxy.injected.writes_active -= 1
+                        injected.writes_active -= 1
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _safely
 
