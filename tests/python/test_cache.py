@@ -218,7 +218,11 @@ READ_FROM_CACHE = textwrap.dedent(
                 return int(line.split()[1])
         raise AssertionError("no rchar in /proc/self/io")
 
-    ds = StreamingDataset(sys.argv[1], cache_dir=sys.argv[2], shuffle_buffer=0)
+    # The second pass's end would start the next epoch's reads (its first
+    # cache hit could land before the counters are read).
+    ds = StreamingDataset(
+        sys.argv[1], cache_dir=sys.argv[2], shuffle_buffer=0, read_next_epoch_early=False
+    )
     warm = sum(1 for _ in ds)
     before, stats_before = rchar(), ds.stats()
     samples = sum(1 for _ in ds)
