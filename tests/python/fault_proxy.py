@@ -86,7 +86,8 @@ class Faults:
         status: the status of those answers (404, 403, 401, 416, ...).
         cut_bodies: cut each of the first k GET bodies longer than
             ``cut_after`` after ``cut_after`` bytes, whatever shorter
-            answers (a store's metadata) came before them.
+            answers (a store's metadata) came before them; only GETs that
+            came after these faults were set count.
         gzip: send every GET's body gzip-compressed with
             ``Content-Encoding: gzip``, as a misconfigured proxy or CDN
             might, whatever the request accepts.
@@ -283,7 +284,7 @@ def _handler(proxy_ref: list[FaultProxy], upstream: tuple[str, int]) -> type:
             if self.command == "GET" and faults.cut_after < len(data):
                 with proxy_ref[0].lock:
                     # Only a GET that came after the last reset counts: one
-                    # still answering an earlier test's request (a read-ahead
+                    # still answering a request made before it (a read-ahead
                     # its client dropped) must not take the first cut.
                     if faults is proxy_ref[0].faults:
                         proxy_ref[0].injected.long_bodies += 1
